@@ -1,0 +1,193 @@
+//! Host tensors: what crosses the boundary between rumus and its user (inputs fed to a step,
+//! outputs read back, parameters in a checkpoint). Row-major, owned, f32 or i32.
+
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// Element type of a graph value or host tensor: f32 for values, i32 for indices and labels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    I32,
+}
+
+impl DType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::I32 => "i32",
+        }
+    }
+
+    /// Bytes per element (both dtypes are 4 bytes wide).
+    pub fn size(self) -> usize {
+        4
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The elements of a host tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+}
+
+/// An owned, row-major host tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: TensorData,
+}
+
+/// Number of elements of a shape, or an error when the product overflows `usize`.
+pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+        Error::shape(format!("shape {} has more elements than fit in memory", fmt_shape(shape)))
+    })
+}
+
+/// `[2, 3]`-style rendering of a shape, as used in every error message.
+pub fn fmt_shape(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+impl Tensor {
+    /// An f32 tensor; errors when `data.len()` is not the product of `shape`.
+    pub fn f32(shape: &[usize], data: Vec<f32>) -> Result<Tensor> {
+        Tensor::new(shape, TensorData::F32(data))
+    }
+
+    /// An i32 tensor; errors when `data.len()` is not the product of `shape`.
+    pub fn i32(shape: &[usize], data: Vec<i32>) -> Result<Tensor> {
+        Tensor::new(shape, TensorData::I32(data))
+    }
+
+    pub fn new(shape: &[usize], data: TensorData) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
+        let len = match &data {
+            TensorData::F32(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+        };
+        if n != len {
+            return Err(Error::shape(format!(
+                "tensor of shape {} needs {n} elements, got {len}",
+                fmt_shape(shape)
+            )));
+        }
+        Ok(Tensor { shape: shape.to_vec(), data })
+    }
+
+    /// A scalar (shape `[]`) f32 tensor.
+    pub fn scalar(v: f32) -> Tensor {
+        Tensor { shape: vec![], data: TensorData::F32(vec![v]) }
+    }
+
+    pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
+        let data = match dtype {
+            DType::F32 => TensorData::F32(vec![0.0; n]),
+            DType::I32 => TensorData::I32(vec![0; n]),
+        };
+        Ok(Tensor { shape: shape.to_vec(), data })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            TensorData::F32(_) => DType::F32,
+            TensorData::I32(_) => DType::I32,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        match &self.data {
+            TensorData::F32(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+        }
+    }
+
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    pub fn into_data(self) -> TensorData {
+        self.data
+    }
+
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            TensorData::F32(v) => Some(v),
+            TensorData::I32(_) => None,
+        }
+    }
+
+    pub fn as_i32(&self) -> Option<&[i32]> {
+        match &self.data {
+            TensorData::I32(v) => Some(v),
+            TensorData::F32(_) => None,
+        }
+    }
+
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        match &mut self.data {
+            TensorData::F32(v) => Some(v),
+            TensorData::I32(_) => None,
+        }
+    }
+
+    /// Elements as f32 (i32 elements converted), for printing and comparisons.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            TensorData::F32(v) => v.clone(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
+        }
+    }
+
+    /// Raw little-endian bytes of the elements.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    /// Same elements, new shape with the same element count.
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
+        if checked_numel(shape)? != self.numel() {
+            return Err(Error::shape(format!(
+                "cannot reshape {} into {}",
+                fmt_shape(&self.shape),
+                fmt_shape(shape)
+            )));
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_length_is_an_error_naming_the_shape() {
+        let e = Tensor::f32(&[2, 3], vec![0.0; 5]).unwrap_err();
+        assert_eq!(e.to_string(), "tensor of shape [2, 3] needs 6 elements, got 5");
+    }
+
+    #[test]
+    fn overflowing_shape_is_an_error() {
+        let e = Tensor::zeros(&[usize::MAX, 2], DType::F32).unwrap_err();
+        assert!(e.to_string().contains("more elements than fit"), "{e}");
+    }
+}
