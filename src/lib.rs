@@ -1,6 +1,7 @@
 //! rumus: an embeddable machine-learning engine.
 
 pub mod error;
+pub mod rng;
 pub mod tensor;
 
 pub use error::{Error, ErrorKind, Result, Source, Span};
