@@ -1,6 +1,7 @@
 //! rumus: an embeddable machine-learning engine.
 
 pub mod error;
+pub mod graph;
 pub mod rng;
 pub mod tensor;
 
