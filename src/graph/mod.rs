@@ -2,6 +2,7 @@
 //! autodiff and optimizer updates, all as nodes of one arena.
 
 pub mod build;
+pub mod init;
 pub mod ir;
 pub mod shape;
 pub mod verify;
