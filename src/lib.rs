@@ -2,6 +2,8 @@
 
 pub mod error;
 pub mod graph;
+pub mod nn;
+pub mod plan;
 pub mod rng;
 pub mod tensor;
 

@@ -1,0 +1,325 @@
+//! Fusion: partition the live nodes of a graph into kernels.
+//!
+//! Every live node is either *materialized* (its value lives in a buffer) or *inlined* (computed
+//! in registers inside the one kernel that consumes it). Sources are buffers without a kernel;
+//! `reshape` is a view that shares its input's buffer; constants are always inlined. An
+//! elementwise node (including the index-remapping views `broadcast_to`, `permute`, `slice` and
+//! `causal_mask`) is inlined when it has exactly one consumer and that consumer can evaluate an
+//! expression operand: another elementwise node, a reduction (as its prologue), or a kernel
+//! whose epilogue it forms (the elementwise chain after a matmul). Every other node is
+//! materialized by a kernel of its own kind.
+//!
+//! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
+//! plans are checked against.
+
+use crate::graph::{Graph, NodeId, Op};
+
+/// What a kernel computes; the codegen emits one WGSL module per kernel from this.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelKind {
+    /// Evaluates the expression of its output over the output's shape.
+    Elementwise,
+    /// A matmul whose result feeds the output's expression (the epilogue) in registers.
+    MatMul {
+        matmul: NodeId,
+    },
+    /// A reduction whose input may be an inlined expression (the prologue).
+    Reduce,
+    Softmax,
+    LogSoftmax,
+    /// `layer_norm`; with `with_stats` it also computes the `layer_norm_stats` node it reads
+    /// (one pass writing both), otherwise it reads the stats from their buffer.
+    LayerNorm {
+        with_stats: bool,
+    },
+    /// Stats only (when the normalized output is not needed in this plan).
+    LayerNormStats,
+    LayerNormGradInput,
+    LayerNormGradWeight,
+    Embedding,
+    EmbeddingGrad,
+    CrossEntropy,
+    CrossEntropyGrad,
+    Concat,
+}
+
+/// One kernel group: a dispatch (or a short fixed sequence of dispatches) of one WGSL module.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub kind: KernelKind,
+    /// The materialized values this kernel writes; the last one defines its iteration space.
+    pub outputs: Vec<NodeId>,
+    /// The materialized values it reads (buffers bound as inputs), in first-use order.
+    pub inputs: Vec<NodeId>,
+    /// Every graph node computed inside it, outputs included, in arena order.
+    pub fused: Vec<NodeId>,
+}
+
+/// The result of fusion.
+#[derive(Clone, Debug)]
+pub struct Fusion {
+    /// Nodes the plan evaluates (needed by a root), indexed by node.
+    pub live: Vec<bool>,
+    /// Whether a live node's value is held in a buffer.
+    pub materialized: Vec<bool>,
+    /// For a `reshape` view: the node whose buffer it shares (followed to the root).
+    pub alias: Vec<Option<NodeId>>,
+    /// Kernels in execution order.
+    pub kernels: Vec<Kernel>,
+}
+
+/// Ops evaluated in registers from the values of their inputs at (remapped) coordinates.
+pub fn is_inlinable(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Constant { .. }
+            | Op::Dropout { .. }
+            | Op::BroadcastTo
+            | Op::Permute { .. }
+            | Op::Slice { .. }
+            | Op::CausalMask { .. }
+    )
+}
+
+/// Partition the nodes needed by `roots` into kernels.
+pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
+    let n = g.n_nodes();
+    let mut live = vec![false; n];
+    for r in roots {
+        live[r.index()] = true;
+    }
+    for i in (0..n).rev() {
+        if live[i] {
+            for x in &g.nodes[i].inputs {
+                live[x.index()] = true;
+            }
+        }
+    }
+    let mut is_root = vec![false; n];
+    for r in roots {
+        is_root[r.index()] = true;
+    }
+    // Live consumers of each node, counted per use.
+    let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    for (id, node) in g.nodes() {
+        if live[id.index()] {
+            for x in &node.inputs {
+                consumers[x.index()].push(id);
+            }
+        }
+    }
+
+    let mut materialized = vec![false; n];
+    let mut alias = vec![None; n];
+    for (id, node) in g.nodes() {
+        let i = id.index();
+        if !live[i] {
+            continue;
+        }
+        materialized[i] = match &node.op {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => true,
+            Op::Constant { .. } => is_root[i],
+            Op::Reshape => {
+                // A view: share the buffer of the (materialized) input.
+                let src = node.inputs[0];
+                alias[i] = Some(alias[src.index()].unwrap_or(src));
+                true
+            }
+            op if is_inlinable(op) => {
+                is_root[i] || !fusion || {
+                    let c = &consumers[i];
+                    c.len() != 1 || !accepts_expression(g, c[0], id)
+                }
+            }
+            _ => true,
+        };
+    }
+    // A reshape reads its input's buffer, so that input must be materialized; inlined nodes
+    // that feed a view are promoted (rare: views of expressions).
+    for (id, node) in g.nodes() {
+        if live[id.index()] && matches!(node.op, Op::Reshape) {
+            let src = node.inputs[0];
+            if !materialized[src.index()] {
+                materialized[src.index()] = true;
+            }
+        }
+    }
+    // Re-resolve aliases now that every reshape input is materialized.
+    for (id, node) in g.nodes() {
+        if live[id.index()] && matches!(node.op, Op::Reshape) {
+            let src = node.inputs[0];
+            alias[id.index()] = Some(alias[src.index()].unwrap_or(src));
+        }
+    }
+
+    // Matmuls that run inside the kernel of an elementwise epilogue, decided before any kernel
+    // is emitted (the matmul comes first in the arena).
+    let mut epilogue_of: Vec<Option<NodeId>> = vec![None; n];
+    let mut taken = vec![false; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            if live[id.index()] && materialized[id.index()] && is_inlinable(&node.op) {
+                if let Some(mm) = epilogue_matmul(g, id, &materialized, &consumers, &is_root) {
+                    if !taken[mm.index()] {
+                        taken[mm.index()] = true;
+                        epilogue_of[id.index()] = Some(mm);
+                    }
+                }
+            }
+        }
+    }
+
+    let mut kernels = Vec::new();
+    for (id, node) in g.nodes() {
+        let i = id.index();
+        if !live[i] || !materialized[i] || taken[i] {
+            continue;
+        }
+        let kind = match &node.op {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Reshape => continue,
+            Op::LayerNormStats { .. } => {
+                // Folded into the layer_norm kernel that consumes it, when there is one.
+                let ln = consumers[i]
+                    .iter()
+                    .find(|c| matches!(g.node(**c).op, Op::LayerNorm));
+                match ln {
+                    Some(&ln) if fusion && materialized[ln.index()] => continue,
+                    _ => KernelKind::LayerNormStats,
+                }
+            }
+            Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion },
+            Op::MatMul => KernelKind::MatMul { matmul: id },
+            Op::Reduce { .. } => KernelKind::Reduce,
+            Op::Softmax => KernelKind::Softmax,
+            Op::LogSoftmax => KernelKind::LogSoftmax,
+            Op::LayerNormGradInput => KernelKind::LayerNormGradInput,
+            Op::LayerNormGradWeight => KernelKind::LayerNormGradWeight,
+            Op::Embedding => KernelKind::Embedding,
+            Op::EmbeddingGrad { .. } => KernelKind::EmbeddingGrad,
+            Op::CrossEntropy { .. } => KernelKind::CrossEntropy,
+            Op::CrossEntropyGrad { .. } => KernelKind::CrossEntropyGrad,
+            Op::Concat { .. } => KernelKind::Concat,
+            _ => match epilogue_of[i] {
+                Some(mm) => KernelKind::MatMul { matmul: mm },
+                None => KernelKind::Elementwise,
+            },
+        };
+        let mut fused = Vec::new();
+        let mut inputs = Vec::new();
+        collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
+        let mut outputs = vec![id];
+        if kind == (KernelKind::LayerNorm { with_stats: true }) {
+            let stats = node.inputs[1];
+            outputs.insert(0, stats);
+            fused.push(stats);
+            inputs.retain(|&x| x != stats);
+            if !inputs.contains(&node.inputs[0]) {
+                inputs.insert(0, node.inputs[0]);
+            }
+        }
+        fused.sort();
+        fused.dedup();
+        kernels.push(Kernel {
+            kind,
+            outputs,
+            inputs,
+            fused,
+        });
+    }
+    // A matmul taken as an epilogue's prologue is computed by that kernel, not materialized.
+    for (i, t) in taken.iter().enumerate() {
+        if *t && matches!(g.nodes[i].op, Op::MatMul) {
+            materialized[i] = false;
+        }
+    }
+    Fusion {
+        live,
+        materialized,
+        alias,
+        kernels,
+    }
+}
+
+/// Whether `consumer` can take `producer` as an inlined expression operand.
+fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
+    let c = g.node(consumer);
+    match &c.op {
+        op if is_inlinable(op) => true,
+        // A reduction evaluates its input expression as it reads it.
+        Op::Reduce { .. } => c.inputs[0] == producer,
+        _ => false,
+    }
+}
+
+/// When the materialized elementwise node `out` is an epilogue over a matmul (a matmul whose one
+/// use is inside `out`'s inlined expression, at the matmul's own shape, with no index
+/// remapping on the way), that matmul.
+fn epilogue_matmul(
+    g: &Graph,
+    out: NodeId,
+    materialized: &[bool],
+    consumers: &[Vec<NodeId>],
+    is_root: &[bool],
+) -> Option<NodeId> {
+    let shape = g.shape(out);
+    let mut found = None;
+    let mut stack = vec![out];
+    while let Some(id) = stack.pop() {
+        let node = g.node(id);
+        // Only plain elementwise ops keep coordinates aligned with the matmul's.
+        if !matches!(
+            node.op,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. }
+        ) {
+            return None;
+        }
+        for &x in &node.inputs {
+            let xn = g.node(x);
+            if matches!(xn.op, Op::MatMul) {
+                let sole_use = consumers[x.index()] == [id] && !is_root[x.index()];
+                if xn.shape == shape && sole_use && found.is_none() {
+                    found = Some(x);
+                }
+            } else if !materialized[x.index()] {
+                stack.push(x);
+            }
+        }
+    }
+    found
+}
+
+/// Walk `id`'s inlined expression: record fused nodes and the buffers it reads.
+fn collect(
+    g: &Graph,
+    id: NodeId,
+    materialized: &[bool],
+    kind: &KernelKind,
+    fused: &mut Vec<NodeId>,
+    inputs: &mut Vec<NodeId>,
+) {
+    fused.push(id);
+    for &x in &g.node(id).inputs {
+        let in_kernel = match kind {
+            KernelKind::MatMul { matmul } => *matmul == x,
+            _ => false,
+        };
+        if in_kernel {
+            // The matmul's own operands are this kernel's buffers.
+            fused.push(x);
+            for &y in &g.node(x).inputs {
+                if !inputs.contains(&y) {
+                    inputs.push(y);
+                }
+            }
+        } else if materialized[x.index()] {
+            if !inputs.contains(&x) {
+                inputs.push(x);
+            }
+        } else {
+            collect(g, x, materialized, kind, fused, inputs);
+        }
+    }
+}
