@@ -173,7 +173,8 @@ pub enum Op {
     LayerNorm,
     /// `(x, stats, weight, dy) -> dx`, the full input gradient of `LayerNorm` (through the stats).
     LayerNormGradInput,
-    /// `(x, stats, dy) -> dweight [D]`: Σ_rows dy · xhat.
+    /// `(x, stats, dy) -> [2, D]`: row 0 is dweight = Σ_rows dy · xhat, row 1 is
+    /// dbias = Σ_rows dy (one pass computes both).
     LayerNormGradWeight,
 
     // ---- embedding and losses ----

@@ -2,12 +2,13 @@
 //!
 //! Every live node is either *materialized* (its value lives in a buffer) or *inlined* (computed
 //! in registers inside the one kernel that consumes it). Sources are buffers without a kernel;
-//! `reshape` is a view that shares its input's buffer; constants are always inlined. An
-//! elementwise node (including the index-remapping views `broadcast_to`, `permute`, `slice` and
-//! `causal_mask`) is inlined when it has exactly one consumer and that consumer can evaluate an
-//! expression operand: another elementwise node, a reduction (as its prologue), or a kernel
-//! whose epilogue it forms (the elementwise chain after a matmul). Every other node is
-//! materialized by a kernel of its own kind.
+//! constants are always inlined; a `reshape` of a materialized value is a view sharing its
+//! buffer. An elementwise node (including the index-remapping views `broadcast_to`, `permute`,
+//! `slice`, `reshape` and `causal_mask`) is inlined when it has exactly one consumer and that
+//! consumer can evaluate an expression operand: another elementwise node, or a reduction (as its
+//! prologue). A matmul whose only use is an elementwise chain runs inside that chain's kernel,
+//! which then computes the chain as the matmul's epilogue. Every other node is materialized by
+//! a kernel of its own kind.
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -20,8 +21,12 @@ pub enum KernelKind {
     /// Evaluates the expression of its output over the output's shape.
     Elementwise,
     /// A matmul whose result feeds the output's expression (the epilogue) in registers.
+    /// `register` is the node the epilogue sees as the accumulator: the matmul itself, or a
+    /// reshape of it (the matmul's rows and columns then map to the output's coordinates through
+    /// the linear index).
     MatMul {
         matmul: NodeId,
+        register: NodeId,
     },
     /// A reduction whose input may be an inlined expression (the prologue).
     Reduce,
@@ -34,7 +39,11 @@ pub enum KernelKind {
     },
     /// Stats only (when the normalized output is not needed in this plan).
     LayerNormStats,
-    LayerNormGradInput,
+    /// `layer_norm_grad_input`; with `weight_grad` it also computes that
+    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes.
+    LayerNormGradInput {
+        weight_grad: Option<NodeId>,
+    },
     LayerNormGradWeight,
     Embedding,
     EmbeddingGrad,
@@ -80,6 +89,7 @@ pub fn is_inlinable(op: &Op) -> bool {
             | Op::BroadcastTo
             | Op::Permute { .. }
             | Op::Slice { .. }
+            | Op::Reshape
             | Op::CausalMask { .. }
     )
 }
@@ -122,8 +132,8 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
         materialized[i] = match &node.op {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => true,
             Op::Constant { .. } => is_root[i],
-            Op::Reshape => {
-                // A view: share the buffer of the (materialized) input.
+            Op::Reshape if materialized[node.inputs[0].index()] => {
+                // A view: share the buffer of the materialized input.
                 let src = node.inputs[0];
                 alias[i] = Some(alias[src.index()].unwrap_or(src));
                 true
@@ -137,35 +147,22 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             _ => true,
         };
     }
-    // A reshape reads its input's buffer, so that input must be materialized; inlined nodes
-    // that feed a view are promoted (rare: views of expressions).
-    for (id, node) in g.nodes() {
-        if live[id.index()] && matches!(node.op, Op::Reshape) {
-            let src = node.inputs[0];
-            if !materialized[src.index()] {
-                materialized[src.index()] = true;
-            }
-        }
-    }
-    // Re-resolve aliases now that every reshape input is materialized.
-    for (id, node) in g.nodes() {
-        if live[id.index()] && matches!(node.op, Op::Reshape) {
-            let src = node.inputs[0];
-            alias[id.index()] = Some(alias[src.index()].unwrap_or(src));
-        }
-    }
 
     // Matmuls that run inside the kernel of an elementwise epilogue, decided before any kernel
     // is emitted (the matmul comes first in the arena).
-    let mut epilogue_of: Vec<Option<NodeId>> = vec![None; n];
+    let mut epilogue_of: Vec<Option<(NodeId, NodeId)>> = vec![None; n];
     let mut taken = vec![false; n];
     if fusion {
         for (id, node) in g.nodes() {
-            if live[id.index()] && materialized[id.index()] && is_inlinable(&node.op) {
-                if let Some(mm) = epilogue_matmul(g, id, &materialized, &consumers, &is_root) {
-                    if !taken[mm.index()] {
+            let i = id.index();
+            if live[i] && materialized[i] && alias[i].is_none() && is_inlinable(&node.op) {
+                if let Some((mm, reg)) =
+                    epilogue_matmul(g, id, &materialized, &alias, &consumers, &is_root)
+                {
+                    if !taken[mm.index()] && !taken[reg.index()] {
                         taken[mm.index()] = true;
-                        epilogue_of[id.index()] = Some(mm);
+                        taken[reg.index()] = true;
+                        epilogue_of[i] = Some((mm, reg));
                     }
                 }
             }
@@ -179,7 +176,8 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             continue;
         }
         let kind = match &node.op {
-            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Reshape => continue,
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => continue,
+            Op::Reshape if alias[i].is_some() => continue,
             Op::LayerNormStats { .. } => {
                 // Folded into the layer_norm kernel that consumes it, when there is one.
                 let ln = consumers[i]
@@ -191,11 +189,24 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
                 }
             }
             Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion },
-            Op::MatMul => KernelKind::MatMul { matmul: id },
+            Op::MatMul => KernelKind::MatMul {
+                matmul: id,
+                register: id,
+            },
             Op::Reduce { .. } => KernelKind::Reduce,
             Op::Softmax => KernelKind::Softmax,
             Op::LogSoftmax => KernelKind::LogSoftmax,
-            Op::LayerNormGradInput => KernelKind::LayerNormGradInput,
+            Op::LayerNormGradInput => {
+                let weight_grad = if fusion {
+                    ln_weight_grad(g, id, &consumers, &live)
+                } else {
+                    None
+                };
+                if let Some(w) = weight_grad {
+                    taken[w.index()] = true;
+                }
+                KernelKind::LayerNormGradInput { weight_grad }
+            }
             Op::LayerNormGradWeight => KernelKind::LayerNormGradWeight,
             Op::Embedding => KernelKind::Embedding,
             Op::EmbeddingGrad { .. } => KernelKind::EmbeddingGrad,
@@ -203,7 +214,7 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             Op::CrossEntropyGrad { .. } => KernelKind::CrossEntropyGrad,
             Op::Concat { .. } => KernelKind::Concat,
             _ => match epilogue_of[i] {
-                Some(mm) => KernelKind::MatMul { matmul: mm },
+                Some((matmul, register)) => KernelKind::MatMul { matmul, register },
                 None => KernelKind::Elementwise,
             },
         };
@@ -211,6 +222,13 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
         let mut inputs = Vec::new();
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
+        if let KernelKind::LayerNormGradInput {
+            weight_grad: Some(w),
+        } = kind
+        {
+            outputs.insert(0, w);
+            fused.push(w);
+        }
         if kind == (KernelKind::LayerNorm { with_stats: true }) {
             let stats = node.inputs[1];
             outputs.insert(0, stats);
@@ -229,10 +247,11 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             fused,
         });
     }
-    // A matmul taken as an epilogue's prologue is computed by that kernel, not materialized.
-    for (i, t) in taken.iter().enumerate() {
-        if *t && matches!(g.nodes[i].op, Op::MatMul) {
+    // A matmul (and its reshape) taken into an epilogue kernel lives in registers only.
+    for (i, node) in g.nodes.iter().enumerate() {
+        if taken[i] && matches!(node.op, Op::MatMul | Op::Reshape) {
             materialized[i] = false;
+            alias[i] = None;
         }
     }
     Fusion {
@@ -254,22 +273,24 @@ fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
     }
 }
 
-/// When the materialized elementwise node `out` is an epilogue over a matmul (a matmul whose one
-/// use is inside `out`'s inlined expression, at the matmul's own shape, with no index
-/// remapping on the way), that matmul.
+/// When the materialized elementwise node `out` is an epilogue over a matmul, the matmul and the
+/// node the epilogue reads as its accumulator (the matmul, or a reshape view of it): the matmul's
+/// one use is that view or `out`'s inlined expression, the accumulator's one use is in `out`'s
+/// expression, at `out`'s own shape, reached without index remapping.
 fn epilogue_matmul(
     g: &Graph,
     out: NodeId,
     materialized: &[bool],
+    alias: &[Option<NodeId>],
     consumers: &[Vec<NodeId>],
     is_root: &[bool],
-) -> Option<NodeId> {
+) -> Option<(NodeId, NodeId)> {
     let shape = g.shape(out);
-    let mut found = None;
+    let sole_use = |x: NodeId, user: NodeId| consumers[x.index()] == [user] && !is_root[x.index()];
     let mut stack = vec![out];
     while let Some(id) = stack.pop() {
         let node = g.node(id);
-        // Only plain elementwise ops keep coordinates aligned with the matmul's.
+        // Only plain elementwise ops keep coordinates aligned with the accumulator's.
         if !matches!(
             node.op,
             Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. }
@@ -278,17 +299,40 @@ fn epilogue_matmul(
         }
         for &x in &node.inputs {
             let xn = g.node(x);
-            if matches!(xn.op, Op::MatMul) {
-                let sole_use = consumers[x.index()] == [id] && !is_root[x.index()];
-                if xn.shape == shape && sole_use && found.is_none() {
-                    found = Some(x);
+            let mm = match xn.op {
+                Op::MatMul => Some(x),
+                Op::Reshape if alias[x.index()].is_some() => {
+                    let src = xn.inputs[0];
+                    (matches!(g.node(src).op, Op::MatMul) && sole_use(src, x)).then_some(src)
+                }
+                _ => None,
+            };
+            if let Some(mm) = mm {
+                if xn.shape == shape && sole_use(x, id) {
+                    return Some((mm, x));
                 }
             } else if !materialized[x.index()] {
                 stack.push(x);
             }
         }
     }
-    found
+    None
+}
+
+/// The `layer_norm_grad_weight` node computed from the same (x, stats, dy) as `gi`, if live.
+fn ln_weight_grad(
+    g: &Graph,
+    gi: NodeId,
+    consumers: &[Vec<NodeId>],
+    live: &[bool],
+) -> Option<NodeId> {
+    let ins = &g.node(gi).inputs;
+    consumers[ins[0].index()].iter().copied().find(|&c| {
+        let n = g.node(c);
+        live[c.index()]
+            && matches!(n.op, Op::LayerNormGradWeight)
+            && n.inputs == [ins[0], ins[1], ins[3]]
+    })
 }
 
 /// Walk `id`'s inlined expression: record fused nodes and the buffers it reads.
@@ -302,19 +346,19 @@ fn collect(
 ) {
     fused.push(id);
     for &x in &g.node(id).inputs {
-        let in_kernel = match kind {
-            KernelKind::MatMul { matmul } => *matmul == x,
-            _ => false,
-        };
-        if in_kernel {
-            // The matmul's own operands are this kernel's buffers.
-            fused.push(x);
-            for &y in &g.node(x).inputs {
-                if !inputs.contains(&y) {
-                    inputs.push(y);
+        if let KernelKind::MatMul { matmul, register } = kind {
+            if x == *register {
+                // The matmul's own operands are this kernel's buffers.
+                fused.extend([*matmul, *register]);
+                for &y in &g.node(*matmul).inputs {
+                    if !inputs.contains(&y) {
+                        inputs.push(y);
+                    }
                 }
+                continue;
             }
-        } else if materialized[x.index()] {
+        }
+        if materialized[x.index()] {
             if !inputs.contains(&x) {
                 inputs.push(x);
             }
