@@ -1,5 +1,6 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod codegen;
 pub mod error;
 pub mod graph;
 pub mod nn;

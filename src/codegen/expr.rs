@@ -18,11 +18,13 @@ pub struct ExprEmitter<'a> {
     pub binding_name: &'a dyn Fn(usize) -> String,
     /// A node whose value is already in a register (the matmul accumulator in an epilogue).
     pub register: Option<(NodeId, String)>,
+    /// The node the kernel computes (materialized, but evaluated here rather than loaded).
+    pub root: Option<NodeId>,
     pub body: String,
     next: usize,
 }
 
-/// `hash32` of the dropout mask (Chris Wellons' lowbias32), mirrored by `cpu::dropout_keep`.
+/// `hash32` of the dropout mask, the WGSL twin of `rng::hash32` (see `rng::dropout_keep`).
 pub const HASH32_WGSL: &str = "fn hash32(v: u32) -> u32 {
     var x = v;
     x = x ^ (x >> 16u);
@@ -51,9 +53,19 @@ pub fn linear_index(shape: &[usize], coords: &[String]) -> String {
         .zip(&st)
         .zip(shape)
         .filter(|((_, _), &d)| d != 1)
-        .map(|((c, &s), _)| if s == 1 { c.clone() } else { format!("{c} * {s}u") })
+        .map(|((c, &s), _)| {
+            if s == 1 {
+                c.clone()
+            } else {
+                format!("{c} * {s}u")
+            }
+        })
         .collect();
-    if terms.is_empty() { "0u".to_string() } else { terms.join(" + ") }
+    if terms.is_empty() {
+        "0u".to_string()
+    } else {
+        terms.join(" + ")
+    }
 }
 
 /// `let` statements decomposing linear index `idx` into coordinates `{prefix}0..` of `shape`.
@@ -80,7 +92,11 @@ pub fn decompose(shape: &[usize], idx: &str, prefix: &str) -> (String, Vec<Strin
 pub fn f32_lit(v: f32) -> String {
     if v.is_finite() {
         let s = format!("{v:?}");
-        if s.contains('.') || s.contains('e') { s } else { format!("{s}.0") }
+        if s.contains('.') || s.contains('e') {
+            s
+        } else {
+            format!("{s}.0")
+        }
     } else {
         format!("bitcast<f32>({}u)", v.to_bits())
     }
@@ -89,12 +105,30 @@ pub fn f32_lit(v: f32) -> String {
 /// Map consumer coordinates to the coordinates of an operand of `shape` broadcast into them.
 fn broadcast_coords(shape: &[usize], coords: &[String]) -> Vec<String> {
     let lead = coords.len() - shape.len();
-    shape.iter().enumerate().map(|(d, &n)| if n == 1 { "0u".to_string() } else { coords[lead + d].clone() }).collect()
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| {
+            if n == 1 {
+                "0u".to_string()
+            } else {
+                coords[lead + d].clone()
+            }
+        })
+        .collect()
 }
 
 impl<'a> ExprEmitter<'a> {
     pub fn new(g: &'a Graph, plan: &'a Plan, binding_name: &'a dyn Fn(usize) -> String) -> Self {
-        ExprEmitter { g, plan, binding_name, register: None, body: String::new(), next: 0 }
+        ExprEmitter {
+            g,
+            plan,
+            binding_name,
+            register: None,
+            root: None,
+            body: String::new(),
+            next: 0,
+        }
     }
 
     fn fresh(&mut self) -> String {
@@ -104,9 +138,78 @@ impl<'a> ExprEmitter<'a> {
 
     /// A load of materialized node `id` at `coords` (of its own shape).
     pub fn load(&self, id: NodeId, coords: &[String]) -> String {
-        let v = self.plan.value_of(id).expect("materialized node has a buffer (checked by plan verify)");
+        let v = self
+            .plan
+            .value_of(id)
+            .expect("materialized node has a buffer (checked by plan verify)");
         let idx = linear_index(self.g.shape(id), coords);
         format!("{}[{idx}]", (self.binding_name)(v.buffer))
+    }
+
+    /// A straightforward dot product for matmul `id` at `coords` (batch dims broadcast): the
+    /// reference path used by unfused plans and by small matmuls.
+    pub fn emit_matmul(&mut self, id: NodeId, coords: &[String]) -> String {
+        let node = self.g.node(id);
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        let (sa, sb) = (self.g.shape(a).to_vec(), self.g.shape(b).to_vec());
+        let r = coords.len();
+        let k = sa[sa.len() - 1];
+        let kk = format!("kk{}", self.next + 1);
+        let mut ca = broadcast_coords(&sa[..sa.len() - 2], &coords[..r - 2]);
+        ca.extend([coords[r - 2].clone(), kk.clone()]);
+        let mut cb = broadcast_coords(&sb[..sb.len() - 2], &coords[..r - 2]);
+        cb.extend([kk.clone(), coords[r - 1].clone()]);
+        let (la, lb) = (self.load(a, &ca), self.load(b, &cb));
+        let v = self.fresh();
+        let _ = writeln!(
+            self.body,
+            "    var {v} = 0.0;\n    for (var {kk} = 0u; {kk} < {k}u; {kk}++) {{ {v} += {la} * {lb}; }}"
+        );
+        v
+    }
+
+    /// Coordinates in the input of view `id` (broadcast_to, permute, slice, reshape) that hold
+    /// the element at `coords` of the view.
+    fn view_coords(&mut self, id: NodeId, coords: &[String]) -> Vec<String> {
+        let node = self.g.node(id);
+        let src = self.g.shape(node.inputs[0]).to_vec();
+        match &node.op {
+            Op::BroadcastTo => broadcast_coords(&src, coords),
+            Op::Permute { perm } => {
+                let mut c = vec![String::new(); perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    c[p] = coords[i].clone();
+                }
+                c
+            }
+            Op::Slice { axis, start, .. } => {
+                let mut c = coords.to_vec();
+                if *start > 0 {
+                    c[*axis] = format!("({} + {start}u)", coords[*axis]);
+                }
+                c
+            }
+            Op::Reshape => {
+                let lin = linear_index(&node.shape, coords);
+                self.next += 1;
+                let (code, names) =
+                    decompose(&src, &format!("({lin})"), &format!("r{}_", self.next));
+                self.body.push_str(&code);
+                names
+            }
+            other => unreachable!("{} is not a view", other.name()),
+        }
+    }
+
+    /// The raw i32 WGSL expression of an i32 node at `coords` (i32 values are only ever
+    /// materialized or viewed, never computed elementwise).
+    pub fn emit_i32(&mut self, id: NodeId, coords: &[String]) -> String {
+        if self.plan.value_of(id).is_some() && self.root != Some(id) {
+            return self.load(id, coords);
+        }
+        let c = self.view_coords(id, coords);
+        let src = self.g.node(id).inputs[0];
+        self.emit_i32(src, &c)
     }
 
     /// The f32 WGSL expression of node `id` at `coords`.
@@ -120,9 +223,13 @@ impl<'a> ExprEmitter<'a> {
         if let Op::Constant { value } = node.op {
             return f32_lit(value);
         }
-        if self.plan.value_of(id).is_some() {
+        if self.plan.value_of(id).is_some() && self.root != Some(id) {
             let load = self.load(id, coords);
-            return if node.dtype == DType::I32 { format!("f32({load})") } else { load };
+            return if node.dtype == DType::I32 {
+                format!("f32({load})")
+            } else {
+                load
+            };
         }
         let ins = node.inputs.clone();
         let operand = |s: &mut Self, k: usize| {
@@ -145,36 +252,39 @@ impl<'a> ExprEmitter<'a> {
                 let b = operand(self, 2);
                 format!("select({b}, {a}, {c} != 0.0)")
             }
-            Op::BroadcastTo => operand(self, 0),
-            Op::Permute { perm } => {
-                let mut c = vec![String::new(); perm.len()];
-                for (i, &p) in perm.iter().enumerate() {
-                    c[p] = coords[i].clone();
-                }
-                self.emit(ins[0], &c)
+            Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
+                let c = self.view_coords(id, coords);
+                return self.emit(ins[0], &c);
             }
-            Op::Slice { axis, start, .. } => {
-                let mut c = coords.to_vec();
-                if *start > 0 {
-                    c[*axis] = format!("({} + {start}u)", coords[*axis]);
-                }
-                self.emit(ins[0], &c)
-            }
+            Op::MatMul => return self.emit_matmul(id, coords),
             Op::CausalMask { fill } => {
                 let x = self.emit(ins[0], coords);
                 let r = coords.len();
                 let s = node.shape[r - 1];
                 let t = node.shape[r - 2];
-                format!("select({x}, {}, {} > {} + {}u)", f32_lit(*fill), coords[r - 1], coords[r - 2], s - t)
+                format!(
+                    "select({x}, {}, {} > {} + {}u)",
+                    f32_lit(*fill),
+                    coords[r - 1],
+                    coords[r - 2],
+                    s - t
+                )
             }
             Op::Dropout { p, seed } => {
                 let x = self.emit(ins[0], coords);
                 let lin = linear_index(&node.shape, coords);
-                let s = crate::cpu::dropout_seed(*seed);
-                let keep = format!("(f32(hash32(({lin}) ^ hash32(meta.step ^ {s}u)) >> 8u) * {} >= {})", f32_lit(1.0 / 16_777_216.0), f32_lit(*p));
+                let s = crate::rng::dropout_seed(*seed);
+                let keep = format!(
+                    "(f32(hash32(({lin}) ^ hash32(meta.step ^ {s}u)) >> 8u) * {} >= {})",
+                    f32_lit(1.0 / 16_777_216.0),
+                    f32_lit(*p)
+                );
                 format!("select(0.0, {x} * {}, {keep})", f32_lit(1.0 / (1.0 - p)))
             }
-            other => unreachable!("{} is not inlinable (fusion only inlines elementwise ops)", other.name()),
+            other => unreachable!(
+                "{} is not inlinable (fusion only inlines elementwise ops)",
+                other.name()
+            ),
         };
         let v = self.fresh();
         let _ = writeln!(self.body, "    let {v} = {e};");
