@@ -159,7 +159,8 @@ impl<'a> ExprEmitter<'a> {
         ca.extend([coords[r - 2].clone(), kk.clone()]);
         let mut cb = broadcast_coords(&sb[..sb.len() - 2], &coords[..r - 2]);
         cb.extend([kk.clone(), coords[r - 1].clone()]);
-        let (la, lb) = (self.load(a, &ca), self.load(b, &cb));
+        // Operands are buffers or transposed views of buffers: pure index expressions.
+        let (la, lb) = (self.emit(a, &ca), self.emit(b, &cb));
         let v = self.fresh();
         let _ = writeln!(
             self.body,

@@ -141,7 +141,7 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             op if is_inlinable(op) => {
                 is_root[i] || !fusion || {
                     let c = &consumers[i];
-                    c.len() != 1 || !accepts_expression(g, c[0], id)
+                    c.len() != 1 || !accepts_expression(g, c[0], id, &materialized)
                 }
             }
             _ => true,
@@ -263,14 +263,35 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
 }
 
 /// Whether `consumer` can take `producer` as an inlined expression operand.
-fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
+fn accepts_expression(
+    g: &Graph,
+    consumer: NodeId,
+    producer: NodeId,
+    materialized: &[bool],
+) -> bool {
     let c = g.node(consumer);
     match &c.op {
         op if is_inlinable(op) => true,
         // A reduction evaluates its input expression as it reads it.
         Op::Reduce { .. } => c.inputs[0] == producer,
+        // A matmul reads a transposed operand through strides.
+        Op::MatMul => {
+            is_last_two_swap(g, producer) && materialized[g.node(producer).inputs[0].index()]
+        }
         _ => false,
     }
+}
+
+/// Whether `id` is a permute that swaps the last two axes of a value and nothing else.
+pub fn is_last_two_swap(g: &Graph, id: NodeId) -> bool {
+    let Op::Permute { perm } = &g.node(id).op else {
+        return false;
+    };
+    let r = perm.len();
+    r >= 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
 }
 
 /// When the materialized elementwise node `out` is an epilogue over a matmul, the matmul and the
