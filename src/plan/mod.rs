@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod fuse;
+pub mod report;
 pub mod verify;
 
 pub use alloc::{BufferInfo, Lifetime, Value};
