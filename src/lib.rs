@@ -1,6 +1,7 @@
 //! rumus: an embeddable machine-learning engine.
 
 pub mod checkpoint;
+pub mod data;
 pub mod error;
 pub mod rng;
 pub mod tensor;
