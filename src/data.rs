@@ -67,7 +67,7 @@ pub struct CsvOptions {
 }
 
 impl Default for CsvOptions {
-    /// Last-column labels are not assumed: no label column, scale 1, header auto-detected, 1 GiB.
+    /// No label column, class labels when one is set, scale 1, header auto-detected, 1 GiB cap.
     fn default() -> CsvOptions {
         CsvOptions {
             label_col: None,

@@ -469,3 +469,29 @@ fn check_against_reports_every_difference_by_name() {
          `w` is f32 [2, 3], expected f32 [3, 2]; `idx` is i32 [4], expected f32 [4]"
     );
 }
+
+#[test]
+fn loads_a_file_written_by_the_reference_implementation() {
+    // safetensors 0.8.0: `save({"b": int32 [5, -1], "a": float32 [1, -0], "z": float32 zeros
+    // (0, 3)}, metadata={"format": "pt"})`. It orders tensors by dtype, then name.
+    let hex = "c8000000000000007b225f5f6d657461646174615f5f223a7b22666f726d6174223a227074227d2c\
+               2261223a7b226474797065223a22463332222c227368617065223a5b325d2c22646174615f6f6666\
+               73657473223a5b302c385d7d2c227a223a7b226474797065223a22463332222c227368617065223a\
+               5b302c335d2c22646174615f6f666673657473223a5b382c385d7d2c2262223a7b22647479706522\
+               3a22493332222c227368617065223a5b325d2c22646174615f6f666673657473223a5b382c31365d\
+               7d7d2020202020200000803f0000008005000000ffffffff";
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let c = from_bytes(&bytes).unwrap();
+    let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "z", "b"]);
+    assert_eq!(
+        c.get("a").unwrap().to_le_bytes(),
+        [0, 0, 0x80, 0x3f, 0, 0, 0, 0x80]
+    );
+    assert_eq!(c.get("z").unwrap().shape(), &[0, 3]);
+    assert_eq!(c.get("b").unwrap().as_i32().unwrap(), &[5, -1]);
+    assert_eq!(c.metadata, meta(&[("format", "pt")]));
+}
