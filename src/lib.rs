@@ -1,6 +1,8 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod checkpoint;
 pub mod codegen;
+pub mod data;
 pub mod error;
 pub mod graph;
 pub mod nn;
