@@ -2,6 +2,7 @@
 
 pub mod error;
 pub mod rng;
+pub mod runtime;
 pub mod tensor;
 
 pub use error::{Error, ErrorKind, Result, Source, Span};
