@@ -575,6 +575,7 @@ fn invalid_wgsl_is_an_error_with_the_compiler_message() {
     };
     assert_eq!(e.kind, rumus::ErrorKind::Device);
     assert!(e.message.contains("undefined_name"), "{}", e.message);
+    eprintln!("invalid wgsl: {}", e.message);
     let s = MatmulSpec::contiguous(1, 3, 1, 2);
     check_matmul(
         "after invalid wgsl",
@@ -583,4 +584,15 @@ fn invalid_wgsl_is_an_error_with_the_compiler_message() {
         contiguous_lens(&s),
         None,
     );
+}
+
+#[test]
+fn benchmarks_report_a_positive_rate() {
+    let Some(gpu) = test_gpu_or_skip("benchmarks_report_a_positive_rate") else {
+        return;
+    };
+    let tflops = rumus::runtime::kernels::bench_matmul(gpu, 33, 2).unwrap();
+    let gbs = rumus::runtime::kernels::bench_layer_norm(gpu, 9, 40, 2).unwrap();
+    eprintln!("lavapipe: matmul 33^3 {tflops:.6} TFLOP/s, layer norm 9x40 {gbs:.4} GB/s");
+    assert!(tflops.is_finite() && tflops > 0.0 && gbs.is_finite() && gbs > 0.0);
 }
