@@ -8,6 +8,7 @@ pub mod graph;
 pub mod nn;
 pub mod plan;
 pub mod rng;
+pub mod runtime;
 pub mod tensor;
 
 pub use error::{Error, ErrorKind, Result, Source, Span};
