@@ -7,12 +7,14 @@
 // group, so it also sums dy * xhat and dy over the group's rows in registers and finally writes
 // them to partial[group, j] = (dweight part, dbias part): no atomics, no race.
 //
-// `params`: dweight[j] = sum over groups of partial[g, j].x, dbias[j] likewise with .y
+// `params`: dparams[j] = dweight[j] = sum over groups of partial[g, j].x, and
+// dparams[D + j] = dbias[j] likewise with .y: one [2, D] buffer, as the graph's
+// layer_norm_grad_weight node holds them
 // (+= when FLAG_ACC_PARAMS). A workgroup takes PC adjacent columns; its WG / PC lanes stride over
 // the groups and are summed in workgroup memory.
 //
 // Bindings: 0 params; rows: 1 x, 2 weight, 3 stats [rows, 2], 4 dy, 5 dx, 6 partial [groups, D, 2];
-// params: 6 partial, 7 dweight, 8 dbias. Grid: rows = one workgroup per group (linear id over
+// params: 6 partial, 7 dparams [2, D]. Grid: rows = one workgroup per group (linear id over
 // x, y, z); params = ceil(D / PC) workgroups.
 //
 // Placeholders: {{CPT}} columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
@@ -36,8 +38,7 @@ const FLAG_ACC_PARAMS: u32 = 2u;
 @group(0) @binding(4) var<storage, read> dy: array<scalar>;
 @group(0) @binding(5) var<storage, read_write> dx: array<scalar>;
 @group(0) @binding(6) var<storage, read_write> partial: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dweight: array<scalar>;
-@group(0) @binding(8) var<storage, read_write> dbias: array<scalar>;
+@group(0) @binding(7) var<storage, read_write> dparams: array<scalar>;
 
 const WG: u32 = 256u;
 const NG: u32 = 16u;
@@ -150,9 +151,9 @@ fn params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             total += red[l * PC + col];
         }
         if (p.flags & FLAG_ACC_PARAMS) != 0u {
-            total += vec2<f32>(f32(dweight[j]), f32(dbias[j]));
+            total += vec2<f32>(f32(dparams[j]), f32(dparams[p.d + j]));
         }
-        dweight[j] = scalar(total.x);
-        dbias[j] = scalar(total.y);
+        dparams[j] = scalar(total.x);
+        dparams[p.d + j] = scalar(total.y);
     }
 }

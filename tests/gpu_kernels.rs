@@ -397,11 +397,7 @@ fn check_layer_norm(rows: usize, d: usize) {
     let (xb, wb, bb, dyb) = (up("x", &x), up("w", &w), up("b", &b), up("dy", &dy));
     let nan = |label, len| up(label, &vec![f32::NAN; len]);
     let (yb, stats, dxb) = (nan("y", n), nan("stats", rows * 2), nan("dx", n));
-    let (dwb, dbb, scratch) = (
-        nan("dw", d),
-        nan("db", d),
-        nan("scratch", ln.scratch_len(rows)),
-    );
+    let (dparams, scratch) = (nan("dparams", 2 * d), nan("scratch", ln.scratch_len(rows)));
     let fwd_bufs = LayerNormForward {
         x: &xb,
         weight: &wb,
@@ -416,8 +412,7 @@ fn check_layer_norm(rows: usize, d: usize) {
         stats: &stats,
         dy: &dyb,
         dx: &dxb,
-        dweight: &dwb,
-        dbias: &dbb,
+        dparams: &dparams,
         scratch: &scratch,
         accumulate_dx: acc,
         accumulate_params: acc,
@@ -451,8 +446,9 @@ fn check_layer_norm(rows: usize, d: usize) {
         );
     }
     assert_close(&format!("{name} dx"), &read(&dxb), &dx_ref, tol);
-    assert_close(&format!("{name} dweight"), &read(&dwb), &dw_ref, tol_cols);
-    assert_close(&format!("{name} dbias"), &read(&dbb), &db_ref, tol_cols);
+    let dp = read(&dparams);
+    assert_close(&format!("{name} dweight"), &dp[..d], &dw_ref, tol_cols);
+    assert_close(&format!("{name} dbias"), &dp[d..], &db_ref, tol_cols);
 
     // Accumulating into the same gradients doubles them.
     let [r2, p2] = ln.backward(gpu, rows, &bwd(true)).unwrap();
@@ -465,18 +461,9 @@ fn check_layer_norm(rows: usize, d: usize) {
         2.0 * tol,
     );
     let (dw2, db2) = (twice(&dw_ref), twice(&db_ref));
-    assert_close(
-        &format!("{name} dweight accumulated"),
-        &read(&dwb),
-        &dw2,
-        2.0 * tol_cols,
-    );
-    assert_close(
-        &format!("{name} dbias accumulated"),
-        &read(&dbb),
-        &db2,
-        2.0 * tol_cols,
-    );
+    let dp = read(&dparams);
+    assert_close(&format!("{name} dweight accumulated"), &dp[..d], &dw2, 2.0 * tol_cols);
+    assert_close(&format!("{name} dbias accumulated"), &dp[d..], &db2, 2.0 * tol_cols);
 }
 
 #[test]

@@ -6,6 +6,8 @@
 //! [`kernels::fill`] substitutes them.
 
 pub mod device;
+
+pub mod exec;
 pub mod kernels;
 
 pub use device::{

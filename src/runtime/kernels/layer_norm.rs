@@ -31,16 +31,16 @@ pub struct LayerNormForward<'a> {
 }
 
 /// Buffers of a backward pass. `scratch` holds [`LayerNorm::scratch_len`] elements (f32, any
-/// contents). With `accumulate_dx` the result is added to `dx`, with `accumulate_params` to
-/// `dweight` and `dbias`; otherwise they are overwritten and never read.
+/// contents). `dparams` is `[2, d]`: dweight in row 0, dbias in row 1. With `accumulate_dx` the
+/// result is added to `dx`, with `accumulate_params` to `dparams`; otherwise they are
+/// overwritten and never read.
 pub struct LayerNormBackward<'a> {
     pub x: &'a wgpu::Buffer,
     pub weight: &'a wgpu::Buffer,
     pub stats: &'a wgpu::Buffer,
     pub dy: &'a wgpu::Buffer,
     pub dx: &'a wgpu::Buffer,
-    pub dweight: &'a wgpu::Buffer,
-    pub dbias: &'a wgpu::Buffer,
+    pub dparams: &'a wgpu::Buffer,
     pub scratch: &'a wgpu::Buffer,
     pub accumulate_dx: bool,
     pub accumulate_params: bool,
@@ -155,8 +155,7 @@ impl LayerNorm {
         check_len("dy", buf.dy, rows * d)?;
         check_len("dx", buf.dx, rows * d)?;
         check_len("weight", buf.weight, d)?;
-        check_len("dweight", buf.dweight, d)?;
-        check_len("dbias", buf.dbias, d)?;
+        check_len("dparams", buf.dparams, 2 * d)?;
         check_len("stats", buf.stats, rows * 2)?;
         check_len("scratch", buf.scratch, self.scratch_len(rows))?;
         let rpg = LayerNorm::rows_per_group(rows);
@@ -188,8 +187,7 @@ impl LayerNorm {
             &[
                 (0, &uniform),
                 (6, buf.scratch),
-                (7, buf.dweight),
-                (8, buf.dbias),
+                (7, buf.dparams),
             ],
         )?;
         let params_grid = [d.div_ceil(PC) as u32, 1, 1];
@@ -243,8 +241,7 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
     let y = gpu.storage("bench y", n)?;
     let dx = gpu.storage("bench dx", n)?;
     let stats = gpu.storage("bench stats", rows * 2)?;
-    let dw = gpu.storage("bench dweight", d)?;
-    let db = gpu.storage("bench dbias", d)?;
+    let dwb = gpu.storage("bench dparams", 2 * d)?;
     let scratch = gpu.storage("bench scratch", ln.scratch_len(rows))?;
     let fwd = ln.forward(
         gpu,
@@ -267,8 +264,7 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
             stats: &stats,
             dy: &dy,
             dx: &dx,
-            dweight: &dw,
-            dbias: &db,
+            dparams: &dwb,
             scratch: &scratch,
             accumulate_dx: false,
             accumulate_params: false,
