@@ -1,5 +1,6 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod cpu;
 pub mod error;
 pub mod graph;
 pub mod rng;
