@@ -4,6 +4,9 @@
 //!
 //! Expected values were computed independently at 40 digits (mpmath) and rounded to f64.
 
+// Each case lists its inputs as owned values, cloned from shared ones where cases share them.
+#![allow(clippy::cloned_ref_to_slice_refs)]
+
 use rumus::cpu::{dropout_keep, matmul, Buf, Executor, Float, RunOptions};
 use rumus::graph::init::init_values;
 use rumus::graph::{BinaryOp, Graph, Init, NodeId, Op, ReduceOp, UnaryOp, Update};
@@ -122,123 +125,33 @@ fn check_err(op: Op, ins: &[In], msg: &str) {
 // ---- elementwise ----
 
 #[test]
+#[rustfmt::skip]
 fn unary_ops() {
     use UnaryOp::*;
     let x = f(&[5], &[-1.5, -0.25, 0.0, 0.5, 2.0]);
     let pos = f(&[3], &[0.25, 1.0, 4.0]);
     let cases: &[(UnaryOp, &In, &[f64])] = &[
         (Neg, &x, &[1.5, 0.25, 0.0, -0.5, -2.0]),
-        (
-            Exp,
-            &x,
-            &[
-                0.22313016014842982,
-                0.7788007830714049,
-                1.0,
-                1.6487212707001282,
-                7.38905609893065,
-            ],
-        ),
+        (Exp, &x, &[0.22313016014842982, 0.7788007830714049, 1.0, 1.6487212707001282, 7.38905609893065]),
         (Log, &pos, &[-1.3862943611198906, 0.0, 1.3862943611198906]),
         (Sqrt, &pos, &[0.5, 1.0, 2.0]),
         (Rsqrt, &pos, &[2.0, 1.0, 0.5]),
         (Abs, &x, &[1.5, 0.25, 0.0, 0.5, 2.0]),
         (Square, &x, &[2.25, 0.0625, 0.0, 0.25, 4.0]),
-        (
-            Tanh,
-            &x,
-            &[
-                -0.9051482536448664,
-                -0.24491866240370913,
-                0.0,
-                0.46211715726000974,
-                0.9640275800758169,
-            ],
-        ),
-        (
-            Sigmoid,
-            &x,
-            &[
-                0.18242552380635635,
-                0.4378234991142019,
-                0.5,
-                0.6224593312018546,
-                0.8807970779778824,
-            ],
-        ),
+        (Tanh, &x, &[-0.9051482536448664, -0.24491866240370913, 0.0, 0.46211715726000974, 0.9640275800758169]),
+        (Sigmoid, &x, &[0.18242552380635635, 0.4378234991142019, 0.5, 0.6224593312018546, 0.8807970779778824]),
         (Relu, &x, &[0.0, 0.0, 0.0, 0.5, 2.0]),
-        (
-            Gelu,
-            &x,
-            &[
-                -0.1002108019032871,
-                -0.10032341857926907,
-                0.0,
-                0.34573123063700656,
-                1.9544997361036416,
-            ],
-        ),
-        (
-            GeluTanh,
-            &x,
-            &[
-                -0.10042842301976708,
-                -0.100324649298315,
-                0.0,
-                0.34571400982514394,
-                1.954597694087775,
-            ],
-        ),
-        (
-            Silu,
-            &x,
-            &[
-                -0.2736382857095345,
-                -0.10945587477855047,
-                0.0,
-                0.3112296656009273,
-                1.7615941559557649,
-            ],
-        ),
+        (Gelu, &x, &[-0.1002108019032871, -0.10032341857926907, 0.0, 0.34573123063700656, 1.9544997361036416]),
+        (GeluTanh, &x, &[-0.10042842301976708, -0.100324649298315, 0.0, 0.34571400982514394, 1.954597694087775]),
+        (Silu, &x, &[-0.2736382857095345, -0.10945587477855047, 0.0, 0.3112296656009273, 1.7615941559557649]),
         (Sign, &x, &[-1.0, -1.0, 0.0, 1.0, 1.0]),
-        (
-            GeluGrad,
-            &x,
-            &[
-                -0.12746919222997952,
-                0.30462664511636395,
-                0.5,
-                0.8674951246561629,
-                1.085231801078197,
-            ],
-        ),
-        (
-            GeluTanhGrad,
-            &x,
-            &[
-                -0.12771079315143308,
-                0.30464590484893955,
-                0.5,
-                0.8673699035346423,
-                1.0860992566236183,
-            ],
-        ),
-        (
-            SiluGrad,
-            &x,
-            &[
-                -0.041294154299142946,
-                0.37628997842980233,
-                0.5,
-                0.7399611873026518,
-                1.0907842487848955,
-            ],
-        ),
+        (GeluGrad, &x, &[-0.12746919222997952, 0.30462664511636395, 0.5, 0.8674951246561629, 1.085231801078197]),
+        (GeluTanhGrad, &x, &[-0.12771079315143308, 0.30464590484893955, 0.5, 0.8673699035346423, 1.0860992566236183]),
+        (SiluGrad, &x, &[-0.041294154299142946, 0.37628997842980233, 0.5, 0.7399611873026518, 1.0907842487848955]),
     ];
     assert_eq!(cases.len(), UnaryOp::ALL.len(), "every unary op has a case");
     for (op, input, want) in cases {
-        let n = want.len();
-        check(Op::Unary(*op), &[(*input).clone()], &[n], want);
+        check(Op::Unary(*op), &[(*input).clone()], &[want.len()], want);
     }
 }
 
@@ -275,7 +188,10 @@ fn binary_ops_broadcast_a_column_against_a_row() {
         (Sub, &[3.5, 2.0, 0.0, 1.5, 0.0, -2.0]),
         (Mul, &[2.0, 8.0, 16.0, 1.0, 4.0, 8.0]),
         (Div, &[8.0, 2.0, 1.0, 4.0, 1.0, 0.5]),
-        (Pow, &[2.0, 16.0, 256.0, 1.4142135623730951, 4.0, 16.0]),
+        (
+            Pow,
+            &[2.0, 16.0, 256.0, std::f64::consts::SQRT_2, 4.0, 16.0],
+        ),
         (Maximum, &[4.0, 4.0, 4.0, 2.0, 2.0, 4.0]),
         (Minimum, &[0.5, 2.0, 4.0, 0.5, 2.0, 2.0]),
         (Greater, &[1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
@@ -644,9 +560,16 @@ fn data<T: Float>(n: usize, salt: usize) -> Vec<T> {
         .collect()
 }
 
+/// (a shape, b shape, (a batch, b batch) of each output batch)
+type MatmulCase = (
+    &'static [usize],
+    &'static [usize],
+    &'static [(usize, usize)],
+);
+
 fn matmul_matches_naive<T: Float>() {
     // (a shape, b shape, (a batch, b batch) per output batch)
-    let cases: &[(&[usize], &[usize], &[(usize, usize)])] = &[
+    let cases: &[MatmulCase] = &[
         (&[1, 1], &[1, 1], &[(0, 0)]),
         (&[7, 13], &[13, 5], &[(0, 0)]),
         (
@@ -695,47 +618,23 @@ fn matmul_equals_naive_loop_f64() {
 // ---- normalization and attention ----
 
 #[test]
+#[rustfmt::skip]
 fn softmax_and_log_softmax_rows() {
     let x = f(&[3, 3], &[1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, -INF, 0.0]);
-    check(
-        Op::Softmax,
-        &[x.clone()],
-        &[3, 3],
-        &[
-            0.09003057317038046,
-            0.24472847105479764,
-            0.6652409557748219,
-            1.0 / 3.0,
-            1.0 / 3.0,
-            1.0 / 3.0,
-            0.5,
-            0.0,
-            0.5,
-        ],
-    );
-    check(
-        Op::LogSoftmax,
-        &[x],
-        &[3, 3],
-        &[
-            -2.40760596444438,
-            -1.4076059644443804,
-            -0.4076059644443803,
-            -1.0986122886681098,
-            -1.0986122886681098,
-            -1.0986122886681098,
-            -0.6931471805599453,
-            -INF,
-            -0.6931471805599453,
-        ],
-    );
+    let third = 1.0 / 3.0;
+    let ln2 = std::f64::consts::LN_2;
+    check(Op::Softmax, &[x.clone()], &[3, 3], &[
+        0.09003057317038046, 0.24472847105479764, 0.6652409557748219,
+        third, third, third,
+        0.5, 0.0, 0.5,
+    ]);
+    check(Op::LogSoftmax, &[x], &[3, 3], &[
+        -2.40760596444438, -1.4076059644443804, -0.4076059644443803,
+        -1.0986122886681098, -1.0986122886681098, -1.0986122886681098,
+        -ln2, -INF, -ln2,
+    ]);
     // Large logits do not overflow.
-    check(
-        Op::Softmax,
-        &[f(&[2], &[1000.0, 1000.0])],
-        &[2],
-        &[0.5, 0.5],
-    );
+    check(Op::Softmax, &[f(&[2], &[1000.0, 1000.0])], &[2], &[0.5, 0.5]);
 }
 
 #[test]
@@ -759,60 +658,26 @@ fn causal_mask_hides_the_future() {
 }
 
 #[test]
+#[rustfmt::skip]
 fn layer_norm_family() {
     let x = f(&[2, 4], &[1.0, 2.0, 3.0, 4.0, -1.0, 0.0, 0.0, 5.0]);
     let stats = [2.5, 0.8944236133127084, 1.0, 0.42640104507409315];
-    check(
-        Op::LayerNormStats { eps: 1e-5 },
-        &[x.clone()],
-        &[2, 2],
-        &stats,
-    );
+    check(Op::LayerNormStats { eps: 1e-5 }, &[x.clone()], &[2, 2], &stats);
     let s = f(&[2, 2], &stats);
     let w = f(&[4], &[1.0, 2.0, -1.0, 0.5]);
     let b = f(&[4], &[0.0, 0.1, 0.2, 0.3]);
     let dy = f(&[2, 4], &[0.1, -0.2, 0.3, 0.4, 1.0, 0.0, -1.0, 0.5]);
-    check(
-        Op::LayerNorm,
-        &[x.clone(), s.clone(), w.clone(), b],
-        &[2, 4],
-        &[
-            -1.3416354199690625,
-            -0.7944236133127084,
-            -0.24721180665635417,
-            0.9708177099845313,
-            -0.8528020901481863,
-            -0.7528020901481863,
-            0.6264010450740931,
-            1.1528020901481864,
-        ],
-    );
-    check(
-        Op::LayerNormGradInput,
-        &[x.clone(), s.clone(), w, dy.clone()],
-        &[2, 4],
-        &[
-            0.23254971014141518,
-            -0.250438754834188,
-            -0.19677305182216617,
-            0.214662096514939,
-            0.10902313543793486,
-            -0.2786142487451678,
-            0.1477867963289253,
-            0.02180431697830768,
-        ],
-    );
-    check(
-        Op::LayerNormGradWeight,
-        &[x, s, dy],
-        &[4],
-        &[
-            -0.9869656321450926,
-            0.08944236133127084,
-            0.5605645870709994,
-            1.3894562581358114,
-        ],
-    );
+    check(Op::LayerNorm, &[x.clone(), s.clone(), w.clone(), b], &[2, 4], &[
+        -1.3416354199690625, -0.7944236133127084, -0.24721180665635417, 0.9708177099845313,
+        -0.8528020901481863, -0.7528020901481863, 0.6264010450740931, 1.1528020901481864,
+    ]);
+    check(Op::LayerNormGradInput, &[x.clone(), s.clone(), w, dy.clone()], &[2, 4], &[
+        0.23254971014141518, -0.250438754834188, -0.19677305182216617, 0.214662096514939,
+        0.10902313543793486, -0.2786142487451678, 0.1477867963289253, 0.02180431697830768,
+    ]);
+    check(Op::LayerNormGradWeight, &[x, s, dy], &[4], &[
+        -0.9869656321450926, 0.08944236133127084, 0.5605645870709994, 1.3894562581358114,
+    ]);
 }
 
 // ---- embedding and losses ----
@@ -840,86 +705,35 @@ fn embedding_gathers_and_its_gradient_sums_repeats() {
 }
 
 #[test]
+#[rustfmt::skip]
 fn cross_entropy_and_its_gradient() {
     let logits = f(&[3, 3], &[1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 1.0, -1.0, 0.0]);
     let ce = |ignore_index| Op::CrossEntropy { ignore_index };
-    check(
-        ce(None),
-        &[logits.clone(), i(&[3], &[2, 0, 1])],
-        &[],
-        &[1.3046080725189568],
-    );
-    check(
-        ce(Some(-100)),
-        &[logits.clone(), i(&[3], &[2, 0, -100])],
-        &[],
-        &[0.753109126556245],
-    );
-    check(
-        ce(Some(-100)),
-        &[logits.clone(), i(&[3], &[-100; 3])],
-        &[],
-        &[0.0],
-    );
-    check(
-        Op::CrossEntropyGrad {
-            ignore_index: Some(-100),
-        },
-        &[logits.clone(), i(&[3], &[2, 0, -100]), f(&[], &[3.0])],
-        &[3, 3],
-        &[
-            0.13504585975557068,
-            0.3670927065821965,
-            -0.5021385663377672,
-            -1.0,
-            0.5,
-            0.5,
-            0.0,
-            0.0,
-            0.0,
-        ],
-    );
-    check(
-        Op::CrossEntropyGrad {
-            ignore_index: Some(0),
-        },
-        &[logits, i(&[3], &[0; 3]), f(&[], &[1.0])],
-        &[3, 3],
-        &[0.0; 9],
-    );
+    check(ce(None), &[logits.clone(), i(&[3], &[2, 0, 1])], &[], &[1.3046080725189568]);
+    check(ce(Some(-100)), &[logits.clone(), i(&[3], &[2, 0, -100])], &[], &[0.753109126556245]);
+    check(ce(Some(-100)), &[logits.clone(), i(&[3], &[-100; 3])], &[], &[0.0]);
+    // dloss = 3 over 2 counted rows: (softmax - onehot) * 1.5, the ignored row zero.
+    let grad = |ignore_index| Op::CrossEntropyGrad { ignore_index };
+    check(grad(Some(-100)), &[logits.clone(), i(&[3], &[2, 0, -100]), f(&[], &[3.0])], &[3, 3], &[
+        0.13504585975557068, 0.3670927065821965, -0.5021385663377672,
+        -1.0, 0.5, 0.5,
+        0.0, 0.0, 0.0,
+    ]);
+    check(grad(Some(0)), &[logits, i(&[3], &[0; 3]), f(&[], &[1.0])], &[3, 3], &[0.0; 9]);
 }
 
 // ---- dropout ----
 
 #[test]
+#[rustfmt::skip]
 fn dropout_mask_is_the_documented_hash() {
     // Masks from an independent implementation of
     // splitmix64(seed ^ splitmix64(step ^ splitmix64(i))) >> 40, compared with p * 2^24.
+    let (o, x) = (true, false);
     let cases: &[(u64, u64, f32, [bool; 10])] = &[
-        (
-            7,
-            3,
-            0.5,
-            [
-                true, false, true, false, true, true, true, false, true, true,
-            ],
-        ),
-        (
-            7,
-            4,
-            0.5,
-            [
-                true, false, true, true, true, false, true, true, false, true,
-            ],
-        ),
-        (
-            1,
-            0,
-            0.25,
-            [
-                false, true, false, true, true, true, true, true, true, false,
-            ],
-        ),
+        (7, 3, 0.5, [o, x, o, x, o, o, o, x, o, o]),
+        (7, 4, 0.5, [o, x, o, o, o, x, o, o, x, o]),
+        (1, 0, 0.25, [x, o, x, o, o, o, o, o, o, x]),
     ];
     for &(seed, step, p, want) in cases {
         let got: Vec<bool> = (0..10).map(|i| dropout_keep(seed, step, i, p)).collect();
@@ -1137,9 +951,11 @@ fn state_added_after_the_executor_is_initialized_on_first_use() {
     );
 }
 
+type Feeds<T> = Vec<(NodeId, Buf<T>)>;
+
 /// A small training-shaped graph: embedding, matmul, gelu, layer norm, dropout, attention-style
 /// masked softmax, cross-entropy. Returns (graph, feeds, wanted).
-fn mlp<T: Float>() -> (Graph, Vec<(NodeId, Buf<T>)>, Vec<NodeId>) {
+fn mlp<T: Float>() -> (Graph, Feeds<T>, Vec<NodeId>) {
     let (b, d, h, c) = (6, 8, 16, 5);
     let mut g = Graph::new();
     let tok = g.input("tok", &[b], DType::I32).unwrap();

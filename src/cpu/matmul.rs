@@ -187,7 +187,7 @@ fn micro_kernel<T: Float>(kc: usize, ap: &[T], bp: &[T], c: &mut [T], ldc: usize
         for r in 0..MR {
             let x = av[r];
             for j in 0..NR {
-                acc[r][j] = acc[r][j] + x * bv[j];
+                acc[r][j] += x * bv[j];
             }
         }
     }
