@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod codegen;
+pub mod cpu;
 pub mod data;
 pub mod error;
 pub mod graph;
@@ -9,6 +10,7 @@ pub mod nn;
 pub mod plan;
 pub mod rng;
 pub mod runtime;
+pub mod session;
 pub mod tensor;
 
 pub use error::{Error, ErrorKind, Result, Source, Span};

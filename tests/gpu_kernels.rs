@@ -462,8 +462,18 @@ fn check_layer_norm(rows: usize, d: usize) {
     );
     let (dw2, db2) = (twice(&dw_ref), twice(&db_ref));
     let dp = read(&dparams);
-    assert_close(&format!("{name} dweight accumulated"), &dp[..d], &dw2, 2.0 * tol_cols);
-    assert_close(&format!("{name} dbias accumulated"), &dp[d..], &db2, 2.0 * tol_cols);
+    assert_close(
+        &format!("{name} dweight accumulated"),
+        &dp[..d],
+        &dw2,
+        2.0 * tol_cols,
+    );
+    assert_close(
+        &format!("{name} dbias accumulated"),
+        &dp[d..],
+        &db2,
+        2.0 * tol_cols,
+    );
 }
 
 #[test]

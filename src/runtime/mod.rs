@@ -5,6 +5,7 @@
 //! starts with `alias scalar = f32;` and marks the parts generated code fills as `{{NAME}}`.
 //! [`kernels::fill`] substitutes them.
 
+pub mod backend;
 pub mod device;
 
 pub mod exec;

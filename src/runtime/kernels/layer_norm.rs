@@ -184,11 +184,7 @@ impl LayerNorm {
         let param_group = gpu.bind_group_at(
             "layer_norm_bw params",
             &self.backward_params,
-            &[
-                (0, &uniform),
-                (6, buf.scratch),
-                (7, buf.dparams),
-            ],
+            &[(0, &uniform), (6, buf.scratch), (7, buf.dparams)],
         )?;
         let params_grid = [d.div_ceil(PC) as u32, 1, 1];
         gpu.check_grid("layer_norm_bw", params_grid)?;
