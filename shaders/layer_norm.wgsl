@@ -11,7 +11,7 @@
 //
 // Bindings: 0 params, 1 x [rows, D], 2 weight [D], 3 bias [D], 4 y [rows, D], 5 stats [rows, 2].
 //
-// Placeholders: {{CPT}} columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
+// Placeholders: <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
 
 alias scalar = f32;
 

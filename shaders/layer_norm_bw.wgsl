@@ -17,7 +17,7 @@
 // params: 6 partial, 7 dparams [2, D]. Grid: rows = one workgroup per group (linear id over
 // x, y, z); params = ceil(D / PC) workgroups.
 //
-// Placeholders: {{CPT}} columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
+// Placeholders: <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
 
 alias scalar = f32;
 

@@ -17,10 +17,10 @@
 // and transposed operands.
 //
 // Placeholders (defaults in src/runtime/kernels.rs):
-//   {{BM}} {{BN}} {{BK}} {{TM}} {{TN}}  tile shape; TM and TN multiples of 4; BM*BK and BK*BN
+//   <BM> <BN> <BK> <TM> <TN>  tile shape; TM and TN multiples of 4; BM*BK and BK*BN
 //                                       multiples of the thread count (BM/TM)*(BN/TN)
-//   {{EPILOGUE_BINDINGS}}  extra bindings the epilogue reads (from @binding(4) on), default none
-//   {{EPILOGUE}}           body of `epilogue(v, batch, i, j) -> scalar`, default `return v;`
+//   <EPILOGUE_BINDINGS>  extra bindings the epilogue reads (from @binding(4) on), default none
+//   <EPILOGUE>           body of `epilogue(v, batch, i, j) -> scalar`, default `return v;`
 
 alias scalar = f32;
 
