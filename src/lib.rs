@@ -1,5 +1,6 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod dsl;
 pub mod error;
 pub mod rng;
 pub mod tensor;
