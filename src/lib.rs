@@ -1,7 +1,11 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod codegen;
 pub mod dsl;
 pub mod error;
+pub mod graph;
+pub mod nn;
+pub mod plan;
 pub mod rng;
 pub mod tensor;
 

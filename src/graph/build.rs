@@ -1,0 +1,444 @@
+//! The builder: one method per op on [`Graph`]. Each runs shape inference before the node
+//! exists, so a graph built through these methods is well-shaped by construction, and every
+//! mistake is an `Err` that names the op and the shapes, positioned at the current span.
+
+use super::ir::{BinaryOp, Graph, Init, NodeId, Op, ReduceOp, UnaryOp};
+use super::shape::{broadcasts_to, infer};
+use crate::err;
+use crate::error::{Error, Result};
+use crate::tensor::{fmt_shape, DType};
+
+impl Graph {
+    /// Add a node after checking it; `target` is used by ops that carry their own shape.
+    pub fn add_node(&mut self, op: Op, inputs: &[NodeId], target: &[usize]) -> Result<NodeId> {
+        self.node_typed(op, inputs, target, DType::F32)
+    }
+
+    fn node_typed(
+        &mut self,
+        op: Op,
+        inputs: &[NodeId],
+        target: &[usize],
+        dtype: DType,
+    ) -> Result<NodeId> {
+        if let Some(bad) = inputs.iter().find(|id| id.index() >= self.nodes.len()) {
+            return Err(err!(
+                Invariant,
+                "{}: input {} is not a node of this graph",
+                op.name(),
+                bad.0
+            ));
+        }
+        let ins: Vec<(&[usize], DType)> = inputs
+            .iter()
+            .map(|&i| {
+                (
+                    self.nodes[i.index()].shape.as_slice(),
+                    self.nodes[i.index()].dtype,
+                )
+            })
+            .collect();
+        let (shape, dtype) = infer(&op, &ins, target, dtype).map_err(|e| e.at(self.span))?;
+        Ok(self.push(op, inputs.to_vec(), shape, dtype))
+    }
+
+    fn check_new_name(&self, kind: &str, name: &str) -> Result<()> {
+        if name.is_empty() {
+            return Err(err!(Name, "{kind} name must not be empty").at(self.span));
+        }
+        let taken = self.nodes.iter().any(|n| match &n.op {
+            Op::Input { name: m } | Op::Parameter { name: m, .. } | Op::State { name: m, .. } => {
+                m == name
+            }
+            _ => false,
+        });
+        if taken {
+            return Err(err!(
+                Name,
+                "duplicate name `{name}`: another input, parameter or state has it"
+            )
+            .at(self.span));
+        }
+        Ok(())
+    }
+
+    // ---- sources ----
+
+    /// A value the host feeds at every step.
+    pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<NodeId> {
+        self.check_new_name("input", name)?;
+        self.node_typed(
+            Op::Input {
+                name: name.to_string(),
+            },
+            &[],
+            shape,
+            dtype,
+        )
+    }
+
+    /// A trainable value with an initializer.
+    pub fn parameter(&mut self, name: &str, shape: &[usize], init: Init) -> Result<NodeId> {
+        self.check_new_name("parameter", name)?;
+        check_init(&init, shape).map_err(|e| e.at(self.span))?;
+        self.add_node(
+            Op::Parameter {
+                name: name.to_string(),
+                init,
+            },
+            &[],
+            shape,
+        )
+    }
+
+    /// A persistent value that is not trained (optimizer state).
+    pub fn state(&mut self, name: &str, shape: &[usize], init: Init) -> Result<NodeId> {
+        self.check_new_name("state", name)?;
+        check_init(&init, shape).map_err(|e| e.at(self.span))?;
+        self.add_node(
+            Op::State {
+                name: name.to_string(),
+                init,
+            },
+            &[],
+            shape,
+        )
+    }
+
+    /// A scalar constant.
+    pub fn constant(&mut self, value: f32) -> NodeId {
+        self.push(Op::Constant { value }, vec![], vec![], DType::F32)
+    }
+
+    /// A tensor of `shape` filled with `value`.
+    pub fn full(&mut self, shape: &[usize], value: f32) -> Result<NodeId> {
+        self.add_node(Op::Constant { value }, &[], shape)
+    }
+
+    // ---- elementwise ----
+
+    pub fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId> {
+        self.add_node(Op::Unary(op), &[x], &[])
+    }
+
+    pub fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.add_node(Op::Binary(op), &[a, b], &[])
+    }
+
+    pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Add, a, b)
+    }
+    pub fn sub(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+    pub fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+    pub fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Div, a, b)
+    }
+    pub fn pow(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Pow, a, b)
+    }
+    pub fn maximum(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Maximum, a, b)
+    }
+    pub fn minimum(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.binary(BinaryOp::Minimum, a, b)
+    }
+
+    /// `a * s` for a scalar `s`.
+    pub fn scale(&mut self, a: NodeId, s: f32) -> Result<NodeId> {
+        let c = self.constant(s);
+        self.mul(a, c)
+    }
+
+    /// `where(cond, a, b)`.
+    pub fn select(&mut self, cond: NodeId, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.add_node(Op::Where, &[cond, a, b], &[])
+    }
+
+    pub fn neg(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Neg, x)
+    }
+    pub fn exp(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Exp, x)
+    }
+    pub fn log(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Log, x)
+    }
+    pub fn sqrt(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Sqrt, x)
+    }
+    pub fn square(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Square, x)
+    }
+    pub fn relu(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Relu, x)
+    }
+    pub fn tanh(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::Tanh, x)
+    }
+    pub fn gelu_tanh(&mut self, x: NodeId) -> Result<NodeId> {
+        self.unary(UnaryOp::GeluTanh, x)
+    }
+
+    // ---- reductions ----
+
+    /// Reduce over `axes` (any order; duplicates are an error).
+    pub fn reduce(
+        &mut self,
+        op: ReduceOp,
+        x: NodeId,
+        axes: &[usize],
+        keepdim: bool,
+    ) -> Result<NodeId> {
+        let mut sorted = axes.to_vec();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return Err(err!(Shape, "{}: axis listed twice in {axes:?}", op.name()).at(self.span));
+        }
+        self.add_node(
+            Op::Reduce {
+                op,
+                axes: sorted,
+                keepdim,
+            },
+            &[x],
+            &[],
+        )
+    }
+
+    pub fn sum(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
+        self.reduce(ReduceOp::Sum, x, axes, keepdim)
+    }
+    pub fn mean(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
+        self.reduce(ReduceOp::Mean, x, axes, keepdim)
+    }
+    pub fn max(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
+        self.reduce(ReduceOp::Max, x, axes, keepdim)
+    }
+
+    /// Sum over every axis: a scalar.
+    pub fn sum_all(&mut self, x: NodeId) -> Result<NodeId> {
+        let axes: Vec<usize> = (0..self.shape(x).len()).collect();
+        self.sum(x, &axes, false)
+    }
+
+    /// Sum `x` down to `shape`, which `shape` must broadcast to: the adjoint of broadcasting.
+    pub fn sum_to(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
+        let xs = self.shape(x).to_vec();
+        if xs == shape {
+            return Ok(x);
+        }
+        if !broadcasts_to(shape, &xs) {
+            return Err(err!(
+                Shape,
+                "sum_to: {} does not broadcast to {}",
+                fmt_shape(shape),
+                fmt_shape(&xs)
+            )
+            .at(self.span));
+        }
+        let lead = xs.len() - shape.len();
+        let axes: Vec<usize> = (0..xs.len())
+            .filter(|&i| i < lead || (shape[i - lead] == 1 && xs[i] != 1))
+            .collect();
+        let summed = if axes.is_empty() {
+            x
+        } else {
+            self.sum(x, &axes, true)?
+        };
+        self.reshape(summed, shape)
+    }
+
+    // ---- shape ----
+
+    pub fn reshape(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
+        if self.shape(x) == shape {
+            return Ok(x);
+        }
+        let dtype = self.dtype(x);
+        self.node_typed(Op::Reshape, &[x], shape, dtype)
+    }
+
+    pub fn permute(&mut self, x: NodeId, perm: &[usize]) -> Result<NodeId> {
+        self.add_node(
+            Op::Permute {
+                perm: perm.to_vec(),
+            },
+            &[x],
+            &[],
+        )
+    }
+
+    /// Swap two axes.
+    pub fn transpose(&mut self, x: NodeId, a: usize, b: usize) -> Result<NodeId> {
+        let rank = self.shape(x).len();
+        if a >= rank || b >= rank {
+            return Err(err!(
+                Shape,
+                "transpose: axes {a} and {b} out of range for {}",
+                fmt_shape(self.shape(x))
+            )
+            .at(self.span));
+        }
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(a, b);
+        self.permute(x, &perm)
+    }
+
+    pub fn broadcast_to(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
+        if self.shape(x) == shape {
+            return Ok(x);
+        }
+        let dtype = self.dtype(x);
+        self.node_typed(Op::BroadcastTo, &[x], shape, dtype)
+    }
+
+    pub fn slice(&mut self, x: NodeId, axis: usize, start: usize, end: usize) -> Result<NodeId> {
+        self.add_node(Op::Slice { axis, start, end }, &[x], &[])
+    }
+
+    pub fn concat(&mut self, xs: &[NodeId], axis: usize) -> Result<NodeId> {
+        if xs.is_empty() {
+            return Err(err!(Shape, "concat: needs at least one input").at(self.span));
+        }
+        if xs.len() == 1 {
+            return Ok(xs[0]);
+        }
+        self.add_node(Op::Concat { axis }, xs, &[])
+    }
+
+    // ---- linear algebra ----
+
+    /// Matrix product with broadcast batch dimensions. `[..., M, K] @ [K, N]` is lowered as one
+    /// 2-D product over the flattened rows, which is what the kernels and the backward pass want.
+    pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
+        if sa.len() > 2 && sb.len() == 2 && sa[sa.len() - 1] == sb[0] {
+            let rows = sa[..sa.len() - 1].iter().product();
+            let a2 = self.reshape(a, &[rows, sb[0]])?;
+            let c2 = self.add_node(Op::MatMul, &[a2, b], &[])?;
+            let mut out = sa[..sa.len() - 1].to_vec();
+            out.push(sb[1]);
+            return self.reshape(c2, &out);
+        }
+        self.add_node(Op::MatMul, &[a, b], &[])
+    }
+
+    // ---- normalization and attention ----
+
+    pub fn softmax(&mut self, x: NodeId) -> Result<NodeId> {
+        self.add_node(Op::Softmax, &[x], &[])
+    }
+
+    pub fn log_softmax(&mut self, x: NodeId) -> Result<NodeId> {
+        self.add_node(Op::LogSoftmax, &[x], &[])
+    }
+
+    /// Mask attention scores `[..., T, S]` so position i attends to positions <= i.
+    pub fn causal_mask(&mut self, x: NodeId) -> Result<NodeId> {
+        self.add_node(
+            Op::CausalMask {
+                fill: f32::NEG_INFINITY,
+            },
+            &[x],
+            &[],
+        )
+    }
+
+    /// LayerNorm over the last axis: computes the per-row stats node, then the normalized output.
+    pub fn layer_norm(
+        &mut self,
+        x: NodeId,
+        weight: NodeId,
+        bias: NodeId,
+        eps: f32,
+    ) -> Result<NodeId> {
+        if !(eps > 0.0 && eps.is_finite()) {
+            return Err(err!(Shape, "layer_norm: eps must be positive, got {eps}").at(self.span));
+        }
+        let stats = self.add_node(Op::LayerNormStats { eps }, &[x], &[])?;
+        self.add_node(Op::LayerNorm, &[x, stats, weight, bias], &[])
+    }
+
+    // ---- embedding, losses, regularization ----
+
+    pub fn embedding(&mut self, table: NodeId, idx: NodeId) -> Result<NodeId> {
+        self.add_node(Op::Embedding, &[table, idx], &[])
+    }
+
+    /// Mean cross-entropy of `logits [..., C]` against i32 `labels [...]`.
+    pub fn cross_entropy(
+        &mut self,
+        logits: NodeId,
+        labels: NodeId,
+        ignore_index: Option<i32>,
+    ) -> Result<NodeId> {
+        self.add_node(Op::CrossEntropy { ignore_index }, &[logits, labels], &[])
+    }
+
+    /// Mean squared error: mean((a - b)²) over every element.
+    pub fn mse(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
+        if sa != sb {
+            return Err(err!(
+                Shape,
+                "mse: prediction {} and target {} differ",
+                fmt_shape(&sa),
+                fmt_shape(&sb)
+            )
+            .at(self.span));
+        }
+        let d = self.sub(a, b)?;
+        let d2 = self.square(d)?;
+        let axes: Vec<usize> = (0..sa.len()).collect();
+        self.mean(d2, &axes, false)
+    }
+
+    pub fn dropout(&mut self, x: NodeId, p: f32, seed: u64) -> Result<NodeId> {
+        self.add_node(Op::Dropout { p, seed }, &[x], &[])
+    }
+}
+
+/// Initializers that need fans require a weight of rank >= 2 (fan_in = shape[..-1] product for
+/// `[in, out]` weights) or rank 1 (fan = its length); ranges must be ordered and finite.
+fn check_init(init: &Init, shape: &[usize]) -> Result<()> {
+    match *init {
+        Init::Normal { mean, std } if !(mean.is_finite() && std.is_finite() && std >= 0.0) => {
+            Err(err!(
+                Shape,
+                "normal initializer needs a finite mean and std >= 0, got normal({mean}, {std})"
+            ))
+        }
+        Init::Uniform { low, high } if !(low.is_finite() && high.is_finite() && low <= high) => {
+            Err(err!(
+                Shape,
+                "uniform initializer needs finite low <= high, got uniform({low}, {high})"
+            ))
+        }
+        Init::Xavier | Init::Kaiming if shape.is_empty() || shape.contains(&0) => {
+            Err(Error::shape(format!(
+                "{} initializer needs a non-empty weight with at least one axis, got {}",
+                if *init == Init::Xavier {
+                    "xavier"
+                } else {
+                    "kaiming"
+                },
+                fmt_shape(shape)
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// (fan_in, fan_out) of a weight: `[in, out]` for matrices (leading axes multiply into fan_in),
+/// the length for vectors.
+pub fn fans(shape: &[usize]) -> (usize, usize) {
+    match shape {
+        [] => (1, 1),
+        [n] => (*n, *n),
+        [lead @ .., out] => (lead.iter().product(), *out),
+    }
+}

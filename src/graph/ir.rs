@@ -1,0 +1,585 @@
+//! The graph IR: an arena of nodes addressed by [`NodeId`] handles.
+//!
+//! A [`Graph`] is a static dataflow graph. Every node has an [`Op`], its inputs (always earlier
+//! nodes, so the arena order is a topological order), a static shape, a dtype, and the [`Span`]
+//! of the source expression it came from. A graph also names its outputs and lists its
+//! *updates*: pairs (persistent value, new value) that the executor writes back after a step
+//! (parameters after an optimizer update, optimizer moments, the step count).
+
+use crate::error::Span;
+use crate::tensor::DType;
+
+/// Handle of a node in a [`Graph`]'s arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub(crate) u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// How a parameter or state value is initialized. Every random initializer is seeded from the
+/// graph's seed and the value's name, so a value's initial contents do not depend on the order
+/// values were declared in.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// Every element the same value.
+    Fill(f32),
+    Normal {
+        mean: f32,
+        std: f32,
+    },
+    Uniform {
+        low: f32,
+        high: f32,
+    },
+    /// Glorot/Xavier uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)).
+    Xavier,
+    /// He/Kaiming normal for ReLU: N(0, 2 / fan_in).
+    Kaiming,
+}
+
+/// Elementwise unary ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Square,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// GELU, exact form: x·Φ(x).
+    Gelu,
+    /// GELU, tanh approximation (GPT-2's).
+    GeluTanh,
+    Silu,
+    /// sign(x) ∈ {-1, 0, 1}; gradient helper for `abs`.
+    Sign,
+    /// d gelu / dx; gradient helper.
+    GeluGrad,
+    /// d gelu_tanh / dx; gradient helper.
+    GeluTanhGrad,
+    /// d silu / dx; gradient helper.
+    SiluGrad,
+}
+
+/// Elementwise binary ops, with NumPy broadcasting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    /// 1.0 where a > b else 0.0; gradient helper (not differentiable).
+    Greater,
+    /// 1.0 where a == b else 0.0; gradient helper (not differentiable).
+    Equal,
+}
+
+/// Reductions over chosen axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// What a node computes. Ops whose result shape is not determined by their inputs carry it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    // ---- sources ----
+    /// A value fed by the host at every step.
+    Input {
+        name: String,
+    },
+    /// A trainable persistent value.
+    Parameter {
+        name: String,
+        init: Init,
+    },
+    /// A persistent value that is not trained: optimizer moments, the step count.
+    State {
+        name: String,
+        init: Init,
+    },
+    /// A tensor of the node's shape with every element `value`.
+    Constant {
+        value: f32,
+    },
+
+    // ---- elementwise ----
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`: a where cond != 0, else b; broadcasting all three.
+    Where,
+
+    // ---- reductions ----
+    /// Reduce over sorted, distinct `axes`; `keepdim` keeps them as size-1 axes.
+    Reduce {
+        op: ReduceOp,
+        axes: Vec<usize>,
+        keepdim: bool,
+    },
+
+    // ---- shape ----
+    /// Same elements, the node's shape.
+    Reshape,
+    /// Output axis i is input axis `perm[i]`.
+    Permute {
+        perm: Vec<usize>,
+    },
+    /// Broadcast to the node's shape (NumPy rules).
+    BroadcastTo,
+    /// Elements `start..end` along `axis`.
+    Slice {
+        axis: usize,
+        start: usize,
+        end: usize,
+    },
+    /// Join inputs along `axis`.
+    Concat {
+        axis: usize,
+    },
+
+    // ---- linear algebra ----
+    /// `[..., M, K] @ [..., K, N]`, batch dimensions broadcast.
+    MatMul,
+
+    // ---- normalization and attention ----
+    /// Softmax over the last axis.
+    Softmax,
+    /// Log-softmax over the last axis.
+    LogSoftmax,
+    /// On `[..., T, S]` scores: element (i, j) with j > i + (S - T) becomes `fill`
+    /// (forward: -inf; its gradient uses the same op with 0).
+    CausalMask {
+        fill: f32,
+    },
+    /// Per-row (last axis) mean and inverse standard deviation: `[..., D] -> [..., 2]`.
+    LayerNormStats {
+        eps: f32,
+    },
+    /// `(x [..., D], stats [..., 2], weight [D], bias [D])`: (x - mean) · rstd · weight + bias.
+    LayerNorm,
+    /// `(x, stats, weight, dy) -> dx`, the full input gradient of `LayerNorm` (through the stats).
+    LayerNormGradInput,
+    /// `(x, stats, dy) -> [2, D]`: row 0 is dweight = Σ_rows dy · xhat, row 1 is
+    /// dbias = Σ_rows dy (one pass computes both).
+    LayerNormGradWeight,
+
+    // ---- embedding and losses ----
+    /// `(table [V, D], idx i32 [...]) -> [..., D]`: rows gathered by index.
+    Embedding,
+    /// `(idx i32 [...], dy [..., D]) -> [vocab, D]`: dy scattered into rows, repeated indices summed.
+    EmbeddingGrad {
+        vocab: usize,
+    },
+    /// `(logits [..., C], labels i32 [...]) -> []`: mean negative log-likelihood over the labels
+    /// that are not `ignore_index`.
+    CrossEntropy {
+        ignore_index: Option<i32>,
+    },
+    /// `(logits, labels, dloss []) -> dlogits`: (softmax - onehot) · dloss / count.
+    CrossEntropyGrad {
+        ignore_index: Option<i32>,
+    },
+
+    // ---- regularization ----
+    /// Zeroes each element with probability `p` and scales the rest by 1/(1-p); the mask is a
+    /// hash of (seed, step, element index), so the gradient is the same op applied to dy.
+    /// Identity when not training.
+    Dropout {
+        p: f32,
+        seed: u64,
+    },
+}
+
+/// One node of the arena.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Vec<NodeId>,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub span: Span,
+}
+
+/// A persistent value (parameter or state) and the node whose value replaces it after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Update {
+    pub target: NodeId,
+    pub value: NodeId,
+}
+
+/// A static dataflow graph. Build it with the methods in `graph::build`.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub(crate) nodes: Vec<Node>,
+    /// Named values the host can read after a step.
+    pub outputs: Vec<(String, NodeId)>,
+    /// Write-backs applied after a step, in order.
+    pub updates: Vec<Update>,
+    /// Span given to nodes created from now on (see [`Graph::set_span`]).
+    pub(crate) span: Span,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    pub fn n_nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = (NodeId, &Node)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (NodeId(i as u32), n))
+    }
+
+    pub fn shape(&self, id: NodeId) -> &[usize] {
+        &self.nodes[id.index()].shape
+    }
+
+    pub fn dtype(&self, id: NodeId) -> DType {
+        self.nodes[id.index()].dtype
+    }
+
+    /// Nodes created after this call carry `span` (the DSL sets it before lowering each
+    /// expression; Rust callers usually never call it).
+    pub fn set_span(&mut self, span: Span) {
+        self.span = span;
+    }
+
+    /// The output called `name`.
+    pub fn output(&self, name: &str) -> Option<NodeId> {
+        self.outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, id)| id)
+    }
+
+    /// Name an output; a later output with the same name replaces it.
+    pub fn set_output(&mut self, name: &str, id: NodeId) {
+        match self.outputs.iter_mut().find(|(n, _)| n == name) {
+            Some(slot) => slot.1 = id,
+            None => self.outputs.push((name.to_string(), id)),
+        }
+    }
+
+    /// Parameters in arena order, with their names.
+    pub fn parameters(&self) -> Vec<(NodeId, &str)> {
+        self.nodes()
+            .filter_map(|(id, n)| match &n.op {
+                Op::Parameter { name, .. } => Some((id, name.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The input called `name`.
+    pub fn input_named(&self, name: &str) -> Option<NodeId> {
+        self.nodes().find_map(|(id, n)| match &n.op {
+            Op::Input { name: m } if m == name => Some(id),
+            _ => None,
+        })
+    }
+
+    /// Find a parameter or state value by name.
+    pub fn persistent_named(&self, name: &str) -> Option<NodeId> {
+        self.nodes().find_map(|(id, n)| match &n.op {
+            Op::Parameter { name: m, .. } | Op::State { name: m, .. } if m == name => Some(id),
+            _ => None,
+        })
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        op: Op,
+        inputs: Vec<NodeId>,
+        shape: Vec<usize>,
+        dtype: DType,
+    ) -> NodeId {
+        let id = NodeId(self.nodes.len() as u32);
+        self.nodes.push(Node {
+            op,
+            inputs,
+            shape,
+            dtype,
+            span: self.span,
+        });
+        id
+    }
+}
+
+impl Op {
+    /// The op's name as written in the model language and in error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input { .. } => "input",
+            Op::Parameter { .. } => "param",
+            Op::State { .. } => "state",
+            Op::Constant { .. } => "constant",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Reduce { op, .. } => op.name(),
+            Op::Reshape => "reshape",
+            Op::Permute { .. } => "permute",
+            Op::BroadcastTo => "broadcast_to",
+            Op::Slice { .. } => "slice",
+            Op::Concat { .. } => "concat",
+            Op::MatMul => "matmul",
+            Op::Softmax => "softmax",
+            Op::LogSoftmax => "log_softmax",
+            Op::CausalMask { .. } => "causal_mask",
+            Op::LayerNormStats { .. } => "layer_norm_stats",
+            Op::LayerNorm => "layer_norm",
+            Op::LayerNormGradInput => "layer_norm_grad_input",
+            Op::LayerNormGradWeight => "layer_norm_grad_weight",
+            Op::Embedding => "embedding",
+            Op::EmbeddingGrad { .. } => "embedding_grad",
+            Op::CrossEntropy { .. } => "cross_entropy",
+            Op::CrossEntropyGrad { .. } => "cross_entropy_grad",
+            Op::Dropout { .. } => "dropout",
+        }
+    }
+
+    /// Whether the op is elementwise (each output element depends on the input elements at the
+    /// same broadcast index only), which is what the fuser merges freely.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. } | Op::Dropout { .. }
+        )
+    }
+
+    /// Whether gradients flow through the op. The gradient helpers (comparisons, `sign`,
+    /// `*_grad` ops) and sources are not differentiable; `layer_norm_stats` is differentiated
+    /// together with the `layer_norm` that consumes it.
+    pub fn is_differentiable(&self) -> bool {
+        match self {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
+                false
+            }
+            Op::Unary(u) => !matches!(
+                u,
+                UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad
+            ),
+            Op::Binary(b) => !matches!(b, BinaryOp::Greater | BinaryOp::Equal),
+            Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropyGrad { .. } => false,
+            _ => true,
+        }
+    }
+
+    /// One instance of every kind of op: the op table that tests walk, so that no op can lack a
+    /// CPU forward, a backward rule, a gradient check or a GPU kernel. Adding a variant to `Op`
+    /// without adding it here fails `samples_cover_every_op_name`.
+    pub fn samples() -> Vec<Op> {
+        let mut ops = vec![
+            Op::Input {
+                name: String::new(),
+            },
+            Op::Parameter {
+                name: String::new(),
+                init: Init::Zeros,
+            },
+            Op::State {
+                name: String::new(),
+                init: Init::Zeros,
+            },
+            Op::Constant { value: 0.0 },
+        ];
+        ops.extend(UnaryOp::ALL.iter().map(|&u| Op::Unary(u)));
+        ops.extend(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)));
+        ops.push(Op::Where);
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+            ops.push(Op::Reduce {
+                op,
+                axes: vec![0],
+                keepdim: false,
+            });
+        }
+        ops.extend([
+            Op::Reshape,
+            Op::Permute { perm: vec![] },
+            Op::BroadcastTo,
+            Op::Slice {
+                axis: 0,
+                start: 0,
+                end: 0,
+            },
+            Op::Concat { axis: 0 },
+            Op::MatMul,
+            Op::Softmax,
+            Op::LogSoftmax,
+            Op::CausalMask { fill: 0.0 },
+            Op::LayerNormStats { eps: 1e-5 },
+            Op::LayerNorm,
+            Op::LayerNormGradInput,
+            Op::LayerNormGradWeight,
+            Op::Embedding,
+            Op::EmbeddingGrad { vocab: 0 },
+            Op::CrossEntropy { ignore_index: None },
+            Op::CrossEntropyGrad { ignore_index: None },
+            Op::Dropout { p: 0.0, seed: 0 },
+        ]);
+        ops
+    }
+
+    /// Whether the value persists across steps (parameters and optimizer state).
+    pub fn is_persistent(&self) -> bool {
+        matches!(self, Op::Parameter { .. } | Op::State { .. })
+    }
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 17] = [
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Abs,
+        UnaryOp::Square,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::Sign,
+        UnaryOp::GeluGrad,
+        UnaryOp::GeluTanhGrad,
+        UnaryOp::SiluGrad,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Square => "square",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Sign => "sign",
+            UnaryOp::GeluGrad => "gelu_grad",
+            UnaryOp::GeluTanhGrad => "gelu_tanh_grad",
+            UnaryOp::SiluGrad => "silu_grad",
+        }
+    }
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 9] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Greater,
+        BinaryOp::Equal,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Greater => "greater",
+            BinaryOp::Equal => "equal",
+        }
+    }
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An exhaustive match: a new `Op` variant does not compile until it is counted here, and
+    /// the count must equal the number of distinct kinds in `Op::samples()`.
+    fn kind_count(op: &Op) -> usize {
+        match op {
+            Op::Input { .. }
+            | Op::Parameter { .. }
+            | Op::State { .. }
+            | Op::Constant { .. }
+            | Op::Where
+            | Op::Reshape
+            | Op::Permute { .. }
+            | Op::BroadcastTo
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::MatMul
+            | Op::Softmax
+            | Op::LogSoftmax
+            | Op::CausalMask { .. }
+            | Op::LayerNormStats { .. }
+            | Op::LayerNorm
+            | Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::Embedding
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropy { .. }
+            | Op::CrossEntropyGrad { .. }
+            | Op::Dropout { .. } => 23,
+            Op::Unary(_) => UnaryOp::ALL.len(),
+            Op::Binary(_) => BinaryOp::ALL.len(),
+            Op::Reduce { .. } => 3,
+        }
+    }
+
+    #[test]
+    fn samples_cover_every_op_name() {
+        let samples = Op::samples();
+        let names: std::collections::HashSet<&str> = samples.iter().map(|o| o.name()).collect();
+        assert_eq!(names.len(), samples.len(), "two samples share a name");
+        assert_eq!(
+            samples.len(),
+            23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3
+        );
+        assert!(samples.iter().all(|o| kind_count(o) > 0));
+    }
+}

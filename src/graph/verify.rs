@@ -1,0 +1,95 @@
+//! `verify`: the graph's invariants, checked at every stage boundary (after building, after
+//! autodiff, after the optimizer is appended). A failure here is a bug in rumus or in a caller
+//! that edited the arena by hand; it is reported as an `Invariant` error, never a panic.
+
+use super::ir::{Graph, Op};
+use super::shape::infer;
+use crate::err;
+use crate::error::Result;
+use crate::tensor::{fmt_shape, DType};
+use std::collections::HashSet;
+
+/// Check that:
+/// - every node's inputs come earlier in the arena (the arena order is a topological order);
+/// - every node's stored shape and dtype are what shape inference gives;
+/// - input, parameter and state names are unique;
+/// - outputs name existing nodes, and output names are unique;
+/// - every update writes a parameter or state exactly once, from a later node of the same shape
+///   and dtype.
+pub fn verify(g: &Graph) -> Result<()> {
+    let mut names = HashSet::new();
+    for (id, node) in g.nodes() {
+        if let Some(bad) = node.inputs.iter().find(|i| i.index() >= id.index()) {
+            return Err(err!(
+                Invariant,
+                "node {} ({}) reads node {}, which is not earlier",
+                id.0,
+                node.op.name(),
+                bad.0
+            ));
+        }
+        let ins: Vec<(&[usize], DType)> = node
+            .inputs
+            .iter()
+            .map(|&i| (g.shape(i), g.dtype(i)))
+            .collect();
+        let (shape, dtype) = infer(&node.op, &ins, &node.shape, node.dtype)
+            .map_err(|e| err!(Invariant, "node {}: {}", id.0, e.message))?;
+        if shape != node.shape || dtype != node.dtype {
+            return Err(err!(
+                Invariant,
+                "node {} ({}) is stored as {}{} but infers to {}{}",
+                id.0,
+                node.op.name(),
+                node.dtype,
+                fmt_shape(&node.shape),
+                dtype,
+                fmt_shape(&shape)
+            ));
+        }
+        if let Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } = &node.op {
+            if !names.insert(name.as_str()) {
+                return Err(err!(Invariant, "duplicate value name `{name}`"));
+            }
+        }
+    }
+    let mut out_names = HashSet::new();
+    for (name, id) in &g.outputs {
+        if id.index() >= g.n_nodes() {
+            return Err(err!(Invariant, "output `{name}` names a missing node"));
+        }
+        if !out_names.insert(name) {
+            return Err(err!(Invariant, "duplicate output name `{name}`"));
+        }
+    }
+    let mut written = HashSet::new();
+    for u in &g.updates {
+        if u.target.index() >= g.n_nodes() || u.value.index() >= g.n_nodes() {
+            return Err(err!(Invariant, "update names a missing node"));
+        }
+        let (t, v) = (g.node(u.target), g.node(u.value));
+        if !t.op.is_persistent() {
+            return Err(err!(
+                Invariant,
+                "update target node {} is a {}, not a parameter or state",
+                u.target.0,
+                t.op.name()
+            ));
+        }
+        if t.shape != v.shape || t.dtype != v.dtype {
+            return Err(err!(
+                Invariant,
+                "update of node {} from {}{} to {}{}",
+                u.target.0,
+                t.dtype,
+                fmt_shape(&t.shape),
+                v.dtype,
+                fmt_shape(&v.shape)
+            ));
+        }
+        if !written.insert(u.target) {
+            return Err(err!(Invariant, "node {} is updated twice", u.target.0));
+        }
+    }
+    Ok(())
+}
