@@ -173,6 +173,7 @@ fn expected_list(positives: &[Rule]) -> String {
 fn rule_word(r: Rule) -> String {
     let s = match r {
         Rule::EOI => "end of input",
+        Rule::file => "`block`, `model` or end of input",
         Rule::ident | Rule::name | Rule::callee => "a name",
         Rule::int => "an integer",
         Rule::float => "a number",
