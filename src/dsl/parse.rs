@@ -85,6 +85,20 @@ fn prescan(text: &str) -> Result<Option<(char, usize)>> {
             b')' | b']' | b'}' => {
                 open.pop();
             }
+            b'-' => {
+                // A run of unary minus signs nests like brackets; stop it here, cheaply.
+                let run_start = i;
+                let mut n = 0;
+                while i < bytes.len() && (bytes[i] == b'-' || bytes[i].is_ascii_whitespace()) {
+                    n += usize::from(bytes[i] == b'-');
+                    i += 1;
+                }
+                if n > MAX_EXPR_DEPTH {
+                    return Err(err!(Parse, "expression is nested deeper than {MAX_EXPR_DEPTH} levels")
+                        .at(Span::new(run_start, run_start + 1)));
+                }
+                continue;
+            }
             _ => {}
         }
         i += 1;
