@@ -51,7 +51,12 @@ impl Value {
 /// Instantiate `model` from `module` into a graph. `bindings` set hyperparameters and the named
 /// dimensions of the model's inputs (e.g. `B`, `T`); a dimension left unset takes `default_dim`
 /// when given, and is an error otherwise.
-pub fn lower(module: &Module, model: &str, bindings: &[(&str, Value)], default_dim: Option<i64>) -> Result<Graph> {
+pub fn lower(
+    module: &Module,
+    model: &str,
+    bindings: &[(&str, Value)],
+    default_dim: Option<i64>,
+) -> Result<Graph> {
     let Some((item, src)) = module.item(model) else {
         return Err(err!(Name, "no model named `{model}`"));
     };
@@ -66,7 +71,8 @@ pub fn lower(module: &Module, model: &str, bindings: &[(&str, Value)], default_d
         claimed: HashSet::new(),
         outer_span: None,
     };
-    lw.model(item, bindings, default_dim).map_err(|e| e.in_source(src))?;
+    lw.model(item, bindings, default_dim)
+        .map_err(|e| e.in_source(src))?;
     Ok(lw.g)
 }
 
@@ -99,7 +105,11 @@ impl Lowerer<'_> {
     fn step(&mut self, span: Span) -> Result<()> {
         self.steps += 1;
         if self.steps > MAX_STEPS {
-            return Err(err!(Name, "model is too large to lower: more than {MAX_STEPS} steps").at(self.span(span)));
+            return Err(err!(
+                Name,
+                "model is too large to lower: more than {MAX_STEPS} steps"
+            )
+            .at(self.span(span)));
         }
         Ok(())
     }
@@ -111,7 +121,12 @@ impl Lowerer<'_> {
         Ok(())
     }
 
-    fn model(&mut self, item: &Item, bindings: &[(&str, Value)], default_dim: Option<i64>) -> Result<()> {
+    fn model(
+        &mut self,
+        item: &Item,
+        bindings: &[(&str, Value)],
+        default_dim: Option<i64>,
+    ) -> Result<()> {
         let mut given: HashMap<String, Value> = HashMap::new();
         let dim_names: HashSet<&str> = item
             .params
@@ -126,13 +141,25 @@ impl Lowerer<'_> {
             })
             .collect();
         for (name, v) in bindings {
-            let known = item.params.iter().any(|p| matches!(p, SigParam::Hyper { name: n, .. } if n.name == *name));
+            let known = item
+                .params
+                .iter()
+                .any(|p| matches!(p, SigParam::Hyper { name: n, .. } if n.name == *name));
             if !known && !dim_names.contains(name) {
-                return Err(err!(Name, "model `{}` has no hyperparameter or dimension `{name}`", item.name.name));
+                return Err(err!(
+                    Name,
+                    "model `{}` has no hyperparameter or dimension `{name}`",
+                    item.name.name
+                ));
             }
             given.insert(name.to_string(), v.clone());
         }
-        let mut frame = Frame { env: HashMap::new(), prefix: String::new(), anon: HashMap::new(), n_repeats: 0 };
+        let mut frame = Frame {
+            env: HashMap::new(),
+            prefix: String::new(),
+            anon: HashMap::new(),
+            n_repeats: 0,
+        };
         // Hyperparameters: given values, else defaults, in order (defaults may use earlier ones).
         let dim_value = |name: &str, env: &HashMap<String, Value>| -> Option<Value> {
             given.get(name).cloned().or_else(|| env.get(name).cloned())
@@ -143,32 +170,60 @@ impl Lowerer<'_> {
                     (Some(v), _) => v.clone(),
                     (None, Some(e)) => self.expr(e, &mut frame)?,
                     (None, None) => {
-                        return Err(err!(Name, "hyperparameter `{}` has no default and was not set", name.name).at(name.span))
+                        return Err(err!(
+                            Name,
+                            "hyperparameter `{}` has no default and was not set",
+                            name.name
+                        )
+                        .at(name.span))
                     }
                 };
                 frame.env.insert(name.name.clone(), v);
             }
         }
         for p in &item.params {
-            let SigParam::Tensor { name, dtype, dims, .. } = p else { continue };
+            let SigParam::Tensor {
+                name, dtype, dims, ..
+            } = p
+            else {
+                continue;
+            };
             let mut shape = Vec::new();
             for d in dims {
                 let (v, span) = match d {
                     DimPat::Size(v, s) => (*v, *s),
-                    DimPat::Ellipsis(s) => return Err(err!(Name, "a model input cannot use `...`").at(*s)),
+                    DimPat::Ellipsis(s) => {
+                        return Err(err!(Name, "a model input cannot use `...`").at(*s))
+                    }
                     DimPat::Name(n) => match dim_value(&n.name, &frame.env) {
                         Some(Value::Int(v)) => (v, n.span),
                         Some(other) => {
-                            return Err(err!(Name, "dimension `{}` must be an integer, got {}", n.name, other.kind()).at(n.span))
+                            return Err(err!(
+                                Name,
+                                "dimension `{}` must be an integer, got {}",
+                                n.name,
+                                other.kind()
+                            )
+                            .at(n.span))
                         }
                         None => match default_dim {
                             Some(v) => (v, n.span),
-                            None => return Err(err!(Name, "dimension `{}` of input `{}` is not set", n.name, name.name).at(n.span)),
+                            None => {
+                                return Err(err!(
+                                    Name,
+                                    "dimension `{}` of input `{}` is not set",
+                                    n.name,
+                                    name.name
+                                )
+                                .at(n.span))
+                            }
                         },
                     },
                 };
                 if !(1..=MAX_DIM).contains(&v) {
-                    return Err(err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}").at(span));
+                    return Err(
+                        err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}").at(span),
+                    );
                 }
                 if let DimPat::Name(n) = d {
                     frame.env.insert(n.name.clone(), Value::Int(v));
@@ -194,7 +249,9 @@ impl Lowerer<'_> {
                 _ => format!("output_{i}"),
             };
             let Value::Tensor(id) = v else {
-                return Err(err!(Name, "output `{name}` must be a tensor, got {}", v.kind()).at(e.span));
+                return Err(
+                    err!(Name, "output `{name}` must be a tensor, got {}", v.kind()).at(e.span),
+                );
             };
             if !names.insert(name.clone()) {
                 return Err(err!(Name, "duplicate output name `{name}`").at(e.span));
@@ -206,7 +263,11 @@ impl Lowerer<'_> {
 
     /// Runs statements; returns the `return` expressions and their values when one is reached.
     #[allow(clippy::type_complexity)]
-    fn body<'a>(&mut self, stmts: &'a [Stmt], frame: &mut Frame) -> Result<Option<(Vec<(&'a Expr, Value)>, Span)>> {
+    fn body<'a>(
+        &mut self,
+        stmts: &'a [Stmt],
+        frame: &mut Frame,
+    ) -> Result<Option<(Vec<(&'a Expr, Value)>, Span)>> {
         for s in stmts {
             match s {
                 Stmt::Assign { name, value } | Stmt::Const { name, value } => {
@@ -218,7 +279,12 @@ impl Lowerer<'_> {
                     self.step(decl.span)?;
                     self.param(decl, frame)?;
                 }
-                Stmt::Repeat { count, name, body, span } => {
+                Stmt::Repeat {
+                    count,
+                    name,
+                    body,
+                    span,
+                } => {
                     self.step(*span)?;
                     let n = match self.expr(count, frame)? {
                         Value::Int(n) if n > 0 => n,
@@ -228,7 +294,11 @@ impl Lowerer<'_> {
                                 Value::Float(f) => f.to_string(),
                                 other => other.kind().to_string(),
                             };
-                            return Err(err!(Name, "repeat count must be a positive integer, got {shown}").at(self.span(count.span)));
+                            return Err(err!(
+                                Name,
+                                "repeat count must be a positive integer, got {shown}"
+                            )
+                            .at(self.span(count.span)));
                         }
                     };
                     let short = match name {
@@ -267,9 +337,17 @@ impl Lowerer<'_> {
             match self.expr(e, frame)? {
                 Value::Int(v) if (1..=MAX_DIM).contains(&v) => shape.push(v as usize),
                 Value::Int(v) => {
-                    return Err(err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}").at(self.span(e.span)))
+                    return Err(
+                        err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}")
+                            .at(self.span(e.span)),
+                    )
                 }
-                other => return Err(err!(Name, "a dimension must be an integer, got {}", other.kind()).at(self.span(e.span))),
+                other => {
+                    return Err(
+                        err!(Name, "a dimension must be an integer, got {}", other.kind())
+                            .at(self.span(e.span)),
+                    )
+                }
             }
         }
         checked_numel(&shape).map_err(|e| e.at(self.span(decl.span)))?;
@@ -277,13 +355,23 @@ impl Lowerer<'_> {
         let full = format!("{}{}", frame.prefix, decl.name.name);
         self.claim(full.clone(), decl.name.span, &decl.name.name)?;
         self.g.set_span(self.span(decl.span));
-        let id = self.g.parameter(&full, &shape, init).map_err(|e| e.at(self.span(decl.init.span)))?;
+        let id = self
+            .g
+            .parameter(&full, &shape, init)
+            .map_err(|e| e.at(self.span(decl.init.span)))?;
         frame.env.insert(decl.name.name.clone(), Value::Tensor(id));
         Ok(id)
     }
 
     fn init(&mut self, e: &Expr, frame: &mut Frame) -> Result<Init> {
-        let bad = |s: Span| err!(Name, "bad initializer; expected one of {}", ops::init_usage()).at(s);
+        let bad = |s: Span| {
+            err!(
+                Name,
+                "bad initializer; expected one of {}",
+                ops::init_usage()
+            )
+            .at(s)
+        };
         let (name, args) = match &e.kind {
             ExprKind::Name(n) => (n.as_str(), &[][..]),
             ExprKind::Call(c) => (c.callee.name.as_str(), &c.args[..]),
@@ -295,7 +383,12 @@ impl Lowerer<'_> {
                 Value::Int(v) => nums.push(v as f64),
                 Value::Float(v) => nums.push(v),
                 other => {
-                    return Err(err!(Name, "initializer arguments must be numbers, got {}", other.kind()).at(self.span(a.value.span)))
+                    return Err(err!(
+                        Name,
+                        "initializer arguments must be numbers, got {}",
+                        other.kind()
+                    )
+                    .at(self.span(a.value.span)))
                 }
             }
         }
@@ -305,8 +398,14 @@ impl Lowerer<'_> {
             ("ones", 0) => Init::Ones,
             ("xavier", 0) => Init::Xavier,
             ("kaiming", 0) => Init::Kaiming,
-            ("normal", 2) => Init::Normal { mean: f(0), std: f(1) },
-            ("uniform", 2) => Init::Uniform { low: f(0), high: f(1) },
+            ("normal", 2) => Init::Normal {
+                mean: f(0),
+                std: f(1),
+            },
+            ("uniform", 2) => Init::Uniform {
+                low: f(0),
+                high: f(1),
+            },
             _ => return Err(bad(self.span(e.span))),
         })
     }
@@ -330,7 +429,10 @@ impl Lowerer<'_> {
                 Value::List(out)
             }
             ExprKind::Neg(x) => match self.expr(x, frame)? {
-                Value::Int(v) => Value::Int(v.checked_neg().ok_or_else(|| err!(Name, "integer overflow").at(span))?),
+                Value::Int(v) => Value::Int(
+                    v.checked_neg()
+                        .ok_or_else(|| err!(Name, "integer overflow").at(span))?,
+                ),
                 Value::Float(v) => Value::Float(-v),
                 Value::Tensor(t) => {
                     self.g.set_span(span);
@@ -367,9 +469,12 @@ impl Lowerer<'_> {
                         }
                         x.checked_div(y)
                     }
-                    BinOp::Matmul => return Err(err!(Name, "`@` needs two tensors, got two integers").at(span)),
+                    BinOp::Matmul => {
+                        return Err(err!(Name, "`@` needs two tensors, got two integers").at(span))
+                    }
                 };
-                r.map(Int).ok_or_else(|| err!(Name, "integer overflow in `{x} {sym} {y}`").at(span))
+                r.map(Int)
+                    .ok_or_else(|| err!(Name, "integer overflow in `{x} {sym} {y}`").at(span))
             }
             (Int(_) | Float(_), Int(_) | Float(_)) => {
                 let (x, y) = (num(&a), num(&b));
@@ -378,7 +483,9 @@ impl Lowerer<'_> {
                     BinOp::Sub => x - y,
                     BinOp::Mul => x * y,
                     BinOp::Div => x / y,
-                    BinOp::Matmul => return Err(err!(Name, "`@` needs two tensors, got two numbers").at(span)),
+                    BinOp::Matmul => {
+                        return Err(err!(Name, "`@` needs two tensors, got two numbers").at(span))
+                    }
                 };
                 if !r.is_finite() {
                     return Err(err!(Name, "`{x} {sym} {y}` is not a finite number").at(span));
@@ -424,25 +531,43 @@ impl Lowerer<'_> {
                 Some(n) => named.push((n.name.clone(), v, a.value.span)),
             }
         }
-        let block = if c.op_only { None } else { self.module.item(&c.callee.name) };
+        let block = if c.op_only {
+            None
+        } else {
+            self.module.item(&c.callee.name)
+        };
         if let Some((item, src)) = block {
             return self.block_call(c, item, src, span, pos, named, frame);
         }
         let Some(sig) = ops::op(&c.callee.name) else {
-            return Err(err!(Name, "unknown op or block `{}`", c.callee.name).at(self.span(c.callee.span)));
+            return Err(
+                err!(Name, "unknown op or block `{}`", c.callee.name).at(self.span(c.callee.span))
+            );
         };
         // Slot arguments by position, then by name, then defaults.
         let mut slots: Vec<Option<(Value, Span)>> = vec![None; sig.params.len()];
         for (i, (v, s)) in pos.into_iter().enumerate() {
             match slots.get_mut(i) {
                 Some(slot) => *slot = Some((v, s)),
-                None => return Err(err!(Name, "`{}` takes {} arguments", sig.usage(), sig.params.len()).at(self.span(s))),
+                None => {
+                    return Err(err!(
+                        Name,
+                        "`{}` takes {} arguments",
+                        sig.usage(),
+                        sig.params.len()
+                    )
+                    .at(self.span(s)))
+                }
             }
         }
         for (n, v, s) in named {
             match sig.params.iter().position(|p| p.name == n) {
                 Some(i) => slots[i] = Some((v, s)),
-                None => return Err(err!(Name, "`{}` has no parameter `{n}`", sig.usage()).at(self.span(s))),
+                None => {
+                    return Err(
+                        err!(Name, "`{}` has no parameter `{n}`", sig.usage()).at(self.span(s))
+                    )
+                }
             }
         }
         let mut args = Vec::new();
@@ -453,7 +578,10 @@ impl Lowerer<'_> {
                 (None, Some(ops::Default::Float(v))) => (Value::Float(v), span),
                 (None, Some(ops::Default::Bool(v))) => (Value::Bool(v), span),
                 (None, None) => {
-                    return Err(err!(Name, "`{}` is missing argument `{}`", sig.usage(), p.name).at(self.span(span)))
+                    return Err(
+                        err!(Name, "`{}` is missing argument `{}`", sig.usage(), p.name)
+                            .at(self.span(span)),
+                    )
                 }
             });
         }
@@ -473,13 +601,20 @@ impl Lowerer<'_> {
     ) -> Result<Value> {
         let call_span = self.span(span);
         if self.depth >= MAX_CALL_DEPTH {
-            return Err(err!(Name, "block calls nested deeper than {MAX_CALL_DEPTH} levels").at(call_span));
+            return Err(err!(
+                Name,
+                "block calls nested deeper than {MAX_CALL_DEPTH} levels"
+            )
+            .at(call_span));
         }
         // Name the scope.
         let short = match &c.alias {
             Some(a) => a.name.clone(),
             None => {
-                let k = frame.anon.entry((frame.prefix.clone(), c.callee.name.clone())).or_insert(0);
+                let k = frame
+                    .anon
+                    .entry((frame.prefix.clone(), c.callee.name.clone()))
+                    .or_insert(0);
                 *k += 1;
                 format!("{}_{}", c.callee.name, *k - 1)
             }
@@ -522,13 +657,26 @@ impl Lowerer<'_> {
         for (i, (v, s)) in pos.into_iter().enumerate() {
             match args.get_mut(i) {
                 Some(slot) => *slot = Some((v, s)),
-                None => return Err(err!(Name, "block `{}` takes {} arguments", item.name.name, item.params.len()).at(self.span(s))),
+                None => {
+                    return Err(err!(
+                        Name,
+                        "block `{}` takes {} arguments",
+                        item.name.name,
+                        item.params.len()
+                    )
+                    .at(self.span(s)))
+                }
             }
         }
         for (n, v, s) in named {
             match item.params.iter().position(|p| p.name().name == n) {
                 Some(i) => args[i] = Some((v, s)),
-                None => return Err(err!(Name, "block `{}` has no parameter `{n}`", item.name.name).at(self.span(s))),
+                None => {
+                    return Err(
+                        err!(Name, "block `{}` has no parameter `{n}`", item.name.name)
+                            .at(self.span(s)),
+                    )
+                }
             }
         }
         let hyper_names: HashSet<&str> = item
@@ -547,27 +695,56 @@ impl Lowerer<'_> {
         }
         let mut deferred: Vec<(String, usize, Span, String)> = Vec::new();
         for (p, a) in item.params.iter().zip(&args) {
-            let SigParam::Tensor { name, dtype, dims, .. } = p else { continue };
+            let SigParam::Tensor {
+                name, dtype, dims, ..
+            } = p
+            else {
+                continue;
+            };
             let Some((v, vspan)) = a else {
-                return Err(err!(Name, "block `{}` is missing argument `{}`", item.name.name, name.name).at(call_span));
+                return Err(err!(
+                    Name,
+                    "block `{}` is missing argument `{}`",
+                    item.name.name,
+                    name.name
+                )
+                .at(call_span));
             };
             let vspan = self.span(*vspan);
             let id = match v {
                 Value::Tensor(t) => *t,
                 other => {
-                    return Err(err!(Name, "argument `{}` of `{}` must be a tensor, got {}", name.name, item.name.name, other.kind())
-                        .at(vspan))
+                    return Err(err!(
+                        Name,
+                        "argument `{}` of `{}` must be a tensor, got {}",
+                        name.name,
+                        item.name.name,
+                        other.kind()
+                    )
+                    .at(vspan))
                 }
             };
             let shape = self.g.shape(id).to_vec();
             let got_dtype = self.g.dtype(id);
             if got_dtype != *dtype {
-                return Err(err!(Shape, "argument `{}` of `{}` must be {dtype}, got {got_dtype}", name.name, item.name.name).at(vspan));
+                return Err(err!(
+                    Shape,
+                    "argument `{}` of `{}` must be {dtype}, got {got_dtype}",
+                    name.name,
+                    item.name.name
+                )
+                .at(vspan));
             }
             let pattern = fmt_pattern(dims);
             let mismatch = || {
-                err!(Shape, "argument `{}` of `{}` has shape {}, expected {pattern}", name.name, item.name.name, fmt_shape(&shape))
-                    .at(vspan)
+                err!(
+                    Shape,
+                    "argument `{}` of `{}` has shape {}, expected {pattern}",
+                    name.name,
+                    item.name.name,
+                    fmt_shape(&shape)
+                )
+                .at(vspan)
             };
             let has_ellipsis = dims.iter().any(|d| matches!(d, DimPat::Ellipsis(_)));
             let fixed = dims.len() - usize::from(has_ellipsis);
@@ -607,7 +784,13 @@ impl Lowerer<'_> {
                 let v = match default {
                     Some(e) => self.expr(e, callee)?,
                     None => {
-                        return Err(err!(Name, "block `{}` is missing argument `{}`", item.name.name, name.name).at(call_span))
+                        return Err(err!(
+                            Name,
+                            "block `{}` is missing argument `{}`",
+                            item.name.name,
+                            name.name
+                        )
+                        .at(call_span))
                     }
                 };
                 callee.env.insert(name.name.clone(), v);
@@ -645,7 +828,12 @@ impl Lowerer<'_> {
                 return Ok(Value::Float(r));
             }
         }
-        let mut a = Args { lw: self, args, sig, span };
+        let mut a = Args {
+            lw: self,
+            args,
+            sig,
+            span,
+        };
         let name = sig.name;
         let id = match name {
             "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" => {
@@ -665,8 +853,8 @@ impl Lowerer<'_> {
                 let (c, x, y) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
                 a.g().select(c, x, y)
             }
-            "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "square" | "tanh" | "sigmoid" | "relu" | "silu"
-            | "gelu" | "gelu_tanh" => {
+            "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "square" | "tanh" | "sigmoid"
+            | "relu" | "silu" | "gelu" | "gelu_tanh" => {
                 let x = a.tensor(0)?;
                 let op = match name {
                     "neg" => UnaryOp::Neg,
@@ -744,7 +932,9 @@ impl Lowerer<'_> {
                 let x = a.tensor(0)?;
                 let rank = a.lw.g.shape(x).len();
                 if rank > 0 && a.axis(1, rank)? != rank - 1 {
-                    return Err(err!(Shape, "{name}: only the last axis is supported").at(a.span_of(1)));
+                    return Err(
+                        err!(Shape, "{name}: only the last axis is supported").at(a.span_of(1))
+                    );
                 }
                 if name == "softmax" {
                     a.g().softmax(x)
@@ -777,7 +967,8 @@ impl Lowerer<'_> {
                 let x = a.tensor(0)?;
                 let p = a.float(1)?;
                 if !(0.0..1.0).contains(&p) {
-                    return Err(err!(Name, "dropout probability must be in [0, 1), got {p}").at(a.span_of(1)));
+                    return Err(err!(Name, "dropout probability must be in [0, 1), got {p}")
+                        .at(a.span_of(1)));
                 }
                 let seed = a.index(2)? as u64;
                 a.g().dropout(x, p as f32, seed)
@@ -829,7 +1020,12 @@ impl Args<'_, '_> {
     fn wrong(&self, i: usize, want: &str) -> Error {
         let got = self.args.get(i).map_or("nothing", |a| a.0.kind());
         let pname = self.sig.params.get(i).map_or("?", |p| p.name);
-        err!(Name, "argument `{pname}` of `{}` must be {want}, got {got}", self.sig.name).at(self.span_of(i))
+        err!(
+            Name,
+            "argument `{pname}` of `{}` must be {want}, got {got}",
+            self.sig.name
+        )
+        .at(self.span_of(i))
     }
 
     fn tensor(&mut self, i: usize) -> Result<NodeId> {
@@ -866,7 +1062,14 @@ impl Args<'_, '_> {
 
     fn index(&self, i: usize) -> Result<usize> {
         let v = self.int(i)?;
-        usize::try_from(v).map_err(|_| err!(Shape, "{}: expected a non-negative integer, got {v}", self.sig.name).at(self.span_of(i)))
+        usize::try_from(v).map_err(|_| {
+            err!(
+                Shape,
+                "{}: expected a non-negative integer, got {v}",
+                self.sig.name
+            )
+            .at(self.span_of(i))
+        })
     }
 
     fn float(&self, i: usize) -> Result<f64> {
@@ -887,7 +1090,12 @@ impl Args<'_, '_> {
     fn axis_value(&self, v: i64, rank: usize, i: usize) -> Result<usize> {
         let r = rank as i64;
         if v < -r || v >= r {
-            return Err(err!(Shape, "{}: axis {v} is out of range for a tensor of rank {rank}", self.sig.name).at(self.span_of(i)));
+            return Err(err!(
+                Shape,
+                "{}: axis {v} is out of range for a tensor of rank {rank}",
+                self.sig.name
+            )
+            .at(self.span_of(i)));
         }
         Ok(if v < 0 { (v + r) as usize } else { v as usize })
     }
@@ -926,7 +1134,12 @@ impl Args<'_, '_> {
                 }
                 Value::Int(d) if (1..=MAX_DIM).contains(d) => out.push(*d as usize),
                 Value::Int(d) => {
-                    return Err(err!(Shape, "{}: dimension must be between 1 and {MAX_DIM}, got {d}", self.sig.name).at(self.span_of(i)))
+                    return Err(err!(
+                        Shape,
+                        "{}: dimension must be between 1 and {MAX_DIM}, got {d}",
+                        self.sig.name
+                    )
+                    .at(self.span_of(i)))
                 }
                 _ => return Err(self.wrong(i, "a list of dimensions")),
             }
@@ -934,7 +1147,12 @@ impl Args<'_, '_> {
         let known = checked_numel(&out).map_err(|e| e.at(self.span_of(i)))?;
         if let (Some(k), Some(n)) = (infer, numel) {
             if known == 0 || n % known != 0 {
-                return Err(err!(Shape, "{}: cannot infer `-1` for {n} elements", self.sig.name).at(self.span_of(i)));
+                return Err(err!(
+                    Shape,
+                    "{}: cannot infer `-1` for {n} elements",
+                    self.sig.name
+                )
+                .at(self.span_of(i)));
             }
             out[k] = n / known;
         }

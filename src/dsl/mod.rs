@@ -9,6 +9,7 @@
 //! text without moving anything, so positions stay right in both.
 
 pub mod ast;
+pub mod cli;
 pub mod parse;
 pub mod rms;
 
@@ -17,6 +18,7 @@ pub mod lower;
 pub mod ops;
 pub mod resolve;
 
+pub use cli::cli_graph;
 pub use lower::{lower, Value};
 pub use resolve::{resolve, Module};
 

@@ -28,7 +28,9 @@ pub struct Module {
 impl Module {
     /// The definition called `name` (the user's when it shadows a standard one).
     pub fn item(&self, name: &str) -> Option<(&Item, &Arc<Source>)> {
-        self.by_name.get(name).map(|&i| (&self.items[i], &self.sources[i]))
+        self.by_name
+            .get(name)
+            .map(|&i| (&self.items[i], &self.sources[i]))
     }
 
     /// The user's models, in source order.
@@ -49,9 +51,15 @@ pub const STD_NAME: &str = "<std>";
 pub fn resolve(program: Program, src: &Arc<Source>) -> Result<Module> {
     let std_src = Source::new(STD_NAME, STD_SOURCE);
     let std_prog = super::parse::parse(&std_src)?;
-    let mut module = Module { items: Vec::new(), sources: Vec::new(), by_name: HashMap::new() };
+    let mut module = Module {
+        items: Vec::new(),
+        sources: Vec::new(),
+        by_name: HashMap::new(),
+    };
     for it in std_prog.items {
-        module.by_name.insert(it.name.name.clone(), module.items.len());
+        module
+            .by_name
+            .insert(it.name.name.clone(), module.items.len());
         module.items.push(it);
         module.sources.push(std_src.clone());
     }
@@ -64,12 +72,17 @@ pub fn resolve(program: Program, src: &Arc<Source>) -> Result<Module> {
                     .in_source(src));
             }
         }
-        module.by_name.insert(it.name.name.clone(), module.items.len());
+        module
+            .by_name
+            .insert(it.name.name.clone(), module.items.len());
         module.items.push(it);
         module.sources.push(src.clone());
     }
     for (i, it) in module.items.iter().enumerate() {
-        let mut cx = Checker { module: &module, calls: Vec::new() };
+        let mut cx = Checker {
+            module: &module,
+            calls: Vec::new(),
+        };
         cx.item(it).map_err(|e| e.in_source(&module.sources[i]))?;
     }
     check_recursion(&module)?;
@@ -111,16 +124,24 @@ impl Checker<'_> {
             env.insert(name.name.clone(), Binding::Var);
         }
         for p in &it.params {
-            let SigParam::Tensor { dims, .. } = p else { continue };
+            let SigParam::Tensor { dims, .. } = p else {
+                continue;
+            };
             let mut ellipsis = false;
             for d in dims {
                 match d {
                     DimPat::Ellipsis(span) => {
                         if it.kind == ItemKind::Model {
-                            return Err(err!(Name, "a model input cannot use `...`; give every dimension").at(*span));
+                            return Err(err!(
+                                Name,
+                                "a model input cannot use `...`; give every dimension"
+                            )
+                            .at(*span));
                         }
                         if ellipsis {
-                            return Err(err!(Name, "`...` may appear only once in a pattern").at(*span));
+                            return Err(
+                                err!(Name, "`...` may appear only once in a pattern").at(*span)
+                            );
                         }
                         ellipsis = true;
                     }
@@ -129,7 +150,8 @@ impl Checker<'_> {
                             continue;
                         }
                         if env.get(&n.name) == Some(&Binding::Var) {
-                            return Err(err!(Name, "`{}` names a tensor, not a dimension", n.name).at(n.span));
+                            return Err(err!(Name, "`{}` names a tensor, not a dimension", n.name)
+                                .at(n.span));
                         }
                         env.insert(n.name.clone(), Binding::Fixed);
                     }
@@ -161,7 +183,11 @@ impl Checker<'_> {
             self.stmt(s, &mut env)?;
         }
         if !matches!(it.body.last(), Some(Stmt::Return { .. })) {
-            let what = if it.kind == ItemKind::Model { "model" } else { "block" };
+            let what = if it.kind == ItemKind::Model {
+                "model"
+            } else {
+                "block"
+            };
             return Err(err!(Name, "{what} `{}` has no `return`", it.name.name).at(it.name.span));
         }
         Ok(())
@@ -171,8 +197,14 @@ impl Checker<'_> {
         match s {
             Stmt::Assign { name, value } => {
                 self.expr(value, env, &[])?;
+                bind_inline_params(value, env);
                 if env.get(&name.name) == Some(&Binding::Fixed) {
-                    return Err(err!(Name, "cannot assign to `{}`, a constant or dimension", name.name).at(name.span));
+                    return Err(err!(
+                        Name,
+                        "cannot assign to `{}`, a constant or dimension",
+                        name.name
+                    )
+                    .at(name.span));
                 }
                 env.insert(name.name.clone(), Binding::Var);
             }
@@ -184,7 +216,12 @@ impl Checker<'_> {
                 env.insert(name.name.clone(), Binding::Fixed);
             }
             Stmt::Param(decl) => self.param(decl, env)?,
-            Stmt::Repeat { count, name: _, body, .. } => {
+            Stmt::Repeat {
+                count,
+                name: _,
+                body,
+                ..
+            } => {
                 self.expr(count, env, &[])?;
                 for s in body {
                     if let Stmt::Return { span, .. } = s {
@@ -204,7 +241,9 @@ impl Checker<'_> {
 
     fn param(&mut self, decl: &ParamDecl, env: &mut HashMap<String, Binding>) -> Result<()> {
         if decl.shape.is_empty() {
-            return Err(err!(Name, "parameter `{}` needs a shape", decl.name.name).at(decl.name.span));
+            return Err(
+                err!(Name, "parameter `{}` needs a shape", decl.name.name).at(decl.name.span)
+            );
         }
         for e in &decl.shape {
             self.expr(e, env, &[])?;
@@ -220,7 +259,11 @@ impl Checker<'_> {
             return Err(bad_init(span));
         };
         if args.len() != params.len() || args.iter().any(|a| a.name.is_some()) {
-            let usage = if params.is_empty() { name.to_string() } else { format!("{name}({})", params.join(", ")) };
+            let usage = if params.is_empty() {
+                name.to_string()
+            } else {
+                format!("{name}({})", params.join(", "))
+            };
             return Err(err!(
                 Name,
                 "initializer `{name}` takes {} argument{}: {usage}",
@@ -233,7 +276,12 @@ impl Checker<'_> {
             self.expr(&a.value, env, &[])?;
         }
         if env.get(&decl.name.name) == Some(&Binding::Fixed) {
-            return Err(err!(Name, "cannot assign to `{}`, a constant or dimension", decl.name.name).at(decl.name.span));
+            return Err(err!(
+                Name,
+                "cannot assign to `{}`, a constant or dimension",
+                decl.name.name
+            )
+            .at(decl.name.span));
         }
         env.insert(decl.name.name.clone(), Binding::Var);
         Ok(())
@@ -250,7 +298,11 @@ impl Checker<'_> {
                 if env.contains_key(n) {
                     Ok(())
                 } else if INITS.iter().any(|(i, _)| i == n) {
-                    Err(err!(Name, "initializer `{n}` can only follow `param NAME[...] =`").at(e.span))
+                    Err(err!(
+                        Name,
+                        "initializer `{n}` can only follow `param NAME[...] =`"
+                    )
+                    .at(e.span))
                 } else {
                     Err(err!(Name, "unknown name `{n}`").at(e.span))
                 }
@@ -271,57 +323,141 @@ impl Checker<'_> {
         }
     }
 
-    fn call(&mut self, c: &Call, span: Span, env: &HashMap<String, Binding>, later: &[&str]) -> Result<()> {
+    fn call(
+        &mut self,
+        c: &Call,
+        span: Span,
+        env: &HashMap<String, Binding>,
+        later: &[&str],
+    ) -> Result<()> {
         for a in &c.args {
             self.expr(&a.value, env, later)?;
         }
-        let block = if c.op_only { None } else { self.module.item(&c.callee.name).map(|(it, _)| it) };
+        let block = if c.op_only {
+            None
+        } else {
+            self.module.item(&c.callee.name).map(|(it, _)| it)
+        };
         if let Some(it) = block {
             if it.kind == ItemKind::Model {
-                return Err(err!(Name, "`{}` is a model; only blocks and ops can be called", c.callee.name).at(c.callee.span));
+                return Err(err!(
+                    Name,
+                    "`{}` is a model; only blocks and ops can be called",
+                    c.callee.name
+                )
+                .at(c.callee.span));
             }
             let names: Vec<&str> = it.params.iter().map(|p| p.name().name.as_str()).collect();
             let required: Vec<&str> = it
                 .params
                 .iter()
-                .filter(|p| !matches!(p, SigParam::Hyper { default: Some(_), .. }))
+                .filter(|p| {
+                    !matches!(
+                        p,
+                        SigParam::Hyper {
+                            default: Some(_),
+                            ..
+                        }
+                    )
+                })
                 .map(|p| p.name().name.as_str())
                 .collect();
-            check_args(&c.callee, &c.args, &names, &required, span, &format!("block `{}`", c.callee.name))?;
+            check_args(
+                &c.callee,
+                &c.args,
+                &names,
+                &required,
+                span,
+                &format!("block `{}`", c.callee.name),
+            )?;
             self.calls.push((c.callee.name.clone(), c.callee.span));
             return Ok(());
         }
         let Some(sig) = ops::op(&c.callee.name) else {
             if INITS.iter().any(|(i, _)| *i == c.callee.name) {
-                return Err(err!(Name, "initializer `{}` can only follow `param NAME[...] =`", c.callee.name)
-                    .at(c.callee.span));
+                return Err(err!(
+                    Name,
+                    "initializer `{}` can only follow `param NAME[...] =`",
+                    c.callee.name
+                )
+                .at(c.callee.span));
             }
             let what = if c.op_only { "op" } else { "op or block" };
             return Err(err!(Name, "unknown {what} `{}`", c.callee.name).at(c.callee.span));
         };
         if let Some(alias) = &c.alias {
-            return Err(err!(Name, "`{}` is an op and owns no parameters; `as` names block calls", c.callee.name)
-                .at(alias.span));
+            return Err(err!(
+                Name,
+                "`{}` is an op and owns no parameters; `as` names block calls",
+                c.callee.name
+            )
+            .at(alias.span));
         }
         let names: Vec<&str> = sig.params.iter().map(|p| p.name).collect();
-        let required: Vec<&str> = sig.params.iter().filter(|p| p.default.is_none()).map(|p| p.name).collect();
-        check_args(&c.callee, &c.args, &names, &required, span, &format!("`{}`", sig.usage()))
+        let required: Vec<&str> = sig
+            .params
+            .iter()
+            .filter(|p| p.default.is_none())
+            .map(|p| p.name)
+            .collect();
+        check_args(
+            &c.callee,
+            &c.args,
+            &names,
+            &required,
+            span,
+            &format!("`{}`", sig.usage()),
+        )
+    }
+}
+
+/// Inline `param NAME[...] = init` expressions bind NAME for the statements that follow.
+fn bind_inline_params(e: &Expr, env: &mut HashMap<String, Binding>) {
+    match &e.kind {
+        ExprKind::Param(decl) => {
+            env.entry(decl.name.name.clone()).or_insert(Binding::Var);
+        }
+        ExprKind::List(items) => items.iter().for_each(|x| bind_inline_params(x, env)),
+        ExprKind::Neg(x) => bind_inline_params(x, env),
+        ExprKind::Binary(_, a, b) => {
+            bind_inline_params(a, env);
+            bind_inline_params(b, env);
+        }
+        ExprKind::Call(c) => c
+            .args
+            .iter()
+            .for_each(|a| bind_inline_params(&a.value, env)),
+        _ => {}
     }
 }
 
 fn bad_init(span: Span) -> Error {
-    err!(Name, "bad initializer; expected one of {}", ops::init_usage()).at(span)
+    err!(
+        Name,
+        "bad initializer; expected one of {}",
+        ops::init_usage()
+    )
+    .at(span)
 }
 
 /// Positional then named arguments against parameter names; all `required` must be given.
-fn check_args(callee: &Ident, args: &[Arg], names: &[&str], required: &[&str], span: Span, what: &str) -> Result<()> {
+fn check_args(
+    callee: &Ident,
+    args: &[Arg],
+    names: &[&str],
+    required: &[&str],
+    span: Span,
+    what: &str,
+) -> Result<()> {
     let mut given: Vec<&str> = Vec::new();
     let mut seen_named = false;
     for (i, a) in args.iter().enumerate() {
         match &a.name {
             None => {
                 if seen_named {
-                    return Err(err!(Name, "positional argument after a named one").at(a.value.span));
+                    return Err(
+                        err!(Name, "positional argument after a named one").at(a.value.span)
+                    );
                 }
                 if i >= names.len() {
                     return Err(err!(
@@ -343,7 +479,13 @@ fn check_args(callee: &Ident, args: &[Arg], names: &[&str], required: &[&str], s
                 if given.contains(&n.name.as_str()) {
                     return Err(err!(Name, "argument `{}` given twice", n.name).at(n.span));
                 }
-                given.push(names.iter().find(|x| **x == n.name).copied().unwrap_or_default());
+                given.push(
+                    names
+                        .iter()
+                        .find(|x| **x == n.name)
+                        .copied()
+                        .unwrap_or_default(),
+                );
             }
         }
     }
@@ -360,7 +502,10 @@ fn check_recursion(module: &Module) -> Result<()> {
     let n = module.items.len();
     let mut edges: Vec<Vec<(usize, Span)>> = vec![Vec::new(); n];
     for (i, it) in module.items.iter().enumerate() {
-        let mut cx = Checker { module, calls: Vec::new() };
+        let mut cx = Checker {
+            module,
+            calls: Vec::new(),
+        };
         // Already checked; this pass only collects the calls.
         let _ = cx.item(it);
         for (name, span) in cx.calls {
@@ -393,7 +538,9 @@ fn check_recursion(module: &Module) -> Result<()> {
                         } else {
                             format!("recursion: block `{from}` calls `{callee}`, which calls back into `{from}`")
                         };
-                        return Err(err!(Name, "{msg}").at(span).in_source(&module.sources[node]));
+                        return Err(err!(Name, "{msg}")
+                            .at(span)
+                            .in_source(&module.sources[node]));
                     }
                     _ => {}
                 }
