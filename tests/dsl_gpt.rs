@@ -225,5 +225,5 @@ fn inline_param_binds_its_name() {
     )
     .unwrap();
     assert_eq!(g.shape(g.persistent_named("wpe").unwrap()), &[8, 4]);
-    assert_eq!(g.shape(g.output("y").unwrap()), &[1, 3, 4]);
+    assert_eq!(g.shape(g.output("output").unwrap()), &[1, 3, 4]);
 }
