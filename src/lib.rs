@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod codegen;
 pub mod cpu;
 pub mod data;
+pub mod dsl;
 pub mod error;
 pub mod graph;
 pub mod nn;
