@@ -273,6 +273,10 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
     })
 }
 
+/// A forward graph at other dimensions on its own backend, with the training step its
+/// parameters were last copied at.
+type EvalGraph = (Graph, Box<dyn Backend>, Option<u64>);
+
 /// A compiled model: trains, predicts, and exposes its persistent values by name.
 pub struct Trainer {
     model: Model,
@@ -280,7 +284,7 @@ pub struct Trainer {
     train: TrainGraph,
     backend: Box<dyn Backend>,
     /// Forward graphs at other dimensions, with the step their parameters were copied at.
-    evals: BTreeMap<Vec<(String, usize)>, (Graph, Box<dyn Backend>, Option<u64>)>,
+    evals: BTreeMap<Vec<(String, usize)>, EvalGraph>,
     step: u64,
 }
 

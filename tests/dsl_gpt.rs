@@ -243,7 +243,7 @@ fn gpt_cpu_forward_matches_the_hand_built_graph_exactly() {
     let ours = dsl_gpt(c, 2);
     let mut theirs = Graph::new();
     nn::gpt(&mut theirs, c, 2).unwrap();
-    let tokens: Vec<i32> = (0..16).map(|i| (i * 7 % 65) as i32).collect();
+    let tokens: Vec<i32> = (0..16).map(|i| i * 7 % 65).collect();
     let forward = |g: &Graph| {
         let idx = g.input_named("idx").unwrap();
         let logits = g.output("logits").unwrap();

@@ -10,7 +10,7 @@ mod common;
 
 use common::{build, cases, feeds, Case, Dom};
 use rumus::cpu::{Buf, Executor, RunOptions};
-use rumus::graph::{autodiff, Graph, NodeId, Op};
+use rumus::graph::{Graph, NodeId, Op};
 use rumus::DType;
 use std::collections::HashSet;
 
@@ -23,7 +23,7 @@ fn check(c: &Case, seed: u64) -> std::result::Result<(), String> {
     let b = build(c).map_err(|e| format!("build: {e}"))?;
     let (g, loss) = (&b.g, b.loss);
     let feeds = feeds(c, &b, seed);
-    let mut exec = Executor::<f64>::new(&g, 0).map_err(|e| e.to_string())?;
+    let mut exec = Executor::<f64>::new(g, 0).map_err(|e| e.to_string())?;
     let opts = RunOptions {
         training: true,
         step: 3,
@@ -31,12 +31,12 @@ fn check(c: &Case, seed: u64) -> std::result::Result<(), String> {
     let mut want = vec![loss];
     want.extend(b.grads.iter().map(|&(_, d)| d));
     let vals = exec
-        .run(&g, &feeds, &want, opts)
+        .run(g, &feeds, &want, opts)
         .map_err(|e| format!("run: {e}"))?;
 
     let loss_at = |exec: &mut Executor<f64>, feeds: &[(NodeId, Buf<f64>)]| -> f64 {
         match exec
-            .run(&g, feeds, &[loss], opts)
+            .run(g, feeds, &[loss], opts)
             .expect("loss evaluates")
             .remove(0)
         {

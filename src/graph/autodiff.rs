@@ -176,8 +176,8 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         Op::Concat { axis } => {
             let mut offset = 0;
             let mut out = Vec::new();
-            for i in 0..x.len() {
-                let len = g.shape(x[i])[*axis];
+            for &xi in x {
+                let len = g.shape(xi)[*axis];
                 out.push(Some(g.slice(dy, *axis, offset, offset + len)?));
                 offset += len;
             }

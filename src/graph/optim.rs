@@ -101,7 +101,7 @@ impl Optimizer {
                 "{name}: betas must be in [0, 1), got ({b1}, {b2})"
             ));
         }
-        if !(eps > 0.0 && eps.is_finite()) || !(wd >= 0.0 && wd.is_finite()) {
+        if !(eps > 0.0 && eps.is_finite() && wd >= 0.0 && wd.is_finite()) {
             return Err(err!(
                 Shape,
                 "{name}: eps must be positive and weight_decay >= 0, got {eps} and {wd}"

@@ -192,7 +192,9 @@ impl GpuPlan {
                 let d = *g.shape(i[0]).last().unwrap_or(&1);
                 let ones = gpu.upload_f32("layer_norm ones", &vec![1.0; d])?;
                 let r = self.ln_backward_with(gpu, g, [i[0], i[1], i[2]], &ones, None, Some(dwb));
-                self.dispatches.last_mut().map(|dp| dp.owned.push(ones));
+                if let Some(dp) = self.dispatches.last_mut() {
+                    dp.owned.push(ones);
+                }
                 r
             }
             _ => self.generated(gpu, g, k),

@@ -21,10 +21,13 @@ pub enum Dom {
     Index(i32),
 }
 
+/// Builds a case's forward graph from its inputs, returning the output.
+pub type BuildFn = dyn Fn(&mut Graph, &[NodeId]) -> Result<NodeId>;
+
 pub struct Case {
     pub name: String,
     pub inputs: Vec<(Vec<usize>, Dom)>,
-    pub build: Box<dyn Fn(&mut Graph, &[NodeId]) -> Result<NodeId>>,
+    pub build: Box<BuildFn>,
 }
 
 pub fn case(
@@ -291,7 +294,8 @@ pub fn build(c: &Case) -> Result<Built> {
         xs.push(g.input(&format!("x{i}"), shape, dtype)?);
     }
     let out = (c.build)(&mut g, &xs)?;
-    let r = g.input("r", &g.shape(out).to_vec(), rumus::DType::F32)?;
+    let out_shape = g.shape(out).to_vec();
+    let r = g.input("r", &out_shape, rumus::DType::F32)?;
     let weighted = g.mul(out, r)?;
     let loss = g.sum_all(weighted)?;
     let diff: Vec<usize> = (0..xs.len())
