@@ -1,0 +1,142 @@
+//! Whole training steps on the GPU: fused against one-op-per-kernel, reuse against no reuse
+//! (with reused buffers poisoned with NaN), GPU against the CPU reference, and running out of
+//! device memory as an error the engine survives.
+
+use rumus::cpu::RunOptions;
+use rumus::graph::{training_graph, Graph, Init, OptimConfig, Optimizer, TrainGraph};
+use rumus::nn::{self, GptConfig};
+use rumus::plan::PlanOptions;
+use rumus::runtime::backend::GpuBackend;
+use rumus::runtime::{test_gpu_or_skip, Gpu};
+use rumus::session::{Backend, CpuBackend};
+use rumus::{DType, Tensor};
+
+fn gpt_step() -> TrainGraph {
+    let mut g = Graph::new();
+    let c = GptConfig { vocab: 17, d: 16, heads: 2, layers: 2, ctx: 5 };
+    let logits = nn::gpt(&mut g, c, 2).unwrap();
+    let target = g.input("target", &[2, 5], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
+    training_graph(g, loss, &cfg).unwrap()
+}
+
+fn mlp_step() -> TrainGraph {
+    let mut g = Graph::new();
+    let x = g.input("x", &[6, 5], DType::F32).unwrap();
+    let h = nn::linear(&mut g, "fc1", x, 7).unwrap();
+    let h = g.relu(h).unwrap();
+    let h = g.dropout(h, 0.25, 3).unwrap();
+    let logits = nn::linear(&mut g, "fc2", h, 3).unwrap();
+    let target = g.input("target", &[6], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let cfg = OptimConfig { optimizer: Optimizer::Sgd { momentum: 0.9, weight_decay: 1e-3 }, clip_norm: None };
+    training_graph(g, loss, &cfg).unwrap()
+}
+
+/// Deterministic feeds for every input of a training graph (the learning rate included).
+fn feeds(t: &TrainGraph) -> Vec<(rumus::graph::NodeId, Tensor)> {
+    let g = &t.graph;
+    g.nodes()
+        .filter_map(|(id, n)| match &n.op {
+            rumus::graph::Op::Input { name } => {
+                let len: usize = n.shape.iter().product();
+                let t = if name == rumus::graph::optim::LR_INPUT {
+                    Tensor::scalar(0.05)
+                } else if n.dtype == DType::I32 {
+                    Tensor::i32(&n.shape, (0..len).map(|i| (i * 5 % 3) as i32).collect()).unwrap()
+                } else {
+                    Tensor::f32(&n.shape, (0..len).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect()).unwrap()
+                };
+                Some((id, t))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Losses of `steps` steps, then every parameter and state value, flattened.
+fn train(backend: &mut dyn Backend, t: &TrainGraph, steps: u64) -> (Vec<f32>, Vec<f32>) {
+    let f = feeds(t);
+    let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let out = backend.run(&refs, &[t.loss], RunOptions { training: true, step }).unwrap();
+        losses.push(out[0].to_f32_vec()[0]);
+    }
+    let mut values = Vec::new();
+    for (id, n) in t.graph.nodes() {
+        if n.op.is_persistent() {
+            values.extend(backend.read(id).unwrap().to_f32_vec());
+        }
+    }
+    (losses, values)
+}
+
+fn gpu_backend(gpu: &'static Gpu, t: &TrainGraph, fusion: bool, reuse: bool) -> GpuBackend {
+    let opts = PlanOptions { fusion, reuse, max_storage_buffers: None };
+    GpuBackend::new(gpu, t.graph.clone(), 7, opts).unwrap()
+}
+
+fn max_rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).abs() / (1e-3 + y.abs() as f64))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn fused_plans_match_one_op_per_kernel_plans() {
+    let Some(gpu) = test_gpu_or_skip("fused_plans_match_one_op_per_kernel_plans") else { return };
+    for (name, t) in [("gpt", gpt_step()), ("mlp", mlp_step())] {
+        let (fl, fv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 3);
+        let (ul, uv) = train(&mut gpu_backend(gpu, &t, false, true), &t, 3);
+        let (el, ev) = (max_rel_err(&fl, &ul), max_rel_err(&fv, &uv));
+        println!("{name}: fused vs one-op-per-kernel, max relative error: losses {el:.2e}, values {ev:.2e}");
+        assert!(el < 1e-4 && ev < 1e-3, "{name}: losses {fl:?} vs {ul:?}; values differ by {ev:.2e}");
+    }
+}
+
+#[test]
+fn buffer_reuse_changes_nothing_even_over_nan() {
+    let Some(gpu) = test_gpu_or_skip("buffer_reuse_changes_nothing_even_over_nan") else { return };
+    for (name, t) in [("gpt", gpt_step()), ("mlp", mlp_step())] {
+        let mut poisoned = gpu_backend(gpu, &t, true, true);
+        poisoned.poison = true;
+        let (pl, pv) = train(&mut poisoned, &t, 2);
+        let (nl, nv) = train(&mut gpu_backend(gpu, &t, true, false), &t, 2);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert!(pl.iter().all(|l| l.is_finite()), "{name}: {pl:?}");
+        assert_eq!(bits(&pl), bits(&nl), "{name}: losses differ with reuse");
+        assert!(bits(&pv) == bits(&nv), "{name}: parameters or state differ with reuse");
+    }
+}
+
+#[test]
+fn gpu_training_matches_the_cpu_reference() {
+    let Some(gpu) = test_gpu_or_skip("gpu_training_matches_the_cpu_reference") else { return };
+    for (name, t) in [("gpt", gpt_step()), ("mlp", mlp_step())] {
+        let (gl, gv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 3);
+        let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 3);
+        let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
+        println!("{name}: gpu vs cpu, max relative error: losses {el:.2e}, values {ev:.2e}");
+        assert!(el < 1e-4 && ev < 1e-3, "{name}: gpu losses {gl:?} cpu {cl:?}; values differ by {ev:.2e}");
+    }
+}
+
+#[test]
+fn too_much_memory_is_an_error_and_the_device_still_works() {
+    let Some(gpu) = test_gpu_or_skip("too_much_memory_is_an_error_and_the_device_still_works") else { return };
+    let mut g = Graph::new();
+    let rows = (gpu.limits.max_buffer_size / 4 / 1024 + 1) as usize;
+    g.parameter("huge", &[rows, 1024], Init::Zeros).unwrap();
+    let e = match GpuBackend::new(gpu, g, 0, PlanOptions::default()) {
+        Err(e) => e,
+        Ok(_) => panic!("a parameter larger than max_buffer_size was accepted"),
+    };
+    assert!(e.to_string().contains("exceeds the device's"), "{e}");
+    let t = mlp_step();
+    let (losses, _) = train(&mut gpu_backend(gpu, &t, true, true), &t, 1);
+    assert!(losses[0].is_finite());
+}
