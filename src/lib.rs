@@ -7,3 +7,5 @@ pub mod tensor;
 
 pub use error::{Error, ErrorKind, Result, Source, Span};
 pub use tensor::{DType, Tensor, TensorData};
+pub mod repl;
+pub mod script;
