@@ -132,7 +132,7 @@ impl Repl {
             "q" | "quit" | "exit" => return Ok(None),
             "help" | "h" => help(),
             "load" => {
-                self.host.eval_file(std::path::Path::new(arg))?;
+                let _ = self.host.eval_file(std::path::Path::new(arg))?;
                 String::new()
             }
             "plan" | "graph" | "params" => {

@@ -162,7 +162,7 @@ fn errors_point_at_the_scripts_line_and_column() {
 #[test]
 fn state_persists_across_evaluations() {
     let mut h = host();
-    h.eval(&Source::new("a", "let x = 20; fn twice(v) { v * 2 }"))
+    let _ = h.eval(&Source::new("a", "let x = 20; fn twice(v) { v * 2 }"))
         .unwrap();
     let v = h.eval(&Source::new("b", "twice(x) + 2")).unwrap();
     assert_eq!(v.as_int().unwrap(), 42);

@@ -136,7 +136,7 @@ pub fn offset_of(text: &str, pos: Position) -> Option<usize> {
 }
 
 fn without_position(mut e: EvalAltResult) -> String {
-    e.take_position();
+    let _ = e.take_position();
     e.to_string()
 }
 
