@@ -1,7 +1,12 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod checkpoint;
+pub mod codegen;
+pub mod data;
 pub mod error;
 pub mod graph;
+pub mod nn;
+pub mod plan;
 pub mod rng;
 pub mod tensor;
 

@@ -216,8 +216,11 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         Op::LayerNorm => {
             let d = *node.shape.last().unwrap_or(&1);
             let dx = g.add_node(Op::LayerNormGradInput, &[x[0], x[1], x[2], dy], &[])?;
-            let dw = g.add_node(Op::LayerNormGradWeight, &[x[0], x[1], dy], &[])?;
-            let db = g.sum_to(dy, &[d])?;
+            let dwb = g.add_node(Op::LayerNormGradWeight, &[x[0], x[1], dy], &[])?;
+            let dw = g.slice(dwb, 0, 0, 1)?;
+            let dw = g.reshape(dw, &[d])?;
+            let db = g.slice(dwb, 0, 1, 2)?;
+            let db = g.reshape(db, &[d])?;
             vec![Some(dx), None, Some(dw), Some(db)]
         }
         Op::Embedding => {

@@ -173,7 +173,8 @@ pub enum Op {
     LayerNorm,
     /// `(x, stats, weight, dy) -> dx`, the full input gradient of `LayerNorm` (through the stats).
     LayerNormGradInput,
-    /// `(x, stats, dy) -> dweight [D]`: Σ_rows dy · xhat.
+    /// `(x, stats, dy) -> [2, D]`: row 0 is dweight = Σ_rows dy · xhat, row 1 is
+    /// dbias = Σ_rows dy (one pass computes both).
     LayerNormGradWeight,
 
     // ---- embedding and losses ----
@@ -374,7 +375,9 @@ impl Op {
     /// together with the `layer_norm` that consumes it.
     pub fn is_differentiable(&self) -> bool {
         match self {
-            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => false,
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
+                false
+            }
             Op::Unary(u) => !matches!(
                 u,
                 UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad
@@ -393,22 +396,38 @@ impl Op {
     /// without adding it here fails `samples_cover_every_op_name`.
     pub fn samples() -> Vec<Op> {
         let mut ops = vec![
-            Op::Input { name: String::new() },
-            Op::Parameter { name: String::new(), init: Init::Zeros },
-            Op::State { name: String::new(), init: Init::Zeros },
+            Op::Input {
+                name: String::new(),
+            },
+            Op::Parameter {
+                name: String::new(),
+                init: Init::Zeros,
+            },
+            Op::State {
+                name: String::new(),
+                init: Init::Zeros,
+            },
             Op::Constant { value: 0.0 },
         ];
         ops.extend(UnaryOp::ALL.iter().map(|&u| Op::Unary(u)));
         ops.extend(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)));
         ops.push(Op::Where);
         for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
-            ops.push(Op::Reduce { op, axes: vec![0], keepdim: false });
+            ops.push(Op::Reduce {
+                op,
+                axes: vec![0],
+                keepdim: false,
+            });
         }
         ops.extend([
             Op::Reshape,
             Op::Permute { perm: vec![] },
             Op::BroadcastTo,
-            Op::Slice { axis: 0, start: 0, end: 0 },
+            Op::Slice {
+                axis: 0,
+                start: 0,
+                end: 0,
+            },
             Op::Concat { axis: 0 },
             Op::MatMul,
             Op::Softmax,
@@ -557,7 +576,10 @@ mod tests {
         let samples = Op::samples();
         let names: std::collections::HashSet<&str> = samples.iter().map(|o| o.name()).collect();
         assert_eq!(names.len(), samples.len(), "two samples share a name");
-        assert_eq!(samples.len(), 23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3);
+        assert_eq!(
+            samples.len(),
+            23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3
+        );
         assert!(samples.iter().all(|o| kind_count(o) > 0));
     }
 }
