@@ -97,3 +97,27 @@ fn malformed_tensors_are_script_errors() {
         "error: item: tensor of shape [2] has 2 elements, not one\n",
     );
 }
+
+#[test]
+fn datasets_from_csv_and_text() {
+    check(
+        "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); print(d.len()); print(d.x.shape); print(d.y.dtype);
+         let s = d.split(0.8, 1); print(`${s.train.len()} ${s.test.len()}`);
+         let bs = s.train.batches(50, 0); print(bs.len()); print(bs[0].x.shape);
+         print(s.train.batches(50, 0, true).len());",
+        "150\n[150, 2]\ni32\n120 30\n2\n[50, 2]\n3\n",
+    );
+    check(
+        "let d = text(\"scripts/data/tiny.txt\", #{ seq_len: 8, stride: 100 }); print(d.x.shape); print(d.x[0]); print(d.y[0]);",
+        "[5, 8]\ntensor i32[8] [73, 116, 32, 119, 97, 115, 32, 116]\ntensor i32[8] [116, 32, 119, 97, 115, 32, 116, 104]\n",
+    );
+    check(
+        "let d = dataset(tensor([[1], [2], [3]]), tensor([0, 1, 0], \"i32\")); print(d.shuffle(3).len());",
+        "3\n",
+    );
+    check(
+        "csv(\"/etc/passwd\")",
+        "error: reading `/etc/passwd` is not allowed: scripts read only below the script's folder and the working directory\n",
+    );
+    check("dataset(zeros([2, 1]), zeros([3]))", "error: dataset needs x and y with the same first dimension, got [2, 1] and [3]\n");
+}

@@ -4,7 +4,6 @@
 
 pub mod data;
 pub mod io;
-pub mod model;
 pub mod tensor;
 
 use super::Ctx;
@@ -16,7 +15,6 @@ pub use tensor::ScriptTensor;
 pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     tensor::register(engine, ctx);
     data::register(engine, ctx);
-    model::register(engine, ctx);
     io::register(engine, ctx);
 }
 
@@ -30,27 +28,6 @@ pub const NAMES: &[&str] = &[
     "read_text", "write_text", "log_metric", "seed", "device", "print",
 ];
 
-/// The text of the REPL's `:plan`, `:graph` and `:params` for a script value.
 pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
-    if let Some(t) = value.clone().try_cast::<model::ScriptTrainer>() {
-        let tr = t.trainer.borrow();
-        return Ok(match what {
-            "plan" => format!("{}\n", tr.plan_report()),
-            "graph" => model::to_dot(tr.graph()),
-            _ => model::params_text(tr.graph()),
-        });
-    }
-    if let Some(m) = value.clone().try_cast::<model::ScriptModel>() {
-        let g = model::model_graph(&m)?;
-        return match what {
-            "plan" => Err(crate::err!(Usage, ":plan needs a compiled model (a trainer); compile it first")),
-            "graph" => Ok(model::to_dot(&g)),
-            _ => Ok(model::params_text(&g)),
-        };
-    }
-    Err(crate::err!(
-        Usage,
-        ":{what} needs a model or a trainer, got {}",
-        value.type_name()
-    ))
+    Err(crate::err!(Usage, ":{what} needs a model or a trainer, got {}", value.type_name()))
 }
