@@ -16,7 +16,7 @@ fn main() -> Result<(), rumus::Error> {
     engine
         .script_engine()
         .register_fn("host_batch_size", || 4_i64);
-    engine.eval(
+    engine.run(
         r#"
         model classifier(x: f32[B, 2], hidden = 16) {
             h = relu(linear(x, hidden) as fc1)

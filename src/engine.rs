@@ -6,7 +6,7 @@
 //!
 //! ```no_run
 //! let mut engine = rumus::Engine::new();
-//! engine.eval(r#"
+//! engine.run(r#"
 //!     model lin(x: f32[B, 2]) { return linear(x, 1) }
 //!     let net = lin().compile(#{ batch: 4, loss: "mse", optimizer: sgd(#{ lr: 0.1 }) });
 //! "#)?;
@@ -61,6 +61,11 @@ impl Engine {
         self.n_evals += 1;
         let source = Source::new(format!("<eval:{}>", self.n_evals), code);
         self.host.eval(&source)
+    }
+
+    /// Run `.rms` code for its effects (models, variables and functions it defines stay).
+    pub fn run(&mut self, code: &str) -> Result<()> {
+        self.eval(code).map(drop)
     }
 
     /// Evaluate a `.rms` file (the host may read any file it names; the script inside is

@@ -26,12 +26,18 @@ fn cli(args: Vec<String>) -> Result<()> {
     };
     let mut flags = Flags::parse(rest)?;
     let host = HostOptions {
-        device: flags.take("--device")?.unwrap_or_else(|| HostOptions::default().device),
+        device: flags
+            .take("--device")?
+            .unwrap_or_else(|| HostOptions::default().device),
         seed: flags.number("--seed")?.unwrap_or(0),
         ..HostOptions::default()
     };
     if !matches!(host.device.as_str(), "auto" | "gpu" | "cpu") {
-        return Err(err!(Usage, "--device must be auto, gpu or cpu, got `{}`", host.device));
+        return Err(err!(
+            Usage,
+            "--device must be auto, gpu or cpu, got `{}`",
+            host.device
+        ));
     }
     match command.as_str() {
         "run" => {

@@ -17,7 +17,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (":load FILE", "run a .rms file in this session"),
     (":plan NAME", "the compiled plan of a trainer"),
     (":graph NAME", "a model or trainer's graph in Graphviz DOT"),
-    (":params NAME", "parameter names and shapes of a model or trainer"),
+    (
+        ":params NAME",
+        "parameter names and shapes of a model or trainer",
+    ),
     (":quit", "leave (or Ctrl-D)"),
 ];
 
@@ -158,7 +161,11 @@ impl Repl {
             return (pos, Vec::new());
         }
         let mut names: Vec<String> = api::NAMES.iter().map(|s| s.to_string()).collect();
-        names.extend(COMMANDS.iter().map(|(c, _)| c.split(' ').next().unwrap_or(c).to_string()));
+        names.extend(
+            COMMANDS
+                .iter()
+                .map(|(c, _)| c.split(' ').next().unwrap_or(c).to_string()),
+        );
         names.extend(self.host.names());
         names.retain(|n| n.starts_with(word));
         names.sort();

@@ -42,7 +42,11 @@ fn define_compile_train_plan_survive_an_error_and_quit() {
     assert_eq!(out[3], "");
     assert_eq!(out[6], "true\n");
     assert_eq!(out[7], "2\n");
-    assert!(out[8].starts_with("<repl:6>:1:1: function not found: no_such_thing"), "{}", out[8]);
+    assert!(
+        out[8].starts_with("<repl:7>:1:1: function not found: no_such_thing"),
+        "{}",
+        out[8]
+    );
     assert!(out[9].contains("cpu"), "{}", out[9]);
     assert_eq!(out[10], "fc.weight [2, 2]\nfc.bias [2]\n");
     assert!(out[11].starts_with("digraph model {"), "{}", out[11]);
@@ -55,11 +59,21 @@ fn functions_defined_earlier_stay_callable() {
     let mut repl = Repl::new(HostOptions::default());
     let out = feed_all(
         &mut repl,
-        &["fn sq(v) {", "  v * v", "}", "sq(7)", "let t = tensor(0..3);", "t.sum()"],
+        &[
+            "fn sq(v) {",
+            "  v * v",
+            "}",
+            "sq(7)",
+            "let t = tensor(0..3);",
+            "t.sum()",
+        ],
     );
     assert_eq!(out[3], "49\n");
     assert_eq!(out[5], "3.0\n");
-    assert_eq!(repl.eval_line(":nope"), "unknown command `:nope`; try :help\n");
+    assert_eq!(
+        repl.eval_line(":nope"),
+        "unknown command `:nope`; try :help\n"
+    );
     assert!(repl.eval_line(":help").contains(":load FILE"));
     let (start, names) = repl.complete("let a = ten", 11);
     assert_eq!((start, names), (8, vec!["tensor".to_string()]));

@@ -15,7 +15,8 @@ fn run(code: &str) -> String {
         o.borrow_mut().push('\n');
     });
     if let Err(e) = h.eval(&Source::new("t.rms", code)) {
-        out.borrow_mut().push_str(&format!("error: {}\n", e.message));
+        out.borrow_mut()
+            .push_str(&format!("error: {}\n", e.message));
     }
     let s = out.borrow().clone();
     s
@@ -35,7 +36,10 @@ fn tensors_from_arrays_and_ranges() {
     check("print(tensor(1..=3));", "tensor f32[3] [1, 2, 3]\n");
     check("print(tensor([1, 2], \"i32\"));", "tensor i32[2] [1, 2]\n");
     check("print(zeros([2]) + 1.5);", "tensor f32[2] [1.5, 1.5]\n");
-    check("print(tensor(0..20));", "tensor f32[20] [0, 1, 2, ..., 17, 18, 19]\n");
+    check(
+        "print(tensor(0..20));",
+        "tensor f32[20] [0, 1, 2, ..., 17, 18, 19]\n",
+    );
 }
 
 #[test]
@@ -84,10 +88,7 @@ fn malformed_tensors_are_script_errors() {
         "tensor([1, \"a\"])",
         "error: tensor elements must be numbers, got string\n",
     );
-    check(
-        "zeros([2, -1])",
-        "error: shape: negative dimension -1\n",
-    );
+    check("zeros([2, -1])", "error: shape: negative dimension -1\n");
     check(
         "tensor([1], \"f64\")",
         "error: unknown dtype `f64`: expected \"f32\" or \"i32\"\n",
@@ -119,5 +120,8 @@ fn datasets_from_csv_and_text() {
         "csv(\"/etc/passwd\")",
         "error: reading `/etc/passwd` is not allowed: scripts read only below the script's folder and the working directory\n",
     );
-    check("dataset(zeros([2, 1]), zeros([3]))", "error: dataset needs x and y with the same first dimension, got [2, 1] and [3]\n");
+    check(
+        "dataset(zeros([2, 1]), zeros([3]))",
+        "error: dataset needs x and y with the same first dimension, got [2, 1] and [3]\n",
+    );
 }

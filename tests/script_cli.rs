@@ -40,7 +40,9 @@ fn script_error_is_one_with_position_and_caret() {
     assert_eq!(code, 1);
     assert_eq!(
         err,
-        format!("{f}:2:9: shape: negative dimension -1\n    let b = zeros([2, -1]);\n            ^\n")
+        format!(
+            "{f}:2:9: shape: negative dimension -1\n    let b = zeros([2, -1]);\n            ^\n"
+        )
     );
 }
 
@@ -57,7 +59,10 @@ fn usage_and_io_errors_are_two() {
 
 #[test]
 fn broken_pipe_is_success() {
-    let f = script("chatty.rms", "let i = 0;\nloop { print(`line ${i}`); i += 1; }\n");
+    let f = script(
+        "chatty.rms",
+        "let i = 0;\nloop { print(`line ${i}`); i += 1; }\n",
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
         .args(["run", &f])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -81,7 +86,8 @@ fn metrics_log_is_json_lines() {
     );
     let log = "target/script_cli/metrics.jsonl";
     assert_eq!(rumus(&["run", &f, "--metrics", log]).0, 0);
-    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(log)).unwrap();
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(log))
+        .unwrap();
     assert_eq!(
         text,
         "{\"metric\":\"acc\",\"step\":0,\"value\":0.5}\n{\"metric\":\"n\",\"step\":0,\"value\":3.0}\n"

@@ -28,7 +28,12 @@ fn embed_example_trains_and_queries() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for line in ["xor(0, 0) = 0", "xor(0, 1) = 1", "xor(1, 0) = 1", "xor(1, 1) = 0"] {
+    for line in [
+        "xor(0, 0) = 0",
+        "xor(0, 1) = 1",
+        "xor(1, 0) = 1",
+        "xor(1, 1) = 0",
+    ] {
         assert!(stdout.contains(line), "missing `{line}` in:\n{stdout}");
     }
 }

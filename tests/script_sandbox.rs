@@ -63,7 +63,12 @@ fn interrupt_flag_stops_a_script() {
     // eval clears the flag before it starts, so set it from inside the script instead.
     let flag = h.interrupt().clone();
     h.engine_mut().register_fn("ctrl_c", move || flag.trigger());
-    check_err(&mut h, "ctrl_c();\nlet i = 0;\nloop { i += 1; }", ErrorKind::Limit, "interrupted");
+    check_err(
+        &mut h,
+        "ctrl_c();\nlet i = 0;\nloop { i += 1; }",
+        ErrorKind::Limit,
+        "interrupted",
+    );
 }
 
 #[test]
@@ -156,13 +161,17 @@ fn errors_point_at_the_scripts_line_and_column() {
     assert_eq!(e.kind, ErrorKind::Script);
     let text = e.to_string();
     assert!(text.starts_with("p.rms:2:13: "), "{text}");
-    assert!(text.ends_with("    let b = a + nope;\n                ^"), "{text}");
+    assert!(
+        text.ends_with("    let b = a + nope;\n                ^"),
+        "{text}"
+    );
 }
 
 #[test]
 fn state_persists_across_evaluations() {
     let mut h = host();
-    let _ = h.eval(&Source::new("a", "let x = 20; fn twice(v) { v * 2 }"))
+    let _ = h
+        .eval(&Source::new("a", "let x = 20; fn twice(v) { v * 2 }"))
         .unwrap();
     let v = h.eval(&Source::new("b", "twice(x) + 2")).unwrap();
     assert_eq!(v.as_int().unwrap(), 42);

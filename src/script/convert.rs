@@ -53,17 +53,13 @@ pub fn from_rhai(
     let mut source = source.clone();
     let mut err = err;
     // Descend to the innermost error: that is where the mistake is.
-    loop {
-        match err {
-            EvalAltResult::ErrorInFunctionCall(_, src, inner, _)
-            | EvalAltResult::ErrorInModule(src, inner, _) => {
-                if let Some(s) = sources.get(src.as_str()) {
-                    source = s.clone();
-                }
-                err = *inner;
-            }
-            _ => break,
+    while let EvalAltResult::ErrorInFunctionCall(_, src, inner, _)
+    | EvalAltResult::ErrorInModule(src, inner, _) = err
+    {
+        if let Some(s) = sources.get(src.as_str()) {
+            source = s.clone();
         }
+        err = *inner;
     }
     let pos = err.position();
     let e = match err {
@@ -86,7 +82,10 @@ pub fn from_rhai(
             "operation limit reached: the script ran more than {max_operations} operations"
         ),
         EvalAltResult::ErrorStackOverflow(_) => {
-            err!(Limit, "call depth limit reached: too many nested function calls")
+            err!(
+                Limit,
+                "call depth limit reached: too many nested function calls"
+            )
         }
         EvalAltResult::ErrorDataTooLarge(what, _) => err!(Limit, "{} over the limit", lower(&what)),
         EvalAltResult::ErrorTooManyVariables(_) | EvalAltResult::ErrorTooManyModules(_) => {

@@ -96,7 +96,10 @@ impl Sandbox {
 
     /// Refuse a tensor of `shape` (4-byte elements) over the memory budget, before allocating.
     pub fn check_alloc(&self, shape: &[usize]) -> Result<usize> {
-        let n = checked_numel(shape).map_err(|e| Error { kind: crate::ErrorKind::Limit, ..e })?;
+        let n = checked_numel(shape).map_err(|e| Error {
+            kind: crate::ErrorKind::Limit,
+            ..e
+        })?;
         let bytes = (n as u128) * 4;
         if bytes > self.memory_budget as u128 {
             return Err(err!(

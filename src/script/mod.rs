@@ -210,11 +210,6 @@ impl Host {
     }
 
     fn convert(&self, e: rhai::EvalAltResult, source: &Arc<Source>) -> crate::Error {
-        convert::from_rhai(
-            e,
-            source,
-            &self.sources,
-            self.ctx.sandbox.max_operations,
-        )
+        convert::from_rhai(e, source, &self.sources, self.ctx.sandbox.max_operations)
     }
 }

@@ -3,7 +3,8 @@
 //! rhai's line and column numbers stay those of the file; each model block becomes a native
 //! function `name(#{ hyperparams })` that returns an instantiable model.
 
-use super::Ctx;
+use super::{api, Ctx};
+use crate::dsl;
 use crate::error::{Error, Result, Source};
 use std::path::Path;
 use std::rc::Rc;
@@ -35,6 +36,17 @@ pub fn define_models(
     engine: &mut rhai::Engine,
     ctx: &Rc<Ctx>,
 ) -> Result<String> {
-    let _ = (engine, ctx);
-    Ok(source.text.clone())
+    let split = dsl::rms::split(&source.text);
+    if split.model_text.trim().is_empty() {
+        return Ok(split.script_text);
+    }
+    let module = Arc::new(dsl::load_rms(source)?);
+    api::model::define(engine, &module);
+    let mut models = ctx.models.borrow_mut();
+    for m in module.models() {
+        if !models.names.contains(&m.name.name) {
+            models.names.push(m.name.name.clone());
+        }
+    }
+    Ok(split.script_text)
 }

@@ -100,13 +100,18 @@ impl Progress {
             };
             let _ = writeln!(f, "{line}");
         }
-        let Event::Step { step, loss } = *e else { return };
+        let Event::Step { step, loss } = *e else {
+            return;
+        };
         let first = *self.first_step.get_or_insert(step.saturating_sub(1));
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         let rate = (step - first) as f64 / secs;
         if self.tty {
             // Redraw at most 10 times a second.
-            if self.last_draw.is_some_and(|t| t.elapsed().as_millis() < 100) {
+            if self
+                .last_draw
+                .is_some_and(|t| t.elapsed().as_millis() < 100)
+            {
                 return;
             }
             self.last_draw = Some(Instant::now());

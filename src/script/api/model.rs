@@ -107,7 +107,9 @@ fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
     } else if v.is_array() {
         let a = v.read_lock::<Array>().expect("is an array");
         Ok(Value::List(
-            a.iter().map(|x| value(x, key)).collect::<ScriptResult<_>>()?,
+            a.iter()
+                .map(|x| value(x, key))
+                .collect::<ScriptResult<_>>()?,
         ))
     } else {
         Err(script_err(format!(
@@ -121,8 +123,12 @@ fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
 pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_type_with_name::<ScriptModel>("Model");
     engine.register_type_with_name::<ScriptTrainer>("Trainer");
-    engine.register_fn("to_string", |m: &mut ScriptModel| format!("model {}", m.model.name));
-    engine.register_fn("to_debug", |m: &mut ScriptModel| format!("model {}", m.model.name));
+    engine.register_fn("to_string", |m: &mut ScriptModel| {
+        format!("model {}", m.model.name)
+    });
+    engine.register_fn("to_debug", |m: &mut ScriptModel| {
+        format!("model {}", m.model.name)
+    });
     engine.register_fn("to_string", |t: &mut ScriptTrainer| describe_trainer(t));
     engine.register_fn("to_debug", |t: &mut ScriptTrainer| describe_trainer(t));
 
@@ -148,15 +154,22 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     });
 
     let c = ctx.clone();
-    engine.register_fn("compile", move |m: &mut ScriptModel, cfg: Map| compile(&c, m, &cfg));
+    engine.register_fn("compile", move |m: &mut ScriptModel, cfg: Map| {
+        compile(&c, m, &cfg)
+    });
     let c = ctx.clone();
-    engine.register_fn("compile", move |m: &mut ScriptModel| compile(&c, m, &Map::new()));
+    engine.register_fn("compile", move |m: &mut ScriptModel| {
+        compile(&c, m, &Map::new())
+    });
 
     let c = ctx.clone();
     engine.register_fn(
         "train_step",
         move |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
-            let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x), (TARGET_INPUT.to_string(), y)];
+            let feeds = vec![
+                (t.inputs.first().cloned().unwrap_or_default(), x),
+                (TARGET_INPUT.to_string(), y),
+            ];
             train_step(&c, t, feeds)
         },
     );
@@ -193,27 +206,44 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("accuracy", |t: &mut ScriptTrainer, d: ScriptDataset| {
         accuracy(t, d.0.x(), d.0.y())
     });
-    engine.register_fn("accuracy", |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
-        accuracy(t, x.tensor(), y.tensor())
+    engine.register_fn(
+        "accuracy",
+        |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
+            accuracy(t, x.tensor(), y.tensor())
+        },
+    );
+    engine.register_get("step", |t: &mut ScriptTrainer| {
+        t.trainer.borrow().step() as INT
     });
-    engine.register_get("step", |t: &mut ScriptTrainer| t.trainer.borrow().step() as INT);
     engine.register_get("lr", |t: &mut ScriptTrainer| {
         t.trainer.borrow().current_lr() as FLOAT
     });
-    engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
-    engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
+    engine.register_get("device", |t: &mut ScriptTrainer| {
+        t.trainer.borrow().device_name()
+    });
+    engine.register_fn("plan", |t: &mut ScriptTrainer| {
+        t.trainer.borrow().plan_report()
+    });
     engine.register_fn("params", |t: &mut ScriptTrainer| -> ScriptResult<Array> {
         let ps = t.trainer.borrow().parameters().script()?;
         Ok(ps.into_iter().map(|(n, _)| n.into()).collect())
     });
     engine.register_fn("param", |t: &mut ScriptTrainer, name: &str| {
-        t.trainer.borrow().parameter(name).map(ScriptTensor::new).script()
+        t.trainer
+            .borrow()
+            .parameter(name)
+            .map(ScriptTensor::new)
+            .script()
     });
-    engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
-        let mut tr = t.trainer.borrow_mut();
-        tr.parameter(name).script()?; // parameters only, not optimizer state
-        tr.load_state(&[(name.to_string(), v.into_tensor())]).script()
-    });
+    engine.register_fn(
+        "set_param",
+        |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
+            let mut tr = t.trainer.borrow_mut();
+            tr.parameter(name).script()?; // parameters only, not optimizer state
+            tr.load_state(&[(name.to_string(), v.into_tensor())])
+                .script()
+        },
+    );
     let c = ctx.clone();
     engine.register_fn("save", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_write(path).script()?;
@@ -243,24 +273,44 @@ fn tensors_of(m: &Map) -> ScriptResult<Vec<(String, ScriptTensor)>> {
         .collect()
 }
 
-fn train_step(ctx: &Ctx, t: &ScriptTrainer, feeds: Vec<(String, ScriptTensor)>) -> ScriptResult<FLOAT> {
-    let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
+fn train_step(
+    ctx: &Ctx,
+    t: &ScriptTrainer,
+    feeds: Vec<(String, ScriptTensor)>,
+) -> ScriptResult<FLOAT> {
+    let feeds: Vec<(&str, &Tensor)> = feeds
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.tensor()))
+        .collect();
     let mut tr = t.trainer.borrow_mut();
     let loss = tr.train_step(&feeds).script()?;
     ctx.last_step.set(tr.step());
-    ctx.emit(Event::Step { step: tr.step(), loss });
+    ctx.emit(Event::Step {
+        step: tr.step(),
+        loss,
+    });
     Ok(loss as FLOAT)
 }
 
-fn predict(t: &ScriptTrainer, feeds: Vec<(String, ScriptTensor)>) -> ScriptResult<Vec<(String, Tensor)>> {
-    let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
+fn predict(
+    t: &ScriptTrainer,
+    feeds: Vec<(String, ScriptTensor)>,
+) -> ScriptResult<Vec<(String, Tensor)>> {
+    let feeds: Vec<(&str, &Tensor)> = feeds
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.tensor()))
+        .collect();
     t.trainer.borrow_mut().predict(&feeds).script()
 }
 
 /// Fraction of rows whose largest output matches the label.
 fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     let input = t.inputs.first().cloned().unwrap_or_default();
-    let out = t.trainer.borrow_mut().predict(&[(input.as_str(), x)]).script()?;
+    let out = t
+        .trainer
+        .borrow_mut()
+        .predict(&[(input.as_str(), x)])
+        .script()?;
     let logits = out
         .into_iter()
         .find(|(n, _)| *n == *t.output)
@@ -339,8 +389,17 @@ fn string(m: &Map, key: &str, default: &str) -> ScriptResult<String> {
 }
 
 const COMPILE_KEYS: &[&str] = &[
-    "batch", "dims", "loss", "output", "ignore_index", "optimizer", "lr", "schedule", "clip",
-    "device", "seed",
+    "batch",
+    "dims",
+    "loss",
+    "output",
+    "ignore_index",
+    "optimizer",
+    "lr",
+    "schedule",
+    "clip",
+    "device",
+    "seed",
 ];
 
 fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer> {
@@ -365,7 +424,10 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         }
     }
     let batch = int(cfg, "batch", 1)?;
-    dims.insert("B".into(), usize::try_from(batch).map_err(|_| script_err("`batch` must be positive"))?);
+    dims.insert(
+        "B".into(),
+        usize::try_from(batch).map_err(|_| script_err("`batch` must be positive"))?,
+    );
     let probe = m.model.instantiate(&dims).script()?;
     let output = match get(cfg, "output") {
         Some(_) => string(cfg, "output", "")?,
@@ -384,8 +446,12 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
                 None => None,
             },
         },
-        "mse" => Loss::Mse { output: output.clone() },
-        "output" => Loss::Output { output: output.clone() },
+        "mse" => Loss::Mse {
+            output: output.clone(),
+        },
+        "output" => Loss::Output {
+            output: output.clone(),
+        },
         other => {
             return Err(script_err(format!(
                 "unknown loss `{other}`: expected \"cross_entropy\", \"mse\" or \"output\""
@@ -404,7 +470,10 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let cfg = CompileConfig {
         dims,
         loss,
-        optimizer: OptimConfig { optimizer, clip_norm },
+        optimizer: OptimConfig {
+            optimizer,
+            clip_norm,
+        },
         lr,
         schedule,
         device,
@@ -430,7 +499,11 @@ fn input_names(g: &Graph) -> Vec<String> {
 fn device(name: &str) -> ScriptResult<Device> {
     match name {
         "auto" | "cpu" => Ok(Device::Cpu),
-        "gpu" => Err(err!(Device, "no GPU backend is available in this build; use device \"cpu\"")).script(),
+        "gpu" => Err(err!(
+            Device,
+            "no GPU backend is available in this build; use device \"cpu\""
+        ))
+        .script(),
         other => Err(script_err(format!(
             "unknown device `{other}`: expected \"auto\", \"gpu\" or \"cpu\""
         ))),
@@ -466,12 +539,25 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
             weight_decay: num(&m, "weight_decay", 0.0)? as f32,
         },
         "adam" | "adamw" => {
-            let (beta1, beta2) = (num(&m, "beta1", 0.9)? as f32, num(&m, "beta2", 0.999)? as f32);
+            let (beta1, beta2) = (
+                num(&m, "beta1", 0.9)? as f32,
+                num(&m, "beta2", 0.999)? as f32,
+            );
             let eps = num(&m, "eps", 1e-8)? as f32;
             if kind == "adam" {
-                Optimizer::Adam { beta1, beta2, eps, weight_decay: num(&m, "weight_decay", 0.0)? as f32 }
+                Optimizer::Adam {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: num(&m, "weight_decay", 0.0)? as f32,
+                }
             } else {
-                Optimizer::AdamW { beta1, beta2, eps, weight_decay: num(&m, "weight_decay", 0.01)? as f32 }
+                Optimizer::AdamW {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: num(&m, "weight_decay", 0.01)? as f32,
+                }
             }
         }
         other => {
@@ -484,7 +570,9 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
 }
 
 fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
-    let Some(v) = v else { return Ok(Schedule::Constant) };
+    let Some(v) = v else {
+        return Ok(Schedule::Constant);
+    };
     let m = v
         .read_lock::<Map>()
         .map(|m| m.clone())
@@ -507,20 +595,36 @@ fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
 
 /// Graphviz DOT of a graph: one node per op, labelled with its op, shape and name.
 pub fn to_dot(g: &Graph) -> String {
-    let mut s = String::from("digraph model {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+    let mut s = String::from(
+        "digraph model {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n",
+    );
     for (id, n) in g.nodes() {
         let name = match &n.op {
-            Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } => format!(" {name}"),
+            Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } => {
+                format!(" {name}")
+            }
             _ => String::new(),
         };
-        let label = format!("{}{} {}", n.op.name(), name, crate::tensor::fmt_shape(&n.shape));
-        s.push_str(&format!("  n{} [label=\"{}\"];\n", id.index(), label.replace('"', "\\\"")));
+        let label = format!(
+            "{}{} {}",
+            n.op.name(),
+            name,
+            crate::tensor::fmt_shape(&n.shape)
+        );
+        s.push_str(&format!(
+            "  n{} [label=\"{}\"];\n",
+            id.index(),
+            label.replace('"', "\\\"")
+        ));
         for i in &n.inputs {
             s.push_str(&format!("  n{} -> n{};\n", i.index(), id.index()));
         }
     }
     for (name, id) in &g.outputs {
-        s.push_str(&format!("  out_{name} [label=\"output {name}\", shape=oval];\n  n{} -> out_{name};\n", id.index()));
+        s.push_str(&format!(
+            "  out_{name} [label=\"output {name}\", shape=oval];\n  n{} -> out_{name};\n",
+            id.index()
+        ));
     }
     s.push_str("}\n");
     s
@@ -530,13 +634,20 @@ pub fn to_dot(g: &Graph) -> String {
 pub fn params_text(g: &Graph) -> String {
     let mut s = String::new();
     for (id, name) in g.parameters() {
-        s.push_str(&format!("{name} {}\n", crate::tensor::fmt_shape(g.shape(id))));
+        s.push_str(&format!(
+            "{name} {}\n",
+            crate::tensor::fmt_shape(g.shape(id))
+        ));
     }
     s
 }
 
 /// The forward graph of a model with every dimension it does not fix set to 1, for `:graph`.
 pub fn model_graph(m: &ScriptModel) -> Result<Graph> {
-    let bindings: Vec<(&str, Value)> = m.hyper.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let bindings: Vec<(&str, Value)> = m
+        .hyper
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
     dsl::lower(&m.module, &m.model.name, &bindings, Some(1))
 }

@@ -41,7 +41,9 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         from_array(&c, &a, parse_dtype(dtype)?)
     });
     let c = ctx.clone();
-    engine.register_fn("tensor", move |r: Range<INT>| from_range(&c, r.start, r.end));
+    engine.register_fn("tensor", move |r: Range<INT>| {
+        from_range(&c, r.start, r.end)
+    });
     let c = ctx.clone();
     engine.register_fn("tensor", move |r: RangeInclusive<INT>| {
         from_range(&c, *r.start(), r.end().saturating_add(1))
@@ -63,7 +65,9 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
 
     // Inspection.
     engine.register_get("shape", |t: &mut ScriptTensor| shape_array(t.0.shape()));
-    engine.register_get("dtype", |t: &mut ScriptTensor| t.0.dtype().name().to_string());
+    engine.register_get("dtype", |t: &mut ScriptTensor| {
+        t.0.dtype().name().to_string()
+    });
     engine.register_fn("numel", |t: &mut ScriptTensor| t.0.numel() as INT);
     engine.register_fn("rank", |t: &mut ScriptTensor| t.0.shape().len() as INT);
     engine.register_fn("len", |t: &mut ScriptTensor| {
@@ -86,9 +90,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_indexer_get(|t: &mut ScriptTensor, idx: Array| {
         index_get(t, &ints(&idx, "index")?)
     });
-    engine.register_indexer_set(|t: &mut ScriptTensor, i: INT, v: Dynamic| {
-        index_set(t, &[i], v)
-    });
+    engine.register_indexer_set(|t: &mut ScriptTensor, i: INT, v: Dynamic| index_set(t, &[i], v));
     engine.register_indexer_set(|t: &mut ScriptTensor, idx: Array, v: Dynamic| {
         index_set(t, &ints(&idx, "index")?, v)
     });
@@ -144,7 +146,9 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         ("abs", f32::abs),
         ("relu", |x: f32| x.max(0.0)),
     ] {
-        engine.register_fn(name, move |a: &mut ScriptTensor| ScriptTensor::new(map(&a.0, f)));
+        engine.register_fn(name, move |a: &mut ScriptTensor| {
+            ScriptTensor::new(map(&a.0, f))
+        });
     }
     engine.register_fn("sum", |t: &mut ScriptTensor| {
         t.0.to_f32_vec().iter().map(|&x| x as f64).sum::<f64>()
@@ -154,7 +158,9 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64
     });
     engine.register_fn("max", |t: &mut ScriptTensor| {
-        t.0.to_f32_vec().into_iter().fold(f32::NEG_INFINITY, f32::max) as FLOAT
+        t.0.to_f32_vec()
+            .into_iter()
+            .fold(f32::NEG_INFINITY, f32::max) as FLOAT
     });
     engine.register_fn("min", |t: &mut ScriptTensor| {
         t.0.to_f32_vec().into_iter().fold(f32::INFINITY, f32::min) as FLOAT
@@ -226,7 +232,12 @@ fn from_array(ctx: &Ctx, a: &Array, dtype: DType) -> ScriptResult<ScriptTensor> 
 }
 
 /// Walk a nested array depth-first, recording the shape at first visit and checking it after.
-fn flatten(a: &Array, depth: usize, shape: &mut Vec<usize>, out: &mut Vec<f64>) -> ScriptResult<()> {
+fn flatten(
+    a: &Array,
+    depth: usize,
+    shape: &mut Vec<usize>,
+    out: &mut Vec<f64>,
+) -> ScriptResult<()> {
     if depth > 16 {
         return Err(script_err("tensor: arrays nested more than 16 deep"));
     }
@@ -393,7 +404,11 @@ fn index_get(t: &mut ScriptTensor, idx: &[INT]) -> ScriptResult<Dynamic> {
     let shape = t.0.shape();
     if idx.len() == 1 && shape.len() > 1 {
         let d = shape[0];
-        let i = if idx[0] < 0 { idx[0] + d as INT } else { idx[0] };
+        let i = if idx[0] < 0 {
+            idx[0] + d as INT
+        } else {
+            idx[0]
+        };
         if i < 0 || i as usize >= d {
             return Err(script_err(format!(
                 "row {} is out of range for shape {}",
@@ -426,7 +441,7 @@ fn index_set(t: &mut ScriptTensor, idx: &[INT], v: Dynamic) -> ScriptResult<()> 
         None => {
             let mut v = t.as_i32().expect("i32 when not f32").to_vec();
             v[i] = x as i32;
-            *t = Tensor::i32(&t.shape().to_vec(), v).script()?;
+            *t = Tensor::i32(t.shape(), v).script()?;
         }
     }
     Ok(())
