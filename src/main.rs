@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 const USAGE: &str = "usage:
   rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
-  rumus repl [--batch] [--device auto|gpu|cpu] [--seed N]";
+  rumus repl [--batch] [--device auto|gpu|cpu] [--seed N]
+  rumus graph FILE [--model NAME] [--params]";
 
 fn main() {
     // Scripts recurse (rhai evaluates by recursion); give them room beyond the limits they get.
@@ -59,11 +60,28 @@ fn cli(args: Vec<String>) -> Result<()> {
                 rumus::repl::run_interactive(host)
             }
         }
+        "graph" => {
+            let model = flags.take("--model")?;
+            let params = flags.switch("--params");
+            let file = flags.positional()?;
+            flags.done()?;
+            let text = rumus::dsl::cli_graph(&file, model.as_deref(), params)?;
+            print_text(&text)
+        }
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
         }
         other => Err(err!(Usage, "unknown command `{other}`\n{USAGE}")),
+    }
+}
+
+/// Write to stdout; a closed pipe (`rumus graph m.rms | head`) is not an error.
+fn print_text(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("<stdout>", e)),
+        _ => Ok(()),
     }
 }
 

@@ -26,7 +26,12 @@ pub trait Backend {
     /// What runs the graph: `cpu`, or the GPU adapter's name.
     fn device_name(&self) -> String;
     /// Feed inputs, evaluate `want` (and, when `opts.training`, apply the graph's updates).
-    fn run(&mut self, feeds: &[(NodeId, &Tensor)], want: &[NodeId], opts: RunOptions) -> Result<Vec<Tensor>>;
+    fn run(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>>;
     /// Current value of a parameter or state node.
     fn read(&self, id: NodeId) -> Result<Tensor>;
     /// Overwrite a parameter or state node.
@@ -48,7 +53,11 @@ impl CpuBackend {
         let exec = Executor::new(&graph, seed)?;
         let mut eval_graph = graph.clone();
         eval_graph.updates.clear();
-        Ok(CpuBackend { graph, eval_graph, exec })
+        Ok(CpuBackend {
+            graph,
+            eval_graph,
+            exec,
+        })
     }
 }
 
@@ -71,20 +80,37 @@ impl Backend for CpuBackend {
         "cpu".to_string()
     }
 
-    fn run(&mut self, feeds: &[(NodeId, &Tensor)], want: &[NodeId], opts: RunOptions) -> Result<Vec<Tensor>> {
+    fn run(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>> {
         let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
-        let g = if opts.training { &self.graph } else { &self.eval_graph };
+        let g = if opts.training {
+            &self.graph
+        } else {
+            &self.eval_graph
+        };
         let out = self.exec.run(g, &bufs, want, opts)?;
-        want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
+        want.iter()
+            .zip(out)
+            .map(|(&id, b)| from_buf(self.graph.shape(id), b))
+            .collect()
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
-        let data = self.exec.persistent(id).ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))?;
+        let data = self
+            .exec
+            .persistent(id)
+            .ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))?;
         Tensor::f32(self.graph.shape(id), data.to_vec())
     }
 
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
-        let data = value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
+        let data = value
+            .as_f32()
+            .ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
         self.exec.set_persistent(&self.graph, id, data.to_vec())
     }
 
@@ -106,9 +132,16 @@ pub enum Device {
 pub enum Schedule {
     Constant,
     /// Multiply by `gamma` every `every` steps.
-    Step { every: u64, gamma: f32 },
+    Step {
+        every: u64,
+        gamma: f32,
+    },
     /// Linear warm-up over `warmup` steps, then cosine decay to `min_lr` at step `total`.
-    Cosine { warmup: u64, total: u64, min_lr: f32 },
+    Cosine {
+        warmup: u64,
+        total: u64,
+        min_lr: f32,
+    },
 }
 
 impl Schedule {
@@ -116,8 +149,14 @@ impl Schedule {
     pub fn lr_at(&self, lr: f32, step: u64) -> f32 {
         match *self {
             Schedule::Constant => lr,
-            Schedule::Step { every, gamma } => lr * gamma.powi((step / every.max(1)).min(i32::MAX as u64) as i32),
-            Schedule::Cosine { warmup, total, min_lr } => {
+            Schedule::Step { every, gamma } => {
+                lr * gamma.powi((step / every.max(1)).min(i32::MAX as u64) as i32)
+            }
+            Schedule::Cosine {
+                warmup,
+                total,
+                min_lr,
+            } => {
                 if step < warmup {
                     return lr * (step + 1) as f32 / warmup as f32;
                 }
@@ -133,7 +172,10 @@ impl Schedule {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Loss {
     /// Cross-entropy of output `output` (logits) against i32 labels fed as input `target`.
-    CrossEntropy { output: String, ignore_index: Option<i32> },
+    CrossEntropy {
+        output: String,
+        ignore_index: Option<i32>,
+    },
     /// Mean squared error of output `output` against f32 values fed as input `target`.
     Mse { output: String },
     /// The model computes its own scalar loss as output `output`.
@@ -164,7 +206,10 @@ pub struct Model {
 
 impl Model {
     pub fn new(name: &str, build: GraphBuilder) -> Model {
-        Model { name: name.to_string(), build }
+        Model {
+            name: name.to_string(),
+            build,
+        }
     }
 
     /// The forward graph at the given dimensions.
@@ -175,39 +220,56 @@ impl Model {
     /// Instantiate, append loss, backward and optimizer, and place the result on a device.
     pub fn compile(&self, cfg: CompileConfig) -> Result<Trainer> {
         if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
-            return Err(err!(Usage, "learning rate must be a finite number >= 0, got {}", cfg.lr));
+            return Err(err!(
+                Usage,
+                "learning rate must be a finite number >= 0, got {}",
+                cfg.lr
+            ));
         }
         let mut g = self.instantiate(&cfg.dims)?;
-        let (loss, target) = attach_loss(&mut g, &cfg.loss)?;
+        let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
         let backend: Box<dyn Backend> = match cfg.device {
             Device::Cpu => Box::new(CpuBackend::new(train.graph.clone(), cfg.seed)?),
         };
-        Ok(Trainer { model: self.clone(), cfg, train, target, backend, evals: BTreeMap::new(), step: 0 })
+        Ok(Trainer {
+            model: self.clone(),
+            cfg,
+            train,
+            backend,
+            evals: BTreeMap::new(),
+            step: 0,
+        })
     }
 }
 
-/// Add the target input and the loss node; returns (loss, target input).
-fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<(NodeId, Option<NodeId>)> {
+/// Add the target input (when the loss has one) and the loss node.
+fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
     let output = match loss {
-        Loss::CrossEntropy { output, .. } | Loss::Mse { output } | Loss::Output { output } => output,
+        Loss::CrossEntropy { output, .. } | Loss::Mse { output } | Loss::Output { output } => {
+            output
+        }
     };
     let out = g.output(output).ok_or_else(|| {
         let names: Vec<&str> = g.outputs.iter().map(|(n, _)| n.as_str()).collect();
-        err!(Name, "the model has no output `{output}` (outputs: {})", names.join(", "))
+        err!(
+            Name,
+            "the model has no output `{output}` (outputs: {})",
+            names.join(", ")
+        )
     })?;
     let shape = g.shape(out).to_vec();
     Ok(match loss {
         Loss::CrossEntropy { ignore_index, .. } => {
             let labels = &shape[..shape.len().saturating_sub(1)];
             let t = g.input(TARGET_INPUT, labels, DType::I32)?;
-            (g.cross_entropy(out, t, *ignore_index)?, Some(t))
+            g.cross_entropy(out, t, *ignore_index)?
         }
         Loss::Mse { .. } => {
             let t = g.input(TARGET_INPUT, &shape, DType::F32)?;
-            (g.mse(out, t)?, Some(t))
+            g.mse(out, t)?
         }
-        Loss::Output { .. } => (out, None),
+        Loss::Output { .. } => out,
     })
 }
 
@@ -216,7 +278,6 @@ pub struct Trainer {
     model: Model,
     cfg: CompileConfig,
     train: TrainGraph,
-    target: Option<NodeId>,
     backend: Box<dyn Backend>,
     /// Forward graphs at other dimensions, with the step their parameters were copied at.
     evals: BTreeMap<Vec<(String, usize)>, (Graph, Box<dyn Backend>, Option<u64>)>,
@@ -252,17 +313,26 @@ impl Trainer {
         let mut feeds = resolve_feeds(g, inputs)?;
         let lr = Tensor::scalar(self.current_lr());
         feeds.push((self.train.optim.lr, &lr));
-        let opts = RunOptions { training: true, step: self.step };
+        let opts = RunOptions {
+            training: true,
+            step: self.step,
+        };
         let out = self.backend.run(&feeds, &[self.train.loss], opts)?;
         self.step += 1;
-        let loss = out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+        let loss = out[0]
+            .as_f32()
+            .and_then(|v| v.first().copied())
+            .unwrap_or(f32::NAN);
         Ok(loss)
     }
 
     /// Evaluate the model's outputs (dropout off) on inputs whose leading dimension is any
     /// batch size; other named dimensions are those the model was compiled with.
     pub fn predict(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
-        let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(0);
+        let batch = inputs
+            .first()
+            .and_then(|(_, t)| t.shape().first().copied())
+            .unwrap_or(0);
         let mut dims = self.cfg.dims.clone();
         dims.insert("B".to_string(), batch);
         let key: Vec<(String, usize)> = dims.clone().into_iter().collect();
@@ -286,14 +356,24 @@ impl Trainer {
         }
         let feeds = resolve_feeds(g, inputs)?;
         let want: Vec<NodeId> = g.outputs.iter().map(|&(_, id)| id).collect();
-        let out = backend.run(&feeds, &want, RunOptions { training: false, step: self.step })?;
+        let out = backend.run(
+            &feeds,
+            &want,
+            RunOptions {
+                training: false,
+                step: self.step,
+            },
+        )?;
         Ok(g.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
     }
 
     /// Parameters by name, in graph order.
     pub fn parameters(&self) -> Result<Vec<(String, Tensor)>> {
         let g = &self.train.graph;
-        g.parameters().into_iter().map(|(id, name)| Ok((name.to_string(), self.backend.read(id)?))).collect()
+        g.parameters()
+            .into_iter()
+            .map(|(id, name)| Ok((name.to_string(), self.backend.read(id)?)))
+            .collect()
     }
 
     /// One parameter by name.
@@ -325,7 +405,12 @@ impl Trainer {
         let g = &self.train.graph;
         let mut writes = Vec::new();
         for (name, t) in values {
-            let id = g.persistent_named(name).ok_or_else(|| err!(Checkpoint, "unexpected tensor `{name}`: the model has no such value"))?;
+            let id = g.persistent_named(name).ok_or_else(|| {
+                err!(
+                    Checkpoint,
+                    "unexpected tensor `{name}`: the model has no such value"
+                )
+            })?;
             if t.shape() != g.shape(id) || t.dtype() != DType::F32 {
                 return Err(err!(
                     Checkpoint,
@@ -342,7 +427,10 @@ impl Trainer {
         }
         if let Some(id) = g.persistent_named(crate::graph::optim::STEP_STATE) {
             let s = self.backend.read(id)?;
-            self.step = s.as_f32().and_then(|v| v.first()).map_or(self.step, |&v| v.max(0.0) as u64);
+            self.step = s
+                .as_f32()
+                .and_then(|v| v.first())
+                .map_or(self.step, |&v| v.max(0.0) as u64);
         }
         Ok(())
     }
@@ -350,7 +438,10 @@ impl Trainer {
 
 /// Map `(name, tensor)` feeds onto a graph's inputs, checking shapes and dtypes; every input
 /// except the learning rate must be fed.
-fn resolve_feeds<'a>(g: &Graph, inputs: &[(&str, &'a Tensor)]) -> Result<Vec<(NodeId, &'a Tensor)>> {
+fn resolve_feeds<'a>(
+    g: &Graph,
+    inputs: &[(&str, &'a Tensor)],
+) -> Result<Vec<(NodeId, &'a Tensor)>> {
     let mut feeds = Vec::new();
     for (name, t) in inputs {
         let id = g.input_named(name).ok_or_else(|| {
@@ -361,7 +452,11 @@ fn resolve_feeds<'a>(g: &Graph, inputs: &[(&str, &'a Tensor)]) -> Result<Vec<(No
                     _ => None,
                 })
                 .collect();
-            err!(Name, "the model has no input `{name}` (inputs: {})", names.join(", "))
+            err!(
+                Name,
+                "the model has no input `{name}` (inputs: {})",
+                names.join(", ")
+            )
         })?;
         let (shape, dtype) = (g.shape(id), g.dtype(id));
         if t.shape() != shape || t.dtype() != dtype {

@@ -276,7 +276,7 @@ impl<'a> ExprEmitter<'a> {
                 let lin = linear_index(&node.shape, coords);
                 let s = crate::rng::dropout_seed(*seed);
                 let keep = format!(
-                    "(f32(hash32(({lin}) ^ hash32(meta.step ^ {s}u)) >> 8u) * {} >= {})",
+                    "(f32(hash32(({lin}) ^ hash32(rumus_meta.step ^ {s}u)) >> 8u) * {} >= {})",
                     f32_lit(1.0 / 16_777_216.0),
                     f32_lit(*p)
                 );

@@ -117,7 +117,7 @@ fn module(decls: &str, uses_meta: bool, n_bindings: usize, helpers: &str, main: 
         );
         let _ = writeln!(
             s,
-            "@group(0) @binding({n_bindings}) var<uniform> meta: Meta;"
+            "@group(0) @binding({n_bindings}) var<uniform> rumus_meta: Meta;"
         );
         s.push_str(HASH32_WGSL);
     }

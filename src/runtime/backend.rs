@@ -28,8 +28,16 @@ pub struct GpuBackend {
 
 impl GpuBackend {
     /// Create the persistent buffers and fill parameters and state with their initial values.
-    pub fn new(gpu: &'static Gpu, graph: Graph, seed: u64, options: PlanOptions) -> Result<GpuBackend> {
-        let options = PlanOptions { max_storage_buffers: Some(gpu.limits.max_storage_buffers_per_shader_stage), ..options };
+    pub fn new(
+        gpu: &'static Gpu,
+        graph: Graph,
+        seed: u64,
+        options: PlanOptions,
+    ) -> Result<GpuBackend> {
+        let options = PlanOptions {
+            max_storage_buffers: Some(gpu.limits.max_storage_buffers_per_shader_stage),
+            ..options
+        };
         let mut persistent = HashMap::new();
         for (id, node) in graph.nodes() {
             let len: usize = node.shape.iter().product();
@@ -42,7 +50,14 @@ impl GpuBackend {
             };
             persistent.insert(id, buf);
         }
-        Ok(GpuBackend { gpu, graph, persistent, plans: HashMap::new(), options, poison: false })
+        Ok(GpuBackend {
+            gpu,
+            graph,
+            persistent,
+            plans: HashMap::new(),
+            options,
+            poison: false,
+        })
     }
 
     /// The plan for `want` (compiled on first use).
@@ -57,7 +72,9 @@ impl GpuBackend {
     }
 
     fn persistent_buffer(&self, id: NodeId) -> Result<&wgpu::Buffer> {
-        self.persistent.get(&id).ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))
+        self.persistent
+            .get(&id)
+            .ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))
     }
 }
 
@@ -66,7 +83,12 @@ impl Backend for GpuBackend {
         self.gpu.describe()
     }
 
-    fn run(&mut self, feeds: &[(NodeId, &Tensor)], want: &[NodeId], opts: RunOptions) -> Result<Vec<Tensor>> {
+    fn run(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>> {
         let (gpu, poison) = (self.gpu, self.poison);
         self.plan_for(want, opts.training)?;
         let p = &self.plans[&(want.to_vec(), opts.training)];
@@ -82,7 +104,13 @@ impl Backend for GpuBackend {
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
         let shape = self.graph.shape(id);
         if value.shape() != shape {
-            return Err(err!(Shape, "value of node {} must be {}, got {}", id.index(), fmt_shape(shape), fmt_shape(value.shape())));
+            return Err(err!(
+                Shape,
+                "value of node {} must be {}, got {}",
+                id.index(),
+                fmt_shape(shape),
+                fmt_shape(value.shape())
+            ));
         }
         let buf = self.persistent_buffer(id)?;
         self.gpu.write(buf, 0, &value.to_le_bytes())
@@ -91,8 +119,18 @@ impl Backend for GpuBackend {
     fn plan_report(&self) -> String {
         let mut out = format!("device {}\n", self.gpu.describe());
         for ((want, training), p) in &self.plans {
-            let r = crate::plan::report::PlanReport::new(&self.graph, &p.plan, p.n_dispatches(), p.scratch_bytes);
-            out.push_str(&format!("plan for {} value(s){}:\n{}", want.len(), if *training { ", training" } else { "" }, r.text()));
+            let r = crate::plan::report::PlanReport::new(
+                &self.graph,
+                &p.plan,
+                p.n_dispatches(),
+                p.scratch_bytes,
+            );
+            out.push_str(&format!(
+                "plan for {} value(s){}:\n{}",
+                want.len(),
+                if *training { ", training" } else { "" },
+                r.text()
+            ));
         }
         out
     }

@@ -7,7 +7,9 @@
 //! into place, submits once, and reads back only the values asked for.
 
 use super::device::{Dispatch, Gpu, STORAGE};
-use super::kernels::{LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand};
+use super::kernels::{
+    LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
+};
 use crate::codegen::expr::{decompose, ExprEmitter};
 use crate::codegen::wgsl::{generate, kind_name};
 use crate::err;
@@ -46,16 +48,27 @@ fn host_tensor(g: &Graph, id: NodeId, words: Vec<u32>) -> Result<Tensor> {
 impl GpuPlan {
     /// Build everything a step needs. `persistent` supplies the buffers of inputs, parameters
     /// and state that this plan shares with others; missing ones are created here.
-    pub fn new(gpu: &Gpu, g: &Graph, plan: Plan, persistent: &HashMap<NodeId, wgpu::Buffer>) -> Result<GpuPlan> {
+    pub fn new(
+        gpu: &Gpu,
+        g: &Graph,
+        plan: Plan,
+        persistent: &HashMap<NodeId, wgpu::Buffer>,
+    ) -> Result<GpuPlan> {
         if let Some(max) = Some(gpu.limits.max_storage_buffers_per_shader_stage) {
             crate::plan::verify::verify(&plan, Some(max))?;
         }
         let mut buffers = Vec::with_capacity(plan.buffers.len());
         for (b, info) in plan.buffers.iter().enumerate() {
-            let owner = plan.values.iter().find(|v| v.buffer == b && v.pinned).map(|v| v.node);
+            let owner = plan
+                .values
+                .iter()
+                .find(|v| v.buffer == b && v.pinned)
+                .map(|v| v.node);
             match owner.and_then(|id| persistent.get(&id)) {
                 Some(buf) => buffers.push(buf.clone()),
-                None => buffers.push(gpu.buffer(&format!("plan buffer {b}"), info.bytes, STORAGE)?),
+                None => {
+                    buffers.push(gpu.buffer(&format!("plan buffer {b}"), info.bytes, STORAGE)?)
+                }
             }
         }
         let meta = gpu.uniform("meta", &[0u8; 16])?;
@@ -71,11 +84,16 @@ impl GpuPlan {
         for k in out.plan.kernels.clone() {
             let before = out.dispatches.len();
             out.build_kernel(gpu, g, &k)?;
-            out.dispatches_per_kernel.push(out.dispatches.len() - before);
+            out.dispatches_per_kernel
+                .push(out.dispatches.len() - before);
         }
         for &(target, value) in &out.plan.updates.clone() {
             let (Some(t), Some(v)) = (out.plan.value_of(target), out.plan.value_of(value)) else {
-                return Err(err!(Invariant, "update of node {} has no buffer", target.index()));
+                return Err(err!(
+                    Invariant,
+                    "update of node {} has no buffer",
+                    target.index()
+                ));
             };
             if t.buffer != v.buffer {
                 out.copies.push((v.buffer, t.buffer, t.bytes));
@@ -94,7 +112,8 @@ impl GpuPlan {
     }
 
     fn buf(&self, id: NodeId) -> Result<&wgpu::Buffer> {
-        self.buffer_of(id).ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
+        self.buffer_of(id)
+            .ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
     }
 
     fn build_kernel(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
@@ -110,7 +129,10 @@ impl GpuPlan {
                 let y = *k.outputs.last().expect("layer_norm writes y");
                 let ins = g.node(y).inputs.clone();
                 let Op::LayerNormStats { eps } = g.node(ins[1]).op else {
-                    return Err(err!(Invariant, "layer_norm reads stats from a non-stats node"));
+                    return Err(err!(
+                        Invariant,
+                        "layer_norm reads stats from a non-stats node"
+                    ));
                 };
                 let d = *g.shape(y).last().unwrap_or(&1);
                 let rows = g.shape(y).iter().product::<usize>() / d.max(1);
@@ -124,7 +146,13 @@ impl GpuPlan {
                     &stats_scratch
                 };
                 let ln = LayerNorm::new(gpu, d)?;
-                let fwd = LayerNormForward { x: self.buf(ins[0])?, weight: self.buf(ins[2])?, bias: self.buf(ins[3])?, y: self.buf(y)?, stats };
+                let fwd = LayerNormForward {
+                    x: self.buf(ins[0])?,
+                    weight: self.buf(ins[2])?,
+                    bias: self.buf(ins[3])?,
+                    y: self.buf(y)?,
+                    stats,
+                };
                 let dispatch = ln.forward(gpu, rows, eps, &fwd)?;
                 self.dispatches.push(dispatch);
                 Ok(())
@@ -132,14 +160,22 @@ impl GpuPlan {
             KernelKind::LayerNormStats => {
                 let stats = k.outputs[0];
                 let x = g.node(stats).inputs[0];
-                let Op::LayerNormStats { eps } = g.node(stats).op else { unreachable!("stats kernel") };
+                let Op::LayerNormStats { eps } = g.node(stats).op else {
+                    unreachable!("stats kernel")
+                };
                 let d = *g.shape(x).last().unwrap_or(&1);
                 let rows = g.shape(x).iter().product::<usize>() / d.max(1);
                 let ln = LayerNorm::new(gpu, d)?;
                 let ones = gpu.upload_f32("layer_norm ones", &vec![1.0; d])?;
                 let zeros = gpu.upload_f32("layer_norm zeros", &vec![0.0; d])?;
                 let y = self.scratch(gpu, rows * d)?;
-                let fwd = LayerNormForward { x: self.buf(x)?, weight: &ones, bias: &zeros, y: &y, stats: self.buf(stats)? };
+                let fwd = LayerNormForward {
+                    x: self.buf(x)?,
+                    weight: &ones,
+                    bias: &zeros,
+                    y: &y,
+                    stats: self.buf(stats)?,
+                };
                 let mut dispatch = ln.forward(gpu, rows, eps, &fwd)?;
                 dispatch.owned.extend([ones, zeros, y]);
                 self.dispatches.push(dispatch);
@@ -163,7 +199,14 @@ impl GpuPlan {
         }
     }
 
-    fn ln_backward(&mut self, gpu: &Gpu, g: &Graph, ins: &[NodeId], dx: Option<NodeId>, dwb: Option<NodeId>) -> Result<()> {
+    fn ln_backward(
+        &mut self,
+        gpu: &Gpu,
+        g: &Graph,
+        ins: &[NodeId],
+        dx: Option<NodeId>,
+        dwb: Option<NodeId>,
+    ) -> Result<()> {
         let weight = self.buf(ins[2])?.clone();
         self.ln_backward_with(gpu, g, [ins[0], ins[1], ins[3]], &weight, dx, dwb)
     }
@@ -197,9 +240,7 @@ impl GpuPlan {
             stats: self.buf(stats)?,
             dy: self.buf(dy)?,
             dx: &dx_buf,
-            dweight: &dwb_buf,
-            dbias: &dwb_buf,
-            dbias_offset: d,
+            dparams: &dwb_buf,
             scratch: &scratch,
             accumulate_dx: false,
             accumulate_params: false,
@@ -220,30 +261,57 @@ impl GpuPlan {
     fn generated(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
         let src = generate(g, &self.plan, k);
         let pipeline = gpu.pipeline(&src.label, &src.wgsl, "main")?;
-        let mut bound: Vec<&wgpu::Buffer> = src.bindings.iter().map(|&(b, _)| &self.buffers[b]).collect();
+        let mut bound: Vec<&wgpu::Buffer> = src
+            .bindings
+            .iter()
+            .map(|&(b, _)| &self.buffers[b])
+            .collect();
         if src.uses_meta {
             bound.push(&self.meta);
         }
         let bind_group = gpu.bind_group(&src.label, &pipeline, &bound)?;
         let workgroups = gpu.dispatch_dims(src.workgroups);
-        self.dispatches.push(Dispatch { label: src.label, pipeline, bind_group, workgroups, owned: Vec::new() });
+        self.dispatches.push(Dispatch {
+            label: src.label,
+            pipeline,
+            bind_group,
+            workgroups,
+            owned: Vec::new(),
+        });
         Ok(())
     }
 
     /// The matmul template with a generated epilogue, when the operands can be described by
     /// strides (contiguous buffers, optionally transposed, batch equal or broadcast).
-    fn template_matmul(&self, gpu: &Gpu, g: &Graph, k: &Kernel, mm: NodeId, register: NodeId) -> Result<Option<Dispatch>> {
+    fn template_matmul(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        k: &Kernel,
+        mm: NodeId,
+        register: NodeId,
+    ) -> Result<Option<Dispatch>> {
         let out = *k.outputs.last().expect("matmul writes a value");
-        if k.fused.iter().any(|&id| matches!(g.node(id).op, Op::Dropout { .. })) {
+        if k.fused
+            .iter()
+            .any(|&id| matches!(g.node(id).op, Op::Dropout { .. }))
+        {
             return Ok(None);
         }
         let node = g.node(mm);
-        let (sa, sb, so) = (g.shape(node.inputs[0]), g.shape(node.inputs[1]), &node.shape);
+        let (sa, sb, so) = (
+            g.shape(node.inputs[0]),
+            g.shape(node.inputs[1]),
+            &node.shape,
+        );
         let r = so.len();
         let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
         let batch: usize = so[..r - 2].iter().product();
         let fits = |v: usize| u32::try_from(v).is_ok();
-        if ![m, n, kk, batch, m * n * batch.max(1)].iter().all(|&v| fits(v)) {
+        if ![m, n, kk, batch, m * n * batch.max(1)]
+            .iter()
+            .all(|&v| fits(v))
+        {
             return Ok(None);
         }
         let (Some((a_src, a_op)), Some((b_src, b_op))) = (
@@ -258,23 +326,45 @@ impl GpuPlan {
             if id == a_src || id == b_src {
                 continue;
             }
-            let b = self.plan.value_of(id).expect("kernel input has a buffer").buffer;
+            let b = self
+                .plan
+                .value_of(id)
+                .expect("kernel input has a buffer")
+                .buffer;
             if !extra.contains(&b) {
                 extra.push(b);
             }
         }
-        let names = |b: usize| format!("e{}", extra.iter().position(|&x| x == b).unwrap_or(usize::MAX));
+        let names = |b: usize| {
+            format!(
+                "e{}",
+                extra.iter().position(|&x| x == b).unwrap_or(usize::MAX)
+            )
+        };
         let mut em = ExprEmitter::new(g, &self.plan, &names);
         em.register = Some((register, "v".to_string()));
         em.root = Some(out);
         let lin = format!("((batch * {m}u + i) * {n}u + j)");
         let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
-        let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
+        let value = if out == register {
+            "v".to_string()
+        } else {
+            em.emit(out, &coords)
+        };
         let body = format!("{coords_code}{}    return {value};", em.body);
         let mut decls = String::new();
         for (i, &b) in extra.iter().enumerate() {
-            let ty = if k.inputs.iter().any(|&id| self.plan.value_of(id).is_some_and(|v| v.buffer == b) && g.dtype(id) == DType::I32) { "i32" } else { "f32" };
-            decls.push_str(&format!("@group(0) @binding({}) var<storage, read> e{i}: array<{ty}>;\n", i + 4));
+            let ty = if k.inputs.iter().any(|&id| {
+                self.plan.value_of(id).is_some_and(|v| v.buffer == b) && g.dtype(id) == DType::I32
+            }) {
+                "i32"
+            } else {
+                "f32"
+            };
+            decls.push_str(&format!(
+                "@group(0) @binding({}) var<storage, read> e{i}: array<{ty}>;\n",
+                i + 4
+            ));
         }
         decls.push_str(crate::codegen::expr::MATH_WGSL);
         let spec = MatmulSpec {
@@ -291,7 +381,14 @@ impl GpuPlan {
         let tile = MatmulTile::choose(&spec);
         let kernel = Matmul::with_epilogue(gpu, tile, &decls, &body)?;
         let extra_bufs: Vec<&wgpu::Buffer> = extra.iter().map(|&b| &self.buffers[b]).collect();
-        let mut d = kernel.dispatch(gpu, &spec, self.buf(a_src)?, self.buf(b_src)?, self.buf(out)?, &extra_bufs)?;
+        let mut d = kernel.dispatch(
+            gpu,
+            &spec,
+            self.buf(a_src)?,
+            self.buf(b_src)?,
+            self.buf(out)?,
+            &extra_bufs,
+        )?;
         d.label = format!("{} #{}", kind_name(&k.kind), out.index());
         Ok(Some(d))
     }
@@ -299,11 +396,27 @@ impl GpuPlan {
     /// Run one step: write `feeds` and the step counter, encode every dispatch (optionally
     /// after filling every reused buffer with NaN), apply the updates, submit once, and read
     /// back `read`.
-    pub fn step(&self, gpu: &Gpu, g: &Graph, feeds: &[(NodeId, &Tensor)], step: u64, read: &[NodeId], poison: bool) -> Result<Vec<Tensor>> {
+    pub fn step(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        feeds: &[(NodeId, &Tensor)],
+        step: u64,
+        read: &[NodeId],
+        poison: bool,
+    ) -> Result<Vec<Tensor>> {
         for (id, t) in feeds {
             let want = g.shape(*id);
             if t.shape() != want || t.dtype() != g.dtype(*id) {
-                return Err(err!(Shape, "input node {} must be {}{}, got {}{}", id.index(), g.dtype(*id), fmt_shape(want), t.dtype(), fmt_shape(t.shape())));
+                return Err(err!(
+                    Shape,
+                    "input node {} must be {}{}, got {}{}",
+                    id.index(),
+                    g.dtype(*id),
+                    fmt_shape(want),
+                    t.dtype(),
+                    fmt_shape(t.shape())
+                ));
             }
             if let Some(buf) = self.buffer_of(*id) {
                 gpu.write(buf, 0, &t.to_le_bytes())?;
@@ -333,7 +446,11 @@ impl GpuPlan {
         read.iter()
             .map(|&id| {
                 let n: usize = g.shape(id).iter().product();
-                let words: Vec<u32> = gpu.read_i32_range(self.buf(id)?, 0..n)?.into_iter().map(|w| w as u32).collect();
+                let words: Vec<u32> = gpu
+                    .read_i32_range(self.buf(id)?, 0..n)?
+                    .into_iter()
+                    .map(|w| w as u32)
+                    .collect();
                 host_tensor(g, id, words)
             })
             .collect()
@@ -342,7 +459,11 @@ impl GpuPlan {
     /// Read the current contents of a node's buffer.
     pub fn read(&self, gpu: &Gpu, g: &Graph, id: NodeId) -> Result<Tensor> {
         let n: usize = g.shape(id).iter().product();
-        let words: Vec<u32> = gpu.read_i32_range(self.buf(id)?, 0..n)?.into_iter().map(|w| w as u32).collect();
+        let words: Vec<u32> = gpu
+            .read_i32_range(self.buf(id)?, 0..n)?
+            .into_iter()
+            .map(|w| w as u32)
+            .collect();
         host_tensor(g, id, words)
     }
 
@@ -355,7 +476,15 @@ impl GpuPlan {
 /// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:
 /// a materialized value, or a transpose of the last two axes of one. Batch dims must equal the
 /// output's or be all 1 (broadcast).
-fn operand(g: &Graph, plan: &Plan, id: NodeId, shape: &[usize], batch: usize, rows: usize, cols: usize) -> Option<(NodeId, Operand)> {
+fn operand(
+    g: &Graph,
+    plan: &Plan,
+    id: NodeId,
+    shape: &[usize],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<(NodeId, Operand)> {
     let own_batch: usize = shape[..shape.len() - 2].iter().product();
     let broadcast = own_batch == 1 && batch != 1;
     if own_batch != batch && !broadcast {
@@ -365,9 +494,13 @@ fn operand(g: &Graph, plan: &Plan, id: NodeId, shape: &[usize], batch: usize, ro
         (id, Operand::row_major(rows as u32, cols as u32))
     } else {
         let node = g.node(id);
-        let Op::Permute { perm } = &node.op else { return None };
+        let Op::Permute { perm } = &node.op else {
+            return None;
+        };
         let r = perm.len();
-        let swaps_last = perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p) && perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+        let swaps_last = perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+            && perm[r - 2] == r - 1
+            && perm[r - 1] == r - 2;
         let src = node.inputs[0];
         if !swaps_last || plan.value_of(src).is_none() {
             return None;

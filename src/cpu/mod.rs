@@ -1,0 +1,86 @@
+//! The CPU backend: a deliberately boring reference interpreter of the graph IR.
+//!
+//! It is the oracle every other backend is tested against (GPU kernels are compared to it, and
+//! f64 gradient checks run through it), and the fallback device when no GPU adapter exists. It
+//! owns:
+//!
+//! - [`Float`] (f32 and f64) and the scalar math of every op ([`float`]);
+//! - the forward of every op in the op table, one function per op family ([`interp`] for
+//!   elementwise, reduction and shape ops, [`nn`] for softmax, layer norm, embedding,
+//!   cross-entropy and dropout, each gradient-helper op next to the op it differentiates);
+//! - batched matrix multiplication, cache-blocked and parallel over rows ([`matmul`]);
+//! - the [`Executor`], which holds parameters and state between steps and runs a graph.
+//!
+//! Invariant: results are deterministic. The same graph, inputs and options give bit-identical
+//! outputs on every run and for every thread count: every sum runs in a fixed order, and threads
+//! only ever split independent output rows.
+
+pub mod exec;
+pub mod float;
+pub mod interp;
+pub mod matmul;
+pub mod nn;
+
+pub use crate::rng::dropout_keep;
+pub use exec::Executor;
+pub use float::Float;
+pub use matmul::{bench_matmul, matmul};
+
+use crate::tensor::DType;
+
+/// The elements of one value, row-major: floats for f32 values, `i32` for indices and labels.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Buf<T> {
+    /// Elements of an f32 value, computed in `T`.
+    F(Vec<T>),
+    /// Elements of an i32 value.
+    I(Vec<i32>),
+}
+
+impl<T> Buf<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Buf::F(v) => v.len(),
+            Buf::I(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The graph dtype these elements belong to.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Buf::F(_) => DType::F32,
+            Buf::I(_) => DType::I32,
+        }
+    }
+
+    /// The float elements, if this is a float buffer.
+    pub fn as_f(&self) -> Option<&[T]> {
+        match self {
+            Buf::F(v) => Some(v),
+            Buf::I(_) => None,
+        }
+    }
+
+    /// The integer elements, if this is an i32 buffer.
+    pub fn as_i(&self) -> Option<&[i32]> {
+        match self {
+            Buf::I(v) => Some(v),
+            Buf::F(_) => None,
+        }
+    }
+}
+
+/// Options of one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Training mode: dropout drops. When false, dropout is the identity.
+    pub training: bool,
+    /// The step number, mixed into dropout masks so each step draws a fresh mask.
+    pub step: u64,
+}
