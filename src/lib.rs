@@ -20,5 +20,3 @@ pub mod tensor;
 pub use engine::Engine;
 pub use error::{Error, ErrorKind, Result, Source, Span};
 pub use tensor::{DType, Tensor, TensorData};
-pub mod repl;
-pub mod script;
