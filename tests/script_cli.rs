@@ -93,3 +93,23 @@ fn metrics_log_is_json_lines() {
         "{\"metric\":\"acc\",\"step\":0,\"value\":0.5}\n{\"metric\":\"n\",\"step\":0,\"value\":3.0}\n"
     );
 }
+
+#[test]
+fn errors_in_either_language_point_into_the_file() {
+    // A model-language error inside a block, on the file's line 3.
+    let f = script(
+        "model_err.rms",
+        "let a = 1;\nmodel m(x: f32[B, 2]) {\n    h = relux(x)\n    return h\n}\n",
+    );
+    let (code, _, err) = rumus(&["run", &f]);
+    assert_eq!(code, 1);
+    assert!(err.starts_with(&format!("{f}:3:9: ")), "{err}");
+    // A script error after a model block keeps the file's line numbers.
+    let f = script(
+        "after_model.rms",
+        "model m(x: f32[B, 2]) {\n    return linear(x, 2)\n}\nlet net = m();\nnet.nope();\n",
+    );
+    let (code, _, err) = rumus(&["run", &f]);
+    assert_eq!(code, 1);
+    assert!(err.starts_with(&format!("{f}:5:")), "{err}");
+}
