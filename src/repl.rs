@@ -111,7 +111,7 @@ impl Repl {
                 if v.is_unit() {
                     String::new()
                 } else {
-                    format!("{v}\n")
+                    format!("{}\n", api::display(&v))
                 }
             })
         };

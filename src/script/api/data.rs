@@ -4,7 +4,7 @@
 
 use super::super::convert::{script_err, IntoScript, ScriptResult};
 use super::super::Ctx;
-use super::tensor::{shape_array, ScriptTensor};
+use super::tensor::ScriptTensor;
 use crate::data::{self, CsvOptions, Dataset, Header, Labels};
 use rhai::{Array, Dynamic, Engine, Map, INT};
 use std::rc::Rc;
@@ -80,7 +80,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_get("y", |b: &mut ScriptBatch| b.y.clone());
 }
 
-fn describe(d: &Dataset) -> String {
+pub fn describe(d: &Dataset) -> String {
     format!(
         "dataset of {} examples: x {}{:?}, y {}{:?}",
         d.len(),
@@ -164,9 +164,4 @@ fn text(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
     ctx.sandbox.check_alloc(&[n, seq_len, 2]).script()?;
     let d = data::text_sequences(&bytes, seq_len, stride).script()?;
     Ok(ScriptDataset(Rc::new(d)))
-}
-
-/// The shape of a dataset's inputs, for messages.
-pub fn x_shape(d: &ScriptDataset) -> Array {
-    shape_array(d.0.x().shape())
 }

@@ -81,6 +81,23 @@ pub const NAMES: &[&str] = &[
     "print",
 ];
 
+/// A script value as the REPL shows it (the API's own types by their `to_string`).
+pub fn display(v: &rhai::Dynamic) -> String {
+    if let Some(t) = v.read_lock::<tensor::ScriptTensor>() {
+        return t.to_string();
+    }
+    if let Some(d) = v.read_lock::<data::ScriptDataset>() {
+        return data::describe(&d.0);
+    }
+    if let Some(m) = v.read_lock::<model::ScriptModel>() {
+        return format!("model {}", m.model.name);
+    }
+    if let Some(t) = v.read_lock::<model::ScriptTrainer>() {
+        return model::describe_trainer(&t);
+    }
+    v.to_string()
+}
+
 /// The text of the REPL's `:plan`, `:graph` and `:params` for a script value.
 pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
     if let Some(t) = value.clone().try_cast::<model::ScriptTrainer>() {

@@ -256,7 +256,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     });
 }
 
-fn describe_trainer(t: &ScriptTrainer) -> String {
+pub fn describe_trainer(t: &ScriptTrainer) -> String {
     let tr = t.trainer.borrow();
     format!("trainer on {} at step {}", tr.device_name(), tr.step())
 }
