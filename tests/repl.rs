@@ -70,6 +70,7 @@ fn functions_defined_earlier_stay_callable() {
     );
     assert_eq!(out[3], "49\n");
     assert_eq!(out[5], "3.0\n");
+    assert_eq!(repl.eval_line("tensor(0..2)"), "tensor f32[2] [0, 1]\n");
     assert_eq!(
         repl.eval_line(":nope"),
         "unknown command `:nope`; try :help\n"
