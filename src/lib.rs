@@ -5,14 +5,18 @@ pub mod codegen;
 pub mod cpu;
 pub mod data;
 pub mod dsl;
+pub mod engine;
 pub mod error;
 pub mod graph;
 pub mod nn;
 pub mod plan;
+pub mod repl;
 pub mod rng;
 pub mod runtime;
+pub mod script;
 pub mod session;
 pub mod tensor;
 
+pub use engine::Engine;
 pub use error::{Error, ErrorKind, Result, Source, Span};
 pub use tensor::{DType, Tensor, TensorData};

@@ -1,46 +1,162 @@
-//! The `rumus` command line: parse arguments, call the library, map errors to exit codes
-//! (1: a mistake in the user's source or model, 2: usage or I/O).
+//! The `rumus` command: parse arguments, call the library, map errors to exit codes
+//! (0 success, 1 script or runtime error, 2 usage or I/O error; a broken pipe is success).
 
-use rumus::{Error, ErrorKind};
-use std::io::Write;
-use std::process::ExitCode;
+use rumus::script::runner::{self, RunOptions};
+use rumus::script::HostOptions;
+use rumus::{err, Error, ErrorKind, Result};
+use std::path::PathBuf;
 
-const USAGE: &str = "usage: rumus graph FILE [--model NAME] [--params]";
+const USAGE: &str = "usage:
+  rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
+  rumus repl [--batch] [--device auto|gpu|cpu] [--seed N]
+  rumus graph FILE [--model NAME] [--params]";
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
-        Ok(text) => {
-            // A closed pipe (`rumus graph m.rms | head`) is not an error.
-            let _ = std::io::stdout().write_all(text.as_bytes());
-            ExitCode::SUCCESS
+fn main() {
+    // Scripts recurse (rhai evaluates by recursion); give them room beyond the limits they get.
+    let code = std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(|| exit_code(cli(std::env::args().skip(1).collect())))
+        .map(|t| t.join().unwrap_or(1))
+        .unwrap_or(1);
+    std::process::exit(code);
+}
+
+fn cli(args: Vec<String>) -> Result<()> {
+    let Some((command, rest)) = args.split_first() else {
+        return Err(err!(Usage, "{USAGE}"));
+    };
+    let mut flags = Flags::parse(rest)?;
+    let host = HostOptions {
+        device: flags
+            .take("--device")?
+            .unwrap_or_else(|| HostOptions::default().device),
+        seed: flags.number("--seed")?.unwrap_or(0),
+        ..HostOptions::default()
+    };
+    if !matches!(host.device.as_str(), "auto" | "gpu" | "cpu") {
+        return Err(err!(
+            Usage,
+            "--device must be auto, gpu or cpu, got `{}`",
+            host.device
+        ));
+    }
+    match command.as_str() {
+        "run" => {
+            let opts = RunOptions {
+                metrics: flags.take("--metrics")?.map(PathBuf::from),
+                log_every: flags.number("--log-every")?.unwrap_or(100),
+                file: PathBuf::from(flags.positional()?),
+                host,
+            };
+            flags.done()?;
+            runner::run(opts)
         }
+        "repl" => {
+            let batch = flags.switch("--batch");
+            flags.done()?;
+            if batch {
+                rumus::repl::run_batch(host, std::io::stdin().lock(), std::io::stdout())
+            } else {
+                rumus::repl::run_interactive(host)
+            }
+        }
+        "graph" => {
+            let model = flags.take("--model")?;
+            let params = flags.switch("--params");
+            let file = flags.positional()?;
+            flags.done()?;
+            let text = rumus::dsl::cli_graph(&file, model.as_deref(), params)?;
+            print_text(&text)
+        }
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => Err(err!(Usage, "unknown command `{other}`\n{USAGE}")),
+    }
+}
+
+/// Write to stdout; a closed pipe (`rumus graph m.rms | head`) is not an error.
+fn print_text(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("<stdout>", e)),
+        _ => Ok(()),
+    }
+}
+
+fn exit_code(r: Result<()>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) if e.message.contains("Broken pipe") => 0,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("{e}");
             match e.kind {
-                ErrorKind::Usage | ErrorKind::Io => ExitCode::from(2),
-                _ => ExitCode::from(1),
+                ErrorKind::Usage | ErrorKind::Io => 2,
+                _ => 1,
             }
         }
     }
 }
 
-fn run(args: &[String]) -> Result<String, Error> {
-    let usage = || Error::new(ErrorKind::Usage, USAGE);
-    match args.first().map(String::as_str) {
-        Some("graph") => {
-            let (mut file, mut model, mut params) = (None, None, false);
-            let mut it = args[1..].iter();
-            while let Some(a) = it.next() {
-                match a.as_str() {
-                    "--params" => params = true,
-                    "--model" => model = Some(it.next().ok_or_else(usage)?.as_str()),
-                    f if !f.starts_with("--") && file.is_none() => file = Some(f),
-                    _ => return Err(usage()),
-                }
-            }
-            rumus::dsl::cli_graph(file.ok_or_else(usage)?, model, params)
+/// `--name value` options, `--switch`es and positional arguments, in any order.
+struct Flags {
+    args: Vec<Option<String>>,
+}
+
+impl Flags {
+    fn parse(args: &[String]) -> Result<Flags> {
+        Ok(Flags {
+            args: args.iter().cloned().map(Some).collect(),
+        })
+    }
+
+    fn take(&mut self, name: &str) -> Result<Option<String>> {
+        let Some(i) = self.args.iter().position(|a| a.as_deref() == Some(name)) else {
+            return Ok(None);
+        };
+        self.args[i] = None;
+        match self.args.get_mut(i + 1).and_then(Option::take) {
+            Some(v) => Ok(Some(v)),
+            None => Err(err!(Usage, "{name} needs a value\n{USAGE}")),
         }
-        _ => Err(usage()),
+    }
+
+    fn number<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>> {
+        match self.take(name)? {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| err!(Usage, "{name}: `{v}` is not a number")),
+        }
+    }
+
+    fn switch(&mut self, name: &str) -> bool {
+        match self.args.iter().position(|a| a.as_deref() == Some(name)) {
+            Some(i) => {
+                self.args[i] = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn positional(&mut self) -> Result<String> {
+        self.args
+            .iter_mut()
+            .find(|a| a.as_deref().is_some_and(|s| !s.starts_with("--")))
+            .and_then(Option::take)
+            .ok_or_else(|| err!(Usage, "missing FILE\n{USAGE}"))
+    }
+
+    fn done(&self) -> Result<()> {
+        match self.args.iter().flatten().next() {
+            Some(a) => Err(Error::new(
+                ErrorKind::Usage,
+                format!("unexpected argument `{a}`\n{USAGE}"),
+            )),
+            None => Ok(()),
+        }
     }
 }

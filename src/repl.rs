@@ -1,0 +1,316 @@
+//! `rumus repl`: an interactive session over one persistent script [`Host`].
+//!
+//! [`Repl`] holds the session and turns each input into output text; it is what both the
+//! interactive loop (rustyline: history, multi-line input while brackets are open, tab
+//! completion) and the batch mode (`rumus repl --batch < file`, and the tests) drive. An error
+//! or Ctrl-C returns to the prompt with the session intact; Ctrl-D (or `:quit`) ends it.
+
+use crate::error::{Result, Source};
+use crate::script::{api, Host, HostOptions};
+use std::cell::RefCell;
+use std::io::{BufRead, Write};
+use std::rc::Rc;
+
+/// The REPL's commands, for `:help` and completion.
+pub const COMMANDS: &[(&str, &str)] = &[
+    (":help", "this list"),
+    (":load FILE", "run a .rms file in this session"),
+    (":plan NAME", "the compiled plan of a trainer"),
+    (":graph NAME", "a model or trainer's graph in Graphviz DOT"),
+    (
+        ":params NAME",
+        "parameter names and shapes of a model or trainer",
+    ),
+    (":quit", "leave (or Ctrl-D)"),
+];
+
+/// What became of one input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Evaluated (or failed); the text to show.
+    Done(String),
+    /// Brackets are still open: more lines are needed.
+    More,
+    /// The user asked to leave.
+    Quit,
+}
+
+/// A REPL session.
+pub struct Repl {
+    host: Host,
+    out: Rc<RefCell<String>>,
+    pending: String,
+    n_inputs: usize,
+}
+
+impl Repl {
+    pub fn new(opts: HostOptions) -> Repl {
+        let mut host = Host::new(opts);
+        let out = Rc::new(RefCell::new(String::new()));
+        let o = out.clone();
+        host.on_print(move |s| {
+            let mut o = o.borrow_mut();
+            o.push_str(s);
+            o.push('\n');
+        });
+        Repl {
+            host,
+            out,
+            pending: String::new(),
+            n_inputs: 0,
+        }
+    }
+
+    /// The session, for hosts that add functions or inspect variables.
+    pub fn host_mut(&mut self) -> &mut Host {
+        &mut self.host
+    }
+
+    /// Feed one line of input.
+    pub fn feed(&mut self, line: &str) -> Outcome {
+        if !self.pending.is_empty() {
+            self.pending.push('\n');
+        }
+        self.pending.push_str(line);
+        if !self.pending.trim_start().starts_with(':') && open_brackets(&self.pending) {
+            return Outcome::More;
+        }
+        let input = std::mem::take(&mut self.pending);
+        self.run(&input)
+    }
+
+    /// Drop a half-entered multi-line input (Ctrl-C at a continuation prompt).
+    pub fn cancel(&mut self) {
+        self.pending.clear();
+    }
+
+    /// Evaluate one line (or several, as one input) and return what it printed, its value, or
+    /// its error. Open brackets at the end are an error here; see [`Repl::feed`].
+    pub fn eval_line(&mut self, line: &str) -> String {
+        match self.run(line) {
+            Outcome::Done(s) => s,
+            Outcome::More | Outcome::Quit => String::new(),
+        }
+    }
+
+    fn run(&mut self, input: &str) -> Outcome {
+        let trimmed = input.trim();
+        if trimmed.is_empty() {
+            return Outcome::Done(String::new());
+        }
+        let result = if let Some(cmd) = trimmed.strip_prefix(':') {
+            match self.command(cmd) {
+                Ok(None) => return Outcome::Quit,
+                Ok(Some(s)) => Ok(s),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.n_inputs += 1;
+            let source = Source::new(format!("<repl:{}>", self.n_inputs), input.to_string());
+            self.host.eval(&source).map(|v| {
+                if v.is_unit() {
+                    String::new()
+                } else {
+                    format!("{}\n", api::display(&v))
+                }
+            })
+        };
+        self.host.interrupt().reset();
+        let mut out = std::mem::take(&mut *self.out.borrow_mut());
+        match result {
+            Ok(s) => out.push_str(&s),
+            Err(e) => {
+                out.push_str(&e.to_string());
+                out.push('\n');
+            }
+        }
+        Outcome::Done(out)
+    }
+
+    /// A `:command`; `Ok(None)` means quit.
+    fn command(&mut self, cmd: &str) -> Result<Option<String>> {
+        let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
+        let arg = arg.trim();
+        let text = match name {
+            "q" | "quit" | "exit" => return Ok(None),
+            "help" | "h" => help(),
+            "load" => {
+                let _ = self.host.eval_file(std::path::Path::new(arg))?;
+                String::new()
+            }
+            "plan" | "graph" | "params" => {
+                let value = self
+                    .host
+                    .get(arg)
+                    .ok_or_else(|| crate::err!(Usage, "no variable `{arg}`"))?;
+                api::describe(name, &value)?
+            }
+            _ => return Err(crate::err!(Usage, "unknown command `:{name}`; try :help")),
+        };
+        Ok(Some(text))
+    }
+
+    /// Completions for the word that ends at `pos` in `line`: (start of the word, candidates).
+    pub fn complete(&self, line: &str, pos: usize) -> (usize, Vec<String>) {
+        let before = &line[..pos];
+        let start = before
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map_or(0, |i| i + 1);
+        let word = &before[start..];
+        if word.is_empty() {
+            return (pos, Vec::new());
+        }
+        let mut names: Vec<String> = api::NAMES.iter().map(|s| s.to_string()).collect();
+        names.extend(
+            COMMANDS
+                .iter()
+                .map(|(c, _)| c.split(' ').next().unwrap_or(c).to_string()),
+        );
+        names.extend(self.host.names());
+        names.retain(|n| n.starts_with(word));
+        names.sort();
+        names.dedup();
+        (start, names)
+    }
+}
+
+fn help() -> String {
+    let mut s = String::from("commands:\n");
+    for (c, what) in COMMANDS {
+        s.push_str(&format!("  {c:<14} {what}\n"));
+    }
+    s.push_str("script functions:\n  ");
+    s.push_str(&api::NAMES.join(", "));
+    s.push('\n');
+    s
+}
+
+/// Whether a bracket (`(`, `[`, `{`) or a back-tick string is still open at the end of `text`.
+pub fn open_brackets(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut depth = 0i64;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => match text[i + 2..].find("*/") {
+                Some(e) => i += e + 3,
+                None => return true,
+            },
+            q @ (b'"' | b'`' | b'\'') => {
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    if b[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                if i >= b.len() && q == b'`' {
+                    return true;
+                }
+            }
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    depth > 0
+}
+
+/// Read inputs from `input` (no prompts), write each one's output to `out`; stops at the end of
+/// the input or at `:quit`. Errors are shown and the session goes on, as at the prompt.
+pub fn run_batch(opts: HostOptions, input: impl BufRead, mut out: impl Write) -> Result<()> {
+    let mut repl = Repl::new(opts);
+    for line in input.lines() {
+        let line = line.map_err(|e| crate::Error::io("<stdin>", e))?;
+        match repl.feed(&line) {
+            Outcome::Done(s) => write_out(&mut out, &s)?,
+            Outcome::More => {}
+            Outcome::Quit => return Ok(()),
+        }
+    }
+    if !repl.pending.is_empty() {
+        let rest = std::mem::take(&mut repl.pending);
+        write_out(&mut out, &repl.eval_line(&rest))?;
+    }
+    Ok(())
+}
+
+fn write_out(out: &mut impl Write, s: &str) -> Result<()> {
+    out.write_all(s.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(|e| crate::Error::io("<stdout>", e))
+}
+
+/// The interactive loop on a terminal.
+pub fn run_interactive(opts: HostOptions) -> Result<()> {
+    use rustyline::error::ReadlineError;
+    let repl = Rc::new(RefCell::new(Repl::new(opts)));
+    crate::script::signal::install(repl.borrow().host.interrupt());
+    let mut editor = rustyline::Editor::<Helper, rustyline::history::DefaultHistory>::new()
+        .map_err(|e| crate::err!(Io, "cannot start the line editor: {e}"))?;
+    editor.set_helper(Some(Helper(repl.clone())));
+    let history = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".rumus_history"));
+    if let Some(h) = &history {
+        let _ = editor.load_history(h);
+    }
+    println!("rumus repl: :help for commands, Ctrl-D to leave");
+    let mut prompt = "rumus> ";
+    loop {
+        match editor.readline(prompt) {
+            Ok(line) => {
+                let _ = editor.add_history_entry(line.as_str());
+                let outcome = repl.borrow_mut().feed(&line);
+                match outcome {
+                    Outcome::Done(s) => {
+                        print!("{s}");
+                        prompt = "rumus> ";
+                    }
+                    Outcome::More => prompt = "   ... ",
+                    Outcome::Quit => break,
+                }
+            }
+            Err(ReadlineError::Interrupted) => {
+                repl.borrow_mut().cancel();
+                prompt = "rumus> ";
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(crate::err!(Io, "line editor: {e}")),
+        }
+    }
+    if let Some(h) = &history {
+        let _ = editor.save_history(h);
+    }
+    Ok(())
+}
+
+/// rustyline's view of the session: tab completion of API names, commands and variables.
+struct Helper(Rc<RefCell<Repl>>);
+
+impl rustyline::completion::Completer for Helper {
+    type Candidate = String;
+
+    fn complete(
+        &self,
+        line: &str,
+        pos: usize,
+        _: &rustyline::Context<'_>,
+    ) -> rustyline::Result<(usize, Vec<String>)> {
+        Ok(match self.0.try_borrow() {
+            Ok(r) => r.complete(line, pos),
+            Err(_) => (pos, Vec::new()),
+        })
+    }
+}
+
+impl rustyline::hint::Hinter for Helper {
+    type Hint = String;
+}
+impl rustyline::highlight::Highlighter for Helper {}
+impl rustyline::validate::Validator for Helper {}
+impl rustyline::Helper for Helper {}

@@ -1,0 +1,127 @@
+//! Everything scripts see, registered per type in one place: one module per type, each with a
+//! `register` function, and [`register`] calling them all. Every fallible binding returns a
+//! script error (a [`Carried`](super::convert::Carried) rumus error), never panics.
+
+pub mod data;
+pub mod io;
+pub mod model;
+pub mod tensor;
+
+use super::Ctx;
+use std::rc::Rc;
+
+pub use tensor::ScriptTensor;
+
+/// Register every type and function of the script API.
+pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
+    tensor::register(engine, ctx);
+    data::register(engine, ctx);
+    model::register(engine, ctx);
+    io::register(engine, ctx);
+}
+
+/// Names of the API's functions, for REPL completion and `:help`.
+pub const NAMES: &[&str] = &[
+    "tensor",
+    "zeros",
+    "ones",
+    "full",
+    "randn",
+    "rand",
+    "shape",
+    "dtype",
+    "numel",
+    "rank",
+    "len",
+    "to_array",
+    "item",
+    "reshape",
+    "to_f32",
+    "to_i32",
+    "sum",
+    "mean",
+    "max",
+    "min",
+    "argmax",
+    "exp",
+    "ln",
+    "sqrt",
+    "abs",
+    "relu",
+    "pow",
+    "csv",
+    "text",
+    "dataset",
+    "split",
+    "shuffle",
+    "batches",
+    "compile",
+    "sgd",
+    "adam",
+    "adamw",
+    "step_lr",
+    "cosine",
+    "train_step",
+    "predict",
+    "eval",
+    "accuracy",
+    "step",
+    "lr",
+    "plan",
+    "params",
+    "param",
+    "set_param",
+    "save",
+    "load",
+    "read_text",
+    "write_text",
+    "log_metric",
+    "seed",
+    "device",
+    "print",
+];
+
+/// A script value as the REPL shows it (the API's own types by their `to_string`).
+pub fn display(v: &rhai::Dynamic) -> String {
+    if let Some(t) = v.read_lock::<tensor::ScriptTensor>() {
+        return t.to_string();
+    }
+    if let Some(d) = v.read_lock::<data::ScriptDataset>() {
+        return data::describe(&d.0);
+    }
+    if let Some(m) = v.read_lock::<model::ScriptModel>() {
+        return format!("model {}", m.model.name);
+    }
+    if let Some(t) = v.read_lock::<model::ScriptTrainer>() {
+        return model::describe_trainer(&t);
+    }
+    v.to_string()
+}
+
+/// The text of the REPL's `:plan`, `:graph` and `:params` for a script value.
+pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
+    if let Some(t) = value.clone().try_cast::<model::ScriptTrainer>() {
+        let tr = t.trainer.borrow();
+        return Ok(match what {
+            "plan" => format!("{}\n", tr.plan_report()),
+            "graph" => model::to_dot(tr.graph()),
+            _ => model::params_text(tr.graph()),
+        });
+    }
+    if let Some(m) = value.clone().try_cast::<model::ScriptModel>() {
+        let g = model::model_graph(&m)?;
+        return match what {
+            "plan" => Err(crate::err!(
+                Usage,
+                ":plan needs a compiled model (a trainer); compile it first"
+            )),
+            "graph" => Ok(model::to_dot(&g)),
+            _ => Ok(model::params_text(&g)),
+        };
+    }
+    Err(crate::err!(
+        Usage,
+        ":{what} needs a model or a trainer, got {}",
+        value.type_name()
+    ))
+}

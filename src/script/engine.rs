@@ -1,0 +1,233 @@
+//! The sandbox: a rhai engine built from `Engine::new_raw()` with only the packages scripts need,
+//! limits on operations, call depth, expression depth, strings, arrays and maps, no module
+//! import, an interrupt flag polled while a script runs, a file-access policy and a memory
+//! budget that the API bindings consult before they touch a file or allocate a tensor.
+//!
+//! Nothing here knows about tensors or models; `api` registers those.
+
+use crate::err;
+use crate::error::{Error, Result};
+use crate::tensor::{checked_numel, fmt_shape};
+use rhai::packages::{Package, StandardPackage};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// What a script may do. The defaults suit the runner and the REPL; hosts and tests tighten or
+/// widen them.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    /// Most rhai operations one evaluation may run (0: no limit).
+    pub max_operations: u64,
+    /// Deepest script function call nesting.
+    pub max_call_levels: usize,
+    /// Deepest expression nesting (global level, inside functions).
+    pub max_expr_depth: (usize, usize),
+    /// Longest string, in bytes.
+    pub max_string_size: usize,
+    /// Largest array, in elements.
+    pub max_array_size: usize,
+    /// Largest object map, in entries.
+    pub max_map_size: usize,
+    /// Largest tensor a binding may create, in bytes (checked before allocating).
+    pub memory_budget: u64,
+    /// Folders (and everything below them) that scripts may read.
+    pub read_roots: Vec<PathBuf>,
+    /// Folders (and everything below them) that scripts may write.
+    pub write_roots: Vec<PathBuf>,
+}
+
+impl Default for Sandbox {
+    /// Generous limits; reads below the working directory, writes below the working directory.
+    fn default() -> Sandbox {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        Sandbox {
+            max_operations: 0,
+            max_call_levels: 48,
+            max_expr_depth: (64, 48),
+            max_string_size: 64 << 20,
+            max_array_size: 1 << 24,
+            max_map_size: 1 << 16,
+            memory_budget: 4 << 30,
+            read_roots: vec![cwd.clone()],
+            write_roots: vec![cwd],
+        }
+    }
+}
+
+impl Sandbox {
+    /// Allow reads below `dir` (the folder of a script being run, a data folder a host grants).
+    pub fn allow_read(&mut self, dir: impl Into<PathBuf>) {
+        self.read_roots.push(dir.into());
+    }
+
+    /// Allow writes (and reads) below `dir`.
+    pub fn allow_write(&mut self, dir: impl Into<PathBuf>) {
+        let dir = dir.into();
+        self.read_roots.push(dir.clone());
+        self.write_roots.push(dir);
+    }
+
+    /// The path a script may read, resolved (symlinks followed), or a `Limit` error.
+    pub fn check_read(&self, path: &str) -> Result<PathBuf> {
+        let resolved = resolve(path)?;
+        if within(&resolved, &self.read_roots) {
+            Ok(resolved)
+        } else {
+            Err(err!(
+                Limit,
+                "reading `{path}` is not allowed: scripts read only below the script's folder and the working directory"
+            ))
+        }
+    }
+
+    /// The path a script may write, resolved (the folder must exist), or a `Limit` error.
+    pub fn check_write(&self, path: &str) -> Result<PathBuf> {
+        let resolved = resolve(path)?;
+        if within(&resolved, &self.write_roots) {
+            Ok(resolved)
+        } else {
+            Err(err!(
+                Limit,
+                "writing `{path}` is not allowed: scripts write only below the working directory"
+            ))
+        }
+    }
+
+    /// Refuse a tensor of `shape` (4-byte elements) over the memory budget, before allocating.
+    pub fn check_alloc(&self, shape: &[usize]) -> Result<usize> {
+        let n = checked_numel(shape).map_err(|e| Error {
+            kind: crate::ErrorKind::Limit,
+            ..e
+        })?;
+        let bytes = (n as u128) * 4;
+        if bytes > self.memory_budget as u128 {
+            return Err(err!(
+                Limit,
+                "a tensor of shape {} needs {} bytes; the memory budget is {} bytes",
+                fmt_shape(shape),
+                bytes,
+                self.memory_budget
+            ));
+        }
+        Ok(n)
+    }
+}
+
+/// `path` made absolute with symlinks resolved. A file that does not exist yet resolves through
+/// its parent folder, which must exist.
+fn resolve(path: &str) -> Result<PathBuf> {
+    let p = Path::new(path);
+    if path.is_empty() {
+        return Err(err!(Io, "empty path"));
+    }
+    if let Ok(c) = p.canonicalize() {
+        return Ok(c);
+    }
+    let name = match p.components().next_back() {
+        Some(Component::Normal(n)) => n.to_owned(),
+        _ => return Err(err!(Io, "{path}: not a file name")),
+    };
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let parent = parent
+        .canonicalize()
+        .map_err(|e| Error::io(parent.display(), e))?;
+    Ok(parent.join(name))
+}
+
+fn within(path: &Path, roots: &[PathBuf]) -> bool {
+    roots.iter().any(|r| match r.canonicalize() {
+        Ok(r) => path.starts_with(r),
+        Err(_) => false,
+    })
+}
+
+/// A flag that stops a running script at its next operation (set by Ctrl-C or by the host).
+#[derive(Clone, Debug, Default)]
+pub struct Interrupt(Arc<AtomicBool>);
+
+impl Interrupt {
+    pub fn new() -> Interrupt {
+        Interrupt::default()
+    }
+
+    /// Ask the running script to stop.
+    pub fn trigger(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Clear the flag (before the next evaluation).
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    /// The shared flag, for a signal handler.
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+/// The value an interrupted script terminates with; `script::convert` turns it into a `Limit`
+/// error saying so.
+pub const INTERRUPTED: &str = "interrupted";
+
+/// A raw rhai engine with the standard package (no file or module access in it), the sandbox's
+/// limits, no module resolver (so `import` fails), and `interrupt` polled on every operation.
+pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt) -> rhai::Engine {
+    let mut engine = rhai::Engine::new_raw();
+    engine.register_global_module(StandardPackage::new().as_shared_module());
+    engine
+        .set_max_operations(sandbox.max_operations)
+        .set_max_call_levels(sandbox.max_call_levels)
+        .set_max_expr_depths(sandbox.max_expr_depth.0, sandbox.max_expr_depth.1)
+        .set_max_string_size(sandbox.max_string_size)
+        .set_max_array_size(sandbox.max_array_size)
+        .set_max_map_size(sandbox.max_map_size)
+        .set_max_variables(10_000)
+        .set_max_functions(10_000)
+        .set_max_modules(0);
+    engine.set_fail_on_invalid_map_property(true);
+    let flag = interrupt.flag();
+    engine.on_progress(move |_| {
+        if flag.load(Ordering::Relaxed) {
+            Some(INTERRUPTED.into())
+        } else {
+            None
+        }
+    });
+    engine
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_refuses_before_allocating() {
+        let s = Sandbox::default();
+        let e = s.check_alloc(&[1 << 20, 1 << 20]).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Limit);
+        assert!(e.to_string().contains("memory budget"), "{e}");
+        let e = s.check_alloc(&[usize::MAX, 4]).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Limit);
+        assert_eq!(s.check_alloc(&[3, 4]).unwrap(), 12);
+    }
+
+    #[test]
+    fn paths_outside_the_roots_are_refused() {
+        let s = Sandbox::default();
+        assert_eq!(
+            s.check_read("/etc/passwd").unwrap_err().kind,
+            crate::ErrorKind::Limit
+        );
+        assert!(s.check_write("../escape.txt").is_err());
+        assert!(s.check_read("Cargo.toml").is_ok());
+    }
+}
