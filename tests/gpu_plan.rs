@@ -13,11 +13,20 @@ use rumus::{DType, Tensor};
 
 fn gpt_step() -> TrainGraph {
     let mut g = Graph::new();
-    let c = GptConfig { vocab: 17, d: 16, heads: 2, layers: 2, ctx: 5 };
+    let c = GptConfig {
+        vocab: 17,
+        d: 16,
+        heads: 2,
+        layers: 2,
+        ctx: 5,
+    };
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 5], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
+    let cfg = OptimConfig {
+        optimizer: Optimizer::adamw(),
+        clip_norm: Some(1.0),
+    };
     training_graph(g, loss, &cfg).unwrap()
 }
 
@@ -30,7 +39,13 @@ fn mlp_step() -> TrainGraph {
     let logits = nn::linear(&mut g, "fc2", h, 3).unwrap();
     let target = g.input("target", &[6], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig { optimizer: Optimizer::Sgd { momentum: 0.9, weight_decay: 1e-3 }, clip_norm: None };
+    let cfg = OptimConfig {
+        optimizer: Optimizer::Sgd {
+            momentum: 0.9,
+            weight_decay: 1e-3,
+        },
+        clip_norm: None,
+    };
     training_graph(g, loss, &cfg).unwrap()
 }
 
@@ -46,7 +61,13 @@ fn feeds(t: &TrainGraph) -> Vec<(rumus::graph::NodeId, Tensor)> {
                 } else if n.dtype == DType::I32 {
                     Tensor::i32(&n.shape, (0..len).map(|i| (i * 5 % 3) as i32).collect()).unwrap()
                 } else {
-                    Tensor::f32(&n.shape, (0..len).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect()).unwrap()
+                    Tensor::f32(
+                        &n.shape,
+                        (0..len)
+                            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+                            .collect(),
+                    )
+                    .unwrap()
                 };
                 Some((id, t))
             }
@@ -61,7 +82,16 @@ fn train(backend: &mut dyn Backend, t: &TrainGraph, steps: u64) -> (Vec<f32>, Ve
     let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
     let mut losses = Vec::new();
     for step in 0..steps {
-        let out = backend.run(&refs, &[t.loss], RunOptions { training: true, step }).unwrap();
+        let out = backend
+            .run(
+                &refs,
+                &[t.loss],
+                RunOptions {
+                    training: true,
+                    step,
+                },
+            )
+            .unwrap();
         losses.push(out[0].to_f32_vec()[0]);
     }
     let mut values = Vec::new();
@@ -74,7 +104,11 @@ fn train(backend: &mut dyn Backend, t: &TrainGraph, steps: u64) -> (Vec<f32>, Ve
 }
 
 fn gpu_backend(gpu: &'static Gpu, t: &TrainGraph, fusion: bool, reuse: bool) -> GpuBackend {
-    let opts = PlanOptions { fusion, reuse, max_storage_buffers: None };
+    let opts = PlanOptions {
+        fusion,
+        reuse,
+        max_storage_buffers: None,
+    };
     GpuBackend::new(gpu, t.graph.clone(), 7, opts).unwrap()
 }
 
@@ -88,19 +122,26 @@ fn max_rel_err(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn fused_plans_match_one_op_per_kernel_plans() {
-    let Some(gpu) = test_gpu_or_skip("fused_plans_match_one_op_per_kernel_plans") else { return };
+    let Some(gpu) = test_gpu_or_skip("fused_plans_match_one_op_per_kernel_plans") else {
+        return;
+    };
     for (name, t) in [("gpt", gpt_step()), ("mlp", mlp_step())] {
         let (fl, fv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 3);
         let (ul, uv) = train(&mut gpu_backend(gpu, &t, false, true), &t, 3);
         let (el, ev) = (max_rel_err(&fl, &ul), max_rel_err(&fv, &uv));
         println!("{name}: fused vs one-op-per-kernel, max relative error: losses {el:.2e}, values {ev:.2e}");
-        assert!(el < 1e-4 && ev < 1e-3, "{name}: losses {fl:?} vs {ul:?}; values differ by {ev:.2e}");
+        assert!(
+            el < 1e-4 && ev < 1e-3,
+            "{name}: losses {fl:?} vs {ul:?}; values differ by {ev:.2e}"
+        );
     }
 }
 
 #[test]
 fn buffer_reuse_changes_nothing_even_over_nan() {
-    let Some(gpu) = test_gpu_or_skip("buffer_reuse_changes_nothing_even_over_nan") else { return };
+    let Some(gpu) = test_gpu_or_skip("buffer_reuse_changes_nothing_even_over_nan") else {
+        return;
+    };
     for (name, t) in [("gpt", gpt_step()), ("mlp", mlp_step())] {
         let mut poisoned = gpu_backend(gpu, &t, true, true);
         poisoned.poison = true;
@@ -109,25 +150,36 @@ fn buffer_reuse_changes_nothing_even_over_nan() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
         assert!(pl.iter().all(|l| l.is_finite()), "{name}: {pl:?}");
         assert_eq!(bits(&pl), bits(&nl), "{name}: losses differ with reuse");
-        assert!(bits(&pv) == bits(&nv), "{name}: parameters or state differ with reuse");
+        assert!(
+            bits(&pv) == bits(&nv),
+            "{name}: parameters or state differ with reuse"
+        );
     }
 }
 
 #[test]
 fn gpu_training_matches_the_cpu_reference() {
-    let Some(gpu) = test_gpu_or_skip("gpu_training_matches_the_cpu_reference") else { return };
+    let Some(gpu) = test_gpu_or_skip("gpu_training_matches_the_cpu_reference") else {
+        return;
+    };
     for (name, t) in [("gpt", gpt_step()), ("mlp", mlp_step())] {
         let (gl, gv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 3);
         let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 3);
         let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
         println!("{name}: gpu vs cpu, max relative error: losses {el:.2e}, values {ev:.2e}");
-        assert!(el < 1e-4 && ev < 1e-3, "{name}: gpu losses {gl:?} cpu {cl:?}; values differ by {ev:.2e}");
+        assert!(
+            el < 1e-4 && ev < 1e-3,
+            "{name}: gpu losses {gl:?} cpu {cl:?}; values differ by {ev:.2e}"
+        );
     }
 }
 
 #[test]
 fn too_much_memory_is_an_error_and_the_device_still_works() {
-    let Some(gpu) = test_gpu_or_skip("too_much_memory_is_an_error_and_the_device_still_works") else { return };
+    let Some(gpu) = test_gpu_or_skip("too_much_memory_is_an_error_and_the_device_still_works")
+    else {
+        return;
+    };
     let mut g = Graph::new();
     let rows = (gpu.limits.max_buffer_size / 4 / 1024 + 1) as usize;
     g.parameter("huge", &[rows, 1024], Init::Zeros).unwrap();
