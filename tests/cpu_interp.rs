@@ -870,6 +870,21 @@ fn feeds_are_checked_and_errors_name_the_input() {
 }
 
 #[test]
+fn only_needed_nodes_are_evaluated() {
+    let mut g = Graph::new();
+    let x = g.input("x", &[2], DType::F32).unwrap();
+    let table = g.parameter("emb", &[2, 1], Init::Zeros).unwrap();
+    let idx = g.input("idx", &[1], DType::I32).unwrap();
+    let bad = g.embedding(table, idx).unwrap();
+    let y = g.neg(x).unwrap();
+    let mut exec = Executor::<f32>::new(&g, 0).unwrap();
+    let feeds = [(x, Buf::F(vec![1.0, -2.0])), (idx, Buf::I(vec![9]))];
+    let out = exec.run(&g, &feeds, &[y], EVAL).unwrap();
+    assert_eq!(out, vec![Buf::F(vec![-1.0, 2.0])]);
+    assert!(exec.run(&g, &feeds, &[y, bad], EVAL).is_err());
+}
+
+#[test]
 fn runtime_error_carries_the_node_span() {
     let mut g = Graph::new();
     let table = g.parameter("emb", &[4, 2], Init::Zeros).unwrap();
