@@ -16,6 +16,30 @@ pub fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A 32-bit integer hash (Chris Wellons' lowbias32); cheap in WGSL, which has no 64-bit integers.
+pub fn hash32(v: u32) -> u32 {
+    let mut x = v;
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    x
+}
+
+/// The 32-bit stream key of a dropout op's 64-bit seed.
+pub fn dropout_seed(seed: u64) -> u32 {
+    hash32(seed as u32 ^ hash32((seed >> 32) as u32))
+}
+
+/// Whether dropout with probability `p` keeps element `i` at training step `step`. Every backend
+/// computes exactly this (the WGSL mirror is in `codegen::expr`): the top 24 bits of
+/// `hash32(i ^ hash32(step ^ key))` as a uniform in [0, 1), kept when >= p.
+pub fn dropout_keep(seed: u64, step: u64, i: usize, p: f32) -> bool {
+    let h = hash32(i as u32 ^ hash32(step as u32 ^ dropout_seed(seed)));
+    (h >> 8) as f32 * (1.0 / 16_777_216.0) >= p
+}
+
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         let mut x = seed;

@@ -21,10 +21,10 @@ pub mod interp;
 pub mod matmul;
 pub mod nn;
 
+pub use crate::rng::dropout_keep;
 pub use exec::Executor;
 pub use float::Float;
 pub use matmul::{bench_matmul, matmul};
-pub use nn::dropout_keep;
 
 use crate::tensor::DType;
 

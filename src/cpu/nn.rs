@@ -8,7 +8,7 @@ use super::interp::sum;
 use super::{Float, RunOptions};
 use crate::err;
 use crate::error::Result;
-use crate::rng::splitmix64;
+use crate::rng::dropout_keep;
 
 // ---- softmax ----
 
@@ -123,17 +123,19 @@ pub fn layer_norm_grad_input<T: Float>(x: &[T], stats: &[T], weight: &[T], dy: &
     out
 }
 
-/// The weight gradient of [`layer_norm`]: Σ_rows dy · xhat, rows summed in order.
-/// (The bias gradient is a plain sum over rows, expressed with `Reduce`.)
+/// The weight and bias gradients of [`layer_norm`] as `[2, D]`: row 0 is Σ_rows dy · xhat,
+/// row 1 is Σ_rows dy, rows summed in order.
 pub fn layer_norm_grad_weight<T: Float>(x: &[T], stats: &[T], dy: &[T], d: usize) -> Vec<T> {
-    let mut out = vec![T::zero(); d];
+    let mut out = vec![T::zero(); 2 * d];
     if d == 0 {
         return out;
     }
+    let (dw, db) = out.split_at_mut(d);
     for ((row, st), dy_row) in x.chunks(d).zip(stats.chunks(2)).zip(dy.chunks(d)) {
         let (mean, rstd) = (st[0], st[1]);
-        for ((o, &v), &g) in out.iter_mut().zip(row).zip(dy_row) {
-            *o += g * ((v - mean) * rstd);
+        for (j, (&v, &g)) in row.iter().zip(dy_row).enumerate() {
+            dw[j] += g * ((v - mean) * rstd);
+            db[j] += g;
         }
     }
     out
@@ -243,16 +245,6 @@ fn check_label(op: &str, label: i32, c: usize) -> Result<usize> {
 
 // ---- dropout ----
 
-/// Whether dropout keeps element `i` at `step`: the hash
-/// `splitmix64(seed ^ splitmix64(step ^ splitmix64(i)))`, read as a uniform in [0, 1) from its
-/// top 24 bits (`(h >> 40) / 2^24`), is at least `p`. The GPU kernels compute exactly this (the
-/// comparison is exact in f32: both sides are f32 values).
-pub fn dropout_keep(seed: u64, step: u64, i: u64, p: f32) -> bool {
-    let h = splitmix64(seed ^ splitmix64(step ^ splitmix64(i)));
-    let u = (h >> 40) as f32 / (1u32 << 24) as f32;
-    u >= p
-}
-
 /// Dropout: when training, element i is kept (times 1/(1−p)) iff [`dropout_keep`], else zeroed;
 /// the identity when not training. Its gradient is the same op applied to dy.
 pub fn dropout<T: Float>(x: &[T], p: f32, seed: u64, opts: RunOptions) -> Vec<T> {
@@ -263,7 +255,7 @@ pub fn dropout<T: Float>(x: &[T], p: f32, seed: u64, opts: RunOptions) -> Vec<T>
     x.iter()
         .enumerate()
         .map(|(i, &v)| {
-            if dropout_keep(seed, opts.step, i as u64, p) {
+            if dropout_keep(seed, opts.step, i, p) {
                 v * scale
             } else {
                 T::zero()

@@ -173,7 +173,8 @@ pub enum Op {
     LayerNorm,
     /// `(x, stats, weight, dy) -> dx`, the full input gradient of `LayerNorm` (through the stats).
     LayerNormGradInput,
-    /// `(x, stats, dy) -> dweight [D]`: Σ_rows dy · xhat.
+    /// `(x, stats, dy) -> [2, D]`: row 0 is dweight = Σ_rows dy · xhat, row 1 is
+    /// dbias = Σ_rows dy (one pass computes both).
     LayerNormGradWeight,
 
     // ---- embedding and losses ----
@@ -369,6 +370,82 @@ impl Op {
         )
     }
 
+    /// Whether gradients flow through the op. The gradient helpers (comparisons, `sign`,
+    /// `*_grad` ops) and sources are not differentiable; `layer_norm_stats` is differentiated
+    /// together with the `layer_norm` that consumes it.
+    pub fn is_differentiable(&self) -> bool {
+        match self {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
+                false
+            }
+            Op::Unary(u) => !matches!(
+                u,
+                UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad
+            ),
+            Op::Binary(b) => !matches!(b, BinaryOp::Greater | BinaryOp::Equal),
+            Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropyGrad { .. } => false,
+            _ => true,
+        }
+    }
+
+    /// One instance of every kind of op: the op table that tests walk, so that no op can lack a
+    /// CPU forward, a backward rule, a gradient check or a GPU kernel. Adding a variant to `Op`
+    /// without adding it here fails `samples_cover_every_op_name`.
+    pub fn samples() -> Vec<Op> {
+        let mut ops = vec![
+            Op::Input {
+                name: String::new(),
+            },
+            Op::Parameter {
+                name: String::new(),
+                init: Init::Zeros,
+            },
+            Op::State {
+                name: String::new(),
+                init: Init::Zeros,
+            },
+            Op::Constant { value: 0.0 },
+        ];
+        ops.extend(UnaryOp::ALL.iter().map(|&u| Op::Unary(u)));
+        ops.extend(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)));
+        ops.push(Op::Where);
+        for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
+            ops.push(Op::Reduce {
+                op,
+                axes: vec![0],
+                keepdim: false,
+            });
+        }
+        ops.extend([
+            Op::Reshape,
+            Op::Permute { perm: vec![] },
+            Op::BroadcastTo,
+            Op::Slice {
+                axis: 0,
+                start: 0,
+                end: 0,
+            },
+            Op::Concat { axis: 0 },
+            Op::MatMul,
+            Op::Softmax,
+            Op::LogSoftmax,
+            Op::CausalMask { fill: 0.0 },
+            Op::LayerNormStats { eps: 1e-5 },
+            Op::LayerNorm,
+            Op::LayerNormGradInput,
+            Op::LayerNormGradWeight,
+            Op::Embedding,
+            Op::EmbeddingGrad { vocab: 0 },
+            Op::CrossEntropy { ignore_index: None },
+            Op::CrossEntropyGrad { ignore_index: None },
+            Op::Dropout { p: 0.0, seed: 0 },
+        ]);
+        ops
+    }
+
     /// Whether the value persists across steps (parameters and optimizer state).
     pub fn is_persistent(&self) -> bool {
         matches!(self, Op::Parameter { .. } | Op::State { .. })
@@ -454,5 +531,55 @@ impl ReduceOp {
             ReduceOp::Mean => "mean",
             ReduceOp::Max => "max",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An exhaustive match: a new `Op` variant does not compile until it is counted here, and
+    /// the count must equal the number of distinct kinds in `Op::samples()`.
+    fn kind_count(op: &Op) -> usize {
+        match op {
+            Op::Input { .. }
+            | Op::Parameter { .. }
+            | Op::State { .. }
+            | Op::Constant { .. }
+            | Op::Where
+            | Op::Reshape
+            | Op::Permute { .. }
+            | Op::BroadcastTo
+            | Op::Slice { .. }
+            | Op::Concat { .. }
+            | Op::MatMul
+            | Op::Softmax
+            | Op::LogSoftmax
+            | Op::CausalMask { .. }
+            | Op::LayerNormStats { .. }
+            | Op::LayerNorm
+            | Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::Embedding
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropy { .. }
+            | Op::CrossEntropyGrad { .. }
+            | Op::Dropout { .. } => 23,
+            Op::Unary(_) => UnaryOp::ALL.len(),
+            Op::Binary(_) => BinaryOp::ALL.len(),
+            Op::Reduce { .. } => 3,
+        }
+    }
+
+    #[test]
+    fn samples_cover_every_op_name() {
+        let samples = Op::samples();
+        let names: std::collections::HashSet<&str> = samples.iter().map(|o| o.name()).collect();
+        assert_eq!(names.len(), samples.len(), "two samples share a name");
+        assert_eq!(
+            samples.len(),
+            23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3
+        );
+        assert!(samples.iter().all(|o| kind_count(o) > 0));
     }
 }

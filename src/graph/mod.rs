@@ -1,11 +1,16 @@
 //! The graph: IR types, the checked builder, shape inference, verification, reverse-mode
 //! autodiff and optimizer updates, all as nodes of one arena.
 
+pub mod autodiff;
 pub mod build;
 pub mod init;
 pub mod ir;
+pub mod optim;
 pub mod shape;
+pub mod train;
 pub mod verify;
 
 pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, ReduceOp, UnaryOp, Update};
+pub use optim::{OptimConfig, Optimizer};
+pub use train::{training_graph, TrainGraph};
 pub use verify::verify;

@@ -342,7 +342,7 @@ pub fn infer(
                     if ins[2].0 != x {
                         return Err(bad("dy must be shaped like x"));
                     }
-                    Ok((vec![dim], DType::F32))
+                    Ok((vec![2, dim], DType::F32))
                 }
             }
         }

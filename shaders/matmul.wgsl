@@ -1,0 +1,196 @@
+// matmul.wgsl: batched, strided matrix product with a fusable epilogue.
+//
+//   C[b, i, j] = epilogue(alpha * sum_k A[b, i, k] * B[b, k, j], b, i, j) + beta * C[b, i, j]
+//
+// Every operand is addressed through an element offset and (batch, row, col) strides from `p`,
+// so a transposed operand (swapped strides) or a broadcast batch (batch stride 0) needs no copy.
+// Any M, N, K: loads outside the matrices read 0 and stores are bounds-checked. beta == 0 never
+// reads C, so C may hold anything (NaN) before the dispatch.
+//
+// Grid: x = ceil(N / BN), y = ceil(M / BM), z = batch. A workgroup computes one BM x BN block of C,
+// stepping through K in BK-deep slices staged in workgroup memory (A slice stored k-major, rows
+// padded by 4 so staging stores do not conflict). Each of the (BM/TM)*(BN/TN) threads keeps a
+// TM x TN tile of C in registers; the next slice is loaded into registers while the current one
+// is multiplied. Thread (tx, ty) owns rows r*4*TY + ty*4 + e (r < TM/4, e < 4) and likewise columns,
+// so its reads of workgroup memory are vec4s that neighbouring threads take side by side.
+// Global loads walk whichever axis of an operand has stride 1, so they coalesce for both plain
+// and transposed operands.
+//
+// Placeholders (defaults in src/runtime/kernels.rs):
+//   <BM> <BN> <BK> <TM> <TN>  tile shape; TM and TN multiples of 4; BM*BK and BK*BN
+//                                       multiples of the thread count (BM/TM)*(BN/TN)
+//   <EPILOGUE_BINDINGS>  extra bindings the epilogue reads (from @binding(4) on), default none
+//   <EPILOGUE>           body of `epilogue(v, batch, i, j) -> scalar`, default `return v;`
+
+alias scalar = f32;
+
+struct Params {
+    m: u32, n: u32, k: u32, batch: u32,
+    a_off: u32, a_sb: u32, a_si: u32, a_sk: u32,
+    b_off: u32, b_sb: u32, b_sk: u32, b_sj: u32,
+    c_off: u32, c_sb: u32, c_si: u32, c_sj: u32,
+    alpha: f32, beta: f32, pad0: u32, pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<scalar>;
+@group(0) @binding(2) var<storage, read> b: array<scalar>;
+@group(0) @binding(3) var<storage, read_write> c: array<scalar>;
+{{EPILOGUE_BINDINGS}}
+
+const BM: u32 = {{BM}}u;
+const BN: u32 = {{BN}}u;
+const BK: u32 = {{BK}}u;
+const TM: u32 = {{TM}}u;
+const TN: u32 = {{TN}}u;
+const TX: u32 = BN / TN;            // threads along columns
+const TY: u32 = BM / TM;            // threads along rows
+const THREADS: u32 = TX * TY;
+const TM4: u32 = TM / 4u;
+const TN4: u32 = TN / 4u;
+const AS: u32 = BM + 4u;            // stride of one k in the staged A slice, in scalars
+const BS: u32 = BN + 4u;            // stride of one k in the staged B slice
+const LA: u32 = BM * BK / THREADS;  // A elements each thread stages per slice
+const LB: u32 = BK * BN / THREADS;  // B elements each thread stages per slice
+
+var<workgroup> sa: array<vec4<scalar>, BK * AS / 4u>;
+var<workgroup> sb: array<vec4<scalar>, BK * BS / 4u>;
+
+fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar {
+    {{EPILOGUE}}
+}
+
+// (row, k) inside the A slice of staged element `e`; consecutive e walk the contiguous axis.
+fn a_coord(e: u32, k_contiguous: bool) -> vec2<u32> {
+    if k_contiguous {
+        return vec2<u32>(e / BK, e % BK);
+    }
+    return vec2<u32>(e % BM, e / BM);
+}
+
+// (k, col) inside the B slice of staged element `e`.
+fn b_coord(e: u32, k_contiguous: bool) -> vec2<u32> {
+    if k_contiguous {
+        return vec2<u32>(e % BK, e / BK);
+    }
+    return vec2<u32>(e / BN, e % BN);
+}
+
+fn load_a(base: u32, rc: vec2<u32>, k0: u32) -> scalar {
+    let i = rc.x;
+    let kk = k0 + rc.y;
+    if i < p.m && kk < p.k {
+        return a[base + i * p.a_si + kk * p.a_sk];
+    }
+    return scalar(0.0);
+}
+
+fn load_b(base: u32, kc: vec2<u32>, k0: u32) -> scalar {
+    let kk = k0 + kc.x;
+    let j = kc.y;
+    if kk < p.k && j < p.n {
+        return b[base + kk * p.b_sk + j * p.b_sj];
+    }
+    return scalar(0.0);
+}
+
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let batch = wid.z;
+    let row0 = wid.y * BM;
+    let col0 = wid.x * BN;
+    let tx = t % TX;
+    let ty = t / TX;
+    let a_base = p.a_off + batch * p.a_sb;
+    let b_base = p.b_off + batch * p.b_sb;
+    let a_kc = p.a_sk == 1u && p.a_si != 1u;
+    let b_kc = p.b_sk == 1u && p.b_sj != 1u;
+
+    var ra: array<scalar, LA>;
+    var rb: array<scalar, LB>;
+    var acc: array<vec4<scalar>, TM * TN4>;
+    for (var e = 0u; e < LA; e++) {
+        let rc = a_coord(t + e * THREADS, a_kc);
+        ra[e] = load_a(a_base, vec2<u32>(row0 + rc.x, rc.y), 0u);
+    }
+    for (var e = 0u; e < LB; e++) {
+        let kc = b_coord(t + e * THREADS, b_kc);
+        rb[e] = load_b(b_base, vec2<u32>(kc.x, col0 + kc.y), 0u);
+    }
+
+    let n_slices = (p.k + BK - 1u) / BK;
+    for (var s = 0u; s < n_slices; s++) {
+        for (var e = 0u; e < LA; e++) {
+            let rc = a_coord(t + e * THREADS, a_kc);
+            let f = rc.y * AS + rc.x;
+            sa[f / 4u][f % 4u] = ra[e];
+        }
+        for (var e = 0u; e < LB; e++) {
+            let kc = b_coord(t + e * THREADS, b_kc);
+            let f = kc.x * BS + kc.y;
+            sb[f / 4u][f % 4u] = rb[e];
+        }
+        workgroupBarrier();
+
+        if s + 1u < n_slices {
+            let k0 = (s + 1u) * BK;
+            for (var e = 0u; e < LA; e++) {
+                let rc = a_coord(t + e * THREADS, a_kc);
+                ra[e] = load_a(a_base, vec2<u32>(row0 + rc.x, rc.y), k0);
+            }
+            for (var e = 0u; e < LB; e++) {
+                let kc = b_coord(t + e * THREADS, b_kc);
+                rb[e] = load_b(b_base, vec2<u32>(kc.x, col0 + kc.y), k0);
+            }
+        }
+
+        for (var kk = 0u; kk < BK; kk++) {
+            var fa: array<vec4<scalar>, TM4>;
+            var fb: array<vec4<scalar>, TN4>;
+            for (var r = 0u; r < TM4; r++) {
+                fa[r] = sa[kk * (AS / 4u) + r * TY + ty];
+            }
+            for (var q = 0u; q < TN4; q++) {
+                fb[q] = sb[kk * (BS / 4u) + q * TX + tx];
+            }
+            for (var r = 0u; r < TM4; r++) {
+                let av = fa[r];
+                let o = r * 4u * TN4;
+                for (var q = 0u; q < TN4; q++) {
+                    let bv = fb[q];
+                    acc[o + q] += av.x * bv;
+                    acc[o + TN4 + q] += av.y * bv;
+                    acc[o + 2u * TN4 + q] += av.z * bv;
+                    acc[o + 3u * TN4 + q] += av.w * bv;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    let alpha = scalar(p.alpha);
+    let beta = scalar(p.beta);
+    let c_base = p.c_off + batch * p.c_sb;
+    for (var r = 0u; r < TM4; r++) {
+        for (var e = 0u; e < 4u; e++) {
+            let i = row0 + r * 4u * TY + ty * 4u + e;
+            if i >= p.m {
+                continue;
+            }
+            for (var q = 0u; q < TN4; q++) {
+                let v = acc[(r * 4u + e) * TN4 + q];
+                for (var cc = 0u; cc < 4u; cc++) {
+                    let j = col0 + q * 4u * TX + tx * 4u + cc;
+                    if j < p.n {
+                        let idx = c_base + i * p.c_si + j * p.c_sj;
+                        var y = epilogue(alpha * v[cc], batch, i, j);
+                        if p.beta != 0.0 {
+                            y += beta * c[idx];
+                        }
+                        c[idx] = y;
+                    }
+                }
+            }
+        }
+    }
+}

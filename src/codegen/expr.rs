@@ -1,0 +1,373 @@
+//! Inlined elementwise expressions: the WGSL for a node evaluated at given coordinates.
+//!
+//! A kernel evaluates its output's expression tree: materialized nodes are loads from their
+//! buffers, inlined nodes are `let` bindings computed from their inputs at coordinates mapped
+//! through broadcasting and the index-remapping views (`broadcast_to`, `permute`, `slice`).
+//! Shapes are static, so every size and stride is a literal.
+
+use crate::graph::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+use crate::plan::Plan;
+use crate::tensor::DType;
+use std::fmt::Write;
+
+/// Emits `let` statements into `body` and returns the WGSL expression of each node.
+pub struct ExprEmitter<'a> {
+    pub g: &'a Graph,
+    pub plan: &'a Plan,
+    /// WGSL name of the binding that holds each buffer, by buffer index.
+    pub binding_name: &'a dyn Fn(usize) -> String,
+    /// A node whose value is already in a register (the matmul accumulator in an epilogue).
+    pub register: Option<(NodeId, String)>,
+    /// The node the kernel computes (materialized, but evaluated here rather than loaded).
+    pub root: Option<NodeId>,
+    pub body: String,
+    next: usize,
+}
+
+/// `hash32` of the dropout mask, the WGSL twin of `rng::hash32` (see `rng::dropout_keep`).
+pub const HASH32_WGSL: &str = "fn hash32(v: u32) -> u32 {
+    var x = v;
+    x = x ^ (x >> 16u);
+    x = x * 0x7feb352du;
+    x = x ^ (x >> 15u);
+    x = x * 0x846ca68bu;
+    x = x ^ (x >> 16u);
+    return x;
+}
+";
+
+/// Row-major strides of a shape.
+pub fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// WGSL for the linear index of `coords` in a contiguous tensor of `shape`.
+pub fn linear_index(shape: &[usize], coords: &[String]) -> String {
+    let st = strides(shape);
+    let terms: Vec<String> = coords
+        .iter()
+        .zip(&st)
+        .zip(shape)
+        .filter(|((_, _), &d)| d != 1)
+        .map(|((c, &s), _)| {
+            if s == 1 {
+                c.clone()
+            } else {
+                format!("{c} * {s}u")
+            }
+        })
+        .collect();
+    if terms.is_empty() {
+        "0u".to_string()
+    } else {
+        terms.join(" + ")
+    }
+}
+
+/// `let` statements decomposing linear index `idx` into coordinates `{prefix}0..` of `shape`.
+pub fn decompose(shape: &[usize], idx: &str, prefix: &str) -> (String, Vec<String>) {
+    let st = strides(shape);
+    let mut code = String::new();
+    let mut names = Vec::new();
+    for (d, (&s, &n)) in st.iter().zip(shape).enumerate() {
+        let name = format!("{prefix}{d}");
+        let e = match (d, n) {
+            (_, 1) => "0u".to_string(),
+            (0, _) if s == 1 => idx.to_string(),
+            (0, _) => format!("{idx} / {s}u"),
+            (_, _) if s == 1 => format!("{idx} % {n}u"),
+            _ => format!("({idx} / {s}u) % {n}u"),
+        };
+        let _ = writeln!(code, "    let {name} = {e};");
+        names.push(name);
+    }
+    (code, names)
+}
+
+/// A WGSL f32 literal that round-trips exactly (infinities and NaN as bit casts).
+pub fn f32_lit(v: f32) -> String {
+    if v.is_finite() {
+        let s = format!("{v:?}");
+        if s.contains('.') || s.contains('e') {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    } else {
+        format!("bitcast<f32>({}u)", v.to_bits())
+    }
+}
+
+/// Map consumer coordinates to the coordinates of an operand of `shape` broadcast into them.
+fn broadcast_coords(shape: &[usize], coords: &[String]) -> Vec<String> {
+    let lead = coords.len() - shape.len();
+    shape
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| {
+            if n == 1 {
+                "0u".to_string()
+            } else {
+                coords[lead + d].clone()
+            }
+        })
+        .collect()
+}
+
+impl<'a> ExprEmitter<'a> {
+    pub fn new(g: &'a Graph, plan: &'a Plan, binding_name: &'a dyn Fn(usize) -> String) -> Self {
+        ExprEmitter {
+            g,
+            plan,
+            binding_name,
+            register: None,
+            root: None,
+            body: String::new(),
+            next: 0,
+        }
+    }
+
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("v{}", self.next)
+    }
+
+    /// A load of materialized node `id` at `coords` (of its own shape).
+    pub fn load(&self, id: NodeId, coords: &[String]) -> String {
+        let v = self
+            .plan
+            .value_of(id)
+            .expect("materialized node has a buffer (checked by plan verify)");
+        let idx = linear_index(self.g.shape(id), coords);
+        format!("{}[{idx}]", (self.binding_name)(v.buffer))
+    }
+
+    /// A straightforward dot product for matmul `id` at `coords` (batch dims broadcast): the
+    /// reference path used by unfused plans and by small matmuls.
+    pub fn emit_matmul(&mut self, id: NodeId, coords: &[String]) -> String {
+        let node = self.g.node(id);
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        let (sa, sb) = (self.g.shape(a).to_vec(), self.g.shape(b).to_vec());
+        let r = coords.len();
+        let k = sa[sa.len() - 1];
+        let kk = format!("kk{}", self.next + 1);
+        let mut ca = broadcast_coords(&sa[..sa.len() - 2], &coords[..r - 2]);
+        ca.extend([coords[r - 2].clone(), kk.clone()]);
+        let mut cb = broadcast_coords(&sb[..sb.len() - 2], &coords[..r - 2]);
+        cb.extend([kk.clone(), coords[r - 1].clone()]);
+        // Operands are buffers or transposed views of buffers: pure index expressions.
+        let (la, lb) = (self.emit(a, &ca), self.emit(b, &cb));
+        let v = self.fresh();
+        let _ = writeln!(
+            self.body,
+            "    var {v} = 0.0;\n    for (var {kk} = 0u; {kk} < {k}u; {kk}++) {{ {v} += {la} * {lb}; }}"
+        );
+        v
+    }
+
+    /// Coordinates in the input of view `id` (broadcast_to, permute, slice, reshape) that hold
+    /// the element at `coords` of the view.
+    fn view_coords(&mut self, id: NodeId, coords: &[String]) -> Vec<String> {
+        let node = self.g.node(id);
+        let src = self.g.shape(node.inputs[0]).to_vec();
+        match &node.op {
+            Op::BroadcastTo => broadcast_coords(&src, coords),
+            Op::Permute { perm } => {
+                let mut c = vec![String::new(); perm.len()];
+                for (i, &p) in perm.iter().enumerate() {
+                    c[p] = coords[i].clone();
+                }
+                c
+            }
+            Op::Slice { axis, start, .. } => {
+                let mut c = coords.to_vec();
+                if *start > 0 {
+                    c[*axis] = format!("({} + {start}u)", coords[*axis]);
+                }
+                c
+            }
+            Op::Reshape => {
+                let lin = linear_index(&node.shape, coords);
+                self.next += 1;
+                let (code, names) =
+                    decompose(&src, &format!("({lin})"), &format!("r{}_", self.next));
+                self.body.push_str(&code);
+                names
+            }
+            other => unreachable!("{} is not a view", other.name()),
+        }
+    }
+
+    /// The raw i32 WGSL expression of an i32 node at `coords` (i32 values are only ever
+    /// materialized or viewed, never computed elementwise).
+    pub fn emit_i32(&mut self, id: NodeId, coords: &[String]) -> String {
+        if self.plan.value_of(id).is_some() && self.root != Some(id) {
+            return self.load(id, coords);
+        }
+        let c = self.view_coords(id, coords);
+        let src = self.g.node(id).inputs[0];
+        self.emit_i32(src, &c)
+    }
+
+    /// The f32 WGSL expression of node `id` at `coords`.
+    pub fn emit(&mut self, id: NodeId, coords: &[String]) -> String {
+        if let Some((r, name)) = &self.register {
+            if *r == id {
+                return name.clone();
+            }
+        }
+        let node = self.g.node(id);
+        if let Op::Constant { value } = node.op {
+            return f32_lit(value);
+        }
+        if self.plan.value_of(id).is_some() && self.root != Some(id) {
+            let load = self.load(id, coords);
+            return if node.dtype == DType::I32 {
+                format!("f32({load})")
+            } else {
+                load
+            };
+        }
+        let ins = node.inputs.clone();
+        let operand = |s: &mut Self, k: usize| {
+            let c = broadcast_coords(s.g.shape(ins[k]), coords);
+            s.emit(ins[k], &c)
+        };
+        let e = match &node.op {
+            Op::Unary(u) => {
+                let x = operand(self, 0);
+                unary(*u, &x)
+            }
+            Op::Binary(b) => {
+                let a = operand(self, 0);
+                let c = operand(self, 1);
+                binary(*b, &a, &c)
+            }
+            Op::Where => {
+                let c = operand(self, 0);
+                let a = operand(self, 1);
+                let b = operand(self, 2);
+                format!("select({b}, {a}, {c} != 0.0)")
+            }
+            Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
+                let c = self.view_coords(id, coords);
+                return self.emit(ins[0], &c);
+            }
+            Op::MatMul => return self.emit_matmul(id, coords),
+            Op::CausalMask { fill } => {
+                let x = self.emit(ins[0], coords);
+                let r = coords.len();
+                let s = node.shape[r - 1];
+                let t = node.shape[r - 2];
+                format!(
+                    "select({x}, {}, {} > {} + {}u)",
+                    f32_lit(*fill),
+                    coords[r - 1],
+                    coords[r - 2],
+                    s - t
+                )
+            }
+            Op::Dropout { p, seed } => {
+                let x = self.emit(ins[0], coords);
+                let lin = linear_index(&node.shape, coords);
+                let s = crate::rng::dropout_seed(*seed);
+                let keep = format!(
+                    "(f32(hash32(({lin}) ^ hash32(rumus_meta.step ^ {s}u)) >> 8u) * {} >= {})",
+                    f32_lit(1.0 / 16_777_216.0),
+                    f32_lit(*p)
+                );
+                format!("select(0.0, {x} * {}, {keep})", f32_lit(1.0 / (1.0 - p)))
+            }
+            other => unreachable!(
+                "{} is not inlinable (fusion only inlines elementwise ops)",
+                other.name()
+            ),
+        };
+        let v = self.fresh();
+        let _ = writeln!(self.body, "    let {v} = {e};");
+        v
+    }
+}
+
+fn unary(u: UnaryOp, x: &str) -> String {
+    match u {
+        UnaryOp::Neg => format!("-{x}"),
+        UnaryOp::Exp => format!("exp({x})"),
+        UnaryOp::Log => format!("log({x})"),
+        UnaryOp::Sqrt => format!("sqrt({x})"),
+        UnaryOp::Rsqrt => format!("inverseSqrt({x})"),
+        UnaryOp::Abs => format!("abs({x})"),
+        UnaryOp::Square => format!("({x} * {x})"),
+        UnaryOp::Tanh => format!("tanh_({x})"),
+        UnaryOp::Sigmoid => format!("sigmoid({x})"),
+        UnaryOp::Relu => format!("max({x}, 0.0)"),
+        UnaryOp::Gelu => format!("gelu({x})"),
+        UnaryOp::GeluTanh => format!("gelu_tanh({x})"),
+        UnaryOp::Silu => format!("({x} * sigmoid({x}))"),
+        UnaryOp::Sign => format!("sign({x})"),
+        UnaryOp::GeluGrad => format!("gelu_grad({x})"),
+        UnaryOp::GeluTanhGrad => format!("gelu_tanh_grad({x})"),
+        UnaryOp::SiluGrad => format!("silu_grad({x})"),
+    }
+}
+
+fn binary(b: BinaryOp, a: &str, c: &str) -> String {
+    match b {
+        BinaryOp::Add => format!("({a} + {c})"),
+        BinaryOp::Sub => format!("({a} - {c})"),
+        BinaryOp::Mul => format!("({a} * {c})"),
+        BinaryOp::Div => format!("({a} / {c})"),
+        BinaryOp::Pow => format!("pow_({a}, {c})"),
+        BinaryOp::Maximum => format!("max({a}, {c})"),
+        BinaryOp::Minimum => format!("min({a}, {c})"),
+        BinaryOp::Greater => format!("select(0.0, 1.0, {a} > {c})"),
+        BinaryOp::Equal => format!("select(0.0, 1.0, {a} == {c})"),
+    }
+}
+
+/// Math helpers every elementwise module may call.
+pub const MATH_WGSL: &str = "fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
+fn tanh_(x: f32) -> f32 {
+    // tanh without overflow for large |x|
+    let e = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - e) / (1.0 + e);
+}
+fn pow_(a: f32, b: f32) -> f32 {
+    // powf semantics: integer exponents of negative bases, 0^0 = 1
+    if (b == 0.0) { return 1.0; }
+    if (a < 0.0 && b == floor(b)) {
+        let m = pow(-a, b);
+        return select(m, -m, (i32(b) & 1) == 1);
+    }
+    if (a == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), b < 0.0); }
+    return pow(a, b);
+}
+fn erf_(x: f32) -> f32 {
+    // Abramowitz-Stegun 7.1.26 refined: max abs error 1.5e-7
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
+    return sign(x) * y;
+}
+fn gelu(x: f32) -> f32 { return 0.5 * x * (1.0 + erf_(x * 0.70710678118654752)); }
+fn gelu_grad(x: f32) -> f32 {
+    return 0.5 * (1.0 + erf_(x * 0.70710678118654752)) + x * 0.39894228040143268 * exp(-0.5 * x * x);
+}
+fn gelu_tanh(x: f32) -> f32 {
+    let u = 0.79788456080286536 * (x + 0.044715 * x * x * x);
+    return 0.5 * x * (1.0 + tanh_(u));
+}
+fn gelu_tanh_grad(x: f32) -> f32 {
+    let u = 0.79788456080286536 * (x + 0.044715 * x * x * x);
+    let t = tanh_(u);
+    let du = 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * x * x);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
+}
+fn silu_grad(x: f32) -> f32 {
+    let s = sigmoid(x);
+    return s * (1.0 + x * (1.0 - s));
+}
+";

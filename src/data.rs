@@ -1,0 +1,535 @@
+//! Data loading for scripts: CSV files (plain or gzip) into a [`Dataset`], byte-level text
+//! sequences for character models, seeded splits and shuffled mini-batches.
+//!
+//! A [`Dataset`] is a pair of host tensors whose first dimension counts examples: `x` (f32
+//! `[n, features]` from CSV, i32 `[n, seq_len]` from text) and `y` (i32 `[n]` class labels, f32
+//! `[n]` regression targets, f32 `[n, 0]` when there are none, or i32 `[n, seq_len]` next-token
+//! targets). Everything here is deterministic: same file and seed, same tensors, on every
+//! platform. No file content makes this module panic; a malformed line is an error that starts
+//! with `file:line:`.
+
+use crate::err;
+use crate::error::{Error, Result};
+use crate::rng::Rng;
+use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
+use flate2::read::MultiGzDecoder;
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+/// Examples as two tensors with the same first dimension, plus class names when the labels were
+/// read as strings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dataset {
+    x: Tensor,
+    y: Tensor,
+    classes: Vec<String>,
+}
+
+/// One mini-batch: rows of `x` and the matching rows of `y`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    pub x: Tensor,
+    pub y: Tensor,
+}
+
+/// Whether the first non-empty line of a CSV file is a header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Header {
+    /// A header when any of its feature fields is not a number.
+    Auto,
+    Present,
+    Absent,
+}
+
+/// How the label column is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Labels {
+    /// Class labels, i32 `[n]`: non-negative integers, or strings mapped to `0..k` in sorted
+    /// order (the names land in [`Dataset::classes`]). The first data row decides which.
+    Classes,
+    /// Regression targets, f32 `[n]` (not scaled).
+    Targets,
+}
+
+/// How [`read_csv`] reads a file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CsvOptions {
+    /// The label field, counted from 0; `None`: every field is a feature and `y` is f32 `[n, 0]`.
+    pub label_col: Option<usize>,
+    pub labels: Labels,
+    /// Every feature is multiplied by this (for example 1/16 for 4-bit pixels).
+    pub scale: f32,
+    pub header: Header,
+    /// Most bytes of (decompressed) text read before giving up, a guard against gzip bombs.
+    pub max_bytes: u64,
+}
+
+impl Default for CsvOptions {
+    /// No label column, class labels when one is set, scale 1, header auto-detected, 1 GiB cap.
+    fn default() -> CsvOptions {
+        CsvOptions {
+            label_col: None,
+            labels: Labels::Classes,
+            scale: 1.0,
+            header: Header::Auto,
+            max_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Most elements [`text_sequences`] builds per tensor (1 GiB of i32); raise the stride instead.
+pub const MAX_SEQUENCE_ELEMENTS: usize = 1 << 28;
+
+/// Read a CSV file, plain or gzip-compressed (told apart by the gzip magic bytes, not the name).
+///
+/// Fields are separated by commas and trimmed; quoting is not supported. Blank lines are skipped.
+/// Every data line must have as many fields as the first, and every feature must be a finite
+/// number.
+pub fn read_csv(path: &Path, opts: &CsvOptions) -> Result<Dataset> {
+    let name = path.display().to_string();
+    let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
+    let mut file = BufReader::new(file);
+    let is_gzip = file
+        .fill_buf()
+        .map_err(|e| Error::io(&name, e))?
+        .starts_with(&[0x1f, 0x8b]);
+    let text: Box<dyn Read> = if is_gzip {
+        Box::new(MultiGzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    parse_csv(
+        &name,
+        BufReader::new(text.take(opts.max_bytes.saturating_add(1))),
+        opts,
+    )
+}
+
+/// Windows of `seq_len` bytes, one every `stride` bytes, each paired with the same window shifted
+/// by one byte (the next-token targets): x and y are i32 `[n, seq_len]` of byte values 0..=255.
+/// A tail shorter than a full window (plus its one target byte) is dropped.
+pub fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> Result<Dataset> {
+    if seq_len == 0 || stride == 0 {
+        return Err(err!(
+            Usage,
+            "seq_len and stride must be positive, got {seq_len} and {stride}"
+        ));
+    }
+    let Some(room) = bytes
+        .len()
+        .checked_sub(seq_len)
+        .and_then(|r| r.checked_sub(1))
+    else {
+        return Err(err!(
+            Shape,
+            "text of {} bytes is too short for one sequence of {seq_len} bytes plus a target",
+            bytes.len()
+        ));
+    };
+    let n = room / stride + 1;
+    let numel = checked_numel(&[n, seq_len])?;
+    if numel > MAX_SEQUENCE_ELEMENTS {
+        return Err(err!(
+            Limit,
+            "{n} sequences of {seq_len} bytes are {numel} elements, over the limit of \
+             {MAX_SEQUENCE_ELEMENTS}; use a larger stride"
+        ));
+    }
+    let mut x = Vec::with_capacity(numel);
+    let mut y = Vec::with_capacity(numel);
+    for start in (0..n).map(|i| i * stride) {
+        x.extend(bytes[start..start + seq_len].iter().map(|&b| i32::from(b)));
+        y.extend(
+            bytes[start + 1..start + seq_len + 1]
+                .iter()
+                .map(|&b| i32::from(b)),
+        );
+    }
+    Dataset::new(
+        Tensor::i32(&[n, seq_len], x)?,
+        Tensor::i32(&[n, seq_len], y)?,
+    )
+}
+
+/// The bytes of a file, or of every `.rs`, `.md` and `.txt` file under a folder, concatenated in
+/// sorted path order. Hidden entries (names starting with `.`) and symbolic links inside the
+/// folder are skipped. More than `max_bytes` in all is an error.
+pub fn read_text(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+    let meta = fs::metadata(path).map_err(|e| Error::io(path.display(), e))?;
+    let files = if meta.is_dir() {
+        let mut files = Vec::new();
+        collect_text_files(path, &mut files)?;
+        if files.is_empty() {
+            return Err(err!(Io, "{}: no .rs, .md or .txt files", path.display()));
+        }
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    let mut bytes = Vec::new();
+    for file in &files {
+        let left = max_bytes.saturating_sub(bytes.len() as u64);
+        let f = fs::File::open(file).map_err(|e| Error::io(file.display(), e))?;
+        f.take(left.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(|e| Error::io(file.display(), e))?;
+        if bytes.len() as u64 > max_bytes {
+            return Err(err!(
+                Limit,
+                "{}: text is over the limit of {max_bytes} bytes",
+                path.display()
+            ));
+        }
+    }
+    Ok(bytes)
+}
+
+impl Dataset {
+    /// A dataset of `x` and `y`; both must have a first dimension, and the same one.
+    pub fn new(x: Tensor, y: Tensor) -> Result<Dataset> {
+        match (x.shape().first(), y.shape().first()) {
+            (Some(a), Some(b)) if a == b => Ok(Dataset {
+                x,
+                y,
+                classes: Vec::new(),
+            }),
+            _ => Err(Error::shape(format!(
+                "dataset needs x and y with the same first dimension, got {} and {}",
+                fmt_shape(x.shape()),
+                fmt_shape(y.shape())
+            ))),
+        }
+    }
+
+    /// The same data with class names (`classes[i]` is the name of label `i`).
+    pub fn with_classes(mut self, classes: Vec<String>) -> Dataset {
+        self.classes = classes;
+        self
+    }
+
+    pub fn x(&self) -> &Tensor {
+        &self.x
+    }
+
+    pub fn y(&self) -> &Tensor {
+        &self.y
+    }
+
+    /// Names of the classes when labels were read as strings (sorted; label `i` is
+    /// `classes[i]`), empty otherwise.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.x.shape().first().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn into_parts(self) -> (Tensor, Tensor, Vec<String>) {
+        (self.x, self.y, self.classes)
+    }
+
+    /// The examples at `rows` (in that order; repeats allowed).
+    pub fn select(&self, rows: &[usize]) -> Result<Dataset> {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= self.len()) {
+            return Err(Error::shape(format!(
+                "row {bad} is out of range for {} examples",
+                self.len()
+            )));
+        }
+        Ok(Dataset {
+            x: gather_rows(&self.x, rows)?,
+            y: gather_rows(&self.y, rows)?,
+            classes: self.classes.clone(),
+        })
+    }
+
+    /// Shuffle the examples with `seed` and cut them in two: the first `round(len × fraction)`
+    /// shuffled examples, and the rest. `fraction` must lie in `[0, 1]`.
+    pub fn split(&self, fraction: f64, seed: u64) -> Result<(Dataset, Dataset)> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(err!(
+                Usage,
+                "split fraction must lie in [0, 1], got {fraction}"
+            ));
+        }
+        let order = shuffled(self.len(), seed);
+        let cut = ((self.len() as f64 * fraction).round() as usize).min(self.len());
+        Ok((self.select(&order[..cut])?, self.select(&order[cut..])?))
+    }
+
+    /// Mini-batches of `batch_size` examples in an order shuffled by `seed` (pass the epoch
+    /// number for a new order each epoch). Every example appears exactly once; the last batch
+    /// holds the remainder and is smaller when `batch_size` does not divide the length.
+    pub fn batches(&self, batch_size: usize, seed: u64) -> Result<Batches<'_>> {
+        if batch_size == 0 {
+            return Err(err!(Usage, "batch size must be positive"));
+        }
+        Ok(Batches {
+            data: self,
+            order: shuffled(self.len(), seed),
+            next: 0,
+            batch_size,
+        })
+    }
+}
+
+/// The iterator of [`Dataset::batches`]. Building a batch only fails on an internal invariant.
+#[derive(Clone, Debug)]
+pub struct Batches<'a> {
+    data: &'a Dataset,
+    order: Vec<usize>,
+    next: usize,
+    batch_size: usize,
+}
+
+impl Iterator for Batches<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        let rows = self.order.get(self.next..)?;
+        if rows.is_empty() {
+            return None;
+        }
+        let rows = &rows[..rows.len().min(self.batch_size)];
+        self.next += rows.len();
+        Some(gather_rows(&self.data.x, rows).and_then(|x| {
+            Ok(Batch {
+                x,
+                y: gather_rows(&self.data.y, rows)?,
+            })
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self
+            .order
+            .len()
+            .saturating_sub(self.next)
+            .div_ceil(self.batch_size);
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Batches<'_> {}
+
+/// `0..n` shuffled by `seed`.
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    Rng::new(seed).shuffle(&mut order);
+    order
+}
+
+/// Rows `rows` (indices into the first dimension, already checked) of `t`.
+fn gather_rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    let row_shape = t.shape().get(1..).unwrap_or(&[]);
+    let row_len = checked_numel(row_shape)?;
+    let mut shape = vec![rows.len()];
+    shape.extend_from_slice(row_shape);
+    fn pick<T: Copy>(v: &[T], rows: &[usize], row_len: usize) -> Vec<T> {
+        rows.iter()
+            .flat_map(|&r| &v[r * row_len..(r + 1) * row_len])
+            .copied()
+            .collect()
+    }
+    let data = match t.data() {
+        TensorData::F32(v) => TensorData::F32(pick(v, rows, row_len)),
+        TensorData::I32(v) => TensorData::I32(pick(v, rows, row_len)),
+    };
+    Tensor::new(&shape, data)
+}
+
+/// How labels of a [`Labels::Classes`] column turned out to be written.
+enum ClassLabels {
+    Numbers(Vec<i32>),
+    /// Per row, the index of its name in `names` (first-seen order).
+    Names {
+        ids: Vec<usize>,
+        names: Vec<String>,
+        index: HashMap<String, usize>,
+    },
+}
+
+/// The CSV reader behind [`read_csv`]; `name` prefixes every message.
+fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<Dataset> {
+    let mut features: Vec<f32> = Vec::new();
+    let mut targets: Vec<f32> = Vec::new();
+    let mut classes: Option<ClassLabels> = None;
+    let mut n_fields: Option<usize> = None;
+    let mut n_rows = 0usize;
+    let mut seen_first = false;
+    let mut total = 0u64;
+    let mut raw = Vec::new();
+    for line_no in 1usize.. {
+        raw.clear();
+        let n = reader
+            .read_until(b'\n', &mut raw)
+            .map_err(|e| err!(Io, "{name}:{line_no}: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > opts.max_bytes {
+            return Err(err!(
+                Limit,
+                "{name}: more than {} bytes of text",
+                opts.max_bytes
+            ));
+        }
+        let at = |msg: String| err!(Io, "{name}:{line_no}: {msg}");
+        let line = std::str::from_utf8(&raw).map_err(|_| at("line is not valid UTF-8".into()))?;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        if !seen_first {
+            seen_first = true;
+            let is_header = match opts.header {
+                Header::Present => true,
+                Header::Absent => false,
+                Header::Auto => fields
+                    .iter()
+                    .enumerate()
+                    .any(|(i, f)| Some(i) != opts.label_col && f.parse::<f32>().is_err()),
+            };
+            if is_header {
+                continue;
+            }
+        }
+        let expected = *n_fields.get_or_insert(fields.len());
+        if fields.len() != expected {
+            return Err(at(format!(
+                "expected {expected} fields, found {}",
+                fields.len()
+            )));
+        }
+        if let Some(c) = opts.label_col.filter(|&c| c >= expected) {
+            return Err(at(format!(
+                "label_col {c} is out of range for {expected} fields (it counts from 0)"
+            )));
+        }
+        for (i, field) in fields.iter().enumerate() {
+            if Some(i) == opts.label_col {
+                match opts.labels {
+                    Labels::Targets => targets.push(
+                        parse_number(field).map_err(|m| at(format!("column {}: {m}", i + 1)))?,
+                    ),
+                    Labels::Classes => push_class(&mut classes, field)
+                        .map_err(|m| at(format!("column {}: {m}", i + 1)))?,
+                }
+            } else {
+                let v = parse_number(field).map_err(|m| at(format!("column {}: {m}", i + 1)))?;
+                features.push(v * opts.scale);
+            }
+        }
+        n_rows += 1;
+    }
+    let Some(n_fields) = n_fields else {
+        return Err(err!(Io, "{name}: no data rows"));
+    };
+    let n_features = n_fields - usize::from(opts.label_col.is_some());
+    if n_features == 0 {
+        return Err(err!(Io, "{name}: no feature columns"));
+    }
+    let x = Tensor::f32(&[n_rows, n_features], features)?;
+    let (y, names) = match (opts.label_col, opts.labels, classes) {
+        (None, _, _) => (Tensor::zeros(&[n_rows, 0], DType::F32)?, Vec::new()),
+        (Some(_), Labels::Targets, _) => (Tensor::f32(&[n_rows], targets)?, Vec::new()),
+        (Some(_), Labels::Classes, Some(ClassLabels::Numbers(labels))) => {
+            (Tensor::i32(&[n_rows], labels)?, Vec::new())
+        }
+        (Some(_), Labels::Classes, Some(ClassLabels::Names { ids, names, .. })) => {
+            let mut sorted: Vec<usize> = (0..names.len()).collect();
+            sorted.sort_by(|&a, &b| names[a].cmp(&names[b]));
+            let mut rank = vec![0i32; names.len()];
+            for (r, &id) in sorted.iter().enumerate() {
+                rank[id] = i32::try_from(r).map_err(|_| err!(Io, "{name}: too many classes"))?;
+            }
+            let labels = ids.iter().map(|&id| rank[id]).collect();
+            let names = sorted.into_iter().map(|id| names[id].clone()).collect();
+            (Tensor::i32(&[n_rows], labels)?, names)
+        }
+        (Some(_), Labels::Classes, None) => return Err(err!(Io, "{name}: no data rows")),
+    };
+    Ok(Dataset::new(x, y)?.with_classes(names))
+}
+
+fn parse_number(field: &str) -> std::result::Result<f32, String> {
+    match field.parse::<f32>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(_) => Err(format!("`{field}` is not a finite number")),
+        Err(_) => Err(format!("`{field}` is not a number")),
+    }
+}
+
+/// Add one class label; the first label decides between numbers and names.
+fn push_class(classes: &mut Option<ClassLabels>, field: &str) -> std::result::Result<(), String> {
+    if field.is_empty() {
+        return Err("empty label".into());
+    }
+    let labels = classes.get_or_insert_with(|| {
+        if field.parse::<f64>().is_ok() {
+            ClassLabels::Numbers(Vec::new())
+        } else {
+            ClassLabels::Names {
+                ids: Vec::new(),
+                names: Vec::new(),
+                index: HashMap::new(),
+            }
+        }
+    });
+    match labels {
+        ClassLabels::Numbers(v) => match field.parse::<i64>() {
+            Ok(l) if l < 0 => Err(format!("label {l} is negative")),
+            Ok(l) => {
+                let l = i32::try_from(l).map_err(|_| format!("label {l} is too large"))?;
+                v.push(l);
+                Ok(())
+            }
+            Err(_) => Err(format!("label `{field}` is not an integer")),
+        },
+        ClassLabels::Names { ids, names, index } => {
+            let id = *index.entry(field.to_string()).or_insert_with(|| {
+                names.push(field.to_string());
+                names.len() - 1
+            });
+            ids.push(id);
+            Ok(())
+        }
+    }
+}
+
+/// Files with a text extension under `dir`, depth-first in sorted name order.
+fn collect_text_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries = fs::read_dir(dir)
+        .and_then(|rd| rd.collect::<std::io::Result<Vec<_>>>())
+        .map_err(|e| Error::io(dir.display(), e))?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .map_err(|e| Error::io(path.display(), e))?;
+        if kind.is_dir() {
+            collect_text_files(&path, out)?;
+        } else if kind.is_file()
+            && path
+                .extension()
+                .is_some_and(|e| e == "rs" || e == "md" || e == "txt")
+        {
+            out.push(path);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! The logic of `rumus graph FILE [--model NAME] [--params]`: load a model file (standalone or
+//! `.rms`), instantiate one model (input dimensions left unset are 1), and render either its
+//! parameter list or its graph as Graphviz DOT.
+
+use super::{load, load_rms, lower};
+use crate::err;
+use crate::error::{Error, Result, Source};
+use crate::graph::{Graph, Init, Op};
+use crate::tensor::fmt_shape;
+
+/// Run `rumus graph`: the text to print, or an error (rendered with its source position).
+pub fn cli_graph(path: &str, model: Option<&str>, params: bool) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let src = Source::new(path, text);
+    let module = if path.ends_with(".rms") {
+        load_rms(&src)?
+    } else {
+        load(&src)?
+    };
+    let name = match model {
+        Some(m) => m.to_string(),
+        None => {
+            let user: Vec<String> = module.models().map(|m| m.name.name.clone()).collect();
+            match user.as_slice() {
+                [one] => one.clone(),
+                [] => return Err(err!(Name, "{path}: no model in this file")),
+                many => {
+                    return Err(err!(
+                        Usage,
+                        "{path} has several models ({}); pick one with --model",
+                        many.join(", ")
+                    ))
+                }
+            }
+        }
+    };
+    let graph = lower(&module, &name, &[], Some(1)).map_err(|e| e.in_source(&src))?;
+    Ok(if params {
+        param_table(&graph)
+    } else {
+        dot(&graph, &name)
+    })
+}
+
+/// One line per parameter: dotted name, shape, initializer.
+pub fn param_table(g: &Graph) -> String {
+    let mut out = String::new();
+    for (id, name) in g.parameters() {
+        let init = match &g.node(id).op {
+            Op::Parameter { init, .. } => fmt_init(init),
+            _ => String::new(),
+        };
+        out.push_str(&format!("{name} {} {init}\n", fmt_shape(g.shape(id))));
+    }
+    out
+}
+
+/// An initializer as the language writes it.
+pub fn fmt_init(init: &Init) -> String {
+    match init {
+        Init::Zeros => "zeros".into(),
+        Init::Ones => "ones".into(),
+        Init::Fill(v) => format!("fill({v})"),
+        Init::Normal { mean, std } => format!("normal({mean}, {std})"),
+        Init::Uniform { low, high } => format!("uniform({low}, {high})"),
+        Init::Xavier => "xavier".into(),
+        Init::Kaiming => "kaiming".into(),
+    }
+}
+
+/// The graph as Graphviz DOT: one box per node (op, name, shape, dtype), edges from inputs.
+pub fn dot(g: &Graph, name: &str) -> String {
+    let mut out = format!(
+        "digraph \"{}\" {{\n    node [shape=box, fontname=monospace];\n",
+        escape(name)
+    );
+    for (id, n) in g.nodes() {
+        let what = match &n.op {
+            Op::Input { name } => format!("input {name}"),
+            Op::Parameter { name, .. } => format!("param {name}"),
+            Op::Constant { value } => format!("constant {value}"),
+            op => op.name().to_string(),
+        };
+        let label = format!("{what}\\n{} {}", fmt_shape(&n.shape), n.dtype);
+        out.push_str(&format!(
+            "    n{} [label=\"{}\"];\n",
+            id.index(),
+            escape(&label).replace("\\\\n", "\\n")
+        ));
+        for i in &n.inputs {
+            out.push_str(&format!("    n{} -> n{};\n", i.index(), id.index()));
+        }
+    }
+    for (oname, id) in &g.outputs {
+        out.push_str(&format!(
+            "    out_{0} [label=\"output {0}\", shape=ellipse];\n    n{1} -> out_{0};\n",
+            escape(oname),
+            id.index()
+        ));
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}

@@ -1,0 +1,352 @@
+//! Reverse-mode differentiation inside the graph: from a scalar loss, append the nodes that
+//! compute its gradient with respect to chosen values.
+//!
+//! Only nodes that both depend on a differentiated value and feed the loss get an adjoint, so no
+//! work is appended for values that need no gradient. Where a value fans out, the adjoints of its
+//! uses are summed. Backward nodes carry the span of the forward node they differentiate.
+
+use super::ir::{BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use crate::err;
+use crate::error::Result;
+use crate::tensor::{fmt_shape, DType};
+
+/// Append the gradient of the scalar `loss` with respect to each of `wrt`, returning one
+/// gradient node per entry (a zero constant where the loss does not depend on it).
+pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> {
+    let n = g.n_nodes();
+    if loss.index() >= n || wrt.iter().any(|w| w.index() >= n) {
+        return Err(err!(Invariant, "grad: node is not in this graph"));
+    }
+    if !g.shape(loss).is_empty() || g.dtype(loss) != DType::F32 {
+        return Err(err!(
+            Shape,
+            "grad: the loss must be an f32 scalar, got {}{}",
+            g.dtype(loss),
+            fmt_shape(g.shape(loss))
+        )
+        .at(g.node(loss).span));
+    }
+    // Forward reachability from `wrt`, backward reachability from `loss`; a node needs an
+    // adjoint when it is in both.
+    let mut from_wrt = vec![false; n];
+    for w in wrt {
+        from_wrt[w.index()] = true;
+    }
+    for i in 0..n {
+        if !from_wrt[i] && g.nodes[i].inputs.iter().any(|x| from_wrt[x.index()]) {
+            from_wrt[i] = true;
+        }
+    }
+    let mut to_loss = vec![false; n];
+    to_loss[loss.index()] = true;
+    for i in (0..n).rev() {
+        if to_loss[i] {
+            for x in g.nodes[i].inputs.clone() {
+                to_loss[x.index()] = true;
+            }
+        }
+    }
+    let needs: Vec<bool> = (0..n).map(|i| from_wrt[i] && to_loss[i]).collect();
+
+    let saved_span = g.span;
+    let mut adjoint: Vec<Option<NodeId>> = vec![None; n];
+    adjoint[loss.index()] = Some(g.constant(1.0));
+    for i in (0..=loss.index()).rev() {
+        let (Some(dy), true) = (adjoint[i], needs[i]) else {
+            continue;
+        };
+        let node = g.nodes[i].clone();
+        if node.inputs.iter().all(|x| !needs[x.index()]) {
+            continue;
+        }
+        g.set_span(node.span);
+        let grads = backward(g, NodeId(i as u32), dy)?;
+        for (x, dx) in node.inputs.iter().zip(grads) {
+            let (Some(dx), true) = (dx, needs[x.index()]) else {
+                continue;
+            };
+            adjoint[x.index()] = Some(match adjoint[x.index()] {
+                Some(acc) => g.add(acc, dx)?,
+                None => dx,
+            });
+        }
+    }
+    let mut out = Vec::with_capacity(wrt.len());
+    for &w in wrt {
+        g.set_span(g.nodes[w.index()].span);
+        out.push(match adjoint[w.index()] {
+            Some(d) => d,
+            None => {
+                let shape = g.shape(w).to_vec();
+                g.full(&shape, 0.0)?
+            }
+        });
+    }
+    g.set_span(saved_span);
+    Ok(out)
+}
+
+/// Gradients of one node's inputs given its output adjoint `dy`: one entry per input, `None`
+/// where the input receives no gradient (indices, masks, stats).
+fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>> {
+    let node = g.node(id).clone();
+    let x = &node.inputs;
+    let shape_of = |g: &Graph, i: usize| g.shape(x[i]).to_vec();
+    Ok(match &node.op {
+        Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => vec![],
+        Op::Unary(u) => vec![Some(unary_backward(g, *u, x[0], id, dy)?)],
+        Op::Binary(b) => {
+            let (da, db) = binary_backward(g, *b, x[0], x[1], id, dy)?;
+            let (sa, sb) = (shape_of(g, 0), shape_of(g, 1));
+            vec![
+                da.map(|d| g.sum_to(d, &sa)).transpose()?,
+                db.map(|d| g.sum_to(d, &sb)).transpose()?,
+            ]
+        }
+        Op::Where => {
+            let zero = g.constant(0.0);
+            let da = g.select(x[0], dy, zero)?;
+            let db = g.select(x[0], zero, dy)?;
+            let (sa, sb) = (shape_of(g, 1), shape_of(g, 2));
+            vec![None, Some(g.sum_to(da, &sa)?), Some(g.sum_to(db, &sb)?)]
+        }
+        Op::Reduce {
+            op,
+            axes,
+            keepdim: _,
+        } => {
+            let xs = shape_of(g, 0);
+            let kept: Vec<usize> = xs
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+                .collect();
+            let dyk = g.reshape(dy, &kept)?;
+            let dx = match op {
+                ReduceOp::Sum => g.broadcast_to(dyk, &xs)?,
+                ReduceOp::Mean => {
+                    let count: usize = axes.iter().map(|&a| xs[a]).product();
+                    let scaled = g.scale(dyk, 1.0 / count.max(1) as f32)?;
+                    g.broadcast_to(scaled, &xs)?
+                }
+                ReduceOp::Max => {
+                    // The gradient is shared equally among the elements that attain the maximum.
+                    let yk = g.reshape(id, &kept)?;
+                    let mask = g.binary(BinaryOp::Equal, x[0], yk)?;
+                    let count = g.sum(mask, axes, true)?;
+                    let share = g.div(dyk, count)?;
+                    g.mul(mask, share)?
+                }
+            };
+            vec![Some(dx)]
+        }
+        Op::Reshape => {
+            let xs = shape_of(g, 0);
+            vec![Some(g.reshape(dy, &xs)?)]
+        }
+        Op::Permute { perm } => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![Some(g.permute(dy, &inverse)?)]
+        }
+        Op::BroadcastTo => {
+            let xs = shape_of(g, 0);
+            vec![Some(g.sum_to(dy, &xs)?)]
+        }
+        Op::Slice { axis, start, end } => {
+            let xs = shape_of(g, 0);
+            let mut parts = Vec::new();
+            for (len, is_dy) in [
+                (*start, false),
+                (end - start, true),
+                (xs[*axis] - end, false),
+            ] {
+                if is_dy {
+                    parts.push(dy);
+                } else if len > 0 {
+                    let mut s = xs.clone();
+                    s[*axis] = len;
+                    parts.push(g.full(&s, 0.0)?);
+                }
+            }
+            vec![Some(g.concat(&parts, *axis)?)]
+        }
+        Op::Concat { axis } => {
+            let mut offset = 0;
+            let mut out = Vec::new();
+            for i in 0..x.len() {
+                let len = g.shape(x[i])[*axis];
+                out.push(Some(g.slice(dy, *axis, offset, offset + len)?));
+                offset += len;
+            }
+            out
+        }
+        Op::MatMul => {
+            let (sa, sb) = (shape_of(g, 0), shape_of(g, 1));
+            let bt = g.transpose(x[1], sb.len() - 2, sb.len() - 1)?;
+            let da = g.matmul(dy, bt)?;
+            let at = g.transpose(x[0], sa.len() - 2, sa.len() - 1)?;
+            let db = g.matmul(at, dy)?;
+            vec![Some(g.sum_to(da, &sa)?), Some(g.sum_to(db, &sb)?)]
+        }
+        Op::Softmax => {
+            // dx = y · (dy − Σ dy·y)
+            let last = node.shape.len() - 1;
+            let dyy = g.mul(dy, id)?;
+            let s = g.sum(dyy, &[last], true)?;
+            let centered = g.sub(dy, s)?;
+            vec![Some(g.mul(id, centered)?)]
+        }
+        Op::LogSoftmax => {
+            // dx = dy − exp(y) · Σ dy
+            let last = node.shape.len() - 1;
+            let s = g.sum(dy, &[last], true)?;
+            let p = g.exp(id)?;
+            let ps = g.mul(p, s)?;
+            vec![Some(g.sub(dy, ps)?)]
+        }
+        Op::CausalMask { .. } => vec![Some(g.add_node(
+            Op::CausalMask { fill: 0.0 },
+            &[dy],
+            &[],
+        )?)],
+        Op::LayerNormStats { .. } => vec![None],
+        Op::LayerNorm => {
+            let d = *node.shape.last().unwrap_or(&1);
+            let dx = g.add_node(Op::LayerNormGradInput, &[x[0], x[1], x[2], dy], &[])?;
+            let dwb = g.add_node(Op::LayerNormGradWeight, &[x[0], x[1], dy], &[])?;
+            let dw = g.slice(dwb, 0, 0, 1)?;
+            let dw = g.reshape(dw, &[d])?;
+            let db = g.slice(dwb, 0, 1, 2)?;
+            let db = g.reshape(db, &[d])?;
+            vec![Some(dx), None, Some(dw), Some(db)]
+        }
+        Op::Embedding => {
+            let vocab = g.shape(x[0])[0];
+            vec![
+                Some(g.add_node(Op::EmbeddingGrad { vocab }, &[x[1], dy], &[])?),
+                None,
+            ]
+        }
+        Op::CrossEntropy { ignore_index } => {
+            let d = g.add_node(
+                Op::CrossEntropyGrad {
+                    ignore_index: *ignore_index,
+                },
+                &[x[0], x[1], dy],
+                &[],
+            )?;
+            vec![Some(d), None]
+        }
+        Op::Dropout { p, seed } => vec![Some(g.add_node(
+            Op::Dropout { p: *p, seed: *seed },
+            &[dy],
+            &[],
+        )?)],
+        Op::LayerNormGradInput
+        | Op::LayerNormGradWeight
+        | Op::EmbeddingGrad { .. }
+        | Op::CrossEntropyGrad { .. } => {
+            return Err(err!(
+                Shape,
+                "{}: has no gradient (it is itself a gradient op)",
+                node.op.name()
+            )
+            .at(node.span))
+        }
+    })
+}
+
+fn unary_backward(g: &mut Graph, u: UnaryOp, x: NodeId, y: NodeId, dy: NodeId) -> Result<NodeId> {
+    let local = match u {
+        UnaryOp::Neg => return g.neg(dy),
+        UnaryOp::Exp => y,
+        UnaryOp::Log => return g.div(dy, x),
+        UnaryOp::Sqrt => {
+            let two_y = g.scale(y, 2.0)?;
+            return g.div(dy, two_y);
+        }
+        UnaryOp::Rsqrt => {
+            let y2 = g.square(y)?;
+            let y3 = g.mul(y2, y)?;
+            g.scale(y3, -0.5)?
+        }
+        UnaryOp::Abs => g.unary(UnaryOp::Sign, x)?,
+        UnaryOp::Square => g.scale(x, 2.0)?,
+        UnaryOp::Tanh => {
+            let y2 = g.square(y)?;
+            let one = g.constant(1.0);
+            g.sub(one, y2)?
+        }
+        UnaryOp::Sigmoid => {
+            let one = g.constant(1.0);
+            let omy = g.sub(one, y)?;
+            g.mul(y, omy)?
+        }
+        UnaryOp::Relu => {
+            let zero = g.constant(0.0);
+            g.binary(BinaryOp::Greater, x, zero)?
+        }
+        UnaryOp::Gelu => g.unary(UnaryOp::GeluGrad, x)?,
+        UnaryOp::GeluTanh => g.unary(UnaryOp::GeluTanhGrad, x)?,
+        UnaryOp::Silu => g.unary(UnaryOp::SiluGrad, x)?,
+        UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad => {
+            return Err(err!(
+                Shape,
+                "{}: has no gradient (it is itself a gradient op)",
+                u.name()
+            ))
+        }
+    };
+    g.mul(dy, local)
+}
+
+/// Gradients of a binary op with respect to both operands, at the broadcast shape.
+fn binary_backward(
+    g: &mut Graph,
+    b: BinaryOp,
+    a: NodeId,
+    c: NodeId,
+    y: NodeId,
+    dy: NodeId,
+) -> Result<(Option<NodeId>, Option<NodeId>)> {
+    Ok(match b {
+        BinaryOp::Add => (Some(dy), Some(dy)),
+        BinaryOp::Sub => (Some(dy), Some(g.neg(dy)?)),
+        BinaryOp::Mul => (Some(g.mul(dy, c)?), Some(g.mul(dy, a)?)),
+        BinaryOp::Div => {
+            let da = g.div(dy, c)?;
+            let yc = g.div(y, c)?;
+            let t = g.mul(dy, yc)?;
+            (Some(da), Some(g.neg(t)?))
+        }
+        BinaryOp::Pow => {
+            // d/da a^c = c·a^(c−1); d/dc a^c = a^c·ln a
+            let one = g.constant(1.0);
+            let cm1 = g.sub(c, one)?;
+            let p = g.pow(a, cm1)?;
+            let local_a = g.mul(c, p)?;
+            let la = g.log(a)?;
+            let local_c = g.mul(y, la)?;
+            (Some(g.mul(dy, local_a)?), Some(g.mul(dy, local_c)?))
+        }
+        BinaryOp::Maximum | BinaryOp::Minimum => {
+            // The winner takes the gradient; ties split it evenly.
+            let (hi, lo) = if b == BinaryOp::Maximum {
+                (a, c)
+            } else {
+                (c, a)
+            };
+            let a_wins = g.binary(BinaryOp::Greater, hi, lo)?;
+            let ties = g.binary(BinaryOp::Equal, a, c)?;
+            let half_ties = g.scale(ties, 0.5)?;
+            let ma = g.add(a_wins, half_ties)?;
+            let one = g.constant(1.0);
+            let mc = g.sub(one, ma)?;
+            (Some(g.mul(dy, ma)?), Some(g.mul(dy, mc)?))
+        }
+        BinaryOp::Greater | BinaryOp::Equal => (None, None),
+    })
+}

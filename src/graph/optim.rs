@@ -1,0 +1,298 @@
+//! Optimizer updates as graph nodes.
+//!
+//! An optimizer appends, for every parameter, the elementwise nodes that compute its new value
+//! (and new moments), and records them as graph updates; its state (moments, the step count)
+//! lives in `State` nodes, so it is saved, restored and planned like any other persistent value.
+//! The learning rate is an `Input` scalar fed at every step, which makes schedules free.
+
+use super::ir::{Graph, Init, NodeId, Update};
+use crate::err;
+use crate::error::Result;
+
+/// Name of the learning-rate input that a training graph feeds at every step.
+pub const LR_INPUT: &str = "optim.lr";
+/// Name of the step-count state (the number of updates applied so far).
+pub const STEP_STATE: &str = "optim.step";
+
+/// Which update rule, with its hyperparameters (the learning rate is fed per step).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Optimizer {
+    /// SGD with optional momentum and L2 weight decay (PyTorch's `SGD`, dampening 0).
+    Sgd { momentum: f32, weight_decay: f32 },
+    /// Adam with L2 weight decay added to the gradient (PyTorch's `Adam`).
+    Adam {
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+    },
+    /// Adam with decoupled weight decay (PyTorch's `AdamW`).
+    AdamW {
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+    },
+}
+
+impl Optimizer {
+    pub fn sgd() -> Optimizer {
+        Optimizer::Sgd {
+            momentum: 0.0,
+            weight_decay: 0.0,
+        }
+    }
+    pub fn adam() -> Optimizer {
+        Optimizer::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+    pub fn adamw() -> Optimizer {
+        Optimizer::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Sgd { .. } => "sgd",
+            Optimizer::Adam { .. } => "adam",
+            Optimizer::AdamW { .. } => "adamw",
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        let (b1, b2, eps, wd) = match *self {
+            Optimizer::Sgd {
+                momentum,
+                weight_decay,
+            } => {
+                if !(0.0..1.0).contains(&momentum) {
+                    return Err(err!(
+                        Shape,
+                        "sgd: momentum must be in [0, 1), got {momentum}"
+                    ));
+                }
+                (0.0, 0.0, 1.0, weight_decay)
+            }
+            Optimizer::Adam {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            }
+            | Optimizer::AdamW {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => (beta1, beta2, eps, weight_decay),
+        };
+        let name = self.name();
+        if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
+            return Err(err!(
+                Shape,
+                "{name}: betas must be in [0, 1), got ({b1}, {b2})"
+            ));
+        }
+        if !(eps > 0.0 && eps.is_finite()) || !(wd >= 0.0 && wd.is_finite()) {
+            return Err(err!(
+                Shape,
+                "{name}: eps must be positive and weight_decay >= 0, got {eps} and {wd}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An optimizer with optional clipping of the global gradient norm.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptimConfig {
+    pub optimizer: Optimizer,
+    /// Scale all gradients by min(1, clip / ‖g‖) where ‖g‖ is the norm over every gradient.
+    pub clip_norm: Option<f32>,
+}
+
+/// Nodes the host needs to drive the optimizer.
+#[derive(Clone, Copy, Debug)]
+pub struct OptimNodes {
+    /// Scalar learning-rate input, fed at every step.
+    pub lr: NodeId,
+    /// Scalar step count (updates applied so far).
+    pub step: NodeId,
+    /// Global gradient norm before clipping (present when clipping is on).
+    pub grad_norm: Option<NodeId>,
+}
+
+/// Append the update of every `(parameter, gradient)` pair and record the write-backs.
+pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> Result<OptimNodes> {
+    cfg.optimizer.check()?;
+    if let Some(c) = cfg.clip_norm {
+        if !(c > 0.0 && c.is_finite()) {
+            return Err(err!(Shape, "clip_norm must be positive, got {c}"));
+        }
+    }
+    let lr = g.input(LR_INPUT, &[], crate::tensor::DType::F32)?;
+    let step = g.state(STEP_STATE, &[], Init::Zeros)?;
+    let one = g.constant(1.0);
+    let t = g.add(step, one)?;
+    g.updates.push(Update {
+        target: step,
+        value: t,
+    });
+
+    let mut grads: Vec<NodeId> = params.iter().map(|&(_, d)| d).collect();
+    let mut grad_norm = None;
+    if let Some(clip) = cfg.clip_norm {
+        let mut total = None;
+        for &d in &grads {
+            let sq = g.square(d)?;
+            let s = g.sum_all(sq)?;
+            total = Some(match total {
+                Some(acc) => g.add(acc, s)?,
+                None => s,
+            });
+        }
+        if let Some(total) = total {
+            let norm = g.sqrt(total)?;
+            let eps = g.constant(1e-6);
+            let denom = g.add(norm, eps)?;
+            let c = g.constant(clip);
+            let ratio = g.div(c, denom)?;
+            let scale = g.minimum(ratio, one)?;
+            for d in &mut grads {
+                *d = g.mul(*d, scale)?;
+            }
+            grad_norm = Some(norm);
+        }
+    }
+
+    // Bias corrections 1 − β^t, shared by every parameter.
+    let corrections = match cfg.optimizer {
+        Optimizer::Adam { beta1, beta2, .. } | Optimizer::AdamW { beta1, beta2, .. } => {
+            let mut bc = [one; 2];
+            for (slot, beta) in bc.iter_mut().zip([beta1, beta2]) {
+                let b = g.constant(beta);
+                let bt = g.pow(b, t)?;
+                *slot = g.sub(one, bt)?;
+            }
+            Some(bc)
+        }
+        Optimizer::Sgd { .. } => None,
+    };
+
+    for (&(p, _), &d) in params.iter().zip(&grads) {
+        let name = match &g.node(p).op {
+            super::ir::Op::Parameter { name, .. } => name.clone(),
+            other => {
+                return Err(err!(
+                    Invariant,
+                    "optimizer: node {} is a {}, not a parameter",
+                    p.0,
+                    other.name()
+                ))
+            }
+        };
+        let shape = g.shape(p).to_vec();
+        g.set_span(g.node(p).span);
+        let new_p = match cfg.optimizer {
+            Optimizer::Sgd {
+                momentum,
+                weight_decay,
+            } => {
+                let d = add_l2(g, d, p, weight_decay)?;
+                let dir = if momentum > 0.0 {
+                    let buf = g.state(&format!("optim.momentum.{name}"), &shape, Init::Zeros)?;
+                    let mb = g.scale(buf, momentum)?;
+                    let nb = g.add(mb, d)?;
+                    g.updates.push(Update {
+                        target: buf,
+                        value: nb,
+                    });
+                    nb
+                } else {
+                    d
+                };
+                let step_size = g.mul(dir, lr)?;
+                g.sub(p, step_size)?
+            }
+            Optimizer::Adam {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            }
+            | Optimizer::AdamW {
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
+                let d = if decoupled {
+                    d
+                } else {
+                    add_l2(g, d, p, weight_decay)?
+                };
+                let m = g.state(&format!("optim.m.{name}"), &shape, Init::Zeros)?;
+                let v = g.state(&format!("optim.v.{name}"), &shape, Init::Zeros)?;
+                let new_m = ema(g, m, d, beta1)?;
+                let d2 = g.square(d)?;
+                let new_v = ema(g, v, d2, beta2)?;
+                g.updates.push(Update {
+                    target: m,
+                    value: new_m,
+                });
+                g.updates.push(Update {
+                    target: v,
+                    value: new_v,
+                });
+                let [bc1, bc2] = corrections.unwrap_or([one; 2]);
+                let m_hat = g.div(new_m, bc1)?;
+                let v_hat = g.div(new_v, bc2)?;
+                let root = g.sqrt(v_hat)?;
+                let e = g.constant(eps);
+                let denom = g.add(root, e)?;
+                let mut dir = g.div(m_hat, denom)?;
+                if decoupled && weight_decay > 0.0 {
+                    let wp = g.scale(p, weight_decay)?;
+                    dir = g.add(dir, wp)?;
+                }
+                let step_size = g.mul(dir, lr)?;
+                g.sub(p, step_size)?
+            }
+        };
+        g.updates.push(Update {
+            target: p,
+            value: new_p,
+        });
+    }
+    g.set_span(crate::error::Span::NONE);
+    Ok(OptimNodes {
+        lr,
+        step,
+        grad_norm,
+    })
+}
+
+/// g + wd·p (plain L2 regularization), or g itself when wd is 0.
+fn add_l2(g: &mut Graph, d: NodeId, p: NodeId, wd: f32) -> Result<NodeId> {
+    if wd == 0.0 {
+        return Ok(d);
+    }
+    let wp = g.scale(p, wd)?;
+    g.add(d, wp)
+}
+
+/// β·state + (1 − β)·x
+fn ema(g: &mut Graph, state: NodeId, x: NodeId, beta: f32) -> Result<NodeId> {
+    let a = g.scale(state, beta)?;
+    let b = g.scale(x, 1.0 - beta)?;
+    g.add(a, b)
+}

@@ -1,0 +1,36 @@
+//! The training graph: forward, loss, backward and optimizer update in one arena, checked before
+//! and after the passes that extend it.
+
+use super::autodiff;
+use super::ir::{Graph, NodeId};
+use super::optim::{self, OptimConfig, OptimNodes};
+use super::verify::verify;
+use crate::error::Result;
+
+/// A graph whose one evaluation is a whole training step.
+#[derive(Clone, Debug)]
+pub struct TrainGraph {
+    pub graph: Graph,
+    /// The scalar loss (also output `loss`).
+    pub loss: NodeId,
+    /// `(parameter, gradient)` pairs, in parameter order.
+    pub grads: Vec<(NodeId, NodeId)>,
+    pub optim: OptimNodes,
+}
+
+/// Extend a forward graph into a training step.
+pub fn training_graph(mut g: Graph, loss: NodeId, cfg: &OptimConfig) -> Result<TrainGraph> {
+    verify(&g)?; // the forward graph is well-formed before anything is appended
+    let params: Vec<NodeId> = g.parameters().into_iter().map(|(id, _)| id).collect();
+    let grads = autodiff::grad(&mut g, loss, &params)?; // backward nodes, same arena
+    let pairs: Vec<(NodeId, NodeId)> = params.into_iter().zip(grads).collect();
+    let optim = optim::apply(&mut g, &pairs, cfg)?; // update nodes and optimizer state
+    g.set_output("loss", loss);
+    verify(&g)?; // and still well-formed after both passes
+    Ok(TrainGraph {
+        graph: g,
+        loss,
+        grads: pairs,
+        optim,
+    })
+}

@@ -1,0 +1,162 @@
+//! Liveness and buffer assignment.
+//!
+//! Each materialized value (a node with a buffer, views folded into the value they view) lives
+//! from the kernel that writes it to the last kernel that reads it. Pinned values (inputs,
+//! parameters, state, and every value the host reads or writes back after a step) get a buffer
+//! of their own for the whole plan. The others share buffers, assigned greedily by size: largest
+//! value first, each into the best-fitting buffer none of whose values' lifetimes overlap its
+//! own, so a buffer is reused only by values that are never live at the same time.
+
+use super::fuse::Fusion;
+use crate::graph::{Graph, NodeId, Op};
+
+/// Kernel index range `[first, last]` (inclusive) in which a value's buffer holds it. Sources
+/// start at `-1` (filled before the first kernel); pinned values end at `i64::MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    pub first: i64,
+    pub last: i64,
+}
+
+impl Lifetime {
+    pub fn overlaps(self, other: Lifetime) -> bool {
+        self.first <= other.last && other.first <= self.last
+    }
+}
+
+/// A device buffer of the plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferInfo {
+    pub bytes: u64,
+    /// Holds one pinned value; never shared.
+    pub pinned: bool,
+}
+
+/// One materialized value: the node that owns the buffer contents (views resolve to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Value {
+    pub node: NodeId,
+    pub bytes: u64,
+    pub lifetime: Lifetime,
+    pub pinned: bool,
+    pub buffer: usize,
+}
+
+/// Bytes of a node's value (at least 4, so that no binding is empty).
+pub fn value_bytes(g: &Graph, id: NodeId) -> u64 {
+    let n: usize = g.shape(id).iter().product();
+    (n.max(1) as u64) * 4
+}
+
+/// Compute lifetimes and assign buffers. `pinned_roots` are the values the host reads or that
+/// are written back after the step. With `reuse` off every value gets its own buffer.
+pub fn assign(
+    g: &Graph,
+    f: &Fusion,
+    pinned_roots: &[NodeId],
+    reuse: bool,
+) -> (Vec<Value>, Vec<BufferInfo>) {
+    let n = g.n_nodes();
+    let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
+    let mut lifetime: Vec<Option<Lifetime>> = vec![None; n];
+    let mut pinned = vec![false; n];
+    for (id, node) in g.nodes() {
+        if f.live[id.index()]
+            && matches!(
+                node.op,
+                Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }
+            )
+        {
+            lifetime[id.index()] = Some(Lifetime {
+                first: -1,
+                last: -1,
+            });
+            pinned[id.index()] = true;
+        }
+    }
+    for &r in pinned_roots {
+        pinned[owner(r).index()] = true;
+    }
+    for (k, kernel) in f.kernels.iter().enumerate() {
+        let k = k as i64;
+        for &o in &kernel.outputs {
+            let o = owner(o);
+            let lt = lifetime[o.index()].get_or_insert(Lifetime { first: k, last: k });
+            lt.first = lt.first.min(k);
+            lt.last = lt.last.max(k);
+        }
+        for &i in &kernel.inputs {
+            let i = owner(i);
+            let lt = lifetime[i.index()].get_or_insert(Lifetime { first: k, last: k });
+            lt.last = lt.last.max(k);
+        }
+    }
+    let mut values: Vec<Value> = (0..n)
+        .filter_map(|i| {
+            let lt = lifetime[i]?;
+            let id = NodeId(i as u32);
+            let lifetime = if pinned[i] {
+                Lifetime {
+                    first: -1,
+                    last: i64::MAX,
+                }
+            } else {
+                lt
+            };
+            Some(Value {
+                node: id,
+                bytes: value_bytes(g, id),
+                lifetime,
+                pinned: pinned[i],
+                buffer: usize::MAX,
+            })
+        })
+        .collect();
+
+    let mut buffers: Vec<BufferInfo> = Vec::new();
+    // Lifetimes already placed in each shared buffer.
+    let mut occupied: Vec<Vec<Lifetime>> = Vec::new();
+    let mut order: Vec<usize> = (0..values.len()).collect();
+    // Largest first; ties by node order so the plan is deterministic.
+    order.sort_by_key(|&v| (std::cmp::Reverse(values[v].bytes), values[v].node));
+    for v in order {
+        let val = values[v];
+        if val.pinned || !reuse {
+            values[v].buffer = buffers.len();
+            buffers.push(BufferInfo {
+                bytes: val.bytes,
+                pinned: val.pinned,
+            });
+            occupied.push(vec![val.lifetime]);
+            continue;
+        }
+        let free = |b: usize| {
+            !buffers[b].pinned && occupied[b].iter().all(|lt| !lt.overlaps(val.lifetime))
+        };
+        let best_fit = (0..buffers.len())
+            .filter(|&b| free(b) && buffers[b].bytes >= val.bytes)
+            .min_by_key(|&b| buffers[b].bytes);
+        let b = match best_fit.or_else(|| {
+            (0..buffers.len())
+                .filter(|&b| free(b))
+                .max_by_key(|&b| buffers[b].bytes)
+        }) {
+            Some(b) => {
+                buffers[b].bytes = buffers[b].bytes.max(val.bytes);
+                b
+            }
+            None => {
+                buffers.push(BufferInfo {
+                    bytes: val.bytes,
+                    pinned: false,
+                });
+                occupied.push(Vec::new());
+                buffers.len() - 1
+            }
+        };
+        occupied[b].push(val.lifetime);
+        values[v].buffer = b;
+    }
+    values.sort_by_key(|v| v.node);
+    (values, buffers)
+}

@@ -1,0 +1,390 @@
+//! Fusion: partition the live nodes of a graph into kernels.
+//!
+//! Every live node is either *materialized* (its value lives in a buffer) or *inlined* (computed
+//! in registers inside the one kernel that consumes it). Sources are buffers without a kernel;
+//! constants are always inlined; a `reshape` of a materialized value is a view sharing its
+//! buffer. An elementwise node (including the index-remapping views `broadcast_to`, `permute`,
+//! `slice`, `reshape` and `causal_mask`) is inlined when it has exactly one consumer and that
+//! consumer can evaluate an expression operand: another elementwise node, or a reduction (as its
+//! prologue). A matmul whose only use is an elementwise chain runs inside that chain's kernel,
+//! which then computes the chain as the matmul's epilogue. Every other node is materialized by
+//! a kernel of its own kind.
+//!
+//! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
+//! plans are checked against.
+
+use crate::graph::{Graph, NodeId, Op};
+
+/// What a kernel computes; the codegen emits one WGSL module per kernel from this.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelKind {
+    /// Evaluates the expression of its output over the output's shape.
+    Elementwise,
+    /// A matmul whose result feeds the output's expression (the epilogue) in registers.
+    /// `register` is the node the epilogue sees as the accumulator: the matmul itself, or a
+    /// reshape of it (the matmul's rows and columns then map to the output's coordinates through
+    /// the linear index).
+    MatMul {
+        matmul: NodeId,
+        register: NodeId,
+    },
+    /// A reduction whose input may be an inlined expression (the prologue).
+    Reduce,
+    Softmax,
+    LogSoftmax,
+    /// `layer_norm`; with `with_stats` it also computes the `layer_norm_stats` node it reads
+    /// (one pass writing both), otherwise it reads the stats from their buffer.
+    LayerNorm {
+        with_stats: bool,
+    },
+    /// Stats only (when the normalized output is not needed in this plan).
+    LayerNormStats,
+    /// `layer_norm_grad_input`; with `weight_grad` it also computes that
+    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes.
+    LayerNormGradInput {
+        weight_grad: Option<NodeId>,
+    },
+    LayerNormGradWeight,
+    Embedding,
+    EmbeddingGrad,
+    CrossEntropy,
+    CrossEntropyGrad,
+    Concat,
+}
+
+/// One kernel group: a dispatch (or a short fixed sequence of dispatches) of one WGSL module.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub kind: KernelKind,
+    /// The materialized values this kernel writes; the last one defines its iteration space.
+    pub outputs: Vec<NodeId>,
+    /// The materialized values it reads (buffers bound as inputs), in first-use order.
+    pub inputs: Vec<NodeId>,
+    /// Every graph node computed inside it, outputs included, in arena order.
+    pub fused: Vec<NodeId>,
+}
+
+/// The result of fusion.
+#[derive(Clone, Debug)]
+pub struct Fusion {
+    /// Nodes the plan evaluates (needed by a root), indexed by node.
+    pub live: Vec<bool>,
+    /// Whether a live node's value is held in a buffer.
+    pub materialized: Vec<bool>,
+    /// For a `reshape` view: the node whose buffer it shares (followed to the root).
+    pub alias: Vec<Option<NodeId>>,
+    /// Kernels in execution order.
+    pub kernels: Vec<Kernel>,
+}
+
+/// Ops evaluated in registers from the values of their inputs at (remapped) coordinates.
+pub fn is_inlinable(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::Constant { .. }
+            | Op::Dropout { .. }
+            | Op::BroadcastTo
+            | Op::Permute { .. }
+            | Op::Slice { .. }
+            | Op::Reshape
+            | Op::CausalMask { .. }
+    )
+}
+
+/// Partition the nodes needed by `roots` into kernels.
+pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
+    let n = g.n_nodes();
+    let mut live = vec![false; n];
+    for r in roots {
+        live[r.index()] = true;
+    }
+    for i in (0..n).rev() {
+        if live[i] {
+            for x in &g.nodes[i].inputs {
+                live[x.index()] = true;
+            }
+        }
+    }
+    let mut is_root = vec![false; n];
+    for r in roots {
+        is_root[r.index()] = true;
+    }
+    // Live consumers of each node, counted per use.
+    let mut consumers: Vec<Vec<NodeId>> = vec![Vec::new(); n];
+    for (id, node) in g.nodes() {
+        if live[id.index()] {
+            for x in &node.inputs {
+                consumers[x.index()].push(id);
+            }
+        }
+    }
+
+    let mut materialized = vec![false; n];
+    let mut alias = vec![None; n];
+    for (id, node) in g.nodes() {
+        let i = id.index();
+        if !live[i] {
+            continue;
+        }
+        materialized[i] = match &node.op {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => true,
+            Op::Constant { .. } => is_root[i],
+            Op::Reshape if materialized[node.inputs[0].index()] => {
+                // A view: share the buffer of the materialized input.
+                let src = node.inputs[0];
+                alias[i] = Some(alias[src.index()].unwrap_or(src));
+                true
+            }
+            op if is_inlinable(op) => {
+                is_root[i] || !fusion || {
+                    let c = &consumers[i];
+                    c.len() != 1 || !accepts_expression(g, c[0], id, &materialized)
+                }
+            }
+            _ => true,
+        };
+    }
+
+    // Matmuls that run inside the kernel of an elementwise epilogue, decided before any kernel
+    // is emitted (the matmul comes first in the arena).
+    let mut epilogue_of: Vec<Option<(NodeId, NodeId)>> = vec![None; n];
+    let mut taken = vec![false; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            let i = id.index();
+            if live[i] && materialized[i] && alias[i].is_none() && is_inlinable(&node.op) {
+                if let Some((mm, reg)) =
+                    epilogue_matmul(g, id, &materialized, &alias, &consumers, &is_root)
+                {
+                    if !taken[mm.index()] && !taken[reg.index()] {
+                        taken[mm.index()] = true;
+                        taken[reg.index()] = true;
+                        epilogue_of[i] = Some((mm, reg));
+                    }
+                }
+            }
+        }
+    }
+
+    let mut kernels = Vec::new();
+    for (id, node) in g.nodes() {
+        let i = id.index();
+        if !live[i] || !materialized[i] || taken[i] {
+            continue;
+        }
+        let kind = match &node.op {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => continue,
+            Op::Reshape if alias[i].is_some() => continue,
+            Op::LayerNormStats { .. } => {
+                // Folded into the layer_norm kernel that consumes it, when there is one.
+                let ln = consumers[i]
+                    .iter()
+                    .find(|c| matches!(g.node(**c).op, Op::LayerNorm));
+                match ln {
+                    Some(&ln) if fusion && materialized[ln.index()] => continue,
+                    _ => KernelKind::LayerNormStats,
+                }
+            }
+            Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion },
+            Op::MatMul => KernelKind::MatMul {
+                matmul: id,
+                register: id,
+            },
+            Op::Reduce { .. } => KernelKind::Reduce,
+            Op::Softmax => KernelKind::Softmax,
+            Op::LogSoftmax => KernelKind::LogSoftmax,
+            Op::LayerNormGradInput => {
+                let weight_grad = if fusion {
+                    ln_weight_grad(g, id, &consumers, &live)
+                } else {
+                    None
+                };
+                if let Some(w) = weight_grad {
+                    taken[w.index()] = true;
+                }
+                KernelKind::LayerNormGradInput { weight_grad }
+            }
+            Op::LayerNormGradWeight => KernelKind::LayerNormGradWeight,
+            Op::Embedding => KernelKind::Embedding,
+            Op::EmbeddingGrad { .. } => KernelKind::EmbeddingGrad,
+            Op::CrossEntropy { .. } => KernelKind::CrossEntropy,
+            Op::CrossEntropyGrad { .. } => KernelKind::CrossEntropyGrad,
+            Op::Concat { .. } => KernelKind::Concat,
+            _ => match epilogue_of[i] {
+                Some((matmul, register)) => KernelKind::MatMul { matmul, register },
+                None => KernelKind::Elementwise,
+            },
+        };
+        let mut fused = Vec::new();
+        let mut inputs = Vec::new();
+        collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
+        let mut outputs = vec![id];
+        if let KernelKind::LayerNormGradInput {
+            weight_grad: Some(w),
+        } = kind
+        {
+            outputs.insert(0, w);
+            fused.push(w);
+        }
+        if kind == (KernelKind::LayerNorm { with_stats: true }) {
+            let stats = node.inputs[1];
+            outputs.insert(0, stats);
+            fused.push(stats);
+            inputs.retain(|&x| x != stats);
+            if !inputs.contains(&node.inputs[0]) {
+                inputs.insert(0, node.inputs[0]);
+            }
+        }
+        fused.sort();
+        fused.dedup();
+        kernels.push(Kernel {
+            kind,
+            outputs,
+            inputs,
+            fused,
+        });
+    }
+    // A matmul (and its reshape) taken into an epilogue kernel lives in registers only.
+    for (i, node) in g.nodes.iter().enumerate() {
+        if taken[i] && matches!(node.op, Op::MatMul | Op::Reshape) {
+            materialized[i] = false;
+            alias[i] = None;
+        }
+    }
+    Fusion {
+        live,
+        materialized,
+        alias,
+        kernels,
+    }
+}
+
+/// Whether `consumer` can take `producer` as an inlined expression operand.
+fn accepts_expression(
+    g: &Graph,
+    consumer: NodeId,
+    producer: NodeId,
+    materialized: &[bool],
+) -> bool {
+    let c = g.node(consumer);
+    match &c.op {
+        op if is_inlinable(op) => true,
+        // A reduction evaluates its input expression as it reads it.
+        Op::Reduce { .. } => c.inputs[0] == producer,
+        // A matmul reads a transposed operand through strides.
+        Op::MatMul => {
+            is_last_two_swap(g, producer) && materialized[g.node(producer).inputs[0].index()]
+        }
+        _ => false,
+    }
+}
+
+/// Whether `id` is a permute that swaps the last two axes of a value and nothing else.
+pub fn is_last_two_swap(g: &Graph, id: NodeId) -> bool {
+    let Op::Permute { perm } = &g.node(id).op else {
+        return false;
+    };
+    let r = perm.len();
+    r >= 2
+        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+        && perm[r - 2] == r - 1
+        && perm[r - 1] == r - 2
+}
+
+/// When the materialized elementwise node `out` is an epilogue over a matmul, the matmul and the
+/// node the epilogue reads as its accumulator (the matmul, or a reshape view of it): the matmul's
+/// one use is that view or `out`'s inlined expression, the accumulator's one use is in `out`'s
+/// expression, at `out`'s own shape, reached without index remapping.
+fn epilogue_matmul(
+    g: &Graph,
+    out: NodeId,
+    materialized: &[bool],
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+    is_root: &[bool],
+) -> Option<(NodeId, NodeId)> {
+    let shape = g.shape(out);
+    let sole_use = |x: NodeId, user: NodeId| consumers[x.index()] == [user] && !is_root[x.index()];
+    let mut stack = vec![out];
+    while let Some(id) = stack.pop() {
+        let node = g.node(id);
+        // Only plain elementwise ops keep coordinates aligned with the accumulator's.
+        if !matches!(
+            node.op,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. }
+        ) {
+            return None;
+        }
+        for &x in &node.inputs {
+            let xn = g.node(x);
+            let mm = match xn.op {
+                Op::MatMul => Some(x),
+                Op::Reshape if alias[x.index()].is_some() => {
+                    let src = xn.inputs[0];
+                    (matches!(g.node(src).op, Op::MatMul) && sole_use(src, x)).then_some(src)
+                }
+                _ => None,
+            };
+            if let Some(mm) = mm {
+                if xn.shape == shape && sole_use(x, id) {
+                    return Some((mm, x));
+                }
+            } else if !materialized[x.index()] {
+                stack.push(x);
+            }
+        }
+    }
+    None
+}
+
+/// The `layer_norm_grad_weight` node computed from the same (x, stats, dy) as `gi`, if live.
+fn ln_weight_grad(
+    g: &Graph,
+    gi: NodeId,
+    consumers: &[Vec<NodeId>],
+    live: &[bool],
+) -> Option<NodeId> {
+    let ins = &g.node(gi).inputs;
+    consumers[ins[0].index()].iter().copied().find(|&c| {
+        let n = g.node(c);
+        live[c.index()]
+            && matches!(n.op, Op::LayerNormGradWeight)
+            && n.inputs == [ins[0], ins[1], ins[3]]
+    })
+}
+
+/// Walk `id`'s inlined expression: record fused nodes and the buffers it reads.
+fn collect(
+    g: &Graph,
+    id: NodeId,
+    materialized: &[bool],
+    kind: &KernelKind,
+    fused: &mut Vec<NodeId>,
+    inputs: &mut Vec<NodeId>,
+) {
+    fused.push(id);
+    for &x in &g.node(id).inputs {
+        if let KernelKind::MatMul { matmul, register } = kind {
+            if x == *register {
+                // The matmul's own operands are this kernel's buffers.
+                fused.extend([*matmul, *register]);
+                for &y in &g.node(*matmul).inputs {
+                    if !inputs.contains(&y) {
+                        inputs.push(y);
+                    }
+                }
+                continue;
+            }
+        }
+        if materialized[x.index()] {
+            if !inputs.contains(&x) {
+                inputs.push(x);
+            }
+        } else {
+            collect(g, x, materialized, kind, fused, inputs);
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The planner: a graph and the values wanted from it become a static plan of kernels over
+//! pre-assigned buffers.
+//!
+//! ```text
+//! fuse (kernels, materialized values) → schedule (arena order) → liveness → assign buffers → verify
+//! ```
+//!
+//! The plan is device-neutral; `codegen` turns each kernel into WGSL and `runtime` executes it.
+
+pub mod alloc;
+pub mod fuse;
+pub mod report;
+pub mod verify;
+
+pub use alloc::{BufferInfo, Lifetime, Value};
+pub use fuse::{Kernel, KernelKind};
+
+use crate::error::Result;
+use crate::graph::{Graph, NodeId, Op};
+
+/// How to plan.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanOptions {
+    /// Fuse elementwise work into kernels (off: one kernel per op).
+    pub fusion: bool,
+    /// Let values with disjoint lifetimes share buffers (off: one buffer per value).
+    pub reuse: bool,
+    /// The adapter's max storage buffers per shader stage, checked per kernel.
+    pub max_storage_buffers: Option<u32>,
+}
+
+impl Default for PlanOptions {
+    fn default() -> PlanOptions {
+        PlanOptions {
+            fusion: true,
+            reuse: true,
+            max_storage_buffers: None,
+        }
+    }
+}
+
+/// A static plan: kernels in execution order over assigned buffers.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub kernels: Vec<Kernel>,
+    /// Every materialized value, sorted by node.
+    pub values: Vec<Value>,
+    pub buffers: Vec<BufferInfo>,
+    /// For each node: the node owning the buffer it lives in (itself, or what a view views).
+    pub alias: Vec<Option<NodeId>>,
+    /// Values the host reads after a step.
+    pub wanted: Vec<NodeId>,
+    /// Write-backs after the step: (persistent target, new value).
+    pub updates: Vec<(NodeId, NodeId)>,
+    /// Graph ops the plan evaluates (live nodes other than inputs, parameters and state).
+    pub n_ops: usize,
+    /// Bytes of one buffer per evaluated op, pinned values excluded: the no-reuse baseline.
+    pub naive_bytes: u64,
+}
+
+impl Plan {
+    /// The value (and so the buffer) holding node `id`, following views.
+    pub fn value_of(&self, id: NodeId) -> Option<&Value> {
+        let owner = self.alias.get(id.index()).copied().flatten().unwrap_or(id);
+        self.values
+            .binary_search_by_key(&owner, |v| v.node)
+            .ok()
+            .map(|i| &self.values[i])
+    }
+
+    pub fn n_dispatches(&self) -> usize {
+        self.kernels.len()
+    }
+
+    /// Bytes of the shared (reusable) buffers.
+    pub fn planned_bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .filter(|b| !b.pinned)
+            .map(|b| b.bytes)
+            .sum()
+    }
+
+    /// Bytes of the pinned buffers (inputs, parameters, state, results).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.buffers
+            .iter()
+            .filter(|b| b.pinned)
+            .map(|b| b.bytes)
+            .sum()
+    }
+}
+
+/// Plan the evaluation of `wanted` plus every update of `g` (when `train`).
+pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Result<Plan> {
+    let updates: Vec<(NodeId, NodeId)> = if train {
+        g.updates.iter().map(|u| (u.target, u.value)).collect()
+    } else {
+        Vec::new()
+    };
+    let mut roots = wanted.to_vec();
+    roots.extend(updates.iter().map(|&(_, v)| v));
+    let f = fuse::fuse(g, &roots, opts.fusion); // kernels in arena (= topological) order
+    let (values, buffers) = alloc::assign(g, &f, &roots, opts.reuse); // liveness + greedy by size
+    let n_ops = g
+        .nodes()
+        .filter(|(id, n)| {
+            f.live[id.index()]
+                && !matches!(
+                    n.op,
+                    Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }
+                )
+        })
+        .count();
+    let naive_bytes = g
+        .nodes()
+        .filter(|(id, n)| {
+            f.live[id.index()]
+                && !roots.contains(id)
+                && !matches!(
+                    n.op,
+                    Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }
+                )
+        })
+        .map(|(id, _)| alloc::value_bytes(g, id))
+        .sum();
+    let plan = Plan {
+        kernels: f.kernels,
+        values,
+        buffers,
+        alias: f.alias,
+        wanted: wanted.to_vec(),
+        updates,
+        n_ops,
+        naive_bytes,
+    };
+    verify::verify(&plan, opts.max_storage_buffers)?; // the plan is checked before anyone runs it
+    Ok(plan)
+}

@@ -1,0 +1,92 @@
+//! What `rumus plan` prints: the kernels with the ops each fused, dispatches against ops, and
+//! planned bytes against one buffer per value.
+
+use super::Plan;
+use crate::codegen::wgsl::kind_name;
+use crate::graph::{Graph, Op};
+use serde_json::json;
+
+/// Figures of a plan.
+#[derive(Clone, Debug)]
+pub struct PlanReport {
+    pub ops: usize,
+    pub kernels: usize,
+    pub dispatches: usize,
+    pub buffers: usize,
+    pub planned_bytes: u64,
+    pub naive_bytes: u64,
+    pub pinned_bytes: u64,
+    pub scratch_bytes: u64,
+    /// One line per kernel: its kind and the ops it computes.
+    pub kernel_lines: Vec<String>,
+}
+
+impl PlanReport {
+    /// `dispatches` and `scratch_bytes` come from the executor (a kernel may need two
+    /// dispatches; dedicated kernels may use scratch); pass `plan.kernels.len()` and 0 without one.
+    pub fn new(g: &Graph, plan: &Plan, dispatches: usize, scratch_bytes: u64) -> PlanReport {
+        let kernel_lines = plan
+            .kernels
+            .iter()
+            .map(|k| {
+                let ops: Vec<&str> = k
+                    .fused
+                    .iter()
+                    .filter(|&&id| !matches!(g.node(id).op, Op::Constant { .. }))
+                    .map(|&id| g.node(id).op.name())
+                    .collect();
+                format!("{:<18} {}", kind_name(&k.kind), ops.join(" "))
+            })
+            .collect();
+        PlanReport {
+            ops: plan.n_ops,
+            kernels: plan.kernels.len(),
+            dispatches,
+            buffers: plan.buffers.len(),
+            planned_bytes: plan.planned_bytes(),
+            naive_bytes: plan.naive_bytes,
+            pinned_bytes: plan.pinned_bytes(),
+            scratch_bytes,
+            kernel_lines,
+        }
+    }
+
+    /// Summary lines (no per-kernel detail).
+    pub fn summary(&self) -> String {
+        format!(
+            "ops {}  kernels {}  dispatches {} ({:.2} per op)\nbuffers {}  planned {} bytes vs {} bytes one-buffer-per-value ({:.1}%)  pinned {} bytes  scratch {} bytes\n",
+            self.ops,
+            self.kernels,
+            self.dispatches,
+            self.dispatches as f64 / self.ops.max(1) as f64,
+            self.buffers,
+            self.planned_bytes,
+            self.naive_bytes,
+            100.0 * self.planned_bytes as f64 / self.naive_bytes.max(1) as f64,
+            self.pinned_bytes,
+            self.scratch_bytes
+        )
+    }
+
+    /// Summary followed by one line per kernel.
+    pub fn text(&self) -> String {
+        let mut s = self.summary();
+        for (i, line) in self.kernel_lines.iter().enumerate() {
+            s.push_str(&format!("{i:>5}  {line}\n"));
+        }
+        s
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "ops": self.ops,
+            "kernels": self.kernels,
+            "dispatches": self.dispatches,
+            "buffers": self.buffers,
+            "planned_bytes": self.planned_bytes,
+            "naive_bytes": self.naive_bytes,
+            "pinned_bytes": self.pinned_bytes,
+            "scratch_bytes": self.scratch_bytes,
+        })
+    }
+}

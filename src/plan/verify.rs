@@ -1,0 +1,101 @@
+//! `verify(&Plan)`: the plan's invariants, checked after it is built (and by tests on plans
+//! broken on purpose).
+
+use super::Plan;
+use crate::err;
+use crate::error::Result;
+
+/// Check that:
+/// - every value has a buffer large enough for it;
+/// - a pinned value's buffer holds nothing else;
+/// - two values sharing a buffer never have overlapping lifetimes;
+/// - every value a kernel reads or writes has a buffer (views through their owner);
+/// - no kernel binds more storage buffers than `max_storage_buffers` (when given).
+pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
+    for v in &plan.values {
+        let Some(b) = plan.buffers.get(v.buffer) else {
+            return Err(err!(
+                Invariant,
+                "plan: value of node {} has no buffer",
+                v.node.index()
+            ));
+        };
+        if b.bytes < v.bytes {
+            return Err(err!(
+                Invariant,
+                "plan: buffer {} has {} bytes, node {} needs {}",
+                v.buffer,
+                b.bytes,
+                v.node.index(),
+                v.bytes
+            ));
+        }
+        if v.lifetime.first > v.lifetime.last {
+            return Err(err!(
+                Invariant,
+                "plan: node {} dies before it is written",
+                v.node.index()
+            ));
+        }
+    }
+    for (i, a) in plan.values.iter().enumerate() {
+        for b in &plan.values[i + 1..] {
+            if a.buffer != b.buffer {
+                continue;
+            }
+            if a.pinned || b.pinned {
+                return Err(err!(
+                    Invariant,
+                    "plan: pinned value of node {} shares buffer {} with node {}",
+                    if a.pinned {
+                        a.node.index()
+                    } else {
+                        b.node.index()
+                    },
+                    a.buffer,
+                    if a.pinned {
+                        b.node.index()
+                    } else {
+                        a.node.index()
+                    }
+                ));
+            }
+            if a.lifetime.overlaps(b.lifetime) {
+                return Err(err!(
+                    Invariant,
+                    "plan: nodes {} and {} share buffer {} with overlapping lifetimes {:?} and {:?}",
+                    a.node.index(),
+                    b.node.index(),
+                    a.buffer,
+                    (a.lifetime.first, a.lifetime.last),
+                    (b.lifetime.first, b.lifetime.last)
+                ));
+            }
+        }
+    }
+    for (k, kernel) in plan.kernels.iter().enumerate() {
+        let mut bound = Vec::new();
+        for &id in kernel.inputs.iter().chain(&kernel.outputs) {
+            let Some(v) = plan.value_of(id) else {
+                return Err(err!(
+                    Invariant,
+                    "plan: kernel {k} uses node {}, which has no buffer",
+                    id.index()
+                ));
+            };
+            if !bound.contains(&v.buffer) {
+                bound.push(v.buffer);
+            }
+        }
+        if let Some(max) = max_storage_buffers {
+            if kernel.inputs.len() + kernel.outputs.len() > max as usize {
+                return Err(err!(
+                    Invariant,
+                    "plan: kernel {k} binds {} storage buffers, the adapter allows {max}",
+                    kernel.inputs.len() + kernel.outputs.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}

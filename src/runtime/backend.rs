@@ -1,0 +1,137 @@
+//! The GPU as a [`Backend`]: a graph's persistent values live in device buffers, and each set of
+//! wanted values (a training step, an evaluation) is a [`GpuPlan`] compiled once and reused.
+
+use super::device::Gpu;
+use super::exec::GpuPlan;
+use crate::cpu::RunOptions;
+use crate::err;
+use crate::error::Result;
+use crate::graph::init::init_values;
+use crate::graph::{Graph, NodeId, Op};
+use crate::plan::{plan, PlanOptions};
+use crate::session::Backend;
+use crate::tensor::{fmt_shape, Tensor};
+use std::collections::HashMap;
+
+/// A graph placed on a GPU.
+pub struct GpuBackend {
+    gpu: &'static Gpu,
+    graph: Graph,
+    /// Buffers of inputs, parameters and state, shared by every plan of this graph.
+    persistent: HashMap<NodeId, wgpu::Buffer>,
+    /// Compiled plans by (wanted values, training).
+    plans: HashMap<(Vec<NodeId>, bool), GpuPlan>,
+    options: PlanOptions,
+    /// Fill reused buffers with NaN before every step (for tests of the plan's reuse).
+    pub poison: bool,
+}
+
+impl GpuBackend {
+    /// Create the persistent buffers and fill parameters and state with their initial values.
+    pub fn new(
+        gpu: &'static Gpu,
+        graph: Graph,
+        seed: u64,
+        options: PlanOptions,
+    ) -> Result<GpuBackend> {
+        let options = PlanOptions {
+            max_storage_buffers: Some(gpu.limits.max_storage_buffers_per_shader_stage),
+            ..options
+        };
+        let mut persistent = HashMap::new();
+        for (id, node) in graph.nodes() {
+            let len: usize = node.shape.iter().product();
+            let buf = match &node.op {
+                Op::Input { name } => gpu.storage(&format!("input {name}"), len.max(1))?,
+                Op::Parameter { name, init } | Op::State { name, init } => {
+                    gpu.upload_f32(name, &init_values(init, &node.shape, seed, name))?
+                }
+                _ => continue,
+            };
+            persistent.insert(id, buf);
+        }
+        Ok(GpuBackend {
+            gpu,
+            graph,
+            persistent,
+            plans: HashMap::new(),
+            options,
+            poison: false,
+        })
+    }
+
+    /// The plan for `want` (compiled on first use).
+    pub fn plan_for(&mut self, want: &[NodeId], training: bool) -> Result<&GpuPlan> {
+        let key = (want.to_vec(), training);
+        if !self.plans.contains_key(&key) {
+            let p = plan(&self.graph, want, training, self.options)?;
+            let compiled = GpuPlan::new(self.gpu, &self.graph, p, &self.persistent)?;
+            self.plans.insert(key.clone(), compiled);
+        }
+        Ok(&self.plans[&key])
+    }
+
+    fn persistent_buffer(&self, id: NodeId) -> Result<&wgpu::Buffer> {
+        self.persistent
+            .get(&id)
+            .ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))
+    }
+}
+
+impl Backend for GpuBackend {
+    fn device_name(&self) -> String {
+        self.gpu.describe()
+    }
+
+    fn run(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>> {
+        let (gpu, poison) = (self.gpu, self.poison);
+        self.plan_for(want, opts.training)?;
+        let p = &self.plans[&(want.to_vec(), opts.training)];
+        p.step(gpu, &self.graph, feeds, opts.step, want, poison)
+    }
+
+    fn read(&self, id: NodeId) -> Result<Tensor> {
+        let buf = self.persistent_buffer(id)?;
+        let n: usize = self.graph.shape(id).iter().product();
+        Tensor::f32(self.graph.shape(id), self.gpu.read_f32_range(buf, 0..n)?)
+    }
+
+    fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
+        let shape = self.graph.shape(id);
+        if value.shape() != shape {
+            return Err(err!(
+                Shape,
+                "value of node {} must be {}, got {}",
+                id.index(),
+                fmt_shape(shape),
+                fmt_shape(value.shape())
+            ));
+        }
+        let buf = self.persistent_buffer(id)?;
+        self.gpu.write(buf, 0, &value.to_le_bytes())
+    }
+
+    fn plan_report(&self) -> String {
+        let mut out = format!("device {}\n", self.gpu.describe());
+        for ((want, training), p) in &self.plans {
+            let r = crate::plan::report::PlanReport::new(
+                &self.graph,
+                &p.plan,
+                p.n_dispatches(),
+                p.scratch_bytes,
+            );
+            out.push_str(&format!(
+                "plan for {} value(s){}:\n{}",
+                want.len(),
+                if *training { ", training" } else { "" },
+                r.text()
+            ));
+        }
+        out
+    }
+}

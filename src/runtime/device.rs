@@ -1,0 +1,641 @@
+//! The wgpu device: choosing an adapter, asking for its own limits, and turning every failure
+//! (validation, out of memory, limits) into an [`Error`] of kind `Device` instead of a panic.
+//!
+//! Owns [`DeviceChoice`] (the `--device` / `RUMUS_DEVICE` setting), [`Gpu`] (adapter info, device,
+//! queue, limits) with its buffer / pipeline / readback helpers, [`Dispatch`] (one prepared
+//! compute dispatch), and [`test_gpu`], the one device shared by every test in a process.
+//!
+//! Rules every caller can rely on:
+//! - a buffer is checked against `max_buffer_size` (and, for storage buffers, against
+//!   `max_storage_buffer_binding_size`) before wgpu is asked for it, so an oversized request is an
+//!   `Err` and the device stays usable;
+//! - buffer, pipeline and bind-group creation and every submission run inside error scopes;
+//! - errors that escape all scopes go to a non-panicking handler and are reported by
+//!   [`Gpu::take_uncaptured_errors`].
+
+use crate::err;
+use crate::error::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Which device runs the plans: the `--device` flag and the `RUMUS_DEVICE` variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// A hardware GPU adapter (device type other than `Cpu`) if there is one, else the CPU backend.
+    #[default]
+    Auto,
+    /// Any wgpu adapter, software ones (Mesa lavapipe) included; an error when there is none.
+    Gpu,
+    /// The CPU backend; wgpu is not touched.
+    Cpu,
+}
+
+impl DeviceChoice {
+    /// The names `FromStr` accepts.
+    pub const NAMES: [&'static str; 3] = ["auto", "gpu", "cpu"];
+
+    /// The choice from `RUMUS_DEVICE`; `Auto` when the variable is unset or empty.
+    pub fn from_env() -> Result<DeviceChoice> {
+        match std::env::var("RUMUS_DEVICE") {
+            Ok(v) if !v.trim().is_empty() => v
+                .parse()
+                .map_err(|e: Error| err!(Usage, "RUMUS_DEVICE: {}", e.message)),
+            _ => Ok(DeviceChoice::Auto),
+        }
+    }
+}
+
+impl FromStr for DeviceChoice {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<DeviceChoice> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "gpu" => Ok(DeviceChoice::Gpu),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            _ => Err(err!(
+                Usage,
+                "unknown device `{s}` (valid choices: {})",
+                DeviceChoice::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            DeviceChoice::Auto => "auto",
+            DeviceChoice::Gpu => "gpu",
+            DeviceChoice::Cpu => "cpu",
+        };
+        f.write_str(name)
+    }
+}
+
+/// An open wgpu device with the adapter's own limits.
+pub struct Gpu {
+    /// Name, vendor, device type and backend of the adapter.
+    pub info: wgpu::AdapterInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// The limits the device was created with (the adapter's own, not wgpu's defaults).
+    pub limits: wgpu::Limits,
+    /// Errors no error scope caught, recorded by the non-panicking handler.
+    uncaptured: Arc<Mutex<Vec<String>>>,
+}
+
+/// One prepared compute dispatch: a pipeline, its bind group (group 0) and the workgroup grid.
+/// Built once (at plan compile time), encoded into a pass every step.
+pub struct Dispatch {
+    pub label: String,
+    pub pipeline: wgpu::ComputePipeline,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+    /// Buffers only this dispatch uses (its uniform parameters), kept alive with it.
+    pub owned: Vec<wgpu::Buffer>,
+}
+
+impl Dispatch {
+    /// Record this dispatch into `pass`.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass<'_>) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        let [x, y, z] = self.workgroups;
+        pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// Usage of a plain storage buffer: bindable read-write, copyable both ways.
+pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_DST)
+    .union(wgpu::BufferUsages::COPY_SRC);
+
+/// Split `n` workgroups into a grid no dimension of which exceeds `max_per_dim`, with as little
+/// excess as possible. Kernels recover the linear id as `x + nx * (y + ny * z)` and must ignore
+/// ids `>= n` (the grid may hold a few more than `n`). Needs `n <= max_per_dim³`, which always
+/// holds for the WebGPU minimum of 65535.
+pub fn split_workgroups(n: u32, max_per_dim: u32) -> [u32; 3] {
+    let max = max_per_dim.max(1);
+    if n <= max {
+        return [n, 1, 1];
+    }
+    let rows = n.div_ceil(max);
+    let x = n.div_ceil(rows);
+    if rows <= max {
+        return [x, rows, 1];
+    }
+    let z = rows.div_ceil(max);
+    [x, rows.div_ceil(z), z]
+}
+
+impl Gpu {
+    /// Open the device `choice` asks for: `Ok(None)` for `Cpu`, and for `Auto` when there is no
+    /// hardware adapter; an error for `Gpu` when wgpu finds no adapter at all.
+    pub fn open(choice: DeviceChoice) -> Result<Option<Gpu>> {
+        let hardware_only = match choice {
+            DeviceChoice::Cpu => return Ok(None),
+            DeviceChoice::Auto => true,
+            DeviceChoice::Gpu => false,
+        };
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let best = adapters
+            .into_iter()
+            .filter(|a| !hardware_only || a.get_info().device_type != wgpu::DeviceType::Cpu)
+            .min_by_key(|a| adapter_rank(&a.get_info()));
+        match best {
+            Some(adapter) => Gpu::from_adapter(adapter).map(Some),
+            None if hardware_only => Ok(None),
+            None => Err(err!(
+                Device,
+                "no wgpu adapter found (install a Vulkan driver, e.g. mesa-vulkan-drivers, or use --device cpu)"
+            )),
+        }
+    }
+
+    /// Create the device on `adapter` with the adapter's own limits and a non-panicking
+    /// uncaptured-error handler.
+    pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features() & wgpu::Features::SHADER_F16;
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("rumus"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| err!(Device, "cannot open device on adapter `{}`: {e}", info.name))?;
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(error_text(&e));
+            }
+        }));
+        let limits = device.limits();
+        Ok(Gpu {
+            info,
+            device,
+            queue,
+            limits,
+            uncaptured,
+        })
+    }
+
+    /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Cpu, Vulkan)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?})",
+            self.info.name, self.info.device_type, self.info.backend
+        )
+    }
+
+    /// Whether this is a software adapter (lavapipe and the like).
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// Errors that escaped every error scope since the last call (and clears them).
+    pub fn take_uncaptured_errors(&self) -> Vec<String> {
+        self.uncaptured
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+    }
+
+    /// Run `f` inside validation, out-of-memory and internal error scopes; any error becomes an
+    /// [`Error`] of kind `Device` that starts with `what`.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let errors = [validation.pop(), internal.pop(), oom.pop()];
+        for e in errors {
+            if let Some(e) = pollster::block_on(e) {
+                return Err(err!(Device, "{what}: {}", error_text(&e)));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Check that a buffer of `size` bytes with `usage` fits the device limits.
+    pub fn check_buffer_size(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<()> {
+        if size > self.limits.max_buffer_size {
+            return Err(err!(
+                Device,
+                "buffer `{label}` of {size} bytes exceeds the device's max_buffer_size of {} bytes",
+                self.limits.max_buffer_size
+            ));
+        }
+        if usage.contains(wgpu::BufferUsages::STORAGE)
+            && size > self.limits.max_storage_buffer_binding_size
+        {
+            return Err(err!(
+                Device,
+                "storage buffer `{label}` of {size} bytes exceeds the device's \
+                 max_storage_buffer_binding_size of {} bytes",
+                self.limits.max_storage_buffer_binding_size
+            ));
+        }
+        if usage.contains(wgpu::BufferUsages::UNIFORM)
+            && size > self.limits.max_uniform_buffer_binding_size
+        {
+            return Err(err!(
+                Device,
+                "uniform buffer `{label}` of {size} bytes exceeds the device's \
+                 max_uniform_buffer_binding_size of {} bytes",
+                self.limits.max_uniform_buffer_binding_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// A buffer of at least `size` bytes (rounded up to a multiple of 4, and at least 4, so every
+    /// buffer can be bound and copied), checked against the limits first.
+    pub fn buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        let size = size.max(4).checked_next_multiple_of(4).ok_or_else(|| {
+            err!(
+                Device,
+                "buffer `{label}` of {size} bytes exceeds the device's max_buffer_size"
+            )
+        })?;
+        self.check_buffer_size(label, size, usage)?;
+        let desc = wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        };
+        self.scoped(
+            &format!("cannot create buffer `{label}` of {size} bytes"),
+            || self.device.create_buffer(&desc),
+        )
+    }
+
+    /// A storage buffer of `len` 4-byte elements (f32 or i32), contents unspecified.
+    pub fn storage(&self, label: &str, len: usize) -> Result<wgpu::Buffer> {
+        let size = (len as u64).checked_mul(4).ok_or_else(|| {
+            err!(
+                Device,
+                "buffer `{label}` of {len} elements exceeds the device's max_buffer_size"
+            )
+        })?;
+        self.buffer(label, size, STORAGE)
+    }
+
+    /// A storage buffer holding `data`.
+    pub fn upload_f32(&self, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+        let buf = self.storage(label, data.len())?;
+        self.write(&buf, 0, bytemuck::cast_slice(data))?;
+        Ok(buf)
+    }
+
+    /// A storage buffer holding `data`.
+    pub fn upload_i32(&self, label: &str, data: &[i32]) -> Result<wgpu::Buffer> {
+        let buf = self.storage(label, data.len())?;
+        self.write(&buf, 0, bytemuck::cast_slice(data))?;
+        Ok(buf)
+    }
+
+    /// A uniform buffer holding `bytes` (a `#[repr(C)]` parameter struct, 16-byte padded).
+    pub fn uniform(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        let usage = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST;
+        let size = (bytes.len() as u64).max(16).next_multiple_of(16);
+        let buf = self.buffer(label, size, usage)?;
+        self.write(&buf, 0, bytes)?;
+        Ok(buf)
+    }
+
+    /// Write `bytes` into `buf` at byte `offset` (both multiples of 4).
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> Result<()> {
+        let end = offset.checked_add(bytes.len() as u64);
+        if !offset.is_multiple_of(4)
+            || !bytes.len().is_multiple_of(4)
+            || end.is_none_or(|e| e > buf.size())
+        {
+            return Err(err!(
+                Device,
+                "cannot write {} bytes at offset {offset} into a buffer of {} bytes",
+                bytes.len(),
+                buf.size()
+            ));
+        }
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.scoped("cannot write buffer", || {
+            self.queue.write_buffer(buf, offset, bytes)
+        })
+    }
+
+    /// Write f32 elements into `buf` starting at element `offset`.
+    pub fn write_f32(&self, buf: &wgpu::Buffer, offset: usize, data: &[f32]) -> Result<()> {
+        self.write(buf, offset as u64 * 4, bytemuck::cast_slice(data))
+    }
+
+    /// Read the whole buffer back as f32 elements.
+    pub fn read_f32(&self, buf: &wgpu::Buffer) -> Result<Vec<f32>> {
+        self.read_f32_range(buf, 0..(buf.size() / 4) as usize)
+    }
+
+    /// Read elements `range` (in 4-byte elements) back as f32.
+    pub fn read_f32_range(
+        &self,
+        buf: &wgpu::Buffer,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(buf, range)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Read the whole buffer back as i32 elements.
+    pub fn read_i32(&self, buf: &wgpu::Buffer) -> Result<Vec<i32>> {
+        self.read_i32_range(buf, 0..(buf.size() / 4) as usize)
+    }
+
+    /// Read elements `range` (in 4-byte elements) back as i32.
+    pub fn read_i32_range(
+        &self,
+        buf: &wgpu::Buffer,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<i32>> {
+        let bytes = self.read_bytes(buf, range)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Copy elements `range` of `buf` into a mappable staging buffer, wait, and return the bytes.
+    fn read_bytes(&self, buf: &wgpu::Buffer, range: std::ops::Range<usize>) -> Result<Vec<u8>> {
+        let (start, end) = (range.start as u64 * 4, range.end as u64 * 4);
+        if start > end || end > buf.size() {
+            return Err(err!(
+                Device,
+                "cannot read elements {}..{} of a buffer of {} elements",
+                range.start,
+                range.end,
+                buf.size() / 4
+            ));
+        }
+        if start == end {
+            return Ok(Vec::new());
+        }
+        let len = end - start;
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = self.buffer("readback", len, usage)?;
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, start, &staging, 0, len);
+        self.submit(enc)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(err!(Device, "cannot map readback buffer: {e}")),
+            Err(_) => return Err(err!(Device, "readback buffer was never mapped")),
+        }
+        let bytes = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| err!(Device, "cannot read mapped buffer: {e}"))?;
+            view.to_vec()
+        };
+        staging.unmap();
+        Ok(bytes)
+    }
+
+    /// Compile `wgsl` and create a compute pipeline for `entry` with an automatic layout (bind
+    /// group 0 then holds exactly the bindings the entry point uses). Invalid WGSL is an `Err`
+    /// carrying naga's message.
+    pub fn pipeline(&self, label: &str, wgsl: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
+        self.scoped(&format!("cannot build pipeline `{label}`"), || {
+            let module = self
+                .device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(label),
+                    source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                });
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(label),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+        })
+    }
+
+    /// A bind group for group 0 of `pipeline` with `buffers[i]` (whole) at binding `i`.
+    pub fn bind_group(
+        &self,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+    ) -> Result<wgpu::BindGroup> {
+        let numbered: Vec<(u32, &wgpu::Buffer)> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i as u32, *b))
+            .collect();
+        self.bind_group_at(label, pipeline, &numbered)
+    }
+
+    /// A bind group for group 0 of `pipeline` with each `(binding, buffer)` (whole buffer).
+    pub fn bind_group_at(
+        &self,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[(u32, &wgpu::Buffer)],
+    ) -> Result<wgpu::BindGroup> {
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .map(|&(binding, b)| wgpu::BindGroupEntry {
+                binding,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.scoped(&format!("cannot bind buffers of `{label}`"), || {
+            let layout = pipeline.get_bind_group_layout(0);
+            self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(label),
+                layout: &layout,
+                entries: &entries,
+            })
+        })
+    }
+
+    /// A grid of at most `max_compute_workgroups_per_dimension` per axis holding `n_workgroups`
+    /// (see [`split_workgroups`]).
+    pub fn dispatch_dims(&self, n_workgroups: u32) -> [u32; 3] {
+        split_workgroups(
+            n_workgroups,
+            self.limits.max_compute_workgroups_per_dimension,
+        )
+    }
+
+    /// Check a grid against `max_compute_workgroups_per_dimension`.
+    pub fn check_grid(&self, what: &str, grid: [u32; 3]) -> Result<()> {
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if grid.iter().any(|&g| g > max) {
+            return Err(err!(
+                Device,
+                "{what}: workgroup grid {grid:?} exceeds the device's {max} workgroups per dimension"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Encode `dispatches` in order into one compute pass, submit once, and wait.
+    pub fn run(&self, dispatches: &[&Dispatch]) -> Result<()> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        self.encode(&mut enc, dispatches);
+        self.submit(enc)?;
+        self.wait()
+    }
+
+    /// Encode `dispatches` in order into one compute pass of `enc`.
+    pub fn encode(&self, enc: &mut wgpu::CommandEncoder, dispatches: &[&Dispatch]) {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("rumus"),
+            timestamp_writes: None,
+        });
+        for d in dispatches {
+            d.encode(&mut pass);
+        }
+    }
+
+    /// Finish and submit `enc` inside error scopes.
+    pub fn submit(&self, enc: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
+        self.scoped("submission failed", || self.queue.submit([enc.finish()]))
+    }
+
+    /// Block until all submitted work is done.
+    pub fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| err!(Device, "waiting for the device failed: {e}"))
+    }
+}
+
+/// Lower is better: discrete, integrated, virtual, other, software; native backends before GL.
+fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let device = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (device, backend)
+}
+
+/// A wgpu error as one lower-case-led text, with its source chain (where naga's message lives).
+fn error_text(e: &wgpu::Error) -> String {
+    let mut text = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        src = s.source();
+    }
+    text.trim_end().trim_end_matches('.').to_string()
+}
+
+static TEST_GPU: OnceLock<Result<Gpu>> = OnceLock::new();
+
+/// The process-wide device for tests and benchmarks: any adapter (lavapipe counts), opened once.
+/// An error when wgpu finds no adapter.
+pub fn test_gpu() -> Result<&'static Gpu> {
+    let opened = TEST_GPU.get_or_init(|| {
+        Gpu::open(DeviceChoice::Gpu)?.ok_or_else(|| err!(Device, "no wgpu adapter found"))
+    });
+    opened.as_ref().map_err(Error::clone)
+}
+
+/// For tests: the shared device, or `None` (after a notice on stderr) when there is no adapter,
+/// so the test can return early. Under `CI=true` a missing adapter is a test failure instead:
+/// this panics with the reason, because CI must exercise the WGSL path.
+pub fn test_gpu_or_skip(test: &str) -> Option<&'static Gpu> {
+    match test_gpu() {
+        Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: CI=true but no GPU device: {e} (install mesa-vulkan-drivers)")
+        }
+        Err(e) => {
+            eprintln!("note: skipping {test}: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_choice_parses_and_lists_choices_on_error() {
+        assert_eq!("auto".parse::<DeviceChoice>().unwrap(), DeviceChoice::Auto);
+        assert_eq!(" GPU ".parse::<DeviceChoice>().unwrap(), DeviceChoice::Gpu);
+        assert_eq!("cpu".parse::<DeviceChoice>().unwrap(), DeviceChoice::Cpu);
+        let e = "cuda".parse::<DeviceChoice>().unwrap_err();
+        assert_eq!(
+            e.message,
+            "unknown device `cuda` (valid choices: auto, gpu, cpu)"
+        );
+    }
+
+    #[test]
+    fn split_workgroups_stays_within_limit_and_covers_n() {
+        for (n, max) in [
+            (0, 65535),
+            (1, 65535),
+            (65535, 65535),
+            (65536, 65535),
+            (200_000, 65535),
+            (u32::MAX, 65535),
+            (10, 3),
+            (7, 2),
+        ] {
+            let [x, y, z] = split_workgroups(n, max);
+            assert!(x <= max && y <= max && z <= max, "{n}/{max}: {x} {y} {z}");
+            let total = u64::from(x) * u64::from(y) * u64::from(z);
+            assert!(total >= u64::from(n), "{n}/{max}: {x} {y} {z}");
+            assert!(
+                total <= u64::from(n) + u64::from(x) * u64::from(y) + u64::from(x),
+                "{n}: excess"
+            );
+        }
+        assert_eq!(split_workgroups(70_000, 65535), [35_000, 2, 1]);
+    }
+
+    #[test]
+    fn cpu_choice_opens_no_device() {
+        assert!(Gpu::open(DeviceChoice::Cpu).unwrap().is_none());
+    }
+}

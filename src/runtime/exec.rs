@@ -1,0 +1,511 @@
+//! Executing a plan on the GPU.
+//!
+//! [`GpuPlan::new`] does all the work that can be done once: it creates the plan's buffers
+//! (persistent values come from the caller, so several plans over one graph share them),
+//! generates and compiles every kernel, and binds every buffer. [`GpuPlan::step`] then uploads
+//! the inputs, encodes every dispatch into one compute pass, copies updated persistent values
+//! into place, submits once, and reads back only the values asked for.
+
+use super::device::{Dispatch, Gpu, STORAGE};
+use super::kernels::{
+    LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
+};
+use crate::codegen::expr::{decompose, ExprEmitter};
+use crate::codegen::wgsl::{generate, kind_name};
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId, Op};
+use crate::plan::{Kernel, KernelKind, Plan};
+use crate::tensor::{fmt_shape, DType, Tensor};
+use std::collections::HashMap;
+
+/// A plan with its pipelines, bind groups and buffers, ready to run.
+pub struct GpuPlan {
+    pub plan: Plan,
+    /// One wgpu buffer per plan buffer.
+    buffers: Vec<wgpu::Buffer>,
+    /// Kernel dispatches in order (a kernel may need more than one).
+    dispatches: Vec<Dispatch>,
+    /// For each kernel, how many dispatches it encodes (for reports).
+    pub dispatches_per_kernel: Vec<usize>,
+    /// Holds the step counter that dropout masks read.
+    meta: wgpu::Buffer,
+    /// Scratch buffers of dedicated kernels (LayerNorm backward partial sums): not planned.
+    pub scratch_bytes: u64,
+    /// Per-step copies of updated values onto their persistent buffers: (from, to, bytes).
+    copies: Vec<(usize, usize, u64)>,
+}
+
+/// Shape and dtype of a node, for host tensors read back.
+fn host_tensor(g: &Graph, id: NodeId, words: Vec<u32>) -> Result<Tensor> {
+    let shape = g.shape(id);
+    match g.dtype(id) {
+        DType::F32 => Tensor::f32(shape, words.into_iter().map(f32::from_bits).collect()),
+        DType::I32 => Tensor::i32(shape, words.into_iter().map(|w| w as i32).collect()),
+    }
+}
+
+impl GpuPlan {
+    /// Build everything a step needs. `persistent` supplies the buffers of inputs, parameters
+    /// and state that this plan shares with others; missing ones are created here.
+    pub fn new(
+        gpu: &Gpu,
+        g: &Graph,
+        plan: Plan,
+        persistent: &HashMap<NodeId, wgpu::Buffer>,
+    ) -> Result<GpuPlan> {
+        if let Some(max) = Some(gpu.limits.max_storage_buffers_per_shader_stage) {
+            crate::plan::verify::verify(&plan, Some(max))?;
+        }
+        let mut buffers = Vec::with_capacity(plan.buffers.len());
+        for (b, info) in plan.buffers.iter().enumerate() {
+            let owner = plan
+                .values
+                .iter()
+                .find(|v| v.buffer == b && v.pinned)
+                .map(|v| v.node);
+            match owner.and_then(|id| persistent.get(&id)) {
+                Some(buf) => buffers.push(buf.clone()),
+                None => {
+                    buffers.push(gpu.buffer(&format!("plan buffer {b}"), info.bytes, STORAGE)?)
+                }
+            }
+        }
+        let meta = gpu.uniform("meta", &[0u8; 16])?;
+        let mut out = GpuPlan {
+            plan,
+            buffers,
+            dispatches: Vec::new(),
+            dispatches_per_kernel: Vec::new(),
+            meta,
+            scratch_bytes: 0,
+            copies: Vec::new(),
+        };
+        for k in out.plan.kernels.clone() {
+            let before = out.dispatches.len();
+            out.build_kernel(gpu, g, &k)?;
+            out.dispatches_per_kernel
+                .push(out.dispatches.len() - before);
+        }
+        for &(target, value) in &out.plan.updates.clone() {
+            let (Some(t), Some(v)) = (out.plan.value_of(target), out.plan.value_of(value)) else {
+                return Err(err!(
+                    Invariant,
+                    "update of node {} has no buffer",
+                    target.index()
+                ));
+            };
+            if t.buffer != v.buffer {
+                out.copies.push((v.buffer, t.buffer, t.bytes));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The buffer holding node `id` (following views).
+    pub fn buffer_of(&self, id: NodeId) -> Option<&wgpu::Buffer> {
+        self.plan.value_of(id).map(|v| &self.buffers[v.buffer])
+    }
+
+    pub fn n_dispatches(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    fn buf(&self, id: NodeId) -> Result<&wgpu::Buffer> {
+        self.buffer_of(id)
+            .ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
+    }
+
+    fn build_kernel(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
+        match &k.kind {
+            KernelKind::MatMul { matmul, register } => {
+                if let Some(d) = self.template_matmul(gpu, g, k, *matmul, *register)? {
+                    self.dispatches.push(d);
+                    return Ok(());
+                }
+                self.generated(gpu, g, k)
+            }
+            KernelKind::LayerNorm { with_stats } => {
+                let y = *k.outputs.last().expect("layer_norm writes y");
+                let ins = g.node(y).inputs.clone();
+                let Op::LayerNormStats { eps } = g.node(ins[1]).op else {
+                    return Err(err!(
+                        Invariant,
+                        "layer_norm reads stats from a non-stats node"
+                    ));
+                };
+                let d = *g.shape(y).last().unwrap_or(&1);
+                let rows = g.shape(y).iter().product::<usize>() / d.max(1);
+                // Without `with_stats` the stats are already in their buffer; recomputing them
+                // into scratch gives the same numbers and keeps one forward kernel.
+                let stats_scratch;
+                let stats = if *with_stats {
+                    self.buf(ins[1])?
+                } else {
+                    stats_scratch = self.scratch(gpu, rows * 2)?;
+                    &stats_scratch
+                };
+                let ln = LayerNorm::new(gpu, d)?;
+                let fwd = LayerNormForward {
+                    x: self.buf(ins[0])?,
+                    weight: self.buf(ins[2])?,
+                    bias: self.buf(ins[3])?,
+                    y: self.buf(y)?,
+                    stats,
+                };
+                let dispatch = ln.forward(gpu, rows, eps, &fwd)?;
+                self.dispatches.push(dispatch);
+                Ok(())
+            }
+            KernelKind::LayerNormStats => {
+                let stats = k.outputs[0];
+                let x = g.node(stats).inputs[0];
+                let Op::LayerNormStats { eps } = g.node(stats).op else {
+                    unreachable!("stats kernel")
+                };
+                let d = *g.shape(x).last().unwrap_or(&1);
+                let rows = g.shape(x).iter().product::<usize>() / d.max(1);
+                let ln = LayerNorm::new(gpu, d)?;
+                let ones = gpu.upload_f32("layer_norm ones", &vec![1.0; d])?;
+                let zeros = gpu.upload_f32("layer_norm zeros", &vec![0.0; d])?;
+                let y = self.scratch(gpu, rows * d)?;
+                let fwd = LayerNormForward {
+                    x: self.buf(x)?,
+                    weight: &ones,
+                    bias: &zeros,
+                    y: &y,
+                    stats: self.buf(stats)?,
+                };
+                let mut dispatch = ln.forward(gpu, rows, eps, &fwd)?;
+                dispatch.owned.extend([ones, zeros, y]);
+                self.dispatches.push(dispatch);
+                Ok(())
+            }
+            KernelKind::LayerNormGradInput { weight_grad } => {
+                let dx = *k.outputs.last().expect("writes dx");
+                let ins = g.node(dx).inputs.clone(); // x, stats, weight, dy
+                self.ln_backward(gpu, g, &ins, Some(dx), *weight_grad)
+            }
+            KernelKind::LayerNormGradWeight => {
+                let dwb = k.outputs[0];
+                let i = g.node(dwb).inputs.clone(); // x, stats, dy
+                let d = *g.shape(i[0]).last().unwrap_or(&1);
+                let ones = gpu.upload_f32("layer_norm ones", &vec![1.0; d])?;
+                let r = self.ln_backward_with(gpu, g, [i[0], i[1], i[2]], &ones, None, Some(dwb));
+                self.dispatches.last_mut().map(|dp| dp.owned.push(ones));
+                r
+            }
+            _ => self.generated(gpu, g, k),
+        }
+    }
+
+    fn ln_backward(
+        &mut self,
+        gpu: &Gpu,
+        g: &Graph,
+        ins: &[NodeId],
+        dx: Option<NodeId>,
+        dwb: Option<NodeId>,
+    ) -> Result<()> {
+        let weight = self.buf(ins[2])?.clone();
+        self.ln_backward_with(gpu, g, [ins[0], ins[1], ins[3]], &weight, dx, dwb)
+    }
+
+    /// LayerNorm backward over (x, stats, dy): dx into `dx`'s buffer and dweight/dbias into the
+    /// two rows of `dwb`'s buffer, each into scratch when not wanted.
+    fn ln_backward_with(
+        &mut self,
+        gpu: &Gpu,
+        g: &Graph,
+        [x, stats, dy]: [NodeId; 3],
+        weight: &wgpu::Buffer,
+        dx: Option<NodeId>,
+        dwb: Option<NodeId>,
+    ) -> Result<()> {
+        let d = *g.shape(x).last().unwrap_or(&1);
+        let rows = g.shape(x).iter().product::<usize>() / d.max(1);
+        let ln = LayerNorm::new(gpu, d)?;
+        let scratch = self.scratch(gpu, ln.scratch_len(rows))?;
+        let dx_buf = match dx {
+            Some(id) => self.buf(id)?.clone(),
+            None => self.scratch(gpu, rows * d)?,
+        };
+        let dwb_buf = match dwb {
+            Some(id) => self.buf(id)?.clone(),
+            None => self.scratch(gpu, 2 * d)?,
+        };
+        let bw = LayerNormBackward {
+            x: self.buf(x)?,
+            weight,
+            stats: self.buf(stats)?,
+            dy: self.buf(dy)?,
+            dx: &dx_buf,
+            dparams: &dwb_buf,
+            scratch: &scratch,
+            accumulate_dx: false,
+            accumulate_params: false,
+        };
+        let [mut a, b] = ln.backward(gpu, rows, &bw)?;
+        a.owned.push(scratch);
+        self.dispatches.push(a);
+        self.dispatches.push(b);
+        Ok(())
+    }
+
+    fn scratch(&mut self, gpu: &Gpu, len: usize) -> Result<wgpu::Buffer> {
+        self.scratch_bytes += len.max(1) as u64 * 4;
+        gpu.storage("scratch", len.max(1))
+    }
+
+    /// A generated kernel: compile its module and bind its buffers (and `meta`).
+    fn generated(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
+        let src = generate(g, &self.plan, k);
+        let pipeline = gpu.pipeline(&src.label, &src.wgsl, "main")?;
+        let mut bound: Vec<&wgpu::Buffer> = src
+            .bindings
+            .iter()
+            .map(|&(b, _)| &self.buffers[b])
+            .collect();
+        if src.uses_meta {
+            bound.push(&self.meta);
+        }
+        let bind_group = gpu.bind_group(&src.label, &pipeline, &bound)?;
+        let workgroups = gpu.dispatch_dims(src.workgroups);
+        self.dispatches.push(Dispatch {
+            label: src.label,
+            pipeline,
+            bind_group,
+            workgroups,
+            owned: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// The matmul template with a generated epilogue, when the operands can be described by
+    /// strides (contiguous buffers, optionally transposed, batch equal or broadcast).
+    fn template_matmul(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        k: &Kernel,
+        mm: NodeId,
+        register: NodeId,
+    ) -> Result<Option<Dispatch>> {
+        let out = *k.outputs.last().expect("matmul writes a value");
+        if k.fused
+            .iter()
+            .any(|&id| matches!(g.node(id).op, Op::Dropout { .. }))
+        {
+            return Ok(None);
+        }
+        let node = g.node(mm);
+        let (sa, sb, so) = (
+            g.shape(node.inputs[0]),
+            g.shape(node.inputs[1]),
+            &node.shape,
+        );
+        let r = so.len();
+        let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
+        let batch: usize = so[..r - 2].iter().product();
+        let fits = |v: usize| u32::try_from(v).is_ok();
+        if ![m, n, kk, batch, m * n * batch.max(1)]
+            .iter()
+            .all(|&v| fits(v))
+        {
+            return Ok(None);
+        }
+        let (Some((a_src, a_op)), Some((b_src, b_op))) = (
+            operand(g, &self.plan, node.inputs[0], sa, batch, m, kk),
+            operand(g, &self.plan, node.inputs[1], sb, batch, kk, n),
+        ) else {
+            return Ok(None);
+        };
+        // The epilogue: `out`'s expression at the coordinates of matmul element (batch, i, j).
+        let mut extra: Vec<usize> = Vec::new();
+        for &id in &k.inputs {
+            if id == a_src || id == b_src {
+                continue;
+            }
+            let b = self
+                .plan
+                .value_of(id)
+                .expect("kernel input has a buffer")
+                .buffer;
+            if !extra.contains(&b) {
+                extra.push(b);
+            }
+        }
+        let names = |b: usize| {
+            format!(
+                "e{}",
+                extra.iter().position(|&x| x == b).unwrap_or(usize::MAX)
+            )
+        };
+        let mut em = ExprEmitter::new(g, &self.plan, &names);
+        em.register = Some((register, "v".to_string()));
+        em.root = Some(out);
+        let lin = format!("((batch * {m}u + i) * {n}u + j)");
+        let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
+        let value = if out == register {
+            "v".to_string()
+        } else {
+            em.emit(out, &coords)
+        };
+        let body = format!("{coords_code}{}    return {value};", em.body);
+        let mut decls = String::new();
+        for (i, &b) in extra.iter().enumerate() {
+            let ty = if k.inputs.iter().any(|&id| {
+                self.plan.value_of(id).is_some_and(|v| v.buffer == b) && g.dtype(id) == DType::I32
+            }) {
+                "i32"
+            } else {
+                "f32"
+            };
+            decls.push_str(&format!(
+                "@group(0) @binding({}) var<storage, read> e{i}: array<{ty}>;\n",
+                i + 4
+            ));
+        }
+        decls.push_str(crate::codegen::expr::MATH_WGSL);
+        let spec = MatmulSpec {
+            batch: batch as u32,
+            m: m as u32,
+            n: n as u32,
+            k: kk as u32,
+            a: a_op,
+            b: b_op,
+            c: Operand::row_major(m as u32, n as u32),
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        let tile = MatmulTile::choose(&spec);
+        let kernel = Matmul::with_epilogue(gpu, tile, &decls, &body)?;
+        let extra_bufs: Vec<&wgpu::Buffer> = extra.iter().map(|&b| &self.buffers[b]).collect();
+        let mut d = kernel.dispatch(
+            gpu,
+            &spec,
+            self.buf(a_src)?,
+            self.buf(b_src)?,
+            self.buf(out)?,
+            &extra_bufs,
+        )?;
+        d.label = format!("{} #{}", kind_name(&k.kind), out.index());
+        Ok(Some(d))
+    }
+
+    /// Run one step: write `feeds` and the step counter, encode every dispatch (optionally
+    /// after filling every reused buffer with NaN), apply the updates, submit once, and read
+    /// back `read`.
+    pub fn step(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        feeds: &[(NodeId, &Tensor)],
+        step: u64,
+        read: &[NodeId],
+        poison: bool,
+    ) -> Result<Vec<Tensor>> {
+        for (id, t) in feeds {
+            let want = g.shape(*id);
+            if t.shape() != want || t.dtype() != g.dtype(*id) {
+                return Err(err!(
+                    Shape,
+                    "input node {} must be {}{}, got {}{}",
+                    id.index(),
+                    g.dtype(*id),
+                    fmt_shape(want),
+                    t.dtype(),
+                    fmt_shape(t.shape())
+                ));
+            }
+            if let Some(buf) = self.buffer_of(*id) {
+                gpu.write(buf, 0, &t.to_le_bytes())?;
+            }
+        }
+        let mut meta = [0u8; 16];
+        meta[..4].copy_from_slice(&(step as u32).to_le_bytes());
+        gpu.write(&self.meta, 0, &meta)?;
+        if poison {
+            for (b, info) in self.plan.buffers.iter().enumerate() {
+                if !info.pinned {
+                    gpu.write(&self.buffers[b], 0, &vec![0xff; info.bytes as usize])?;
+                }
+            }
+        }
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let all: Vec<&Dispatch> = self.dispatches.iter().collect();
+        gpu.encode(&mut enc, &all);
+        for &(from, to, bytes) in &self.copies {
+            enc.copy_buffer_to_buffer(&self.buffers[from], 0, &self.buffers[to], 0, bytes);
+        }
+        gpu.submit(enc)?;
+        let errors = gpu.take_uncaptured_errors();
+        if let Some(e) = errors.first() {
+            return Err(err!(Device, "step failed on the device: {e}"));
+        }
+        read.iter()
+            .map(|&id| {
+                let n: usize = g.shape(id).iter().product();
+                let words: Vec<u32> = gpu
+                    .read_i32_range(self.buf(id)?, 0..n)?
+                    .into_iter()
+                    .map(|w| w as u32)
+                    .collect();
+                host_tensor(g, id, words)
+            })
+            .collect()
+    }
+
+    /// Read the current contents of a node's buffer.
+    pub fn read(&self, gpu: &Gpu, g: &Graph, id: NodeId) -> Result<Tensor> {
+        let n: usize = g.shape(id).iter().product();
+        let words: Vec<u32> = gpu
+            .read_i32_range(self.buf(id)?, 0..n)?
+            .into_iter()
+            .map(|w| w as u32)
+            .collect();
+        host_tensor(g, id, words)
+    }
+
+    /// Dispatch labels in order, for reports.
+    pub fn dispatch_labels(&self) -> Vec<&str> {
+        self.dispatches.iter().map(|d| d.label.as_str()).collect()
+    }
+}
+
+/// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:
+/// a materialized value, or a transpose of the last two axes of one. Batch dims must equal the
+/// output's or be all 1 (broadcast).
+fn operand(
+    g: &Graph,
+    plan: &Plan,
+    id: NodeId,
+    shape: &[usize],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<(NodeId, Operand)> {
+    let own_batch: usize = shape[..shape.len() - 2].iter().product();
+    let broadcast = own_batch == 1 && batch != 1;
+    if own_batch != batch && !broadcast {
+        return None;
+    }
+    let (src, op) = if plan.value_of(id).is_some() {
+        (id, Operand::row_major(rows as u32, cols as u32))
+    } else {
+        let node = g.node(id);
+        let Op::Permute { perm } = &node.op else {
+            return None;
+        };
+        let r = perm.len();
+        let swaps_last = perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
+            && perm[r - 2] == r - 1
+            && perm[r - 1] == r - 2;
+        let src = node.inputs[0];
+        if !swaps_last || plan.value_of(src).is_none() {
+            return None;
+        }
+        (src, Operand::transposed(rows as u32, cols as u32))
+    };
+    Some((src, if broadcast { op.broadcast() } else { op }))
+}

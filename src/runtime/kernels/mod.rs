@@ -1,0 +1,92 @@
+//! The dedicated kernels: WGSL templates from `shaders/`, the placeholder filler, and one
+//! launcher per kernel (build the pipeline once, bind buffers into a [`Dispatch`](super::Dispatch)).
+//!
+//! A template is WGSL text in which generated code fills `{{NAME}}` placeholders. Every template
+//! carries a default for each of its placeholders, so it is valid WGSL once filled with them
+//! (`tests/wgsl_valid.rs` checks this for every file in `shaders/`).
+
+pub mod layer_norm;
+pub mod matmul;
+
+use crate::err;
+use crate::error::Result;
+
+pub use layer_norm::{bench_layer_norm, LayerNorm, LayerNormBackward, LayerNormForward};
+pub use matmul::{bench_matmul, Matmul, MatmulSpec, MatmulTile, Operand};
+
+/// A WGSL template from `shaders/` and the default of each of its placeholders.
+#[derive(Clone, Copy, Debug)]
+pub struct Template {
+    /// File name in `shaders/`.
+    pub file: &'static str,
+    pub text: &'static str,
+    /// `(NAME, default)` for every `{{NAME}}` in `text`.
+    pub defaults: &'static [(&'static str, &'static str)],
+}
+
+pub const MATMUL: Template = Template {
+    file: "matmul.wgsl",
+    text: include_str!("../../../shaders/matmul.wgsl"),
+    defaults: &[
+        ("BM", "128"),
+        ("BN", "128"),
+        ("BK", "8"),
+        ("TM", "8"),
+        ("TN", "8"),
+        ("EPILOGUE_BINDINGS", ""),
+        ("EPILOGUE", "return v;"),
+    ],
+};
+
+pub const LAYER_NORM: Template = Template {
+    file: "layer_norm.wgsl",
+    text: include_str!("../../../shaders/layer_norm.wgsl"),
+    defaults: &[("CPT", "4")],
+};
+
+pub const LAYER_NORM_BW: Template = Template {
+    file: "layer_norm_bw.wgsl",
+    text: include_str!("../../../shaders/layer_norm_bw.wgsl"),
+    defaults: &[("CPT", "4")],
+};
+
+/// Every template in `shaders/`.
+pub const TEMPLATES: &[Template] = &[MATMUL, LAYER_NORM, LAYER_NORM_BW];
+
+impl Template {
+    /// The text with `values` substituted and every other placeholder at its default. An error
+    /// when `values` names a placeholder the template lacks or a `{{` is left over.
+    pub fn fill(&self, values: &[(&str, &str)]) -> Result<String> {
+        for (name, _) in values {
+            if !self.defaults.iter().any(|(d, _)| d == name) {
+                return Err(err!(
+                    Invariant,
+                    "{}: no placeholder `{{{{{name}}}}}`",
+                    self.file
+                ));
+            }
+        }
+        let mut text = self.text.to_string();
+        for (name, default) in self.defaults {
+            let value = values
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(*default, |(_, v)| *v);
+            text = text.replace(&format!("{{{{{name}}}}}"), value);
+        }
+        if let Some(at) = text.find("{{") {
+            let rest: String = text[at..].chars().take(40).collect();
+            return Err(err!(
+                Invariant,
+                "{}: unfilled placeholder at `{rest}`",
+                self.file
+            ));
+        }
+        Ok(text)
+    }
+
+    /// The text with every placeholder at its default.
+    pub fn with_defaults(&self) -> String {
+        self.fill(&[]).unwrap_or_else(|_| self.text.to_string())
+    }
+}

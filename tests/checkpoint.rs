@@ -1,0 +1,497 @@
+//! Checkpoint boundary: bit-exact round trips, atomic saves, and a corpus of malformed files,
+//! each with the message it must produce.
+
+use rumus::checkpoint::{
+    check_against, from_bytes, load, save, to_bytes, Checkpoint, MAX_HEADER_LEN,
+};
+use rumus::{DType, ErrorKind, Tensor};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A fresh, empty folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("checkpoint")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A file with header text `header` (unpadded) and data `data`.
+fn file(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+/// `bytes` must be rejected with exactly `expected`.
+fn check(case: &str, bytes: &[u8], expected: &str) {
+    match from_bytes(bytes) {
+        Ok(c) => panic!("{case}: accepted, got {} tensors", c.tensors.len()),
+        Err(e) => {
+            assert_eq!(e.kind, ErrorKind::Checkpoint, "{case}");
+            assert_eq!(e.message, expected, "{case}");
+        }
+    }
+}
+
+fn sample() -> Vec<(String, Tensor)> {
+    let nan_payload = f32::from_bits(0x7fc0_1234);
+    let signalling = f32::from_bits(0xff80_0001);
+    vec![
+        (
+            "layer.0.weight".into(),
+            Tensor::f32(
+                &[2, 4],
+                vec![
+                    -0.0,
+                    0.0,
+                    nan_payload,
+                    signalling,
+                    f32::INFINITY,
+                    f32::NEG_INFINITY,
+                    f32::from_bits(1),
+                    f32::MAX,
+                ],
+            )
+            .unwrap(),
+        ),
+        (
+            "a.bias".into(),
+            Tensor::f32(&[3], vec![1.5, -2.25, 1e-30]).unwrap(),
+        ),
+        (
+            "tokens".into(),
+            Tensor::i32(&[1, 3], vec![i32::MIN, -1, i32::MAX]).unwrap(),
+        ),
+        ("step".into(), Tensor::i32(&[], vec![7]).unwrap()),
+        ("empty".into(), Tensor::zeros(&[0, 5], DType::F32).unwrap()),
+    ]
+}
+
+fn refs(tensors: &[(String, Tensor)]) -> Vec<(&str, &Tensor)> {
+    tensors.iter().map(|(n, t)| (n.as_str(), t)).collect()
+}
+
+/// Same names (in name order), shapes, dtypes and bits.
+fn assert_bit_exact(loaded: &Checkpoint, saved: &[(String, Tensor)]) {
+    let mut saved: Vec<&(String, Tensor)> = saved.iter().collect();
+    saved.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(loaded.tensors.len(), saved.len());
+    for ((ln, lt), (sn, st)) in loaded.tensors.iter().zip(saved) {
+        assert_eq!(ln, sn);
+        assert_eq!(lt.shape(), st.shape(), "{ln}");
+        assert_eq!(lt.dtype(), st.dtype(), "{ln}");
+        assert_eq!(lt.to_le_bytes(), st.to_le_bytes(), "{ln}");
+    }
+}
+
+#[test]
+fn save_then_load_is_bit_exact() {
+    let dir = scratch("round_trip");
+    let path = dir.join("model.safetensors");
+    let tensors = sample();
+    let metadata = meta(&[
+        ("step", "1200"),
+        ("format", "pt"),
+        ("note", "quote \" and ünïcode"),
+    ]);
+    save(&path, &refs(&tensors), &metadata).unwrap();
+    let loaded = load(&path).unwrap();
+    assert_bit_exact(&loaded, &tensors);
+    assert_eq!(loaded.metadata, metadata);
+    assert!(loaded.get("tokens").is_some() && loaded.get("nope").is_none());
+}
+
+#[test]
+fn bytes_round_trip_and_layout_matches_the_reference_writer() {
+    let tensors = sample();
+    let bytes = to_bytes(&refs(&tensors), &BTreeMap::new()).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!(header_len % 8, 0, "data must start 8-byte aligned");
+    let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
+    assert!(
+        !header.contains("__metadata__"),
+        "no metadata key when there is none: {header}"
+    );
+    assert_bit_exact(&from_bytes(&bytes).unwrap(), &tensors);
+    // Deterministic: the input order does not matter.
+    let mut reversed = refs(&tensors);
+    reversed.reverse();
+    assert_eq!(to_bytes(&reversed, &BTreeMap::new()).unwrap(), bytes);
+}
+
+#[test]
+fn one_tensor_file_is_byte_identical_to_the_reference_format() {
+    // What `safetensors.torch.save_file({"w": torch.tensor([1.0, 2.0])})` writes.
+    let w = Tensor::f32(&[2], vec![1.0, 2.0]).unwrap();
+    let bytes = to_bytes(&[("w", &w)], &BTreeMap::new()).unwrap();
+    let header = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    let mut expected = file(&format!("{header:<56}"), &[]);
+    expected.extend_from_slice(&[0, 0, 0x80, 0x3f, 0, 0, 0, 0x40]);
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn atomic_save_leaves_no_temporary_files() {
+    let dir = scratch("atomic");
+    let path = dir.join("m.safetensors");
+    let tensors = sample();
+    save(&path, &refs(&tensors), &BTreeMap::new()).unwrap();
+    // Overwriting an existing checkpoint also goes through a rename.
+    let small = Tensor::scalar(3.0);
+    save(&path, &[("x", &small)], &BTreeMap::new()).unwrap();
+    assert_eq!(
+        load(&path).unwrap().tensors,
+        vec![("x".to_string(), small.clone())]
+    );
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec!["m.safetensors"]);
+
+    // A failed rename (the target is a folder) removes the temporary file.
+    let blocked = dir.join("blocked.safetensors");
+    std::fs::create_dir(&blocked).unwrap();
+    let e = save(&blocked, &[("x", &small)], &BTreeMap::new()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Io);
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, vec!["blocked.safetensors", "m.safetensors"]);
+}
+
+#[test]
+fn saving_rejects_duplicate_and_reserved_names() {
+    let t = Tensor::scalar(1.0);
+    let e = to_bytes(&[("a", &t), ("b", &t), ("a", &t)], &BTreeMap::new()).unwrap_err();
+    assert_eq!(e.message, "duplicate tensor name `a`");
+    let e = to_bytes(&[("__metadata__", &t)], &BTreeMap::new()).unwrap_err();
+    assert_eq!(
+        e.message,
+        "`__metadata__` is reserved and cannot name a tensor"
+    );
+}
+
+#[test]
+fn load_errors_name_the_file() {
+    let dir = scratch("load_errors");
+    let path = dir.join("bad.safetensors");
+    std::fs::write(&path, [1, 2, 3]).unwrap();
+    let e = load(&path).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Checkpoint);
+    assert_eq!(
+        e.message,
+        format!(
+            "{}: file is 3 bytes, too short for the 8-byte header length",
+            path.display()
+        )
+    );
+    let e = load(&dir.join("missing.safetensors")).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Io);
+}
+
+#[test]
+fn every_truncation_of_a_valid_file_is_an_error() {
+    let tensors = sample();
+    let bytes = to_bytes(&refs(&tensors), &meta(&[("k", "v")])).unwrap();
+    for len in 0..bytes.len() {
+        assert!(
+            from_bytes(&bytes[..len]).is_err(),
+            "truncated to {len} of {} bytes",
+            bytes.len()
+        );
+    }
+    assert!(from_bytes(&bytes).is_ok());
+}
+
+#[test]
+fn flipping_any_byte_never_panics() {
+    let t = Tensor::f32(&[2], vec![1.0, 2.0]).unwrap();
+    let bytes = to_bytes(&[("w", &t)], &meta(&[("k", "v")])).unwrap();
+    for i in 0..bytes.len() {
+        for flip in [0x01, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[i] ^= flip;
+            let _ = from_bytes(&b);
+        }
+    }
+}
+
+#[test]
+fn malformed_files_each_get_their_own_message() {
+    assert_eq!(
+        MAX_HEADER_LEN, 100_000_000,
+        "the reference implementation's cap"
+    );
+    let f8 = [0u8; 8];
+    let a8 = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty file", vec![], "file is 0 bytes, too short for the 8-byte header length"),
+        ("short length", vec![8, 0, 0], "file is 3 bytes, too short for the 8-byte header length"),
+        (
+            "oversized header length",
+            [100_000_001u64.to_le_bytes().as_slice(), b"{}"].concat(),
+            "header length 100000001 is over the limit of 100000000 bytes",
+        ),
+        (
+            "header length u64::MAX",
+            u64::MAX.to_le_bytes().to_vec(),
+            "header length 18446744073709551615 is over the limit of 100000000 bytes",
+        ),
+        (
+            "header length past the file end",
+            [64u64.to_le_bytes().as_slice(), b"{}"].concat(),
+            "header length 64 runs past the end of the file (2 bytes after the length)",
+        ),
+        (
+            "header not UTF-8",
+            [4u64.to_le_bytes().as_slice(), b"{\"\xff\"".as_slice()].concat(),
+            "header is not valid UTF-8 (at byte 2)",
+        ),
+        ("empty header", file("", &[]), "header is not a JSON object"),
+        ("array header", file("[1, 2]", &[]), "header is not a JSON object"),
+        ("string header", file("\"{}\"", &[]), "header is not a JSON object"),
+        ("broken JSON", file("{\"a\":", &[]), "header is not valid JSON: EOF while parsing a value at line 1 column 5"),
+        ("JSON with trailing text", file("{} {}", &[]), "header is not valid JSON: trailing characters at line 1 column 4"),
+        (
+            "duplicate key",
+            file(&format!("{{{a8},{a8}}}"), &f8),
+            "duplicate key `a` in header",
+        ),
+        (
+            "duplicate metadata",
+            file(r#"{"__metadata__":{},"__metadata__":{}}"#, &[]),
+            "duplicate key `__metadata__` in header",
+        ),
+        (
+            "metadata not an object",
+            file(r#"{"__metadata__":[]}"#, &[]),
+            "`__metadata__` is not a JSON object",
+        ),
+        (
+            "metadata value not a string",
+            file(r#"{"__metadata__":{"step":3}}"#, &[]),
+            "`__metadata__` entry `step` is not a string",
+        ),
+        ("entry not an object", file(r#"{"a":3}"#, &[]), "tensor `a`: entry is not a JSON object"),
+        (
+            "missing dtype",
+            file(r#"{"a":{"shape":[2],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: missing `dtype`",
+        ),
+        (
+            "missing data_offsets",
+            file(r#"{"a":{"dtype":"F32","shape":[2]}}"#, &f8),
+            "tensor `a`: missing `data_offsets`",
+        ),
+        (
+            "unknown field",
+            file(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}"#, &f8),
+            "tensor `a`: unknown field `x`",
+        ),
+        (
+            "dtype not a string",
+            file(r#"{"a":{"dtype":1,"shape":[2],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: `dtype` is not a string",
+        ),
+        (
+            "unknown dtype",
+            file(r#"{"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: unknown dtype `Q7`",
+        ),
+        (
+            "unsupported dtype",
+            file(r#"{"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: dtype F16 is not supported (rumus reads F32 and I32)",
+        ),
+        (
+            "negative dimension",
+            file(r#"{"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: `shape` is not a list of sizes",
+        ),
+        (
+            "fractional dimension",
+            file(r#"{"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: `shape` is not a list of sizes",
+        ),
+        (
+            "three offsets",
+            file(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}}"#, &f8),
+            "tensor `a`: `data_offsets` is not a pair of offsets",
+        ),
+        (
+            "reversed offsets",
+            file(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}}"#, &f8),
+            "tensor `a`: data_offsets [8, 0] are reversed",
+        ),
+        (
+            "offsets past the end",
+            file(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, &[0; 4]),
+            "tensor `a`: data_offsets [0, 8] run past the end of the data (4 bytes)",
+        ),
+        (
+            "huge offsets",
+            file(
+                r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}}"#,
+                &f8,
+            ),
+            "tensor `a`: data_offsets [0, 18446744073709551615] run past the end of the data (8 bytes)",
+        ),
+        (
+            "shape not matching the byte length",
+            file(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: shape [3] of f32 needs 12 bytes, data_offsets [0, 8] hold 8",
+        ),
+        (
+            "element count overflows",
+            file(
+                r#"{"a":{"dtype":"I32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#,
+                &f8,
+            ),
+            "tensor `a`: shape [4294967296, 4294967296] has more elements than fit in memory",
+        ),
+        (
+            "byte count overflows",
+            file(r#"{"a":{"dtype":"I32","shape":[4611686018427387904],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: shape [4611686018427387904] is too large",
+        ),
+        (
+            "first tensor not at 0",
+            file(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, &[0; 12]),
+            "data of the first tensor `a` starts at byte 4, not 0",
+        ),
+        (
+            "gapped offsets",
+            file(
+                &format!(r#"{{{a8},"b":{{"dtype":"F32","shape":[2],"data_offsets":[12,20]}}}}"#),
+                &[0; 20],
+            ),
+            "gap of 4 bytes between tensors `a` (ends at 8) and `b` (starts at 12)",
+        ),
+        (
+            "overlapping offsets",
+            file(
+                &format!(r#"{{"b":{{"dtype":"I32","shape":[2],"data_offsets":[4,12]}},{a8}}}"#),
+                &[0; 12],
+            ),
+            "tensors `a` [0, 8] and `b` [4, 12] overlap",
+        ),
+        (
+            "empty tensor inside another",
+            file(
+                &format!(r#"{{{a8},"e":{{"dtype":"F32","shape":[0],"data_offsets":[4,4]}}}}"#),
+                &f8,
+            ),
+            "tensors `a` [0, 8] and `e` [4, 4] overlap",
+        ),
+        (
+            "trailing bytes",
+            file(&format!("{{{a8}}}"), &[0; 12]),
+            "4 trailing bytes after the last tensor (data is 12 bytes, tensors use 8)",
+        ),
+        (
+            "data with no tensors",
+            file("{}", &[1]),
+            "1 trailing bytes after the last tensor (data is 1 bytes, tensors use 0)",
+        ),
+    ];
+    for (case, bytes, expected) in &cases {
+        check(case, bytes, expected);
+    }
+}
+
+#[test]
+fn valid_hand_written_files_load() {
+    // Header order differs from data order; whitespace padding; empty tensors at shared offsets.
+    let bytes = file(
+        r#"{"b":{"dtype":"I32","shape":[1],"data_offsets":[8,12]},
+            "z":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},
+            "a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},
+            "__metadata__":{"format":"pt"}}     "#,
+        &[0, 0, 0x80, 0x3f, 0, 0, 0, 0x40, 5, 0, 0, 0],
+    );
+    let c = from_bytes(&bytes).unwrap();
+    let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "z", "b"], "file order: by offset, then name");
+    assert_eq!(c.get("a").unwrap().as_f32().unwrap(), &[1.0, 2.0]);
+    assert_eq!(c.get("b").unwrap().as_i32().unwrap(), &[5]);
+    assert_eq!(c.metadata, meta(&[("format", "pt")]));
+    assert!(from_bytes(&file("{}", &[])).unwrap().tensors.is_empty());
+}
+
+#[test]
+fn check_against_reports_every_difference_by_name() {
+    let w = Tensor::zeros(&[2, 3], DType::F32).unwrap();
+    let idx = Tensor::zeros(&[4], DType::I32).unwrap();
+    let extra = Tensor::scalar(0.0);
+    let bytes = to_bytes(
+        &[("w", &w), ("idx", &idx), ("extra", &extra)],
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    let c = from_bytes(&bytes).unwrap();
+    check_against(
+        &c,
+        &[
+            ("w", &[2, 3], DType::F32),
+            ("idx", &[4], DType::I32),
+            ("extra", &[], DType::F32),
+        ],
+    )
+    .unwrap();
+    let e = check_against(
+        &c,
+        &[
+            ("w", &[3, 2], DType::F32),
+            ("idx", &[4], DType::F32),
+            ("b", &[3], DType::F32),
+            ("c", &[1], DType::F32),
+        ],
+    )
+    .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Checkpoint);
+    assert_eq!(
+        e.message,
+        "checkpoint does not match the model: missing `b`, `c`; unexpected `extra`; \
+         `w` is f32 [2, 3], expected f32 [3, 2]; `idx` is i32 [4], expected f32 [4]"
+    );
+}
+
+#[test]
+fn loads_a_file_written_by_the_reference_implementation() {
+    // safetensors 0.8.0: `save({"b": int32 [5, -1], "a": float32 [1, -0], "z": float32 zeros
+    // (0, 3)}, metadata={"format": "pt"})`. It orders tensors by dtype, then name.
+    let hex = "c8000000000000007b225f5f6d657461646174615f5f223a7b22666f726d6174223a227074227d2c\
+               2261223a7b226474797065223a22463332222c227368617065223a5b325d2c22646174615f6f6666\
+               73657473223a5b302c385d7d2c227a223a7b226474797065223a22463332222c227368617065223a\
+               5b302c335d2c22646174615f6f666673657473223a5b382c385d7d2c2262223a7b22647479706522\
+               3a22493332222c227368617065223a5b325d2c22646174615f6f666673657473223a5b382c31365d\
+               7d7d2020202020200000803f0000008005000000ffffffff";
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let c = from_bytes(&bytes).unwrap();
+    let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "z", "b"]);
+    assert_eq!(
+        c.get("a").unwrap().to_le_bytes(),
+        [0, 0, 0x80, 0x3f, 0, 0, 0, 0x80]
+    );
+    assert_eq!(c.get("z").unwrap().shape(), &[0, 3]);
+    assert_eq!(c.get("b").unwrap().as_i32().unwrap(), &[5, -1]);
+    assert_eq!(c.metadata, meta(&[("format", "pt")]));
+}

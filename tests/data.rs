@@ -1,0 +1,440 @@
+//! Data boundary: the real files in scripts/data, gzip and plain CSV agreeing, malformed CSV
+//! errors with line numbers, and split/batch determinism and coverage.
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use rumus::data::{read_csv, read_text, text_sequences, CsvOptions, Dataset, Header, Labels};
+use rumus::{DType, ErrorKind, Tensor};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A fresh, empty folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("data")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn data_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/data")
+        .join(name)
+}
+
+fn labelled(col: usize) -> CsvOptions {
+    CsvOptions {
+        label_col: Some(col),
+        ..CsvOptions::default()
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = GzEncoder::new(Vec::new(), Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+#[test]
+fn digits_has_1797_rows_of_64_features_and_labels_0_to_9() {
+    let opts = CsvOptions {
+        scale: 1.0 / 16.0,
+        ..labelled(64)
+    };
+    let d = read_csv(&data_file("digits.csv.gz"), &opts).unwrap();
+    assert_eq!(d.len(), 1797);
+    assert_eq!(d.x().shape(), &[1797, 64]);
+    assert_eq!((d.x().dtype(), d.y().dtype()), (DType::F32, DType::I32));
+    let x = d.x().as_f32().unwrap();
+    assert!(x.iter().all(|&v| (0.0..=1.0).contains(&v)));
+    assert_eq!(
+        x.iter().cloned().fold(0.0, f32::max),
+        1.0,
+        "16 scaled by 1/16"
+    );
+    let labels: BTreeSet<i32> = d.y().as_i32().unwrap().iter().copied().collect();
+    assert_eq!(labels, (0..10).collect());
+    assert!(d.classes().is_empty());
+}
+
+#[test]
+fn iris_has_a_header_150_rows_and_labels_0_to_2() {
+    // The first line is scikit-learn's header: `150,4,setosa,versicolor,virginica`.
+    let d = read_csv(&data_file("iris.csv"), &labelled(4)).unwrap();
+    assert_eq!(d.x().shape(), &[150, 4]);
+    let y = d.y().as_i32().unwrap();
+    assert_eq!(y.iter().min(), Some(&0));
+    assert_eq!(y.iter().max(), Some(&2));
+    assert_eq!(&d.x().as_f32().unwrap()[..4], &[5.1, 3.5, 1.4, 0.2]);
+    // Read as regression targets, the same column is f32.
+    let t = read_csv(
+        &data_file("iris.csv"),
+        &CsvOptions {
+            labels: Labels::Targets,
+            ..labelled(4)
+        },
+    )
+    .unwrap();
+    assert_eq!(t.y().as_f32().unwrap()[149], 2.0);
+}
+
+#[test]
+fn string_labels_map_sorted_names_to_0_to_k() {
+    let dir = scratch("names");
+    let path = dir.join("flowers.csv");
+    std::fs::write(
+        &path,
+        "species,len,width\nvirginica,1,2\nsetosa,3,4\n\nversicolor,5,6\r\nsetosa,7,8\n",
+    )
+    .unwrap();
+    let d = read_csv(&path, &labelled(0)).unwrap();
+    assert_eq!(d.classes(), ["setosa", "versicolor", "virginica"]);
+    assert_eq!(d.y().as_i32().unwrap(), &[2, 0, 1, 0]);
+    assert_eq!(
+        d.x().as_f32().unwrap(),
+        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    );
+}
+
+#[test]
+fn gzip_and_plain_files_give_the_same_data() {
+    let dir = scratch("gzip");
+    let text = zcat(&data_file("digits.csv.gz"));
+    // The names lie on purpose: detection is by magic bytes.
+    let plain = dir.join("digits.gz");
+    let packed = dir.join("digits.csv");
+    std::fs::write(&plain, &text).unwrap();
+    std::fs::write(&packed, gzip(&text)).unwrap();
+    let a = read_csv(&plain, &labelled(64)).unwrap();
+    let b = read_csv(&packed, &labelled(64)).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        a,
+        read_csv(&data_file("digits.csv.gz"), &labelled(64)).unwrap()
+    );
+}
+
+fn zcat(path: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()),
+        &mut out,
+    )
+    .unwrap();
+    out
+}
+
+/// Reading `text` with `opts` must fail with `<file>:<expected>`.
+fn check(dir: &Path, case: &str, text: &[u8], opts: &CsvOptions, expected: &str) {
+    let path = dir.join(format!("{case}.csv"));
+    std::fs::write(&path, text).unwrap();
+    match read_csv(&path, opts) {
+        Ok(d) => panic!("{case}: accepted {} rows", d.len()),
+        Err(e) => assert_eq!(e.message, format!("{}{expected}", path.display()), "{case}"),
+    }
+}
+
+#[test]
+fn malformed_csv_errors_name_file_and_line() {
+    let dir = scratch("malformed");
+    let l2 = labelled(2);
+    let cases: &[(&str, &[u8], &CsvOptions, &str)] = &[
+        (
+            "short_row",
+            b"1,2,0\n3,4\n",
+            &l2,
+            ":2: expected 3 fields, found 2",
+        ),
+        (
+            "long_row",
+            b"a,b,c\n1,2,0\n\n3,4,5,6\n",
+            &l2,
+            ":4: expected 3 fields, found 4",
+        ),
+        (
+            "not_a_number",
+            b"1,2,0\n3,x,1\n",
+            &l2,
+            ":2: column 2: `x` is not a number",
+        ),
+        (
+            "empty_field",
+            b"1,2,0\n3,,1\n",
+            &l2,
+            ":2: column 2: `` is not a number",
+        ),
+        (
+            "infinite",
+            b"1,2,0\n3,inf,1\n",
+            &l2,
+            ":2: column 2: `inf` is not a finite number",
+        ),
+        (
+            "nan",
+            b"1,nan,0\n",
+            &l2,
+            ":1: column 2: `nan` is not a finite number",
+        ),
+        (
+            "fractional_label",
+            b"1,2,0\n3,4,1.5\n",
+            &l2,
+            ":2: column 3: label `1.5` is not an integer",
+        ),
+        (
+            "negative_label",
+            b"1,2,-1\n",
+            &l2,
+            ":1: column 3: label -1 is negative",
+        ),
+        (
+            "huge_label",
+            b"1,2,3000000000\n",
+            &l2,
+            ":1: column 3: label 3000000000 is too large",
+        ),
+        (
+            "empty_label",
+            b"1,2,0\n1,2,\n",
+            &l2,
+            ":2: column 3: empty label",
+        ),
+        (
+            "invalid_utf8",
+            b"1,2,0\n1,\xff,0\n",
+            &l2,
+            ":2: line is not valid UTF-8",
+        ),
+        (
+            "label_col_out_of_range",
+            b"1,2,0\n",
+            &labelled(3),
+            ":1: label_col 3 is out of range for 3 fields (it counts from 0)",
+        ),
+        ("header_only", b"a,b,c\n", &l2, ": no data rows"),
+        ("empty", b"", &l2, ": no data rows"),
+        (
+            "only_labels",
+            b"0\n1\n",
+            &labelled(0),
+            ": no feature columns",
+        ),
+        (
+            "forced_header_absent",
+            b"a,b,c\n1,2,0\n",
+            &CsvOptions {
+                header: Header::Absent,
+                ..labelled(2)
+            },
+            ":1: column 1: `a` is not a number",
+        ),
+        (
+            "target_not_a_number",
+            b"1,2,x\n",
+            &CsvOptions {
+                labels: Labels::Targets,
+                ..labelled(2)
+            },
+            ":1: column 3: `x` is not a number",
+        ),
+        (
+            "over_max_bytes",
+            b"1,2,0\n1,2,0\n",
+            &CsvOptions {
+                max_bytes: 8,
+                ..labelled(2)
+            },
+            ": more than 8 bytes of text",
+        ),
+    ];
+    for (case, text, opts, expected) in cases {
+        check(&dir, case, text, opts, expected);
+    }
+    // A corrupt gzip stream is an error too, not a panic.
+    let mut packed = gzip(b"1,2,0\n3,4,1\n");
+    let mid = packed.len() / 2;
+    packed[mid] ^= 0xff;
+    packed.truncate(packed.len() - 3);
+    let path = dir.join("corrupt.csv.gz");
+    std::fs::write(&path, packed).unwrap();
+    assert_eq!(read_csv(&path, &l2).unwrap_err().kind, ErrorKind::Io);
+}
+
+#[test]
+fn header_options_and_no_label_column() {
+    let dir = scratch("header");
+    let path = dir.join("h.csv");
+    std::fs::write(&path, "1,2\n3,4\n").unwrap();
+    let all = read_csv(&path, &CsvOptions::default()).unwrap();
+    assert_eq!(all.x().shape(), &[2, 2]);
+    assert_eq!(all.y().shape(), &[2, 0], "no label column: empty targets");
+    let skipped = read_csv(
+        &path,
+        &CsvOptions {
+            header: Header::Present,
+            ..CsvOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(skipped.x().as_f32().unwrap(), &[3.0, 4.0]);
+}
+
+fn digits() -> Dataset {
+    read_csv(&data_file("digits.csv.gz"), &labelled(64)).unwrap()
+}
+
+/// The first feature and label of each example identify it well enough to compare orders; use
+/// the row itself to be exact.
+fn rows(d: &Dataset) -> Vec<Vec<u32>> {
+    let x = d.x().as_f32().unwrap();
+    let width = d.x().shape()[1];
+    (0..d.len())
+        .map(|i| {
+            let mut r: Vec<u32> = x[i * width..(i + 1) * width]
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            r.push(d.y().as_i32().unwrap()[i] as u32);
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn split_is_deterministic_and_a_partition() {
+    let d = digits();
+    let (train, test) = d.split(0.8, 42).unwrap();
+    assert_eq!((train.len(), test.len()), (1438, 359));
+    let (train2, test2) = d.split(0.8, 42).unwrap();
+    assert_eq!((&train, &test), (&train2, &test2));
+    assert_ne!(
+        d.split(0.8, 43).unwrap().0,
+        train,
+        "another seed, another split"
+    );
+    let mut all: Vec<Vec<u32>> = rows(&train).into_iter().chain(rows(&test)).collect();
+    let mut original = rows(&d);
+    all.sort();
+    original.sort();
+    assert_eq!(all, original, "every example lands in exactly one part");
+    assert_eq!(d.split(0.0, 1).unwrap().0.len(), 0);
+    assert_eq!(d.split(1.0, 1).unwrap().1.len(), 0);
+    for bad in [-0.1, 1.5, f64::NAN] {
+        assert_eq!(d.split(bad, 1).unwrap_err().kind, ErrorKind::Usage);
+    }
+}
+
+#[test]
+fn batches_cover_every_example_once_and_keep_the_last_partial_batch() {
+    let d = digits();
+    let batches: Vec<_> = d.batches(64, 3).unwrap().map(Result::unwrap).collect();
+    assert_eq!(d.batches(64, 3).unwrap().len(), 29);
+    assert_eq!(batches.len(), 29, "1797 = 28 × 64 + 5");
+    assert!(batches[..28]
+        .iter()
+        .all(|b| b.x.shape() == [64, 64] && b.y.shape() == [64]));
+    assert_eq!(batches[28].x.shape(), &[5, 64]);
+    // Same seed, same batches; another seed, another order.
+    let again: Vec<_> = d.batches(64, 3).unwrap().map(Result::unwrap).collect();
+    assert_eq!(batches, again);
+    let other = d.batches(64, 4).unwrap().next().unwrap().unwrap();
+    assert_ne!(other, batches[0]);
+    // Coverage: the batches hold exactly the dataset's rows.
+    let xs: Vec<f32> = batches
+        .iter()
+        .flat_map(|b| b.x.as_f32().unwrap().to_vec())
+        .collect();
+    let ys: Vec<i32> = batches
+        .iter()
+        .flat_map(|b| b.y.as_i32().unwrap().to_vec())
+        .collect();
+    let joined = Dataset::new(
+        Tensor::f32(&[1797, 64], xs).unwrap(),
+        Tensor::i32(&[1797], ys).unwrap(),
+    )
+    .unwrap();
+    let (mut a, mut b) = (rows(&joined), rows(&d));
+    a.sort();
+    b.sort();
+    assert_eq!(a, b);
+    assert_eq!(d.batches(0, 1).unwrap_err().kind, ErrorKind::Usage);
+    assert_eq!(d.batches(5000, 1).unwrap().count(), 1);
+}
+
+#[test]
+fn dataset_new_checks_the_first_dimension() {
+    let x = Tensor::zeros(&[3, 2], DType::F32).unwrap();
+    let e = Dataset::new(x.clone(), Tensor::zeros(&[4], DType::I32).unwrap()).unwrap_err();
+    assert_eq!(
+        e.message,
+        "dataset needs x and y with the same first dimension, got [3, 2] and [4]"
+    );
+    assert!(Dataset::new(x, Tensor::scalar(1.0)).is_err());
+    let d = Dataset::new(
+        Tensor::zeros(&[3, 2], DType::F32).unwrap(),
+        Tensor::zeros(&[3], DType::I32).unwrap(),
+    )
+    .unwrap();
+    assert!(d.select(&[3]).is_err());
+    assert_eq!(d.select(&[2, 2]).unwrap().len(), 2);
+}
+
+#[test]
+fn text_sequences_pair_each_window_with_the_next_bytes() {
+    let d = text_sequences(b"abcdefg", 3, 2).unwrap();
+    // Windows start at 0, 2 (4 would need bytes up to index 7).
+    assert_eq!(d.x().shape(), &[2, 3]);
+    let b = |s: &str| s.bytes().map(i32::from).collect::<Vec<_>>();
+    assert_eq!(d.x().as_i32().unwrap(), b("abccde").as_slice());
+    assert_eq!(d.y().as_i32().unwrap(), b("bcddef").as_slice());
+    assert_eq!(text_sequences(b"abcd", 3, 1).unwrap().len(), 1);
+    let e = text_sequences(b"abc", 3, 1).unwrap_err();
+    assert_eq!(
+        e.message,
+        "text of 3 bytes is too short for one sequence of 3 bytes plus a target"
+    );
+    assert_eq!(
+        text_sequences(b"abc", 0, 1).unwrap_err().kind,
+        ErrorKind::Usage
+    );
+    assert_eq!(
+        text_sequences(b"abc", 1, 0).unwrap_err().kind,
+        ErrorKind::Usage
+    );
+    let high = text_sequences(&[0, 255, 128], 2, 1).unwrap();
+    assert_eq!(high.y().as_i32().unwrap(), &[255, 128]);
+}
+
+#[test]
+fn read_text_reads_a_file_or_a_folder_in_sorted_order() {
+    let dir = scratch("text");
+    std::fs::create_dir_all(dir.join("b_sub")).unwrap();
+    std::fs::create_dir_all(dir.join(".hidden")).unwrap();
+    std::fs::write(dir.join("c.md"), "C").unwrap();
+    std::fs::write(dir.join("a.rs"), "A").unwrap();
+    std::fs::write(dir.join("b_sub/x.txt"), "B").unwrap();
+    std::fs::write(dir.join("skip.csv"), "no").unwrap();
+    std::fs::write(dir.join(".hidden/h.rs"), "no").unwrap();
+    assert_eq!(read_text(&dir, 100).unwrap(), b"ABC");
+    assert_eq!(read_text(&dir.join("skip.csv"), 100).unwrap(), b"no");
+    let e = read_text(&dir, 2).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit);
+    assert_eq!(
+        e.message,
+        format!("{}: text is over the limit of 2 bytes", dir.display())
+    );
+    assert_eq!(
+        read_text(&dir, 3).unwrap(),
+        b"ABC",
+        "exactly at the cap is fine"
+    );
+    let empty = scratch("text_empty");
+    assert_eq!(read_text(&empty, 10).unwrap_err().kind, ErrorKind::Io);
+    assert_eq!(
+        read_text(&empty.join("missing"), 10).unwrap_err().kind,
+        ErrorKind::Io
+    );
+}

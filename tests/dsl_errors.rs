@@ -1,0 +1,756 @@
+//! Model-language errors as data: each case is a source and the exact rendered error
+//! (`file:line:col: message`, the source line, a caret under the culprit).
+
+use rumus::dsl;
+use rumus::Source;
+
+/// Parse, resolve and lower the last model of `src` (dims unset default to 2); the rendered error.
+fn render(src: &str) -> String {
+    let source = Source::new("m.rms", src);
+    let result = dsl::load(&source).and_then(|module| {
+        let model = module
+            .models()
+            .last()
+            .map(|m| m.name.name.clone())
+            .unwrap_or_default();
+        dsl::lower(&module, &model, &[], Some(2)).map_err(|e| e.in_source(&source))
+    });
+    match result {
+        Ok(_) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[track_caller]
+fn check(src: &str, expected: &str) {
+    let actual = render(src);
+    if std::env::var("DSL_ERRORS_PRINT").is_ok() {
+        println!("=== {src:?}\n{actual}\n");
+        return;
+    }
+    assert_eq!(
+        actual,
+        expected.trim_matches('\n'),
+        "\nsource:\n{src}\nactual:\n{actual}\n"
+    );
+}
+
+#[test]
+fn unexpected_token() {
+    check(
+        "model m(x: f32[2, 3]) {\n    y = x + * x\n    return y\n}\n",
+        r#"
+m.rms:2:13: unexpected `*`, expected an expression
+        y = x + * x
+                ^
+"#,
+    );
+}
+
+#[test]
+fn unterminated_block() {
+    check(
+        "model m(x: f32[2, 3]) {\n    y = relu(x)\n    return y\n",
+        r#"
+m.rms:1:23: unclosed `{`
+    model m(x: f32[2, 3]) {
+                          ^
+"#,
+    );
+}
+
+#[test]
+fn unterminated_comment() {
+    check(
+        "model m(x: f32[2, 3]) {\n    /* no end\n    return x\n}\n",
+        r#"
+m.rms:2:5: unterminated comment
+        /* no end
+        ^^
+"#,
+    );
+}
+
+#[test]
+fn unclosed_paren() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return relu(x\n}\n",
+        r#"
+m.rms:3:1: unexpected `}`, expected `(`, `)`, `,`, `=`, `+`, `-`, `*`, `/` or `@`
+    }
+    ^
+"#,
+    );
+}
+
+#[test]
+fn unknown_op() {
+    check(
+        "model m(x: f32[2, 3]) {\n    h = relux(x)\n    return h\n}\n",
+        r#"
+m.rms:2:9: unknown op or block `relux`
+        h = relux(x)
+            ^^^^^
+"#,
+    );
+}
+
+#[test]
+fn unknown_ops_op() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return ops.linear(x, 3)\n}\n",
+        r#"
+m.rms:2:16: unknown op `linear`
+        return ops.linear(x, 3)
+                   ^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn unknown_name() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return x + y\n}\n",
+        r#"
+m.rms:2:16: unknown name `y`
+        return x + y
+                   ^
+"#,
+    );
+}
+
+#[test]
+fn op_too_many_arguments() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return softmax(x, -1, 3)\n}\n",
+        r#"
+m.rms:2:27: `softmax(x, axis = -1)` takes at most 2 arguments, got 3
+        return softmax(x, -1, 3)
+                              ^
+"#,
+    );
+}
+
+#[test]
+fn op_missing_argument() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return transpose(x, 0)\n}\n",
+        r#"
+m.rms:2:12: `transpose(x, a, b)` is missing argument `b`
+        return transpose(x, 0)
+               ^^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn block_missing_argument() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return linear(x)\n}\n",
+        r#"
+m.rms:2:12: block `linear` is missing argument `out`
+        return linear(x)
+               ^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn block_too_many_arguments() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return linear(x, 4, 5)\n}\n",
+        r#"
+m.rms:2:25: block `linear` takes at most 2 arguments, got 3
+        return linear(x, 4, 5)
+                            ^
+"#,
+    );
+}
+
+#[test]
+fn matmul_shape_mismatch() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return x @ x\n}\n",
+        r#"
+m.rms:2:12: matmul: inner dimensions differ: [2, 3] @ [2, 3] (3 vs 2)
+        return x @ x
+               ^^^^^
+"#,
+    );
+}
+
+#[test]
+fn broadcast_shape_mismatch() {
+    check(
+        "model m(x: f32[2, 3], y: f32[4]) {\n    return x * 2 + y\n}\n",
+        r#"
+m.rms:2:12: add: shapes [2, 3] and [4] do not broadcast
+        return x * 2 + y
+               ^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn duplicate_scope_name() {
+    check(
+        "model m(x: f32[2, 3]) {\n    a = layer_norm(x) as ln\n    b = layer_norm(x) as ln\n    return a + b\n}\n",
+        r#"
+m.rms:3:26: duplicate name `ln`
+        b = layer_norm(x) as ln
+                             ^^
+"#,
+    );
+}
+
+#[test]
+fn duplicate_parameter() {
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = zeros\n    param w[3] = ones\n    return x + w\n}\n",
+        r#"
+m.rms:3:11: duplicate name `w`
+        param w[3] = ones
+              ^
+"#,
+    );
+}
+
+#[test]
+fn duplicate_definition() {
+    check(
+        "block f(x) { return x }\nblock f(x) { return x }\nmodel m(x: f32[2, 3]) {\n    return f(x)\n}\n",
+        r#"
+m.rms:2:7: duplicate definition `f`
+    block f(x) { return x }
+          ^
+"#,
+    );
+}
+
+#[test]
+fn duplicate_signature_name() {
+    check(
+        "model m(x: f32[2], x: f32[2]) {\n    return x\n}\n",
+        r#"
+m.rms:1:20: duplicate parameter `x`
+    model m(x: f32[2], x: f32[2]) {
+                       ^
+"#,
+    );
+}
+
+#[test]
+fn recursion_direct() {
+    check(
+        "block f(x) {\n    return f(x)\n}\nmodel m(x: f32[2, 3]) {\n    return f(x)\n}\n",
+        r#"
+m.rms:2:12: recursion: block `f` calls itself
+        return f(x)
+               ^
+"#,
+    );
+}
+
+#[test]
+fn recursion_mutual() {
+    check(
+        "block f(x) {\n    return g(x)\n}\nblock g(x) {\n    return relu(f(x))\n}\nmodel m(x: f32[2, 3]) {\n    return f(x)\n}\n",
+        r#"
+m.rms:5:17: recursion: block `g` calls `f`, which calls back into `g`
+        return relu(f(x))
+                    ^
+"#,
+    );
+}
+
+#[test]
+fn bad_initializer_name() {
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = gaussian\n    return x + w\n}\n",
+        r#"
+m.rms:2:18: bad initializer; expected one of zeros, ones, normal(mean, std), uniform(low, high), xavier, kaiming
+        param w[3] = gaussian
+                     ^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn bad_initializer_arity() {
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = normal(0.0)\n    return x + w\n}\n",
+        r#"
+m.rms:2:18: initializer `normal` takes 2 arguments: normal(mean, std)
+        param w[3] = normal(0.0)
+                     ^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn bad_initializer_expression() {
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = 1.5\n    return x + w\n}\n",
+        r#"
+m.rms:2:18: bad initializer; expected one of zeros, ones, normal(mean, std), uniform(low, high), xavier, kaiming
+        param w[3] = 1.5
+                     ^^^
+"#,
+    );
+}
+
+#[test]
+fn bad_initializer_argument() {
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = uniform(1.0, -1.0)\n    return x + w\n}\n",
+        r#"
+m.rms:2:5: uniform initializer needs finite low <= high, got uniform(1, -1)
+        param w[3] = uniform(1.0, -1.0)
+        ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn repeat_zero() {
+    check(
+        "model m(x: f32[2, 3]) {\n    repeat 0 {\n        x = relu(x)\n    }\n    return x\n}\n",
+        r#"
+m.rms:2:12: repeat count must be a positive integer, got 0
+        repeat 0 {
+               ^
+"#,
+    );
+}
+
+#[test]
+fn repeat_float() {
+    check(
+        "model m(x: f32[2, 3]) {\n    repeat 1.5 {\n        x = relu(x)\n    }\n    return x\n}\n",
+        r#"
+m.rms:2:12: repeat count must be a positive integer, got 1.5
+        repeat 1.5 {
+               ^^^
+"#,
+    );
+}
+
+#[test]
+fn repeat_negative_hyper() {
+    check(
+        "model m(x: f32[2, 3], n = -2) {\n    repeat n {\n        x = relu(x)\n    }\n    return x\n}\n",
+        r#"
+m.rms:2:12: repeat count must be a positive integer, got -2
+        repeat n {
+               ^
+"#,
+    );
+}
+
+#[test]
+fn missing_return() {
+    check(
+        "model m(x: f32[2, 3]) {\n    y = relu(x)\n}\n",
+        r#"
+m.rms:1:7: model `m` has no `return`
+    model m(x: f32[2, 3]) {
+          ^
+"#,
+    );
+}
+
+#[test]
+fn return_not_last() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return x\n    y = relu(x)\n}\n",
+        r#"
+m.rms:2:5: `return` must be the last statement
+        return x
+        ^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn return_inside_repeat() {
+    check(
+        "model m(x: f32[2, 3]) {\n    repeat 2 {\n        return x\n    }\n    return x\n}\n",
+        r#"
+m.rms:3:9: `return` cannot stand inside `repeat`
+            return x
+            ^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn ellipsis_in_model_input() {
+    check(
+        "model m(x: f32[..., 3]) {\n    return x\n}\n",
+        r#"
+m.rms:1:16: a model input cannot use `...`; give every dimension
+    model m(x: f32[..., 3]) {
+                   ^^^
+"#,
+    );
+}
+
+#[test]
+fn as_on_op() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return relu(x) as r\n}\n",
+        r#"
+m.rms:2:23: `relu` is an op and owns no parameters; `as` names block calls
+        return relu(x) as r
+                          ^
+"#,
+    );
+}
+
+#[test]
+fn inexact_division() {
+    check(
+        "model m(x: f32[2, 8], heads = 3) {\n    param w[8 / heads] = zeros\n    return w\n}\n",
+        r#"
+m.rms:2:13: `8 / 3` is not a whole number
+        param w[8 / heads] = zeros
+                ^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn division_by_zero() {
+    check(
+        "model m(x: f32[2, 3]) {\n    n = 3 / 0\n    return x\n}\n",
+        r#"
+m.rms:2:9: division by zero
+        n = 3 / 0
+            ^^^^^
+"#,
+    );
+}
+
+#[test]
+fn assign_to_const() {
+    check(
+        "model m(x: f32[2, 3]) {\n    const k = 3\n    k = 4\n    return x\n}\n",
+        r#"
+m.rms:3:5: cannot assign to `k`, a constant or dimension
+        k = 4
+        ^
+"#,
+    );
+}
+
+#[test]
+fn assign_to_dimension() {
+    check(
+        "model m(x: f32[B, 3]) {\n    B = 4\n    return x\n}\n",
+        r#"
+m.rms:2:5: cannot assign to `B`, a constant or dimension
+        B = 4
+        ^
+"#,
+    );
+}
+
+#[test]
+fn dtype_mismatch_block_argument() {
+    check(
+        "model m(idx: i32[2, 3]) {\n    return linear(idx, 4)\n}\n",
+        r#"
+m.rms:2:12: in `linear`: argument `x` of `linear` must be f32, got i32
+        return linear(idx, 4)
+               ^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn pattern_mismatch() {
+    check(
+        "block f(x: f32[N, 4]) {\n    return x\n}\nmodel m(x: f32[2, 3]) {\n    return f(x)\n}\n",
+        r#"
+m.rms:5:14: argument `x` of `f` has shape [2, 3], expected [N, 4]
+        return f(x)
+                 ^
+"#,
+    );
+}
+
+#[test]
+fn axis_out_of_range() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return sum(x, [5])\n}\n",
+        r#"
+m.rms:2:19: sum: axis 5 is out of range for a tensor of rank 2
+        return sum(x, [5])
+                      ^^^
+"#,
+    );
+}
+
+#[test]
+fn nesting_too_deep() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return ((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((x))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))\n}\n",
+        r#"
+m.rms:2:59: brackets nested deeper than 48 levels
+        return ((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((x))))))))))))))))))))))))))))))))))))))))))))))))))))))))))))
+                                                              ^
+"#,
+    );
+}
+
+#[test]
+fn keyword_as_name() {
+    check(
+        "model m(x: f32[2, 3]) {\n    param = 3\n    return x\n}\n",
+        r#"
+m.rms:2:11: unexpected `=`, expected a name
+        param = 3
+              ^
+"#,
+    );
+}
+
+#[test]
+fn unknown_named_argument() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return softmax(x, dim = -1)\n}\n",
+        r#"
+m.rms:2:23: `softmax(x, axis = -1)` has no parameter `dim`
+        return softmax(x, dim = -1)
+                          ^^^
+"#,
+    );
+}
+
+#[test]
+fn argument_given_twice() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return softmax(x, -1, axis = 0)\n}\n",
+        r#"
+m.rms:2:27: argument `axis` given twice
+        return softmax(x, -1, axis = 0)
+                              ^^^^
+"#,
+    );
+}
+
+#[test]
+fn positional_after_named() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return softmax(x = x, -1)\n}\n",
+        r#"
+m.rms:2:27: positional argument after a named one
+        return softmax(x = x, -1)
+                              ^^
+"#,
+    );
+}
+
+#[test]
+fn tensor_where_list_expected() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return reshape(x, x)\n}\n",
+        r#"
+m.rms:2:23: argument `shape` of `reshape` must be a list of dimensions, got a tensor
+        return reshape(x, x)
+                          ^
+"#,
+    );
+}
+
+#[test]
+fn output_not_a_tensor() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return 3\n}\n",
+        r#"
+m.rms:2:12: output `output` must be a tensor, got an integer
+        return 3
+               ^
+"#,
+    );
+}
+
+#[test]
+fn initializer_as_value() {
+    check(
+        "model m(x: f32[2, 3]) {\n    y = xavier\n    return x\n}\n",
+        r#"
+m.rms:2:9: initializer `xavier` can only follow `param NAME[...] =`
+        y = xavier
+            ^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn integer_literal_too_large() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return x * 99999999999999999999\n}\n",
+        r#"
+m.rms:2:16: integer literal `99999999999999999999` is too large
+        return x * 99999999999999999999
+                   ^^^^^^^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn call_a_model() {
+    check(
+        "model n(x: f32[2]) {\n    return x\n}\nmodel m(x: f32[2, 3]) {\n    return n(x)\n}\n",
+        r#"
+m.rms:5:12: `n` is a model; only blocks and ops can be called
+        return n(x)
+               ^
+"#,
+    );
+}
+
+#[test]
+fn dropout_probability() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return dropout(x, 1.5, 0)\n}\n",
+        r#"
+m.rms:2:23: dropout probability must be in [0, 1), got 1.5
+        return dropout(x, 1.5, 0)
+                          ^^^
+"#,
+    );
+}
+
+#[test]
+fn garbage_at_top_level() {
+    check(
+        "let x = 3\nmodel m(x: f32[2, 3]) {\n    return x\n}\n",
+        r#"
+m.rms:1:1: unexpected `let`, expected `block`, `model` or end of input
+    let x = 3
+    ^^^
+"#,
+    );
+}
+
+#[test]
+fn error_inside_std_block() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return linear(x, 0)\n}\n",
+        r#"
+m.rms:2:12: in `linear`: dimension must be between 1 and 2147483648, got 0
+        return linear(x, 0)
+               ^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn reshape_element_count() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return reshape(x, [4, 2])\n}\n",
+        r#"
+m.rms:2:12: reshape: cannot reshape [2, 3] (6 elements) into [4, 2] (8 elements)
+        return reshape(x, [4, 2])
+               ^^^^^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn missing_signature_paren() {
+    check(
+        "model m x: f32[2]) {\n    return x\n}\n",
+        r#"
+m.rms:1:9: unexpected `x`, expected `(`
+    model m x: f32[2]) {
+            ^
+"#,
+    );
+}
+
+#[test]
+fn bad_dtype() {
+    check(
+        "model m(x: f64[2]) {\n    return x\n}\n",
+        r#"
+m.rms:1:12: unexpected `f64`, expected `f32` or `i32`
+    model m(x: f64[2]) {
+               ^^^
+"#,
+    );
+}
+
+#[test]
+fn static_matmul() {
+    check(
+        "model m(x: f32[2, 3]) {\n    n = 2 @ 3\n    return x\n}\n",
+        r#"
+m.rms:2:9: `@` needs two tensors, got two integers
+        n = 2 @ 3
+            ^^^^^
+"#,
+    );
+}
+
+#[test]
+fn used_before_bound_default() {
+    check(
+        "model m(x: f32[2, 3], a = b, b = 1) {\n    return x\n}\n",
+        r#"
+m.rms:1:27: `b` is used before it is bound
+    model m(x: f32[2, 3], a = b, b = 1) {
+                              ^
+"#,
+    );
+}
+
+#[test]
+fn softmax_not_last_axis() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return softmax(x, 0)\n}\n",
+        r#"
+m.rms:2:23: softmax: only the last axis is supported
+        return softmax(x, 0)
+                          ^
+"#,
+    );
+}
+
+#[test]
+fn heads_do_not_divide() {
+    check(
+        "model m(x: f32[2, 3, 8]) {\n    return causal_self_attention(x, 3)\n}\n",
+        r#"
+m.rms:2:12: in `causal_self_attention`: `8 / 3` is not a whole number
+        return causal_self_attention(x, 3)
+               ^^^^^^^^^^^^^^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
+fn duplicate_outputs() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return x, x\n}\n",
+        r#"
+m.rms:2:15: duplicate output name `x`
+        return x, x
+                  ^
+"#,
+    );
+}
+
+#[test]
+fn no_model_block_return_two() {
+    check(
+        "block f(x) {\n    return x, x\n}\nmodel m(x: f32[2, 3]) {\n    return f(x)\n}\n",
+        r#"
+m.rms:2:5: a block returns one value
+        return x, x
+        ^^^^^^^^^^^
+"#,
+    );
+}

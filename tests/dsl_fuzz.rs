@@ -1,0 +1,233 @@
+//! No input makes the parser or lowering panic or hang: seeded mutations of valid models,
+//! random token soup, deep nesting and huge sources all come back as `Ok` or a positioned
+//! `Err`, quickly.
+
+use rumus::dsl;
+use rumus::rng::Rng;
+use rumus::Source;
+use std::time::{Duration, Instant};
+
+const SEEDS: &[&str] = &[
+    "model gpt(idx: i32[B, T], vocab = 11, d = 8, heads = 2, layers = 2, ctx = 4) {\n    x = embedding(idx, vocab, d) as wte + position_embedding(T, ctx, d) as wpe\n    repeat layers as blocks {\n        x = x + causal_self_attention(layer_norm(x) as ln1, heads) as attn\n        x = x + mlp(layer_norm(x) as ln2, 4 * d) as mlp\n    }\n    return linear(layer_norm(x) as ln_f, vocab) as head\n}\n",
+    "// comment\nblock lin(x: f32[..., IN], out) {\n    param w[IN, out] = normal(0, 0.02) /* inline */\n    return x @ w\n}\nmodel m(x: f32[B, 4], y: i32[B]) {\n    const k = 2 * 3\n    h = relu(lin(x, k) as a) * -1.5 / 2\n    s = sum(h, [-1], keepdim = true) + mean(h, [0, 1])\n    loss = cross_entropy(lin(h, 3), y)\n    p = softmax(h)\n    return loss, p, s\n}\n",
+    "model n(x: f32[2, 3, 4]) {\n    a = transpose(x, 0, -1)\n    b = reshape(permute(x, [2, 0, 1]), [4, -1])\n    c = concat([x, x], 1)\n    d = where(x, maximum(x, 0), minimum(x, 1))\n    e = slice(c, 1, 0, 3) + broadcast_to(sum(x, [1], keepdim = true), [2, 3, 4])\n    return gelu(e) + dropout(d, 0.1, 7) + sqrt(exp(x)) + causal_mask(x)\n}\n",
+];
+
+const TOKENS: &[&str] = &[
+    "model",
+    "block",
+    "param",
+    "const",
+    "repeat",
+    "return",
+    "as",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ":",
+    ";",
+    "=",
+    "...",
+    "+",
+    "-",
+    "*",
+    "/",
+    "@",
+    "x",
+    "y",
+    "B",
+    "T",
+    "f32",
+    "i32",
+    "0",
+    "1",
+    "2",
+    "-1",
+    "1.5",
+    "1e-5",
+    "relu",
+    "linear",
+    "layer_norm",
+    "sum",
+    "reshape",
+    "xavier",
+    "normal",
+    "ops.",
+    "true",
+    "//",
+    "/*",
+    "*/",
+    "\n",
+    " ",
+    "é",
+    "\"",
+    "99999999999999999999999",
+];
+
+fn pipeline(text: &str) {
+    let src = Source::new("fuzz.rms", text);
+    let Ok(module) = dsl::load(&src) else { return };
+    let models: Vec<String> = module.models().map(|m| m.name.name.clone()).collect();
+    for m in models {
+        let r = dsl::lower(&module, &m, &[], Some(2));
+        if let Err(e) = r {
+            let _ = e.in_source(&src).to_string();
+        }
+    }
+    // .rms splitting and rendering must not panic either.
+    if let Err(e) = dsl::load_rms(&src) {
+        let _ = e.to_string();
+    }
+}
+
+fn mutate(rng: &mut Rng, text: &str) -> String {
+    let mut s: Vec<char> = text.chars().collect();
+    let n = 1 + rng.next_u64() as usize % 4;
+    for _ in 0..n {
+        let pos = if s.is_empty() {
+            0
+        } else {
+            rng.next_u64() as usize % (s.len() + 1)
+        };
+        match rng.next_u64() % 4 {
+            0 if pos < s.len() => {
+                s.remove(pos);
+            }
+            1 => {
+                let t = TOKENS[rng.next_u64() as usize % TOKENS.len()];
+                for (k, c) in t.chars().enumerate() {
+                    s.insert(pos + k, c);
+                }
+            }
+            2 if pos < s.len() => {
+                let end = (pos + 1 + rng.next_u64() as usize % 12).min(s.len());
+                s.drain(pos..end);
+            }
+            _ if !s.is_empty() => {
+                let from = rng.next_u64() as usize % s.len();
+                let c = s[from];
+                s.insert(pos, c);
+            }
+            _ => {}
+        }
+    }
+    s.into_iter().collect()
+}
+
+#[test]
+fn ten_thousand_mutated_and_random_sources() {
+    let mut rng = Rng::new(0x5eed);
+    let start = Instant::now();
+    for i in 0..10_000 {
+        let text = if i % 5 == 4 {
+            let n = rng.next_u64() as usize % 40;
+            (0..n)
+                .map(|_| TOKENS[rng.next_u64() as usize % TOKENS.len()])
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else {
+            let seed = SEEDS[i % SEEDS.len()];
+            let mut t = mutate(&mut rng, seed);
+            if i % 7 == 0 {
+                t = mutate(&mut rng, &t);
+            }
+            t
+        };
+        pipeline(&text);
+    }
+    assert!(start.elapsed() < Duration::from_secs(120));
+}
+
+#[test]
+fn seeds_are_valid() {
+    for s in SEEDS {
+        let src = Source::new("seed.rms", *s);
+        let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
+        for m in module.models() {
+            dsl::lower(&module, &m.name.name, &[], Some(2))
+                .unwrap_or_else(|e| panic!("{}", e.in_source(&src)));
+        }
+    }
+}
+
+#[track_caller]
+fn fails_fast(text: &str, message_starts: &str) {
+    let start = Instant::now();
+    let src = Source::new("big.rms", text);
+    let e = dsl::load(&src).map(|_| ()).unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(e.message.starts_with(message_starts), "{}", e.message);
+    assert!(e.location().is_some());
+}
+
+#[test]
+fn nesting_100_000_deep_is_an_error() {
+    let deep = format!(
+        "model m(x: f32[2]) {{ return {}x{} }}",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    fails_fast(&deep, "brackets nested deeper than");
+    let lists = format!(
+        "model m(x: f32[2]) {{ return {}x{} }}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    fails_fast(&lists, "brackets nested deeper than");
+    let negs = format!("model m(x: f32[2]) {{ return {}x }}", "-".repeat(100_000));
+    fails_fast(&negs, "expression is nested deeper than");
+    let chain = format!("model m(x: f32[2]) {{ return x{} }}", " + x".repeat(20_000));
+    fails_fast(&chain, "expression is nested deeper than");
+}
+
+#[test]
+fn nesting_at_the_limit_parses_on_a_small_stack() {
+    let n = rumus::dsl::parse::MAX_NESTING - 1;
+    let text = format!(
+        "model m(x: f32[2]) {{ return {}x{} }}",
+        "relu(".repeat(n),
+        ")".repeat(n)
+    );
+    std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(move || {
+            let src = Source::new("deep.rms", text);
+            let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
+            dsl::lower(&module, "m", &[], None).unwrap_or_else(|e| panic!("{e}"));
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+#[test]
+fn ten_megabyte_source_is_an_error() {
+    let big = format!(
+        "model m(x: f32[2]) {{ return x }}\n// {}",
+        "a".repeat(10 << 20)
+    );
+    fails_fast(&big, "source is");
+}
+
+#[test]
+fn lowering_is_bounded() {
+    let text = "block f(x) { return relu(x) }\nmodel m(x: f32[2]) {\n    repeat 1000000000 {\n        x = f(x)\n    }\n    return x\n}\n";
+    let start = Instant::now();
+    let src = Source::new("loop.rms", text);
+    let module = dsl::load(&src).unwrap();
+    let e = dsl::lower(&module, "m", &[], None).unwrap_err();
+    assert!(
+        e.message.starts_with("model is too large to lower"),
+        "{}",
+        e.message
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+}

@@ -1,0 +1,595 @@
+//! The dedicated GPU kernels (matmul, layer norm forward and backward) against plain f64 loops,
+//! on sizes that are not multiples of the tiles, with size-1 dimensions. Runs on any wgpu
+//! adapter (lavapipe in CI), so the sizes stay small. Skips without an adapter unless CI=true.
+
+use rumus::rng::Rng;
+use rumus::runtime::kernels::{
+    LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
+};
+use rumus::runtime::{test_gpu_or_skip, Gpu};
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
+}
+
+/// `|got - want| <= tol * (1 + |want|)` elementwise, with the first offender in the message.
+fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert!(
+        got.len() >= want.len(),
+        "{what}: got {} values, want {}",
+        got.len(),
+        want.len()
+    );
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        assert!(
+            err <= tol * (1.0 + w.abs()),
+            "{what}: element {i}: got {g}, want {w} (tol {tol})"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+/// Element `[b, r, c]` of an operand, as the kernel addresses it.
+fn at(op: &Operand, b: u32, r: u32, c: u32) -> usize {
+    (op.offset + b * op.batch_stride + r * op.row_stride + c * op.col_stride) as usize
+}
+
+/// The reference: `C = epilogue(alpha A B, j) + beta C_old` in f64.
+fn matmul_ref(
+    s: &MatmulSpec,
+    a: &[f32],
+    b: &[f32],
+    c_old: &[f32],
+    epilogue: impl Fn(f64, u32) -> f64,
+) -> Vec<f64> {
+    let mut c: Vec<f64> = c_old.iter().map(|&v| f64::from(v)).collect();
+    for bt in 0..s.batch {
+        for i in 0..s.m {
+            for j in 0..s.n {
+                let mut acc = 0.0f64;
+                for k in 0..s.k {
+                    acc += f64::from(a[at(&s.a, bt, i, k)]) * f64::from(b[at(&s.b, bt, k, j)]);
+                }
+                let idx = at(&s.c, bt, i, j);
+                let old = if s.beta != 0.0 {
+                    f64::from(s.beta) * c[idx]
+                } else {
+                    0.0
+                };
+                c[idx] = epilogue(f64::from(s.alpha) * acc, j) + old;
+            }
+        }
+    }
+    c
+}
+
+fn run_matmul(
+    gpu: &Gpu,
+    mm: &Matmul,
+    spec: &MatmulSpec,
+    inputs: [&[f32]; 3],
+    extra: &[&wgpu::Buffer],
+) -> Vec<f32> {
+    let ab = gpu.upload_f32("a", inputs[0]).unwrap();
+    let bb = gpu.upload_f32("b", inputs[1]).unwrap();
+    let cb = gpu.upload_f32("c", inputs[2]).unwrap();
+    let d = mm.dispatch(gpu, spec, &ab, &bb, &cb, extra).unwrap();
+    gpu.run(&[&d]).unwrap();
+    gpu.read_f32_range(&cb, 0..inputs[2].len()).unwrap()
+}
+
+/// Run `spec` on `tile` with buffers of lengths `lens` (random contents; C pre-filled with
+/// `c_fill` when given), and compare C with the reference. With a NaN fill only the elements the
+/// product covers are compared (the rest must stay NaN, which they do unless written).
+fn check_matmul(
+    name: &str,
+    tile: MatmulTile,
+    spec: MatmulSpec,
+    lens: [usize; 3],
+    c_fill: Option<f32>,
+) {
+    let Some(gpu) = test_gpu_or_skip(name) else {
+        return;
+    };
+    let a = random(lens[0], 1);
+    let b = random(lens[1], 2);
+    let c_old = match c_fill {
+        Some(v) => vec![v; lens[2]],
+        None => random(lens[2], 3),
+    };
+    let want = matmul_ref(&spec, &a, &b, &c_old, |v, _| v);
+    let mm = Matmul::new(gpu, tile).unwrap();
+    let got = run_matmul(gpu, &mm, &spec, [&a, &b, &c_old], &[]);
+    let tol = 4e-5 * f64::from(spec.k.max(1)).sqrt();
+    let mut covered = vec![false; lens[2]];
+    for bt in 0..spec.batch {
+        for i in 0..spec.m {
+            for j in 0..spec.n {
+                covered[at(&spec.c, bt, i, j)] = true;
+            }
+        }
+    }
+    for (idx, &cov) in covered.iter().enumerate() {
+        if cov {
+            assert_close(
+                &format!("{name} {tile:?}"),
+                &got[idx..=idx],
+                &want[idx..=idx],
+                tol,
+            );
+        } else {
+            assert_eq!(
+                got[idx].to_bits(),
+                c_old[idx].to_bits(),
+                "{name}: wrote outside C at {idx}"
+            );
+        }
+    }
+}
+
+fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
+    let (bt, m, n, k) = (s.batch as usize, s.m as usize, s.n as usize, s.k as usize);
+    [bt * m * k, bt * k * n, bt * m * n]
+}
+
+#[test]
+fn matmul_1x1x1() {
+    for tile in [MatmulTile::Large, MatmulTile::Small] {
+        let s = MatmulSpec::contiguous(1, 1, 1, 1);
+        check_matmul("matmul_1x1x1", tile, s, contiguous_lens(&s), None);
+    }
+}
+
+#[test]
+fn matmul_17x33x9_both_tiles() {
+    for tile in [MatmulTile::Large, MatmulTile::Small] {
+        let s = MatmulSpec::contiguous(1, 17, 33, 9);
+        check_matmul("matmul_17x33x9", tile, s, contiguous_lens(&s), None);
+    }
+}
+
+#[test]
+fn matmul_crosses_block_tiles() {
+    // M and N span two small tiles and K several slices, none of them multiples.
+    let s = MatmulSpec::contiguous(1, 70, 67, 20);
+    check_matmul(
+        "matmul_crosses_block_tiles",
+        MatmulTile::Small,
+        s,
+        contiguous_lens(&s),
+        None,
+    );
+}
+
+#[test]
+fn matmul_crosses_large_block_tiles() {
+    let s = MatmulSpec::contiguous(1, 130, 129, 20);
+    check_matmul(
+        "matmul_crosses_large_block_tiles",
+        MatmulTile::Large,
+        s,
+        contiguous_lens(&s),
+        None,
+    );
+}
+
+#[test]
+fn matmul_batched_with_broadcast_a() {
+    // One [5, 4] A shared by 3 batches of B (batch stride 0).
+    let mut s = MatmulSpec::contiguous(3, 5, 6, 4);
+    s.a = s.a.broadcast();
+    let lens = [5 * 4, 3 * 4 * 6, 3 * 5 * 6];
+    check_matmul(
+        "matmul_batched_with_broadcast_a",
+        MatmulTile::Small,
+        s,
+        lens,
+        None,
+    );
+}
+
+#[test]
+fn matmul_transposed_a_is_weight_gradient() {
+    // dW[k_in, n] = Xᵀ · dY with X stored [rows=11, k_in=6] and dY stored [11, 7]: A = Xᵀ.
+    let (rows, k_in, n) = (11u32, 6u32, 7u32);
+    let mut s = MatmulSpec::contiguous(1, k_in, n, rows);
+    s.a = Operand::transposed(k_in, rows);
+    let lens = [
+        (rows * k_in) as usize,
+        (rows * n) as usize,
+        (k_in * n) as usize,
+    ];
+    check_matmul("matmul_transposed_a", MatmulTile::Small, s, lens, None);
+}
+
+#[test]
+fn matmul_transposed_b_is_input_gradient() {
+    // dX[rows, k_in] = dY · Wᵀ with W stored [k_in=5, n=9]: B = Wᵀ, logically [9, 5].
+    let (rows, k_in, n) = (10u32, 5u32, 9u32);
+    let mut s = MatmulSpec::contiguous(1, rows, k_in, n);
+    s.b = Operand::transposed(n, k_in);
+    let lens = [
+        (rows * n) as usize,
+        (k_in * n) as usize,
+        (rows * k_in) as usize,
+    ];
+    check_matmul("matmul_transposed_b", MatmulTile::Large, s, lens, None);
+}
+
+#[test]
+fn matmul_both_transposed_batched() {
+    let mut s = MatmulSpec::contiguous(2, 3, 4, 5);
+    s.a = Operand::transposed(3, 5);
+    s.b = Operand::transposed(5, 4);
+    check_matmul(
+        "matmul_both_transposed",
+        MatmulTile::Small,
+        s,
+        [2 * 15, 2 * 20, 2 * 12],
+        None,
+    );
+}
+
+#[test]
+fn matmul_beta_accumulates_and_alpha_scales() {
+    let mut s = MatmulSpec::contiguous(2, 6, 5, 3);
+    s.alpha = 0.5;
+    s.beta = 1.0;
+    check_matmul(
+        "matmul_beta_accumulates",
+        MatmulTile::Small,
+        s,
+        contiguous_lens(&s),
+        None,
+    );
+}
+
+#[test]
+fn matmul_beta_zero_ignores_nan_in_c() {
+    let s = MatmulSpec::contiguous(1, 4, 3, 2);
+    let lens = contiguous_lens(&s);
+    check_matmul(
+        "matmul_beta_zero_ignores_nan",
+        MatmulTile::Small,
+        s,
+        lens,
+        Some(f32::NAN),
+    );
+}
+
+#[test]
+fn matmul_writes_a_strided_window_of_c() {
+    // C is columns 2..5 of rows 1..4 of a [6, 8] buffer; everything else keeps its NaN.
+    let mut s = MatmulSpec::contiguous(1, 3, 3, 4);
+    s.c = Operand {
+        offset: 8 + 2,
+        batch_stride: 0,
+        row_stride: 8,
+        col_stride: 1,
+    };
+    check_matmul(
+        "matmul_strided_c",
+        MatmulTile::Small,
+        s,
+        [12, 12, 48],
+        Some(f32::NAN),
+    );
+}
+
+#[test]
+fn matmul_zero_k_gives_epilogue_of_zero() {
+    let s = MatmulSpec::contiguous(1, 2, 3, 0);
+    check_matmul(
+        "matmul_zero_k",
+        MatmulTile::Small,
+        s,
+        [1, 1, 6],
+        Some(f32::NAN),
+    );
+}
+
+#[test]
+fn matmul_epilogue_bias_relu() {
+    let Some(gpu) = test_gpu_or_skip("matmul_epilogue_bias_relu") else {
+        return;
+    };
+    let s = MatmulSpec::contiguous(1, 9, 13, 7);
+    let [la, lb, lc] = contiguous_lens(&s);
+    let (a, b, bias) = (random(la, 4), random(lb, 5), random(13, 6));
+    let mm = Matmul::with_epilogue(
+        gpu,
+        MatmulTile::Small,
+        "@group(0) @binding(4) var<storage, read> bias: array<scalar>;",
+        "return max(v + bias[j], scalar(0.0));",
+    )
+    .unwrap();
+    let bias_buf = gpu.upload_f32("bias", &bias).unwrap();
+    let zeros = vec![0.0; lc];
+    let got = run_matmul(gpu, &mm, &s, [&a, &b, &zeros], &[&bias_buf]);
+    let relu = |v: f64, j: u32| (v + f64::from(bias[j as usize])).max(0.0);
+    let want = matmul_ref(&s, &a, &b, &zeros, relu);
+    assert_close("matmul_epilogue_bias_relu", &got, &want, 1e-4);
+}
+
+#[test]
+fn matmul_operand_past_buffer_end_is_an_error() {
+    let Some(gpu) = test_gpu_or_skip("matmul_operand_past_buffer_end") else {
+        return;
+    };
+    let s = MatmulSpec::contiguous(1, 4, 4, 4);
+    let small = gpu.storage("small", 15).unwrap();
+    let ok = gpu.storage("ok", 16).unwrap();
+    let mm = Matmul::new(gpu, MatmulTile::Small).unwrap();
+    let Err(e) = mm.dispatch(gpu, &s, &small, &ok, &ok, &[]) else {
+        panic!("must fail")
+    };
+    assert!(e.message.contains("operand a"), "{}", e.message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// layer norm
+
+const EPS: f64 = 1e-5;
+
+/// Forward reference: (y, stats) with stats = [mean, rstd] per row.
+fn ln_ref(x: &[f32], w: &[f32], b: &[f32], rows: usize, d: usize) -> (Vec<f64>, Vec<f64>) {
+    let (mut y, mut stats) = (vec![0.0; rows * d], vec![0.0; rows * 2]);
+    for r in 0..rows {
+        let row = &x[r * d..(r + 1) * d];
+        let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64;
+        let var = row
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / d as f64;
+        let rstd = 1.0 / (var + EPS).sqrt();
+        for j in 0..d {
+            y[r * d + j] = (f64::from(row[j]) - mean) * rstd * f64::from(w[j]) + f64::from(b[j]);
+        }
+        stats[2 * r] = mean;
+        stats[2 * r + 1] = rstd;
+    }
+    (y, stats)
+}
+
+/// Backward reference: (dx, dweight, dbias).
+fn ln_bw_ref(
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    rows: usize,
+    d: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (_, stats) = ln_ref(x, w, &vec![0.0; d], rows, d);
+    let (mut dx, mut dw, mut db) = (vec![0.0; rows * d], vec![0.0; d], vec![0.0; d]);
+    for r in 0..rows {
+        let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
+        let xhat: Vec<f64> = (0..d)
+            .map(|j| (f64::from(x[r * d + j]) - mean) * rstd)
+            .collect();
+        let g: Vec<f64> = (0..d)
+            .map(|j| f64::from(dy[r * d + j]) * f64::from(w[j]))
+            .collect();
+        let mg = g.iter().sum::<f64>() / d as f64;
+        let mgx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / d as f64;
+        for j in 0..d {
+            dx[r * d + j] = rstd * (g[j] - mg - xhat[j] * mgx);
+            dw[j] += f64::from(dy[r * d + j]) * xhat[j];
+            db[j] += f64::from(dy[r * d + j]);
+        }
+    }
+    (dx, dw, db)
+}
+
+fn check_layer_norm(rows: usize, d: usize) {
+    let name = format!("layer_norm rows={rows} d={d}");
+    let Some(gpu) = test_gpu_or_skip(&name) else {
+        return;
+    };
+    let n = rows * d;
+    let (x, w, b, dy) = (random(n, 10), random(d, 11), random(d, 12), random(n, 13));
+    let ln = LayerNorm::new(gpu, d).unwrap();
+    let up = |label, v: &[f32]| gpu.upload_f32(label, v).unwrap();
+    let (xb, wb, bb, dyb) = (up("x", &x), up("w", &w), up("b", &b), up("dy", &dy));
+    let nan = |label, len| up(label, &vec![f32::NAN; len]);
+    let (yb, stats, dxb) = (nan("y", n), nan("stats", rows * 2), nan("dx", n));
+    let (dparams, scratch) = (nan("dparams", 2 * d), nan("scratch", ln.scratch_len(rows)));
+    let fwd_bufs = LayerNormForward {
+        x: &xb,
+        weight: &wb,
+        bias: &bb,
+        y: &yb,
+        stats: &stats,
+    };
+    let fwd = ln.forward(gpu, rows, EPS as f32, &fwd_bufs).unwrap();
+    let bwd = |acc| LayerNormBackward {
+        x: &xb,
+        weight: &wb,
+        stats: &stats,
+        dy: &dyb,
+        dx: &dxb,
+        dparams: &dparams,
+        scratch: &scratch,
+        accumulate_dx: acc,
+        accumulate_params: acc,
+    };
+    let [r1, p1] = ln.backward(gpu, rows, &bwd(false)).unwrap();
+    gpu.run(&[&fwd, &r1, &p1]).unwrap();
+
+    let (y_ref, stats_ref) = ln_ref(&x, &w, &b, rows, d);
+    let (dx_ref, dw_ref, db_ref) = ln_bw_ref(&x, &w, &dy, rows, d);
+    // f32 sums of up to a few hundred terms of size ~1 against f64 sums: a relative tolerance
+    // growing with sqrt(d) for per-row values and sqrt(rows) more for the column sums. With d = 1
+    // the variance is 0 and rstd = 1/sqrt(eps), which is only compared to 1e-3 relative.
+    let tol = 2e-5 * (d as f64).sqrt();
+    let tol_cols = tol * (rows as f64).sqrt();
+    let read = |buf| gpu.read_f32(buf).unwrap();
+    assert_close(&format!("{name} y"), &read(&yb), &y_ref, tol);
+    let got_stats = read(&stats);
+    for r in 0..rows {
+        let (m, s) = (2 * r, 2 * r + 1);
+        assert_close(
+            &format!("{name} mean"),
+            &got_stats[m..=m],
+            &stats_ref[m..=m],
+            tol,
+        );
+        assert_close(
+            &format!("{name} rstd"),
+            &got_stats[s..=s],
+            &stats_ref[s..=s],
+            1e-3,
+        );
+    }
+    assert_close(&format!("{name} dx"), &read(&dxb), &dx_ref, tol);
+    let dp = read(&dparams);
+    assert_close(&format!("{name} dweight"), &dp[..d], &dw_ref, tol_cols);
+    assert_close(&format!("{name} dbias"), &dp[d..], &db_ref, tol_cols);
+
+    // Accumulating into the same gradients doubles them.
+    let [r2, p2] = ln.backward(gpu, rows, &bwd(true)).unwrap();
+    gpu.run(&[&r2, &p2]).unwrap();
+    let twice = |v: &[f64]| v.iter().map(|x| 2.0 * x).collect::<Vec<f64>>();
+    assert_close(
+        &format!("{name} dx accumulated"),
+        &read(&dxb),
+        &twice(&dx_ref),
+        2.0 * tol,
+    );
+    let (dw2, db2) = (twice(&dw_ref), twice(&db_ref));
+    let dp = read(&dparams);
+    assert_close(
+        &format!("{name} dweight accumulated"),
+        &dp[..d],
+        &dw2,
+        2.0 * tol_cols,
+    );
+    assert_close(
+        &format!("{name} dbias accumulated"),
+        &dp[d..],
+        &db2,
+        2.0 * tol_cols,
+    );
+}
+
+#[test]
+fn layer_norm_d1_rows5() {
+    check_layer_norm(5, 1);
+}
+
+#[test]
+fn layer_norm_d7_rows1() {
+    check_layer_norm(1, 7);
+}
+
+#[test]
+fn layer_norm_d7_rows5() {
+    check_layer_norm(5, 7);
+}
+
+#[test]
+fn layer_norm_d300_rows5() {
+    // d > 256: two columns per thread, the second only partly filled.
+    check_layer_norm(5, 300);
+}
+
+#[test]
+fn layer_norm_many_rows_per_group() {
+    // 2100 rows: the backward puts 3 rows in each of 700 workgroups.
+    check_layer_norm(2100, 3);
+}
+
+#[test]
+fn layer_norm_rejects_width_beyond_limit() {
+    let Some(gpu) = test_gpu_or_skip("layer_norm_rejects_width_beyond_limit") else {
+        return;
+    };
+    let Err(e) = LayerNorm::new(gpu, 8193) else {
+        panic!("must fail")
+    };
+    assert!(e.message.contains("8193"), "{}", e.message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// device
+
+#[test]
+fn reports_the_adapter_and_its_limits() {
+    let Some(gpu) = test_gpu_or_skip("reports_the_adapter") else {
+        return;
+    };
+    eprintln!("adapter: {}", gpu.describe());
+    assert!(gpu.limits.max_compute_workgroups_per_dimension >= 65535);
+    assert!(gpu.limits.max_compute_invocations_per_workgroup >= 256);
+}
+
+#[test]
+fn oversized_buffer_is_an_error_and_device_still_works() {
+    let Some(gpu) = test_gpu_or_skip("oversized_buffer") else {
+        return;
+    };
+    let too_big = gpu.limits.max_buffer_size + 4;
+    let Err(e) = gpu.buffer("huge", too_big, rumus::runtime::STORAGE) else {
+        panic!("must fail")
+    };
+    assert_eq!(e.kind, rumus::ErrorKind::Device);
+    assert!(e.message.contains("max_buffer_size"), "{}", e.message);
+    let binding = gpu.limits.max_storage_buffer_binding_size + 4;
+    if binding <= gpu.limits.max_buffer_size {
+        let Err(e) = gpu.buffer("wide", binding, rumus::runtime::STORAGE) else {
+            panic!("must fail")
+        };
+        assert!(
+            e.message.contains("max_storage_buffer_binding_size"),
+            "{}",
+            e.message
+        );
+    }
+    assert!(gpu.storage("overflow", usize::MAX / 2).is_err());
+    // The device is still fine: a kernel runs and gives the right answer.
+    let s = MatmulSpec::contiguous(1, 2, 2, 2);
+    check_matmul(
+        "after oversized buffer",
+        MatmulTile::Small,
+        s,
+        contiguous_lens(&s),
+        None,
+    );
+}
+
+#[test]
+fn invalid_wgsl_is_an_error_with_the_compiler_message() {
+    let Some(gpu) = test_gpu_or_skip("invalid_wgsl") else {
+        return;
+    };
+    let src = "@compute @workgroup_size(1) fn main() { let x: u32 = undefined_name; }";
+    let Err(e) = gpu.pipeline("broken", src, "main") else {
+        panic!("must fail")
+    };
+    assert_eq!(e.kind, rumus::ErrorKind::Device);
+    assert!(e.message.contains("undefined_name"), "{}", e.message);
+    eprintln!("invalid wgsl: {}", e.message);
+    let s = MatmulSpec::contiguous(1, 3, 1, 2);
+    check_matmul(
+        "after invalid wgsl",
+        MatmulTile::Small,
+        s,
+        contiguous_lens(&s),
+        None,
+    );
+}
+
+#[test]
+fn benchmarks_report_a_positive_rate() {
+    let Some(gpu) = test_gpu_or_skip("benchmarks_report_a_positive_rate") else {
+        return;
+    };
+    let tflops = rumus::runtime::kernels::bench_matmul(gpu, 33, 2).unwrap();
+    let gbs = rumus::runtime::kernels::bench_layer_norm(gpu, 9, 40, 2).unwrap();
+    eprintln!("lavapipe: matmul 33^3 {tflops:.6} TFLOP/s, layer norm 9x40 {gbs:.4} GB/s");
+    assert!(tflops.is_finite() && tflops > 0.0 && gbs.is_finite() && gbs > 0.0);
+}

@@ -1,0 +1,142 @@
+//! The planner on CPU only: fusion counts, buffer reuse, and the plan checker on good plans and
+//! on plans broken by hand.
+
+use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
+use rumus::nn::{self, GptConfig};
+use rumus::plan::{plan, verify::verify, Lifetime, Plan, PlanOptions};
+use rumus::DType;
+
+fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
+    let mut g = Graph::new();
+    let c = GptConfig {
+        vocab: 64,
+        d: 32,
+        heads: 4,
+        layers,
+        ctx: 16,
+    };
+    let logits = nn::gpt(&mut g, c, 2).unwrap();
+    let target = g.input("target", &[2, 16], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let cfg = OptimConfig {
+        optimizer: Optimizer::adamw(),
+        clip_norm: Some(1.0),
+    };
+    training_graph(g, loss, &cfg).unwrap()
+}
+
+fn train_plan(t: &rumus::graph::TrainGraph, fusion: bool, reuse: bool) -> Plan {
+    let opts = PlanOptions {
+        fusion,
+        reuse,
+        max_storage_buffers: None,
+    };
+    plan(&t.graph, &[t.loss], true, opts).unwrap()
+}
+
+#[test]
+fn gpt_step_fuses_and_reuses() {
+    let t = gpt_step(4);
+    let fused = train_plan(&t, true, true);
+    let unfused = train_plan(&t, false, true);
+    println!(
+        "ops {} kernels fused {} unfused {} buffers {} planned {} naive {} pinned {}",
+        fused.n_ops,
+        fused.kernels.len(),
+        unfused.kernels.len(),
+        fused.buffers.len(),
+        fused.planned_bytes(),
+        fused.naive_bytes,
+        fused.pinned_bytes()
+    );
+    assert!(
+        fused.kernels.len() * 3 <= fused.n_ops,
+        "{} kernels for {} ops",
+        fused.kernels.len(),
+        fused.n_ops
+    );
+    assert!(fused.planned_bytes() * 2 <= fused.naive_bytes);
+    assert!(unfused.kernels.len() > fused.kernels.len());
+    let no_reuse = train_plan(&t, true, false);
+    assert!(no_reuse.planned_bytes() > fused.planned_bytes());
+}
+
+#[test]
+fn each_op_runs_in_exactly_one_kernel() {
+    let t = gpt_step(1);
+    let p = train_plan(&t, true, true);
+    let mut seen = std::collections::HashSet::new();
+    for k in &p.kernels {
+        // Constants are inlined into every kernel that uses them; everything else runs once.
+        for id in k
+            .fused
+            .iter()
+            .filter(|&&id| !matches!(t.graph.node(id).op, rumus::graph::Op::Constant { .. }))
+        {
+            assert!(
+                seen.insert(*id),
+                "node {} fused into two kernels",
+                id.index()
+            );
+        }
+    }
+    verify(&p, None).unwrap();
+}
+
+fn small_plan() -> Plan {
+    let t = gpt_step(1);
+    train_plan(&t, true, true)
+}
+
+#[test]
+fn checker_rejects_overlapping_lifetimes_on_one_buffer() {
+    let mut p = small_plan();
+    // Move a shared value into the buffer of another shared value that is live at the same time.
+    let shared: Vec<usize> = (0..p.values.len())
+        .filter(|&i| !p.values[i].pinned)
+        .collect();
+    let (a, b) = shared
+        .iter()
+        .flat_map(|&a| shared.iter().map(move |&b| (a, b)))
+        .find(|&(a, b)| a != b && p.values[a].lifetime.overlaps(p.values[b].lifetime))
+        .unwrap();
+    p.values[b].buffer = p.values[a].buffer;
+    p.buffers[p.values[a].buffer].bytes = u64::MAX / 2;
+    let e = verify(&p, None).unwrap_err();
+    assert!(e.message.contains("overlapping lifetimes"), "{e}");
+}
+
+#[test]
+fn checker_rejects_a_shared_pinned_buffer() {
+    let mut p = small_plan();
+    let pinned = p.values.iter().position(|v| v.pinned).unwrap();
+    let other = p.values.iter().position(|v| !v.pinned).unwrap();
+    p.values[other].buffer = p.values[pinned].buffer;
+    p.values[other].lifetime = Lifetime { first: 0, last: 0 };
+    p.buffers[p.values[pinned].buffer].bytes = u64::MAX / 2;
+    let e = verify(&p, None).unwrap_err();
+    assert!(e.message.contains("pinned value"), "{e}");
+}
+
+#[test]
+fn checker_rejects_a_buffer_too_small() {
+    let mut p = small_plan();
+    let b = p.values[0].buffer;
+    p.buffers[b].bytes = p.values[0].bytes - 4;
+    let e = verify(&p, None).unwrap_err();
+    assert!(e.message.contains("bytes"), "{e}");
+}
+
+#[test]
+fn checker_rejects_too_many_bindings() {
+    let p = small_plan();
+    let most = p
+        .kernels
+        .iter()
+        .map(|k| k.inputs.len() + k.outputs.len())
+        .max()
+        .unwrap();
+    let e = verify(&p, Some(most as u32 - 1)).unwrap_err();
+    assert!(e.message.contains("storage buffers"), "{e}");
+    verify(&p, Some(most as u32)).unwrap();
+}
