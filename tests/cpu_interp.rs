@@ -675,8 +675,10 @@ fn layer_norm_family() {
         0.23254971014141518, -0.250438754834188, -0.19677305182216617, 0.214662096514939,
         0.10902313543793486, -0.2786142487451678, 0.1477867963289253, 0.02180431697830768,
     ]);
-    check(Op::LayerNormGradWeight, &[x, s, dy], &[4], &[
+    // Row 0: dweight = sum over rows of dy * xhat; row 1: dbias = sum over rows of dy.
+    check(Op::LayerNormGradWeight, &[x, s, dy], &[2, 4], &[
         -0.9869656321450926, 0.08944236133127084, 0.5605645870709994, 1.3894562581358114,
+        1.1, -0.2, -0.7, 0.9,
     ]);
 }
 
@@ -727,13 +729,15 @@ fn cross_entropy_and_its_gradient() {
 #[test]
 #[rustfmt::skip]
 fn dropout_mask_is_the_documented_hash() {
-    // Masks from an independent implementation of
-    // splitmix64(seed ^ splitmix64(step ^ splitmix64(i))) >> 40, compared with p * 2^24.
+    // Masks from an independent implementation of rng::dropout_keep: key = hash32(lo ^
+    // hash32(hi)) of the 64-bit seed, h = hash32(i ^ hash32(step ^ key)), kept iff
+    // (h >> 8) / 2^24 >= p (hash32 = lowbias32).
     let (o, x) = (true, false);
     let cases: &[(u64, u64, f32, [bool; 10])] = &[
-        (7, 3, 0.5, [o, x, o, x, o, o, o, x, o, o]),
-        (7, 4, 0.5, [o, x, o, o, o, x, o, o, x, o]),
-        (1, 0, 0.25, [x, o, x, o, o, o, o, o, o, x]),
+        (7, 3, 0.5, [o, x, o, o, o, x, o, x, o, x]),
+        (7, 4, 0.5, [o, x, o, o, o, x, x, x, x, o]),
+        (1, 0, 0.25, [x, o, o, o, x, o, o, x, o, o]),
+        ((1 << 40) | 5, 2, 0.5, [x, x, o, x, o, o, x, x, o, x]),
     ];
     for &(seed, step, p, want) in cases {
         let got: Vec<bool> = (0..10).map(|i| dropout_keep(seed, step, i, p)).collect();
@@ -743,40 +747,19 @@ fn dropout_mask_is_the_documented_hash() {
 }
 
 #[test]
+#[rustfmt::skip]
 fn dropout_scales_kept_elements_and_is_identity_in_eval() {
     let x = f(&[10], &[1.0; 10]);
     let op = Op::Dropout { p: 0.5, seed: 7 };
     check(op.clone(), &[x.clone()], &[10], &[1.0; 10]);
-    let train = RunOptions {
-        training: true,
-        step: 3,
-    };
-    let want = [2.0, 0.0, 2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 2.0, 2.0];
+    // The masks of dropout_mask_is_the_documented_hash, scaled by 1 / (1 - p).
+    let train = RunOptions { training: true, step: 3 };
+    let want = [2.0, 0.0, 2.0, 2.0, 2.0, 0.0, 2.0, 0.0, 2.0, 0.0];
     check_with(train, op, &[x.clone()], &[], &[10], &want);
-    let train = RunOptions {
-        training: true,
-        step: 0,
-    };
-    let want = [
-        0.0,
-        4.0 / 3.0,
-        0.0,
-        4.0 / 3.0,
-        4.0 / 3.0,
-        4.0 / 3.0,
-        4.0 / 3.0,
-        4.0 / 3.0,
-        4.0 / 3.0,
-        0.0,
-    ];
-    check_with(
-        train,
-        Op::Dropout { p: 0.25, seed: 1 },
-        &[x],
-        &[],
-        &[10],
-        &want,
-    );
+    let train = RunOptions { training: true, step: 0 };
+    let k = 4.0 / 3.0;
+    let want = [0.0, k, k, k, 0.0, k, k, 0.0, k, k];
+    check_with(train, Op::Dropout { p: 0.25, seed: 1 }, &[x], &[], &[10], &want);
 }
 
 // ---- runtime errors ----
@@ -867,6 +850,21 @@ fn feeds_are_checked_and_errors_name_the_input() {
     .unwrap();
     assert_eq!(out, vec![Buf::F(vec![0.0, 2.0, 0.0, 4.0, 0.0, 1.0])]);
     let _ = unused;
+}
+
+#[test]
+fn only_needed_nodes_are_evaluated() {
+    let mut g = Graph::new();
+    let x = g.input("x", &[2], DType::F32).unwrap();
+    let table = g.parameter("emb", &[2, 1], Init::Zeros).unwrap();
+    let idx = g.input("idx", &[1], DType::I32).unwrap();
+    let bad = g.embedding(table, idx).unwrap();
+    let y = g.neg(x).unwrap();
+    let mut exec = Executor::<f32>::new(&g, 0).unwrap();
+    let feeds = [(x, Buf::F(vec![1.0, -2.0])), (idx, Buf::I(vec![9]))];
+    let out = exec.run(&g, &feeds, &[y], EVAL).unwrap();
+    assert_eq!(out, vec![Buf::F(vec![-1.0, 2.0])]);
+    assert!(exec.run(&g, &feeds, &[y, bad], EVAL).is_err());
 }
 
 #[test]

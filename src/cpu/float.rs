@@ -1,8 +1,10 @@
 //! [`Float`]: the element types the CPU interpreter runs in (f32 and f64), and the scalar math
 //! every op is written with, including the exact and tanh forms of GELU and their derivatives.
 //!
-//! Everything here is plain IEEE arithmetic in a fixed order (no fused multiply-add, no
-//! fast-math), so results are reproducible bit for bit on every machine.
+//! Everything here is IEEE arithmetic in a fixed order (no fused multiply-add, no fast-math), so
+//! results are reproducible bit for bit from run to run. exp, ln, tanh and pow come from
+//! Rust's std (the platform's libm), so across operating systems they may differ in the last
+//! bit; erf is computed here and does not.
 
 use std::fmt::{Debug, Display};
 use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
@@ -36,14 +38,18 @@ pub trait Float:
     fn exp(self) -> Self;
     /// Natural logarithm.
     fn ln(self) -> Self;
+    /// Square root (NaN below 0).
     fn sqrt(self) -> Self;
+    /// Hyperbolic tangent.
     fn tanh(self) -> Self;
+    /// Absolute value.
     fn abs(self) -> Self;
     /// `self` raised to a real power (C `pow`).
     fn powf(self, e: Self) -> Self;
     /// The error function (W. J. Cody's rational approximations; measured relative error below
     /// 5e-16 in f64, correctly rounded to within an ulp in f32).
     fn erf(self) -> Self;
+    /// Whether this is NaN.
     fn is_nan(self) -> bool;
 
     /// 0.

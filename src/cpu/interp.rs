@@ -10,7 +10,9 @@ use super::float::{gelu, gelu_grad, gelu_tanh, gelu_tanh_grad, sigmoid, sign, si
 use super::{matmul, nn, Buf, Float, RunOptions};
 use crate::err;
 use crate::error::Result;
+use crate::graph::shape::infer;
 use crate::graph::{BinaryOp, Node, Op, ReduceOp, UnaryOp};
+use crate::tensor::{fmt_shape, DType};
 use std::borrow::Cow;
 
 /// A borrowed view of one input value's elements.
@@ -37,10 +39,19 @@ impl<'a, T> Val<'a, T> {
             Val::I(v) => v.len(),
         }
     }
+
+    fn dtype(&self) -> DType {
+        match self {
+            Val::F(_) => DType::F32,
+            Val::I(_) => DType::I32,
+        }
+    }
 }
 
 /// Compute the value of `node` from the values of its inputs (`ins`, with their shapes `shapes`,
-/// in the node's input order).
+/// in the node's input order). The node's shape and dtype must be what shape inference gives for
+/// these inputs, and each input must hold its shape's element count; anything else is an
+/// `Invariant` error (so a hand-built node cannot make an op index out of bounds).
 pub fn eval<T: Float>(
     node: &Node,
     ins: &[Val<T>],
@@ -60,6 +71,22 @@ pub fn eval<T: Float>(
                 s.iter().product::<usize>()
             ));
         }
+    }
+    let in_types: Vec<(&[usize], DType)> = ins
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| (*s, v.dtype()))
+        .collect();
+    let (shape, dtype) = infer(&node.op, &in_types, &node.shape, node.dtype)
+        .map_err(|e| err!(Invariant, "{}", e.message))?;
+    if shape != node.shape || dtype != node.dtype {
+        return Err(err!(
+            Invariant,
+            "{name}: node is {}{} but its inputs give {dtype}{}",
+            node.dtype,
+            fmt_shape(&node.shape),
+            fmt_shape(&shape)
+        ));
     }
     let out = &node.shape[..];
     let f = |i: usize| -> Result<&[T]> {
@@ -454,6 +481,30 @@ mod tests {
             vec![1, 1, 1, 2, 2, 2]
         );
         assert!(gather::<i32>(&[], 0, &[1, 1], &[0, 4]).is_empty());
+    }
+
+    #[test]
+    fn inconsistent_node_is_an_error_not_a_panic() {
+        use crate::graph::NodeId;
+        let node = Node {
+            op: Op::MatMul,
+            inputs: vec![NodeId(0), NodeId(1)],
+            shape: vec![2, 2],
+            dtype: DType::F32,
+            span: Default::default(),
+        };
+        let x = [1.0f64; 3];
+        let ins = [Val::F(&x[..]), Val::F(&x[..])];
+        let e = eval(&node, &ins, &[&[3], &[3]], RunOptions::default()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "matmul: operands need at least 2 dimensions, got [3] @ [3]"
+        );
+        let e = eval(&node, &ins, &[&[1, 3], &[3, 1]], RunOptions::default()).unwrap_err();
+        assert_eq!(
+            e.message,
+            "matmul: node is f32[2, 2] but its inputs give f32[1, 1]"
+        );
     }
 
     #[test]

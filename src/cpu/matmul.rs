@@ -17,7 +17,7 @@ use std::time::Instant;
 /// Rows of the micro-kernel's C tile.
 const MR: usize = 4;
 /// Columns of the micro-kernel's C tile.
-const NR: usize = 16;
+const NR: usize = 8;
 /// Depth of a packed block (K direction).
 const KC: usize = 256;
 /// Rows of a packed A block.
@@ -31,6 +31,18 @@ const PARALLEL_MIN_MACS: usize = 1 << 20;
 /// row-major `[batch..., M, N]` result. The shapes must be valid (the graph's shape rules check
 /// them) and the slices must hold exactly their shapes' elements.
 pub fn matmul<T: Float>(a: &[T], a_shape: &[usize], b: &[T], b_shape: &[usize]) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    matmul_on(a, a_shape, b, b_shape, threads)
+}
+
+/// [`matmul`] on at most `max_threads` threads (the result does not depend on it).
+fn matmul_on<T: Float>(
+    a: &[T],
+    a_shape: &[usize],
+    b: &[T],
+    b_shape: &[usize],
+    max_threads: usize,
+) -> Vec<T> {
     let (ra, rb) = (a_shape.len(), b_shape.len());
     let (m, k, n) = (a_shape[ra - 2], a_shape[ra - 1], b_shape[rb - 1]);
     let (a_batch, b_batch) = (&a_shape[..ra - 2], &b_shape[..rb - 2]);
@@ -60,9 +72,7 @@ pub fn matmul<T: Float>(a: &[T], a_shape: &[usize], b: &[T], b_shape: &[usize]) 
     let threads = if rows.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS {
         1
     } else {
-        std::thread::available_parallelism()
-            .map_or(1, |t| t.get())
-            .min(rows.div_ceil(MR))
+        max_threads.min(rows.div_ceil(MR))
     };
     // Row range [lo, hi) of the flattened (batch, row) space → the products it needs.
     let work = |lo: usize, hi: usize, c: &mut [T]| {
@@ -117,7 +127,7 @@ fn gemm_rows<T: Float>(a: &[T], b: &[T], k: usize, n: usize, r0: usize, r1: usiz
                             rows: MR.min(mc - ir),
                             cols: NR.min(nc - jr),
                         };
-                        micro_kernel(
+                        tile_update(
                             kc,
                             &ap[ir * kc..(ir + MR) * kc],
                             &bp[jr * kc..(jr + NR) * kc],
@@ -174,26 +184,31 @@ struct Tile {
     cols: usize,
 }
 
-/// C tile += A panel · B panel over `kc` steps. C starts at zero, so the first K block's sums
-/// start from 0 exactly as the naive loop's do.
-#[inline(always)]
-fn micro_kernel<T: Float>(kc: usize, ap: &[T], bp: &[T], c: &mut [T], ldc: usize, t: Tile) {
+/// C tile += A panel · B panel over `kc` steps, for the (possibly partial) tile `t` of `c`.
+/// C starts at zero, so the first K block's sums start from 0 exactly as the naive loop's do.
+fn tile_update<T: Float>(kc: usize, ap: &[T], bp: &[T], c: &mut [T], ldc: usize, t: Tile) {
     let mut acc = [[T::zero(); NR]; MR];
     for (r, acc_row) in acc.iter_mut().enumerate().take(t.rows) {
-        let src = &c[(t.row + r) * ldc + t.col..][..t.cols];
-        acc_row[..t.cols].copy_from_slice(src);
+        acc_row[..t.cols].copy_from_slice(&c[(t.row + r) * ldc + t.col..][..t.cols]);
     }
-    for (av, bv) in ap.chunks_exact(MR).zip(bp.chunks_exact(NR)).take(kc) {
-        for r in 0..MR {
-            let x = av[r];
-            for j in 0..NR {
-                acc[r][j] += x * bv[j];
-            }
-        }
-    }
+    let acc = micro_kernel(kc, ap, bp, acc);
     for (r, acc_row) in acc.iter().enumerate().take(t.rows) {
         c[(t.row + r) * ldc + t.col..][..t.cols].copy_from_slice(&acc_row[..t.cols]);
     }
+}
+
+/// The register tile: `acc += A panel · B panel`, one rank-1 update per k. `acc` is passed and
+/// returned by value and only ever indexed by constants, so it lives in vector registers.
+#[inline(always)]
+fn micro_kernel<T: Float>(kc: usize, ap: &[T], bp: &[T], mut acc: [[T; NR]; MR]) -> [[T; NR]; MR] {
+    for (av, bv) in ap.chunks_exact(MR).zip(bp.chunks_exact(NR)).take(kc) {
+        for r in 0..MR {
+            for j in 0..NR {
+                acc[r][j] += av[r] * bv[j];
+            }
+        }
+    }
+    acc
 }
 
 /// Multiply two deterministic `n × n` f32 matrices `reps` times (after one warm-up) and return
@@ -250,7 +265,26 @@ mod tests {
     }
 
     #[test]
+    fn result_does_not_depend_on_thread_count() {
+        let (m, k, n) = (3 * 70 + 1, 150, 37);
+        let (a, b) = (data(2 * m * k, 3), data(k * n, 4));
+        let want = matmul_on(&a, &[2, m, k], &b, &[k, n], 1);
+        for threads in [2, 3, 7] {
+            assert_eq!(matmul_on(&a, &[2, m, k], &b, &[k, n], threads), want);
+        }
+    }
+
+    #[test]
     fn bench_reports_a_positive_rate() {
         assert!(bench_matmul(8, 1) > 0.0);
+    }
+
+    /// `cargo test --release --lib matmul_512 -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark; run optimized"]
+    fn matmul_512_rate() {
+        for _ in 0..5 {
+            println!("f32 512x512x512: {:.1} GFLOP/s", bench_matmul(512, 10));
+        }
     }
 }
