@@ -8,14 +8,10 @@ use rumus::script::HostOptions;
 use rumus::{Engine, Tensor};
 
 fn main() -> Result<(), rumus::Error> {
-    let mut engine = Engine::with_options(HostOptions {
-        device: "cpu".into(),
-        ..HostOptions::default()
-    });
+    let mut engine =
+        Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
     // A host function scripts can call.
-    engine
-        .script_engine()
-        .register_fn("host_batch_size", || 4_i64);
+    engine.script_engine().register_fn("host_batch_size", || 4_i64);
     engine.run(
         r#"
         model classifier(x: f32[B, 2], hidden = 16) {

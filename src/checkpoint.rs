@@ -90,19 +90,12 @@ pub fn to_bytes(
     // `__metadata__` first, tensors in data order, fields as dtype, shape, data_offsets.
     let mut entries = Vec::with_capacity(sorted.len() + 1);
     if !metadata.is_empty() {
-        entries.push(format!(
-            "{}:{}",
-            json_text(METADATA_KEY)?,
-            json_text(metadata)?
-        ));
+        entries.push(format!("{}:{}", json_text(METADATA_KEY)?, json_text(metadata)?));
     }
     let mut offset = 0usize;
     for &(name, tensor) in &sorted {
         if name == METADATA_KEY {
-            return Err(err!(
-                Checkpoint,
-                "`{METADATA_KEY}` is reserved and cannot name a tensor"
-            ));
+            return Err(err!(Checkpoint, "`{METADATA_KEY}` is reserved and cannot name a tensor"));
         }
         let end = (tensor.numel().checked_mul(tensor.dtype().size()))
             .and_then(|n| offset.checked_add(n))
@@ -136,11 +129,7 @@ pub fn load(path: &Path) -> Result<Checkpoint> {
 /// Parse and validate the bytes of a checkpoint file.
 pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
     let (len_bytes, rest) = bytes.split_first_chunk::<8>().ok_or_else(|| {
-        err!(
-            Checkpoint,
-            "file is {} bytes, too short for the 8-byte header length",
-            bytes.len()
-        )
+        err!(Checkpoint, "file is {} bytes, too short for the 8-byte header length", bytes.len())
     })?;
     let header_len = u64::from_le_bytes(*len_bytes);
     if header_len > MAX_HEADER_LEN {
@@ -159,13 +148,8 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
         ));
     }
     let (header, data) = rest.split_at(header_len);
-    let header = std::str::from_utf8(header).map_err(|e| {
-        err!(
-            Checkpoint,
-            "header is not valid UTF-8 (at byte {})",
-            e.valid_up_to()
-        )
-    })?;
+    let header = std::str::from_utf8(header)
+        .map_err(|e| err!(Checkpoint, "header is not valid UTF-8 (at byte {})", e.valid_up_to()))?;
     if !header.trim_start().starts_with('{') {
         return Err(err!(Checkpoint, "header is not a JSON object"));
     }
@@ -201,10 +185,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
             Ok((info.name, tensor))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Checkpoint {
-        tensors,
-        metadata: metadata.unwrap_or_default(),
-    })
+    Ok(Checkpoint { tensors, metadata: metadata.unwrap_or_default() })
 }
 
 /// Check that `ckpt` holds exactly the `expected` tensors, each with its shape and dtype. One
@@ -243,11 +224,7 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(err!(
-            Checkpoint,
-            "checkpoint does not match the model: {}",
-            problems.join("; ")
-        ))
+        Err(err!(Checkpoint, "checkpoint does not match the model: {}", problems.join("; ")))
     }
 }
 
@@ -267,24 +244,17 @@ fn parse_metadata(value: Value) -> Result<BTreeMap<String, String>> {
     map.into_iter()
         .map(|(k, v)| match v {
             Value::String(s) => Ok((k, s)),
-            _ => Err(err!(
-                Checkpoint,
-                "`{METADATA_KEY}` entry `{k}` is not a string"
-            )),
+            _ => Err(err!(Checkpoint, "`{METADATA_KEY}` entry `{k}` is not a string")),
         })
         .collect()
 }
 
 fn parse_info(name: String, value: Value, data_len: usize) -> Result<Info> {
     let Value::Object(mut map) = value else {
-        return Err(err!(
-            Checkpoint,
-            "tensor `{name}`: entry is not a JSON object"
-        ));
+        return Err(err!(Checkpoint, "tensor `{name}`: entry is not a JSON object"));
     };
     let field = |map: &mut serde_json::Map<String, Value>, key: &str| {
-        map.remove(key)
-            .ok_or_else(|| err!(Checkpoint, "tensor `{name}`: missing `{key}`"))
+        map.remove(key).ok_or_else(|| err!(Checkpoint, "tensor `{name}`: missing `{key}`"))
     };
     let dtype = match field(&mut map, "dtype")? {
         Value::String(tag) => {
@@ -292,18 +262,11 @@ fn parse_info(name: String, value: Value, data_len: usize) -> Result<Info> {
         }
         _ => return Err(err!(Checkpoint, "tensor `{name}`: `dtype` is not a string")),
     };
-    let shape = usize_list(field(&mut map, "shape")?).ok_or_else(|| {
-        err!(
-            Checkpoint,
-            "tensor `{name}`: `shape` is not a list of sizes"
-        )
-    })?;
+    let shape = usize_list(field(&mut map, "shape")?)
+        .ok_or_else(|| err!(Checkpoint, "tensor `{name}`: `shape` is not a list of sizes"))?;
     let offsets = usize_list(field(&mut map, "data_offsets")?);
     let Some(&[begin, end]) = offsets.as_deref() else {
-        return Err(err!(
-            Checkpoint,
-            "tensor `{name}`: `data_offsets` is not a pair of offsets"
-        ));
+        return Err(err!(Checkpoint, "tensor `{name}`: `data_offsets` is not a pair of offsets"));
     };
     if let Some(key) = map.keys().next() {
         return Err(err!(Checkpoint, "tensor `{name}`: unknown field `{key}`"));
@@ -323,11 +286,7 @@ fn parse_info(name: String, value: Value, data_len: usize) -> Result<Info> {
     let numel =
         checked_numel(&shape).map_err(|e| err!(Checkpoint, "tensor `{name}`: {}", e.message))?;
     let n_bytes = numel.checked_mul(dtype.size()).ok_or_else(|| {
-        err!(
-            Checkpoint,
-            "tensor `{name}`: shape {} is too large",
-            fmt_shape(&shape)
-        )
+        err!(Checkpoint, "tensor `{name}`: shape {} is too large", fmt_shape(&shape))
     })?;
     if n_bytes != end - begin {
         return Err(err!(
@@ -337,13 +296,7 @@ fn parse_info(name: String, value: Value, data_len: usize) -> Result<Info> {
             end - begin
         ));
     }
-    Ok(Info {
-        name,
-        dtype,
-        shape,
-        begin,
-        end,
-    })
+    Ok(Info { name, dtype, shape, begin, end })
 }
 
 /// Tensors (sorted by offsets) must tile the data exactly: from 0, no gaps, no overlaps, no
@@ -421,9 +374,9 @@ fn parse_dtype(tag: &str) -> std::result::Result<DType, String> {
     match tag {
         "F32" => Ok(DType::F32),
         "I32" => Ok(DType::I32),
-        t if OTHER_SAFETENSORS_DTYPES.contains(&t) => Err(format!(
-            "dtype {t} is not supported (rumus reads F32 and I32)"
-        )),
+        t if OTHER_SAFETENSORS_DTYPES.contains(&t) => {
+            Err(format!("dtype {t} is not supported (rumus reads F32 and I32)"))
+        }
         t => Err(format!("unknown dtype `{t}`")),
     }
 }
@@ -432,10 +385,7 @@ fn usize_list(value: Value) -> Option<Vec<usize>> {
     let Value::Array(items) = value else {
         return None;
     };
-    items
-        .iter()
-        .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
-        .collect()
+    items.iter().map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok())).collect()
 }
 
 fn le_f32(b: &[u8]) -> f32 {

@@ -91,20 +91,10 @@ pub fn read_csv(path: &Path, opts: &CsvOptions) -> Result<Dataset> {
     let name = path.display().to_string();
     let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
     let mut file = BufReader::new(file);
-    let is_gzip = file
-        .fill_buf()
-        .map_err(|e| Error::io(&name, e))?
-        .starts_with(&[0x1f, 0x8b]);
-    let text: Box<dyn Read> = if is_gzip {
-        Box::new(MultiGzDecoder::new(file))
-    } else {
-        Box::new(file)
-    };
-    parse_csv(
-        &name,
-        BufReader::new(text.take(opts.max_bytes.saturating_add(1))),
-        opts,
-    )
+    let is_gzip = file.fill_buf().map_err(|e| Error::io(&name, e))?.starts_with(&[0x1f, 0x8b]);
+    let text: Box<dyn Read> =
+        if is_gzip { Box::new(MultiGzDecoder::new(file)) } else { Box::new(file) };
+    parse_csv(&name, BufReader::new(text.take(opts.max_bytes.saturating_add(1))), opts)
 }
 
 /// Windows of `seq_len` bytes, one every `stride` bytes, each paired with the same window shifted
@@ -112,16 +102,9 @@ pub fn read_csv(path: &Path, opts: &CsvOptions) -> Result<Dataset> {
 /// A tail shorter than a full window (plus its one target byte) is dropped.
 pub fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> Result<Dataset> {
     if seq_len == 0 || stride == 0 {
-        return Err(err!(
-            Usage,
-            "seq_len and stride must be positive, got {seq_len} and {stride}"
-        ));
+        return Err(err!(Usage, "seq_len and stride must be positive, got {seq_len} and {stride}"));
     }
-    let Some(room) = bytes
-        .len()
-        .checked_sub(seq_len)
-        .and_then(|r| r.checked_sub(1))
-    else {
+    let Some(room) = bytes.len().checked_sub(seq_len).and_then(|r| r.checked_sub(1)) else {
         return Err(err!(
             Shape,
             "text of {} bytes is too short for one sequence of {seq_len} bytes plus a target",
@@ -141,16 +124,9 @@ pub fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> Result<Dat
     let mut y = Vec::with_capacity(numel);
     for start in (0..n).map(|i| i * stride) {
         x.extend(bytes[start..start + seq_len].iter().map(|&b| i32::from(b)));
-        y.extend(
-            bytes[start + 1..start + seq_len + 1]
-                .iter()
-                .map(|&b| i32::from(b)),
-        );
+        y.extend(bytes[start + 1..start + seq_len + 1].iter().map(|&b| i32::from(b)));
     }
-    Dataset::new(
-        Tensor::i32(&[n, seq_len], x)?,
-        Tensor::i32(&[n, seq_len], y)?,
-    )
+    Dataset::new(Tensor::i32(&[n, seq_len], x)?, Tensor::i32(&[n, seq_len], y)?)
 }
 
 /// The bytes of a file, or of every `.rs`, `.md` and `.txt` file under a folder, concatenated in
@@ -190,11 +166,7 @@ impl Dataset {
     /// A dataset of `x` and `y`; both must have a first dimension, and the same one.
     pub fn new(x: Tensor, y: Tensor) -> Result<Dataset> {
         match (x.shape().first(), y.shape().first()) {
-            (Some(a), Some(b)) if a == b => Ok(Dataset {
-                x,
-                y,
-                classes: Vec::new(),
-            }),
+            (Some(a), Some(b)) if a == b => Ok(Dataset { x, y, classes: Vec::new() }),
             _ => Err(Error::shape(format!(
                 "dataset needs x and y with the same first dimension, got {} and {}",
                 fmt_shape(x.shape()),
@@ -255,10 +227,7 @@ impl Dataset {
     /// shuffled examples, and the rest. `fraction` must lie in `[0, 1]`.
     pub fn split(&self, fraction: f64, seed: u64) -> Result<(Dataset, Dataset)> {
         if !(0.0..=1.0).contains(&fraction) {
-            return Err(err!(
-                Usage,
-                "split fraction must lie in [0, 1], got {fraction}"
-            ));
+            return Err(err!(Usage, "split fraction must lie in [0, 1], got {fraction}"));
         }
         let order = shuffled(self.len(), seed);
         let cut = ((self.len() as f64 * fraction).round() as usize).min(self.len());
@@ -272,12 +241,7 @@ impl Dataset {
         if batch_size == 0 {
             return Err(err!(Usage, "batch size must be positive"));
         }
-        Ok(Batches {
-            data: self,
-            order: shuffled(self.len(), seed),
-            next: 0,
-            batch_size,
-        })
+        Ok(Batches { data: self, order: shuffled(self.len(), seed), next: 0, batch_size })
     }
 }
 
@@ -300,20 +264,14 @@ impl Iterator for Batches<'_> {
         }
         let rows = &rows[..rows.len().min(self.batch_size)];
         self.next += rows.len();
-        Some(gather_rows(&self.data.x, rows).and_then(|x| {
-            Ok(Batch {
-                x,
-                y: gather_rows(&self.data.y, rows)?,
-            })
-        }))
+        Some(
+            gather_rows(&self.data.x, rows)
+                .and_then(|x| Ok(Batch { x, y: gather_rows(&self.data.y, rows)? })),
+        )
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self
-            .order
-            .len()
-            .saturating_sub(self.next)
-            .div_ceil(self.batch_size);
+        let n = self.order.len().saturating_sub(self.next).div_ceil(self.batch_size);
         (n, Some(n))
     }
 }
@@ -334,10 +292,7 @@ fn gather_rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let mut shape = vec![rows.len()];
     shape.extend_from_slice(row_shape);
     fn pick<T: Copy>(v: &[T], rows: &[usize], row_len: usize) -> Vec<T> {
-        rows.iter()
-            .flat_map(|&r| &v[r * row_len..(r + 1) * row_len])
-            .copied()
-            .collect()
+        rows.iter().flat_map(|&r| &v[r * row_len..(r + 1) * row_len]).copied().collect()
     }
     let data = match t.data() {
         TensorData::F32(v) => TensorData::F32(pick(v, rows, row_len)),
@@ -369,19 +324,14 @@ fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<
     let mut raw = Vec::new();
     for line_no in 1usize.. {
         raw.clear();
-        let n = reader
-            .read_until(b'\n', &mut raw)
-            .map_err(|e| err!(Io, "{name}:{line_no}: {e}"))?;
+        let n =
+            reader.read_until(b'\n', &mut raw).map_err(|e| err!(Io, "{name}:{line_no}: {e}"))?;
         if n == 0 {
             break;
         }
         total += n as u64;
         if total > opts.max_bytes {
-            return Err(err!(
-                Limit,
-                "{name}: more than {} bytes of text",
-                opts.max_bytes
-            ));
+            return Err(err!(Limit, "{name}: more than {} bytes of text", opts.max_bytes));
         }
         let at = |msg: String| err!(Io, "{name}:{line_no}: {msg}");
         let line = std::str::from_utf8(&raw).map_err(|_| at("line is not valid UTF-8".into()))?;
@@ -406,10 +356,7 @@ fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<
         }
         let expected = *n_fields.get_or_insert(fields.len());
         if fields.len() != expected {
-            return Err(at(format!(
-                "expected {expected} fields, found {}",
-                fields.len()
-            )));
+            return Err(at(format!("expected {expected} fields, found {}", fields.len())));
         }
         if let Some(c) = opts.label_col.filter(|&c| c >= expected) {
             return Err(at(format!(
@@ -479,11 +426,7 @@ fn push_class(classes: &mut Option<ClassLabels>, field: &str) -> std::result::Re
         if field.parse::<f64>().is_ok() {
             ClassLabels::Numbers(Vec::new())
         } else {
-            ClassLabels::Names {
-                ids: Vec::new(),
-                names: Vec::new(),
-                index: HashMap::new(),
-            }
+            ClassLabels::Names { ids: Vec::new(), names: Vec::new(), index: HashMap::new() }
         }
     });
     match labels {
@@ -518,15 +461,11 @@ fn collect_text_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
             continue;
         }
         let path = entry.path();
-        let kind = entry
-            .file_type()
-            .map_err(|e| Error::io(path.display(), e))?;
+        let kind = entry.file_type().map_err(|e| Error::io(path.display(), e))?;
         if kind.is_dir() {
             collect_text_files(&path, out)?;
         } else if kind.is_file()
-            && path
-                .extension()
-                .is_some_and(|e| e == "rs" || e == "md" || e == "txt")
+            && path.extension().is_some_and(|e| e == "rs" || e == "md" || e == "txt")
         {
             out.push(path);
         }

@@ -50,10 +50,7 @@ impl Engine {
 
     /// A session with the given sandbox, device and seed.
     pub fn with_options(opts: HostOptions) -> Engine {
-        Engine {
-            host: Host::new(opts),
-            n_evals: 0,
-        }
+        Engine { host: Host::new(opts), n_evals: 0 }
     }
 
     /// Evaluate `.rms` code; returns the value of its last statement.
@@ -91,19 +88,14 @@ impl Engine {
 
     /// The compiled model in script variable `name`.
     pub fn compiled(&self, name: &str) -> Result<Compiled> {
-        let v = self
-            .host
-            .get(name)
-            .ok_or_else(|| err!(Name, "no script variable `{name}`"))?;
+        let v = self.host.get(name).ok_or_else(|| err!(Name, "no script variable `{name}`"))?;
         let type_name = v.type_name();
-        v.try_cast::<ScriptTrainer>()
-            .map(|trainer| Compiled { trainer })
-            .ok_or_else(|| {
-                err!(
-                    Name,
-                    "`{name}` is a {type_name}, not a compiled model (call .compile(..) on a model)"
-                )
-            })
+        v.try_cast::<ScriptTrainer>().map(|trainer| Compiled { trainer }).ok_or_else(|| {
+            err!(
+                Name,
+                "`{name}` is a {type_name}, not a compiled model (call .compile(..) on a model)"
+            )
+        })
     }
 }
 

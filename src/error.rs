@@ -29,16 +29,10 @@ impl Default for Span {
 
 impl Span {
     /// No position.
-    pub const NONE: Span = Span {
-        start: u32::MAX,
-        end: u32::MAX,
-    };
+    pub const NONE: Span = Span { start: u32::MAX, end: u32::MAX };
 
     pub fn new(start: usize, end: usize) -> Span {
-        Span {
-            start: start.min(u32::MAX as usize) as u32,
-            end: end.min(u32::MAX as usize) as u32,
-        }
+        Span { start: start.min(u32::MAX as usize) as u32, end: end.min(u32::MAX as usize) as u32 }
     }
 
     pub fn is_none(self) -> bool {
@@ -53,10 +47,7 @@ impl Span {
         if other.is_none() {
             return self;
         }
-        Span {
-            start: self.start.min(other.start),
-            end: self.end.max(other.end),
-        }
+        Span { start: self.start.min(other.start), end: self.end.max(other.end) }
     }
 }
 
@@ -69,10 +60,7 @@ pub struct Source {
 
 impl Source {
     pub fn new(name: impl Into<String>, text: impl Into<String>) -> Arc<Source> {
-        Arc::new(Source {
-            name: name.into(),
-            text: text.into(),
-        })
+        Arc::new(Source { name: name.into(), text: text.into() })
     }
 
     /// 1-based line and column (in characters) of a byte offset.
@@ -89,9 +77,7 @@ impl Source {
     pub fn line_text(&self, offset: usize) -> &str {
         let offset = floor_char_boundary(&self.text, offset.min(self.text.len()));
         let start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
-        let end = self.text[offset..]
-            .find('\n')
-            .map_or(self.text.len(), |i| offset + i);
+        let end = self.text[offset..].find('\n').map_or(self.text.len(), |i| offset + i);
         self.text[start..end].trim_end_matches('\r')
     }
 }
@@ -142,12 +128,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error {
-            kind,
-            message: message.into(),
-            span: None,
-            source: None,
-        }
+        Error { kind, message: message.into(), span: None, source: None }
     }
 
     pub fn shape(message: impl Into<String>) -> Error {
@@ -196,11 +177,8 @@ impl fmt::Display for Error {
         let text = source.line_text(start);
         writeln!(f, "{}:{}:{}: {}", source.name, line, col, self.message)?;
         // Caret under the culprit, clipped to the line it starts on; tabs kept so it lines up.
-        let pad: String = text
-            .chars()
-            .take(col - 1)
-            .map(|c| if c == '\t' { '\t' } else { ' ' })
-            .collect();
+        let pad: String =
+            text.chars().take(col - 1).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
         let span_chars = source
             .text
             .get(start..(span.end as usize).min(source.text.len()))
@@ -229,9 +207,7 @@ mod tests {
     fn renders_file_line_col_and_caret() {
         let src = Source::new("m.rms", "model m(x: f32[2]) {\n    h = relux(x)\n}\n");
         let start = src.text.find("relux").unwrap();
-        let e = err!(Name, "unknown op `relux`")
-            .at(Span::new(start, start + 5))
-            .in_source(&src);
+        let e = err!(Name, "unknown op `relux`").at(Span::new(start, start + 5)).in_source(&src);
         assert_eq!(
             e.to_string(),
             "m.rms:2:9: unknown op `relux`\n        h = relux(x)\n            ^^^^^"
@@ -241,20 +217,12 @@ mod tests {
     #[test]
     fn span_at_end_of_text_renders() {
         let src = Source::new("s", "abc");
-        let e = err!(Parse, "unexpected end of input")
-            .at(Span::new(3, 3))
-            .in_source(&src);
-        assert_eq!(
-            e.to_string(),
-            "s:1:4: unexpected end of input\n    abc\n       ^"
-        );
+        let e = err!(Parse, "unexpected end of input").at(Span::new(3, 3)).in_source(&src);
+        assert_eq!(e.to_string(), "s:1:4: unexpected end of input\n    abc\n       ^");
     }
 
     #[test]
     fn without_position_is_just_the_message() {
-        assert_eq!(
-            err!(Shape, "add: shapes [2] and [3]").to_string(),
-            "add: shapes [2] and [3]"
-        );
+        assert_eq!(err!(Shape, "add: shapes [2] and [3]").to_string(), "add: shapes [2] and [3]");
     }
 }

@@ -79,22 +79,8 @@ pub struct GptConfig {
 /// pre-LN blocks, a final LayerNorm and a linear head; output `logits [batch, ctx, vocab]`.
 pub fn gpt(g: &mut Graph, c: GptConfig, batch: usize) -> Result<NodeId> {
     let idx = g.input("idx", &[batch, c.ctx], DType::I32)?;
-    let wte = g.parameter(
-        "wte.weight",
-        &[c.vocab, c.d],
-        Init::Normal {
-            mean: 0.0,
-            std: 0.02,
-        },
-    )?;
-    let wpe = g.parameter(
-        "wpe.weight",
-        &[c.ctx, c.d],
-        Init::Normal {
-            mean: 0.0,
-            std: 0.02,
-        },
-    )?;
+    let wte = g.parameter("wte.weight", &[c.vocab, c.d], Init::Normal { mean: 0.0, std: 0.02 })?;
+    let wpe = g.parameter("wpe.weight", &[c.ctx, c.d], Init::Normal { mean: 0.0, std: 0.02 })?;
     let tok = g.embedding(wte, idx)?;
     let mut x = g.add(tok, wpe)?;
     for i in 0..c.layers {

@@ -17,10 +17,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (":load FILE", "run a .rms file in this session"),
     (":plan NAME", "the compiled plan of a trainer"),
     (":graph NAME", "a model or trainer's graph in Graphviz DOT"),
-    (
-        ":params NAME",
-        "parameter names and shapes of a model or trainer",
-    ),
+    (":params NAME", "parameter names and shapes of a model or trainer"),
     (":quit", "leave (or Ctrl-D)"),
 ];
 
@@ -53,12 +50,7 @@ impl Repl {
             o.push_str(s);
             o.push('\n');
         });
-        Repl {
-            host,
-            out,
-            pending: String::new(),
-            n_inputs: 0,
-        }
+        Repl { host, out, pending: String::new(), n_inputs: 0 }
     }
 
     /// The session, for hosts that add functions or inspect variables.
@@ -139,10 +131,8 @@ impl Repl {
                 String::new()
             }
             "plan" | "graph" | "params" => {
-                let value = self
-                    .host
-                    .get(arg)
-                    .ok_or_else(|| crate::err!(Usage, "no variable `{arg}`"))?;
+                let value =
+                    self.host.get(arg).ok_or_else(|| crate::err!(Usage, "no variable `{arg}`"))?;
                 api::describe(name, &value)?
             }
             _ => return Err(crate::err!(Usage, "unknown command `:{name}`; try :help")),
@@ -161,11 +151,7 @@ impl Repl {
             return (pos, Vec::new());
         }
         let mut names: Vec<String> = api::NAMES.iter().map(|s| s.to_string()).collect();
-        names.extend(
-            COMMANDS
-                .iter()
-                .map(|(c, _)| c.split(' ').next().unwrap_or(c).to_string()),
-        );
+        names.extend(COMMANDS.iter().map(|(c, _)| c.split(' ').next().unwrap_or(c).to_string()));
         names.extend(self.host.names());
         names.retain(|n| n.starts_with(word));
         names.sort();

@@ -47,15 +47,9 @@ pub struct Tensor {
 
 /// Number of elements of a shape, or an error when the product overflows `usize`.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| {
-            Error::shape(format!(
-                "shape {} has more elements than fit in memory",
-                fmt_shape(shape)
-            ))
-        })
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+        Error::shape(format!("shape {} has more elements than fit in memory", fmt_shape(shape)))
+    })
 }
 
 /// `[2, 3]`-style rendering of a shape, as used in every error message.
@@ -87,18 +81,12 @@ impl Tensor {
                 fmt_shape(shape)
             )));
         }
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            data,
-        })
+        Ok(Tensor { shape: shape.to_vec(), data })
     }
 
     /// A scalar (shape `[]`) f32 tensor.
     pub fn scalar(v: f32) -> Tensor {
-        Tensor {
-            shape: vec![],
-            data: TensorData::F32(vec![v]),
-        }
+        Tensor { shape: vec![], data: TensorData::F32(vec![v]) }
     }
 
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
@@ -107,10 +95,7 @@ impl Tensor {
             DType::F32 => TensorData::F32(vec![0.0; n]),
             DType::I32 => TensorData::I32(vec![0; n]),
         };
-        Ok(Tensor {
-            shape: shape.to_vec(),
-            data,
-        })
+        Ok(Tensor { shape: shape.to_vec(), data })
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -197,10 +182,7 @@ mod tests {
     #[test]
     fn wrong_length_is_an_error_naming_the_shape() {
         let e = Tensor::f32(&[2, 3], vec![0.0; 5]).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "tensor of shape [2, 3] needs 6 elements, got 5"
-        );
+        assert_eq!(e.to_string(), "tensor of shape [2, 3] needs 6 elements, got 5");
     }
 
     #[test]

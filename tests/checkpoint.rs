@@ -10,19 +10,14 @@ use std::path::PathBuf;
 
 /// A fresh, empty folder for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("checkpoint")
-        .join(name);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("checkpoint").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
 fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 /// A file with header text `header` (unpadded) and data `data`.
@@ -65,14 +60,8 @@ fn sample() -> Vec<(String, Tensor)> {
             )
             .unwrap(),
         ),
-        (
-            "a.bias".into(),
-            Tensor::f32(&[3], vec![1.5, -2.25, 1e-30]).unwrap(),
-        ),
-        (
-            "tokens".into(),
-            Tensor::i32(&[1, 3], vec![i32::MIN, -1, i32::MAX]).unwrap(),
-        ),
+        ("a.bias".into(), Tensor::f32(&[3], vec![1.5, -2.25, 1e-30]).unwrap()),
+        ("tokens".into(), Tensor::i32(&[1, 3], vec![i32::MIN, -1, i32::MAX]).unwrap()),
         ("step".into(), Tensor::i32(&[], vec![7]).unwrap()),
         ("empty".into(), Tensor::zeros(&[0, 5], DType::F32).unwrap()),
     ]
@@ -100,11 +89,7 @@ fn save_then_load_is_bit_exact() {
     let dir = scratch("round_trip");
     let path = dir.join("model.safetensors");
     let tensors = sample();
-    let metadata = meta(&[
-        ("step", "1200"),
-        ("format", "pt"),
-        ("note", "quote \" and ünïcode"),
-    ]);
+    let metadata = meta(&[("step", "1200"), ("format", "pt"), ("note", "quote \" and ünïcode")]);
     save(&path, &refs(&tensors), &metadata).unwrap();
     let loaded = load(&path).unwrap();
     assert_bit_exact(&loaded, &tensors);
@@ -119,10 +104,7 @@ fn bytes_round_trip_and_layout_matches_the_reference_writer() {
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     assert_eq!(header_len % 8, 0, "data must start 8-byte aligned");
     let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
-    assert!(
-        !header.contains("__metadata__"),
-        "no metadata key when there is none: {header}"
-    );
+    assert!(!header.contains("__metadata__"), "no metadata key when there is none: {header}");
     assert_bit_exact(&from_bytes(&bytes).unwrap(), &tensors);
     // Deterministic: the input order does not matter.
     let mut reversed = refs(&tensors);
@@ -150,14 +132,8 @@ fn atomic_save_leaves_no_temporary_files() {
     // Overwriting an existing checkpoint also goes through a rename.
     let small = Tensor::scalar(3.0);
     save(&path, &[("x", &small)], &BTreeMap::new()).unwrap();
-    assert_eq!(
-        load(&path).unwrap().tensors,
-        vec![("x".to_string(), small.clone())]
-    );
-    let names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    assert_eq!(load(&path).unwrap().tensors, vec![("x".to_string(), small.clone())]);
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, vec!["m.safetensors"]);
 
     // A failed rename (the target is a folder) removes the temporary file.
@@ -165,10 +141,8 @@ fn atomic_save_leaves_no_temporary_files() {
     std::fs::create_dir(&blocked).unwrap();
     let e = save(&blocked, &[("x", &small)], &BTreeMap::new()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Io);
-    let mut names: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let mut names: Vec<_> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     names.sort();
     assert_eq!(names, vec!["blocked.safetensors", "m.safetensors"]);
 }
@@ -179,10 +153,7 @@ fn saving_rejects_duplicate_and_reserved_names() {
     let e = to_bytes(&[("a", &t), ("b", &t), ("a", &t)], &BTreeMap::new()).unwrap_err();
     assert_eq!(e.message, "duplicate tensor name `a`");
     let e = to_bytes(&[("__metadata__", &t)], &BTreeMap::new()).unwrap_err();
-    assert_eq!(
-        e.message,
-        "`__metadata__` is reserved and cannot name a tensor"
-    );
+    assert_eq!(e.message, "`__metadata__` is reserved and cannot name a tensor");
 }
 
 #[test]
@@ -194,10 +165,7 @@ fn load_errors_name_the_file() {
     assert_eq!(e.kind, ErrorKind::Checkpoint);
     assert_eq!(
         e.message,
-        format!(
-            "{}: file is 3 bytes, too short for the 8-byte header length",
-            path.display()
-        )
+        format!("{}: file is 3 bytes, too short for the 8-byte header length", path.display())
     );
     let e = load(&dir.join("missing.safetensors")).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Io);
@@ -208,11 +176,7 @@ fn every_truncation_of_a_valid_file_is_an_error() {
     let tensors = sample();
     let bytes = to_bytes(&refs(&tensors), &meta(&[("k", "v")])).unwrap();
     for len in 0..bytes.len() {
-        assert!(
-            from_bytes(&bytes[..len]).is_err(),
-            "truncated to {len} of {} bytes",
-            bytes.len()
-        );
+        assert!(from_bytes(&bytes[..len]).is_err(), "truncated to {len} of {} bytes", bytes.len());
     }
     assert!(from_bytes(&bytes).is_ok());
 }
@@ -232,10 +196,7 @@ fn flipping_any_byte_never_panics() {
 
 #[test]
 fn malformed_files_each_get_their_own_message() {
-    assert_eq!(
-        MAX_HEADER_LEN, 100_000_000,
-        "the reference implementation's cap"
-    );
+    assert_eq!(MAX_HEADER_LEN, 100_000_000, "the reference implementation's cap");
     let f8 = [0u8; 8];
     let a8 = r#""a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}"#;
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -437,19 +398,11 @@ fn check_against_reports_every_difference_by_name() {
     let w = Tensor::zeros(&[2, 3], DType::F32).unwrap();
     let idx = Tensor::zeros(&[4], DType::I32).unwrap();
     let extra = Tensor::scalar(0.0);
-    let bytes = to_bytes(
-        &[("w", &w), ("idx", &idx), ("extra", &extra)],
-        &BTreeMap::new(),
-    )
-    .unwrap();
+    let bytes = to_bytes(&[("w", &w), ("idx", &idx), ("extra", &extra)], &BTreeMap::new()).unwrap();
     let c = from_bytes(&bytes).unwrap();
     check_against(
         &c,
-        &[
-            ("w", &[2, 3], DType::F32),
-            ("idx", &[4], DType::I32),
-            ("extra", &[], DType::F32),
-        ],
+        &[("w", &[2, 3], DType::F32), ("idx", &[4], DType::I32), ("extra", &[], DType::F32)],
     )
     .unwrap();
     let e = check_against(
@@ -487,10 +440,7 @@ fn loads_a_file_written_by_the_reference_implementation() {
     let c = from_bytes(&bytes).unwrap();
     let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["a", "z", "b"]);
-    assert_eq!(
-        c.get("a").unwrap().to_le_bytes(),
-        [0, 0, 0x80, 0x3f, 0, 0, 0, 0x80]
-    );
+    assert_eq!(c.get("a").unwrap().to_le_bytes(), [0, 0, 0x80, 0x3f, 0, 0, 0, 0x80]);
     assert_eq!(c.get("z").unwrap().shape(), &[0, 3]);
     assert_eq!(c.get("b").unwrap().as_i32().unwrap(), &[5, -1]);
     assert_eq!(c.metadata, meta(&[("format", "pt")]));

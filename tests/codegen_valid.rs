@@ -21,20 +21,11 @@ fn validate(label: &str, src: &str) -> Result<(), String> {
 #[test]
 fn generated_modules_of_a_gpt_training_step_validate() {
     let mut g = Graph::new();
-    let c = GptConfig {
-        vocab: 32,
-        d: 16,
-        heads: 2,
-        layers: 1,
-        ctx: 8,
-    };
+    let c = GptConfig { vocab: 32, d: 16, heads: 2, layers: 1, ctx: 8 };
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 8], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, Some(0)).unwrap();
-    let cfg = OptimConfig {
-        optimizer: Optimizer::adamw(),
-        clip_norm: Some(1.0),
-    };
+    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
     let t = training_graph(g, loss, &cfg).unwrap();
     let mut failures = Vec::new();
     for fusion in [true, false] {
@@ -42,11 +33,7 @@ fn generated_modules_of_a_gpt_training_step_validate() {
             &t.graph,
             &[t.loss],
             true,
-            PlanOptions {
-                fusion,
-                reuse: true,
-                max_storage_buffers: None,
-            },
+            PlanOptions { fusion, reuse: true, max_storage_buffers: None },
         )
         .unwrap();
         for k in &p.kernels {
@@ -65,10 +52,5 @@ fn generated_modules_of_a_gpt_training_step_validate() {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} invalid modules; first:\n{}",
-        failures.len(),
-        failures[0]
-    );
+    assert!(failures.is_empty(), "{} invalid modules; first:\n{}", failures.len(), failures[0]);
 }

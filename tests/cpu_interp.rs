@@ -31,10 +31,7 @@ fn i(shape: &[usize], v: &[i32]) -> In {
     In::I(shape.to_vec(), v.to_vec())
 }
 
-const EVAL: RunOptions = RunOptions {
-    training: false,
-    step: 0,
-};
+const EVAL: RunOptions = RunOptions { training: false, step: 0 };
 
 /// Build a graph of one `op` node over inputs fed with `ins` and run it in `T`.
 fn eval_op<T: Float>(
@@ -88,18 +85,12 @@ fn check_with(
     let got = out.as_f().unwrap_or_else(|| panic!("{op:?}: not f32"));
     assert_eq!(got.len(), want.len(), "{op:?}: length");
     for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            close(g, w, 1e-14),
-            "{op:?} f64 [{k}]: got {g}, want {w}\n{got:?}"
-        );
+        assert!(close(g, w, 1e-14), "{op:?} f64 [{k}]: got {g}, want {w}\n{got:?}");
     }
     let (_, out) = eval_op::<f32>(&op, ins, target, opts).unwrap();
     let got = out.as_f().unwrap();
     for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            close(g as f64, w, 5e-6),
-            "{op:?} f32 [{k}]: got {g}, want {w}\n{got:?}"
-        );
+        assert!(close(g as f64, w, 5e-6), "{op:?} f32 [{k}]: got {g}, want {w}\n{got:?}");
     }
 }
 
@@ -158,25 +149,10 @@ fn unary_ops() {
 #[test]
 fn unary_edge_values() {
     let x = f(&[4], &[INF, -INF, NAN, -0.0]);
-    check(
-        Op::Unary(UnaryOp::Relu),
-        &[x.clone()],
-        &[4],
-        &[INF, 0.0, NAN, -0.0],
-    );
-    check(
-        Op::Unary(UnaryOp::Sigmoid),
-        &[x.clone()],
-        &[4],
-        &[1.0, 0.0, NAN, 0.5],
-    );
+    check(Op::Unary(UnaryOp::Relu), &[x.clone()], &[4], &[INF, 0.0, NAN, -0.0]);
+    check(Op::Unary(UnaryOp::Sigmoid), &[x.clone()], &[4], &[1.0, 0.0, NAN, 0.5]);
     check(Op::Unary(UnaryOp::Sign), &[x], &[4], &[1.0, -1.0, NAN, 0.0]);
-    check(
-        Op::Unary(UnaryOp::Log),
-        &[f(&[2], &[0.0, -1.0])],
-        &[2],
-        &[-INF, NAN],
-    );
+    check(Op::Unary(UnaryOp::Log), &[f(&[2], &[0.0, -1.0])], &[2], &[-INF, NAN]);
 }
 
 #[test]
@@ -188,20 +164,13 @@ fn binary_ops_broadcast_a_column_against_a_row() {
         (Sub, &[3.5, 2.0, 0.0, 1.5, 0.0, -2.0]),
         (Mul, &[2.0, 8.0, 16.0, 1.0, 4.0, 8.0]),
         (Div, &[8.0, 2.0, 1.0, 4.0, 1.0, 0.5]),
-        (
-            Pow,
-            &[2.0, 16.0, 256.0, std::f64::consts::SQRT_2, 4.0, 16.0],
-        ),
+        (Pow, &[2.0, 16.0, 256.0, std::f64::consts::SQRT_2, 4.0, 16.0]),
         (Maximum, &[4.0, 4.0, 4.0, 2.0, 2.0, 4.0]),
         (Minimum, &[0.5, 2.0, 4.0, 0.5, 2.0, 2.0]),
         (Greater, &[1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
         (Equal, &[0.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
     ];
-    assert_eq!(
-        cases.len(),
-        BinaryOp::ALL.len(),
-        "every binary op has a case"
-    );
+    assert_eq!(cases.len(), BinaryOp::ALL.len(), "every binary op has a case");
     for (op, want) in cases {
         check(Op::Binary(*op), &[a.clone(), b.clone()], &[2, 3], want);
     }
@@ -213,22 +182,12 @@ fn binary_broadcasting_cases() {
     // Size-1 axes on both sides: [2, 1, 3] + [1, 2, 1] -> [2, 2, 3].
     check(
         add.clone(),
-        &[
-            f(&[2, 1, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]),
-            f(&[1, 2, 1], &[10.0, 20.0]),
-        ],
+        &[f(&[2, 1, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]), f(&[1, 2, 1], &[10.0, 20.0])],
         &[2, 2, 3],
-        &[
-            10.0, 11.0, 12.0, 20.0, 21.0, 22.0, 13.0, 14.0, 15.0, 23.0, 24.0, 25.0,
-        ],
+        &[10.0, 11.0, 12.0, 20.0, 21.0, 22.0, 13.0, 14.0, 15.0, 23.0, 24.0, 25.0],
     );
     // A scalar on the left, a missing leading axis on the right.
-    check(
-        add.clone(),
-        &[f(&[], &[1.0]), f(&[2], &[1.0, 2.0])],
-        &[2],
-        &[2.0, 3.0],
-    );
+    check(add.clone(), &[f(&[], &[1.0]), f(&[2], &[1.0, 2.0])], &[2], &[2.0, 3.0]);
     check(
         Op::Binary(BinaryOp::Sub),
         &[f(&[2, 2], &[1.0, 2.0, 3.0, 4.0]), f(&[2], &[1.0, 2.0])],
@@ -236,12 +195,7 @@ fn binary_broadcasting_cases() {
         &[0.0, 0.0, 2.0, 2.0],
     );
     // Empty tensors broadcast to empty results.
-    check(
-        add,
-        &[f(&[0, 3], &[]), f(&[1, 3], &[1.0, 2.0, 3.0])],
-        &[0, 3],
-        &[],
-    );
+    check(add, &[f(&[0, 3], &[]), f(&[1, 3], &[1.0, 2.0, 3.0])], &[0, 3], &[]);
     // NaN propagates through maximum/minimum.
     check(
         Op::Binary(BinaryOp::Maximum),
@@ -255,11 +209,7 @@ fn binary_broadcasting_cases() {
 fn where_takes_any_condition_dtype() {
     check(
         Op::Where,
-        &[
-            i(&[2, 1], &[1, 0]),
-            f(&[3], &[1.0, 2.0, 3.0]),
-            f(&[], &[-1.0]),
-        ],
+        &[i(&[2, 1], &[1, 0]), f(&[3], &[1.0, 2.0, 3.0]), f(&[], &[-1.0])],
         &[2, 3],
         &[1.0, 2.0, 3.0, -1.0, -1.0, -1.0],
     );
@@ -277,14 +227,7 @@ fn where_takes_any_condition_dtype() {
 
 #[test]
 fn constant_fills_its_shape() {
-    check_with(
-        EVAL,
-        Op::Constant { value: 1.5 },
-        &[],
-        &[2, 2],
-        &[2, 2],
-        &[1.5; 4],
-    );
+    check_with(EVAL, Op::Constant { value: 1.5 }, &[], &[2, 2], &[2, 2], &[1.5; 4]);
     check_with(EVAL, Op::Constant { value: -2.0 }, &[], &[], &[], &[-2.0]);
 }
 
@@ -293,50 +236,16 @@ fn constant_fills_its_shape() {
 #[test]
 fn reductions() {
     let x = f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    let r = |op, axes: &[usize], keepdim| Op::Reduce {
-        op,
-        axes: axes.to_vec(),
-        keepdim,
-    };
-    check(
-        r(ReduceOp::Sum, &[1], false),
-        &[x.clone()],
-        &[2],
-        &[6.0, 15.0],
-    );
-    check(
-        r(ReduceOp::Sum, &[0], true),
-        &[x.clone()],
-        &[1, 3],
-        &[5.0, 7.0, 9.0],
-    );
+    let r = |op, axes: &[usize], keepdim| Op::Reduce { op, axes: axes.to_vec(), keepdim };
+    check(r(ReduceOp::Sum, &[1], false), &[x.clone()], &[2], &[6.0, 15.0]);
+    check(r(ReduceOp::Sum, &[0], true), &[x.clone()], &[1, 3], &[5.0, 7.0, 9.0]);
     check(r(ReduceOp::Sum, &[0, 1], false), &[x.clone()], &[], &[21.0]);
-    check(
-        r(ReduceOp::Mean, &[1], false),
-        &[x.clone()],
-        &[2],
-        &[2.0, 5.0],
-    );
-    check(
-        r(ReduceOp::Mean, &[0, 1], true),
-        &[x.clone()],
-        &[1, 1],
-        &[3.5],
-    );
-    check(
-        r(ReduceOp::Max, &[0], false),
-        &[x.clone()],
-        &[3],
-        &[4.0, 5.0, 6.0],
-    );
+    check(r(ReduceOp::Mean, &[1], false), &[x.clone()], &[2], &[2.0, 5.0]);
+    check(r(ReduceOp::Mean, &[0, 1], true), &[x.clone()], &[1, 1], &[3.5]);
+    check(r(ReduceOp::Max, &[0], false), &[x.clone()], &[3], &[4.0, 5.0, 6.0]);
     check(r(ReduceOp::Max, &[1], true), &[x], &[2, 1], &[3.0, 6.0]);
     let cube = f(&[2, 2, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
-    check(
-        r(ReduceOp::Sum, &[0, 2], true),
-        &[cube.clone()],
-        &[1, 2, 1],
-        &[10.0, 18.0],
-    );
+    check(r(ReduceOp::Sum, &[0, 2], true), &[cube.clone()], &[1, 2, 1], &[10.0, 18.0]);
     check(r(ReduceOp::Max, &[0, 1], false), &[cube], &[2], &[6.0, 7.0]);
     check(
         r(ReduceOp::Max, &[0], false),
@@ -344,12 +253,7 @@ fn reductions() {
         &[2],
         &[-INF, NAN],
     );
-    check(
-        r(ReduceOp::Sum, &[1], false),
-        &[f(&[2, 0], &[])],
-        &[2],
-        &[0.0, 0.0],
-    );
+    check(r(ReduceOp::Sum, &[1], false), &[f(&[2, 0], &[])], &[2], &[0.0, 0.0]);
 }
 
 #[test]
@@ -357,11 +261,7 @@ fn sum_runs_in_index_order() {
     // 1e16 + 1 + 1 + ... in order: each +1 is lost in f64, so the order is visible.
     let mut v = vec![1e16];
     v.extend([1.0; 4]);
-    let op = Op::Reduce {
-        op: ReduceOp::Sum,
-        axes: vec![0],
-        keepdim: false,
-    };
+    let op = Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false };
     let (_, out) = eval_op::<f64>(&op, &[f(&[5], &v)], &[], EVAL).unwrap();
     assert_eq!(out, Buf::F(vec![1e16]));
 }
@@ -371,25 +271,11 @@ fn sum_runs_in_index_order() {
 #[test]
 fn shape_ops_on_floats() {
     let x = f(&[2, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-    check_with(
-        EVAL,
-        Op::Reshape,
-        &[x.clone()],
-        &[3, 2],
-        &[3, 2],
-        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
-    );
-    check(
-        Op::Permute { perm: vec![1, 0] },
-        &[x.clone()],
-        &[3, 2],
-        &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0],
-    );
+    check_with(EVAL, Op::Reshape, &[x.clone()], &[3, 2], &[3, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    check(Op::Permute { perm: vec![1, 0] }, &[x.clone()], &[3, 2], &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
     let x3: Vec<f64> = (0..12).map(|v| v as f64).collect();
     check(
-        Op::Permute {
-            perm: vec![2, 0, 1],
-        },
+        Op::Permute { perm: vec![2, 0, 1] },
         &[f(&[2, 3, 2], &x3)],
         &[2, 2, 3],
         &[0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 1.0, 3.0, 5.0, 7.0, 9.0, 11.0],
@@ -402,43 +288,12 @@ fn shape_ops_on_floats() {
         &[2, 3],
         &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0],
     );
-    check(
-        Op::Slice {
-            axis: 1,
-            start: 1,
-            end: 3,
-        },
-        &[x.clone()],
-        &[2, 2],
-        &[1.0, 2.0, 4.0, 5.0],
-    );
-    check(
-        Op::Slice {
-            axis: 0,
-            start: 1,
-            end: 2,
-        },
-        &[x.clone()],
-        &[1, 3],
-        &[3.0, 4.0, 5.0],
-    );
-    check(
-        Op::Slice {
-            axis: 1,
-            start: 2,
-            end: 2,
-        },
-        &[x.clone()],
-        &[2, 0],
-        &[],
-    );
+    check(Op::Slice { axis: 1, start: 1, end: 3 }, &[x.clone()], &[2, 2], &[1.0, 2.0, 4.0, 5.0]);
+    check(Op::Slice { axis: 0, start: 1, end: 2 }, &[x.clone()], &[1, 3], &[3.0, 4.0, 5.0]);
+    check(Op::Slice { axis: 1, start: 2, end: 2 }, &[x.clone()], &[2, 0], &[]);
     check(
         Op::Concat { axis: 1 },
-        &[
-            f(&[2, 1], &[-1.0, -2.0]),
-            x.clone(),
-            f(&[2, 1], &[9.0, 8.0]),
-        ],
+        &[f(&[2, 1], &[-1.0, -2.0]), x.clone(), f(&[2, 1], &[9.0, 8.0])],
         &[2, 5],
         &[-1.0, 0.0, 1.0, 2.0, 9.0, -2.0, 3.0, 4.0, 5.0, 8.0],
     );
@@ -454,13 +309,7 @@ fn shape_ops_on_floats() {
 fn shape_ops_keep_i32() {
     let x = i(&[2, 3], &[0, 1, 2, 3, 4, 5]);
     check_i(Op::Reshape, &[x.clone()], &[6], &[6], &[0, 1, 2, 3, 4, 5]);
-    check_i(
-        Op::Permute { perm: vec![1, 0] },
-        &[x.clone()],
-        &[],
-        &[3, 2],
-        &[0, 3, 1, 4, 2, 5],
-    );
+    check_i(Op::Permute { perm: vec![1, 0] }, &[x.clone()], &[], &[3, 2], &[0, 3, 1, 4, 2, 5]);
     check_i(
         Op::BroadcastTo,
         &[i(&[3, 1], &[1, 2, 3])],
@@ -468,17 +317,7 @@ fn shape_ops_keep_i32() {
         &[2, 3, 2],
         &[1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3],
     );
-    check_i(
-        Op::Slice {
-            axis: 1,
-            start: 0,
-            end: 1,
-        },
-        &[x.clone()],
-        &[],
-        &[2, 1],
-        &[0, 3],
-    );
+    check_i(Op::Slice { axis: 1, start: 0, end: 1 }, &[x.clone()], &[], &[2, 1], &[0, 3]);
     check_i(
         Op::Concat { axis: 0 },
         &[x, i(&[1, 3], &[7, 8, 9])],
@@ -504,30 +343,19 @@ fn matmul_small_cases() {
     // Batched A against one B.
     check(
         Op::MatMul,
-        &[
-            f(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]),
-            f(&[2, 1], &[5.0, 6.0]),
-        ],
+        &[f(&[2, 1, 2], &[1.0, 2.0, 3.0, 4.0]), f(&[2, 1], &[5.0, 6.0])],
         &[2, 1, 1],
         &[17.0, 39.0],
     );
     // A's batch of 1 broadcast against B's batch of 3.
     check(
         Op::MatMul,
-        &[
-            f(&[1, 2, 2], &[1.0, 2.0, 3.0, 4.0]),
-            f(&[3, 2, 1], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
-        ],
+        &[f(&[1, 2, 2], &[1.0, 2.0, 3.0, 4.0]), f(&[3, 2, 1], &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0])],
         &[3, 2, 1],
         &[1.0, 3.0, 2.0, 4.0, 3.0, 7.0],
     );
     // K = 0 gives zeros.
-    check(
-        Op::MatMul,
-        &[f(&[2, 0], &[]), f(&[0, 2], &[])],
-        &[2, 2],
-        &[0.0; 4],
-    );
+    check(Op::MatMul, &[f(&[2, 0], &[]), f(&[0, 2], &[])], &[2, 2], &[0.0; 4]);
 }
 
 /// The naive triple loop, per batch, with explicit batch operand offsets.
@@ -555,17 +383,11 @@ fn naive<T: Float>(
 }
 
 fn data<T: Float>(n: usize, salt: usize) -> Vec<T> {
-    (0..n)
-        .map(|i| T::from_f64(((i * 37 + salt * 11) % 101) as f64 / 17.0 - 2.9))
-        .collect()
+    (0..n).map(|i| T::from_f64(((i * 37 + salt * 11) % 101) as f64 / 17.0 - 2.9)).collect()
 }
 
 /// (a shape, b shape, (a batch, b batch) of each output batch)
-type MatmulCase = (
-    &'static [usize],
-    &'static [usize],
-    &'static [(usize, usize)],
-);
+type MatmulCase = (&'static [usize], &'static [usize], &'static [(usize, usize)]);
 
 fn matmul_matches_naive<T: Float>() {
     // (a shape, b shape, (a batch, b batch) per output batch)
@@ -575,18 +397,7 @@ fn matmul_matches_naive<T: Float>() {
         (
             &[2, 1, 3, 4],
             &[5, 4, 2],
-            &[
-                (0, 0),
-                (0, 1),
-                (0, 2),
-                (0, 3),
-                (0, 4),
-                (1, 0),
-                (1, 1),
-                (1, 2),
-                (1, 3),
-                (1, 4),
-            ],
+            &[(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4)],
         ),
         (&[3, 9, 300], &[300, 21], &[(0, 0), (1, 0), (2, 0)]),
         (&[150, 70], &[70, 130], &[(0, 0)]),
@@ -597,11 +408,7 @@ fn matmul_matches_naive<T: Float>() {
         let b = data::<T>(sb.iter().product(), 2);
         let got = matmul(&a, sa, &b, sb);
         // Bit-identical: the blocked kernel sums each element in the same order as the loop.
-        assert!(
-            got == naive(&a, &b, pairs, m, k, n),
-            "{} {sa:?} @ {sb:?}",
-            T::NAME
-        );
+        assert!(got == naive(&a, &b, pairs, m, k, n), "{} {sa:?} @ {sb:?}", T::NAME);
     }
 }
 
@@ -641,9 +448,7 @@ fn softmax_and_log_softmax_rows() {
 fn causal_mask_hides_the_future() {
     // T = 2 queries over S = 3 keys: query i sees keys j <= i + 1.
     check(
-        Op::CausalMask {
-            fill: f32::NEG_INFINITY,
-        },
+        Op::CausalMask { fill: f32::NEG_INFINITY },
         &[f(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])],
         &[2, 3],
         &[1.0, 2.0, -INF, 4.0, 5.0, 6.0],
@@ -688,19 +493,13 @@ fn layer_norm_family() {
 fn embedding_gathers_and_its_gradient_sums_repeats() {
     check(
         Op::Embedding,
-        &[
-            f(&[3, 2], &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]),
-            i(&[2, 2], &[2, 0, 2, 1]),
-        ],
+        &[f(&[3, 2], &[0.0, 1.0, 10.0, 11.0, 20.0, 21.0]), i(&[2, 2], &[2, 0, 2, 1])],
         &[2, 2, 2],
         &[20.0, 21.0, 0.0, 1.0, 20.0, 21.0, 10.0, 11.0],
     );
     check(
         Op::EmbeddingGrad { vocab: 3 },
-        &[
-            i(&[3], &[2, 0, 2]),
-            f(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
-        ],
+        &[i(&[3], &[2, 0, 2]), f(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])],
         &[3, 2],
         &[3.0, 4.0, 0.0, 0.0, 6.0, 8.0],
     );
@@ -784,9 +583,7 @@ fn out_of_range_indices_and_labels_are_errors() {
     );
     let logits = f(&[2, 3], &[0.0; 6]);
     check_err(
-        Op::CrossEntropy {
-            ignore_index: Some(-100),
-        },
+        Op::CrossEntropy { ignore_index: Some(-100) },
         &[logits.clone(), i(&[2], &[1, 3])],
         "cross_entropy: label 3 is out of range for 3 classes",
     );
@@ -810,10 +607,7 @@ fn feeds_are_checked_and_errors_name_the_input() {
     let run = |exec: &mut Executor<f32>, feeds: &[(NodeId, Buf<f32>)]| {
         exec.run(&g, feeds, &[y], EVAL).map_err(|e| e.to_string())
     };
-    assert_eq!(
-        run(&mut exec, &[]).unwrap_err(),
-        "missing feed for input `x` (f32[2, 3])"
-    );
+    assert_eq!(run(&mut exec, &[]).unwrap_err(), "missing feed for input `x` (f32[2, 3])");
     assert_eq!(
         run(&mut exec, &[(x, Buf::F(vec![0.0; 5]))]).unwrap_err(),
         "input `x` is f32[2, 3] (6 elements), got 5 elements"
@@ -823,19 +617,11 @@ fn feeds_are_checked_and_errors_name_the_input() {
         "input `x` is f32[2, 3], got i32 data"
     );
     assert_eq!(
-        run(
-            &mut exec,
-            &[(x, Buf::F(vec![0.0; 6])), (idx, Buf::I(vec![1]))]
-        )
-        .unwrap_err(),
+        run(&mut exec, &[(x, Buf::F(vec![0.0; 6])), (idx, Buf::I(vec![1]))]).unwrap_err(),
         "input `idx` is i32[2] (2 elements), got 1 elements"
     );
     assert_eq!(
-        run(
-            &mut exec,
-            &[(x, Buf::F(vec![0.0; 6])), (x, Buf::F(vec![0.0; 6]))]
-        )
-        .unwrap_err(),
+        run(&mut exec, &[(x, Buf::F(vec![0.0; 6])), (x, Buf::F(vec![0.0; 6]))]).unwrap_err(),
         "input `x` is fed twice"
     );
     assert_eq!(
@@ -843,11 +629,7 @@ fn feeds_are_checked_and_errors_name_the_input() {
         "feed for node 3 (relu), which is not an input"
     );
     // Inputs that nothing wanted depends on need no feed.
-    let out = run(
-        &mut exec,
-        &[(x, Buf::F(vec![-1.0, 2.0, -3.0, 4.0, 0.0, 1.0]))],
-    )
-    .unwrap();
+    let out = run(&mut exec, &[(x, Buf::F(vec![-1.0, 2.0, -3.0, 4.0, 0.0, 1.0]))]).unwrap();
     assert_eq!(out, vec![Buf::F(vec![0.0, 2.0, 0.0, 4.0, 0.0, 1.0])]);
     let _ = unused;
 }
@@ -875,9 +657,7 @@ fn runtime_error_carries_the_node_span() {
     g.set_span(rumus::Span::new(10, 19));
     let e = g.embedding(table, idx).unwrap();
     let mut exec = Executor::<f64>::new(&g, 0).unwrap();
-    let err = exec
-        .run(&g, &[(idx, Buf::I(vec![4]))], &[e], EVAL)
-        .unwrap_err();
+    let err = exec.run(&g, &[(idx, Buf::I(vec![4]))], &[e], EVAL).unwrap_err();
     assert_eq!(err.message, "embedding: index 4 is out of range for 4 rows");
     assert_eq!(err.span, Some(rumus::Span::new(10, 19)));
 }
@@ -888,26 +668,18 @@ fn parameters_start_from_init_values_and_can_be_set() {
     let w = g.parameter("fc.weight", &[3, 2], Init::Xavier).unwrap();
     let s = g.state("opt.t", &[], Init::Fill(0.5)).unwrap();
     let exec = Executor::<f64>::new(&g, 42).unwrap();
-    let want: Vec<f64> = init_values(&Init::Xavier, &[3, 2], 42, "fc.weight")
-        .iter()
-        .map(|&v| v as f64)
-        .collect();
+    let want: Vec<f64> =
+        init_values(&Init::Xavier, &[3, 2], 42, "fc.weight").iter().map(|&v| v as f64).collect();
     assert_eq!(exec.persistent(w), Some(&want[..]));
     assert_eq!(exec.persistent(s), Some(&[0.5][..]));
     let mut exec = exec;
     exec.set_persistent(&g, w, vec![1.0; 6]).unwrap();
     assert_eq!(exec.persistent(w), Some(&[1.0; 6][..]));
     let e = exec.set_persistent(&g, w, vec![1.0; 5]).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "`fc.weight` is f32[3, 2] (6 elements), got 5 elements"
-    );
+    assert_eq!(e.to_string(), "`fc.weight` is f32[3, 2] (6 elements), got 5 elements");
     let x = g.input("x", &[1], DType::F32).unwrap();
     let e = exec.set_persistent(&g, x, vec![1.0]).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "set_persistent: node 2 (input) is not a parameter or state"
-    );
+    assert_eq!(e.to_string(), "set_persistent: node 2 (input) is not a parameter or state");
 }
 
 #[test]
@@ -917,14 +689,8 @@ fn updates_read_pre_step_values() {
     let b = g.state("b", &[2], Init::Fill(10.0)).unwrap();
     let a2 = g.scale(a, 2.0).unwrap();
     // a <- 2a, b <- a (the old a), and a reader of both wanted in the same step.
-    g.updates.push(Update {
-        target: a,
-        value: a2,
-    });
-    g.updates.push(Update {
-        target: b,
-        value: a,
-    });
+    g.updates.push(Update { target: a, value: a2 });
+    g.updates.push(Update { target: b, value: a });
     let sum = g.add(a, b).unwrap();
     let mut exec = Executor::<f32>::new(&g, 0).unwrap();
     let out = exec.run(&g, &[], &[sum, a], EVAL).unwrap();
@@ -943,10 +709,7 @@ fn state_added_after_the_executor_is_initialized_on_first_use() {
     let mut exec = Executor::<f64>::new(&g, 0).unwrap();
     let m = g.state("m", &[1], Init::Fill(3.0)).unwrap();
     let y = g.add(a, m).unwrap();
-    assert_eq!(
-        exec.run(&g, &[], &[y], EVAL).unwrap(),
-        vec![Buf::F(vec![4.0])]
-    );
+    assert_eq!(exec.run(&g, &[], &[y], EVAL).unwrap(), vec![Buf::F(vec![4.0])]);
 }
 
 type Feeds<T> = Vec<(NodeId, Buf<T>)>;
@@ -958,27 +721,9 @@ fn mlp<T: Float>() -> (Graph, Feeds<T>, Vec<NodeId>) {
     let mut g = Graph::new();
     let tok = g.input("tok", &[b], DType::I32).unwrap();
     let labels = g.input("labels", &[b], DType::I32).unwrap();
-    let emb = g
-        .parameter(
-            "emb",
-            &[10, d],
-            Init::Normal {
-                mean: 0.0,
-                std: 1.0,
-            },
-        )
-        .unwrap();
+    let emb = g.parameter("emb", &[10, d], Init::Normal { mean: 0.0, std: 1.0 }).unwrap();
     let w1 = g.parameter("w1", &[d, h], Init::Xavier).unwrap();
-    let b1 = g
-        .parameter(
-            "b1",
-            &[h],
-            Init::Uniform {
-                low: -0.1,
-                high: 0.1,
-            },
-        )
-        .unwrap();
+    let b1 = g.parameter("b1", &[h], Init::Uniform { low: -0.1, high: 0.1 }).unwrap();
     let lw = g.parameter("ln.w", &[h], Init::Ones).unwrap();
     let lb = g.parameter("ln.b", &[h], Init::Zeros).unwrap();
     let w2 = g.parameter("w2", &[h, c], Init::Kaiming).unwrap();
@@ -995,48 +740,27 @@ fn mlp<T: Float>() -> (Graph, Feeds<T>, Vec<NodeId>) {
     let z = g.matmul(attn, z).unwrap();
     let logits = g.matmul(z, w2).unwrap();
     let loss = g.cross_entropy(logits, labels, Some(-1)).unwrap();
-    let feeds = vec![
-        (tok, Buf::I(vec![1, 4, 4, 9, 0, 2])),
-        (labels, Buf::I(vec![0, 4, -1, 2, 3, 1])),
-    ];
+    let feeds =
+        vec![(tok, Buf::I(vec![1, 4, 4, 9, 0, 2])), (labels, Buf::I(vec![0, 4, -1, 2, 3, 1]))];
     (g, feeds, vec![loss, logits])
 }
 
 fn floats<T: Float>(bufs: &[Buf<T>]) -> Vec<f64> {
-    bufs.iter()
-        .flat_map(|b| b.as_f().unwrap().iter().map(|v| v.to_f64()))
-        .collect()
+    bufs.iter().flat_map(|b| b.as_f().unwrap().iter().map(|v| v.to_f64())).collect()
 }
 
 #[test]
 fn runs_are_deterministic() {
-    let opts = RunOptions {
-        training: true,
-        step: 5,
-    };
+    let opts = RunOptions { training: true, step: 5 };
     let (g, feeds, want) = mlp::<f32>();
-    let first = Executor::<f32>::new(&g, 7)
-        .unwrap()
-        .run(&g, &feeds, &want, opts)
-        .unwrap();
-    let second = Executor::<f32>::new(&g, 7)
-        .unwrap()
-        .run(&g, &feeds, &want, opts)
-        .unwrap();
+    let first = Executor::<f32>::new(&g, 7).unwrap().run(&g, &feeds, &want, opts).unwrap();
+    let second = Executor::<f32>::new(&g, 7).unwrap().run(&g, &feeds, &want, opts).unwrap();
     let bits = |b: &[Buf<f32>]| floats(b).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&first), bits(&second));
     // A different step draws a different dropout mask.
     let other = Executor::<f32>::new(&g, 7)
         .unwrap()
-        .run(
-            &g,
-            &feeds,
-            &want,
-            RunOptions {
-                training: true,
-                step: 6,
-            },
-        )
+        .run(&g, &feeds, &want, RunOptions { training: true, step: 6 })
         .unwrap();
     assert_ne!(bits(&first), bits(&other));
 }
@@ -1047,24 +771,13 @@ fn f32_agrees_with_f64() {
         let opts = RunOptions { training, step: 1 };
         let (g, feeds32, want) = mlp::<f32>();
         let (_, feeds64, _) = mlp::<f64>();
-        let a = floats(
-            &Executor::<f32>::new(&g, 3)
-                .unwrap()
-                .run(&g, &feeds32, &want, opts)
-                .unwrap(),
-        );
-        let b = floats(
-            &Executor::<f64>::new(&g, 3)
-                .unwrap()
-                .run(&g, &feeds64, &want, opts)
-                .unwrap(),
-        );
+        let a =
+            floats(&Executor::<f32>::new(&g, 3).unwrap().run(&g, &feeds32, &want, opts).unwrap());
+        let b =
+            floats(&Executor::<f64>::new(&g, 3).unwrap().run(&g, &feeds64, &want, opts).unwrap());
         assert_eq!(a.len(), 1 + 6 * 5);
         for (x, y) in a.iter().zip(&b) {
-            assert!(
-                (x - y).abs() <= 1e-4 * y.abs().max(1.0),
-                "f32 {x} vs f64 {y}"
-            );
+            assert!((x - y).abs() <= 1e-4 * y.abs().max(1.0), "f32 {x} vs f64 {y}");
         }
     }
 }

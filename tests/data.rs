@@ -11,25 +11,18 @@ use std::path::{Path, PathBuf};
 
 /// A fresh, empty folder for one test.
 fn scratch(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("data")
-        .join(name);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("data").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
 
 fn data_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("scripts/data")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/data").join(name)
 }
 
 fn labelled(col: usize) -> CsvOptions {
-    CsvOptions {
-        label_col: Some(col),
-        ..CsvOptions::default()
-    }
+    CsvOptions { label_col: Some(col), ..CsvOptions::default() }
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -40,21 +33,14 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 #[test]
 fn digits_has_1797_rows_of_64_features_and_labels_0_to_9() {
-    let opts = CsvOptions {
-        scale: 1.0 / 16.0,
-        ..labelled(64)
-    };
+    let opts = CsvOptions { scale: 1.0 / 16.0, ..labelled(64) };
     let d = read_csv(&data_file("digits.csv.gz"), &opts).unwrap();
     assert_eq!(d.len(), 1797);
     assert_eq!(d.x().shape(), &[1797, 64]);
     assert_eq!((d.x().dtype(), d.y().dtype()), (DType::F32, DType::I32));
     let x = d.x().as_f32().unwrap();
     assert!(x.iter().all(|&v| (0.0..=1.0).contains(&v)));
-    assert_eq!(
-        x.iter().cloned().fold(0.0, f32::max),
-        1.0,
-        "16 scaled by 1/16"
-    );
+    assert_eq!(x.iter().cloned().fold(0.0, f32::max), 1.0, "16 scaled by 1/16");
     let labels: BTreeSet<i32> = d.y().as_i32().unwrap().iter().copied().collect();
     assert_eq!(labels, (0..10).collect());
     assert!(d.classes().is_empty());
@@ -70,14 +56,9 @@ fn iris_has_a_header_150_rows_and_labels_0_to_2() {
     assert_eq!(y.iter().max(), Some(&2));
     assert_eq!(&d.x().as_f32().unwrap()[..4], &[5.1, 3.5, 1.4, 0.2]);
     // Read as regression targets, the same column is f32.
-    let t = read_csv(
-        &data_file("iris.csv"),
-        &CsvOptions {
-            labels: Labels::Targets,
-            ..labelled(4)
-        },
-    )
-    .unwrap();
+    let t =
+        read_csv(&data_file("iris.csv"), &CsvOptions { labels: Labels::Targets, ..labelled(4) })
+            .unwrap();
     assert_eq!(t.y().as_f32().unwrap()[149], 2.0);
 }
 
@@ -93,10 +74,7 @@ fn string_labels_map_sorted_names_to_0_to_k() {
     let d = read_csv(&path, &labelled(0)).unwrap();
     assert_eq!(d.classes(), ["setosa", "versicolor", "virginica"]);
     assert_eq!(d.y().as_i32().unwrap(), &[2, 0, 1, 0]);
-    assert_eq!(
-        d.x().as_f32().unwrap(),
-        &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
-    );
+    assert_eq!(d.x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
 }
 
 #[test]
@@ -111,10 +89,7 @@ fn gzip_and_plain_files_give_the_same_data() {
     let a = read_csv(&plain, &labelled(64)).unwrap();
     let b = read_csv(&packed, &labelled(64)).unwrap();
     assert_eq!(a, b);
-    assert_eq!(
-        a,
-        read_csv(&data_file("digits.csv.gz"), &labelled(64)).unwrap()
-    );
+    assert_eq!(a, read_csv(&data_file("digits.csv.gz"), &labelled(64)).unwrap());
 }
 
 fn zcat(path: &Path) -> Vec<u8> {
@@ -142,72 +117,22 @@ fn malformed_csv_errors_name_file_and_line() {
     let dir = scratch("malformed");
     let l2 = labelled(2);
     let cases: &[(&str, &[u8], &CsvOptions, &str)] = &[
-        (
-            "short_row",
-            b"1,2,0\n3,4\n",
-            &l2,
-            ":2: expected 3 fields, found 2",
-        ),
-        (
-            "long_row",
-            b"a,b,c\n1,2,0\n\n3,4,5,6\n",
-            &l2,
-            ":4: expected 3 fields, found 4",
-        ),
-        (
-            "not_a_number",
-            b"1,2,0\n3,x,1\n",
-            &l2,
-            ":2: column 2: `x` is not a number",
-        ),
-        (
-            "empty_field",
-            b"1,2,0\n3,,1\n",
-            &l2,
-            ":2: column 2: `` is not a number",
-        ),
-        (
-            "infinite",
-            b"1,2,0\n3,inf,1\n",
-            &l2,
-            ":2: column 2: `inf` is not a finite number",
-        ),
-        (
-            "nan",
-            b"1,nan,0\n",
-            &l2,
-            ":1: column 2: `nan` is not a finite number",
-        ),
+        ("short_row", b"1,2,0\n3,4\n", &l2, ":2: expected 3 fields, found 2"),
+        ("long_row", b"a,b,c\n1,2,0\n\n3,4,5,6\n", &l2, ":4: expected 3 fields, found 4"),
+        ("not_a_number", b"1,2,0\n3,x,1\n", &l2, ":2: column 2: `x` is not a number"),
+        ("empty_field", b"1,2,0\n3,,1\n", &l2, ":2: column 2: `` is not a number"),
+        ("infinite", b"1,2,0\n3,inf,1\n", &l2, ":2: column 2: `inf` is not a finite number"),
+        ("nan", b"1,nan,0\n", &l2, ":1: column 2: `nan` is not a finite number"),
         (
             "fractional_label",
             b"1,2,0\n3,4,1.5\n",
             &l2,
             ":2: column 3: label `1.5` is not an integer",
         ),
-        (
-            "negative_label",
-            b"1,2,-1\n",
-            &l2,
-            ":1: column 3: label -1 is negative",
-        ),
-        (
-            "huge_label",
-            b"1,2,3000000000\n",
-            &l2,
-            ":1: column 3: label 3000000000 is too large",
-        ),
-        (
-            "empty_label",
-            b"1,2,0\n1,2,\n",
-            &l2,
-            ":2: column 3: empty label",
-        ),
-        (
-            "invalid_utf8",
-            b"1,2,0\n1,\xff,0\n",
-            &l2,
-            ":2: line is not valid UTF-8",
-        ),
+        ("negative_label", b"1,2,-1\n", &l2, ":1: column 3: label -1 is negative"),
+        ("huge_label", b"1,2,3000000000\n", &l2, ":1: column 3: label 3000000000 is too large"),
+        ("empty_label", b"1,2,0\n1,2,\n", &l2, ":2: column 3: empty label"),
+        ("invalid_utf8", b"1,2,0\n1,\xff,0\n", &l2, ":2: line is not valid UTF-8"),
         (
             "label_col_out_of_range",
             b"1,2,0\n",
@@ -216,37 +141,23 @@ fn malformed_csv_errors_name_file_and_line() {
         ),
         ("header_only", b"a,b,c\n", &l2, ": no data rows"),
         ("empty", b"", &l2, ": no data rows"),
-        (
-            "only_labels",
-            b"0\n1\n",
-            &labelled(0),
-            ": no feature columns",
-        ),
+        ("only_labels", b"0\n1\n", &labelled(0), ": no feature columns"),
         (
             "forced_header_absent",
             b"a,b,c\n1,2,0\n",
-            &CsvOptions {
-                header: Header::Absent,
-                ..labelled(2)
-            },
+            &CsvOptions { header: Header::Absent, ..labelled(2) },
             ":1: column 1: `a` is not a number",
         ),
         (
             "target_not_a_number",
             b"1,2,x\n",
-            &CsvOptions {
-                labels: Labels::Targets,
-                ..labelled(2)
-            },
+            &CsvOptions { labels: Labels::Targets, ..labelled(2) },
             ":1: column 3: `x` is not a number",
         ),
         (
             "over_max_bytes",
             b"1,2,0\n1,2,0\n",
-            &CsvOptions {
-                max_bytes: 8,
-                ..labelled(2)
-            },
+            &CsvOptions { max_bytes: 8, ..labelled(2) },
             ": more than 8 bytes of text",
         ),
     ];
@@ -271,14 +182,8 @@ fn header_options_and_no_label_column() {
     let all = read_csv(&path, &CsvOptions::default()).unwrap();
     assert_eq!(all.x().shape(), &[2, 2]);
     assert_eq!(all.y().shape(), &[2, 0], "no label column: empty targets");
-    let skipped = read_csv(
-        &path,
-        &CsvOptions {
-            header: Header::Present,
-            ..CsvOptions::default()
-        },
-    )
-    .unwrap();
+    let skipped =
+        read_csv(&path, &CsvOptions { header: Header::Present, ..CsvOptions::default() }).unwrap();
     assert_eq!(skipped.x().as_f32().unwrap(), &[3.0, 4.0]);
 }
 
@@ -293,10 +198,8 @@ fn rows(d: &Dataset) -> Vec<Vec<u32>> {
     let width = d.x().shape()[1];
     (0..d.len())
         .map(|i| {
-            let mut r: Vec<u32> = x[i * width..(i + 1) * width]
-                .iter()
-                .map(|v| v.to_bits())
-                .collect();
+            let mut r: Vec<u32> =
+                x[i * width..(i + 1) * width].iter().map(|v| v.to_bits()).collect();
             r.push(d.y().as_i32().unwrap()[i] as u32);
             r
         })
@@ -310,11 +213,7 @@ fn split_is_deterministic_and_a_partition() {
     assert_eq!((train.len(), test.len()), (1438, 359));
     let (train2, test2) = d.split(0.8, 42).unwrap();
     assert_eq!((&train, &test), (&train2, &test2));
-    assert_ne!(
-        d.split(0.8, 43).unwrap().0,
-        train,
-        "another seed, another split"
-    );
+    assert_ne!(d.split(0.8, 43).unwrap().0, train, "another seed, another split");
     let mut all: Vec<Vec<u32>> = rows(&train).into_iter().chain(rows(&test)).collect();
     let mut original = rows(&d);
     all.sort();
@@ -333,9 +232,7 @@ fn batches_cover_every_example_once_and_keep_the_last_partial_batch() {
     let batches: Vec<_> = d.batches(64, 3).unwrap().map(Result::unwrap).collect();
     assert_eq!(d.batches(64, 3).unwrap().len(), 29);
     assert_eq!(batches.len(), 29, "1797 = 28 × 64 + 5");
-    assert!(batches[..28]
-        .iter()
-        .all(|b| b.x.shape() == [64, 64] && b.y.shape() == [64]));
+    assert!(batches[..28].iter().all(|b| b.x.shape() == [64, 64] && b.y.shape() == [64]));
     assert_eq!(batches[28].x.shape(), &[5, 64]);
     // Same seed, same batches; another seed, another order.
     let again: Vec<_> = d.batches(64, 3).unwrap().map(Result::unwrap).collect();
@@ -343,19 +240,11 @@ fn batches_cover_every_example_once_and_keep_the_last_partial_batch() {
     let other = d.batches(64, 4).unwrap().next().unwrap().unwrap();
     assert_ne!(other, batches[0]);
     // Coverage: the batches hold exactly the dataset's rows.
-    let xs: Vec<f32> = batches
-        .iter()
-        .flat_map(|b| b.x.as_f32().unwrap().to_vec())
-        .collect();
-    let ys: Vec<i32> = batches
-        .iter()
-        .flat_map(|b| b.y.as_i32().unwrap().to_vec())
-        .collect();
-    let joined = Dataset::new(
-        Tensor::f32(&[1797, 64], xs).unwrap(),
-        Tensor::i32(&[1797], ys).unwrap(),
-    )
-    .unwrap();
+    let xs: Vec<f32> = batches.iter().flat_map(|b| b.x.as_f32().unwrap().to_vec()).collect();
+    let ys: Vec<i32> = batches.iter().flat_map(|b| b.y.as_i32().unwrap().to_vec()).collect();
+    let joined =
+        Dataset::new(Tensor::f32(&[1797, 64], xs).unwrap(), Tensor::i32(&[1797], ys).unwrap())
+            .unwrap();
     let (mut a, mut b) = (rows(&joined), rows(&d));
     a.sort();
     b.sort();
@@ -392,18 +281,9 @@ fn text_sequences_pair_each_window_with_the_next_bytes() {
     assert_eq!(d.y().as_i32().unwrap(), b("bcddef").as_slice());
     assert_eq!(text_sequences(b"abcd", 3, 1).unwrap().len(), 1);
     let e = text_sequences(b"abc", 3, 1).unwrap_err();
-    assert_eq!(
-        e.message,
-        "text of 3 bytes is too short for one sequence of 3 bytes plus a target"
-    );
-    assert_eq!(
-        text_sequences(b"abc", 0, 1).unwrap_err().kind,
-        ErrorKind::Usage
-    );
-    assert_eq!(
-        text_sequences(b"abc", 1, 0).unwrap_err().kind,
-        ErrorKind::Usage
-    );
+    assert_eq!(e.message, "text of 3 bytes is too short for one sequence of 3 bytes plus a target");
+    assert_eq!(text_sequences(b"abc", 0, 1).unwrap_err().kind, ErrorKind::Usage);
+    assert_eq!(text_sequences(b"abc", 1, 0).unwrap_err().kind, ErrorKind::Usage);
     let high = text_sequences(&[0, 255, 128], 2, 1).unwrap();
     assert_eq!(high.y().as_i32().unwrap(), &[255, 128]);
 }
@@ -422,19 +302,9 @@ fn read_text_reads_a_file_or_a_folder_in_sorted_order() {
     assert_eq!(read_text(&dir.join("skip.csv"), 100).unwrap(), b"no");
     let e = read_text(&dir, 2).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Limit);
-    assert_eq!(
-        e.message,
-        format!("{}: text is over the limit of 2 bytes", dir.display())
-    );
-    assert_eq!(
-        read_text(&dir, 3).unwrap(),
-        b"ABC",
-        "exactly at the cap is fine"
-    );
+    assert_eq!(e.message, format!("{}: text is over the limit of 2 bytes", dir.display()));
+    assert_eq!(read_text(&dir, 3).unwrap(), b"ABC", "exactly at the cap is fine");
     let empty = scratch("text_empty");
     assert_eq!(read_text(&empty, 10).unwrap_err().kind, ErrorKind::Io);
-    assert_eq!(
-        read_text(&empty.join("missing"), 10).unwrap_err().kind,
-        ErrorKind::Io
-    );
+    assert_eq!(read_text(&empty.join("missing"), 10).unwrap_err().kind, ErrorKind::Io);
 }

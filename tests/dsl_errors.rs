@@ -8,11 +8,7 @@ use rumus::Source;
 fn render(src: &str) -> String {
     let source = Source::new("m.rms", src);
     let result = dsl::load(&source).and_then(|module| {
-        let model = module
-            .models()
-            .last()
-            .map(|m| m.name.name.clone())
-            .unwrap_or_default();
+        let model = module.models().last().map(|m| m.name.name.clone()).unwrap_or_default();
         dsl::lower(&module, &model, &[], Some(2)).map_err(|e| e.in_source(&source))
     });
     match result {
@@ -28,11 +24,7 @@ fn check(src: &str, expected: &str) {
         println!("=== {src:?}\n{actual}\n");
         return;
     }
-    assert_eq!(
-        actual,
-        expected.trim_matches('\n'),
-        "\nsource:\n{src}\nactual:\n{actual}\n"
-    );
+    assert_eq!(actual, expected.trim_matches('\n'), "\nsource:\n{src}\nactual:\n{actual}\n");
 }
 
 #[test]

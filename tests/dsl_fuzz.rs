@@ -88,11 +88,7 @@ fn mutate(rng: &mut Rng, text: &str) -> String {
     let mut s: Vec<char> = text.chars().collect();
     let n = 1 + rng.next_u64() as usize % 4;
     for _ in 0..n {
-        let pos = if s.is_empty() {
-            0
-        } else {
-            rng.next_u64() as usize % (s.len() + 1)
-        };
+        let pos = if s.is_empty() { 0 } else { rng.next_u64() as usize % (s.len() + 1) };
         match rng.next_u64() % 4 {
             0 if pos < s.len() => {
                 s.remove(pos);
@@ -159,28 +155,18 @@ fn fails_fast(text: &str, message_starts: &str) {
     let start = Instant::now();
     let src = Source::new("big.rms", text);
     let e = dsl::load(&src).map(|_| ()).unwrap_err();
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
     assert!(e.message.starts_with(message_starts), "{}", e.message);
     assert!(e.location().is_some());
 }
 
 #[test]
 fn nesting_100_000_deep_is_an_error() {
-    let deep = format!(
-        "model m(x: f32[2]) {{ return {}x{} }}",
-        "(".repeat(100_000),
-        ")".repeat(100_000)
-    );
+    let deep =
+        format!("model m(x: f32[2]) {{ return {}x{} }}", "(".repeat(100_000), ")".repeat(100_000));
     fails_fast(&deep, "brackets nested deeper than");
-    let lists = format!(
-        "model m(x: f32[2]) {{ return {}x{} }}",
-        "[".repeat(100_000),
-        "]".repeat(100_000)
-    );
+    let lists =
+        format!("model m(x: f32[2]) {{ return {}x{} }}", "[".repeat(100_000), "]".repeat(100_000));
     fails_fast(&lists, "brackets nested deeper than");
     let negs = format!("model m(x: f32[2]) {{ return {}x }}", "-".repeat(100_000));
     fails_fast(&negs, "expression is nested deeper than");
@@ -191,11 +177,7 @@ fn nesting_100_000_deep_is_an_error() {
 #[test]
 fn nesting_at_the_limit_parses_on_a_small_stack() {
     let n = rumus::dsl::parse::MAX_NESTING - 1;
-    let text = format!(
-        "model m(x: f32[2]) {{ return {}x{} }}",
-        "relu(".repeat(n),
-        ")".repeat(n)
-    );
+    let text = format!("model m(x: f32[2]) {{ return {}x{} }}", "relu(".repeat(n), ")".repeat(n));
     std::thread::Builder::new()
         .stack_size(1 << 20)
         .spawn(move || {
@@ -210,10 +192,7 @@ fn nesting_at_the_limit_parses_on_a_small_stack() {
 
 #[test]
 fn ten_megabyte_source_is_an_error() {
-    let big = format!(
-        "model m(x: f32[2]) {{ return x }}\n// {}",
-        "a".repeat(10 << 20)
-    );
+    let big = format!("model m(x: f32[2]) {{ return x }}\n// {}", "a".repeat(10 << 20));
     fails_fast(&big, "source is");
 }
 
@@ -224,10 +203,6 @@ fn lowering_is_bounded() {
     let src = Source::new("loop.rms", text);
     let module = dsl::load(&src).unwrap();
     let e = dsl::lower(&module, "m", &[], None).unwrap_err();
-    assert!(
-        e.message.starts_with("model is too large to lower"),
-        "{}",
-        e.message
-    );
+    assert!(e.message.starts_with("model is too large to lower"), "{}", e.message);
     assert!(start.elapsed() < Duration::from_secs(5));
 }

@@ -58,13 +58,7 @@ fn gpt_is_short() {
 
 #[test]
 fn gpt_lowers_to_the_hand_built_graph() {
-    let c = GptConfig {
-        vocab: 65,
-        d: 64,
-        heads: 4,
-        layers: 2,
-        ctx: 16,
-    };
+    let c = GptConfig { vocab: 65, d: 64, heads: 4, layers: 2, ctx: 16 };
     let ours = dsl_gpt(c, 2);
     let mut theirs = Graph::new();
     nn::gpt(&mut theirs, c, 2).unwrap();
@@ -84,23 +78,11 @@ fn gpt_lowers_to_the_hand_built_graph() {
 
 #[test]
 fn gpt_parameter_names() {
-    let c = GptConfig {
-        vocab: 65,
-        d: 64,
-        heads: 4,
-        layers: 2,
-        ctx: 16,
-    };
+    let c = GptConfig { vocab: 65, d: 64, heads: 4, layers: 2, ctx: 16 };
     let g = dsl_gpt(c, 1);
-    let names: Vec<String> = g
-        .parameters()
-        .iter()
-        .map(|&(id, n)| format!("{n} {:?}", g.shape(id)))
-        .collect();
-    let mut expected = vec![
-        "wte.weight [65, 64]".to_string(),
-        "wpe.weight [16, 64]".to_string(),
-    ];
+    let names: Vec<String> =
+        g.parameters().iter().map(|&(id, n)| format!("{n} {:?}", g.shape(id))).collect();
+    let mut expected = vec!["wte.weight [65, 64]".to_string(), "wpe.weight [16, 64]".to_string()];
     for i in 0..2 {
         for (n, s) in [
             ("ln1.weight", "[64]"),
@@ -120,33 +102,18 @@ fn gpt_parameter_names() {
         }
     }
     expected.extend(
-        [
-            "ln_f.weight [64]",
-            "ln_f.bias [64]",
-            "head.weight [64, 65]",
-            "head.bias [65]",
-        ]
-        .map(String::from),
+        ["ln_f.weight [64]", "ln_f.bias [64]", "head.weight [64, 65]", "head.bias [65]"]
+            .map(String::from),
     );
     assert_eq!(names, expected);
 }
 
 #[test]
 fn every_node_has_a_span_in_the_source() {
-    let c = GptConfig {
-        vocab: 65,
-        d: 64,
-        heads: 4,
-        layers: 2,
-        ctx: 16,
-    };
+    let c = GptConfig { vocab: 65, d: 64, heads: 4, layers: 2, ctx: 16 };
     let g = dsl_gpt(c, 1);
     for (id, n) in g.nodes() {
-        assert!(
-            !n.span.is_none(),
-            "node {id:?} ({}) has no span",
-            n.op.name()
-        );
+        assert!(!n.span.is_none(), "node {id:?} ({}) has no span", n.op.name());
         assert!((n.span.end as usize) <= GPT.len());
     }
     // The head's matmul points at the `linear(...) as head` call.
@@ -165,9 +132,7 @@ fn model_inside_an_rms_script_keeps_positions() {
     let text = "let n = 3;\nprint(`hi ${n}`);\nmodel m(x: f32[2, 3]) {\n    return x @ x\n}\nlet y = #{ a: 1 };\n";
     let src = Source::new("s.rms", text);
     let module = dsl::load_rms(&src).unwrap();
-    let e = dsl::lower(&module, "m", &[], None)
-        .unwrap_err()
-        .in_source(&src);
+    let e = dsl::lower(&module, "m", &[], None).unwrap_err().in_source(&src);
     assert_eq!(
         e.to_string(),
         "s.rms:4:12: matmul: inner dimensions differ: [2, 3] @ [2, 3] (3 vs 2)\n        return x @ x\n               ^^^^^"
@@ -183,14 +148,9 @@ fn model_inside_an_rms_script_keeps_positions() {
 fn std_library_parses_and_resolves() {
     let src = Source::new("empty.rms", "");
     let module = dsl::load(&src).unwrap();
-    for name in [
-        "linear",
-        "layer_norm",
-        "embedding",
-        "mlp",
-        "causal_self_attention",
-        "transformer_block",
-    ] {
+    for name in
+        ["linear", "layer_norm", "embedding", "mlp", "causal_self_attention", "transformer_block"]
+    {
         assert!(module.item(name).is_some(), "std lacks {name}");
     }
 }
@@ -200,13 +160,7 @@ fn transformer_block_from_std() {
     let text = "model m(x: f32[B, T, 16]) {\n    return transformer_block(x, 2) as tb\n}\n";
     let src = Source::new("t.rms", text);
     let module = dsl::load(&src).unwrap();
-    let g = dsl::lower(
-        &module,
-        "m",
-        &[("B", Value::Int(2)), ("T", Value::Int(4))],
-        None,
-    )
-    .unwrap();
+    let g = dsl::lower(&module, "m", &[("B", Value::Int(2)), ("T", Value::Int(4))], None).unwrap();
     assert_eq!(g.shape(g.output("tb").unwrap()), &[2, 4, 16]);
     assert!(g.persistent_named("tb.attn.qkv.weight").is_some());
     assert!(g.persistent_named("tb.mlp.fc.weight").is_some());
@@ -217,13 +171,7 @@ fn inline_param_binds_its_name() {
     let text = "model m(x: f32[B, T, 4], ctx = 8) {\n    y = x + slice(param wpe[ctx, 4] = normal(0, 0.02), 0, 0, T)\n    return y + slice(wpe, 0, 0, T)\n}\n";
     let src = Source::new("i.rms", text);
     let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
-    let g = dsl::lower(
-        &module,
-        "m",
-        &[("B", Value::Int(1)), ("T", Value::Int(3))],
-        None,
-    )
-    .unwrap();
+    let g = dsl::lower(&module, "m", &[("B", Value::Int(1)), ("T", Value::Int(3))], None).unwrap();
     assert_eq!(g.shape(g.persistent_named("wpe").unwrap()), &[8, 4]);
     assert_eq!(g.shape(g.output("output").unwrap()), &[1, 3, 4]);
 }
@@ -233,13 +181,7 @@ fn inline_param_binds_its_name() {
 #[test]
 fn gpt_cpu_forward_matches_the_hand_built_graph_exactly() {
     use rumus::cpu::{Buf, Executor, RunOptions};
-    let c = GptConfig {
-        vocab: 65,
-        d: 32,
-        heads: 4,
-        layers: 2,
-        ctx: 8,
-    };
+    let c = GptConfig { vocab: 65, d: 32, heads: 4, layers: 2, ctx: 8 };
     let ours = dsl_gpt(c, 2);
     let mut theirs = Graph::new();
     nn::gpt(&mut theirs, c, 2).unwrap();
@@ -248,15 +190,8 @@ fn gpt_cpu_forward_matches_the_hand_built_graph_exactly() {
         let idx = g.input_named("idx").unwrap();
         let logits = g.output("logits").unwrap();
         let mut exec = Executor::<f32>::new(g, 11).unwrap();
-        let opts = RunOptions {
-            training: false,
-            step: 0,
-        };
-        match exec
-            .run(g, &[(idx, Buf::I(tokens.clone()))], &[logits], opts)
-            .unwrap()
-            .remove(0)
-        {
+        let opts = RunOptions { training: false, step: 0 };
+        match exec.run(g, &[(idx, Buf::I(tokens.clone()))], &[logits], opts).unwrap().remove(0) {
             Buf::F(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(),
             Buf::I(_) => panic!("logits are f32"),
         }

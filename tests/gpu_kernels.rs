@@ -15,18 +15,10 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
 
 /// `|got - want| <= tol * (1 + |want|)` elementwise, with the first offender in the message.
 fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert!(
-        got.len() >= want.len(),
-        "{what}: got {} values, want {}",
-        got.len(),
-        want.len()
-    );
+    assert!(got.len() >= want.len(), "{what}: got {} values, want {}", got.len(), want.len());
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (f64::from(g) - w).abs();
-        assert!(
-            err <= tol * (1.0 + w.abs()),
-            "{what}: element {i}: got {g}, want {w} (tol {tol})"
-        );
+        assert!(err <= tol * (1.0 + w.abs()), "{what}: element {i}: got {g}, want {w} (tol {tol})");
     }
 }
 
@@ -55,11 +47,7 @@ fn matmul_ref(
                     acc += f64::from(a[at(&s.a, bt, i, k)]) * f64::from(b[at(&s.b, bt, k, j)]);
                 }
                 let idx = at(&s.c, bt, i, j);
-                let old = if s.beta != 0.0 {
-                    f64::from(s.beta) * c[idx]
-                } else {
-                    0.0
-                };
+                let old = if s.beta != 0.0 { f64::from(s.beta) * c[idx] } else { 0.0 };
                 c[idx] = epilogue(f64::from(s.alpha) * acc, j) + old;
             }
         }
@@ -115,12 +103,7 @@ fn check_matmul(
     }
     for (idx, &cov) in covered.iter().enumerate() {
         if cov {
-            assert_close(
-                &format!("{name} {tile:?}"),
-                &got[idx..=idx],
-                &want[idx..=idx],
-                tol,
-            );
+            assert_close(&format!("{name} {tile:?}"), &got[idx..=idx], &want[idx..=idx], tol);
         } else {
             assert_eq!(
                 got[idx].to_bits(),
@@ -156,13 +139,7 @@ fn matmul_17x33x9_both_tiles() {
 fn matmul_crosses_block_tiles() {
     // M and N span two small tiles and K several slices, none of them multiples.
     let s = MatmulSpec::contiguous(1, 70, 67, 20);
-    check_matmul(
-        "matmul_crosses_block_tiles",
-        MatmulTile::Small,
-        s,
-        contiguous_lens(&s),
-        None,
-    );
+    check_matmul("matmul_crosses_block_tiles", MatmulTile::Small, s, contiguous_lens(&s), None);
 }
 
 #[test]
@@ -183,13 +160,7 @@ fn matmul_batched_with_broadcast_a() {
     let mut s = MatmulSpec::contiguous(3, 5, 6, 4);
     s.a = s.a.broadcast();
     let lens = [5 * 4, 3 * 4 * 6, 3 * 5 * 6];
-    check_matmul(
-        "matmul_batched_with_broadcast_a",
-        MatmulTile::Small,
-        s,
-        lens,
-        None,
-    );
+    check_matmul("matmul_batched_with_broadcast_a", MatmulTile::Small, s, lens, None);
 }
 
 #[test]
@@ -198,11 +169,7 @@ fn matmul_transposed_a_is_weight_gradient() {
     let (rows, k_in, n) = (11u32, 6u32, 7u32);
     let mut s = MatmulSpec::contiguous(1, k_in, n, rows);
     s.a = Operand::transposed(k_in, rows);
-    let lens = [
-        (rows * k_in) as usize,
-        (rows * n) as usize,
-        (k_in * n) as usize,
-    ];
+    let lens = [(rows * k_in) as usize, (rows * n) as usize, (k_in * n) as usize];
     check_matmul("matmul_transposed_a", MatmulTile::Small, s, lens, None);
 }
 
@@ -212,11 +179,7 @@ fn matmul_transposed_b_is_input_gradient() {
     let (rows, k_in, n) = (10u32, 5u32, 9u32);
     let mut s = MatmulSpec::contiguous(1, rows, k_in, n);
     s.b = Operand::transposed(n, k_in);
-    let lens = [
-        (rows * n) as usize,
-        (k_in * n) as usize,
-        (rows * k_in) as usize,
-    ];
+    let lens = [(rows * n) as usize, (k_in * n) as usize, (rows * k_in) as usize];
     check_matmul("matmul_transposed_b", MatmulTile::Large, s, lens, None);
 }
 
@@ -225,13 +188,7 @@ fn matmul_both_transposed_batched() {
     let mut s = MatmulSpec::contiguous(2, 3, 4, 5);
     s.a = Operand::transposed(3, 5);
     s.b = Operand::transposed(5, 4);
-    check_matmul(
-        "matmul_both_transposed",
-        MatmulTile::Small,
-        s,
-        [2 * 15, 2 * 20, 2 * 12],
-        None,
-    );
+    check_matmul("matmul_both_transposed", MatmulTile::Small, s, [2 * 15, 2 * 20, 2 * 12], None);
 }
 
 #[test]
@@ -239,57 +196,28 @@ fn matmul_beta_accumulates_and_alpha_scales() {
     let mut s = MatmulSpec::contiguous(2, 6, 5, 3);
     s.alpha = 0.5;
     s.beta = 1.0;
-    check_matmul(
-        "matmul_beta_accumulates",
-        MatmulTile::Small,
-        s,
-        contiguous_lens(&s),
-        None,
-    );
+    check_matmul("matmul_beta_accumulates", MatmulTile::Small, s, contiguous_lens(&s), None);
 }
 
 #[test]
 fn matmul_beta_zero_ignores_nan_in_c() {
     let s = MatmulSpec::contiguous(1, 4, 3, 2);
     let lens = contiguous_lens(&s);
-    check_matmul(
-        "matmul_beta_zero_ignores_nan",
-        MatmulTile::Small,
-        s,
-        lens,
-        Some(f32::NAN),
-    );
+    check_matmul("matmul_beta_zero_ignores_nan", MatmulTile::Small, s, lens, Some(f32::NAN));
 }
 
 #[test]
 fn matmul_writes_a_strided_window_of_c() {
     // C is columns 2..5 of rows 1..4 of a [6, 8] buffer; everything else keeps its NaN.
     let mut s = MatmulSpec::contiguous(1, 3, 3, 4);
-    s.c = Operand {
-        offset: 8 + 2,
-        batch_stride: 0,
-        row_stride: 8,
-        col_stride: 1,
-    };
-    check_matmul(
-        "matmul_strided_c",
-        MatmulTile::Small,
-        s,
-        [12, 12, 48],
-        Some(f32::NAN),
-    );
+    s.c = Operand { offset: 8 + 2, batch_stride: 0, row_stride: 8, col_stride: 1 };
+    check_matmul("matmul_strided_c", MatmulTile::Small, s, [12, 12, 48], Some(f32::NAN));
 }
 
 #[test]
 fn matmul_zero_k_gives_epilogue_of_zero() {
     let s = MatmulSpec::contiguous(1, 2, 3, 0);
-    check_matmul(
-        "matmul_zero_k",
-        MatmulTile::Small,
-        s,
-        [1, 1, 6],
-        Some(f32::NAN),
-    );
+    check_matmul("matmul_zero_k", MatmulTile::Small, s, [1, 1, 6], Some(f32::NAN));
 }
 
 #[test]
@@ -324,9 +252,7 @@ fn matmul_operand_past_buffer_end_is_an_error() {
     let small = gpu.storage("small", 15).unwrap();
     let ok = gpu.storage("ok", 16).unwrap();
     let mm = Matmul::new(gpu, MatmulTile::Small).unwrap();
-    let Err(e) = mm.dispatch(gpu, &s, &small, &ok, &ok, &[]) else {
-        panic!("must fail")
-    };
+    let Err(e) = mm.dispatch(gpu, &s, &small, &ok, &ok, &[]) else { panic!("must fail") };
     assert!(e.message.contains("operand a"), "{}", e.message);
 }
 
@@ -341,11 +267,7 @@ fn ln_ref(x: &[f32], w: &[f32], b: &[f32], rows: usize, d: usize) -> (Vec<f64>, 
     for r in 0..rows {
         let row = &x[r * d..(r + 1) * d];
         let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / d as f64;
-        let var = row
-            .iter()
-            .map(|&v| (f64::from(v) - mean).powi(2))
-            .sum::<f64>()
-            / d as f64;
+        let var = row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / d as f64;
         let rstd = 1.0 / (var + EPS).sqrt();
         for j in 0..d {
             y[r * d + j] = (f64::from(row[j]) - mean) * rstd * f64::from(w[j]) + f64::from(b[j]);
@@ -368,12 +290,8 @@ fn ln_bw_ref(
     let (mut dx, mut dw, mut db) = (vec![0.0; rows * d], vec![0.0; d], vec![0.0; d]);
     for r in 0..rows {
         let (mean, rstd) = (stats[2 * r], stats[2 * r + 1]);
-        let xhat: Vec<f64> = (0..d)
-            .map(|j| (f64::from(x[r * d + j]) - mean) * rstd)
-            .collect();
-        let g: Vec<f64> = (0..d)
-            .map(|j| f64::from(dy[r * d + j]) * f64::from(w[j]))
-            .collect();
+        let xhat: Vec<f64> = (0..d).map(|j| (f64::from(x[r * d + j]) - mean) * rstd).collect();
+        let g: Vec<f64> = (0..d).map(|j| f64::from(dy[r * d + j]) * f64::from(w[j])).collect();
         let mg = g.iter().sum::<f64>() / d as f64;
         let mgx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / d as f64;
         for j in 0..d {
@@ -398,13 +316,7 @@ fn check_layer_norm(rows: usize, d: usize) {
     let nan = |label, len| up(label, &vec![f32::NAN; len]);
     let (yb, stats, dxb) = (nan("y", n), nan("stats", rows * 2), nan("dx", n));
     let (dparams, scratch) = (nan("dparams", 2 * d), nan("scratch", ln.scratch_len(rows)));
-    let fwd_bufs = LayerNormForward {
-        x: &xb,
-        weight: &wb,
-        bias: &bb,
-        y: &yb,
-        stats: &stats,
-    };
+    let fwd_bufs = LayerNormForward { x: &xb, weight: &wb, bias: &bb, y: &yb, stats: &stats };
     let fwd = ln.forward(gpu, rows, EPS as f32, &fwd_bufs).unwrap();
     let bwd = |acc| LayerNormBackward {
         x: &xb,
@@ -432,18 +344,8 @@ fn check_layer_norm(rows: usize, d: usize) {
     let got_stats = read(&stats);
     for r in 0..rows {
         let (m, s) = (2 * r, 2 * r + 1);
-        assert_close(
-            &format!("{name} mean"),
-            &got_stats[m..=m],
-            &stats_ref[m..=m],
-            tol,
-        );
-        assert_close(
-            &format!("{name} rstd"),
-            &got_stats[s..=s],
-            &stats_ref[s..=s],
-            1e-3,
-        );
+        assert_close(&format!("{name} mean"), &got_stats[m..=m], &stats_ref[m..=m], tol);
+        assert_close(&format!("{name} rstd"), &got_stats[s..=s], &stats_ref[s..=s], 1e-3);
     }
     assert_close(&format!("{name} dx"), &read(&dxb), &dx_ref, tol);
     let dp = read(&dparams);
@@ -454,26 +356,11 @@ fn check_layer_norm(rows: usize, d: usize) {
     let [r2, p2] = ln.backward(gpu, rows, &bwd(true)).unwrap();
     gpu.run(&[&r2, &p2]).unwrap();
     let twice = |v: &[f64]| v.iter().map(|x| 2.0 * x).collect::<Vec<f64>>();
-    assert_close(
-        &format!("{name} dx accumulated"),
-        &read(&dxb),
-        &twice(&dx_ref),
-        2.0 * tol,
-    );
+    assert_close(&format!("{name} dx accumulated"), &read(&dxb), &twice(&dx_ref), 2.0 * tol);
     let (dw2, db2) = (twice(&dw_ref), twice(&db_ref));
     let dp = read(&dparams);
-    assert_close(
-        &format!("{name} dweight accumulated"),
-        &dp[..d],
-        &dw2,
-        2.0 * tol_cols,
-    );
-    assert_close(
-        &format!("{name} dbias accumulated"),
-        &dp[d..],
-        &db2,
-        2.0 * tol_cols,
-    );
+    assert_close(&format!("{name} dweight accumulated"), &dp[..d], &dw2, 2.0 * tol_cols);
+    assert_close(&format!("{name} dbias accumulated"), &dp[d..], &db2, 2.0 * tol_cols);
 }
 
 #[test]
@@ -508,9 +395,7 @@ fn layer_norm_rejects_width_beyond_limit() {
     let Some(gpu) = test_gpu_or_skip("layer_norm_rejects_width_beyond_limit") else {
         return;
     };
-    let Err(e) = LayerNorm::new(gpu, 8193) else {
-        panic!("must fail")
-    };
+    let Err(e) = LayerNorm::new(gpu, 8193) else { panic!("must fail") };
     assert!(e.message.contains("8193"), "{}", e.message);
 }
 
@@ -533,9 +418,7 @@ fn oversized_buffer_is_an_error_and_device_still_works() {
         return;
     };
     let too_big = gpu.limits.max_buffer_size + 4;
-    let Err(e) = gpu.buffer("huge", too_big, rumus::runtime::STORAGE) else {
-        panic!("must fail")
-    };
+    let Err(e) = gpu.buffer("huge", too_big, rumus::runtime::STORAGE) else { panic!("must fail") };
     assert_eq!(e.kind, rumus::ErrorKind::Device);
     assert!(e.message.contains("max_buffer_size"), "{}", e.message);
     let binding = gpu.limits.max_storage_buffer_binding_size + 4;
@@ -543,22 +426,12 @@ fn oversized_buffer_is_an_error_and_device_still_works() {
         let Err(e) = gpu.buffer("wide", binding, rumus::runtime::STORAGE) else {
             panic!("must fail")
         };
-        assert!(
-            e.message.contains("max_storage_buffer_binding_size"),
-            "{}",
-            e.message
-        );
+        assert!(e.message.contains("max_storage_buffer_binding_size"), "{}", e.message);
     }
     assert!(gpu.storage("overflow", usize::MAX / 2).is_err());
     // The device is still fine: a kernel runs and gives the right answer.
     let s = MatmulSpec::contiguous(1, 2, 2, 2);
-    check_matmul(
-        "after oversized buffer",
-        MatmulTile::Small,
-        s,
-        contiguous_lens(&s),
-        None,
-    );
+    check_matmul("after oversized buffer", MatmulTile::Small, s, contiguous_lens(&s), None);
 }
 
 #[test]
@@ -567,20 +440,12 @@ fn invalid_wgsl_is_an_error_with_the_compiler_message() {
         return;
     };
     let src = "@compute @workgroup_size(1) fn main() { let x: u32 = undefined_name; }";
-    let Err(e) = gpu.pipeline("broken", src, "main") else {
-        panic!("must fail")
-    };
+    let Err(e) = gpu.pipeline("broken", src, "main") else { panic!("must fail") };
     assert_eq!(e.kind, rumus::ErrorKind::Device);
     assert!(e.message.contains("undefined_name"), "{}", e.message);
     eprintln!("invalid wgsl: {}", e.message);
     let s = MatmulSpec::contiguous(1, 3, 1, 2);
-    check_matmul(
-        "after invalid wgsl",
-        MatmulTile::Small,
-        s,
-        contiguous_lens(&s),
-        None,
-    );
+    check_matmul("after invalid wgsl", MatmulTile::Small, s, contiguous_lens(&s), None);
 }
 
 #[test]

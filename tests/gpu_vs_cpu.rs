@@ -49,22 +49,13 @@ fn every_case_matches_the_cpu_reference() {
         let f = feeds(c, &b, 2000 + k as u64);
         let mut want = vec![b.out];
         want.extend(b.grads.iter().map(|&(_, d)| d));
-        let opts = RunOptions {
-            training: true,
-            step: 5,
-        };
+        let opts = RunOptions { training: true, step: 5 };
         let mut cpu = Executor::<f64>::new(&b.g, 0).unwrap();
         let expected = cpu.run(&b.g, &f, &want, opts).unwrap();
 
-        let tensors: Vec<Tensor> = f
-            .iter()
-            .map(|(id, buf)| to_tensor(b.g.shape(*id), buf))
-            .collect();
-        let gfeeds: Vec<_> = f
-            .iter()
-            .zip(&tensors)
-            .map(|((id, _), t)| (*id, t))
-            .collect();
+        let tensors: Vec<Tensor> =
+            f.iter().map(|(id, buf)| to_tensor(b.g.shape(*id), buf)).collect();
+        let gfeeds: Vec<_> = f.iter().zip(&tensors).map(|((id, _), t)| (*id, t)).collect();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
         let got = match backend.run(&gfeeds, &want, opts) {
             Ok(got) => got,
@@ -92,12 +83,7 @@ fn every_case_matches_the_cpu_reference() {
         }
     }
     println!("worst error as a fraction of its tolerance: {worst:.3}");
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// Every op kind appears in some case's forward or backward graph, so it ran above. Sources

@@ -24,22 +24,13 @@ fn check(c: &Case, seed: u64) -> std::result::Result<(), String> {
     let (g, loss) = (&b.g, b.loss);
     let feeds = feeds(c, &b, seed);
     let mut exec = Executor::<f64>::new(g, 0).map_err(|e| e.to_string())?;
-    let opts = RunOptions {
-        training: true,
-        step: 3,
-    };
+    let opts = RunOptions { training: true, step: 3 };
     let mut want = vec![loss];
     want.extend(b.grads.iter().map(|&(_, d)| d));
-    let vals = exec
-        .run(g, &feeds, &want, opts)
-        .map_err(|e| format!("run: {e}"))?;
+    let vals = exec.run(g, &feeds, &want, opts).map_err(|e| format!("run: {e}"))?;
 
     let loss_at = |exec: &mut Executor<f64>, feeds: &[(NodeId, Buf<f64>)]| -> f64 {
-        match exec
-            .run(g, feeds, &[loss], opts)
-            .expect("loss evaluates")
-            .remove(0)
-        {
+        match exec.run(g, feeds, &[loss], opts).expect("loss evaluates").remove(0) {
             Buf::F(v) => v[0],
             Buf::I(_) => panic!("loss is f64"),
         }
@@ -59,9 +50,7 @@ fn check(c: &Case, seed: u64) -> std::result::Result<(), String> {
             let numeric = (loss_at(&mut exec, &plus) - loss_at(&mut exec, &minus)) / (2.0 * EPS);
             let a = analytic[e];
             if (a - numeric).abs() > ATOL + RTOL * numeric.abs() {
-                return Err(format!(
-                    "input x{i} element {e}: analytic {a} vs numeric {numeric}"
-                ));
+                return Err(format!("input x{i} element {e}: analytic {a} vs numeric {numeric}"));
             }
         }
     }
@@ -76,11 +65,7 @@ fn every_case_matches_central_differences() {
             failures.push(format!("{}: {e}", c.name));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "gradient check failures:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "gradient check failures:\n{}", failures.join("\n"));
 }
 
 /// Walks the op table: every differentiable op appears in some case's forward graph (and so is
@@ -95,11 +80,7 @@ fn every_op_is_covered() {
             .iter()
             .enumerate()
             .map(|(i, (s, d))| {
-                let dt = if matches!(d, Dom::Index(_)) {
-                    DType::I32
-                } else {
-                    DType::F32
-                };
+                let dt = if matches!(d, Dom::Index(_)) { DType::I32 } else { DType::F32 };
                 g.input(&format!("x{i}"), s, dt).unwrap()
             })
             .collect();
@@ -111,8 +92,5 @@ fn every_op_is_covered() {
         .filter(|op| op.is_differentiable() && !seen.contains(op.name()))
         .map(|op| op.name())
         .collect();
-    assert!(
-        missing.is_empty(),
-        "differentiable ops without a gradient-check case: {missing:?}"
-    );
+    assert!(missing.is_empty(), "differentiable ops without a gradient-check case: {missing:?}");
 }

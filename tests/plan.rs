@@ -8,29 +8,16 @@ use rumus::DType;
 
 fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
     let mut g = Graph::new();
-    let c = GptConfig {
-        vocab: 64,
-        d: 32,
-        heads: 4,
-        layers,
-        ctx: 16,
-    };
+    let c = GptConfig { vocab: 64, d: 32, heads: 4, layers, ctx: 16 };
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 16], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig {
-        optimizer: Optimizer::adamw(),
-        clip_norm: Some(1.0),
-    };
+    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
     training_graph(g, loss, &cfg).unwrap()
 }
 
 fn train_plan(t: &rumus::graph::TrainGraph, fusion: bool, reuse: bool) -> Plan {
-    let opts = PlanOptions {
-        fusion,
-        reuse,
-        max_storage_buffers: None,
-    };
+    let opts = PlanOptions { fusion, reuse, max_storage_buffers: None };
     plan(&t.graph, &[t.loss], true, opts).unwrap()
 }
 
@@ -73,11 +60,7 @@ fn each_op_runs_in_exactly_one_kernel() {
             .iter()
             .filter(|&&id| !matches!(t.graph.node(id).op, rumus::graph::Op::Constant { .. }))
         {
-            assert!(
-                seen.insert(*id),
-                "node {} fused into two kernels",
-                id.index()
-            );
+            assert!(seen.insert(*id), "node {} fused into two kernels", id.index());
         }
     }
     verify(&p, None).unwrap();
@@ -92,9 +75,7 @@ fn small_plan() -> Plan {
 fn checker_rejects_overlapping_lifetimes_on_one_buffer() {
     let mut p = small_plan();
     // Move a shared value into the buffer of another shared value that is live at the same time.
-    let shared: Vec<usize> = (0..p.values.len())
-        .filter(|&i| !p.values[i].pinned)
-        .collect();
+    let shared: Vec<usize> = (0..p.values.len()).filter(|&i| !p.values[i].pinned).collect();
     let (a, b) = shared
         .iter()
         .flat_map(|&a| shared.iter().map(move |&b| (a, b)))
@@ -130,12 +111,7 @@ fn checker_rejects_a_buffer_too_small() {
 #[test]
 fn checker_rejects_too_many_bindings() {
     let p = small_plan();
-    let most = p
-        .kernels
-        .iter()
-        .map(|k| k.inputs.len() + k.outputs.len())
-        .max()
-        .unwrap();
+    let most = p.kernels.iter().map(|k| k.inputs.len() + k.outputs.len()).max().unwrap();
     let e = verify(&p, Some(most as u32 - 1)).unwrap_err();
     assert!(e.message.contains("storage buffers"), "{e}");
     verify(&p, Some(most as u32)).unwrap();

@@ -42,11 +42,7 @@ fn define_compile_train_plan_survive_an_error_and_quit() {
     assert_eq!(out[3], "");
     assert_eq!(out[6], "true\n");
     assert_eq!(out[7], "2\n");
-    assert!(
-        out[8].starts_with("<repl:7>:1:1: function not found: no_such_thing"),
-        "{}",
-        out[8]
-    );
+    assert!(out[8].starts_with("<repl:7>:1:1: function not found: no_such_thing"), "{}", out[8]);
     assert!(out[9].contains("cpu"), "{}", out[9]);
     assert_eq!(out[10], "fc.weight [2, 2]\nfc.bias [2]\n");
     assert!(out[11].starts_with("digraph model {"), "{}", out[11]);
@@ -59,22 +55,12 @@ fn functions_defined_earlier_stay_callable() {
     let mut repl = Repl::new(HostOptions::default());
     let out = feed_all(
         &mut repl,
-        &[
-            "fn sq(v) {",
-            "  v * v",
-            "}",
-            "sq(7)",
-            "let t = tensor(0..3);",
-            "t.sum()",
-        ],
+        &["fn sq(v) {", "  v * v", "}", "sq(7)", "let t = tensor(0..3);", "t.sum()"],
     );
     assert_eq!(out[3], "49\n");
     assert_eq!(out[5], "3.0\n");
     assert_eq!(repl.eval_line("tensor(0..2)"), "tensor f32[2] [0, 1]\n");
-    assert_eq!(
-        repl.eval_line(":nope"),
-        "unknown command `:nope`; try :help\n"
-    );
+    assert_eq!(repl.eval_line(":nope"), "unknown command `:nope`; try :help\n");
     assert!(repl.eval_line(":help").contains(":load FILE"));
     let (start, names) = repl.complete("let a = ten", 11);
     assert_eq!((start, names), (8, vec!["tensor".to_string()]));
@@ -91,12 +77,7 @@ fn batch_mode_through_the_binary() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(SESSION.join("\n").as_bytes())
-        .unwrap();
+    child.stdin.take().unwrap().write_all(SESSION.join("\n").as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);

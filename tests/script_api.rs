@@ -15,8 +15,7 @@ fn run(code: &str) -> String {
         o.borrow_mut().push('\n');
     });
     if let Err(e) = h.eval(&Source::new("t.rms", code)) {
-        out.borrow_mut()
-            .push_str(&format!("error: {}\n", e.message));
+        out.borrow_mut().push_str(&format!("error: {}\n", e.message));
     }
     let s = out.borrow().clone();
     s
@@ -36,10 +35,7 @@ fn tensors_from_arrays_and_ranges() {
     check("print(tensor(1..=3));", "tensor f32[3] [1, 2, 3]\n");
     check("print(tensor([1, 2], \"i32\"));", "tensor i32[2] [1, 2]\n");
     check("print(zeros([2]) + 1.5);", "tensor f32[2] [1.5, 1.5]\n");
-    check(
-        "print(tensor(0..20));",
-        "tensor f32[20] [0, 1, 2, ..., 17, 18, 19]\n",
-    );
+    check("print(tensor(0..20));", "tensor f32[20] [0, 1, 2, ..., 17, 18, 19]\n");
 }
 
 #[test]
@@ -52,10 +48,7 @@ fn element_access_and_to_array() {
         "let t = tensor([1, 2]); let u = t; u[0] = 5; print(t); print(u);",
         "tensor f32[2] [1, 2]\ntensor f32[2] [5, 2]\n",
     );
-    check(
-        "let t = tensor([1, 2]); t[2]",
-        "error: index [2] is out of range for shape [2]\n",
-    );
+    check("let t = tensor([1, 2]); t[2]", "error: index [2] is out of range for shape [2]\n");
 }
 
 #[test]
@@ -64,18 +57,12 @@ fn arithmetic_broadcasts() {
         "let a = tensor([[1, 2], [3, 4]]); let b = tensor([10, 20]); print(a + b); print(2 * a - 1); print(a / a);",
         "tensor f32[2, 2] [[11, 22], [13, 24]]\ntensor f32[2, 2] [[1, 3], [5, 7]]\ntensor f32[2, 2] [[1, 1], [1, 1]]\n",
     );
-    check(
-        "tensor([1, 2, 3]) + tensor([1, 2])",
-        "error: cannot broadcast shapes [3] and [2]\n",
-    );
+    check("tensor([1, 2, 3]) + tensor([1, 2])", "error: cannot broadcast shapes [3] and [2]\n");
     check(
         "let a = tensor([[1, 5], [7, 2]]); print(a.sum()); print(a.mean()); print(a.argmax()); print(a.max());",
         "15.0\n3.75\ntensor i32[2] [1, 0]\n7.0\n",
     );
-    check(
-        "print(tensor(0..6).reshape([2, 3]));",
-        "tensor f32[2, 3] [[0, 1, 2], [3, 4, 5]]\n",
-    );
+    check("print(tensor(0..6).reshape([2, 3]));", "tensor f32[2, 3] [[0, 1, 2], [3, 4, 5]]\n");
 }
 
 #[test]
@@ -84,19 +71,10 @@ fn malformed_tensors_are_script_errors() {
         "tensor([[1, 2], [3]])",
         "error: tensor: ragged array: rows of length 2 and 1 at depth 1\n",
     );
-    check(
-        "tensor([1, \"a\"])",
-        "error: tensor elements must be numbers, got string\n",
-    );
+    check("tensor([1, \"a\"])", "error: tensor elements must be numbers, got string\n");
     check("zeros([2, -1])", "error: shape: negative dimension -1\n");
-    check(
-        "tensor([1], \"f64\")",
-        "error: unknown dtype `f64`: expected \"f32\" or \"i32\"\n",
-    );
-    check(
-        "tensor([1, 2]).item()",
-        "error: item: tensor of shape [2] has 2 elements, not one\n",
-    );
+    check("tensor([1], \"f64\")", "error: unknown dtype `f64`: expected \"f32\" or \"i32\"\n");
+    check("tensor([1, 2]).item()", "error: item: tensor of shape [2] has 2 elements, not one\n");
 }
 
 #[test]

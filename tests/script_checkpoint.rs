@@ -34,11 +34,7 @@ fn dir() -> std::path::PathBuf {
 }
 
 fn bits(v: rumus::script::rhai::Dynamic) -> Vec<u64> {
-    v.into_array()
-        .unwrap()
-        .into_iter()
-        .map(|x| x.as_float().unwrap().to_bits())
-        .collect()
+    v.into_array().unwrap().into_iter().map(|x| x.as_float().unwrap().to_bits()).collect()
 }
 
 #[test]
@@ -55,14 +51,9 @@ fn save_then_load_is_bit_exact() {
     let a = e.compiled("a").unwrap();
     let b = e.compiled("b").unwrap();
     assert_eq!(b.trainer().step(), 5);
-    let (sa, sb) = (
-        a.trainer().state_tensors().unwrap(),
-        b.trainer().state_tensors().unwrap(),
-    );
+    let (sa, sb) = (a.trainer().state_tensors().unwrap(), b.trainer().state_tensors().unwrap());
     assert_eq!(sa, sb);
-    let out = e
-        .eval("a.param(\"fc1.weight\") == b.param(\"fc1.weight\")")
-        .unwrap();
+    let out = e.eval("a.param(\"fc1.weight\") == b.param(\"fc1.weight\")").unwrap();
     assert!(out.as_bool().unwrap());
 }
 
@@ -74,16 +65,11 @@ fn resumed_run_matches_an_unbroken_run() {
     let p = path.to_string_lossy();
     let unbroken = bits(e.eval("train(make(), data, 0, 12)").unwrap());
     let first = bits(
-        e.eval(&format!(
-            "let m = make(); let l = train(m, data, 0, 5); m.save(\"{p}\"); l"
-        ))
-        .unwrap(),
+        e.eval(&format!("let m = make(); let l = train(m, data, 0, 5); m.save(\"{p}\"); l"))
+            .unwrap(),
     );
     let rest = bits(
-        e.eval(&format!(
-            "let r = make(); r.load(\"{p}\"); train(r, data, r.step, 12)"
-        ))
-        .unwrap(),
+        e.eval(&format!("let r = make(); r.load(\"{p}\"); train(r, data, r.step, 12)")).unwrap(),
     );
     assert_eq!([first, rest].concat(), unbroken);
 }
@@ -92,9 +78,7 @@ fn resumed_run_matches_an_unbroken_run() {
 fn save_outside_the_working_directory_is_refused() {
     let mut e = Engine::new();
     e.run(MODEL).unwrap();
-    let err = e
-        .eval("make().save(\"/tmp/rumus-ckpt.safetensors\")")
-        .unwrap_err();
+    let err = e.eval("make().save(\"/tmp/rumus-ckpt.safetensors\")").unwrap_err();
     assert_eq!(err.kind, rumus::ErrorKind::Limit);
     assert!(!std::path::Path::new("/tmp/rumus-ckpt.safetensors").exists());
 }

@@ -59,10 +59,7 @@ fn usage_and_io_errors_are_two() {
 
 #[test]
 fn broken_pipe_is_success() {
-    let f = script(
-        "chatty.rms",
-        "let i = 0;\nloop { print(`line ${i}`); i += 1; }\n",
-    );
+    let f = script("chatty.rms", "let i = 0;\nloop { print(`line ${i}`); i += 1; }\n");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
         .args(["run", &f])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -80,10 +77,7 @@ fn broken_pipe_is_success() {
 
 #[test]
 fn metrics_log_is_json_lines() {
-    let f = script(
-        "metrics.rms",
-        "log_metric(\"acc\", 0.5);\nlog_metric(\"n\", 3);\n",
-    );
+    let f = script("metrics.rms", "log_metric(\"acc\", 0.5);\nlog_metric(\"n\", 3);\n");
     let log = "target/script_cli/metrics.jsonl";
     assert_eq!(rumus(&["run", &f, "--metrics", log]).0, 0);
     let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(log))

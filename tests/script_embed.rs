@@ -18,22 +18,10 @@ fn embed_example_trains_and_queries() {
             c
         }
     };
-    let out = cmd
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run the embed example");
+    let out = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("run the embed example");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for line in [
-        "xor(0, 0) = 0",
-        "xor(0, 1) = 1",
-        "xor(1, 0) = 1",
-        "xor(1, 1) = 0",
-    ] {
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for line in ["xor(0, 0) = 0", "xor(0, 1) = 1", "xor(1, 0) = 1", "xor(1, 1) = 0"] {
         assert!(stdout.contains(line), "missing `{line}` in:\n{stdout}");
     }
 }

@@ -27,10 +27,8 @@ fn every_script_prints_what_it_expects() {
     std::fs::create_dir_all(Path::new(env!("CARGO_MANIFEST_DIR")).join("target")).unwrap();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        let expected: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("// expect: "))
-            .collect();
+        let expected: Vec<&str> =
+            text.lines().filter_map(|l| l.trim().strip_prefix("// expect: ")).collect();
         let rel = format!("scripts/{}", file.file_name().unwrap().to_string_lossy());
         let out = rumus(&["run", &rel, "--seed", "1"]);
         let stdout = String::from_utf8_lossy(&out.stdout);

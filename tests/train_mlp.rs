@@ -28,13 +28,9 @@ fn train(cfg: &OptimConfig, lr: f32, steps: usize) -> Vec<f32> {
     let mut g = Graph::new();
     let x = g.input("x", &[N, 2], DType::F32).unwrap();
     let labels = g.input("y", &[N], DType::I32).unwrap();
-    let w1 = g
-        .parameter("fc1.weight", &[2, HIDDEN], Init::Kaiming)
-        .unwrap();
+    let w1 = g.parameter("fc1.weight", &[2, HIDDEN], Init::Kaiming).unwrap();
     let b1 = g.parameter("fc1.bias", &[HIDDEN], Init::Zeros).unwrap();
-    let w2 = g
-        .parameter("fc2.weight", &[HIDDEN, CLASSES], Init::Xavier)
-        .unwrap();
+    let w2 = g.parameter("fc2.weight", &[HIDDEN, CLASSES], Init::Xavier).unwrap();
     let b2 = g.parameter("fc2.bias", &[CLASSES], Init::Zeros).unwrap();
     let h = g.matmul(x, w1).unwrap();
     let h = g.add(h, b1).unwrap();
@@ -48,25 +44,12 @@ fn train(cfg: &OptimConfig, lr: f32, steps: usize) -> Vec<f32> {
     let mut exec = Executor::<f32>::new(&t.graph, 42).unwrap();
     let mut losses = Vec::new();
     for step in 0..steps {
-        let feeds = [
-            (x, Buf::F(xs.clone())),
-            (labels, Buf::I(ys.clone())),
-            (t.optim.lr, Buf::F(vec![lr])),
-        ];
+        let feeds =
+            [(x, Buf::F(xs.clone())), (labels, Buf::I(ys.clone())), (t.optim.lr, Buf::F(vec![lr]))];
         let out = exec
-            .run(
-                &t.graph,
-                &feeds,
-                &[t.loss],
-                RunOptions {
-                    training: true,
-                    step: step as u64,
-                },
-            )
+            .run(&t.graph, &feeds, &[t.loss], RunOptions { training: true, step: step as u64 })
             .unwrap();
-        let Buf::F(l) = &out[0] else {
-            panic!("loss is float")
-        };
+        let Buf::F(l) = &out[0] else { panic!("loss is float") };
         losses.push(l[0]);
     }
     losses
@@ -76,23 +59,13 @@ fn train(cfg: &OptimConfig, lr: f32, steps: usize) -> Vec<f32> {
 fn every_optimizer_fits_the_spirals() {
     let cases = [
         (Optimizer::sgd(), 0.5, 0.45),
-        (
-            Optimizer::Sgd {
-                momentum: 0.9,
-                weight_decay: 1e-4,
-            },
-            0.1,
-            0.35,
-        ),
+        (Optimizer::Sgd { momentum: 0.9, weight_decay: 1e-4 }, 0.1, 0.35),
         (Optimizer::adam(), 0.03, 0.25),
         (Optimizer::adamw(), 0.03, 0.25),
     ];
     for (opt, lr, target) in cases {
         for clip_norm in [None, Some(1.0)] {
-            let cfg = OptimConfig {
-                optimizer: opt.clone(),
-                clip_norm,
-            };
+            let cfg = OptimConfig { optimizer: opt.clone(), clip_norm };
             let losses = train(&cfg, lr, 300);
             let last = *losses.last().unwrap();
             assert!(
@@ -107,10 +80,7 @@ fn every_optimizer_fits_the_spirals() {
 
 #[test]
 fn same_run_twice_is_bit_identical() {
-    let cfg = OptimConfig {
-        optimizer: Optimizer::adamw(),
-        clip_norm: Some(1.0),
-    };
+    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
     let a: Vec<u32> = train(&cfg, 0.03, 40).iter().map(|l| l.to_bits()).collect();
     let b: Vec<u32> = train(&cfg, 0.03, 40).iter().map(|l| l.to_bits()).collect();
     assert_eq!(a, b);

@@ -24,27 +24,16 @@ fn every_shader_file_is_a_registered_template() {
         let t = TEMPLATES.iter().find(|t| t.file == f);
         let t = t.unwrap_or_else(|| panic!("shaders/{f} is not in runtime::kernels::TEMPLATES"));
         let on_disk = std::fs::read_to_string(format!("{dir}/{f}")).unwrap();
-        assert_eq!(
-            t.text, on_disk,
-            "{f}: compiled-in text differs from the file"
-        );
+        assert_eq!(t.text, on_disk, "{f}: compiled-in text differs from the file");
     }
-    assert_eq!(
-        files.len(),
-        TEMPLATES.len(),
-        "a registered template has no file in shaders/"
-    );
+    assert_eq!(files.len(), TEMPLATES.len(), "a registered template has no file in shaders/");
 }
 
 #[test]
 fn every_template_is_valid_wgsl_with_defaults() {
     for t in TEMPLATES {
         let src = t.fill(&[]).unwrap();
-        assert!(
-            src.starts_with("//") && src.contains("alias scalar = f32;"),
-            "{}",
-            t.file
-        );
+        assert!(src.starts_with("//") && src.contains("alias scalar = f32;"), "{}", t.file);
         validate(t.file, &src);
     }
 }
@@ -53,9 +42,7 @@ fn every_template_is_valid_wgsl_with_defaults() {
 fn matmul_tile_shapes_are_valid_wgsl() {
     for (bm, bn, bk, tm, tn) in [("64", "64", "8", "4", "4"), ("128", "64", "16", "8", "4")] {
         let t: &Template = &rumus::runtime::kernels::MATMUL;
-        let src = t
-            .fill(&[("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)])
-            .unwrap();
+        let src = t.fill(&[("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)]).unwrap();
         validate("matmul.wgsl", &src);
     }
 }
@@ -65,23 +52,17 @@ fn layer_norm_widths_are_valid_wgsl() {
     for cpt in ["1", "32"] {
         validate(
             "layer_norm.wgsl",
-            &rumus::runtime::kernels::LAYER_NORM
-                .fill(&[("CPT", cpt)])
-                .unwrap(),
+            &rumus::runtime::kernels::LAYER_NORM.fill(&[("CPT", cpt)]).unwrap(),
         );
         validate(
             "layer_norm_bw.wgsl",
-            &rumus::runtime::kernels::LAYER_NORM_BW
-                .fill(&[("CPT", cpt)])
-                .unwrap(),
+            &rumus::runtime::kernels::LAYER_NORM_BW.fill(&[("CPT", cpt)]).unwrap(),
         );
     }
 }
 
 #[test]
 fn fill_rejects_unknown_placeholder() {
-    let e = rumus::runtime::kernels::LAYER_NORM
-        .fill(&[("NOPE", "1")])
-        .unwrap_err();
+    let e = rumus::runtime::kernels::LAYER_NORM.fill(&[("NOPE", "1")]).unwrap_err();
     assert!(e.message.contains("NOPE"), "{}", e.message);
 }

@@ -53,13 +53,7 @@ pub fn linear_index(shape: &[usize], coords: &[String]) -> String {
         .zip(&st)
         .zip(shape)
         .filter(|((_, _), &d)| d != 1)
-        .map(|((c, &s), _)| {
-            if s == 1 {
-                c.clone()
-            } else {
-                format!("{c} * {s}u")
-            }
-        })
+        .map(|((c, &s), _)| if s == 1 { c.clone() } else { format!("{c} * {s}u") })
         .collect();
     if terms.is_empty() {
         "0u".to_string()
@@ -108,13 +102,7 @@ fn broadcast_coords(shape: &[usize], coords: &[String]) -> Vec<String> {
     shape
         .iter()
         .enumerate()
-        .map(|(d, &n)| {
-            if n == 1 {
-                "0u".to_string()
-            } else {
-                coords[lead + d].clone()
-            }
-        })
+        .map(|(d, &n)| if n == 1 { "0u".to_string() } else { coords[lead + d].clone() })
         .collect()
 }
 
@@ -226,11 +214,7 @@ impl<'a> ExprEmitter<'a> {
         }
         if self.plan.value_of(id).is_some() && self.root != Some(id) {
             let load = self.load(id, coords);
-            return if node.dtype == DType::I32 {
-                format!("f32({load})")
-            } else {
-                load
-            };
+            return if node.dtype == DType::I32 { format!("f32({load})") } else { load };
         }
         let ins = node.inputs.clone();
         let operand = |s: &mut Self, k: usize| {

@@ -41,10 +41,7 @@ struct Binder<'a> {
 
 impl<'a> Binder<'a> {
     fn new(plan: &'a Plan, k: &Kernel) -> Binder<'a> {
-        let mut b = Binder {
-            plan,
-            list: Vec::new(),
-        };
+        let mut b = Binder { plan, list: Vec::new() };
         for &id in &k.inputs {
             b.bind(id, false);
         }
@@ -75,26 +72,17 @@ impl<'a> Binder<'a> {
         let mut s = String::new();
         for (i, &(buffer, write)) in self.list.iter().enumerate() {
             // A buffer's element type is that of the values this kernel uses it for.
-            let ty = if buffer_is_i32(g, self.plan, k, buffer) {
-                "i32"
-            } else {
-                "f32"
-            };
+            let ty = if buffer_is_i32(g, self.plan, k, buffer) { "i32" } else { "f32" };
             let access = if write { "read_write" } else { "read" };
-            let _ = writeln!(
-                s,
-                "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{ty}>;"
-            );
+            let _ =
+                writeln!(s, "@group(0) @binding({i}) var<storage, {access}> b{i}: array<{ty}>;");
         }
         s
     }
 }
 
 fn name_of(list: &[(usize, bool)], buffer: usize) -> String {
-    let i = list
-        .iter()
-        .position(|(b, _)| *b == buffer)
-        .expect("buffer bound");
+    let i = list.iter().position(|(b, _)| *b == buffer).expect("buffer bound");
     format!("b{i}")
 }
 
@@ -111,14 +99,8 @@ fn module(decls: &str, uses_meta: bool, n_bindings: usize, helpers: &str, main: 
     let mut s = String::from("alias scalar = f32;\n\n");
     s.push_str(decls);
     if uses_meta {
-        let _ = writeln!(
-            s,
-            "struct Meta {{ step: u32, pad0: u32, pad1: u32, pad2: u32 }}"
-        );
-        let _ = writeln!(
-            s,
-            "@group(0) @binding({n_bindings}) var<uniform> rumus_meta: Meta;"
-        );
+        let _ = writeln!(s, "struct Meta {{ step: u32, pad0: u32, pad1: u32, pad2: u32 }}");
+        let _ = writeln!(s, "@group(0) @binding({n_bindings}) var<uniform> rumus_meta: Meta;");
         s.push_str(HASH32_WGSL);
     }
     s.push('\n');
@@ -129,9 +111,7 @@ fn module(decls: &str, uses_meta: bool, n_bindings: usize, helpers: &str, main: 
 }
 
 fn uses_dropout(g: &Graph, k: &Kernel) -> bool {
-    k.fused
-        .iter()
-        .any(|&id| matches!(g.node(id).op, Op::Dropout { .. }))
+    k.fused.iter().any(|&id| matches!(g.node(id).op, Op::Dropout { .. }))
 }
 
 /// Generate the module of kernel `k` (not for matmul and LayerNorm kinds, which use templates).
@@ -193,28 +173,18 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
         }
         KernelKind::Concat => {
             let node = g.node(out);
-            let Op::Concat { axis } = node.op else {
-                unreachable!("concat kernel")
-            };
+            let Op::Concat { axis } = node.op else { unreachable!("concat kernel") };
             let (coords_code, coords) = decompose(&out_shape, "i", "c");
             let mut body = String::new();
             let mut offset = 0;
             let is_i32 = g.dtype(out) == DType::I32;
-            let _ = writeln!(
-                body,
-                "    var value = {};",
-                if is_i32 { "0" } else { "0.0" }
-            );
+            let _ = writeln!(body, "    var value = {};", if is_i32 { "0" } else { "0.0" });
             for &x in &node.inputs {
                 let len = g.shape(x)[axis];
                 let mut c = coords.clone();
                 c[axis] = format!("({} - {offset}u)", coords[axis]);
                 let mut sub = ExprEmitter::new(g, plan, &names);
-                let v = if is_i32 {
-                    sub.emit_i32(x, &c)
-                } else {
-                    sub.emit(x, &c)
-                };
+                let v = if is_i32 { sub.emit_i32(x, &c) } else { sub.emit(x, &c) };
                 let _ = write!(
                     body,
                     "    if ({} >= {offset}u && {} < {}u) {{\n{}        value = {v};\n    }}\n",
@@ -269,11 +239,8 @@ pub fn kind_name(k: &KernelKind) -> &'static str {
 
 /// A workgroup-wide reduction of `acc` into `red[0]` (sum or max), `ROW_WG` threads.
 fn tree(op: &str) -> String {
-    let combine = if op == "max" {
-        "max(red[lid], red[lid + s])"
-    } else {
-        "red[lid] + red[lid + s]"
-    };
+    let combine =
+        if op == "max" { "max(red[lid], red[lid + s])" } else { "red[lid] + red[lid + s]" };
     format!(
         "    red[lid] = acc;\n    workgroupBarrier();\n    for (var s = {}u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ red[lid] = {combine}; }}\n        workgroupBarrier();\n    }}\n",
         ROW_WG / 2
@@ -282,9 +249,7 @@ fn tree(op: &str) -> String {
 
 fn reduce(g: &Graph, em: &mut ExprEmitter, binder: &Binder, out: NodeId) -> (String, String, u32) {
     let node = g.node(out);
-    let Op::Reduce { op, axes, .. } = &node.op else {
-        unreachable!("reduce kernel")
-    };
+    let Op::Reduce { op, axes, .. } = &node.op else { unreachable!("reduce kernel") };
     let x = node.inputs[0];
     let xs = g.shape(x).to_vec();
     let kept: Vec<usize> = (0..xs.len()).filter(|d| !axes.contains(d)).collect();
@@ -330,11 +295,7 @@ fn softmax(g: &Graph, binder: &Binder, out: NodeId, log: bool) -> (String, Strin
     let d = *shape.last().expect("softmax has a last axis");
     let rows: usize = shape.iter().product::<usize>() / d.max(1);
     let (xn, yn) = (binder.name(x), binder.name(out));
-    let write = if log {
-        "v - m - log(total)"
-    } else {
-        "exp(v - m) / total"
-    };
+    let write = if log { "v - m - log(total)" } else { "exp(v - m) / total" };
     let main = format!(
         "var<workgroup> red: array<f32, {ROW_WG}>;\n@compute @workgroup_size({ROW_WG})\nfn main({MAIN_ARGS}) {{\n    let row = wid.x + wid.y * nwg.x;\n    if (row >= {rows}u) {{ return; }}\n    let base = row * {d}u;\n    var acc = {};\n    for (var j = lid; j < {d}u; j += {ROW_WG}u) {{ acc = max(acc, {xn}[base + j]); }}\n{}    let m = red[0];\n    workgroupBarrier();\n    acc = 0.0;\n    for (var j = lid; j < {d}u; j += {ROW_WG}u) {{ acc += exp({xn}[base + j] - m); }}\n{}    let total = red[0];\n    for (var j = lid; j < {d}u; j += {ROW_WG}u) {{\n        let v = {xn}[base + j];\n        {yn}[base + j] = {write};\n    }}\n}}\n",
         f32_lit(f32::NEG_INFINITY),
@@ -346,9 +307,7 @@ fn softmax(g: &Graph, binder: &Binder, out: NodeId, log: bool) -> (String, Strin
 
 fn cross_entropy(g: &Graph, binder: &Binder, out: NodeId) -> (String, String, u32) {
     let node = g.node(out);
-    let Op::CrossEntropy { ignore_index } = node.op else {
-        unreachable!("cross_entropy kernel")
-    };
+    let Op::CrossEntropy { ignore_index } = node.op else { unreachable!("cross_entropy kernel") };
     let (logits, labels) = (node.inputs[0], node.inputs[1]);
     let c = *g.shape(logits).last().expect("class axis");
     let rows: usize = g.shape(labels).iter().product();

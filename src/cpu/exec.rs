@@ -29,10 +29,7 @@ impl<T: Float> Executor<T> {
     /// to the graph later are initialized the same way on the first run that needs them.
     pub fn new(g: &Graph, seed: u64) -> Result<Self> {
         verify(g)?;
-        let mut exec = Executor {
-            seed,
-            values: Vec::new(),
-        };
+        let mut exec = Executor { seed, values: Vec::new() };
         for (id, node) in g.nodes() {
             if node.op.is_persistent() {
                 exec.init_value(g, id);
@@ -50,11 +47,7 @@ impl<T: Float> Executor<T> {
     /// weights); `data` must hold exactly the node's element count.
     pub fn set_persistent(&mut self, g: &Graph, id: NodeId, data: Vec<T>) -> Result<()> {
         let Some(node) = g.nodes.get(id.index()) else {
-            return Err(err!(
-                Invariant,
-                "set_persistent: node {} is not in the graph",
-                id.0
-            ));
+            return Err(err!(Invariant, "set_persistent: node {} is not in the graph", id.0));
         };
         let name = match &node.op {
             Op::Parameter { name, .. } | Op::State { name, .. } => name,
@@ -94,11 +87,7 @@ impl<T: Float> Executor<T> {
         verify(g)?;
         let n = g.n_nodes();
         if let Some(w) = want.iter().find(|w| w.index() >= n) {
-            return Err(err!(
-                Invariant,
-                "run: wanted node {} is not in the graph",
-                w.0
-            ));
+            return Err(err!(Invariant, "run: wanted node {} is not in the graph", w.0));
         }
 
         // Which nodes to evaluate: everything the wanted values and the updates read.
@@ -166,11 +155,7 @@ impl<T: Float> Executor<T> {
             match self.view(g, u.value, &fed, &computed)? {
                 Val::F(v) => new_values.push((u.target, v.to_vec())),
                 Val::I(_) => {
-                    return Err(err!(
-                        Invariant,
-                        "update of node {} from i32 data",
-                        u.target.0
-                    ));
+                    return Err(err!(Invariant, "update of node {} from i32 data", u.target.0));
                 }
             }
         }
@@ -196,12 +181,7 @@ impl<T: Float> Executor<T> {
             _ => computed[i].as_ref().map(Val::of),
         };
         found.ok_or_else(|| {
-            err!(
-                Invariant,
-                "node {} ({}) has no value when it is read",
-                i,
-                node.op.name()
-            )
+            err!(Invariant, "node {} ({}) has no value when it is read", i, node.op.name())
         })
     }
 
@@ -234,11 +214,7 @@ fn check_feeds<'a, T: Float>(
     let mut fed: Vec<Option<&Buf<T>>> = vec![None; g.n_nodes()];
     for (id, buf) in feeds {
         let Some(node) = g.nodes.get(id.index()) else {
-            return Err(err!(
-                Invariant,
-                "feed for node {}, which is not in the graph",
-                id.0
-            ));
+            return Err(err!(Invariant, "feed for node {}, which is not in the graph", id.0));
         };
         let Op::Input { name } = &node.op else {
             return Err(err!(
@@ -251,11 +227,7 @@ fn check_feeds<'a, T: Float>(
         let numel: usize = node.shape.iter().product();
         let what = format!("{}{}", node.dtype, fmt_shape(&node.shape));
         if buf.dtype() != node.dtype {
-            return Err(err!(
-                Shape,
-                "input `{name}` is {what}, got {} data",
-                buf.dtype()
-            ));
+            return Err(err!(Shape, "input `{name}` is {what}, got {} data", buf.dtype()));
         }
         if buf.len() != numel {
             return Err(err!(

@@ -72,11 +72,8 @@ pub fn eval<T: Float>(
             ));
         }
     }
-    let in_types: Vec<(&[usize], DType)> = ins
-        .iter()
-        .zip(shapes)
-        .map(|(v, s)| (*s, v.dtype()))
-        .collect();
+    let in_types: Vec<(&[usize], DType)> =
+        ins.iter().zip(shapes).map(|(v, s)| (*s, v.dtype())).collect();
     let (shape, dtype) = infer(&node.op, &in_types, &node.shape, node.dtype)
         .map_err(|e| err!(Invariant, "{}", e.message))?;
     if shape != node.shape || dtype != node.dtype {
@@ -108,22 +105,12 @@ pub fn eval<T: Float>(
         Op::Constant { value } => Buf::F(vec![T::from_f64(*value as f64); numel(out)]),
         Op::Unary(u) => Buf::F(unary(*u, f(0)?)),
         Op::Binary(b) => Buf::F(binary(*b, f(0)?, shapes[0], f(1)?, shapes[1], out)),
-        Op::Where => Buf::F(select(
-            ins[0],
-            shapes[0],
-            f(1)?,
-            shapes[1],
-            f(2)?,
-            shapes[2],
-            out,
-        )),
+        Op::Where => Buf::F(select(ins[0], shapes[0], f(1)?, shapes[1], f(2)?, shapes[2], out)),
         Op::Reduce { op, axes, .. } => Buf::F(reduce(*op, f(0)?, shapes[0], axes)),
         Op::Reshape => per_dtype(ins[0], |x| x.to_vec(), |x| x.to_vec()),
-        Op::Permute { perm } => per_dtype(
-            ins[0],
-            |x| permute(x, shapes[0], perm),
-            |x| permute(x, shapes[0], perm),
-        ),
+        Op::Permute { perm } => {
+            per_dtype(ins[0], |x| permute(x, shapes[0], perm), |x| permute(x, shapes[0], perm))
+        }
         Op::BroadcastTo => per_dtype(
             ins[0],
             |x| broadcast(x, shapes[0], out).into_owned(),
@@ -149,19 +136,12 @@ pub fn eval<T: Float>(
         Op::EmbeddingGrad { vocab } => {
             Buf::F(nn::embedding_grad(int(0)?, f(1)?, *vocab, last(out))?)
         }
-        Op::CrossEntropy { ignore_index } => Buf::F(nn::cross_entropy(
-            f(0)?,
-            last(shapes[0]),
-            int(1)?,
-            *ignore_index,
-        )?),
-        Op::CrossEntropyGrad { ignore_index } => Buf::F(nn::cross_entropy_grad(
-            f(0)?,
-            last(shapes[0]),
-            int(1)?,
-            f(2)?,
-            *ignore_index,
-        )?),
+        Op::CrossEntropy { ignore_index } => {
+            Buf::F(nn::cross_entropy(f(0)?, last(shapes[0]), int(1)?, *ignore_index)?)
+        }
+        Op::CrossEntropyGrad { ignore_index } => {
+            Buf::F(nn::cross_entropy_grad(f(0)?, last(shapes[0]), int(1)?, f(2)?, *ignore_index)?)
+        }
         Op::Dropout { p, seed } => Buf::F(nn::dropout(f(0)?, *p, *seed, opts)),
     };
     if v.len() != numel(out) {
@@ -329,10 +309,7 @@ pub fn binary<T: Float>(
     out: &[usize],
 ) -> Vec<T> {
     let (a, b) = (broadcast(a, a_shape, out), broadcast(b, b_shape, out));
-    a.iter()
-        .zip(b.iter())
-        .map(|(&x, &y)| binary_scalar(op, x, y))
-        .collect()
+    a.iter().zip(b.iter()).map(|(&x, &y)| binary_scalar(op, x, y)).collect()
 }
 
 /// `where(cond, a, b)`, all three broadcast to `out`; a condition of either dtype is true where
@@ -347,21 +324,11 @@ pub fn select<T: Float>(
     out: &[usize],
 ) -> Vec<T> {
     let truth: Vec<bool> = match cond {
-        Val::F(c) => broadcast(c, cond_shape, out)
-            .iter()
-            .map(|&v| v != T::zero())
-            .collect(),
-        Val::I(c) => broadcast(c, cond_shape, out)
-            .iter()
-            .map(|&v| v != 0)
-            .collect(),
+        Val::F(c) => broadcast(c, cond_shape, out).iter().map(|&v| v != T::zero()).collect(),
+        Val::I(c) => broadcast(c, cond_shape, out).iter().map(|&v| v != 0).collect(),
     };
     let (a, b) = (broadcast(a, a_shape, out), broadcast(b, b_shape, out));
-    truth
-        .iter()
-        .zip(a.iter().zip(b.iter()))
-        .map(|(&t, (&x, &y))| if t { x } else { y })
-        .collect()
+    truth.iter().zip(a.iter().zip(b.iter())).map(|(&t, (&x, &y))| if t { x } else { y }).collect()
 }
 
 // ---- reductions ----
@@ -476,10 +443,7 @@ mod tests {
         assert_eq!(permute(&x, &[2, 3], &[1, 0]), vec![0, 3, 1, 4, 2, 5]);
         assert_eq!(slice(&x, &[2, 3], 1, 1, 3), vec![1, 2, 4, 5]);
         assert_eq!(gather(&[7], 0, &[], &[]), vec![7]);
-        assert_eq!(
-            broadcast(&[1, 2], &[2, 1], &[2, 3]).into_owned(),
-            vec![1, 1, 1, 2, 2, 2]
-        );
+        assert_eq!(broadcast(&[1, 2], &[2, 1], &[2, 3]).into_owned(), vec![1, 1, 1, 2, 2, 2]);
         assert!(gather::<i32>(&[], 0, &[1, 1], &[0, 4]).is_empty());
     }
 
@@ -496,15 +460,9 @@ mod tests {
         let x = [1.0f64; 3];
         let ins = [Val::F(&x[..]), Val::F(&x[..])];
         let e = eval(&node, &ins, &[&[3], &[3]], RunOptions::default()).unwrap_err();
-        assert_eq!(
-            e.message,
-            "matmul: operands need at least 2 dimensions, got [3] @ [3]"
-        );
+        assert_eq!(e.message, "matmul: operands need at least 2 dimensions, got [3] @ [3]");
         let e = eval(&node, &ins, &[&[1, 3], &[3, 1]], RunOptions::default()).unwrap_err();
-        assert_eq!(
-            e.message,
-            "matmul: node is f32[2, 2] but its inputs give f32[1, 1]"
-        );
+        assert_eq!(e.message, "matmul: node is f32[2, 2] but its inputs give f32[1, 1]");
     }
 
     #[test]

@@ -165,11 +165,7 @@ fn pack_a<T: Float>(a: &[T], k: usize, ic: usize, mc: usize, pc: usize, kc: usiz
         let panel = &mut ap[p * kc * MR..(p + 1) * kc * MR];
         for kk in 0..kc {
             for r in 0..MR {
-                panel[kk * MR + r] = if r < h {
-                    a[(ic + i0 + r) * k + pc + kk]
-                } else {
-                    T::zero()
-                };
+                panel[kk * MR + r] = if r < h { a[(ic + i0 + r) * k + pc + kk] } else { T::zero() };
             }
         }
     }
@@ -214,12 +210,8 @@ fn micro_kernel<T: Float>(kc: usize, ap: &[T], bp: &[T], mut acc: [[T; NR]; MR])
 /// Multiply two deterministic `n × n` f32 matrices `reps` times (after one warm-up) and return
 /// the rate in GFLOP/s (2·n³ flops per product). Backs `rumus bench matmul`.
 pub fn bench_matmul(n: usize, reps: usize) -> f64 {
-    let a: Vec<f32> = (0..n * n)
-        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
-        .collect();
-    let b: Vec<f32> = (0..n * n)
-        .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
-        .collect();
+    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0).collect();
     let shape = [n, n];
     std::hint::black_box(matmul(&a, &shape, &b, &shape));
     let start = Instant::now();
@@ -249,9 +241,7 @@ mod tests {
     }
 
     fn data(n: usize, salt: usize) -> Vec<f64> {
-        (0..n)
-            .map(|i| ((i * 31 + salt * 17) % 97) as f64 / 13.0 - 3.5)
-            .collect()
+        (0..n).map(|i| ((i * 31 + salt * 17) % 97) as f64 / 13.0 - 3.5).collect()
     }
 
     #[test]

@@ -225,11 +225,7 @@ pub fn cross_entropy_grad<T: Float>(
         }
         let p = softmax(row, c);
         for (k, &pk) in p.iter().enumerate() {
-            let onehot = if k as i32 == label {
-                T::one()
-            } else {
-                T::zero()
-            };
+            let onehot = if k as i32 == label { T::one() } else { T::zero() };
             out.push((pk - onehot) * scale);
         }
     }
@@ -254,12 +250,6 @@ pub fn dropout<T: Float>(x: &[T], p: f32, seed: u64, opts: RunOptions) -> Vec<T>
     let scale = T::one() / (T::one() - T::from_f64(p as f64));
     x.iter()
         .enumerate()
-        .map(|(i, &v)| {
-            if dropout_keep(seed, opts.step, i, p) {
-                v * scale
-            } else {
-                T::zero()
-            }
-        })
+        .map(|(i, &v)| if dropout_keep(seed, opts.step, i, p) { v * scale } else { T::zero() })
         .collect()
 }

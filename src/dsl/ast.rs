@@ -39,12 +39,7 @@ pub struct Ident {
 #[derive(Clone, Debug)]
 pub enum SigParam {
     /// `x: f32[B, T, D]`.
-    Tensor {
-        name: Ident,
-        dtype: DType,
-        dims: Vec<DimPat>,
-        span: Span,
-    },
+    Tensor { name: Ident, dtype: DType, dims: Vec<DimPat>, span: Span },
     /// `hidden` or `hidden = 4 * D`.
     Hyper { name: Ident, default: Option<Expr> },
 }
@@ -78,12 +73,7 @@ pub enum Stmt {
     /// `param name[shape] = init` as a statement.
     Param(ParamDecl),
     /// `repeat count [as name] { body }`.
-    Repeat {
-        count: Expr,
-        name: Option<Ident>,
-        body: Vec<Stmt>,
-        span: Span,
-    },
+    Repeat { count: Expr, name: Option<Ident>, body: Vec<Stmt>, span: Span },
     /// `return a, b`.
     Return { values: Vec<Expr>, span: Span },
 }

@@ -12,11 +12,7 @@ use crate::tensor::fmt_shape;
 pub fn cli_graph(path: &str, model: Option<&str>, params: bool) -> Result<String> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let src = Source::new(path, text);
-    let module = if path.ends_with(".rms") {
-        load_rms(&src)?
-    } else {
-        load(&src)?
-    };
+    let module = if path.ends_with(".rms") { load_rms(&src)? } else { load(&src)? };
     let name = match model {
         Some(m) => m.to_string(),
         None => {
@@ -35,11 +31,7 @@ pub fn cli_graph(path: &str, model: Option<&str>, params: bool) -> Result<String
         }
     };
     let graph = lower(&module, &name, &[], Some(1)).map_err(|e| e.in_source(&src))?;
-    Ok(if params {
-        param_table(&graph)
-    } else {
-        dot(&graph, &name)
-    })
+    Ok(if params { param_table(&graph) } else { dot(&graph, &name) })
 }
 
 /// One line per parameter: dotted name, shape, initializer.
@@ -70,10 +62,8 @@ pub fn fmt_init(init: &Init) -> String {
 
 /// The graph as Graphviz DOT: one box per node (op, name, shape, dtype), edges from inputs.
 pub fn dot(g: &Graph, name: &str) -> String {
-    let mut out = format!(
-        "digraph \"{}\" {{\n    node [shape=box, fontname=monospace];\n",
-        escape(name)
-    );
+    let mut out =
+        format!("digraph \"{}\" {{\n    node [shape=box, fontname=monospace];\n", escape(name));
     for (id, n) in g.nodes() {
         let what = match &n.op {
             Op::Input { name } => format!("input {name}"),

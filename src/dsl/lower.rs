@@ -71,8 +71,7 @@ pub fn lower(
         claimed: HashSet::new(),
         outer_span: None,
     };
-    lw.model(item, bindings, default_dim)
-        .map_err(|e| e.in_source(src))?;
+    lw.model(item, bindings, default_dim).map_err(|e| e.in_source(src))?;
     Ok(lw.g)
 }
 
@@ -105,11 +104,8 @@ impl Lowerer<'_> {
     fn step(&mut self, span: Span) -> Result<()> {
         self.steps += 1;
         if self.steps > MAX_STEPS {
-            return Err(err!(
-                Name,
-                "model is too large to lower: more than {MAX_STEPS} steps"
-            )
-            .at(self.span(span)));
+            return Err(err!(Name, "model is too large to lower: more than {MAX_STEPS} steps")
+                .at(self.span(span)));
         }
         Ok(())
     }
@@ -182,10 +178,7 @@ impl Lowerer<'_> {
             }
         }
         for p in &item.params {
-            let SigParam::Tensor {
-                name, dtype, dims, ..
-            } = p
-            else {
+            let SigParam::Tensor { name, dtype, dims, .. } = p else {
                 continue;
             };
             let mut shape = Vec::new();
@@ -222,7 +215,7 @@ impl Lowerer<'_> {
                 };
                 if !(1..=MAX_DIM).contains(&v) {
                     return Err(
-                        err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}").at(span),
+                        err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}").at(span)
                     );
                 }
                 if let DimPat::Name(n) = d {
@@ -250,7 +243,7 @@ impl Lowerer<'_> {
             };
             let Value::Tensor(id) = v else {
                 return Err(
-                    err!(Name, "output `{name}` must be a tensor, got {}", v.kind()).at(e.span),
+                    err!(Name, "output `{name}` must be a tensor, got {}", v.kind()).at(e.span)
                 );
             };
             if !names.insert(name.clone()) {
@@ -279,12 +272,7 @@ impl Lowerer<'_> {
                     self.step(decl.span)?;
                     self.param(decl, frame)?;
                 }
-                Stmt::Repeat {
-                    count,
-                    name,
-                    body,
-                    span,
-                } => {
+                Stmt::Repeat { count, name, body, span } => {
                     self.step(*span)?;
                     let n = match self.expr(count, frame)? {
                         Value::Int(n) if n > 0 => n,
@@ -337,16 +325,12 @@ impl Lowerer<'_> {
             match self.expr(e, frame)? {
                 Value::Int(v) if (1..=MAX_DIM).contains(&v) => shape.push(v as usize),
                 Value::Int(v) => {
-                    return Err(
-                        err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}")
-                            .at(self.span(e.span)),
-                    )
+                    return Err(err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}")
+                        .at(self.span(e.span)))
                 }
                 other => {
-                    return Err(
-                        err!(Name, "a dimension must be an integer, got {}", other.kind())
-                            .at(self.span(e.span)),
-                    )
+                    return Err(err!(Name, "a dimension must be an integer, got {}", other.kind())
+                        .at(self.span(e.span)))
                 }
             }
         }
@@ -355,23 +339,15 @@ impl Lowerer<'_> {
         let full = format!("{}{}", frame.prefix, decl.name.name);
         self.claim(full.clone(), decl.name.span, &decl.name.name)?;
         self.g.set_span(self.span(decl.span));
-        let id = self
-            .g
-            .parameter(&full, &shape, init)
-            .map_err(|e| e.at(self.span(decl.init.span)))?;
+        let id =
+            self.g.parameter(&full, &shape, init).map_err(|e| e.at(self.span(decl.init.span)))?;
         frame.env.insert(decl.name.name.clone(), Value::Tensor(id));
         Ok(id)
     }
 
     fn init(&mut self, e: &Expr, frame: &mut Frame) -> Result<Init> {
-        let bad = |s: Span| {
-            err!(
-                Name,
-                "bad initializer; expected one of {}",
-                ops::init_usage()
-            )
-            .at(s)
-        };
+        let bad =
+            |s: Span| err!(Name, "bad initializer; expected one of {}", ops::init_usage()).at(s);
         let (name, args) = match &e.kind {
             ExprKind::Name(n) => (n.as_str(), &[][..]),
             ExprKind::Call(c) => (c.callee.name.as_str(), &c.args[..]),
@@ -398,14 +374,8 @@ impl Lowerer<'_> {
             ("ones", 0) => Init::Ones,
             ("xavier", 0) => Init::Xavier,
             ("kaiming", 0) => Init::Kaiming,
-            ("normal", 2) => Init::Normal {
-                mean: f(0),
-                std: f(1),
-            },
-            ("uniform", 2) => Init::Uniform {
-                low: f(0),
-                high: f(1),
-            },
+            ("normal", 2) => Init::Normal { mean: f(0), std: f(1) },
+            ("uniform", 2) => Init::Uniform { low: f(0), high: f(1) },
             _ => return Err(bad(self.span(e.span))),
         })
     }
@@ -430,8 +400,7 @@ impl Lowerer<'_> {
             }
             ExprKind::Neg(x) => match self.expr(x, frame)? {
                 Value::Int(v) => Value::Int(
-                    v.checked_neg()
-                        .ok_or_else(|| err!(Name, "integer overflow").at(span))?,
+                    v.checked_neg().ok_or_else(|| err!(Name, "integer overflow").at(span))?,
                 ),
                 Value::Float(v) => Value::Float(-v),
                 Value::Tensor(t) => {
@@ -473,8 +442,7 @@ impl Lowerer<'_> {
                         return Err(err!(Name, "`@` needs two tensors, got two integers").at(span))
                     }
                 };
-                r.map(Int)
-                    .ok_or_else(|| err!(Name, "integer overflow in `{x} {sym} {y}`").at(span))
+                r.map(Int).ok_or_else(|| err!(Name, "integer overflow in `{x} {sym} {y}`").at(span))
             }
             (Int(_) | Float(_), Int(_) | Float(_)) => {
                 let (x, y) = (num(&a), num(&b));
@@ -531,11 +499,7 @@ impl Lowerer<'_> {
                 Some(n) => named.push((n.name.clone(), v, a.value.span)),
             }
         }
-        let block = if c.op_only {
-            None
-        } else {
-            self.module.item(&c.callee.name)
-        };
+        let block = if c.op_only { None } else { self.module.item(&c.callee.name) };
         if let Some((item, src)) = block {
             return self.block_call(c, item, src, span, pos, named, frame);
         }
@@ -578,10 +542,8 @@ impl Lowerer<'_> {
                 (None, Some(ops::Default::Float(v))) => (Value::Float(v), span),
                 (None, Some(ops::Default::Bool(v))) => (Value::Bool(v), span),
                 (None, None) => {
-                    return Err(
-                        err!(Name, "`{}` is missing argument `{}`", sig.usage(), p.name)
-                            .at(self.span(span)),
-                    )
+                    return Err(err!(Name, "`{}` is missing argument `{}`", sig.usage(), p.name)
+                        .at(self.span(span)))
                 }
             });
         }
@@ -601,20 +563,16 @@ impl Lowerer<'_> {
     ) -> Result<Value> {
         let call_span = self.span(span);
         if self.depth >= MAX_CALL_DEPTH {
-            return Err(err!(
-                Name,
-                "block calls nested deeper than {MAX_CALL_DEPTH} levels"
-            )
-            .at(call_span));
+            return Err(
+                err!(Name, "block calls nested deeper than {MAX_CALL_DEPTH} levels").at(call_span)
+            );
         }
         // Name the scope.
         let short = match &c.alias {
             Some(a) => a.name.clone(),
             None => {
-                let k = frame
-                    .anon
-                    .entry((frame.prefix.clone(), c.callee.name.clone()))
-                    .or_insert(0);
+                let k =
+                    frame.anon.entry((frame.prefix.clone(), c.callee.name.clone())).or_insert(0);
                 *k += 1;
                 format!("{}_{}", c.callee.name, *k - 1)
             }
@@ -672,10 +630,8 @@ impl Lowerer<'_> {
             match item.params.iter().position(|p| p.name().name == n) {
                 Some(i) => args[i] = Some((v, s)),
                 None => {
-                    return Err(
-                        err!(Name, "block `{}` has no parameter `{n}`", item.name.name)
-                            .at(self.span(s)),
-                    )
+                    return Err(err!(Name, "block `{}` has no parameter `{n}`", item.name.name)
+                        .at(self.span(s)))
                 }
             }
         }
@@ -695,10 +651,7 @@ impl Lowerer<'_> {
         }
         let mut deferred: Vec<(String, usize, Span, String)> = Vec::new();
         for (p, a) in item.params.iter().zip(&args) {
-            let SigParam::Tensor {
-                name, dtype, dims, ..
-            } = p
-            else {
+            let SigParam::Tensor { name, dtype, dims, .. } = p else {
                 continue;
             };
             let Some((v, vspan)) = a else {
@@ -828,12 +781,7 @@ impl Lowerer<'_> {
                 return Ok(Value::Float(r));
             }
         }
-        let mut a = Args {
-            lw: self,
-            args,
-            sig,
-            span,
-        };
+        let mut a = Args { lw: self, args, sig, span };
         let name = sig.name;
         let id = match name {
             "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" => {
@@ -1020,12 +968,8 @@ impl Args<'_, '_> {
     fn wrong(&self, i: usize, want: &str) -> Error {
         let got = self.args.get(i).map_or("nothing", |a| a.0.kind());
         let pname = self.sig.params.get(i).map_or("?", |p| p.name);
-        err!(
-            Name,
-            "argument `{pname}` of `{}` must be {want}, got {got}",
-            self.sig.name
-        )
-        .at(self.span_of(i))
+        err!(Name, "argument `{pname}` of `{}` must be {want}, got {got}", self.sig.name)
+            .at(self.span_of(i))
     }
 
     fn tensor(&mut self, i: usize) -> Result<NodeId> {
@@ -1063,12 +1007,8 @@ impl Args<'_, '_> {
     fn index(&self, i: usize) -> Result<usize> {
         let v = self.int(i)?;
         usize::try_from(v).map_err(|_| {
-            err!(
-                Shape,
-                "{}: expected a non-negative integer, got {v}",
-                self.sig.name
-            )
-            .at(self.span_of(i))
+            err!(Shape, "{}: expected a non-negative integer, got {v}", self.sig.name)
+                .at(self.span_of(i))
         })
     }
 
@@ -1147,12 +1087,8 @@ impl Args<'_, '_> {
         let known = checked_numel(&out).map_err(|e| e.at(self.span_of(i)))?;
         if let (Some(k), Some(n)) = (infer, numel) {
             if known == 0 || n % known != 0 {
-                return Err(err!(
-                    Shape,
-                    "{}: cannot infer `-1` for {n} elements",
-                    self.sig.name
-                )
-                .at(self.span_of(i)));
+                return Err(err!(Shape, "{}: cannot infer `-1` for {n} elements", self.sig.name)
+                    .at(self.span_of(i)));
             }
             out[k] = n / known;
         }

@@ -65,175 +65,60 @@ impl OpSig {
 }
 
 const fn p(name: &'static str, kind: ArgKind) -> OpParam {
-    OpParam {
-        name,
-        kind,
-        default: None,
-    }
+    OpParam { name, kind, default: None }
 }
 
 const fn d(name: &'static str, kind: ArgKind, default: Default) -> OpParam {
-    OpParam {
-        name,
-        kind,
-        default: Some(default),
-    }
+    OpParam { name, kind, default: Some(default) }
 }
 
 use ArgKind::*;
 
 const UNARY: &[OpParam] = &[p("x", Tensor)];
 const BINARY: &[OpParam] = &[p("a", Tensor), p("b", Tensor)];
-const REDUCE: &[OpParam] = &[
-    p("x", Tensor),
-    p("axes", Ints),
-    d("keepdim", Bool, Default::Bool(false)),
-];
+const REDUCE: &[OpParam] =
+    &[p("x", Tensor), p("axes", Ints), d("keepdim", Bool, Default::Bool(false))];
 const SOFTMAX: &[OpParam] = &[p("x", Tensor), d("axis", Int, Default::Int(-1))];
 
 /// Every op callable from the language.
 pub const OPS: &[OpSig] = &[
-    OpSig {
-        name: "add",
-        params: BINARY,
-    },
-    OpSig {
-        name: "sub",
-        params: BINARY,
-    },
-    OpSig {
-        name: "mul",
-        params: BINARY,
-    },
-    OpSig {
-        name: "div",
-        params: BINARY,
-    },
-    OpSig {
-        name: "pow",
-        params: BINARY,
-    },
-    OpSig {
-        name: "maximum",
-        params: BINARY,
-    },
-    OpSig {
-        name: "minimum",
-        params: BINARY,
-    },
-    OpSig {
-        name: "where",
-        params: &[p("cond", Tensor), p("a", Tensor), p("b", Tensor)],
-    },
-    OpSig {
-        name: "neg",
-        params: UNARY,
-    },
-    OpSig {
-        name: "exp",
-        params: UNARY,
-    },
-    OpSig {
-        name: "log",
-        params: UNARY,
-    },
-    OpSig {
-        name: "sqrt",
-        params: UNARY,
-    },
-    OpSig {
-        name: "rsqrt",
-        params: UNARY,
-    },
-    OpSig {
-        name: "abs",
-        params: UNARY,
-    },
-    OpSig {
-        name: "square",
-        params: UNARY,
-    },
-    OpSig {
-        name: "tanh",
-        params: UNARY,
-    },
-    OpSig {
-        name: "sigmoid",
-        params: UNARY,
-    },
-    OpSig {
-        name: "relu",
-        params: UNARY,
-    },
-    OpSig {
-        name: "silu",
-        params: UNARY,
-    },
-    OpSig {
-        name: "gelu",
-        params: UNARY,
-    },
-    OpSig {
-        name: "gelu_tanh",
-        params: UNARY,
-    },
-    OpSig {
-        name: "sum",
-        params: REDUCE,
-    },
-    OpSig {
-        name: "mean",
-        params: REDUCE,
-    },
-    OpSig {
-        name: "max",
-        params: REDUCE,
-    },
-    OpSig {
-        name: "reshape",
-        params: &[p("x", Tensor), p("shape", Ints)],
-    },
-    OpSig {
-        name: "permute",
-        params: &[p("x", Tensor), p("perm", Ints)],
-    },
-    OpSig {
-        name: "transpose",
-        params: &[p("x", Tensor), p("a", Int), p("b", Int)],
-    },
-    OpSig {
-        name: "broadcast_to",
-        params: &[p("x", Tensor), p("shape", Ints)],
-    },
+    OpSig { name: "add", params: BINARY },
+    OpSig { name: "sub", params: BINARY },
+    OpSig { name: "mul", params: BINARY },
+    OpSig { name: "div", params: BINARY },
+    OpSig { name: "pow", params: BINARY },
+    OpSig { name: "maximum", params: BINARY },
+    OpSig { name: "minimum", params: BINARY },
+    OpSig { name: "where", params: &[p("cond", Tensor), p("a", Tensor), p("b", Tensor)] },
+    OpSig { name: "neg", params: UNARY },
+    OpSig { name: "exp", params: UNARY },
+    OpSig { name: "log", params: UNARY },
+    OpSig { name: "sqrt", params: UNARY },
+    OpSig { name: "rsqrt", params: UNARY },
+    OpSig { name: "abs", params: UNARY },
+    OpSig { name: "square", params: UNARY },
+    OpSig { name: "tanh", params: UNARY },
+    OpSig { name: "sigmoid", params: UNARY },
+    OpSig { name: "relu", params: UNARY },
+    OpSig { name: "silu", params: UNARY },
+    OpSig { name: "gelu", params: UNARY },
+    OpSig { name: "gelu_tanh", params: UNARY },
+    OpSig { name: "sum", params: REDUCE },
+    OpSig { name: "mean", params: REDUCE },
+    OpSig { name: "max", params: REDUCE },
+    OpSig { name: "reshape", params: &[p("x", Tensor), p("shape", Ints)] },
+    OpSig { name: "permute", params: &[p("x", Tensor), p("perm", Ints)] },
+    OpSig { name: "transpose", params: &[p("x", Tensor), p("a", Int), p("b", Int)] },
+    OpSig { name: "broadcast_to", params: &[p("x", Tensor), p("shape", Ints)] },
     OpSig {
         name: "slice",
-        params: &[
-            p("x", Tensor),
-            p("axis", Int),
-            p("start", Int),
-            p("end", Int),
-        ],
+        params: &[p("x", Tensor), p("axis", Int), p("start", Int), p("end", Int)],
     },
-    OpSig {
-        name: "concat",
-        params: &[p("xs", Tensors), p("axis", Int)],
-    },
-    OpSig {
-        name: "matmul",
-        params: BINARY,
-    },
-    OpSig {
-        name: "softmax",
-        params: SOFTMAX,
-    },
-    OpSig {
-        name: "log_softmax",
-        params: SOFTMAX,
-    },
-    OpSig {
-        name: "causal_mask",
-        params: UNARY,
-    },
+    OpSig { name: "concat", params: &[p("xs", Tensors), p("axis", Int)] },
+    OpSig { name: "matmul", params: BINARY },
+    OpSig { name: "softmax", params: SOFTMAX },
+    OpSig { name: "log_softmax", params: SOFTMAX },
+    OpSig { name: "causal_mask", params: UNARY },
     OpSig {
         name: "layer_norm",
         params: &[
@@ -243,22 +128,10 @@ pub const OPS: &[OpSig] = &[
             d("eps", Float, Default::Float(1e-5)),
         ],
     },
-    OpSig {
-        name: "embedding",
-        params: &[p("weight", Tensor), p("idx", Tensor)],
-    },
-    OpSig {
-        name: "cross_entropy",
-        params: &[p("logits", Tensor), p("targets", Tensor)],
-    },
-    OpSig {
-        name: "mse",
-        params: BINARY,
-    },
-    OpSig {
-        name: "dropout",
-        params: &[p("x", Tensor), p("p", Float), p("seed", Int)],
-    },
+    OpSig { name: "embedding", params: &[p("weight", Tensor), p("idx", Tensor)] },
+    OpSig { name: "cross_entropy", params: &[p("logits", Tensor), p("targets", Tensor)] },
+    OpSig { name: "mse", params: BINARY },
+    OpSig { name: "dropout", params: &[p("x", Tensor), p("p", Float), p("seed", Int)] },
 ];
 
 /// The op of this name.
@@ -280,13 +153,7 @@ pub const INITS: &[(&str, &[&str])] = &[
 pub fn init_usage() -> String {
     let v: Vec<String> = INITS
         .iter()
-        .map(|(n, a)| {
-            if a.is_empty() {
-                n.to_string()
-            } else {
-                format!("{n}({})", a.join(", "))
-            }
-        })
+        .map(|(n, a)| if a.is_empty() { n.to_string() } else { format!("{n}({})", a.join(", ")) })
         .collect();
     v.join(", ")
 }

@@ -34,9 +34,7 @@ pub fn parse_text(text: &str) -> Result<Program> {
     let unclosed = prescan(text)?;
     let mut pairs =
         RumusParser::parse(Rule::file, text).map_err(|e| pest_error(text, e, unclosed))?;
-    let file = pairs
-        .next()
-        .ok_or_else(|| Error::invariant("pest returned no file"))?;
+    let file = pairs.next().ok_or_else(|| Error::invariant("pest returned no file"))?;
     let mut items = Vec::new();
     for pair in file.into_inner() {
         match pair.as_rule() {
@@ -81,10 +79,8 @@ fn prescan(text: &str) -> Result<Option<(char, usize)>> {
             c @ (b'(' | b'[' | b'{') => {
                 open.push((c as char, i));
                 if open.len() > MAX_NESTING {
-                    return Err(
-                        err!(Parse, "brackets nested deeper than {MAX_NESTING} levels")
-                            .at(Span::new(i, i + 1)),
-                    );
+                    return Err(err!(Parse, "brackets nested deeper than {MAX_NESTING} levels")
+                        .at(Span::new(i, i + 1)));
                 }
             }
             b')' | b']' | b'}' => {
@@ -146,9 +142,8 @@ fn describe_token(text: &str, pos: usize) -> (String, usize) {
         return ("end of input".into(), 0);
     };
     if c.is_ascii_alphanumeric() || c == '_' {
-        let len = rest
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(rest.len());
+        let len =
+            rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
         return (format!("`{}`", &rest[..len]), len);
     }
     if rest.starts_with("...") {
@@ -183,12 +178,8 @@ fn expected_list(positives: &[Rule]) -> String {
         Rule::paren,
         Rule::expr,
     ];
-    let is_expr = positives
-        .iter()
-        .any(|r| matches!(r, Rule::int | Rule::float | Rule::expr))
-        && positives
-            .iter()
-            .any(|r| matches!(r, Rule::neg | Rule::expr));
+    let is_expr = positives.iter().any(|r| matches!(r, Rule::int | Rule::float | Rule::expr))
+        && positives.iter().any(|r| matches!(r, Rule::neg | Rule::expr));
     let mut words: Vec<String> = Vec::new();
     for &r in positives {
         let w = if is_expr && EXPR_START.contains(&r) {
@@ -286,10 +277,7 @@ fn children(p: Pair<Rule>) -> Vec<Pair<Rule>> {
 }
 
 fn ident(p: Pair<Rule>) -> Ident {
-    Ident {
-        name: p.as_str().to_string(),
-        span: span_of(&p),
-    }
+    Ident { name: p.as_str().to_string(), span: span_of(&p) }
 }
 
 fn missing(what: &str) -> Error {
@@ -302,17 +290,8 @@ fn item(p: Pair<Rule>, kind: ItemKind) -> Result<Item> {
     let name = ident(it.next().ok_or_else(|| missing("a name"))?);
     let sig = it.next().ok_or_else(|| missing("a signature"))?;
     let body_pair = it.next().ok_or_else(|| missing("a body"))?;
-    let params = children(sig)
-        .into_iter()
-        .map(sig_param)
-        .collect::<Result<_>>()?;
-    Ok(Item {
-        kind,
-        name,
-        params,
-        body: body(body_pair)?,
-        span,
-    })
+    let params = children(sig).into_iter().map(sig_param).collect::<Result<_>>()?;
+    Ok(Item { kind, name, params, body: body(body_pair)?, span })
 }
 
 fn sig_param(p: Pair<Rule>) -> Result<SigParam> {
@@ -333,10 +312,7 @@ fn sig_param(p: Pair<Rule>) -> Result<SigParam> {
     };
     let mut dims = Vec::new();
     for d in ty {
-        let d = d
-            .into_inner()
-            .next()
-            .ok_or_else(|| missing("a dimension"))?;
+        let d = d.into_inner().next().ok_or_else(|| missing("a dimension"))?;
         let dspan = span_of(&d);
         dims.push(match d.as_rule() {
             Rule::ellipsis => DimPat::Ellipsis(dspan),
@@ -344,17 +320,11 @@ fn sig_param(p: Pair<Rule>) -> Result<SigParam> {
             _ => DimPat::Size(int_literal(d.as_str(), dspan)?, dspan),
         });
     }
-    Ok(SigParam::Tensor {
-        name,
-        dtype,
-        dims,
-        span,
-    })
+    Ok(SigParam::Tensor { name, dtype, dims, span })
 }
 
 fn int_literal(s: &str, span: Span) -> Result<i64> {
-    s.parse::<i64>()
-        .map_err(|_| err!(Parse, "integer literal `{s}` is too large").at(span))
+    s.parse::<i64>().map_err(|_| err!(Parse, "integer literal `{s}` is too large").at(span))
 }
 
 fn body(p: Pair<Rule>) -> Result<Vec<Stmt>> {
@@ -388,17 +358,9 @@ fn stmt(p: Pair<Rule>) -> Result<Stmt> {
                     _ => stmts = body(c)?,
                 }
             }
-            Stmt::Repeat {
-                count,
-                name,
-                body: stmts,
-                span,
-            }
+            Stmt::Repeat { count, name, body: stmts, span }
         }
-        Rule::return_stmt => Stmt::Return {
-            values: it.map(expr).collect::<Result<_>>()?,
-            span,
-        },
+        Rule::return_stmt => Stmt::Return { values: it.map(expr).collect::<Result<_>>()?, span },
         other => return Err(missing(&format!("a statement, found {other:?}"))),
     })
 }
@@ -419,15 +381,7 @@ fn param_decl_depth(p: Pair<Rule>) -> Result<(ParamDecl, usize)> {
         depth = depth.max(d);
         shape.push(e);
     }
-    Ok((
-        ParamDecl {
-            name,
-            shape,
-            init,
-            span,
-        },
-        depth + 1,
-    ))
+    Ok((ParamDecl { name, shape, init, span }, depth + 1))
 }
 
 /// An expression, with operator precedence applied by a loop (shunting-yard), not recursion.
@@ -468,10 +422,7 @@ fn expr_depth(p: Pair<Rule>) -> Result<(Expr, usize)> {
                         break;
                     }
                     let s = ns.join(e.span);
-                    e = Expr {
-                        kind: ExprKind::Neg(Box::new(e)),
-                        span: s,
-                    };
+                    e = Expr { kind: ExprKind::Neg(Box::new(e)), span: s };
                 }
                 negs.clear();
                 operands.push((e, d));
@@ -500,11 +451,9 @@ fn expr_depth(p: Pair<Rule>) -> Result<(Expr, usize)> {
     if d > MAX_EXPR_DEPTH
         || !operands.is_empty() && operands.iter().any(|(_, d)| *d > MAX_EXPR_DEPTH)
     {
-        return Err(err!(
-            Parse,
-            "expression is nested deeper than {MAX_EXPR_DEPTH} levels"
-        )
-        .at(span));
+        return Err(
+            err!(Parse, "expression is nested deeper than {MAX_EXPR_DEPTH} levels").at(span)
+        );
     }
     Ok((e, d))
 }
@@ -521,10 +470,7 @@ fn primary(p: Pair<Rule>) -> Result<(Expr, usize)> {
         Rule::bool => leaf(ExprKind::Bool(p.as_str() == "true")),
         Rule::name => leaf(ExprKind::Name(p.as_str().to_string())),
         Rule::paren => {
-            let inner = children(p)
-                .into_iter()
-                .next()
-                .ok_or_else(|| missing("an expression"))?;
+            let inner = children(p).into_iter().next().ok_or_else(|| missing("an expression"))?;
             let (mut e, d) = expr_depth(inner)?;
             e.span = span;
             Ok((e, d))
@@ -537,23 +483,11 @@ fn primary(p: Pair<Rule>) -> Result<(Expr, usize)> {
                 depth = depth.max(d + 1);
                 items.push(e);
             }
-            Ok((
-                Expr {
-                    kind: ExprKind::List(items),
-                    span,
-                },
-                depth,
-            ))
+            Ok((Expr { kind: ExprKind::List(items), span }, depth))
         }
         Rule::param_decl => {
             let (decl, depth) = param_decl_depth(p)?;
-            Ok((
-                Expr {
-                    kind: ExprKind::Param(Box::new(decl)),
-                    span,
-                },
-                depth,
-            ))
+            Ok((Expr { kind: ExprKind::Param(Box::new(decl)), span }, depth))
         }
         Rule::call => {
             let mut it = children(p).into_iter();
@@ -581,12 +515,7 @@ fn primary(p: Pair<Rule>) -> Result<(Expr, usize)> {
                     _ => {}
                 }
             }
-            let kind = ExprKind::Call(Call {
-                callee,
-                op_only,
-                args,
-                alias,
-            });
+            let kind = ExprKind::Call(Call { callee, op_only, args, alias });
             Ok((Expr { kind, span }, depth))
         }
         other => Err(missing(&format!("an operand, found {other:?}"))),

@@ -28,9 +28,7 @@ pub struct Module {
 impl Module {
     /// The definition called `name` (the user's when it shadows a standard one).
     pub fn item(&self, name: &str) -> Option<(&Item, &Arc<Source>)> {
-        self.by_name
-            .get(name)
-            .map(|&i| (&self.items[i], &self.sources[i]))
+        self.by_name.get(name).map(|&i| (&self.items[i], &self.sources[i]))
     }
 
     /// The user's models, in source order.
@@ -51,15 +49,9 @@ pub const STD_NAME: &str = "<std>";
 pub fn resolve(program: Program, src: &Arc<Source>) -> Result<Module> {
     let std_src = Source::new(STD_NAME, STD_SOURCE);
     let std_prog = super::parse::parse(&std_src)?;
-    let mut module = Module {
-        items: Vec::new(),
-        sources: Vec::new(),
-        by_name: HashMap::new(),
-    };
+    let mut module = Module { items: Vec::new(), sources: Vec::new(), by_name: HashMap::new() };
     for it in std_prog.items {
-        module
-            .by_name
-            .insert(it.name.name.clone(), module.items.len());
+        module.by_name.insert(it.name.name.clone(), module.items.len());
         module.items.push(it);
         module.sources.push(std_src.clone());
     }
@@ -72,17 +64,12 @@ pub fn resolve(program: Program, src: &Arc<Source>) -> Result<Module> {
                     .in_source(src));
             }
         }
-        module
-            .by_name
-            .insert(it.name.name.clone(), module.items.len());
+        module.by_name.insert(it.name.name.clone(), module.items.len());
         module.items.push(it);
         module.sources.push(src.clone());
     }
     for (i, it) in module.items.iter().enumerate() {
-        let mut cx = Checker {
-            module: &module,
-            calls: Vec::new(),
-        };
+        let mut cx = Checker { module: &module, calls: Vec::new() };
         cx.item(it).map_err(|e| e.in_source(&module.sources[i]))?;
     }
     check_recursion(&module)?;
@@ -183,11 +170,7 @@ impl Checker<'_> {
             self.stmt(s, &mut env)?;
         }
         if !matches!(it.body.last(), Some(Stmt::Return { .. })) {
-            let what = if it.kind == ItemKind::Model {
-                "model"
-            } else {
-                "block"
-            };
+            let what = if it.kind == ItemKind::Model { "model" } else { "block" };
             return Err(err!(Name, "{what} `{}` has no `return`", it.name.name).at(it.name.span));
         }
         Ok(())
@@ -216,12 +199,7 @@ impl Checker<'_> {
                 env.insert(name.name.clone(), Binding::Fixed);
             }
             Stmt::Param(decl) => self.param(decl, env)?,
-            Stmt::Repeat {
-                count,
-                name: _,
-                body,
-                ..
-            } => {
+            Stmt::Repeat { count, name: _, body, .. } => {
                 self.expr(count, env, &[])?;
                 for s in body {
                     if let Stmt::Return { span, .. } = s {
@@ -298,11 +276,8 @@ impl Checker<'_> {
                 if env.contains_key(n) {
                     Ok(())
                 } else if INITS.iter().any(|(i, _)| i == n) {
-                    Err(err!(
-                        Name,
-                        "initializer `{n}` can only follow `param NAME[...] =`"
-                    )
-                    .at(e.span))
+                    Err(err!(Name, "initializer `{n}` can only follow `param NAME[...] =`")
+                        .at(e.span))
                 } else {
                     Err(err!(Name, "unknown name `{n}`").at(e.span))
                 }
@@ -333,11 +308,8 @@ impl Checker<'_> {
         for a in &c.args {
             self.expr(&a.value, env, later)?;
         }
-        let block = if c.op_only {
-            None
-        } else {
-            self.module.item(&c.callee.name).map(|(it, _)| it)
-        };
+        let block =
+            if c.op_only { None } else { self.module.item(&c.callee.name).map(|(it, _)| it) };
         if let Some(it) = block {
             if it.kind == ItemKind::Model {
                 return Err(err!(
@@ -351,15 +323,7 @@ impl Checker<'_> {
             let required: Vec<&str> = it
                 .params
                 .iter()
-                .filter(|p| {
-                    !matches!(
-                        p,
-                        SigParam::Hyper {
-                            default: Some(_),
-                            ..
-                        }
-                    )
-                })
+                .filter(|p| !matches!(p, SigParam::Hyper { default: Some(_), .. }))
                 .map(|p| p.name().name.as_str())
                 .collect();
             check_args(
@@ -394,20 +358,9 @@ impl Checker<'_> {
             .at(alias.span));
         }
         let names: Vec<&str> = sig.params.iter().map(|p| p.name).collect();
-        let required: Vec<&str> = sig
-            .params
-            .iter()
-            .filter(|p| p.default.is_none())
-            .map(|p| p.name)
-            .collect();
-        check_args(
-            &c.callee,
-            &c.args,
-            &names,
-            &required,
-            span,
-            &format!("`{}`", sig.usage()),
-        )
+        let required: Vec<&str> =
+            sig.params.iter().filter(|p| p.default.is_none()).map(|p| p.name).collect();
+        check_args(&c.callee, &c.args, &names, &required, span, &format!("`{}`", sig.usage()))
     }
 }
 
@@ -423,21 +376,13 @@ fn bind_inline_params(e: &Expr, env: &mut HashMap<String, Binding>) {
             bind_inline_params(a, env);
             bind_inline_params(b, env);
         }
-        ExprKind::Call(c) => c
-            .args
-            .iter()
-            .for_each(|a| bind_inline_params(&a.value, env)),
+        ExprKind::Call(c) => c.args.iter().for_each(|a| bind_inline_params(&a.value, env)),
         _ => {}
     }
 }
 
 fn bad_init(span: Span) -> Error {
-    err!(
-        Name,
-        "bad initializer; expected one of {}",
-        ops::init_usage()
-    )
-    .at(span)
+    err!(Name, "bad initializer; expected one of {}", ops::init_usage()).at(span)
 }
 
 /// Positional then named arguments against parameter names; all `required` must be given.
@@ -479,13 +424,7 @@ fn check_args(
                 if given.contains(&n.name.as_str()) {
                     return Err(err!(Name, "argument `{}` given twice", n.name).at(n.span));
                 }
-                given.push(
-                    names
-                        .iter()
-                        .find(|x| **x == n.name)
-                        .copied()
-                        .unwrap_or_default(),
-                );
+                given.push(names.iter().find(|x| **x == n.name).copied().unwrap_or_default());
             }
         }
     }
@@ -502,10 +441,7 @@ fn check_recursion(module: &Module) -> Result<()> {
     let n = module.items.len();
     let mut edges: Vec<Vec<(usize, Span)>> = vec![Vec::new(); n];
     for (i, it) in module.items.iter().enumerate() {
-        let mut cx = Checker {
-            module,
-            calls: Vec::new(),
-        };
+        let mut cx = Checker { module, calls: Vec::new() };
         // Already checked; this pass only collects the calls.
         let _ = cx.item(it);
         for (name, span) in cx.calls {
@@ -538,9 +474,7 @@ fn check_recursion(module: &Module) -> Result<()> {
                         } else {
                             format!("recursion: block `{from}` calls `{callee}`, which calls back into `{from}`")
                         };
-                        return Err(err!(Name, "{msg}")
-                            .at(span)
-                            .in_source(&module.sources[node]));
+                        return Err(err!(Name, "{msg}").at(span).in_source(&module.sources[node]));
                     }
                     _ => {}
                 }

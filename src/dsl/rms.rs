@@ -20,21 +20,14 @@ pub fn split(text: &str) -> Split {
     let mut model = String::with_capacity(text.len());
     let mut script = String::with_capacity(text.len());
     let mut pos = 0;
-    for (start, end) in ranges
-        .iter()
-        .copied()
-        .chain(std::iter::once((text.len(), text.len())))
-    {
+    for (start, end) in ranges.iter().copied().chain(std::iter::once((text.len(), text.len()))) {
         script.push_str(&text[pos..start]);
         blank(&text[pos..start], &mut model);
         model.push_str(&text[start..end]);
         blank(&text[start..end], &mut script);
         pos = end;
     }
-    Split {
-        model_text: model,
-        script_text: script,
-    }
+    Split { model_text: model, script_text: script }
 }
 
 fn blank(s: &str, out: &mut String) {
@@ -120,17 +113,14 @@ fn skip_string(b: &[u8], start: usize) -> usize {
 /// When a `model NAME(` or `block NAME(` definition starts at `i`, the end of its body.
 fn definition_at(text: &str, i: usize) -> Option<usize> {
     let rest = &text[i..];
-    let kw = ["model", "block"]
-        .into_iter()
-        .find(|k| rest.starts_with(k))?;
+    let kw = ["model", "block"].into_iter().find(|k| rest.starts_with(k))?;
     let after = &rest[kw.len()..];
     if !after.starts_with(|c: char| c.is_ascii_whitespace()) {
         return None;
     }
     let name = after.trim_start();
-    let name_len = name
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or(name.len());
+    let name_len =
+        name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(name.len());
     if name_len == 0 || !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
         return None;
     }

@@ -31,12 +31,7 @@ impl Graph {
         }
         let ins: Vec<(&[usize], DType)> = inputs
             .iter()
-            .map(|&i| {
-                (
-                    self.nodes[i.index()].shape.as_slice(),
-                    self.nodes[i.index()].dtype,
-                )
-            })
+            .map(|&i| (self.nodes[i.index()].shape.as_slice(), self.nodes[i.index()].dtype))
             .collect();
         let (shape, dtype) = infer(&op, &ins, target, dtype).map_err(|e| e.at(self.span))?;
         Ok(self.push(op, inputs.to_vec(), shape, dtype))
@@ -67,42 +62,21 @@ impl Graph {
     /// A value the host feeds at every step.
     pub fn input(&mut self, name: &str, shape: &[usize], dtype: DType) -> Result<NodeId> {
         self.check_new_name("input", name)?;
-        self.node_typed(
-            Op::Input {
-                name: name.to_string(),
-            },
-            &[],
-            shape,
-            dtype,
-        )
+        self.node_typed(Op::Input { name: name.to_string() }, &[], shape, dtype)
     }
 
     /// A trainable value with an initializer.
     pub fn parameter(&mut self, name: &str, shape: &[usize], init: Init) -> Result<NodeId> {
         self.check_new_name("parameter", name)?;
         check_init(&init, shape).map_err(|e| e.at(self.span))?;
-        self.add_node(
-            Op::Parameter {
-                name: name.to_string(),
-                init,
-            },
-            &[],
-            shape,
-        )
+        self.add_node(Op::Parameter { name: name.to_string(), init }, &[], shape)
     }
 
     /// A persistent value that is not trained (optimizer state).
     pub fn state(&mut self, name: &str, shape: &[usize], init: Init) -> Result<NodeId> {
         self.check_new_name("state", name)?;
         check_init(&init, shape).map_err(|e| e.at(self.span))?;
-        self.add_node(
-            Op::State {
-                name: name.to_string(),
-                init,
-            },
-            &[],
-            shape,
-        )
+        self.add_node(Op::State { name: name.to_string(), init }, &[], shape)
     }
 
     /// A scalar constant.
@@ -198,15 +172,7 @@ impl Graph {
         if sorted.windows(2).any(|w| w[0] == w[1]) {
             return Err(err!(Shape, "{}: axis listed twice in {axes:?}", op.name()).at(self.span));
         }
-        self.add_node(
-            Op::Reduce {
-                op,
-                axes: sorted,
-                keepdim,
-            },
-            &[x],
-            &[],
-        )
+        self.add_node(Op::Reduce { op, axes: sorted, keepdim }, &[x], &[])
     }
 
     pub fn sum(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
@@ -241,14 +207,9 @@ impl Graph {
             .at(self.span));
         }
         let lead = xs.len() - shape.len();
-        let axes: Vec<usize> = (0..xs.len())
-            .filter(|&i| i < lead || (shape[i - lead] == 1 && xs[i] != 1))
-            .collect();
-        let summed = if axes.is_empty() {
-            x
-        } else {
-            self.sum(x, &axes, true)?
-        };
+        let axes: Vec<usize> =
+            (0..xs.len()).filter(|&i| i < lead || (shape[i - lead] == 1 && xs[i] != 1)).collect();
+        let summed = if axes.is_empty() { x } else { self.sum(x, &axes, true)? };
         self.reshape(summed, shape)
     }
 
@@ -263,13 +224,7 @@ impl Graph {
     }
 
     pub fn permute(&mut self, x: NodeId, perm: &[usize]) -> Result<NodeId> {
-        self.add_node(
-            Op::Permute {
-                perm: perm.to_vec(),
-            },
-            &[x],
-            &[],
-        )
+        self.add_node(Op::Permute { perm: perm.to_vec() }, &[x], &[])
     }
 
     /// Swap two axes.
@@ -339,13 +294,7 @@ impl Graph {
 
     /// Mask attention scores `[..., T, S]` so position i attends to positions <= i.
     pub fn causal_mask(&mut self, x: NodeId) -> Result<NodeId> {
-        self.add_node(
-            Op::CausalMask {
-                fill: f32::NEG_INFINITY,
-            },
-            &[x],
-            &[],
-        )
+        self.add_node(Op::CausalMask { fill: f32::NEG_INFINITY }, &[x], &[])
     }
 
     /// LayerNorm over the last axis: computes the per-row stats node, then the normalized output.
@@ -421,11 +370,7 @@ fn check_init(init: &Init, shape: &[usize]) -> Result<()> {
         Init::Xavier | Init::Kaiming if shape.is_empty() || shape.contains(&0) => {
             Err(Error::shape(format!(
                 "{} initializer needs a non-empty weight with at least one axis, got {}",
-                if *init == Init::Xavier {
-                    "xavier"
-                } else {
-                    "kaiming"
-                },
+                if *init == Init::Xavier { "xavier" } else { "kaiming" },
                 fmt_shape(shape)
             )))
         }

@@ -26,17 +26,15 @@ pub fn init_values(init: &Init, shape: &[usize], seed: u64, name: &str) -> Vec<f
         Init::Zeros => vec![0.0; n],
         Init::Ones => vec![1.0; n],
         Init::Fill(v) => vec![v; n],
-        Init::Normal { mean, std } => (0..n)
-            .map(|_| (mean as f64 + std as f64 * rng.normal()) as f32)
-            .collect(),
+        Init::Normal { mean, std } => {
+            (0..n).map(|_| (mean as f64 + std as f64 * rng.normal()) as f32).collect()
+        }
         Init::Uniform { low, high } => (0..n)
             .map(|_| (low as f64 + (high as f64 - low as f64) * rng.uniform()) as f32)
             .collect(),
         Init::Xavier => {
             let a = (6.0 / (fan_in + fan_out).max(1) as f64).sqrt();
-            (0..n)
-                .map(|_| ((2.0 * rng.uniform() - 1.0) * a) as f32)
-                .collect()
+            (0..n).map(|_| ((2.0 * rng.uniform() - 1.0) * a) as f32).collect()
         }
         Init::Kaiming => {
             let std = (2.0 / fan_in.max(1) as f64).sqrt();

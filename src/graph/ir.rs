@@ -247,10 +247,7 @@ impl Graph {
     }
 
     pub fn nodes(&self) -> impl ExactSizeIterator<Item = (NodeId, &Node)> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (NodeId(i as u32), n))
+        self.nodes.iter().enumerate().map(|(i, n)| (NodeId(i as u32), n))
     }
 
     pub fn shape(&self, id: NodeId) -> &[usize] {
@@ -269,10 +266,7 @@ impl Graph {
 
     /// The output called `name`.
     pub fn output(&self, name: &str) -> Option<NodeId> {
-        self.outputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, id)| id)
+        self.outputs.iter().find(|(n, _)| n == name).map(|&(_, id)| id)
     }
 
     /// Name an output; a later output with the same name replaces it.
@@ -317,13 +311,7 @@ impl Graph {
         dtype: DType,
     ) -> NodeId {
         let id = NodeId(self.nodes.len() as u32);
-        self.nodes.push(Node {
-            op,
-            inputs,
-            shape,
-            dtype,
-            span: self.span,
-        });
+        self.nodes.push(Node { op, inputs, shape, dtype, span: self.span });
         id
     }
 }
@@ -396,38 +384,22 @@ impl Op {
     /// without adding it here fails `samples_cover_every_op_name`.
     pub fn samples() -> Vec<Op> {
         let mut ops = vec![
-            Op::Input {
-                name: String::new(),
-            },
-            Op::Parameter {
-                name: String::new(),
-                init: Init::Zeros,
-            },
-            Op::State {
-                name: String::new(),
-                init: Init::Zeros,
-            },
+            Op::Input { name: String::new() },
+            Op::Parameter { name: String::new(), init: Init::Zeros },
+            Op::State { name: String::new(), init: Init::Zeros },
             Op::Constant { value: 0.0 },
         ];
         ops.extend(UnaryOp::ALL.iter().map(|&u| Op::Unary(u)));
         ops.extend(BinaryOp::ALL.iter().map(|&b| Op::Binary(b)));
         ops.push(Op::Where);
         for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max] {
-            ops.push(Op::Reduce {
-                op,
-                axes: vec![0],
-                keepdim: false,
-            });
+            ops.push(Op::Reduce { op, axes: vec![0], keepdim: false });
         }
         ops.extend([
             Op::Reshape,
             Op::Permute { perm: vec![] },
             Op::BroadcastTo,
-            Op::Slice {
-                axis: 0,
-                start: 0,
-                end: 0,
-            },
+            Op::Slice { axis: 0, start: 0, end: 0 },
             Op::Concat { axis: 0 },
             Op::MatMul,
             Op::Softmax,
@@ -576,10 +548,7 @@ mod tests {
         let samples = Op::samples();
         let names: std::collections::HashSet<&str> = samples.iter().map(|o| o.name()).collect();
         assert_eq!(names.len(), samples.len(), "two samples share a name");
-        assert_eq!(
-            samples.len(),
-            23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3
-        );
+        assert_eq!(samples.len(), 23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3);
         assert!(samples.iter().all(|o| kind_count(o) > 0));
     }
 }

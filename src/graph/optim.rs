@@ -20,43 +20,20 @@ pub enum Optimizer {
     /// SGD with optional momentum and L2 weight decay (PyTorch's `SGD`, dampening 0).
     Sgd { momentum: f32, weight_decay: f32 },
     /// Adam with L2 weight decay added to the gradient (PyTorch's `Adam`).
-    Adam {
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
-        weight_decay: f32,
-    },
+    Adam { beta1: f32, beta2: f32, eps: f32, weight_decay: f32 },
     /// Adam with decoupled weight decay (PyTorch's `AdamW`).
-    AdamW {
-        beta1: f32,
-        beta2: f32,
-        eps: f32,
-        weight_decay: f32,
-    },
+    AdamW { beta1: f32, beta2: f32, eps: f32, weight_decay: f32 },
 }
 
 impl Optimizer {
     pub fn sgd() -> Optimizer {
-        Optimizer::Sgd {
-            momentum: 0.0,
-            weight_decay: 0.0,
-        }
+        Optimizer::Sgd { momentum: 0.0, weight_decay: 0.0 }
     }
     pub fn adam() -> Optimizer {
-        Optimizer::Adam {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        }
+        Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
     }
     pub fn adamw() -> Optimizer {
-        Optimizer::AdamW {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
+        Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
     }
 
     pub fn name(&self) -> &'static str {
@@ -69,37 +46,20 @@ impl Optimizer {
 
     fn check(&self) -> Result<()> {
         let (b1, b2, eps, wd) = match *self {
-            Optimizer::Sgd {
-                momentum,
-                weight_decay,
-            } => {
+            Optimizer::Sgd { momentum, weight_decay } => {
                 if !(0.0..1.0).contains(&momentum) {
-                    return Err(err!(
-                        Shape,
-                        "sgd: momentum must be in [0, 1), got {momentum}"
-                    ));
+                    return Err(err!(Shape, "sgd: momentum must be in [0, 1), got {momentum}"));
                 }
                 (0.0, 0.0, 1.0, weight_decay)
             }
-            Optimizer::Adam {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
+            Optimizer::Adam { beta1, beta2, eps, weight_decay }
+            | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+                (beta1, beta2, eps, weight_decay)
             }
-            | Optimizer::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => (beta1, beta2, eps, weight_decay),
         };
         let name = self.name();
         if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
-            return Err(err!(
-                Shape,
-                "{name}: betas must be in [0, 1), got ({b1}, {b2})"
-            ));
+            return Err(err!(Shape, "{name}: betas must be in [0, 1), got ({b1}, {b2})"));
         }
         if !(eps > 0.0 && eps.is_finite() && wd >= 0.0 && wd.is_finite()) {
             return Err(err!(
@@ -142,10 +102,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
     let step = g.state(STEP_STATE, &[], Init::Zeros)?;
     let one = g.constant(1.0);
     let t = g.add(step, one)?;
-    g.updates.push(Update {
-        target: step,
-        value: t,
-    });
+    g.updates.push(Update { target: step, value: t });
 
     let mut grads: Vec<NodeId> = params.iter().map(|&(_, d)| d).collect();
     let mut grad_norm = None;
@@ -202,19 +159,13 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         let shape = g.shape(p).to_vec();
         g.set_span(g.node(p).span);
         let new_p = match cfg.optimizer {
-            Optimizer::Sgd {
-                momentum,
-                weight_decay,
-            } => {
+            Optimizer::Sgd { momentum, weight_decay } => {
                 let d = add_l2(g, d, p, weight_decay)?;
                 let dir = if momentum > 0.0 {
                     let buf = g.state(&format!("optim.momentum.{name}"), &shape, Init::Zeros)?;
                     let mb = g.scale(buf, momentum)?;
                     let nb = g.add(mb, d)?;
-                    g.updates.push(Update {
-                        target: buf,
-                        value: nb,
-                    });
+                    g.updates.push(Update { target: buf, value: nb });
                     nb
                 } else {
                     d
@@ -222,37 +173,17 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
                 let step_size = g.mul(dir, lr)?;
                 g.sub(p, step_size)?
             }
-            Optimizer::Adam {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            }
-            | Optimizer::AdamW {
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
-            } => {
+            Optimizer::Adam { beta1, beta2, eps, weight_decay }
+            | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
                 let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
-                let d = if decoupled {
-                    d
-                } else {
-                    add_l2(g, d, p, weight_decay)?
-                };
+                let d = if decoupled { d } else { add_l2(g, d, p, weight_decay)? };
                 let m = g.state(&format!("optim.m.{name}"), &shape, Init::Zeros)?;
                 let v = g.state(&format!("optim.v.{name}"), &shape, Init::Zeros)?;
                 let new_m = ema(g, m, d, beta1)?;
                 let d2 = g.square(d)?;
                 let new_v = ema(g, v, d2, beta2)?;
-                g.updates.push(Update {
-                    target: m,
-                    value: new_m,
-                });
-                g.updates.push(Update {
-                    target: v,
-                    value: new_v,
-                });
+                g.updates.push(Update { target: m, value: new_m });
+                g.updates.push(Update { target: v, value: new_v });
                 let [bc1, bc2] = corrections.unwrap_or([one; 2]);
                 let m_hat = g.div(new_m, bc1)?;
                 let v_hat = g.div(new_v, bc2)?;
@@ -268,17 +199,10 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
                 g.sub(p, step_size)?
             }
         };
-        g.updates.push(Update {
-            target: p,
-            value: new_p,
-        });
+        g.updates.push(Update { target: p, value: new_p });
     }
     g.set_span(crate::error::Span::NONE);
-    Ok(OptimNodes {
-        lr,
-        step,
-        grad_norm,
-    })
+    Ok(OptimNodes { lr, step, grad_norm })
 }
 
 /// g + wd·p (plain L2 regularization), or g itself when wd is 0.

@@ -12,16 +12,8 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n {
-            a[i + a.len() - n]
-        } else {
-            1
-        };
-        let db = if i + b.len() >= n {
-            b[i + b.len() - n]
-        } else {
-            1
-        };
+        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -92,17 +84,9 @@ pub fn infer(
         Op::Concat { .. } => ins.len().max(1),
     };
     if ins.len() != arity {
-        return Err(Error::shape(format!(
-            "{name}: expected {arity} inputs, got {}",
-            ins.len()
-        )));
+        return Err(Error::shape(format!("{name}: expected {arity} inputs, got {}", ins.len())));
     }
-    let shapes = |sep: &str| {
-        ins.iter()
-            .map(|(s, _)| fmt_shape(s))
-            .collect::<Vec<_>>()
-            .join(sep)
-    };
+    let shapes = |sep: &str| ins.iter().map(|(s, _)| fmt_shape(s)).collect::<Vec<_>>().join(sep);
     match op {
         Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
             checked_numel(target)?;
@@ -120,11 +104,7 @@ pub fn infer(
                 need_f32(op, "operand", *d, s)?;
             }
             let out = broadcast_shapes(ins[0].0, ins[1].0).ok_or_else(|| {
-                Error::shape(format!(
-                    "{}: shapes {} do not broadcast",
-                    b.name(),
-                    shapes(" and ")
-                ))
+                Error::shape(format!("{}: shapes {} do not broadcast", b.name(), shapes(" and ")))
             })?;
             Ok((out, DType::F32))
         }
@@ -138,11 +118,7 @@ pub fn infer(
                 })?;
             Ok((out, DType::F32))
         }
-        Op::Reduce {
-            op: r,
-            axes,
-            keepdim,
-        } => {
+        Op::Reduce { op: r, axes, keepdim } => {
             let x = ins[0].0;
             need_f32(op, "input", ins[0].1, x)?;
             if axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= x.len()) {
@@ -186,9 +162,7 @@ pub fn infer(
             let (x, d) = ins[0];
             let mut seen = vec![false; x.len()];
             let ok = perm.len() == x.len()
-                && perm
-                    .iter()
-                    .all(|&p| p < x.len() && !std::mem::replace(&mut seen[p], true));
+                && perm.iter().all(|&p| p < x.len() && !std::mem::replace(&mut seen[p], true));
             if !ok {
                 return Err(Error::shape(format!(
                     "permute: {perm:?} is not a permutation of the axes of {}",
@@ -232,10 +206,7 @@ pub fn infer(
             let mut out = first.to_vec();
             for (s, dt) in &ins[1..] {
                 let same_rest = s.len() == first.len()
-                    && s.iter()
-                        .zip(first)
-                        .enumerate()
-                        .all(|(i, (a, b))| i == *axis || a == b);
+                    && s.iter().zip(first).enumerate().all(|(i, (a, b))| i == *axis || a == b);
                 if !same_rest || *dt != d {
                     return Err(Error::shape(format!(
                         "concat: shapes {} differ outside axis {axis}",

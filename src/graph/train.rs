@@ -27,10 +27,5 @@ pub fn training_graph(mut g: Graph, loss: NodeId, cfg: &OptimConfig) -> Result<T
     let optim = optim::apply(&mut g, &pairs, cfg)?; // update nodes and optimizer state
     g.set_output("loss", loss);
     verify(&g)?; // and still well-formed after both passes
-    Ok(TrainGraph {
-        graph: g,
-        loss,
-        grads: pairs,
-        optim,
-    })
+    Ok(TrainGraph { graph: g, loss, grads: pairs, optim })
 }

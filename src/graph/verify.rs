@@ -28,11 +28,8 @@ pub fn verify(g: &Graph) -> Result<()> {
                 bad.0
             ));
         }
-        let ins: Vec<(&[usize], DType)> = node
-            .inputs
-            .iter()
-            .map(|&i| (g.shape(i), g.dtype(i)))
-            .collect();
+        let ins: Vec<(&[usize], DType)> =
+            node.inputs.iter().map(|&i| (g.shape(i), g.dtype(i))).collect();
         let (shape, dtype) = infer(&node.op, &ins, &node.shape, node.dtype)
             .map_err(|e| err!(Invariant, "node {}: {}", id.0, e.message))?;
         if shape != node.shape || dtype != node.dtype {

@@ -31,11 +31,7 @@ pub struct PlanOptions {
 
 impl Default for PlanOptions {
     fn default() -> PlanOptions {
-        PlanOptions {
-            fusion: true,
-            reuse: true,
-            max_storage_buffers: None,
-        }
+        PlanOptions { fusion: true, reuse: true, max_storage_buffers: None }
     }
 }
 
@@ -62,10 +58,7 @@ impl Plan {
     /// The value (and so the buffer) holding node `id`, following views.
     pub fn value_of(&self, id: NodeId) -> Option<&Value> {
         let owner = self.alias.get(id.index()).copied().flatten().unwrap_or(id);
-        self.values
-            .binary_search_by_key(&owner, |v| v.node)
-            .ok()
-            .map(|i| &self.values[i])
+        self.values.binary_search_by_key(&owner, |v| v.node).ok().map(|i| &self.values[i])
     }
 
     pub fn n_dispatches(&self) -> usize {
@@ -74,30 +67,19 @@ impl Plan {
 
     /// Bytes of the shared (reusable) buffers.
     pub fn planned_bytes(&self) -> u64 {
-        self.buffers
-            .iter()
-            .filter(|b| !b.pinned)
-            .map(|b| b.bytes)
-            .sum()
+        self.buffers.iter().filter(|b| !b.pinned).map(|b| b.bytes).sum()
     }
 
     /// Bytes of the pinned buffers (inputs, parameters, state, results).
     pub fn pinned_bytes(&self) -> u64 {
-        self.buffers
-            .iter()
-            .filter(|b| b.pinned)
-            .map(|b| b.bytes)
-            .sum()
+        self.buffers.iter().filter(|b| b.pinned).map(|b| b.bytes).sum()
     }
 }
 
 /// Plan the evaluation of `wanted` plus every update of `g` (when `train`).
 pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Result<Plan> {
-    let updates: Vec<(NodeId, NodeId)> = if train {
-        g.updates.iter().map(|u| (u.target, u.value)).collect()
-    } else {
-        Vec::new()
-    };
+    let updates: Vec<(NodeId, NodeId)> =
+        if train { g.updates.iter().map(|u| (u.target, u.value)).collect() } else { Vec::new() };
     let mut roots = wanted.to_vec();
     roots.extend(updates.iter().map(|&(_, v)| v));
     let f = fuse::fuse(g, &roots, opts.fusion); // kernels in arena (= topological) order
@@ -106,10 +88,7 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         .nodes()
         .filter(|(id, n)| {
             f.live[id.index()]
-                && !matches!(
-                    n.op,
-                    Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }
-                )
+                && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         })
         .count();
     let naive_bytes = g
@@ -117,10 +96,7 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         .filter(|(id, n)| {
             f.live[id.index()]
                 && !roots.contains(id)
-                && !matches!(
-                    n.op,
-                    Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }
-                )
+                && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         })
         .map(|(id, _)| alloc::value_bytes(g, id))
         .sum();

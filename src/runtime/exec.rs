@@ -59,11 +59,7 @@ impl GpuPlan {
         }
         let mut buffers = Vec::with_capacity(plan.buffers.len());
         for (b, info) in plan.buffers.iter().enumerate() {
-            let owner = plan
-                .values
-                .iter()
-                .find(|v| v.buffer == b && v.pinned)
-                .map(|v| v.node);
+            let owner = plan.values.iter().find(|v| v.buffer == b && v.pinned).map(|v| v.node);
             match owner.and_then(|id| persistent.get(&id)) {
                 Some(buf) => buffers.push(buf.clone()),
                 None => {
@@ -84,16 +80,11 @@ impl GpuPlan {
         for k in out.plan.kernels.clone() {
             let before = out.dispatches.len();
             out.build_kernel(gpu, g, &k)?;
-            out.dispatches_per_kernel
-                .push(out.dispatches.len() - before);
+            out.dispatches_per_kernel.push(out.dispatches.len() - before);
         }
         for &(target, value) in &out.plan.updates.clone() {
             let (Some(t), Some(v)) = (out.plan.value_of(target), out.plan.value_of(value)) else {
-                return Err(err!(
-                    Invariant,
-                    "update of node {} has no buffer",
-                    target.index()
-                ));
+                return Err(err!(Invariant, "update of node {} has no buffer", target.index()));
             };
             if t.buffer != v.buffer {
                 out.copies.push((v.buffer, t.buffer, t.bytes));
@@ -129,10 +120,7 @@ impl GpuPlan {
                 let y = *k.outputs.last().expect("layer_norm writes y");
                 let ins = g.node(y).inputs.clone();
                 let Op::LayerNormStats { eps } = g.node(ins[1]).op else {
-                    return Err(err!(
-                        Invariant,
-                        "layer_norm reads stats from a non-stats node"
-                    ));
+                    return Err(err!(Invariant, "layer_norm reads stats from a non-stats node"));
                 };
                 let d = *g.shape(y).last().unwrap_or(&1);
                 let rows = g.shape(y).iter().product::<usize>() / d.max(1);
@@ -263,11 +251,8 @@ impl GpuPlan {
     fn generated(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
         let src = generate(g, &self.plan, k);
         let pipeline = gpu.pipeline(&src.label, &src.wgsl, "main")?;
-        let mut bound: Vec<&wgpu::Buffer> = src
-            .bindings
-            .iter()
-            .map(|&(b, _)| &self.buffers[b])
-            .collect();
+        let mut bound: Vec<&wgpu::Buffer> =
+            src.bindings.iter().map(|&(b, _)| &self.buffers[b]).collect();
         if src.uses_meta {
             bound.push(&self.meta);
         }
@@ -294,26 +279,16 @@ impl GpuPlan {
         register: NodeId,
     ) -> Result<Option<Dispatch>> {
         let out = *k.outputs.last().expect("matmul writes a value");
-        if k.fused
-            .iter()
-            .any(|&id| matches!(g.node(id).op, Op::Dropout { .. }))
-        {
+        if k.fused.iter().any(|&id| matches!(g.node(id).op, Op::Dropout { .. })) {
             return Ok(None);
         }
         let node = g.node(mm);
-        let (sa, sb, so) = (
-            g.shape(node.inputs[0]),
-            g.shape(node.inputs[1]),
-            &node.shape,
-        );
+        let (sa, sb, so) = (g.shape(node.inputs[0]), g.shape(node.inputs[1]), &node.shape);
         let r = so.len();
         let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
         let batch: usize = so[..r - 2].iter().product();
         let fits = |v: usize| u32::try_from(v).is_ok();
-        if ![m, n, kk, batch, m * n * batch.max(1)]
-            .iter()
-            .all(|&v| fits(v))
-        {
+        if ![m, n, kk, batch, m * n * batch.max(1)].iter().all(|&v| fits(v)) {
             return Ok(None);
         }
         let (Some((a_src, a_op)), Some((b_src, b_op))) = (
@@ -328,31 +303,19 @@ impl GpuPlan {
             if id == a_src || id == b_src {
                 continue;
             }
-            let b = self
-                .plan
-                .value_of(id)
-                .expect("kernel input has a buffer")
-                .buffer;
+            let b = self.plan.value_of(id).expect("kernel input has a buffer").buffer;
             if !extra.contains(&b) {
                 extra.push(b);
             }
         }
-        let names = |b: usize| {
-            format!(
-                "e{}",
-                extra.iter().position(|&x| x == b).unwrap_or(usize::MAX)
-            )
-        };
+        let names =
+            |b: usize| format!("e{}", extra.iter().position(|&x| x == b).unwrap_or(usize::MAX));
         let mut em = ExprEmitter::new(g, &self.plan, &names);
         em.register = Some((register, "v".to_string()));
         em.root = Some(out);
         let lin = format!("((batch * {m}u + i) * {n}u + j)");
         let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
-        let value = if out == register {
-            "v".to_string()
-        } else {
-            em.emit(out, &coords)
-        };
+        let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
         let body = format!("{coords_code}{}    return {value};", em.body);
         let mut decls = String::new();
         for (i, &b) in extra.iter().enumerate() {
@@ -461,11 +424,8 @@ impl GpuPlan {
     /// Read the current contents of a node's buffer.
     pub fn read(&self, gpu: &Gpu, g: &Graph, id: NodeId) -> Result<Tensor> {
         let n: usize = g.shape(id).iter().product();
-        let words: Vec<u32> = gpu
-            .read_i32_range(self.buf(id)?, 0..n)?
-            .into_iter()
-            .map(|w| w as u32)
-            .collect();
+        let words: Vec<u32> =
+            gpu.read_i32_range(self.buf(id)?, 0..n)?.into_iter().map(|w| w as u32).collect();
         host_tensor(g, id, words)
     }
 

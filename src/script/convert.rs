@@ -19,10 +19,7 @@ pub type ScriptResult<T> = Result<T, Box<EvalAltResult>>;
 
 /// Wrap a rumus error as a rhai error (the position is filled in by rhai at the call site).
 pub fn to_rhai(e: Error) -> Box<EvalAltResult> {
-    Box::new(EvalAltResult::ErrorRuntime(
-        rhai::Dynamic::from(Carried(e)),
-        Position::NONE,
-    ))
+    Box::new(EvalAltResult::ErrorRuntime(rhai::Dynamic::from(Carried(e)), Position::NONE))
 }
 
 /// `Result<T>` → `ScriptResult<T>`.
@@ -82,10 +79,7 @@ pub fn from_rhai(
             "operation limit reached: the script ran more than {max_operations} operations"
         ),
         EvalAltResult::ErrorStackOverflow(_) => {
-            err!(
-                Limit,
-                "call depth limit reached: too many nested function calls"
-            )
+            err!(Limit, "call depth limit reached: too many nested function calls")
         }
         EvalAltResult::ErrorDataTooLarge(what, _) => err!(Limit, "{} over the limit", lower(&what)),
         EvalAltResult::ErrorTooManyVariables(_) | EvalAltResult::ErrorTooManyModules(_) => {
@@ -108,10 +102,7 @@ pub fn place(e: Error, pos: Position, source: &Arc<Source>) -> Error {
     let Some(offset) = offset_of(&source.text, pos) else {
         return e;
     };
-    let end = source.text[offset..]
-        .chars()
-        .next()
-        .map_or(offset, |c| offset + c.len_utf8());
+    let end = source.text[offset..].chars().next().map_or(offset, |c| offset + c.len_utf8());
     let mut e = e;
     e.span = None;
     e.at(Span::new(offset, end)).in_source(source)
@@ -127,10 +118,7 @@ pub fn offset_of(text: &str, pos: Position) -> Option<usize> {
     }
     let line_text = &text[start..];
     let line_end = line_text.find('\n').unwrap_or(line_text.len());
-    let in_line = line_text[..line_end]
-        .char_indices()
-        .nth(col - 1)
-        .map_or(line_end, |(i, _)| i);
+    let in_line = line_text[..line_end].char_indices().nth(col - 1).map_or(line_end, |(i, _)| i);
     Some(start + in_line)
 }
 

@@ -96,10 +96,7 @@ impl Sandbox {
 
     /// Refuse a tensor of `shape` (4-byte elements) over the memory budget, before allocating.
     pub fn check_alloc(&self, shape: &[usize]) -> Result<usize> {
-        let n = checked_numel(shape).map_err(|e| Error {
-            kind: crate::ErrorKind::Limit,
-            ..e
-        })?;
+        let n = checked_numel(shape).map_err(|e| Error { kind: crate::ErrorKind::Limit, ..e })?;
         let bytes = (n as u128) * 4;
         if bytes > self.memory_budget as u128 {
             return Err(err!(
@@ -132,9 +129,7 @@ fn resolve(path: &str) -> Result<PathBuf> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let parent = parent
-        .canonicalize()
-        .map_err(|e| Error::io(parent.display(), e))?;
+    let parent = parent.canonicalize().map_err(|e| Error::io(parent.display(), e))?;
     Ok(parent.join(name))
 }
 
@@ -195,13 +190,15 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt) -> rhai::Engine {
         .set_max_modules(0);
     engine.set_fail_on_invalid_map_property(true);
     let flag = interrupt.flag();
-    engine.on_progress(move |_| {
-        if flag.load(Ordering::Relaxed) {
-            Some(INTERRUPTED.into())
-        } else {
-            None
-        }
-    });
+    engine.on_progress(
+        move |_| {
+            if flag.load(Ordering::Relaxed) {
+                Some(INTERRUPTED.into())
+            } else {
+                None
+            }
+        },
+    );
     engine
 }
 
@@ -223,10 +220,7 @@ mod tests {
     #[test]
     fn paths_outside_the_roots_are_refused() {
         let s = Sandbox::default();
-        assert_eq!(
-            s.check_read("/etc/passwd").unwrap_err().kind,
-            crate::ErrorKind::Limit
-        );
+        assert_eq!(s.check_read("/etc/passwd").unwrap_err().kind, crate::ErrorKind::Limit);
         assert!(s.check_write("../escape.txt").is_err());
         assert!(s.check_read("Cargo.toml").is_ok());
     }

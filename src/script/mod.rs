@@ -168,9 +168,7 @@ impl Host {
             .map_err(|e| self.convert(e.into(), source))?;
         ast.set_source(source.name.as_str());
         let run = self.functions.merge(&ast);
-        let result = self
-            .engine
-            .eval_ast_with_scope::<Dynamic>(&mut self.scope, &run);
+        let result = self.engine.eval_ast_with_scope::<Dynamic>(&mut self.scope, &run);
         self.functions = self.functions.merge(&ast.clone_functions_only());
         result.map_err(|e| self.convert(*e, source))
     }
@@ -185,9 +183,7 @@ impl Host {
     pub fn call(&mut self, name: &str, args: impl rhai::FuncArgs) -> Result<Dynamic> {
         self.interrupt.reset();
         let source = Source::new(format!("<call {name}>"), String::new());
-        let r = self
-            .engine
-            .call_fn::<Dynamic>(&mut self.scope, &self.functions, name, args);
+        let r = self.engine.call_fn::<Dynamic>(&mut self.scope, &self.functions, name, args);
         r.map_err(|e| self.convert(*e, &source))
     }
 

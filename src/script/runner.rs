@@ -71,10 +71,9 @@ struct Progress {
 impl Progress {
     fn new(log_every: u64, metrics: Option<&Path>, interrupt: Interrupt) -> Result<Progress> {
         let metrics = match metrics {
-            Some(p) => Some((
-                p.to_path_buf(),
-                File::create(p).map_err(|e| Error::io(p.display(), e))?,
-            )),
+            Some(p) => {
+                Some((p.to_path_buf(), File::create(p).map_err(|e| Error::io(p.display(), e))?))
+            }
             None => None,
         };
         Ok(Progress {
@@ -108,10 +107,7 @@ impl Progress {
         let rate = (step - first) as f64 / secs;
         if self.tty {
             // Redraw at most 10 times a second.
-            if self
-                .last_draw
-                .is_some_and(|t| t.elapsed().as_millis() < 100)
-            {
+            if self.last_draw.is_some_and(|t| t.elapsed().as_millis() < 100) {
                 return;
             }
             self.last_draw = Some(Instant::now());

@@ -27,10 +27,7 @@ fn install_handler() {
     }
     // SAFETY: the handler only touches atomics (and `_exit`), which is allowed in a handler.
     unsafe {
-        libc::signal(
-            libc::SIGINT,
-            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
-        );
+        libc::signal(libc::SIGINT, on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t);
     }
 }
 

@@ -122,12 +122,7 @@ impl LayerNorm {
         check_len("bias", buf.bias, d)?;
         check_len("stats", buf.stats, rows * 2)?;
         let rows32 = to_u32(rows)?;
-        let params = FwdParams {
-            rows: rows32,
-            d: d as u32,
-            eps,
-            pad: 0,
-        };
+        let params = FwdParams { rows: rows32, d: d as u32, eps, pad: 0 };
         let uniform = gpu.uniform("layer_norm params", bytemuck::bytes_of(&params))?;
         let bind_group = gpu.bind_group(
             "layer_norm",
@@ -161,25 +156,13 @@ impl LayerNorm {
         let rpg = LayerNorm::rows_per_group(rows);
         let groups = to_u32(rows.div_ceil(rpg))?;
         let flags = u32::from(buf.accumulate_dx) | (u32::from(buf.accumulate_params) << 1);
-        let params = BwdParams {
-            rows: to_u32(rows)?,
-            d: d as u32,
-            rows_per_group: rpg as u32,
-            flags,
-        };
+        let params =
+            BwdParams { rows: to_u32(rows)?, d: d as u32, rows_per_group: rpg as u32, flags };
         let uniform = gpu.uniform("layer_norm_bw params", bytemuck::bytes_of(&params))?;
         let rows_group = gpu.bind_group(
             "layer_norm_bw rows",
             &self.backward_rows,
-            &[
-                &uniform,
-                buf.x,
-                buf.weight,
-                buf.stats,
-                buf.dy,
-                buf.dx,
-                buf.scratch,
-            ],
+            &[&uniform, buf.x, buf.weight, buf.stats, buf.dy, buf.dx, buf.scratch],
         )?;
         let param_group = gpu.bind_group_at(
             "layer_norm_bw params",
@@ -243,13 +226,7 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
         gpu,
         rows,
         1e-5,
-        &LayerNormForward {
-            x: &x,
-            weight: &w,
-            bias: &b,
-            y: &y,
-            stats: &stats,
-        },
+        &LayerNormForward { x: &x, weight: &w, bias: &b, y: &y, stats: &stats },
     )?;
     let [bw_rows, bw_params] = ln.backward(
         gpu,
@@ -268,9 +245,7 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
     )?;
     gpu.run(&[&fwd, &bw_rows, &bw_params])?;
     let iters = iters.max(1);
-    let all: Vec<&Dispatch> = (0..iters)
-        .flat_map(|_| [&fwd, &bw_rows, &bw_params])
-        .collect();
+    let all: Vec<&Dispatch> = (0..iters).flat_map(|_| [&fwd, &bw_rows, &bw_params]).collect();
     let start = Instant::now();
     gpu.run(&all)?;
     let secs = start.elapsed().as_secs_f64();

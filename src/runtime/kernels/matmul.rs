@@ -43,10 +43,7 @@ impl Operand {
 
     /// The same matrix for every batch (batch stride 0).
     pub fn broadcast(self) -> Operand {
-        Operand {
-            batch_stride: 0,
-            ..self
-        }
+        Operand { batch_stride: 0, ..self }
     }
 
     /// Start at element `offset` of the buffer.
@@ -173,13 +170,8 @@ impl Matmul {
         body: &str,
     ) -> Result<Matmul> {
         let (bm, bn, bk, tm, tn) = tile.shape();
-        let (bm, bn, bk, tm, tn) = (
-            bm.to_string(),
-            bn.to_string(),
-            bk.to_string(),
-            tm.to_string(),
-            tn.to_string(),
-        );
+        let (bm, bn, bk, tm, tn) =
+            (bm.to_string(), bn.to_string(), bk.to_string(), tm.to_string(), tn.to_string());
         let src = MATMUL.fill(&[
             ("BM", &bm),
             ("BN", &bn),

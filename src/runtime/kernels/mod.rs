@@ -59,28 +59,17 @@ impl Template {
     pub fn fill(&self, values: &[(&str, &str)]) -> Result<String> {
         for (name, _) in values {
             if !self.defaults.iter().any(|(d, _)| d == name) {
-                return Err(err!(
-                    Invariant,
-                    "{}: no placeholder `{{{{{name}}}}}`",
-                    self.file
-                ));
+                return Err(err!(Invariant, "{}: no placeholder `{{{{{name}}}}}`", self.file));
             }
         }
         let mut text = self.text.to_string();
         for (name, default) in self.defaults {
-            let value = values
-                .iter()
-                .find(|(n, _)| n == name)
-                .map_or(*default, |(_, v)| *v);
+            let value = values.iter().find(|(n, _)| n == name).map_or(*default, |(_, v)| *v);
             text = text.replace(&format!("{{{{{name}}}}}"), value);
         }
         if let Some(at) = text.find("{{") {
             let rest: String = text[at..].chars().take(40).collect();
-            return Err(err!(
-                Invariant,
-                "{}: unfilled placeholder at `{rest}`",
-                self.file
-            ));
+            return Err(err!(Invariant, "{}: unfilled placeholder at `{rest}`", self.file));
         }
         Ok(text)
     }

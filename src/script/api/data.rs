@@ -31,41 +31,27 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("text", move |path: &str, opts: Map| text(&c, path, &opts));
     engine.register_fn("dataset", |x: ScriptTensor, y: ScriptTensor| {
-        Dataset::new(x.into_tensor(), y.into_tensor())
-            .map(|d| ScriptDataset(Rc::new(d)))
-            .script()
+        Dataset::new(x.into_tensor(), y.into_tensor()).map(|d| ScriptDataset(Rc::new(d))).script()
     });
     engine.register_fn("len", |d: &mut ScriptDataset| d.0.len() as INT);
-    engine.register_get("x", |d: &mut ScriptDataset| {
-        ScriptTensor::new(d.0.x().clone())
-    });
-    engine.register_get("y", |d: &mut ScriptDataset| {
-        ScriptTensor::new(d.0.y().clone())
-    });
+    engine.register_get("x", |d: &mut ScriptDataset| ScriptTensor::new(d.0.x().clone()));
+    engine.register_get("y", |d: &mut ScriptDataset| ScriptTensor::new(d.0.y().clone()));
     engine.register_get("classes", |d: &mut ScriptDataset| {
-        d.0.classes()
-            .iter()
-            .map(|c| Dynamic::from(c.clone()))
-            .collect::<Array>()
+        d.0.classes().iter().map(|c| Dynamic::from(c.clone())).collect::<Array>()
     });
     engine.register_fn("to_string", |d: &mut ScriptDataset| describe(&d.0));
     engine.register_fn("to_debug", |d: &mut ScriptDataset| describe(&d.0));
-    engine.register_fn(
-        "split",
-        |d: &mut ScriptDataset, fraction: f64, seed: INT| {
-            let (a, b) = d.0.split(fraction, seed as u64).script()?;
-            let mut m = Map::new();
-            m.insert("train".into(), Dynamic::from(ScriptDataset(Rc::new(a))));
-            m.insert("test".into(), Dynamic::from(ScriptDataset(Rc::new(b))));
-            Ok::<_, Box<rhai::EvalAltResult>>(m)
-        },
-    );
+    engine.register_fn("split", |d: &mut ScriptDataset, fraction: f64, seed: INT| {
+        let (a, b) = d.0.split(fraction, seed as u64).script()?;
+        let mut m = Map::new();
+        m.insert("train".into(), Dynamic::from(ScriptDataset(Rc::new(a))));
+        m.insert("test".into(), Dynamic::from(ScriptDataset(Rc::new(b))));
+        Ok::<_, Box<rhai::EvalAltResult>>(m)
+    });
     engine.register_fn("shuffle", |d: &mut ScriptDataset, seed: INT| {
         let mut order: Vec<usize> = (0..d.0.len()).collect();
         crate::rng::Rng::new(seed as u64).shuffle(&mut order);
-        d.0.select(&order)
-            .map(|d| ScriptDataset(Rc::new(d)))
-            .script()
+        d.0.select(&order).map(|d| ScriptDataset(Rc::new(d))).script()
     });
     engine.register_fn("batches", |d: &mut ScriptDataset, size: INT, seed: INT| {
         batches(&d.0, size, seed, false)
@@ -110,19 +96,13 @@ fn batches(d: &Dataset, size: INT, seed: INT, keep_last: bool) -> ScriptResult<A
 
 fn opt_int(m: &Map, key: &str) -> ScriptResult<Option<i64>> {
     m.get(key)
-        .map(|v| {
-            v.as_int()
-                .map_err(|t| script_err(format!("`{key}` must be an integer, got {t}")))
-        })
+        .map(|v| v.as_int().map_err(|t| script_err(format!("`{key}` must be an integer, got {t}"))))
         .transpose()
 }
 
 fn csv(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
     let p = ctx.sandbox.check_read(path).script()?;
-    let mut opts = CsvOptions {
-        max_bytes: ctx.sandbox.memory_budget,
-        ..CsvOptions::default()
-    };
+    let mut opts = CsvOptions { max_bytes: ctx.sandbox.memory_budget, ..CsvOptions::default() };
     if let Some(c) = opt_int(m, "label_col")? {
         opts.label_col =
             Some(usize::try_from(c).map_err(|_| script_err("`label_col` must be >= 0"))?);

@@ -13,38 +13,21 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("read_text", move |path: &str| -> ScriptResult<String> {
         let p = c.sandbox.check_read(path).script()?;
-        let meta = std::fs::metadata(&p)
-            .map_err(|e| Error::io(path, e))
-            .script()?;
+        let meta = std::fs::metadata(&p).map_err(|e| Error::io(path, e)).script()?;
         if meta.len() > c.sandbox.max_string_size as u64 {
-            return Err(err!(
-                Limit,
-                "{path}: {} bytes is over the string limit",
-                meta.len()
-            ))
-            .script();
+            return Err(err!(Limit, "{path}: {} bytes is over the string limit", meta.len()))
+                .script();
         }
-        std::fs::read_to_string(&p)
-            .map_err(|e| Error::io(path, e))
-            .script()
+        std::fs::read_to_string(&p).map_err(|e| Error::io(path, e)).script()
     });
     let c = ctx.clone();
-    engine.register_fn(
-        "write_text",
-        move |path: &str, text: &str| -> ScriptResult<()> {
-            let p = c.sandbox.check_write(path).script()?;
-            write_atomic(&p, text.as_bytes())
-                .map_err(|e| Error::io(path, e))
-                .script()
-        },
-    );
+    engine.register_fn("write_text", move |path: &str, text: &str| -> ScriptResult<()> {
+        let p = c.sandbox.check_write(path).script()?;
+        write_atomic(&p, text.as_bytes()).map_err(|e| Error::io(path, e)).script()
+    });
     let c = ctx.clone();
     engine.register_fn("log_metric", move |name: &str, value: FLOAT| {
-        c.emit(Event::Metric {
-            step: c.last_step.get(),
-            name: name.to_string(),
-            value,
-        });
+        c.emit(Event::Metric { step: c.last_step.get(), name: name.to_string(), value });
     });
     let c = ctx.clone();
     engine.register_fn("log_metric", move |name: &str, value: INT| {
@@ -67,11 +50,8 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
                 *c.device.borrow_mut() = d.to_string();
                 Ok(())
             }
-            _ => Err(err!(
-                Usage,
-                "unknown device `{d}`: expected \"auto\", \"gpu\" or \"cpu\""
-            ))
-            .script(),
+            _ => Err(err!(Usage, "unknown device `{d}`: expected \"auto\", \"gpu\" or \"cpu\""))
+                .script(),
         }
     });
 }

@@ -119,9 +119,5 @@ pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
             _ => Ok(model::params_text(&g)),
         };
     }
-    Err(crate::err!(
-        Usage,
-        ":{what} needs a model or a trainer, got {}",
-        value.type_name()
-    ))
+    Err(crate::err!(Usage, ":{what} needs a model or a trainer, got {}", value.type_name()))
 }

@@ -41,9 +41,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         from_array(&c, &a, parse_dtype(dtype)?)
     });
     let c = ctx.clone();
-    engine.register_fn("tensor", move |r: Range<INT>| {
-        from_range(&c, r.start, r.end)
-    });
+    engine.register_fn("tensor", move |r: Range<INT>| from_range(&c, r.start, r.end));
     let c = ctx.clone();
     engine.register_fn("tensor", move |r: RangeInclusive<INT>| {
         from_range(&c, *r.start(), r.end().saturating_add(1))
@@ -55,19 +53,15 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("full", move |shape: Array, v: FLOAT| filled(&c, &shape, v));
     let c = ctx.clone();
-    engine.register_fn("randn", move |shape: Array, seed: INT| {
-        random(&c, &shape, seed, Rng::normal)
-    });
+    engine
+        .register_fn("randn", move |shape: Array, seed: INT| random(&c, &shape, seed, Rng::normal));
     let c = ctx.clone();
-    engine.register_fn("rand", move |shape: Array, seed: INT| {
-        random(&c, &shape, seed, Rng::uniform)
-    });
+    engine
+        .register_fn("rand", move |shape: Array, seed: INT| random(&c, &shape, seed, Rng::uniform));
 
     // Inspection.
     engine.register_get("shape", |t: &mut ScriptTensor| shape_array(t.0.shape()));
-    engine.register_get("dtype", |t: &mut ScriptTensor| {
-        t.0.dtype().name().to_string()
-    });
+    engine.register_get("dtype", |t: &mut ScriptTensor| t.0.dtype().name().to_string());
     engine.register_fn("numel", |t: &mut ScriptTensor| t.0.numel() as INT);
     engine.register_fn("rank", |t: &mut ScriptTensor| t.0.shape().len() as INT);
     engine.register_fn("len", |t: &mut ScriptTensor| {
@@ -98,15 +92,9 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     // Conversion.
     engine.register_fn("reshape", |t: &mut ScriptTensor, shape: Array| {
         let shape = dims(&shape)?;
-        t.0.as_ref()
-            .clone()
-            .reshape(&shape)
-            .map(ScriptTensor::new)
-            .script()
+        t.0.as_ref().clone().reshape(&shape).map(ScriptTensor::new).script()
     });
-    engine.register_fn("to_f32", |t: &mut ScriptTensor| {
-        ScriptTensor::new(map(&t.0, |x| x))
-    });
+    engine.register_fn("to_f32", |t: &mut ScriptTensor| ScriptTensor::new(map(&t.0, |x| x)));
     engine.register_fn("to_i32", |t: &mut ScriptTensor| {
         let v = t.0.to_f32_vec().iter().map(|&x| x as i32).collect();
         ScriptTensor::new(Tensor::i32(t.0.shape(), v).expect("same shape"))
@@ -122,9 +110,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         ("max", f32::max),
         ("min", f32::min),
     ] {
-        engine.register_fn(name, move |a: ScriptTensor, b: ScriptTensor| {
-            broadcast(&a.0, &b.0, f)
-        });
+        engine.register_fn(name, move |a: ScriptTensor, b: ScriptTensor| broadcast(&a.0, &b.0, f));
         engine.register_fn(name, move |a: ScriptTensor, b: FLOAT| {
             Ok::<_, Box<rhai::EvalAltResult>>(ScriptTensor::new(map(&a.0, |x| f(x, b as f32))))
         });
@@ -146,9 +132,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         ("abs", f32::abs),
         ("relu", |x: f32| x.max(0.0)),
     ] {
-        engine.register_fn(name, move |a: &mut ScriptTensor| {
-            ScriptTensor::new(map(&a.0, f))
-        });
+        engine.register_fn(name, move |a: &mut ScriptTensor| ScriptTensor::new(map(&a.0, f)));
     }
     engine.register_fn("sum", |t: &mut ScriptTensor| {
         t.0.to_f32_vec().iter().map(|&x| x as f64).sum::<f64>()
@@ -158,9 +142,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64
     });
     engine.register_fn("max", |t: &mut ScriptTensor| {
-        t.0.to_f32_vec()
-            .into_iter()
-            .fold(f32::NEG_INFINITY, f32::max) as FLOAT
+        t.0.to_f32_vec().into_iter().fold(f32::NEG_INFINITY, f32::max) as FLOAT
     });
     engine.register_fn("min", |t: &mut ScriptTensor| {
         t.0.to_f32_vec().into_iter().fold(f32::INFINITY, f32::min) as FLOAT
@@ -182,10 +164,7 @@ pub fn dims(a: &Array) -> ScriptResult<Vec<usize>> {
 
 fn ints(a: &Array, what: &str) -> ScriptResult<Vec<INT>> {
     a.iter()
-        .map(|d| {
-            d.as_int()
-                .map_err(|t| script_err(format!("{what}: expected integers, got {t}")))
-        })
+        .map(|d| d.as_int().map_err(|t| script_err(format!("{what}: expected integers, got {t}"))))
         .collect()
 }
 
@@ -197,9 +176,7 @@ fn parse_dtype(s: &str) -> ScriptResult<DType> {
     match s {
         "f32" => Ok(DType::F32),
         "i32" => Ok(DType::I32),
-        _ => Err(script_err(format!(
-            "unknown dtype `{s}`: expected \"f32\" or \"i32\""
-        ))),
+        _ => Err(script_err(format!("unknown dtype `{s}`: expected \"f32\" or \"i32\""))),
     }
 }
 
@@ -211,10 +188,7 @@ fn number(d: &Dynamic) -> ScriptResult<f64> {
     } else if let Ok(b) = d.as_bool() {
         Ok(b as u8 as f64)
     } else {
-        Err(script_err(format!(
-            "tensor elements must be numbers, got {}",
-            d.type_name()
-        )))
+        Err(script_err(format!("tensor elements must be numbers, got {}", d.type_name())))
     }
 }
 
@@ -277,9 +251,7 @@ fn from_range(ctx: &Ctx, start: INT, end: INT) -> ScriptResult<ScriptTensor> {
 fn filled(ctx: &Ctx, shape: &Array, v: FLOAT) -> ScriptResult<ScriptTensor> {
     let shape = dims(shape)?;
     let n = ctx.sandbox.check_alloc(&shape).script()?;
-    Tensor::f32(&shape, vec![v as f32; n])
-        .map(ScriptTensor::new)
-        .script()
+    Tensor::f32(&shape, vec![v as f32; n]).map(ScriptTensor::new).script()
 }
 
 fn random(
@@ -404,11 +376,7 @@ fn index_get(t: &mut ScriptTensor, idx: &[INT]) -> ScriptResult<Dynamic> {
     let shape = t.0.shape();
     if idx.len() == 1 && shape.len() > 1 {
         let d = shape[0];
-        let i = if idx[0] < 0 {
-            idx[0] + d as INT
-        } else {
-            idx[0]
-        };
+        let i = if idx[0] < 0 { idx[0] + d as INT } else { idx[0] };
         if i < 0 || i as usize >= d {
             return Err(script_err(format!(
                 "row {} is out of range for shape {}",
