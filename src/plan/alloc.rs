@@ -10,8 +10,9 @@
 use super::fuse::Fusion;
 use crate::graph::{Graph, NodeId, Op};
 
-/// Kernel index range `[first, last]` (inclusive) in which a value's buffer holds it. Sources
-/// start at `-1` (filled before the first kernel); pinned values end at `i64::MAX`.
+/// Kernel index range `[first, last]` (inclusive) in which a value's buffer holds it. Sources,
+/// and only sources, start at `-1` (filled before the first kernel); pinned values end at
+/// `i64::MAX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lifetime {
     pub first: i64,
@@ -62,15 +63,9 @@ pub fn assign(
     let mut pinned = vec![false; n];
     for (id, node) in g.nodes() {
         if f.live[id.index()]
-            && matches!(
-                node.op,
-                Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }
-            )
+            && matches!(node.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         {
-            lifetime[id.index()] = Some(Lifetime {
-                first: -1,
-                last: -1,
-            });
+            lifetime[id.index()] = Some(Lifetime { first: -1, last: -1 });
             pinned[id.index()] = true;
         }
     }
@@ -95,14 +90,9 @@ pub fn assign(
         .filter_map(|i| {
             let lt = lifetime[i]?;
             let id = NodeId(i as u32);
-            let lifetime = if pinned[i] {
-                Lifetime {
-                    first: -1,
-                    last: i64::MAX,
-                }
-            } else {
-                lt
-            };
+            // A pinned value keeps its buffer from its first write to the end of the plan.
+            let lifetime =
+                if pinned[i] { Lifetime { first: lt.first, last: i64::MAX } } else { lt };
             Some(Value {
                 node: id,
                 bytes: value_bytes(g, id),
@@ -123,10 +113,7 @@ pub fn assign(
         let val = values[v];
         if val.pinned || !reuse {
             values[v].buffer = buffers.len();
-            buffers.push(BufferInfo {
-                bytes: val.bytes,
-                pinned: val.pinned,
-            });
+            buffers.push(BufferInfo { bytes: val.bytes, pinned: val.pinned });
             occupied.push(vec![val.lifetime]);
             continue;
         }
@@ -136,20 +123,15 @@ pub fn assign(
         let best_fit = (0..buffers.len())
             .filter(|&b| free(b) && buffers[b].bytes >= val.bytes)
             .min_by_key(|&b| buffers[b].bytes);
-        let b = match best_fit.or_else(|| {
-            (0..buffers.len())
-                .filter(|&b| free(b))
-                .max_by_key(|&b| buffers[b].bytes)
-        }) {
+        let b = match best_fit
+            .or_else(|| (0..buffers.len()).filter(|&b| free(b)).max_by_key(|&b| buffers[b].bytes))
+        {
             Some(b) => {
                 buffers[b].bytes = buffers[b].bytes.max(val.bytes);
                 b
             }
             None => {
-                buffers.push(BufferInfo {
-                    bytes: val.bytes,
-                    pinned: false,
-                });
+                buffers.push(BufferInfo { bytes: val.bytes, pinned: false });
                 occupied.push(Vec::new());
                 buffers.len() - 1
             }

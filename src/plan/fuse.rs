@@ -180,28 +180,20 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             Op::Reshape if alias[i].is_some() => continue,
             Op::LayerNormStats { .. } => {
                 // Folded into the layer_norm kernel that consumes it, when there is one.
-                let ln = consumers[i]
-                    .iter()
-                    .find(|c| matches!(g.node(**c).op, Op::LayerNorm));
+                let ln = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::LayerNorm));
                 match ln {
                     Some(&ln) if fusion && materialized[ln.index()] => continue,
                     _ => KernelKind::LayerNormStats,
                 }
             }
             Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion },
-            Op::MatMul => KernelKind::MatMul {
-                matmul: id,
-                register: id,
-            },
+            Op::MatMul => KernelKind::MatMul { matmul: id, register: id },
             Op::Reduce { .. } => KernelKind::Reduce,
             Op::Softmax => KernelKind::Softmax,
             Op::LogSoftmax => KernelKind::LogSoftmax,
             Op::LayerNormGradInput => {
-                let weight_grad = if fusion {
-                    ln_weight_grad(g, id, &consumers, &live)
-                } else {
-                    None
-                };
+                let weight_grad =
+                    if fusion { ln_weight_grad(g, id, &consumers, &live) } else { None };
                 if let Some(w) = weight_grad {
                     taken[w.index()] = true;
                 }
@@ -222,10 +214,7 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
         let mut inputs = Vec::new();
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
-        if let KernelKind::LayerNormGradInput {
-            weight_grad: Some(w),
-        } = kind
-        {
+        if let KernelKind::LayerNormGradInput { weight_grad: Some(w) } = kind {
             outputs.insert(0, w);
             fused.push(w);
         }
@@ -240,12 +229,7 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
         }
         fused.sort();
         fused.dedup();
-        kernels.push(Kernel {
-            kind,
-            outputs,
-            inputs,
-            fused,
-        });
+        kernels.push(Kernel { kind, outputs, inputs, fused });
     }
     // A matmul (and its reshape) taken into an epilogue kernel lives in registers only.
     for (i, node) in g.nodes.iter().enumerate() {
@@ -254,12 +238,7 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             alias[i] = None;
         }
     }
-    Fusion {
-        live,
-        materialized,
-        alias,
-        kernels,
-    }
+    Fusion { live, materialized, alias, kernels }
 }
 
 /// Whether `consumer` can take `producer` as an inlined expression operand.
@@ -312,10 +291,7 @@ fn epilogue_matmul(
     while let Some(id) = stack.pop() {
         let node = g.node(id);
         // Only plain elementwise ops keep coordinates aligned with the accumulator's.
-        if !matches!(
-            node.op,
-            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. }
-        ) {
+        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. }) {
             return None;
         }
         for &x in &node.inputs {
@@ -372,7 +348,9 @@ fn collect(
                 // The matmul's own operands are this kernel's buffers.
                 fused.extend([*matmul, *register]);
                 for &y in &g.node(*matmul).inputs {
-                    if !inputs.contains(&y) {
+                    if !materialized[y.index()] {
+                        collect(g, y, materialized, kind, fused, inputs);
+                    } else if !inputs.contains(&y) {
                         inputs.push(y);
                     }
                 }

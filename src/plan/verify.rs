@@ -4,21 +4,19 @@
 use super::Plan;
 use crate::err;
 use crate::error::Result;
+use crate::graph::NodeId;
 
 /// Check that:
 /// - every value has a buffer large enough for it;
 /// - a pinned value's buffer holds nothing else;
 /// - two values sharing a buffer never have overlapping lifetimes;
+/// - every value a kernel reads is a source or was written by an earlier kernel;
 /// - every value a kernel reads or writes has a buffer (views through their owner);
 /// - no kernel binds more storage buffers than `max_storage_buffers` (when given).
 pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
     for v in &plan.values {
         let Some(b) = plan.buffers.get(v.buffer) else {
-            return Err(err!(
-                Invariant,
-                "plan: value of node {} has no buffer",
-                v.node.index()
-            ));
+            return Err(err!(Invariant, "plan: value of node {} has no buffer", v.node.index()));
         };
         if b.bytes < v.bytes {
             return Err(err!(
@@ -31,11 +29,7 @@ pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
             ));
         }
         if v.lifetime.first > v.lifetime.last {
-            return Err(err!(
-                Invariant,
-                "plan: node {} dies before it is written",
-                v.node.index()
-            ));
+            return Err(err!(Invariant, "plan: node {} dies before it is written", v.node.index()));
         }
     }
     for (i, a) in plan.values.iter().enumerate() {
@@ -47,17 +41,9 @@ pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
                 return Err(err!(
                     Invariant,
                     "plan: pinned value of node {} shares buffer {} with node {}",
-                    if a.pinned {
-                        a.node.index()
-                    } else {
-                        b.node.index()
-                    },
+                    if a.pinned { a.node.index() } else { b.node.index() },
                     a.buffer,
-                    if a.pinned {
-                        b.node.index()
-                    } else {
-                        a.node.index()
-                    }
+                    if a.pinned { b.node.index() } else { a.node.index() }
                 ));
             }
             if a.lifetime.overlaps(b.lifetime) {
@@ -72,6 +58,28 @@ pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
                 ));
             }
         }
+    }
+    // Every value a kernel reads is a source (filled before the first kernel) or was written
+    // by an earlier kernel.
+    let mut written: Vec<NodeId> =
+        plan.values.iter().filter(|v| v.lifetime.first < 0).map(|v| v.node).collect();
+    for (k, kernel) in plan.kernels.iter().enumerate() {
+        for &id in &kernel.inputs {
+            let owner = plan.alias.get(id.index()).copied().flatten().unwrap_or(id);
+            if !written.contains(&owner) {
+                return Err(err!(
+                    Invariant,
+                    "plan: kernel {k} reads node {}, which no earlier kernel writes",
+                    id.index()
+                ));
+            }
+        }
+        written.extend(
+            kernel
+                .outputs
+                .iter()
+                .map(|&o| plan.alias.get(o.index()).copied().flatten().unwrap_or(o)),
+        );
     }
     for (k, kernel) in plan.kernels.iter().enumerate() {
         let mut bound = Vec::new();

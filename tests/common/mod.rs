@@ -62,11 +62,9 @@ pub fn cases() -> Vec<Case> {
     ];
     for (u, dom) in unary {
         for shape in [&[3, 4][..], &[2, 1, 3][..], &[][..]] {
-            cs.push(case(
-                &format!("{} {:?}", u.name(), shape),
-                &[(shape, dom)],
-                move |g, x| g.unary(u, x[0]),
-            ));
+            cs.push(case(&format!("{} {:?}", u.name(), shape), &[(shape, dom)], move |g, x| {
+                g.unary(u, x[0])
+            }));
         }
     }
     let binary = [
@@ -92,160 +90,82 @@ pub fn cases() -> Vec<Case> {
             ));
         }
     }
-    cs.push(case(
-        "where broadcast",
-        &[(&[2, 3], Mask), (&[2, 3], Any), (&[3], Any)],
-        |g, x| g.select(x[0], x[1], x[2]),
-    ));
-    cs.push(case(
-        "where size-1",
-        &[(&[4, 1], Mask), (&[1, 5], Any), (&[], Any)],
-        |g, x| g.select(x[0], x[1], x[2]),
-    ));
-    for (axes, keep) in [
-        (&[1][..], false),
-        (&[0, 2][..], true),
-        (&[0, 1, 2][..], false),
-    ] {
+    cs.push(case("where broadcast", &[(&[2, 3], Mask), (&[2, 3], Any), (&[3], Any)], |g, x| {
+        g.select(x[0], x[1], x[2])
+    }));
+    cs.push(case("where size-1", &[(&[4, 1], Mask), (&[1, 5], Any), (&[], Any)], |g, x| {
+        g.select(x[0], x[1], x[2])
+    }));
+    for (axes, keep) in [(&[1][..], false), (&[0, 2][..], true), (&[0, 1, 2][..], false)] {
         let a = axes.to_vec();
-        cs.push(case(
-            &format!("sum {axes:?} {keep}"),
-            &[(&[2, 3, 4], Any)],
-            move |g, x| g.sum(x[0], &a, keep),
-        ));
+        cs.push(case(&format!("sum {axes:?} {keep}"), &[(&[2, 3, 4], Any)], move |g, x| {
+            g.sum(x[0], &a, keep)
+        }));
         let a = axes.to_vec();
-        cs.push(case(
-            &format!("mean {axes:?} {keep}"),
-            &[(&[2, 3, 4], Any)],
-            move |g, x| g.mean(x[0], &a, keep),
-        ));
+        cs.push(case(&format!("mean {axes:?} {keep}"), &[(&[2, 3, 4], Any)], move |g, x| {
+            g.mean(x[0], &a, keep)
+        }));
         let a = axes.to_vec();
-        cs.push(case(
-            &format!("max {axes:?} {keep}"),
-            &[(&[2, 3, 4], Any)],
-            move |g, x| g.max(x[0], &a, keep),
-        ));
+        cs.push(case(&format!("max {axes:?} {keep}"), &[(&[2, 3, 4], Any)], move |g, x| {
+            g.max(x[0], &a, keep)
+        }));
     }
-    cs.push(case("max size-1 axis", &[(&[3, 1], Any)], |g, x| {
-        g.max(x[0], &[1], false)
+    cs.push(case("max size-1 axis", &[(&[3, 1], Any)], |g, x| g.max(x[0], &[1], false)));
+    cs.push(case("reshape", &[(&[2, 3, 4], Any)], |g, x| g.reshape(x[0], &[6, 1, 4])));
+    cs.push(case("reshape scalar", &[(&[1, 1], Any)], |g, x| g.reshape(x[0], &[])));
+    cs.push(case("permute", &[(&[2, 3, 4], Any)], |g, x| g.permute(x[0], &[2, 0, 1])));
+    cs.push(case("transpose size-1", &[(&[1, 3], Any)], |g, x| g.transpose(x[0], 0, 1)));
+    cs.push(case("broadcast_to", &[(&[3, 1], Any)], |g, x| g.broadcast_to(x[0], &[2, 3, 4])));
+    cs.push(case("broadcast_to scalar", &[(&[], Any)], |g, x| g.broadcast_to(x[0], &[2, 2])));
+    cs.push(case("slice middle", &[(&[2, 5], Any)], |g, x| g.slice(x[0], 1, 1, 4)));
+    cs.push(case("slice edge", &[(&[4, 1, 3], Any)], |g, x| g.slice(x[0], 0, 0, 1)));
+    cs.push(case("concat", &[(&[2, 3], Any), (&[2, 1], Any)], |g, x| g.concat(&[x[0], x[1]], 1)));
+    cs.push(case("concat three", &[(&[1, 2], Any), (&[3, 2], Any), (&[1, 2], Any)], |g, x| {
+        g.concat(x, 0)
     }));
-    cs.push(case("reshape", &[(&[2, 3, 4], Any)], |g, x| {
-        g.reshape(x[0], &[6, 1, 4])
-    }));
-    cs.push(case("reshape scalar", &[(&[1, 1], Any)], |g, x| {
-        g.reshape(x[0], &[])
-    }));
-    cs.push(case("permute", &[(&[2, 3, 4], Any)], |g, x| {
-        g.permute(x[0], &[2, 0, 1])
-    }));
-    cs.push(case("transpose size-1", &[(&[1, 3], Any)], |g, x| {
-        g.transpose(x[0], 0, 1)
-    }));
-    cs.push(case("broadcast_to", &[(&[3, 1], Any)], |g, x| {
-        g.broadcast_to(x[0], &[2, 3, 4])
-    }));
-    cs.push(case("broadcast_to scalar", &[(&[], Any)], |g, x| {
-        g.broadcast_to(x[0], &[2, 2])
-    }));
-    cs.push(case("slice middle", &[(&[2, 5], Any)], |g, x| {
-        g.slice(x[0], 1, 1, 4)
-    }));
-    cs.push(case("slice edge", &[(&[4, 1, 3], Any)], |g, x| {
-        g.slice(x[0], 0, 0, 1)
-    }));
-    cs.push(case("concat", &[(&[2, 3], Any), (&[2, 1], Any)], |g, x| {
-        g.concat(&[x[0], x[1]], 1)
-    }));
-    cs.push(case(
-        "concat three",
-        &[(&[1, 2], Any), (&[3, 2], Any), (&[1, 2], Any)],
-        |g, x| g.concat(x, 0),
-    ));
-    cs.push(case("matmul", &[(&[3, 4], Any), (&[4, 5], Any)], |g, x| {
-        g.matmul(x[0], x[1])
-    }));
+    cs.push(case("matmul", &[(&[3, 4], Any), (&[4, 5], Any)], |g, x| g.matmul(x[0], x[1])));
     cs.push(case(
         "matmul batched broadcast",
         &[(&[2, 1, 3, 4], Any), (&[3, 4, 2], Any)],
         |g, x| g.matmul(x[0], x[1]),
     ));
-    cs.push(case(
-        "matmul nd @ 2d",
-        &[(&[2, 3, 4], Any), (&[4, 1], Any)],
-        |g, x| g.matmul(x[0], x[1]),
-    ));
-    cs.push(case(
-        "matmul 1x1",
-        &[(&[1, 1], Any), (&[1, 1], Any)],
-        |g, x| g.matmul(x[0], x[1]),
-    ));
+    cs.push(case("matmul nd @ 2d", &[(&[2, 3, 4], Any), (&[4, 1], Any)], |g, x| {
+        g.matmul(x[0], x[1])
+    }));
+    cs.push(case("matmul 1x1", &[(&[1, 1], Any), (&[1, 1], Any)], |g, x| g.matmul(x[0], x[1])));
     cs.push(case("softmax", &[(&[3, 5], Any)], |g, x| g.softmax(x[0])));
-    cs.push(case("softmax size-1", &[(&[2, 1], Any)], |g, x| {
-        g.softmax(x[0])
+    cs.push(case("softmax size-1", &[(&[2, 1], Any)], |g, x| g.softmax(x[0])));
+    cs.push(case("log_softmax", &[(&[2, 3, 4], Any)], |g, x| g.log_softmax(x[0])));
+    cs.push(case("log_softmax size-1 rows", &[(&[1, 6], Any)], |g, x| g.log_softmax(x[0])));
+    cs.push(case("causal_mask then softmax", &[(&[2, 4, 4], Any)], |g, x| {
+        let m = g.causal_mask(x[0])?;
+        g.softmax(m)
     }));
-    cs.push(case("log_softmax", &[(&[2, 3, 4], Any)], |g, x| {
-        g.log_softmax(x[0])
+    cs.push(case("causal_mask rectangular", &[(&[2, 3], Any)], |g, x| {
+        let m = g.causal_mask(x[0])?;
+        g.softmax(m)
     }));
-    cs.push(case(
-        "log_softmax size-1 rows",
-        &[(&[1, 6], Any)],
-        |g, x| g.log_softmax(x[0]),
-    ));
-    cs.push(case(
-        "causal_mask then softmax",
-        &[(&[2, 4, 4], Any)],
-        |g, x| {
-            let m = g.causal_mask(x[0])?;
-            g.softmax(m)
-        },
-    ));
-    cs.push(case(
-        "causal_mask rectangular",
-        &[(&[2, 3], Any)],
-        |g, x| {
-            let m = g.causal_mask(x[0])?;
-            g.softmax(m)
-        },
-    ));
-    cs.push(case(
-        "layer_norm",
-        &[(&[3, 5], Any), (&[5], Any), (&[5], Any)],
-        |g, x| g.layer_norm(x[0], x[1], x[2], 1e-5),
-    ));
-    cs.push(case(
-        "layer_norm 3d",
-        &[(&[2, 2, 4], Any), (&[4], Any), (&[4], Any)],
-        |g, x| g.layer_norm(x[0], x[1], x[2], 1e-5),
-    ));
-    cs.push(case(
-        "embedding repeated",
-        &[(&[5, 3], Any), (&[2, 4], Index(5))],
-        |g, x| g.embedding(x[0], x[1]),
-    ));
-    cs.push(case(
-        "embedding single",
-        &[(&[1, 2], Any), (&[3], Index(1))],
-        |g, x| g.embedding(x[0], x[1]),
-    ));
-    cs.push(case(
-        "cross_entropy",
-        &[(&[4, 5], Any), (&[4], Index(5))],
-        |g, x| g.cross_entropy(x[0], x[1], None),
-    ));
-    cs.push(case(
-        "cross_entropy ignore 3d",
-        &[(&[2, 3, 4], Any), (&[2, 3], Index(4))],
-        |g, x| g.cross_entropy(x[0], x[1], Some(3)),
-    ));
-    cs.push(case("mse", &[(&[3, 2], Any), (&[3, 2], Any)], |g, x| {
-        g.mse(x[0], x[1])
+    cs.push(case("layer_norm", &[(&[3, 5], Any), (&[5], Any), (&[5], Any)], |g, x| {
+        g.layer_norm(x[0], x[1], x[2], 1e-5)
     }));
-    cs.push(case("dropout", &[(&[4, 5], Any)], |g, x| {
-        g.dropout(x[0], 0.3, 7)
+    cs.push(case("layer_norm 3d", &[(&[2, 2, 4], Any), (&[4], Any), (&[4], Any)], |g, x| {
+        g.layer_norm(x[0], x[1], x[2], 1e-5)
     }));
-    cs.push(case("dropout size-1", &[(&[1, 1, 3], Any)], |g, x| {
-        g.dropout(x[0], 0.5, 1)
+    cs.push(case("embedding repeated", &[(&[5, 3], Any), (&[2, 4], Index(5))], |g, x| {
+        g.embedding(x[0], x[1])
     }));
+    cs.push(case("embedding single", &[(&[1, 2], Any), (&[3], Index(1))], |g, x| {
+        g.embedding(x[0], x[1])
+    }));
+    cs.push(case("cross_entropy", &[(&[4, 5], Any), (&[4], Index(5))], |g, x| {
+        g.cross_entropy(x[0], x[1], None)
+    }));
+    cs.push(case("cross_entropy ignore 3d", &[(&[2, 3, 4], Any), (&[2, 3], Index(4))], |g, x| {
+        g.cross_entropy(x[0], x[1], Some(3))
+    }));
+    cs.push(case("mse", &[(&[3, 2], Any), (&[3, 2], Any)], |g, x| g.mse(x[0], x[1])));
+    cs.push(case("dropout", &[(&[4, 5], Any)], |g, x| g.dropout(x[0], 0.3, 7)));
+    cs.push(case("dropout size-1", &[(&[1, 1, 3], Any)], |g, x| g.dropout(x[0], 0.5, 1)));
     cs
 }
 
@@ -286,11 +206,8 @@ pub fn build(c: &Case) -> Result<Built> {
     let mut g = Graph::new();
     let mut xs = Vec::new();
     for (i, (shape, dom)) in c.inputs.iter().enumerate() {
-        let dtype = if matches!(dom, Dom::Index(_)) {
-            rumus::DType::I32
-        } else {
-            rumus::DType::F32
-        };
+        let dtype =
+            if matches!(dom, Dom::Index(_)) { rumus::DType::I32 } else { rumus::DType::F32 };
         xs.push(g.input(&format!("x{i}"), shape, dtype)?);
     }
     let out = (c.build)(&mut g, &xs)?;
@@ -298,31 +215,19 @@ pub fn build(c: &Case) -> Result<Built> {
     let r = g.input("r", &out_shape, rumus::DType::F32)?;
     let weighted = g.mul(out, r)?;
     let loss = g.sum_all(weighted)?;
-    let diff: Vec<usize> = (0..xs.len())
-        .filter(|&i| !matches!(c.inputs[i].1, Dom::Index(_) | Dom::Mask))
-        .collect();
+    let diff: Vec<usize> =
+        (0..xs.len()).filter(|&i| !matches!(c.inputs[i].1, Dom::Index(_) | Dom::Mask)).collect();
     let wrt: Vec<NodeId> = diff.iter().map(|&i| xs[i]).collect();
     let grads = rumus::graph::autodiff::grad(&mut g, loss, &wrt)?;
     rumus::graph::verify(&g)?;
-    Ok(Built {
-        g,
-        xs,
-        out,
-        r,
-        loss,
-        grads: diff.into_iter().zip(grads).collect(),
-    })
+    Ok(Built { g, xs, out, r, loss, grads: diff.into_iter().zip(grads).collect() })
 }
 
 /// Random feeds for a built case: one per input, then `r`.
 pub fn feeds(c: &Case, b: &Built, seed: u64) -> Vec<(NodeId, Buf<f64>)> {
     let mut rng = Rng::new(seed);
-    let mut f: Vec<(NodeId, Buf<f64>)> = c
-        .inputs
-        .iter()
-        .zip(&b.xs)
-        .map(|((s, d), &x)| (x, draw(&mut rng, s, *d)))
-        .collect();
+    let mut f: Vec<(NodeId, Buf<f64>)> =
+        c.inputs.iter().zip(&b.xs).map(|((s, d), &x)| (x, draw(&mut rng, s, *d))).collect();
     let out_shape = b.g.shape(b.out).to_vec();
     f.push((b.r, draw(&mut rng, &out_shape, Dom::Any)));
     f
