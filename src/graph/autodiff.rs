@@ -110,11 +110,7 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
             let (sa, sb) = (shape_of(g, 1), shape_of(g, 2));
             vec![None, Some(g.sum_to(da, &sa)?), Some(g.sum_to(db, &sb)?)]
         }
-        Op::Reduce {
-            op,
-            axes,
-            keepdim: _,
-        } => {
+        Op::Reduce { op, axes, keepdim: _ } => {
             let xs = shape_of(g, 0);
             let kept: Vec<usize> = xs
                 .iter()
@@ -158,11 +154,7 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         Op::Slice { axis, start, end } => {
             let xs = shape_of(g, 0);
             let mut parts = Vec::new();
-            for (len, is_dy) in [
-                (*start, false),
-                (end - start, true),
-                (xs[*axis] - end, false),
-            ] {
+            for (len, is_dy) in [(*start, false), (end - start, true), (xs[*axis] - end, false)] {
                 if is_dy {
                     parts.push(dy);
                 } else if len > 0 {
@@ -207,11 +199,9 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
             let ps = g.mul(p, s)?;
             vec![Some(g.sub(dy, ps)?)]
         }
-        Op::CausalMask { .. } => vec![Some(g.add_node(
-            Op::CausalMask { fill: 0.0 },
-            &[dy],
-            &[],
-        )?)],
+        Op::CausalMask { .. } => {
+            vec![Some(g.add_node(Op::CausalMask { fill: 0.0 }, &[dy], &[])?)]
+        }
         Op::LayerNormStats { .. } => vec![None],
         Op::LayerNorm => {
             let d = *node.shape.last().unwrap_or(&1);
@@ -225,26 +215,19 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         }
         Op::Embedding => {
             let vocab = g.shape(x[0])[0];
-            vec![
-                Some(g.add_node(Op::EmbeddingGrad { vocab }, &[x[1], dy], &[])?),
-                None,
-            ]
+            vec![Some(g.add_node(Op::EmbeddingGrad { vocab }, &[x[1], dy], &[])?), None]
         }
         Op::CrossEntropy { ignore_index } => {
             let d = g.add_node(
-                Op::CrossEntropyGrad {
-                    ignore_index: *ignore_index,
-                },
+                Op::CrossEntropyGrad { ignore_index: *ignore_index },
                 &[x[0], x[1], dy],
                 &[],
             )?;
             vec![Some(d), None]
         }
-        Op::Dropout { p, seed } => vec![Some(g.add_node(
-            Op::Dropout { p: *p, seed: *seed },
-            &[dy],
-            &[],
-        )?)],
+        Op::Dropout { p, seed } => {
+            vec![Some(g.add_node(Op::Dropout { p: *p, seed: *seed }, &[dy], &[])?)]
+        }
         Op::LayerNormGradInput
         | Op::LayerNormGradWeight
         | Op::EmbeddingGrad { .. }
@@ -286,18 +269,16 @@ fn unary_backward(g: &mut Graph, u: UnaryOp, x: NodeId, y: NodeId, dy: NodeId) -
             g.mul(y, omy)?
         }
         UnaryOp::Relu => {
+            // From the output (y > 0 exactly where x > 0), so the pre-activation has one use
+            // and can stay in registers of the matmul that produces it.
             let zero = g.constant(0.0);
-            g.binary(BinaryOp::Greater, x, zero)?
+            g.binary(BinaryOp::Greater, y, zero)?
         }
         UnaryOp::Gelu => g.unary(UnaryOp::GeluGrad, x)?,
         UnaryOp::GeluTanh => g.unary(UnaryOp::GeluTanhGrad, x)?,
         UnaryOp::Silu => g.unary(UnaryOp::SiluGrad, x)?,
         UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad => {
-            return Err(err!(
-                Shape,
-                "{}: has no gradient (it is itself a gradient op)",
-                u.name()
-            ))
+            return Err(err!(Shape, "{}: has no gradient (it is itself a gradient op)", u.name()))
         }
     };
     g.mul(dy, local)
@@ -334,11 +315,7 @@ fn binary_backward(
         }
         BinaryOp::Maximum | BinaryOp::Minimum => {
             // The winner takes the gradient; ties split it evenly.
-            let (hi, lo) = if b == BinaryOp::Maximum {
-                (a, c)
-            } else {
-                (c, a)
-            };
+            let (hi, lo) = if b == BinaryOp::Maximum { (a, c) } else { (c, a) };
             let a_wins = g.binary(BinaryOp::Greater, hi, lo)?;
             let ties = g.binary(BinaryOp::Equal, a, c)?;
             let half_ties = g.scale(ties, 0.5)?;
