@@ -11,6 +11,9 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::graph::optim::LR_INPUT;
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, TrainGraph};
+use crate::plan::PlanOptions;
+use crate::runtime::backend::GpuBackend;
+use crate::runtime::{shared_gpu, DeviceChoice};
 use crate::tensor::{fmt_shape, DType, Tensor, TensorData};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,11 +56,7 @@ impl CpuBackend {
         let exec = Executor::new(&graph, seed)?;
         let mut eval_graph = graph.clone();
         eval_graph.updates.clear();
-        Ok(CpuBackend {
-            graph,
-            eval_graph,
-            exec,
-        })
+        Ok(CpuBackend { graph, eval_graph, exec })
     }
 }
 
@@ -87,16 +86,9 @@ impl Backend for CpuBackend {
         opts: RunOptions,
     ) -> Result<Vec<Tensor>> {
         let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
-        let g = if opts.training {
-            &self.graph
-        } else {
-            &self.eval_graph
-        };
+        let g = if opts.training { &self.graph } else { &self.eval_graph };
         let out = self.exec.run(g, &bufs, want, opts)?;
-        want.iter()
-            .zip(out)
-            .map(|(&id, b)| from_buf(self.graph.shape(id), b))
-            .collect()
+        want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
@@ -108,9 +100,8 @@ impl Backend for CpuBackend {
     }
 
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
-        let data = value
-            .as_f32()
-            .ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
+        let data =
+            value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
         self.exec.set_persistent(&self.graph, id, data.to_vec())
     }
 
@@ -120,11 +111,15 @@ impl Backend for CpuBackend {
     }
 }
 
-/// Which device a model is compiled for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Device {
-    #[default]
-    Cpu,
+/// Which device a model is compiled for (see [`DeviceChoice`]).
+pub type Device = DeviceChoice;
+
+/// A backend for `graph` on the device `choice` resolves to.
+fn backend_for(choice: DeviceChoice, graph: Graph, seed: u64) -> Result<Box<dyn Backend>> {
+    Ok(match shared_gpu(choice)? {
+        Some(gpu) => Box::new(GpuBackend::new(gpu, graph, seed, PlanOptions::default())?),
+        None => Box::new(CpuBackend::new(graph, seed)?),
+    })
 }
 
 /// Learning rate as a function of the step.
@@ -152,11 +147,7 @@ impl Schedule {
             Schedule::Step { every, gamma } => {
                 lr * gamma.powi((step / every.max(1)).min(i32::MAX as u64) as i32)
             }
-            Schedule::Cosine {
-                warmup,
-                total,
-                min_lr,
-            } => {
+            Schedule::Cosine { warmup, total, min_lr } => {
                 if step < warmup {
                     return lr * (step + 1) as f32 / warmup as f32;
                 }
@@ -172,10 +163,7 @@ impl Schedule {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Loss {
     /// Cross-entropy of output `output` (logits) against i32 labels fed as input `target`.
-    CrossEntropy {
-        output: String,
-        ignore_index: Option<i32>,
-    },
+    CrossEntropy { output: String, ignore_index: Option<i32> },
     /// Mean squared error of output `output` against f32 values fed as input `target`.
     Mse { output: String },
     /// The model computes its own scalar loss as output `output`.
@@ -206,10 +194,7 @@ pub struct Model {
 
 impl Model {
     pub fn new(name: &str, build: GraphBuilder) -> Model {
-        Model {
-            name: name.to_string(),
-            build,
-        }
+        Model { name: name.to_string(), build }
     }
 
     /// The forward graph at the given dimensions.
@@ -220,26 +205,13 @@ impl Model {
     /// Instantiate, append loss, backward and optimizer, and place the result on a device.
     pub fn compile(&self, cfg: CompileConfig) -> Result<Trainer> {
         if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
-            return Err(err!(
-                Usage,
-                "learning rate must be a finite number >= 0, got {}",
-                cfg.lr
-            ));
+            return Err(err!(Usage, "learning rate must be a finite number >= 0, got {}", cfg.lr));
         }
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
-        let backend: Box<dyn Backend> = match cfg.device {
-            Device::Cpu => Box::new(CpuBackend::new(train.graph.clone(), cfg.seed)?),
-        };
-        Ok(Trainer {
-            model: self.clone(),
-            cfg,
-            train,
-            backend,
-            evals: BTreeMap::new(),
-            step: 0,
-        })
+        let backend = backend_for(cfg.device, train.graph.clone(), cfg.seed)?;
+        Ok(Trainer { model: self.clone(), cfg, train, backend, evals: BTreeMap::new(), step: 0 })
     }
 }
 
@@ -252,11 +224,7 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
     };
     let out = g.output(output).ok_or_else(|| {
         let names: Vec<&str> = g.outputs.iter().map(|(n, _)| n.as_str()).collect();
-        err!(
-            Name,
-            "the model has no output `{output}` (outputs: {})",
-            names.join(", ")
-        )
+        err!(Name, "the model has no output `{output}` (outputs: {})", names.join(", "))
     })?;
     let shape = g.shape(out).to_vec();
     Ok(match loss {
@@ -317,34 +285,23 @@ impl Trainer {
         let mut feeds = resolve_feeds(g, inputs)?;
         let lr = Tensor::scalar(self.current_lr());
         feeds.push((self.train.optim.lr, &lr));
-        let opts = RunOptions {
-            training: true,
-            step: self.step,
-        };
+        let opts = RunOptions { training: true, step: self.step };
         let out = self.backend.run(&feeds, &[self.train.loss], opts)?;
         self.step += 1;
-        let loss = out[0]
-            .as_f32()
-            .and_then(|v| v.first().copied())
-            .unwrap_or(f32::NAN);
+        let loss = out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
         Ok(loss)
     }
 
     /// Evaluate the model's outputs (dropout off) on inputs whose leading dimension is any
     /// batch size; other named dimensions are those the model was compiled with.
     pub fn predict(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
-        let batch = inputs
-            .first()
-            .and_then(|(_, t)| t.shape().first().copied())
-            .unwrap_or(0);
+        let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(0);
         let mut dims = self.cfg.dims.clone();
         dims.insert("B".to_string(), batch);
         let key: Vec<(String, usize)> = dims.clone().into_iter().collect();
         if !self.evals.contains_key(&key) {
             let g = self.model.instantiate(&dims)?;
-            let backend: Box<dyn Backend> = match self.cfg.device {
-                Device::Cpu => Box::new(CpuBackend::new(g.clone(), self.cfg.seed)?),
-            };
+            let backend = backend_for(self.cfg.device, g.clone(), self.cfg.seed)?;
             self.evals.insert(key.clone(), (g, backend, None));
         }
         // Copy the trained parameters over when they changed since the last copy.
@@ -360,14 +317,7 @@ impl Trainer {
         }
         let feeds = resolve_feeds(g, inputs)?;
         let want: Vec<NodeId> = g.outputs.iter().map(|&(_, id)| id).collect();
-        let out = backend.run(
-            &feeds,
-            &want,
-            RunOptions {
-                training: false,
-                step: self.step,
-            },
-        )?;
+        let out = backend.run(&feeds, &want, RunOptions { training: false, step: self.step })?;
         Ok(g.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
     }
 
@@ -410,10 +360,7 @@ impl Trainer {
         let mut writes = Vec::new();
         for (name, t) in values {
             let id = g.persistent_named(name).ok_or_else(|| {
-                err!(
-                    Checkpoint,
-                    "unexpected tensor `{name}`: the model has no such value"
-                )
+                err!(Checkpoint, "unexpected tensor `{name}`: the model has no such value")
             })?;
             if t.shape() != g.shape(id) || t.dtype() != DType::F32 {
                 return Err(err!(
@@ -431,10 +378,8 @@ impl Trainer {
         }
         if let Some(id) = g.persistent_named(crate::graph::optim::STEP_STATE) {
             let s = self.backend.read(id)?;
-            self.step = s
-                .as_f32()
-                .and_then(|v| v.first())
-                .map_or(self.step, |&v| v.max(0.0) as u64);
+            self.step =
+                s.as_f32().and_then(|v| v.first()).map_or(self.step, |&v| v.max(0.0) as u64);
         }
         Ok(())
     }
@@ -456,11 +401,7 @@ fn resolve_feeds<'a>(
                     _ => None,
                 })
                 .collect();
-            err!(
-                Name,
-                "the model has no input `{name}` (inputs: {})",
-                names.join(", ")
-            )
+            err!(Name, "the model has no input `{name}` (inputs: {})", names.join(", "))
         })?;
         let (shape, dtype) = (g.shape(id), g.dtype(id));
         if t.shape() != shape || t.dtype() != dtype {

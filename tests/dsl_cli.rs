@@ -3,16 +3,9 @@
 use std::process::Command;
 
 fn rumus(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rumus")).args(args).output().unwrap();
     let s = |b: Vec<u8>| String::from_utf8(b).unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        s(out.stdout),
-        s(out.stderr),
-    )
+    (out.status.code().unwrap_or(-1), s(out.stdout), s(out.stderr))
 }
 
 #[test]
@@ -66,7 +59,7 @@ fn a_mistake_exits_1_with_the_rendered_error() {
     let p = path.to_str().unwrap();
     let (code, _, err) = rumus(&["graph", p]);
     assert_eq!(code, 1);
-    assert_eq!(err, format!("error: {p}:2:12: unknown op or block `relux`\n        return relux(x)\n               ^^^^^\n"));
+    assert_eq!(err, format!("{p}:2:12: unknown op or block `relux`\n        return relux(x)\n               ^^^^^\n"));
     let (code, _, _) = rumus(&["graph", "/no/such/file.rms"]);
     assert_eq!(code, 2);
     let (code, _, _) = rumus(&["graph"]);

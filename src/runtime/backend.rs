@@ -40,7 +40,13 @@ impl GpuBackend {
         };
         let mut persistent = HashMap::new();
         for (id, node) in graph.nodes() {
+            if !matches!(node.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }) {
+                continue;
+            }
             let len: usize = node.shape.iter().product();
+            // Refuse what the device cannot hold before building initial values on the host.
+            let bytes = (len as u64).saturating_mul(4);
+            gpu.check_buffer_size(&format!("node {}", id.index()), bytes, super::device::STORAGE)?;
             let buf = match &node.op {
                 Op::Input { name } => gpu.storage(&format!("input {name}"), len.max(1))?,
                 Op::Parameter { name, init } | Op::State { name, init } => {
@@ -50,14 +56,7 @@ impl GpuBackend {
             };
             persistent.insert(id, buf);
         }
-        Ok(GpuBackend {
-            gpu,
-            graph,
-            persistent,
-            plans: HashMap::new(),
-            options,
-            poison: false,
-        })
+        Ok(GpuBackend { gpu, graph, persistent, plans: HashMap::new(), options, poison: false })
     }
 
     /// The plan for `want` (compiled on first use).

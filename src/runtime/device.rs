@@ -38,9 +38,9 @@ impl DeviceChoice {
     /// The choice from `RUMUS_DEVICE`; `Auto` when the variable is unset or empty.
     pub fn from_env() -> Result<DeviceChoice> {
         match std::env::var("RUMUS_DEVICE") {
-            Ok(v) if !v.trim().is_empty() => v
-                .parse()
-                .map_err(|e: Error| err!(Usage, "RUMUS_DEVICE: {}", e.message)),
+            Ok(v) if !v.trim().is_empty() => {
+                v.parse().map_err(|e: Error| err!(Usage, "RUMUS_DEVICE: {}", e.message))
+            }
             _ => Ok(DeviceChoice::Auto),
         }
     }
@@ -178,21 +178,12 @@ impl Gpu {
             }
         }));
         let limits = device.limits();
-        Ok(Gpu {
-            info,
-            device,
-            queue,
-            limits,
-            uncaptured,
-        })
+        Ok(Gpu { info, device, queue, limits, uncaptured })
     }
 
     /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Cpu, Vulkan)`.
     pub fn describe(&self) -> String {
-        format!(
-            "{} ({:?}, {:?})",
-            self.info.name, self.info.device_type, self.info.backend
-        )
+        format!("{} ({:?}, {:?})", self.info.name, self.info.device_type, self.info.backend)
     }
 
     /// Whether this is a software adapter (lavapipe and the like).
@@ -202,10 +193,7 @@ impl Gpu {
 
     /// Errors that escaped every error scope since the last call (and clears them).
     pub fn take_uncaptured_errors(&self) -> Vec<String> {
-        self.uncaptured
-            .lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default()
+        self.uncaptured.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default()
     }
 
     /// Run `f` inside validation, out-of-memory and internal error scopes; any error becomes an
@@ -270,31 +258,20 @@ impl Gpu {
         usage: wgpu::BufferUsages,
     ) -> Result<wgpu::Buffer> {
         let size = size.max(4).checked_next_multiple_of(4).ok_or_else(|| {
-            err!(
-                Device,
-                "buffer `{label}` of {size} bytes exceeds the device's max_buffer_size"
-            )
+            err!(Device, "buffer `{label}` of {size} bytes exceeds the device's max_buffer_size")
         })?;
         self.check_buffer_size(label, size, usage)?;
-        let desc = wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage,
-            mapped_at_creation: false,
-        };
-        self.scoped(
-            &format!("cannot create buffer `{label}` of {size} bytes"),
-            || self.device.create_buffer(&desc),
-        )
+        let desc =
+            wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false };
+        self.scoped(&format!("cannot create buffer `{label}` of {size} bytes"), || {
+            self.device.create_buffer(&desc)
+        })
     }
 
     /// A storage buffer of `len` 4-byte elements (f32 or i32), contents unspecified.
     pub fn storage(&self, label: &str, len: usize) -> Result<wgpu::Buffer> {
         let size = (len as u64).checked_mul(4).ok_or_else(|| {
-            err!(
-                Device,
-                "buffer `{label}` of {len} elements exceeds the device's max_buffer_size"
-            )
+            err!(Device, "buffer `{label}` of {len} elements exceeds the device's max_buffer_size")
         })?;
         self.buffer(label, size, STORAGE)
     }
@@ -339,9 +316,7 @@ impl Gpu {
         if bytes.is_empty() {
             return Ok(());
         }
-        self.scoped("cannot write buffer", || {
-            self.queue.write_buffer(buf, offset, bytes)
-        })
+        self.scoped("cannot write buffer", || self.queue.write_buffer(buf, offset, bytes))
     }
 
     /// Write f32 elements into `buf` starting at element `offset`.
@@ -425,21 +400,18 @@ impl Gpu {
     /// carrying naga's message.
     pub fn pipeline(&self, label: &str, wgsl: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
         self.scoped(&format!("cannot build pipeline `{label}`"), || {
-            let module = self
-                .device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(label),
-                    source: wgpu::ShaderSource::Wgsl(wgsl.into()),
-                });
-            self.device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(label),
-                    layout: None,
-                    module: &module,
-                    entry_point: Some(entry),
-                    compilation_options: Default::default(),
-                    cache: None,
-                })
+            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+            });
+            self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
         })
     }
 
@@ -450,11 +422,8 @@ impl Gpu {
         pipeline: &wgpu::ComputePipeline,
         buffers: &[&wgpu::Buffer],
     ) -> Result<wgpu::BindGroup> {
-        let numbered: Vec<(u32, &wgpu::Buffer)> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (i as u32, *b))
-            .collect();
+        let numbered: Vec<(u32, &wgpu::Buffer)> =
+            buffers.iter().enumerate().map(|(i, b)| (i as u32, *b)).collect();
         self.bind_group_at(label, pipeline, &numbered)
     }
 
@@ -467,10 +436,7 @@ impl Gpu {
     ) -> Result<wgpu::BindGroup> {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
-            .map(|&(binding, b)| wgpu::BindGroupEntry {
-                binding,
-                resource: b.as_entire_binding(),
-            })
+            .map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() })
             .collect();
         self.scoped(&format!("cannot bind buffers of `{label}`"), || {
             let layout = pipeline.get_bind_group_layout(0);
@@ -485,10 +451,7 @@ impl Gpu {
     /// A grid of at most `max_compute_workgroups_per_dimension` per axis holding `n_workgroups`
     /// (see [`split_workgroups`]).
     pub fn dispatch_dims(&self, n_workgroups: u32) -> [u32; 3] {
-        split_workgroups(
-            n_workgroups,
-            self.limits.max_compute_workgroups_per_dimension,
-        )
+        split_workgroups(n_workgroups, self.limits.max_compute_workgroups_per_dimension)
     }
 
     /// Check a grid against `max_compute_workgroups_per_dimension`.
@@ -569,6 +532,25 @@ fn error_text(e: &wgpu::Error) -> String {
 
 static TEST_GPU: OnceLock<Result<Gpu>> = OnceLock::new();
 
+/// The process-wide device for `choice`, opened once: `None` means the CPU backend (`cpu`, or
+/// `auto` when the only adapter is a software one, with a one-line notice the first time).
+pub fn shared_gpu(choice: DeviceChoice) -> Result<Option<&'static Gpu>> {
+    static NOTICE: std::sync::Once = std::sync::Once::new();
+    match choice {
+        DeviceChoice::Cpu => Ok(None),
+        DeviceChoice::Gpu => test_gpu().map(Some),
+        DeviceChoice::Auto => match test_gpu() {
+            Ok(gpu) if !gpu.is_software() => Ok(Some(gpu)),
+            _ => {
+                NOTICE.call_once(|| {
+                    eprintln!("note: no hardware GPU adapter found; using the CPU backend")
+                });
+                Ok(None)
+            }
+        },
+    }
+}
+
 /// The process-wide device for tests and benchmarks: any adapter (lavapipe counts), opened once.
 /// An error when wgpu finds no adapter.
 pub fn test_gpu() -> Result<&'static Gpu> {
@@ -604,10 +586,7 @@ mod tests {
         assert_eq!(" GPU ".parse::<DeviceChoice>().unwrap(), DeviceChoice::Gpu);
         assert_eq!("cpu".parse::<DeviceChoice>().unwrap(), DeviceChoice::Cpu);
         let e = "cuda".parse::<DeviceChoice>().unwrap_err();
-        assert_eq!(
-            e.message,
-            "unknown device `cuda` (valid choices: auto, gpu, cpu)"
-        );
+        assert_eq!(e.message, "unknown device `cuda` (valid choices: auto, gpu, cpu)");
     }
 
     #[test]

@@ -12,5 +12,5 @@ pub mod exec;
 pub mod kernels;
 
 pub use device::{
-    split_workgroups, test_gpu, test_gpu_or_skip, DeviceChoice, Dispatch, Gpu, STORAGE,
+    shared_gpu, split_workgroups, test_gpu, test_gpu_or_skip, DeviceChoice, Dispatch, Gpu, STORAGE,
 };

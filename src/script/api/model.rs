@@ -11,7 +11,7 @@ use super::tensor::ScriptTensor;
 use crate::checkpoint;
 use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
-use crate::err;
+
 use crate::error::Result;
 use crate::graph::optim::LR_INPUT;
 use crate::graph::{Graph, Op, OptimConfig, Optimizer};
@@ -53,10 +53,8 @@ pub fn define(engine: &mut Engine, module: &Arc<Module>) {
 }
 
 fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<ScriptModel> {
-    let hyper: Vec<(String, Value)> = hp
-        .iter()
-        .map(|(k, v)| Ok((k.to_string(), value(v, k)?)))
-        .collect::<ScriptResult<_>>()?;
+    let hyper: Vec<(String, Value)> =
+        hp.iter().map(|(k, v)| Ok((k.to_string(), value(v, k)?))).collect::<ScriptResult<_>>()?;
     // Dimensions the model's inputs name (others, like a `B` the model does not use, are
     // not passed on).
     let declared: Vec<String> = module
@@ -86,11 +84,7 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
         }
         dsl::lower(&m, &n, &bindings, None)
     };
-    let m = ScriptModel {
-        model: Model::new(name, Arc::new(build)),
-        module: module.clone(),
-        hyper,
-    };
+    let m = ScriptModel { model: Model::new(name, Arc::new(build)), module: module.clone(), hyper };
     // Instantiate once with every free dimension 1, so mistakes surface at this call.
     model_graph(&m).script()?;
     Ok(m)
@@ -106,11 +100,7 @@ fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
         Ok(Value::Bool(b))
     } else if v.is_array() {
         let a = v.read_lock::<Array>().expect("is an array");
-        Ok(Value::List(
-            a.iter()
-                .map(|x| value(x, key))
-                .collect::<ScriptResult<_>>()?,
-        ))
+        Ok(Value::List(a.iter().map(|x| value(x, key)).collect::<ScriptResult<_>>()?))
     } else {
         Err(script_err(format!(
             "hyperparameter `{key}` must be a number, a boolean or a list, got {}",
@@ -123,12 +113,8 @@ fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
 pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_type_with_name::<ScriptModel>("Model");
     engine.register_type_with_name::<ScriptTrainer>("Trainer");
-    engine.register_fn("to_string", |m: &mut ScriptModel| {
-        format!("model {}", m.model.name)
-    });
-    engine.register_fn("to_debug", |m: &mut ScriptModel| {
-        format!("model {}", m.model.name)
-    });
+    engine.register_fn("to_string", |m: &mut ScriptModel| format!("model {}", m.model.name));
+    engine.register_fn("to_debug", |m: &mut ScriptModel| format!("model {}", m.model.name));
     engine.register_fn("to_string", |t: &mut ScriptTrainer| describe_trainer(t));
     engine.register_fn("to_debug", |t: &mut ScriptTrainer| describe_trainer(t));
 
@@ -154,13 +140,9 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     });
 
     let c = ctx.clone();
-    engine.register_fn("compile", move |m: &mut ScriptModel, cfg: Map| {
-        compile(&c, m, &cfg)
-    });
+    engine.register_fn("compile", move |m: &mut ScriptModel, cfg: Map| compile(&c, m, &cfg));
     let c = ctx.clone();
-    engine.register_fn("compile", move |m: &mut ScriptModel| {
-        compile(&c, m, &Map::new())
-    });
+    engine.register_fn("compile", move |m: &mut ScriptModel| compile(&c, m, &Map::new()));
 
     let c = ctx.clone();
     engine.register_fn(
@@ -206,44 +188,25 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("accuracy", |t: &mut ScriptTrainer, d: ScriptDataset| {
         accuracy(t, d.0.x(), d.0.y())
     });
-    engine.register_fn(
-        "accuracy",
-        |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
-            accuracy(t, x.tensor(), y.tensor())
-        },
-    );
-    engine.register_get("step", |t: &mut ScriptTrainer| {
-        t.trainer.borrow().step() as INT
+    engine.register_fn("accuracy", |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
+        accuracy(t, x.tensor(), y.tensor())
     });
-    engine.register_get("lr", |t: &mut ScriptTrainer| {
-        t.trainer.borrow().current_lr() as FLOAT
-    });
-    engine.register_get("device", |t: &mut ScriptTrainer| {
-        t.trainer.borrow().device_name()
-    });
-    engine.register_fn("plan", |t: &mut ScriptTrainer| {
-        t.trainer.borrow().plan_report()
-    });
+    engine.register_get("step", |t: &mut ScriptTrainer| t.trainer.borrow().step() as INT);
+    engine.register_get("lr", |t: &mut ScriptTrainer| t.trainer.borrow().current_lr() as FLOAT);
+    engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
+    engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
     engine.register_fn("params", |t: &mut ScriptTrainer| -> ScriptResult<Array> {
         let ps = t.trainer.borrow().parameters().script()?;
         Ok(ps.into_iter().map(|(n, _)| n.into()).collect())
     });
     engine.register_fn("param", |t: &mut ScriptTrainer, name: &str| {
-        t.trainer
-            .borrow()
-            .parameter(name)
-            .map(ScriptTensor::new)
-            .script()
+        t.trainer.borrow().parameter(name).map(ScriptTensor::new).script()
     });
-    engine.register_fn(
-        "set_param",
-        |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
-            let mut tr = t.trainer.borrow_mut();
-            tr.parameter(name).script()?; // parameters only, not optimizer state
-            tr.load_state(&[(name.to_string(), v.into_tensor())])
-                .script()
-        },
-    );
+    engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
+        let mut tr = t.trainer.borrow_mut();
+        tr.parameter(name).script()?; // parameters only, not optimizer state
+        tr.load_state(&[(name.to_string(), v.into_tensor())]).script()
+    });
     let c = ctx.clone();
     engine.register_fn("save", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_write(path).script()?;
@@ -265,10 +228,7 @@ fn tensors_of(m: &Map) -> ScriptResult<Vec<(String, ScriptTensor)>> {
     m.iter()
         .map(|(k, v)| match v.clone().try_cast::<ScriptTensor>() {
             Some(t) => Ok((k.to_string(), t)),
-            None => Err(script_err(format!(
-                "`{k}` must be a tensor, got {}",
-                v.type_name()
-            ))),
+            None => Err(script_err(format!("`{k}` must be a tensor, got {}", v.type_name()))),
         })
         .collect()
 }
@@ -278,17 +238,11 @@ fn train_step(
     t: &ScriptTrainer,
     feeds: Vec<(String, ScriptTensor)>,
 ) -> ScriptResult<FLOAT> {
-    let feeds: Vec<(&str, &Tensor)> = feeds
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.tensor()))
-        .collect();
+    let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
     let mut tr = t.trainer.borrow_mut();
     let loss = tr.train_step(&feeds).script()?;
     ctx.last_step.set(tr.step());
-    ctx.emit(Event::Step {
-        step: tr.step(),
-        loss,
-    });
+    ctx.emit(Event::Step { step: tr.step(), loss });
     Ok(loss as FLOAT)
 }
 
@@ -296,21 +250,14 @@ fn predict(
     t: &ScriptTrainer,
     feeds: Vec<(String, ScriptTensor)>,
 ) -> ScriptResult<Vec<(String, Tensor)>> {
-    let feeds: Vec<(&str, &Tensor)> = feeds
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.tensor()))
-        .collect();
+    let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
     t.trainer.borrow_mut().predict(&feeds).script()
 }
 
 /// Fraction of rows whose largest output matches the label.
 fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     let input = t.inputs.first().cloned().unwrap_or_default();
-    let out = t
-        .trainer
-        .borrow_mut()
-        .predict(&[(input.as_str(), x)])
-        .script()?;
+    let out = t.trainer.borrow_mut().predict(&[(input.as_str(), x)]).script()?;
     let logits = out
         .into_iter()
         .find(|(n, _)| *n == *t.output)
@@ -372,9 +319,9 @@ fn num(m: &Map, key: &str, default: f64) -> ScriptResult<f64> {
 fn int(m: &Map, key: &str, default: i64) -> ScriptResult<i64> {
     match get(m, key) {
         None => Ok(default),
-        Some(v) => v
-            .as_int()
-            .map_err(|t| script_err(format!("`{key}` must be an integer, got {t}"))),
+        Some(v) => {
+            v.as_int().map_err(|t| script_err(format!("`{key}` must be an integer, got {t}")))
+        }
     }
 }
 
@@ -446,12 +393,8 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
                 None => None,
             },
         },
-        "mse" => Loss::Mse {
-            output: output.clone(),
-        },
-        "output" => Loss::Output {
-            output: output.clone(),
-        },
+        "mse" => Loss::Mse { output: output.clone() },
+        "output" => Loss::Output { output: output.clone() },
         other => {
             return Err(script_err(format!(
                 "unknown loss `{other}`: expected \"cross_entropy\", \"mse\" or \"output\""
@@ -470,10 +413,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let cfg = CompileConfig {
         dims,
         loss,
-        optimizer: OptimConfig {
-            optimizer,
-            clip_norm,
-        },
+        optimizer: OptimConfig { optimizer, clip_norm },
         lr,
         schedule,
         device,
@@ -497,17 +437,7 @@ fn input_names(g: &Graph) -> Vec<String> {
 }
 
 fn device(name: &str) -> ScriptResult<Device> {
-    match name {
-        "auto" | "cpu" => Ok(Device::Cpu),
-        "gpu" => Err(err!(
-            Device,
-            "no GPU backend is available in this build; use device \"cpu\""
-        ))
-        .script(),
-        other => Err(script_err(format!(
-            "unknown device `{other}`: expected \"auto\", \"gpu\" or \"cpu\""
-        ))),
-    }
+    name.parse::<Device>().map_err(|e| script_err(e.message))
 }
 
 /// An optimizer from a map made by `sgd`/`adam`/`adamw` (or a bare name); also its `lr`.
@@ -539,10 +469,7 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
             weight_decay: num(&m, "weight_decay", 0.0)? as f32,
         },
         "adam" | "adamw" => {
-            let (beta1, beta2) = (
-                num(&m, "beta1", 0.9)? as f32,
-                num(&m, "beta2", 0.999)? as f32,
-            );
+            let (beta1, beta2) = (num(&m, "beta1", 0.9)? as f32, num(&m, "beta2", 0.999)? as f32);
             let eps = num(&m, "eps", 1e-8)? as f32;
             if kind == "adam" {
                 Optimizer::Adam {
@@ -605,17 +532,8 @@ pub fn to_dot(g: &Graph) -> String {
             }
             _ => String::new(),
         };
-        let label = format!(
-            "{}{} {}",
-            n.op.name(),
-            name,
-            crate::tensor::fmt_shape(&n.shape)
-        );
-        s.push_str(&format!(
-            "  n{} [label=\"{}\"];\n",
-            id.index(),
-            label.replace('"', "\\\"")
-        ));
+        let label = format!("{}{} {}", n.op.name(), name, crate::tensor::fmt_shape(&n.shape));
+        s.push_str(&format!("  n{} [label=\"{}\"];\n", id.index(), label.replace('"', "\\\"")));
         for i in &n.inputs {
             s.push_str(&format!("  n{} -> n{};\n", i.index(), id.index()));
         }
@@ -634,20 +552,14 @@ pub fn to_dot(g: &Graph) -> String {
 pub fn params_text(g: &Graph) -> String {
     let mut s = String::new();
     for (id, name) in g.parameters() {
-        s.push_str(&format!(
-            "{name} {}\n",
-            crate::tensor::fmt_shape(g.shape(id))
-        ));
+        s.push_str(&format!("{name} {}\n", crate::tensor::fmt_shape(g.shape(id))));
     }
     s
 }
 
 /// The forward graph of a model with every dimension it does not fix set to 1, for `:graph`.
 pub fn model_graph(m: &ScriptModel) -> Result<Graph> {
-    let bindings: Vec<(&str, Value)> = m
-        .hyper
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.clone()))
-        .collect();
+    let bindings: Vec<(&str, Value)> =
+        m.hyper.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     dsl::lower(&m.module, &m.model.name, &bindings, Some(1))
 }
