@@ -1,5 +1,6 @@
 //! rumus: an embeddable machine-learning engine.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod codegen;
 pub mod cpu;

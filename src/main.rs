@@ -9,7 +9,11 @@ use std::path::PathBuf;
 const USAGE: &str = "usage:
   rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N]
-  rumus graph FILE [--model NAME] [--params]";
+  rumus graph FILE [--model NAME] [--params]
+  rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json]
+  rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--json]
+  rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
+  rumus bench --cpu-matmul [--size N]     the CPU backend's f32 matmul, GFLOP/s";
 
 fn main() {
     // Scripts recurse (rhai evaluates by recursion); give them room beyond the limits they get.
@@ -27,18 +31,12 @@ fn cli(args: Vec<String>) -> Result<()> {
     };
     let mut flags = Flags::parse(rest)?;
     let host = HostOptions {
-        device: flags
-            .take("--device")?
-            .unwrap_or_else(|| HostOptions::default().device),
+        device: flags.take("--device")?.unwrap_or_else(|| HostOptions::default().device),
         seed: flags.number("--seed")?.unwrap_or(0),
         ..HostOptions::default()
     };
     if !matches!(host.device.as_str(), "auto" | "gpu" | "cpu") {
-        return Err(err!(
-            Usage,
-            "--device must be auto, gpu or cpu, got `{}`",
-            host.device
-        ));
+        return Err(err!(Usage, "--device must be auto, gpu or cpu, got `{}`", host.device));
     }
     match command.as_str() {
         "run" => {
@@ -68,12 +66,48 @@ fn cli(args: Vec<String>) -> Result<()> {
             let text = rumus::dsl::cli_graph(&file, model.as_deref(), params)?;
             print_text(&text)
         }
+        "plan" => {
+            let spec = model_spec(&mut flags)?;
+            let (unfused, json) = (flags.switch("--unfused"), flags.switch("--json"));
+            flags.done()?;
+            print_text(&rumus::bench::plan_command(&spec, !unfused, json)?)
+        }
+        "bench" => {
+            let device: rumus::runtime::DeviceChoice = host.device.parse()?;
+            if flags.switch("--kernels") {
+                flags.done()?;
+                return print_text(&rumus::bench::bench_kernels(device, 4096, 32768, 1024)?);
+            }
+            if flags.switch("--cpu-matmul") {
+                let n = flags.number("--size")?.unwrap_or(512);
+                flags.done()?;
+                return print_text(&rumus::bench::bench_cpu_matmul(n, 5));
+            }
+            let steps = flags.number("--steps")?.unwrap_or(40);
+            let warmup = flags.number("--warmup")?.unwrap_or(10);
+            let json = flags.switch("--json");
+            let spec = model_spec(&mut flags)?;
+            flags.done()?;
+            let r = rumus::bench::bench_model(&spec, device, steps, warmup)?;
+            print_text(&if json { format!("{}\n", r.json()) } else { r.text() })
+        }
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
         }
         other => Err(err!(Usage, "unknown command `{other}`\n{USAGE}")),
     }
+}
+
+/// `FILE [--model NAME] [--set NAME=VALUE]...` of `plan` and `bench`.
+fn model_spec(flags: &mut Flags) -> Result<rumus::bench::ModelSpec> {
+    let model = flags.take("--model")?;
+    let mut sets = Vec::new();
+    while let Some(kv) = flags.take("--set")? {
+        let (k, v) = kv.split_once('=').ok_or_else(|| err!(Usage, "--set needs NAME=VALUE, got `{kv}`"))?;
+        sets.push((k.to_string(), v.to_string()));
+    }
+    Ok(rumus::bench::ModelSpec { file: flags.positional()?, model, sets })
 }
 
 /// Write to stdout; a closed pipe (`rumus graph m.rms | head`) is not an error.
@@ -106,9 +140,7 @@ struct Flags {
 
 impl Flags {
     fn parse(args: &[String]) -> Result<Flags> {
-        Ok(Flags {
-            args: args.iter().cloned().map(Some).collect(),
-        })
+        Ok(Flags { args: args.iter().cloned().map(Some).collect() })
     }
 
     fn take(&mut self, name: &str) -> Result<Option<String>> {
@@ -125,10 +157,9 @@ impl Flags {
     fn number<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>> {
         match self.take(name)? {
             None => Ok(None),
-            Some(v) => v
-                .parse()
-                .map(Some)
-                .map_err(|_| err!(Usage, "{name}: `{v}` is not a number")),
+            Some(v) => {
+                v.parse().map(Some).map_err(|_| err!(Usage, "{name}: `{v}` is not a number"))
+            }
         }
     }
 
@@ -152,10 +183,9 @@ impl Flags {
 
     fn done(&self) -> Result<()> {
         match self.args.iter().flatten().next() {
-            Some(a) => Err(Error::new(
-                ErrorKind::Usage,
-                format!("unexpected argument `{a}`\n{USAGE}"),
-            )),
+            Some(a) => {
+                Err(Error::new(ErrorKind::Usage, format!("unexpected argument `{a}`\n{USAGE}")))
+            }
             None => Ok(()),
         }
     }

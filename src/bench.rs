@@ -1,0 +1,244 @@
+//! `rumus plan` and `rumus bench`: a model file's training step, planned and reported, or run
+//! and timed.
+//!
+//! The training step is the model's first output under cross-entropy against i32 targets (one
+//! per row of the output, labels in range) with AdamW (lr 1e-3, PyTorch's defaults), as in
+//! `shared/bench/BASELINES.md`. Hyperparameters come from the model's defaults, overridden by
+//! `--set name=value`.
+
+use crate::cpu::RunOptions;
+use crate::dsl::{self, Value};
+use crate::err;
+use crate::error::{Result, Source};
+use crate::graph::optim::LR_INPUT;
+use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, Optimizer, TrainGraph};
+use crate::plan::report::PlanReport;
+use crate::plan::{plan, PlanOptions};
+use crate::rng::Rng;
+use crate::runtime::backend::GpuBackend;
+use crate::runtime::{shared_gpu, DeviceChoice};
+use crate::session::{Backend, CpuBackend};
+use crate::tensor::{DType, Tensor};
+use serde_json::json;
+use std::time::Instant;
+
+/// Which model of which file, with which hyperparameters.
+#[derive(Clone, Debug, Default)]
+pub struct ModelSpec {
+    pub file: String,
+    pub model: Option<String>,
+    /// `name=value` overrides of hyperparameters and dimensions.
+    pub sets: Vec<(String, String)>,
+}
+
+/// Lower the model of `spec` and extend it into a training step.
+pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
+    let text = std::fs::read_to_string(&spec.file).map_err(|e| crate::error::Error::io(&spec.file, e))?;
+    let src = Source::new(spec.file.clone(), text);
+    let module = dsl::load(&src).map_err(|e| e.in_source(&src))?;
+    let name = match &spec.model {
+        Some(m) => m.clone(),
+        None => match module.models().find(|it| !module.is_std(&it.name.name)) {
+            Some(m) => m.name.name.clone(),
+            None => return Err(err!(Usage, "{}: no model in this file", spec.file)),
+        },
+    };
+    let mut bindings = Vec::new();
+    for (k, v) in &spec.sets {
+        let value = if let Ok(i) = v.parse::<i64>() {
+            Value::Int(i)
+        } else if let Ok(f) = v.parse::<f64>() {
+            Value::Float(f)
+        } else {
+            return Err(err!(Usage, "--set {k}={v}: the value must be a number"));
+        };
+        bindings.push((k.as_str(), value));
+    }
+    let mut g = dsl::lower(&module, &name, &bindings, None).map_err(|e| e.in_source(&src))?;
+    let loss = cross_entropy_on_first_output(&mut g)?;
+    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: None };
+    training_graph(g, loss, &cfg)
+}
+
+fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
+    let &(_, out) = g.outputs.first().ok_or_else(|| err!(Usage, "the model has no output"))?;
+    let shape = g.shape(out).to_vec();
+    let labels = &shape[..shape.len().saturating_sub(1)];
+    let target = g.input(crate::session::TARGET_INPUT, labels, DType::I32)?;
+    g.cross_entropy(out, target, None)
+}
+
+/// `rumus plan`: the plan of the training step, as text (kernels listed) or JSON.
+pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<String> {
+    let t = training_step(spec)?;
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
+    let r = PlanReport::new(&t.graph, &p, p.kernels.len(), 0);
+    Ok(if as_json { format!("{}\n", r.json()) } else { r.text() })
+}
+
+/// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'
+/// classes, the learning rate 1e-3.
+pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> {
+    let g = &t.graph;
+    let classes = *g.shape(g.node(t.loss).inputs[0]).last().unwrap_or(&1) as u64;
+    let mut rng = Rng::new(seed);
+    let mut feeds = Vec::new();
+    for (id, n) in g.nodes() {
+        let Op::Input { name } = &n.op else { continue };
+        let len: usize = n.shape.iter().product();
+        let t = if name == LR_INPUT {
+            Tensor::scalar(1e-3)
+        } else if n.dtype == DType::I32 {
+            Tensor::i32(&n.shape, (0..len).map(|_| rng.below(classes.max(1)) as i32).collect())?
+        } else {
+            Tensor::f32(&n.shape, (0..len).map(|_| rng.normal() as f32).collect())?
+        };
+        feeds.push((id, t));
+    }
+    Ok(feeds)
+}
+
+/// What `rumus bench` measures.
+#[derive(Clone, Debug)]
+pub struct BenchResult {
+    pub model: String,
+    pub adapter: String,
+    pub params: usize,
+    pub steps: usize,
+    pub warmup: usize,
+    pub step_ms_median: f64,
+    pub step_ms_min: f64,
+    pub compile_ms: f64,
+    pub ops: usize,
+    pub kernels: usize,
+    pub dispatches_per_step: usize,
+    pub buffers: usize,
+    pub planned_bytes: u64,
+    pub device_bytes: u64,
+    pub first_loss: f32,
+    pub last_loss: f32,
+}
+
+impl BenchResult {
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "model": self.model,
+            "adapter": self.adapter,
+            "params": self.params,
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "step_ms_median": self.step_ms_median,
+            "step_ms_min": self.step_ms_min,
+            "compile_ms": self.compile_ms,
+            "ops": self.ops,
+            "kernels": self.kernels,
+            "dispatches_per_step": self.dispatches_per_step,
+            "buffers": self.buffers,
+            "planned_bytes": self.planned_bytes,
+            "device_bytes": self.device_bytes,
+            "first_loss": self.first_loss,
+            "last_loss": self.last_loss,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\ncompile {:.1} ms  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
+            self.model,
+            self.params,
+            self.adapter,
+            self.step_ms_median,
+            self.steps,
+            self.step_ms_min,
+            self.warmup,
+            self.compile_ms,
+            self.ops,
+            self.kernels,
+            self.dispatches_per_step,
+            self.buffers,
+            mib(self.planned_bytes),
+            mib(self.device_bytes),
+            self.first_loss,
+            self.last_loss
+        )
+    }
+}
+
+/// Compile the training step of `spec` on `device`, run `warmup` steps, then time `steps`
+/// steps (each ends when its loss is back on the host, as PyTorch's loop synchronizes).
+pub fn bench_model(spec: &ModelSpec, device: DeviceChoice, steps: usize, warmup: usize) -> Result<BenchResult> {
+    if steps == 0 {
+        return Err(err!(Usage, "--steps must be at least 1"));
+    }
+    let start = Instant::now();
+    let t = training_step(spec)?;
+    let params: usize = t.graph.parameters().iter().map(|&(id, _)| t.graph.shape(id).iter().product::<usize>()).sum();
+    let (mut backend, report): (Box<dyn Backend>, Option<PlanReport>) = match shared_gpu(device)? {
+        Some(gpu) => {
+            let mut b = GpuBackend::new(gpu, t.graph.clone(), 0, PlanOptions::default())?;
+            let p = b.plan_for(&[t.loss], true)?;
+            let r = PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes);
+            (Box::new(b), Some(r))
+        }
+        None => (Box::new(CpuBackend::new(t.graph.clone(), 0)?), None),
+    };
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    let feeds = random_feeds(&t, 1)?;
+    let refs: Vec<(NodeId, &Tensor)> = feeds.iter().map(|(id, t)| (*id, t)).collect();
+    let mut times = Vec::with_capacity(steps);
+    let mut losses = Vec::new();
+    for step in 0..(warmup + steps) {
+        let t0 = Instant::now();
+        let out = backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
+        if step >= warmup {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        losses.push(out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN));
+    }
+    times.sort_by(f64::total_cmp);
+    let r = report.unwrap_or_else(|| {
+        let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).ok();
+        match p {
+            Some(p) => PlanReport::new(&t.graph, &p, 0, 0),
+            None => PlanReport { ops: 0, kernels: 0, dispatches: 0, buffers: 0, planned_bytes: 0, naive_bytes: 0, pinned_bytes: 0, scratch_bytes: 0, kernel_lines: vec![] },
+        }
+    });
+    Ok(BenchResult {
+        model: spec.file.clone(),
+        adapter: backend.device_name(),
+        params,
+        steps,
+        warmup,
+        step_ms_median: times[times.len() / 2],
+        step_ms_min: times[0],
+        compile_ms,
+        ops: r.ops,
+        kernels: r.kernels,
+        dispatches_per_step: r.dispatches,
+        buffers: r.buffers,
+        planned_bytes: r.planned_bytes,
+        device_bytes: r.planned_bytes + r.pinned_bytes + r.scratch_bytes,
+        first_loss: losses[0],
+        last_loss: *losses.last().unwrap_or(&f32::NAN),
+    })
+}
+
+/// Kernel throughput on the GPU: fp32 matmul at `n` (TFLOP/s) and LayerNorm forward+backward
+/// at `rows × d` (GB/s).
+pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Result<String> {
+    let gpu = shared_gpu(device)?.ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
+    let tflops = crate::runtime::kernels::bench_matmul(gpu, n, 20)?;
+    let gbps = crate::runtime::kernels::bench_layer_norm(gpu, rows, d, 20)?;
+    Ok(format!(
+        "{}\n",
+        json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops": tflops, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})
+    ))
+}
+
+/// CPU matmul throughput at `n × n × n` in f32 (GFLOP/s), median of `reps` runs.
+pub fn bench_cpu_matmul(n: usize, reps: usize) -> String {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gflops = crate::cpu::bench_matmul(n, reps.max(1));
+    format!("{}\n", json!({"cpu_matmul_n": n, "threads": threads, "gflops": gflops}))
+}
