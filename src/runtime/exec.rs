@@ -34,6 +34,29 @@ pub struct GpuPlan {
     pub scratch_bytes: u64,
     /// Per-step copies of updated values onto their persistent buffers: (from, to, bytes).
     copies: Vec<(usize, usize, u64)>,
+    /// Pipelines compiled while building, by their source: kernels of identical layers
+    /// generate identical WGSL (sizes are literals, bindings are numbered by use), so a model of
+    /// twelve layers compiles the pipelines of one.
+    cache: PipelineCache,
+}
+
+/// Compiled pipelines by what they were compiled from.
+#[derive(Default)]
+struct PipelineCache {
+    generated: HashMap<String, wgpu::ComputePipeline>,
+    matmul: HashMap<String, Matmul>,
+    layer_norm: HashMap<usize, LayerNorm>,
+}
+
+impl PipelineCache {
+    fn layer_norm(&mut self, gpu: &Gpu, d: usize) -> Result<LayerNorm> {
+        if let Some(ln) = self.layer_norm.get(&d) {
+            return Ok(ln.clone());
+        }
+        let ln = LayerNorm::new(gpu, d)?;
+        self.layer_norm.insert(d, ln.clone());
+        Ok(ln)
+    }
 }
 
 /// Shape and dtype of a node, for host tensors read back.
@@ -76,6 +99,7 @@ impl GpuPlan {
             meta,
             scratch_bytes: 0,
             copies: Vec::new(),
+            cache: PipelineCache::default(),
         };
         for k in out.plan.kernels.clone() {
             let before = out.dispatches.len();
@@ -126,6 +150,7 @@ impl GpuPlan {
                 let rows = g.shape(y).iter().product::<usize>() / d.max(1);
                 // Without `with_stats` the stats are already in their buffer; recomputing them
                 // into scratch gives the same numbers and keeps one forward kernel.
+                let ln = self.cache.layer_norm(gpu, d)?;
                 let stats_scratch;
                 let stats = if *with_stats {
                     self.buf(ins[1])?
@@ -133,7 +158,6 @@ impl GpuPlan {
                     stats_scratch = self.scratch(gpu, rows * 2)?;
                     &stats_scratch
                 };
-                let ln = LayerNorm::new(gpu, d)?;
                 let fwd = LayerNormForward {
                     x: self.buf(ins[0])?,
                     weight: self.buf(ins[2])?,
@@ -153,7 +177,7 @@ impl GpuPlan {
                 };
                 let d = *g.shape(x).last().unwrap_or(&1);
                 let rows = g.shape(x).iter().product::<usize>() / d.max(1);
-                let ln = LayerNorm::new(gpu, d)?;
+                let ln = self.cache.layer_norm(gpu, d)?;
                 let ones = gpu.upload_f32("layer_norm ones", &vec![1.0; d])?;
                 let zeros = gpu.upload_f32("layer_norm zeros", &vec![0.0; d])?;
                 let y = self.scratch(gpu, rows * d)?;
@@ -214,7 +238,7 @@ impl GpuPlan {
     ) -> Result<()> {
         let d = *g.shape(x).last().unwrap_or(&1);
         let rows = g.shape(x).iter().product::<usize>() / d.max(1);
-        let ln = LayerNorm::new(gpu, d)?;
+        let ln = self.cache.layer_norm(gpu, d)?;
         let scratch = self.scratch(gpu, ln.scratch_len(rows))?;
         let dx_buf = match dx {
             Some(id) => self.buf(id)?.clone(),
@@ -250,7 +274,14 @@ impl GpuPlan {
     /// A generated kernel: compile its module and bind its buffers (and `meta`).
     fn generated(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
         let src = generate(g, &self.plan, k);
-        let pipeline = gpu.pipeline(&src.label, &src.wgsl, "main")?;
+        let pipeline = match self.cache.generated.get(&src.wgsl) {
+            Some(p) => p.clone(),
+            None => {
+                let p = gpu.pipeline(&src.label, &src.wgsl, "main")?;
+                self.cache.generated.insert(src.wgsl.clone(), p.clone());
+                p
+            }
+        };
         let mut bound: Vec<&wgpu::Buffer> =
             src.bindings.iter().map(|&(b, _)| &self.buffers[b]).collect();
         if src.uses_meta {
@@ -271,7 +302,7 @@ impl GpuPlan {
     /// The matmul template with a generated epilogue, when the operands can be described by
     /// strides (contiguous buffers, optionally transposed, batch equal or broadcast).
     fn template_matmul(
-        &self,
+        &mut self,
         gpu: &Gpu,
         g: &Graph,
         k: &Kernel,
@@ -344,7 +375,15 @@ impl GpuPlan {
             beta: 0.0,
         };
         let tile = MatmulTile::choose(&spec);
-        let kernel = Matmul::with_epilogue(gpu, tile, &decls, &body)?;
+        let key = format!("{tile:?}\n{decls}\n{body}");
+        let kernel = match self.cache.matmul.get(&key) {
+            Some(m) => m.clone(),
+            None => {
+                let m = Matmul::with_epilogue(gpu, tile, &decls, &body)?;
+                self.cache.matmul.insert(key, m.clone());
+                m
+            }
+        };
         let extra_bufs: Vec<&wgpu::Buffer> = extra.iter().map(|&b| &self.buffers[b]).collect();
         let mut d = kernel.dispatch(
             gpu,

@@ -64,7 +64,8 @@ struct BwdParams {
     flags: u32,
 }
 
-/// Layer-norm pipelines compiled for one width `d` (the last axis).
+/// Layer-norm pipelines compiled for one width `d` (the last axis). Cloning shares them.
+#[derive(Clone)]
 pub struct LayerNorm {
     d: usize,
     forward: wgpu::ComputePipeline,

@@ -148,7 +148,8 @@ struct Params {
     pad: [u32; 2],
 }
 
-/// A compiled matmul pipeline for one tile shape and one epilogue.
+/// A compiled matmul pipeline for one tile shape and one epilogue. Cloning shares it.
+#[derive(Clone)]
 pub struct Matmul {
     tile: MatmulTile,
     pipeline: wgpu::ComputePipeline,
