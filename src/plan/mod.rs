@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod fuse;
+pub mod inplace;
 pub mod report;
 pub mod verify;
 
@@ -82,7 +83,10 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         if train { g.updates.iter().map(|u| (u.target, u.value)).collect() } else { Vec::new() };
     let mut roots = wanted.to_vec();
     roots.extend(updates.iter().map(|&(_, v)| v));
-    let f = fuse::fuse(g, &roots, opts.fusion); // kernels in arena (= topological) order
+    let mut f = fuse::fuse(g, &roots, opts.fusion); // kernels in arena (= topological) order
+    if opts.reuse {
+        inplace::write_updates_in_place(g, &mut f, &updates); // new values into their targets
+    }
     let (values, buffers) = alloc::assign(g, &f, &roots, opts.reuse); // liveness + greedy by size
     let n_ops = g
         .nodes()

@@ -1,0 +1,41 @@
+//! In-place updates: an optimizer's new value written straight into the persistent buffer it
+//! replaces, so the step needs neither a second buffer per parameter and moment nor a copy.
+//!
+//! Update (target T, new value V) is done in place when V is the only output of an elementwise
+//! kernel k that reads T element-for-element (T reaches V's expression only through plain
+//! elementwise ops of T's own shape, so each thread reads T exactly where it writes V) and no
+//! kernel after k reads T. V then becomes a view of T's buffer, like a reshape.
+
+use super::fuse::{Fusion, KernelKind};
+use crate::graph::{Graph, NodeId, Op};
+
+pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, NodeId)]) {
+    for &(target, value) in updates {
+        let owner = |f: &Fusion, id: NodeId| f.alias[id.index()].unwrap_or(id);
+        let Some(k) = f.kernels.iter().position(|k| k.outputs == [value]) else { continue };
+        let kernel = &f.kernels[k];
+        if kernel.kind != KernelKind::Elementwise
+            || g.shape(value) != g.shape(target)
+            || f.alias[value.index()].is_some()
+        {
+            continue;
+        }
+        let read_later = f.kernels[k + 1..]
+            .iter()
+            .any(|later| later.inputs.iter().any(|&i| owner(f, i) == target));
+        if read_later || !reads_elementwise(g, &kernel.fused, target) {
+            continue;
+        }
+        f.alias[value.index()] = Some(target);
+    }
+}
+
+/// Whether every node of `fused` that reads `target` is a plain elementwise op of its shape.
+fn reads_elementwise(g: &Graph, fused: &[NodeId], target: NodeId) -> bool {
+    fused.iter().all(|&id| {
+        let n = g.node(id);
+        !n.inputs.contains(&target)
+            || (matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where)
+                && n.shape == g.shape(target))
+    })
+}
