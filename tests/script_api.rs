@@ -103,3 +103,35 @@ fn datasets_from_csv_and_text() {
         "error: dataset needs x and y with the same first dimension, got [2, 1] and [3]\n",
     );
 }
+
+#[test]
+fn sample_draws_from_softmax_of_logits_over_temperature() {
+    // Temperature 0 is argmax; the last axis is removed, as by argmax.
+    check("print(tensor([0.0, 5.0, 1.0]).sample(0, 1));", "tensor i32[] 1\n");
+    // One draw per row; a logit of -inf (here ln 0) is never drawn.
+    check("print(tensor([[0, 1], [1, 0]]).ln().sample(1.0, 5));", "tensor i32[2] [1, 0]\n");
+    // The same seed gives the same draw.
+    check("let p = randn([4, 9], 1); print(p.sample(1.0, 3) == p.sample(1.0, 3));", "true\n");
+    // Frequencies follow softmax(logits / temperature): p = 0.8 at temperature 1, and
+    // 0.64 / (0.64 + 0.04) = 0.94 at temperature 0.5 (2,000 draws, bounds at about 4 sigma).
+    let count = |temperature: &str| -> i64 {
+        let code = format!(
+            "let p = tensor([0.2, 0.8]).ln(); let n = 0;
+             for s in 0..2000 {{ n += p.sample({temperature}, s).item().to_int(); }} print(n);"
+        );
+        run(&code).trim().parse().unwrap()
+    };
+    let n = count("1.0");
+    assert!((1530..=1670).contains(&n), "{n} of 2000 draws at p = 0.8");
+    let n = count("0.5");
+    assert!((1840..=1925).contains(&n), "{n} of 2000 draws at p = 0.94");
+    check(
+        "tensor([1.0]).sample(-1.0, 1)",
+        "error: sample: temperature must be a finite number >= 0, got -1\n",
+    );
+    check(
+        "tensor([0.0]).ln().sample(1.0, 1)",
+        "error: sample: a row of logits is NaN, infinite or all -inf\n",
+    );
+    check("tensor(0..0).sample(1.0, 1)", "error: sample: last axis is empty\n");
+}

@@ -43,6 +43,7 @@ pub const NAMES: &[&str] = &[
     "max",
     "min",
     "argmax",
+    "sample",
     "exp",
     "ln",
     "sqrt",

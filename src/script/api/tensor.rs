@@ -1,6 +1,7 @@
 //! Tensors in scripts: built from arrays, ranges and shapes, inspected (shape, dtype, elements,
-//! `to_array`), and combined with elementwise arithmetic (NumPy broadcasting) for data
-//! preparation. Every tensor a binding creates is checked against the memory budget first.
+//! `to_array`), combined with elementwise arithmetic (NumPy broadcasting) for data preparation,
+//! reduced (`sum`, `argmax`) and sampled from (`sample`, seeded, for generating text). Every
+//! tensor a binding creates is checked against the memory budget first.
 
 use super::super::convert::{script_err, IntoScript, ScriptResult};
 use super::super::Ctx;
@@ -148,6 +149,12 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         t.0.to_f32_vec().into_iter().fold(f32::INFINITY, f32::min) as FLOAT
     });
     engine.register_fn("argmax", |t: &mut ScriptTensor| argmax(&t.0));
+    engine.register_fn("sample", |t: &mut ScriptTensor, temperature: FLOAT, seed: INT| {
+        sample(&t.0, temperature, seed)
+    });
+    engine.register_fn("sample", |t: &mut ScriptTensor, temperature: INT, seed: INT| {
+        sample(&t.0, temperature as FLOAT, seed)
+    });
     engine.register_fn("==", |a: ScriptTensor, b: ScriptTensor| a == b);
     engine.register_fn("!=", |a: ScriptTensor, b: ScriptTensor| a != b);
 }
@@ -344,6 +351,56 @@ fn argmax(t: &Tensor) -> ScriptResult<ScriptTensor> {
             best as i32
         })
         .collect();
+    Tensor::i32(lead, out).map(ScriptTensor::new).script()
+}
+
+/// One index per row of the last axis, drawn from `softmax(logits / temperature)` (i32, the last
+/// axis removed, like [`argmax`]). The draws come from an [`Rng`] seeded with `seed`, one uniform
+/// number per row, so the same logits and seed give the same indices on every device.
+/// Temperature 0 picks the largest logit (argmax); a logit of `-inf` is never drawn.
+fn sample(t: &Tensor, temperature: FLOAT, seed: INT) -> ScriptResult<ScriptTensor> {
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(script_err(format!(
+            "sample: temperature must be a finite number >= 0, got {temperature}"
+        )));
+    }
+    if temperature == 0.0 {
+        return argmax(t);
+    }
+    let Some((&d, lead)) = t.shape().split_last() else {
+        return Err(script_err("sample: tensor has no axes"));
+    };
+    if d == 0 {
+        return Err(script_err("sample: last axis is empty"));
+    }
+    let v = t.to_f32_vec();
+    let mut rng = Rng::new(seed as u64);
+    let mut out = Vec::with_capacity(v.len() / d);
+    let mut weights = vec![0.0f64; d];
+    for row in v.chunks(d) {
+        let top = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+        if row.iter().any(|x| x.is_nan()) || !top.is_finite() {
+            return Err(script_err("sample: a row of logits is NaN, infinite or all -inf"));
+        }
+        let mut total = 0.0;
+        for (w, &x) in weights.iter_mut().zip(row) {
+            *w = ((x as f64 - top) / temperature).exp();
+            total += *w;
+        }
+        // The first index whose running sum passes u * total; the largest logit has weight 1,
+        // so total >= 1 and the fallback (rounding at the very end) is the last nonzero weight.
+        let target = rng.uniform() * total;
+        let mut acc = 0.0;
+        let mut pick = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
+        for (i, &w) in weights.iter().enumerate() {
+            acc += w;
+            if acc > target {
+                pick = i;
+                break;
+            }
+        }
+        out.push(pick as i32);
+    }
     Tensor::i32(lead, out).map(ScriptTensor::new).script()
 }
 
