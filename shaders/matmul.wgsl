@@ -194,3 +194,63 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 }
+
+// `main_reg`: no workgroup memory and no barriers. Each thread of a 16 x 16 workgroup keeps a
+// 4 x 4 block of C in four vec4 registers and reads A and B straight from memory (the caches
+// serve the reuse), so a workgroup covers 64 x 64 of C. Loads at the ragged edges are clamped
+// into range and their results never stored.
+@compute @workgroup_size(16, 16)
+fn main_reg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let batch = wid.z;
+    let i0 = (wid.y * 16u + lid.y) * 4u;
+    let j0 = (wid.x * 16u + lid.x) * 4u;
+    if i0 >= p.m || j0 >= p.n {
+        return;
+    }
+    let a_base = p.a_off + batch * p.a_sb;
+    let b_base = p.b_off + batch * p.b_sb;
+    let r0 = a_base + i0 * p.a_si;
+    let r1 = a_base + min(i0 + 1u, p.m - 1u) * p.a_si;
+    let r2 = a_base + min(i0 + 2u, p.m - 1u) * p.a_si;
+    let r3 = a_base + min(i0 + 3u, p.m - 1u) * p.a_si;
+    let c0 = b_base + j0 * p.b_sj;
+    let c1 = b_base + min(j0 + 1u, p.n - 1u) * p.b_sj;
+    let c2 = b_base + min(j0 + 2u, p.n - 1u) * p.b_sj;
+    let c3 = b_base + min(j0 + 3u, p.n - 1u) * p.b_sj;
+    var acc0 = vec4<scalar>(0.0);
+    var acc1 = vec4<scalar>(0.0);
+    var acc2 = vec4<scalar>(0.0);
+    var acc3 = vec4<scalar>(0.0);
+    for (var k = 0u; k < p.k; k++) {
+        let ka = k * p.a_sk;
+        let kb = k * p.b_sk;
+        let bv = vec4<scalar>(b[c0 + kb], b[c1 + kb], b[c2 + kb], b[c3 + kb]);
+        acc0 += a[r0 + ka] * bv;
+        acc1 += a[r1 + ka] * bv;
+        acc2 += a[r2 + ka] * bv;
+        acc3 += a[r3 + ka] * bv;
+    }
+    store_row(acc0, batch, i0, j0);
+    store_row(acc1, batch, i0 + 1u, j0);
+    store_row(acc2, batch, i0 + 2u, j0);
+    store_row(acc3, batch, i0 + 3u, j0);
+}
+
+// Four consecutive elements of row `i` of C from column `j0`, through the epilogue and beta.
+fn store_row(v: vec4<scalar>, batch: u32, i: u32, j0: u32) {
+    if i >= p.m {
+        return;
+    }
+    let c_base = p.c_off + batch * p.c_sb + i * p.c_si;
+    for (var cc = 0u; cc < 4u; cc++) {
+        let j = j0 + cc;
+        if j < p.n {
+            let idx = c_base + j * p.c_sj;
+            var y = epilogue(scalar(p.alpha) * v[cc], batch, i, j);
+            if p.beta != 0.0 {
+                y += scalar(p.beta) * c[idx];
+            }
+            c[idx] = y;
+        }
+    }
+}

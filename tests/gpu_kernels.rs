@@ -121,7 +121,7 @@ fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
 
 #[test]
 fn matmul_1x1x1() {
-    for tile in [MatmulTile::Large, MatmulTile::Small] {
+    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register] {
         let s = MatmulSpec::contiguous(1, 1, 1, 1);
         check_matmul("matmul_1x1x1", tile, s, contiguous_lens(&s), None);
     }
@@ -129,7 +129,7 @@ fn matmul_1x1x1() {
 
 #[test]
 fn matmul_17x33x9_both_tiles() {
-    for tile in [MatmulTile::Large, MatmulTile::Small] {
+    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register] {
         let s = MatmulSpec::contiguous(1, 17, 33, 9);
         check_matmul("matmul_17x33x9", tile, s, contiguous_lens(&s), None);
     }
@@ -160,7 +160,7 @@ fn matmul_batched_with_broadcast_a() {
     let mut s = MatmulSpec::contiguous(3, 5, 6, 4);
     s.a = s.a.broadcast();
     let lens = [5 * 4, 3 * 4 * 6, 3 * 5 * 6];
-    check_matmul("matmul_batched_with_broadcast_a", MatmulTile::Small, s, lens, None);
+    check_matmul("matmul_batched_with_broadcast_a", MatmulTile::Register, s, lens, None);
 }
 
 #[test]
@@ -170,7 +170,7 @@ fn matmul_transposed_a_is_weight_gradient() {
     let mut s = MatmulSpec::contiguous(1, k_in, n, rows);
     s.a = Operand::transposed(k_in, rows);
     let lens = [(rows * k_in) as usize, (rows * n) as usize, (k_in * n) as usize];
-    check_matmul("matmul_transposed_a", MatmulTile::Small, s, lens, None);
+    check_matmul("matmul_transposed_a", MatmulTile::Register, s, lens, None);
 }
 
 #[test]
@@ -188,7 +188,7 @@ fn matmul_both_transposed_batched() {
     let mut s = MatmulSpec::contiguous(2, 3, 4, 5);
     s.a = Operand::transposed(3, 5);
     s.b = Operand::transposed(5, 4);
-    check_matmul("matmul_both_transposed", MatmulTile::Small, s, [2 * 15, 2 * 20, 2 * 12], None);
+    check_matmul("matmul_both_transposed", MatmulTile::Register, s, [2 * 15, 2 * 20, 2 * 12], None);
 }
 
 #[test]
@@ -196,14 +196,14 @@ fn matmul_beta_accumulates_and_alpha_scales() {
     let mut s = MatmulSpec::contiguous(2, 6, 5, 3);
     s.alpha = 0.5;
     s.beta = 1.0;
-    check_matmul("matmul_beta_accumulates", MatmulTile::Small, s, contiguous_lens(&s), None);
+    check_matmul("matmul_beta_accumulates", MatmulTile::Register, s, contiguous_lens(&s), None);
 }
 
 #[test]
 fn matmul_beta_zero_ignores_nan_in_c() {
     let s = MatmulSpec::contiguous(1, 4, 3, 2);
     let lens = contiguous_lens(&s);
-    check_matmul("matmul_beta_zero_ignores_nan", MatmulTile::Small, s, lens, Some(f32::NAN));
+    check_matmul("matmul_beta_zero_ignores_nan", MatmulTile::Register, s, lens, Some(f32::NAN));
 }
 
 #[test]
@@ -453,7 +453,13 @@ fn benchmarks_report_a_positive_rate() {
     let Some(gpu) = test_gpu_or_skip("benchmarks_report_a_positive_rate") else {
         return;
     };
-    let tflops = rumus::runtime::kernels::bench_matmul(gpu, 33, 2).unwrap();
+    let tflops = rumus::runtime::kernels::bench_matmul(
+        gpu,
+        33,
+        2,
+        rumus::runtime::kernels::MatmulTile::Register,
+    )
+    .unwrap();
     let gbs = rumus::runtime::kernels::bench_layer_norm(gpu, 9, 40, 2).unwrap();
     eprintln!("lavapipe: matmul 33^3 {tflops:.6} TFLOP/s, layer norm 9x40 {gbs:.4} GB/s");
     assert!(tflops.is_finite() && tflops > 0.0 && gbs.is_finite() && gbs > 0.0);

@@ -111,6 +111,9 @@ pub enum MatmulTile {
     Large,
     /// 64×64 blocks, 4×4 per thread, 256 threads: more workgroups for small products.
     Small,
+    /// 64×64 blocks, 4×4 per thread in registers, no workgroup memory or barriers
+    /// (entry point `main_reg`).
+    Register,
 }
 
 impl MatmulTile {
@@ -118,12 +121,20 @@ impl MatmulTile {
     pub fn shape(self) -> (u32, u32, u32, u32, u32) {
         match self {
             MatmulTile::Large => (128, 128, 8, 8, 8),
-            MatmulTile::Small => (64, 64, 8, 4, 4),
+            MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
         }
     }
 
     /// Large when it still gives enough workgroups to fill a big GPU, else Small.
+    /// The tile for `spec`: `RUMUS_MATMUL_TILE` (`large`, `small` or `register`) when set, for
+    /// benchmarking; otherwise the register tile, the fastest measured on the H200.
     pub fn choose(spec: &MatmulSpec) -> MatmulTile {
+        match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
+            Ok("large") => return MatmulTile::Large,
+            Ok("small") => return MatmulTile::Small,
+            Ok("shared") => {}
+            _ => return MatmulTile::Register,
+        }
         let blocks = u64::from(spec.m.div_ceil(128))
             * u64::from(spec.n.div_ceil(128))
             * u64::from(spec.batch);
@@ -182,7 +193,8 @@ impl Matmul {
             ("EPILOGUE_BINDINGS", bindings),
             ("EPILOGUE", body),
         ])?;
-        let pipeline = gpu.pipeline(&format!("matmul_{bm}x{bn}"), &src, "main")?;
+        let entry = if tile == MatmulTile::Register { "main_reg" } else { "main" };
+        let pipeline = gpu.pipeline(&format!("matmul_{bm}x{bn}_{entry}"), &src, entry)?;
         Ok(Matmul { tile, pipeline })
     }
 
@@ -254,14 +266,14 @@ fn check_operand(
 
 /// Throughput of the large-tile matmul on `n × n × n` (contiguous, f32), in TFLOP/s: one warm-up
 /// submission, then `iters` dispatches in one compute pass and one submission, timed to completion.
-pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32) -> Result<f64> {
+pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32, tile: MatmulTile) -> Result<f64> {
     let spec = MatmulSpec::contiguous(1, n, n, n);
     let len = n as usize * n as usize;
     let data: Vec<f32> = (0..len).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
     let a = gpu.upload_f32("bench a", &data)?;
     let b = gpu.upload_f32("bench b", &data)?;
     let c = gpu.storage("bench c", len)?;
-    let mm = Matmul::new(gpu, MatmulTile::choose(&spec))?;
+    let mm = Matmul::new(gpu, tile)?;
     let d = mm.dispatch(gpu, &spec, &a, &b, &c, &[])?;
     gpu.run(&[&d])?;
     let iters = iters.max(1);
