@@ -33,7 +33,8 @@ pub struct ModelSpec {
 
 /// Lower the model of `spec` and extend it into a training step.
 pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
-    let text = std::fs::read_to_string(&spec.file).map_err(|e| crate::error::Error::io(&spec.file, e))?;
+    let text =
+        std::fs::read_to_string(&spec.file).map_err(|e| crate::error::Error::io(&spec.file, e))?;
     let src = Source::new(spec.file.clone(), text);
     let module = dsl::load(&src).map_err(|e| e.in_source(&src))?;
     let name = match &spec.model {
@@ -117,6 +118,8 @@ pub struct BenchResult {
     pub device_bytes: u64,
     pub first_loss: f32,
     pub last_loss: f32,
+    /// With profiling: milliseconds per kernel kind (summed over its dispatches), largest first.
+    pub profile: Vec<(String, f64, usize)>,
 }
 
 impl BenchResult {
@@ -138,6 +141,7 @@ impl BenchResult {
             "device_bytes": self.device_bytes,
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,
+            "profile_ms": self.profile.iter().map(|(k, ms, n)| json!({"kind": k, "ms": ms, "dispatches": n})).collect::<Vec<_>>(),
         })
     }
 
@@ -161,27 +165,47 @@ impl BenchResult {
             mib(self.device_bytes),
             self.first_loss,
             self.last_loss
-        )
+        ) + self.profile.iter().map(|(k, ms, n)| format!("  {k:<22} {ms:>9.3} ms in {n} dispatches\n")).collect::<String>().as_str()
     }
 }
 
 /// Compile the training step of `spec` on `device`, run `warmup` steps, then time `steps`
 /// steps (each ends when its loss is back on the host, as PyTorch's loop synchronizes).
-pub fn bench_model(spec: &ModelSpec, device: DeviceChoice, steps: usize, warmup: usize) -> Result<BenchResult> {
+pub fn bench_model(
+    spec: &ModelSpec,
+    device: DeviceChoice,
+    steps: usize,
+    warmup: usize,
+    profile: bool,
+) -> Result<BenchResult> {
     if steps == 0 {
         return Err(err!(Usage, "--steps must be at least 1"));
     }
     let start = Instant::now();
     let t = training_step(spec)?;
-    let params: usize = t.graph.parameters().iter().map(|&(id, _)| t.graph.shape(id).iter().product::<usize>()).sum();
-    let (mut backend, report): (Box<dyn Backend>, Option<PlanReport>) = match shared_gpu(device)? {
+    let params: usize = t
+        .graph
+        .parameters()
+        .iter()
+        .map(|&(id, _)| t.graph.shape(id).iter().product::<usize>())
+        .sum();
+    let gpu = shared_gpu(device)?;
+    let mut gpu_backend = None;
+    let mut cpu_backend = None;
+    let mut report = None;
+    match gpu {
         Some(gpu) => {
             let mut b = GpuBackend::new(gpu, t.graph.clone(), 0, PlanOptions::default())?;
             let p = b.plan_for(&[t.loss], true)?;
-            let r = PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes);
-            (Box::new(b), Some(r))
+            report = Some(PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes));
+            gpu_backend = Some(b);
         }
-        None => (Box::new(CpuBackend::new(t.graph.clone(), 0)?), None),
+        None => cpu_backend = Some(CpuBackend::new(t.graph.clone(), 0)?),
+    }
+    let backend: &mut dyn Backend = match (&mut gpu_backend, &mut cpu_backend) {
+        (Some(b), _) => b,
+        (None, Some(b)) => b,
+        (None, None) => return Err(err!(Invariant, "no backend")),
     };
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     let feeds = random_feeds(&t, 1)?;
@@ -190,23 +214,49 @@ pub fn bench_model(spec: &ModelSpec, device: DeviceChoice, steps: usize, warmup:
     let mut losses = Vec::new();
     for step in 0..(warmup + steps) {
         let t0 = Instant::now();
-        let out = backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
+        let out =
+            backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
         if step >= warmup {
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         losses.push(out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN));
     }
     times.sort_by(f64::total_cmp);
+    let adapter = backend.device_name();
+    let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
+    if let (true, Some(gpu), Some(b)) = (profile, gpu, gpu_backend.as_mut()) {
+        for (label, ms) in b.plan_for(&[t.loss], true)?.profile(gpu, 5)? {
+            let kind = label.split(' ').next().unwrap_or("").to_string();
+            match by_kind.iter_mut().find(|(k, _, _)| *k == kind) {
+                Some(slot) => {
+                    slot.1 += ms;
+                    slot.2 += 1;
+                }
+                None => by_kind.push((kind, ms, 1)),
+            }
+        }
+        by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
+    }
     let r = report.unwrap_or_else(|| {
         let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).ok();
         match p {
             Some(p) => PlanReport::new(&t.graph, &p, 0, 0),
-            None => PlanReport { ops: 0, kernels: 0, dispatches: 0, buffers: 0, planned_bytes: 0, naive_bytes: 0, pinned_bytes: 0, scratch_bytes: 0, kernel_lines: vec![] },
+            None => PlanReport {
+                ops: 0,
+                kernels: 0,
+                dispatches: 0,
+                buffers: 0,
+                planned_bytes: 0,
+                naive_bytes: 0,
+                pinned_bytes: 0,
+                scratch_bytes: 0,
+                kernel_lines: vec![],
+            },
         }
     });
     Ok(BenchResult {
         model: spec.file.clone(),
-        adapter: backend.device_name(),
+        adapter,
         params,
         steps,
         warmup,
@@ -221,18 +271,28 @@ pub fn bench_model(spec: &ModelSpec, device: DeviceChoice, steps: usize, warmup:
         device_bytes: r.planned_bytes + r.pinned_bytes + r.scratch_bytes,
         first_loss: losses[0],
         last_loss: *losses.last().unwrap_or(&f32::NAN),
+        profile: by_kind,
     })
 }
 
 /// Kernel throughput on the GPU: fp32 matmul at `n` (TFLOP/s) and LayerNorm forward+backward
 /// at `rows × d` (GB/s).
 pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Result<String> {
-    let gpu = shared_gpu(device)?.ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
-    let tflops = crate::runtime::kernels::bench_matmul(gpu, n, 20)?;
+    let gpu = shared_gpu(device)?
+        .ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
+    use crate::runtime::kernels::{bench_matmul, MatmulTile};
+    let mut tiles = serde_json::Map::new();
+    for (name, tile) in [
+        ("register", MatmulTile::Register),
+        ("large", MatmulTile::Large),
+        ("small", MatmulTile::Small),
+    ] {
+        tiles.insert(name.to_string(), json!(bench_matmul(gpu, n, 20, tile)?));
+    }
     let gbps = crate::runtime::kernels::bench_layer_norm(gpu, rows, d, 20)?;
     Ok(format!(
         "{}\n",
-        json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops": tflops, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})
+        json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops_by_tile": tiles, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})
     ))
 }
 

@@ -11,7 +11,7 @@ const USAGE: &str = "usage:
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N]
   rumus graph FILE [--model NAME] [--params]
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json]
-  rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--json]
+  rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--profile] [--json]
   rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
   rumus bench --cpu-matmul [--size N]     the CPU backend's f32 matmul, GFLOP/s";
 
@@ -86,9 +86,10 @@ fn cli(args: Vec<String>) -> Result<()> {
             let steps = flags.number("--steps")?.unwrap_or(40);
             let warmup = flags.number("--warmup")?.unwrap_or(10);
             let json = flags.switch("--json");
+            let profile = flags.switch("--profile");
             let spec = model_spec(&mut flags)?;
             flags.done()?;
-            let r = rumus::bench::bench_model(&spec, device, steps, warmup)?;
+            let r = rumus::bench::bench_model(&spec, device, steps, warmup, profile)?;
             print_text(&if json { format!("{}\n", r.json()) } else { r.text() })
         }
         "help" | "--help" | "-h" => {
@@ -104,7 +105,8 @@ fn model_spec(flags: &mut Flags) -> Result<rumus::bench::ModelSpec> {
     let model = flags.take("--model")?;
     let mut sets = Vec::new();
     while let Some(kv) = flags.take("--set")? {
-        let (k, v) = kv.split_once('=').ok_or_else(|| err!(Usage, "--set needs NAME=VALUE, got `{kv}`"))?;
+        let (k, v) =
+            kv.split_once('=').ok_or_else(|| err!(Usage, "--set needs NAME=VALUE, got `{kv}`"))?;
         sets.push((k.to_string(), v.to_string()));
     }
     Ok(rumus::bench::ModelSpec { file: flags.positional()?, model, sets })

@@ -468,6 +468,24 @@ impl GpuPlan {
         host_tensor(g, id, words)
     }
 
+    /// Time each dispatch alone: `reps` copies of it in one pass and one submission, waited for.
+    /// Returns (label, milliseconds per dispatch) in plan order. Buffers hold whatever the last
+    /// step left; the figures are for finding hot kernels, not for results.
+    pub fn profile(&self, gpu: &Gpu, reps: u32) -> Result<Vec<(String, f64)>> {
+        let mut out = Vec::with_capacity(self.dispatches.len());
+        for d in &self.dispatches {
+            let copies: Vec<&Dispatch> = (0..reps.max(1)).map(|_| d).collect();
+            gpu.run(&copies[..1])?;
+            let start = std::time::Instant::now();
+            gpu.run(&copies)?;
+            out.push((
+                d.label.clone(),
+                start.elapsed().as_secs_f64() * 1e3 / f64::from(reps.max(1)),
+            ));
+        }
+        Ok(out)
+    }
+
     /// Dispatch labels in order, for reports.
     pub fn dispatch_labels(&self) -> Vec<&str> {
         self.dispatches.iter().map(|d| d.label.as_str()).collect()
