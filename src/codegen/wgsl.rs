@@ -19,6 +19,8 @@ use std::fmt::Write;
 pub const WG: u32 = 256;
 /// Threads per workgroup of generated row kernels (softmax, reductions, cross-entropy).
 pub const ROW_WG: u32 = 64;
+/// Threads of the one workgroup of the cross-entropy forward kernel.
+pub const CE_WG: u32 = 256;
 
 /// A generated compute module and how to dispatch it.
 #[derive(Clone, Debug)]
@@ -239,11 +241,16 @@ pub fn kind_name(k: &KernelKind) -> &'static str {
 
 /// A workgroup-wide reduction of `acc` into `red[0]` (sum or max), `ROW_WG` threads.
 fn tree(op: &str) -> String {
+    tree_of(op, ROW_WG)
+}
+
+/// [`tree`] for a workgroup of `wg` threads (a power of two).
+fn tree_of(op: &str, wg: u32) -> String {
     let combine =
         if op == "max" { "max(red[lid], red[lid + s])" } else { "red[lid] + red[lid + s]" };
     format!(
         "    red[lid] = acc;\n    workgroupBarrier();\n    for (var s = {}u; s > 0u; s = s >> 1u) {{\n        if (lid < s) {{ red[lid] = {combine}; }}\n        workgroupBarrier();\n    }}\n",
-        ROW_WG / 2
+        wg / 2
     )
 }
 
@@ -313,13 +320,14 @@ fn cross_entropy(g: &Graph, binder: &Binder, out: NodeId) -> (String, String, u3
     let rows: usize = g.shape(labels).iter().product();
     let (ln, lab) = (binder.name(logits), binder.name(labels));
     let ignore = ignore_index.map_or("false".to_string(), |v| format!("label == {v}"));
-    // One workgroup: each thread takes rows, then the workgroup sums losses and counts.
+    // One workgroup (the mean needs every row): each thread takes rows, then the workgroup
+    // sums losses and counts.
     let main = format!(
-        "var<workgroup> red: array<f32, {ROW_WG}>;\n@compute @workgroup_size({ROW_WG})\nfn main({MAIN_ARGS}) {{\n    var loss = 0.0;\n    var count = 0.0;\n    for (var r = lid; r < {rows}u; r += {ROW_WG}u) {{\n        let label = {lab}[r];\n        if ({ignore}) {{ continue; }}\n        let base = r * {c}u;\n        var m = {};\n        for (var j = 0u; j < {c}u; j++) {{ m = max(m, {ln}[base + j]); }}\n        var s = 0.0;\n        for (var j = 0u; j < {c}u; j++) {{ s += exp({ln}[base + j] - m); }}\n        let t = u32(clamp(label, 0, {}));\n        loss += m + log(s) - {ln}[base + t];\n        count += 1.0;\n    }}\n    var acc = loss;\n{}    let total = red[0];\n    workgroupBarrier();\n    acc = count;\n{}    if (lid == 0u) {{ {}[0] = total / max(red[0], 1.0); }}\n}}\n",
+        "var<workgroup> red: array<f32, {CE_WG}>;\n@compute @workgroup_size({CE_WG})\nfn main({MAIN_ARGS}) {{\n    var loss = 0.0;\n    var count = 0.0;\n    for (var r = lid; r < {rows}u; r += {CE_WG}u) {{\n        let label = {lab}[r];\n        if ({ignore}) {{ continue; }}\n        let base = r * {c}u;\n        var m = {};\n        for (var j = 0u; j < {c}u; j++) {{ m = max(m, {ln}[base + j]); }}\n        var s = 0.0;\n        for (var j = 0u; j < {c}u; j++) {{ s += exp({ln}[base + j] - m); }}\n        let t = u32(clamp(label, 0, {}));\n        loss += m + log(s) - {ln}[base + t];\n        count += 1.0;\n    }}\n    var acc = loss;\n{}    let total = red[0];\n    workgroupBarrier();\n    acc = count;\n{}    if (lid == 0u) {{ {}[0] = total / max(red[0], 1.0); }}\n}}\n",
         f32_lit(f32::NEG_INFINITY),
         c as i64 - 1,
-        tree("sum"),
-        tree("sum"),
+        tree_of("sum", CE_WG),
+        tree_of("sum", CE_WG),
         binder.name(out)
     );
     (main, String::new(), 1)

@@ -253,9 +253,13 @@ fn accepts_expression(
         op if is_inlinable(op) => true,
         // A reduction evaluates its input expression as it reads it.
         Op::Reduce { .. } => c.inputs[0] == producer,
-        // A matmul reads a transposed operand through strides.
+        // A matmul reads a transposed left operand through strides. (Neighbouring threads would
+        // read a transposed right operand across memory; transposing it first is cheaper.)
         Op::MatMul => {
-            is_last_two_swap(g, producer) && materialized[g.node(producer).inputs[0].index()]
+            c.inputs[0] == producer
+                && c.inputs[1] != producer
+                && is_last_two_swap(g, producer)
+                && materialized[g.node(producer).inputs[0].index()]
         }
         _ => false,
     }
