@@ -121,7 +121,8 @@ fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
 
 #[test]
 fn matmul_1x1x1() {
-    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register] {
+    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register, MatmulTile::Register8]
+    {
         let s = MatmulSpec::contiguous(1, 1, 1, 1);
         check_matmul("matmul_1x1x1", tile, s, contiguous_lens(&s), None);
     }
@@ -129,7 +130,8 @@ fn matmul_1x1x1() {
 
 #[test]
 fn matmul_17x33x9_both_tiles() {
-    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register] {
+    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register, MatmulTile::Register8]
+    {
         let s = MatmulSpec::contiguous(1, 17, 33, 9);
         check_matmul("matmul_17x33x9", tile, s, contiguous_lens(&s), None);
     }
@@ -180,7 +182,7 @@ fn matmul_transposed_b_is_input_gradient() {
     let mut s = MatmulSpec::contiguous(1, rows, k_in, n);
     s.b = Operand::transposed(n, k_in);
     let lens = [(rows * n) as usize, (k_in * n) as usize, (rows * k_in) as usize];
-    check_matmul("matmul_transposed_b", MatmulTile::Large, s, lens, None);
+    check_matmul("matmul_transposed_b", MatmulTile::Register8, s, lens, None);
 }
 
 #[test]

@@ -114,6 +114,8 @@ pub enum MatmulTile {
     /// 64×64 blocks, 4×4 per thread in registers, no workgroup memory or barriers
     /// (entry point `main_reg`).
     Register,
+    /// 128×64 blocks, 8×4 per thread in registers (entry point `main_reg8`).
+    Register8,
 }
 
 impl MatmulTile {
@@ -122,26 +124,31 @@ impl MatmulTile {
         match self {
             MatmulTile::Large => (128, 128, 8, 8, 8),
             MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
+            MatmulTile::Register8 => (128, 64, 8, 8, 4),
         }
     }
 
     /// Large when it still gives enough workgroups to fill a big GPU, else Small.
-    /// The tile for `spec`: `RUMUS_MATMUL_TILE` (`large`, `small` or `register`) when set, for
-    /// benchmarking; otherwise the register tile, the fastest measured on the H200.
+    /// The tile for `spec`: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`) when
+    /// set, for benchmarking; otherwise the register tiles measured fastest on the H200: 8 x 4
+    /// per thread while that still gives two workgroups per multiprocessor of a big GPU, else
+    /// 4 x 4.
     pub fn choose(spec: &MatmulSpec) -> MatmulTile {
         match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
-            Ok("large") => return MatmulTile::Large,
-            Ok("small") => return MatmulTile::Small,
-            Ok("shared") => {}
-            _ => return MatmulTile::Register,
-        }
-        let blocks = u64::from(spec.m.div_ceil(128))
-            * u64::from(spec.n.div_ceil(128))
-            * u64::from(spec.batch);
-        if blocks >= 256 {
-            MatmulTile::Large
-        } else {
-            MatmulTile::Small
+            Ok("large") => MatmulTile::Large,
+            Ok("small") => MatmulTile::Small,
+            Ok("register") => MatmulTile::Register,
+            Ok("register8") => MatmulTile::Register8,
+            _ => {
+                let blocks = u64::from(spec.m.div_ceil(128))
+                    * u64::from(spec.n.div_ceil(64))
+                    * u64::from(spec.batch);
+                if blocks >= 264 {
+                    MatmulTile::Register8
+                } else {
+                    MatmulTile::Register
+                }
+            }
         }
     }
 }
@@ -193,7 +200,11 @@ impl Matmul {
             ("EPILOGUE_BINDINGS", bindings),
             ("EPILOGUE", body),
         ])?;
-        let entry = if tile == MatmulTile::Register { "main_reg" } else { "main" };
+        let entry = match tile {
+            MatmulTile::Register => "main_reg",
+            MatmulTile::Register8 => "main_reg8",
+            _ => "main",
+        };
         let pipeline = gpu.pipeline(&format!("matmul_{bm}x{bn}_{entry}"), &src, entry)?;
         Ok(Matmul { tile, pipeline })
     }
