@@ -283,6 +283,7 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     use crate::runtime::kernels::{bench_matmul, MatmulTile};
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
+        ("register8", MatmulTile::Register8),
         ("register", MatmulTile::Register),
         ("large", MatmulTile::Large),
         ("small", MatmulTile::Small),
