@@ -37,6 +37,17 @@ impl Graph {
         Ok(self.push(op, inputs.to_vec(), shape, dtype))
     }
 
+    /// An error unless every id names a node of this graph (ids from another graph, say).
+    fn check_ids(&self, op: &str, ids: &[NodeId]) -> Result<()> {
+        match ids.iter().find(|id| id.index() >= self.nodes.len()) {
+            Some(bad) => {
+                Err(err!(Invariant, "{op}: input {} is not a node of this graph", bad.0)
+                    .at(self.span))
+            }
+            None => Ok(()),
+        }
+    }
+
     fn check_new_name(&self, kind: &str, name: &str) -> Result<()> {
         if name.is_empty() {
             return Err(err!(Name, "{kind} name must not be empty").at(self.span));
@@ -187,12 +198,14 @@ impl Graph {
 
     /// Sum over every axis: a scalar.
     pub fn sum_all(&mut self, x: NodeId) -> Result<NodeId> {
+        self.check_ids("sum", &[x])?;
         let axes: Vec<usize> = (0..self.shape(x).len()).collect();
         self.sum(x, &axes, false)
     }
 
     /// Sum `x` down to `shape`, which `shape` must broadcast to: the adjoint of broadcasting.
     pub fn sum_to(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
+        self.check_ids("sum_to", &[x])?;
         let xs = self.shape(x).to_vec();
         if xs == shape {
             return Ok(x);
@@ -216,6 +229,7 @@ impl Graph {
     // ---- shape ----
 
     pub fn reshape(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
+        self.check_ids("reshape", &[x])?;
         if self.shape(x) == shape {
             return Ok(x);
         }
@@ -229,6 +243,7 @@ impl Graph {
 
     /// Swap two axes.
     pub fn transpose(&mut self, x: NodeId, a: usize, b: usize) -> Result<NodeId> {
+        self.check_ids("transpose", &[x])?;
         let rank = self.shape(x).len();
         if a >= rank || b >= rank {
             return Err(err!(
@@ -244,6 +259,7 @@ impl Graph {
     }
 
     pub fn broadcast_to(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
+        self.check_ids("broadcast_to", &[x])?;
         if self.shape(x) == shape {
             return Ok(x);
         }
@@ -270,6 +286,7 @@ impl Graph {
     /// Matrix product with broadcast batch dimensions. `[..., M, K] @ [K, N]` is lowered as one
     /// 2-D product over the flattened rows, which is what the kernels and the backward pass want.
     pub fn matmul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.check_ids("matmul", &[a, b])?;
         let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
         if sa.len() > 2 && sb.len() == 2 && sa[sa.len() - 1] == sb[0] {
             let rows = sa[..sa.len() - 1].iter().product();
@@ -308,6 +325,19 @@ impl Graph {
         if !(eps > 0.0 && eps.is_finite()) {
             return Err(err!(Shape, "layer_norm: eps must be positive, got {eps}").at(self.span));
         }
+        self.check_ids("layer_norm", &[x, weight, bias])?;
+        let d = self.shape(x).last().copied();
+        if d.is_none() || [weight, bias].iter().any(|&p| self.shape(p) != [d.unwrap_or(0)]) {
+            let shapes: Vec<String> =
+                [x, weight, bias].iter().map(|&n| fmt_shape(self.shape(n))).collect();
+            return Err(err!(
+                Shape,
+                "layer_norm: weight and bias must be [{}], the last axis of x (shapes {})",
+                d.unwrap_or(0),
+                shapes.join(", ")
+            )
+            .at(self.span));
+        }
         let stats = self.add_node(Op::LayerNormStats { eps }, &[x], &[])?;
         self.add_node(Op::LayerNorm, &[x, stats, weight, bias], &[])
     }
@@ -330,6 +360,7 @@ impl Graph {
 
     /// Mean squared error: mean((a - b)²) over every element.
     pub fn mse(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.check_ids("mse", &[a, b])?;
         let (sa, sb) = (self.shape(a).to_vec(), self.shape(b).to_vec());
         if sa != sb {
             return Err(err!(

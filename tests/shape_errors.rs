@@ -1,0 +1,141 @@
+//! Every op rejects bad shapes and dtypes through the public builder with an `Error` that names
+//! the op and the shapes; no input built through the public API panics. Tests are data: each
+//! case builds a graph from `x: f32[2, 3]`, `y: f32[4]`, `i: i32[2]` and expects one message.
+
+use rumus::graph::{BinaryOp, Graph, Init, NodeId, ReduceOp, UnaryOp};
+use rumus::{DType, Result};
+
+type Build = fn(&mut Graph, [NodeId; 3]) -> Result<NodeId>;
+
+fn check(build: Build, expected: &str) {
+    let mut g = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let y = g.input("y", &[4], DType::F32).unwrap();
+    let i = g.input("i", &[2], DType::I32).unwrap();
+    match build(&mut g, [x, y, i]) {
+        Ok(_) => panic!("expected the error `{expected}`, but the node was built"),
+        Err(e) => assert_eq!(e.to_string(), expected),
+    }
+}
+
+#[test]
+fn a_rejected_layer_norm_leaves_no_stats_node_behind() {
+    let mut g = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let w = g.input("w", &[4], DType::F32).unwrap();
+    let before = g.n_nodes();
+    assert!(g.layer_norm(x, w, w, 1e-5).is_err());
+    assert_eq!(g.n_nodes(), before);
+}
+
+#[test]
+fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
+    let cases: &[(Build, &str)] = &[
+        (|g, [x, y, _]| g.add(x, y), "add: shapes [2, 3] and [4] do not broadcast"),
+        (
+            |g, [x, y, _]| g.binary(BinaryOp::Pow, x, y),
+            "pow: shapes [2, 3] and [4] do not broadcast",
+        ),
+        (|g, [x, _, i]| g.mul(x, i), "mul: operand must be f32, got i32[2]"),
+        (|g, [_, _, i]| g.unary(UnaryOp::Relu, i), "relu: input must be f32, got i32[2]"),
+        (|g, [x, y, _]| g.select(x, x, y), "where: shapes [2, 3], [2, 3], [4] do not broadcast"),
+        (|g, [x, _, _]| g.sum(x, &[2], false), "sum: axes [2] are not distinct axes of [2, 3]"),
+        (
+            |g, [x, _, _]| g.reduce(ReduceOp::Max, x, &[1, 1], true),
+            "max: axis listed twice in [1, 1]",
+        ),
+        (
+            |g, [x, _, _]| g.reshape(x, &[4]),
+            "reshape: cannot reshape [2, 3] (6 elements) into [4] (4 elements)",
+        ),
+        (
+            |g, [x, _, _]| g.permute(x, &[0, 0]),
+            "permute: [0, 0] is not a permutation of the axes of [2, 3]",
+        ),
+        (|g, [x, _, _]| g.transpose(x, 0, 2), "transpose: axes 0 and 2 out of range for [2, 3]"),
+        (
+            |g, [x, _, _]| g.broadcast_to(x, &[3, 3]),
+            "broadcast_to: [2, 3] does not broadcast to [3, 3]",
+        ),
+        (
+            |g, [x, _, _]| g.slice(x, 1, 2, 5),
+            "slice: range 2..5 on axis 1 is out of bounds for [2, 3]",
+        ),
+        (|g, [x, y, _]| g.concat(&[x, y], 0), "concat: shapes [2, 3], [4] differ outside axis 0"),
+        (
+            |g, [x, _, _]| g.matmul(x, x),
+            "matmul: inner dimensions differ: [2, 3] @ [2, 3] (3 vs 2)",
+        ),
+        (
+            |g, [x, y, _]| g.matmul(x, y),
+            "matmul: operands need at least 2 dimensions, got [2, 3] @ [4]",
+        ),
+        (
+            |g, [x, _, _]| {
+                let t = g.transpose(x, 0, 1)?;
+                g.causal_mask(t)
+            },
+            "causal_mask: needs scores [..., T, S] with T <= S, got [3, 2]",
+        ),
+        (
+            |g, [_, y, _]| {
+                let e = g.reshape(y, &[4, 1])?;
+                let e = g.slice(e, 1, 0, 0)?;
+                g.softmax(e)
+            },
+            "softmax: needs a non-empty last axis, got [4, 0]",
+        ),
+        (
+            |g, [x, y, _]| g.layer_norm(x, y, y, 1e-5),
+            "layer_norm: weight and bias must be [3], the last axis of x (shapes [2, 3], [4], [4])",
+        ),
+        (|g, [x, _, _]| g.layer_norm(x, x, x, 0.0), "layer_norm: eps must be positive, got 0"),
+        (|g, [x, _, _]| g.embedding(x, x), "embedding: indices must be i32, got f32[2, 3]"),
+        (|g, [_, y, i]| g.embedding(y, i), "embedding: table must be [vocab, dim], got [4]"),
+        (
+            |g, [x, _, _]| g.cross_entropy(x, x, None),
+            "cross_entropy: labels must be i32, got f32[2, 3]",
+        ),
+        (
+            |g, [_, y, i]| {
+                let l = g.reshape(y, &[2, 2])?;
+                let l = g.slice(l, 0, 0, 1)?;
+                g.cross_entropy(l, i, None)
+            },
+            "cross_entropy: logits [1, 2] need shape labels [2] plus a class axis",
+        ),
+        (|g, [x, y, _]| g.mse(x, y), "mse: prediction [2, 3] and target [4] differ"),
+        (|g, [x, _, _]| g.dropout(x, 1.0, 0), "dropout: probability must be in [0, 1), got 1"),
+        (
+            |g, _| g.parameter("w", &[2], Init::Normal { mean: 0.0, std: -1.0 }),
+            "normal initializer needs a finite mean and std >= 0, got normal(0, -1)",
+        ),
+        (
+            |g, _| g.parameter("w", &[], Init::Xavier),
+            "xavier initializer needs a non-empty weight with at least one axis, got []",
+        ),
+        (
+            |g, _| g.parameter("x", &[2], Init::Zeros),
+            "duplicate name `x`: another input, parameter or state has it",
+        ),
+        (
+            |g, _| g.input("big", &[usize::MAX, 2], DType::F32),
+            "shape [18446744073709551615, 2] has more elements than fit in memory",
+        ),
+        (
+            |g, [x, _, _]| {
+                // An id from another, larger graph.
+                let mut other = Graph::new();
+                let mut far = x;
+                for k in 0..100 {
+                    far = other.input(&format!("a{k}"), &[3, 1], DType::F32)?;
+                }
+                g.matmul(x, far)
+            },
+            "matmul: input 99 is not a node of this graph",
+        ),
+    ];
+    for &(build, expected) in cases {
+        check(build, expected);
+    }
+}
