@@ -1,9 +1,14 @@
-//! Every WGSL module generated for a plan passes naga's parser and validator (CPU only).
+//! Every WGSL module generated for a plan passes naga's parser and validator (CPU only): the
+//! generated kernels, and the matmul template filled with every generated epilogue, for the
+//! fused and unfused plans of a GPT training step and of every op-table case.
 
-use rumus::codegen::wgsl::generate;
+mod common;
+
+use rumus::codegen::wgsl::{generate, matmul_epilogue};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::{plan, KernelKind, PlanOptions};
+use rumus::runtime::kernels::MATMUL;
 use rumus::DType;
 
 fn validate(label: &str, src: &str) -> Result<(), String> {
@@ -18,6 +23,52 @@ fn validate(label: &str, src: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Validate every generated module of the plans of `g` for `wanted` (fused and unfused); returns
+/// the number of modules checked.
+fn validate_plans(
+    g: &Graph,
+    wanted: &[rumus::graph::NodeId],
+    train: bool,
+    failures: &mut Vec<String>,
+) -> usize {
+    let mut n = 0;
+    for fusion in [true, false] {
+        let opts = PlanOptions { fusion, reuse: true, max_storage_buffers: None };
+        let p = plan(g, wanted, train, opts).unwrap();
+        for k in &p.kernels {
+            let result = match k.kind {
+                KernelKind::LayerNorm { .. }
+                | KernelKind::LayerNormStats
+                | KernelKind::LayerNormGradInput { .. }
+                | KernelKind::LayerNormGradWeight => continue, // templates only, see wgsl_valid
+                KernelKind::MatMul { register, .. } => {
+                    // The template path when there is an epilogue; the generated one otherwise.
+                    let src = generate(g, &p, k);
+                    let generated = validate(&src.label, &src.wgsl);
+                    let template = match matmul_epilogue(g, &p, k, register) {
+                        Some(e) => MATMUL
+                            .fill(&[("EPILOGUE_BINDINGS", &e.decls), ("EPILOGUE", &e.body)])
+                            .map_err(|err| err.to_string())
+                            .and_then(|wgsl| validate(&format!("{} (template)", src.label), &wgsl)),
+                        None => Ok(()),
+                    };
+                    n += 1;
+                    generated.and(template)
+                }
+                _ => {
+                    let src = generate(g, &p, k);
+                    validate(&src.label, &src.wgsl)
+                }
+            };
+            n += 1;
+            if let Err(e) = result {
+                failures.push(e);
+            }
+        }
+    }
+    n
+}
+
 #[test]
 fn generated_modules_of_a_gpt_training_step_validate() {
     let mut g = Graph::new();
@@ -28,29 +79,19 @@ fn generated_modules_of_a_gpt_training_step_validate() {
     let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
     let t = training_graph(g, loss, &cfg).unwrap();
     let mut failures = Vec::new();
-    for fusion in [true, false] {
-        let p = plan(
-            &t.graph,
-            &[t.loss],
-            true,
-            PlanOptions { fusion, reuse: true, max_storage_buffers: None },
-        )
-        .unwrap();
-        for k in &p.kernels {
-            if matches!(
-                k.kind,
-                KernelKind::LayerNorm { .. }
-                    | KernelKind::LayerNormStats
-                    | KernelKind::LayerNormGradInput { .. }
-                    | KernelKind::LayerNormGradWeight
-            ) {
-                continue;
-            }
-            let src = generate(&t.graph, &p, k);
-            if let Err(e) = validate(&src.label, &src.wgsl) {
-                failures.push(e);
-            }
-        }
+    let n = validate_plans(&t.graph, &[t.loss], true, &mut failures);
+    assert!(n > 100, "only {n} modules checked");
+    assert!(failures.is_empty(), "{} invalid modules; first:\n{}", failures.len(), failures[0]);
+}
+
+#[test]
+fn generated_modules_of_every_op_case_validate() {
+    let mut failures = Vec::new();
+    for c in common::cases() {
+        let b = common::build(&c).unwrap();
+        let mut want = vec![b.out];
+        want.extend(b.grads.iter().map(|&(_, d)| d));
+        validate_plans(&b.g, &want, false, &mut failures);
     }
     assert!(failures.is_empty(), "{} invalid modules; first:\n{}", failures.len(), failures[0]);
 }

@@ -219,6 +219,64 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
     }
 }
 
+/// The generated part of a matmul kernel: the epilogue that turns the accumulator of element
+/// `(batch, i, j)` into the kernel's output, for the `matmul.wgsl` template.
+#[derive(Clone, Debug)]
+pub struct MatmulEpilogue {
+    /// Declarations of the epilogue's extra bindings (from `@binding(4)`) and helpers.
+    pub decls: String,
+    /// Body of `fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar`.
+    pub body: String,
+    /// Plan buffers bound at `@binding(4..)`, in order.
+    pub extra: Vec<usize>,
+}
+
+/// The epilogue of matmul kernel `k` whose `[.., M, N]` result reaches the output through
+/// `register` (the matmul, or a reshape of it); `None` when it needs the step uniform (dropout),
+/// which the template does not bind.
+pub fn matmul_epilogue(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    register: NodeId,
+) -> Option<MatmulEpilogue> {
+    if uses_dropout(g, k) {
+        return None;
+    }
+    let out = *k.outputs.last()?;
+    let mm_shape = match k.kind {
+        KernelKind::MatMul { matmul, .. } => g.shape(matmul).to_vec(),
+        _ => return None,
+    };
+    let (m, n) = (mm_shape[mm_shape.len() - 2], mm_shape[mm_shape.len() - 1]);
+    // Buffers are named in order of first use, so only those the expression reads are bound.
+    let used = std::cell::RefCell::new(Vec::<usize>::new());
+    let names = |b: usize| {
+        let mut u = used.borrow_mut();
+        let i = u.iter().position(|&x| x == b).unwrap_or_else(|| {
+            u.push(b);
+            u.len() - 1
+        });
+        format!("e{i}")
+    };
+    let mut em = ExprEmitter::new(g, plan, &names);
+    em.register = Some((register, "v".to_string()));
+    em.root = Some(out);
+    let lin = format!("((batch * {m}u + i) * {n}u + j)");
+    let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
+    let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
+    let body = format!("{coords_code}{}    return {value};", em.body);
+    let extra = used.into_inner();
+    let mut decls = String::new();
+    for (i, &b) in extra.iter().enumerate() {
+        let ty = if buffer_is_i32(g, plan, k, b) { "i32" } else { "f32" };
+        let _ =
+            writeln!(decls, "@group(0) @binding({}) var<storage, read> e{i}: array<{ty}>;", i + 4);
+    }
+    decls.push_str(MATH_WGSL);
+    Some(MatmulEpilogue { decls, body, extra })
+}
+
 /// Short name of a kernel kind, for labels and reports.
 pub fn kind_name(k: &KernelKind) -> &'static str {
     match k {

@@ -10,8 +10,7 @@ use super::device::{Dispatch, Gpu, STORAGE};
 use super::kernels::{
     LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
 };
-use crate::codegen::expr::{decompose, ExprEmitter};
-use crate::codegen::wgsl::{generate, kind_name};
+use crate::codegen::wgsl::{generate, kind_name, matmul_epilogue, MatmulEpilogue};
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op};
@@ -310,9 +309,9 @@ impl GpuPlan {
         register: NodeId,
     ) -> Result<Option<Dispatch>> {
         let out = *k.outputs.last().expect("matmul writes a value");
-        if k.fused.iter().any(|&id| matches!(g.node(id).op, Op::Dropout { .. })) {
+        let Some(epilogue) = matmul_epilogue(g, &self.plan, k, register) else {
             return Ok(None);
-        }
+        };
         let node = g.node(mm);
         let (sa, sb, so) = (g.shape(node.inputs[0]), g.shape(node.inputs[1]), &node.shape);
         let r = so.len();
@@ -328,41 +327,7 @@ impl GpuPlan {
         ) else {
             return Ok(None);
         };
-        // The epilogue: `out`'s expression at the coordinates of matmul element (batch, i, j).
-        let mut extra: Vec<usize> = Vec::new();
-        for &id in &k.inputs {
-            if id == a_src || id == b_src {
-                continue;
-            }
-            let b = self.plan.value_of(id).expect("kernel input has a buffer").buffer;
-            if !extra.contains(&b) {
-                extra.push(b);
-            }
-        }
-        let names =
-            |b: usize| format!("e{}", extra.iter().position(|&x| x == b).unwrap_or(usize::MAX));
-        let mut em = ExprEmitter::new(g, &self.plan, &names);
-        em.register = Some((register, "v".to_string()));
-        em.root = Some(out);
-        let lin = format!("((batch * {m}u + i) * {n}u + j)");
-        let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
-        let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
-        let body = format!("{coords_code}{}    return {value};", em.body);
-        let mut decls = String::new();
-        for (i, &b) in extra.iter().enumerate() {
-            let ty = if k.inputs.iter().any(|&id| {
-                self.plan.value_of(id).is_some_and(|v| v.buffer == b) && g.dtype(id) == DType::I32
-            }) {
-                "i32"
-            } else {
-                "f32"
-            };
-            decls.push_str(&format!(
-                "@group(0) @binding({}) var<storage, read> e{i}: array<{ty}>;\n",
-                i + 4
-            ));
-        }
-        decls.push_str(crate::codegen::expr::MATH_WGSL);
+        let MatmulEpilogue { decls, body, extra } = epilogue;
         let spec = MatmulSpec {
             batch: batch as u32,
             m: m as u32,
