@@ -200,3 +200,15 @@ fn gpt_cpu_forward_matches_the_hand_built_graph_exactly() {
     assert_eq!(a.len(), 2 * 8 * 65);
     assert!(a == b, "the language's GPT and the hand-built one differ");
 }
+
+/// Regression: a user model named like a standard block (`mlp`) hid that block from the
+/// standard library's own `transformer_block`, which then failed with "`mlp` is a model".
+#[test]
+fn a_model_named_like_a_std_block_does_not_hide_it() {
+    let text = "model mlp(idx: i32[B, T]) {\n    x = embedding(idx, 16, 8) as wte\n    return transformer_block(x, 2)\n}\n";
+    let src = Source::new("m.rms", text);
+    let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
+    let g = dsl::lower(&module, "mlp", &[("B", Value::Int(2)), ("T", Value::Int(4))], None)
+        .unwrap_or_else(|e| panic!("{}", e.in_source(&src)));
+    assert!(g.persistent_named("transformer_block_0.mlp.fc.weight").is_some());
+}

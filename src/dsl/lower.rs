@@ -499,7 +499,7 @@ impl Lowerer<'_> {
                 Some(n) => named.push((n.name.clone(), v, a.value.span)),
             }
         }
-        let block = if c.op_only { None } else { self.module.item(&c.callee.name) };
+        let block = if c.op_only { None } else { self.module.callable(&c.callee.name) };
         if let Some((item, src)) = block {
             return self.block_call(c, item, src, span, pos, named, frame);
         }

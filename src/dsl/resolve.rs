@@ -23,12 +23,29 @@ pub struct Module {
     pub items: Vec<Item>,
     pub sources: Vec<Arc<Source>>,
     by_name: HashMap<String, usize>,
+    /// The standard library's definitions, which a user *model* of the same name does not
+    /// hide from calls (a model cannot be called; `model mlp` must not break std's blocks).
+    std_by_name: HashMap<String, usize>,
 }
 
 impl Module {
     /// The definition called `name` (the user's when it shadows a standard one).
     pub fn item(&self, name: &str) -> Option<(&Item, &Arc<Source>)> {
         self.by_name.get(name).map(|&i| (&self.items[i], &self.sources[i]))
+    }
+
+    /// What a call of `name` refers to: the user's block, else the standard library's (also
+    /// when a user model has that name, since models cannot be called).
+    pub fn callable(&self, name: &str) -> Option<(&Item, &Arc<Source>)> {
+        self.callable_index(name).map(|i| (&self.items[i], &self.sources[i]))
+    }
+
+    fn callable_index(&self, name: &str) -> Option<usize> {
+        let i = *self.by_name.get(name)?;
+        match (self.items[i].kind, self.std_by_name.get(name)) {
+            (ItemKind::Model, Some(&std)) => Some(std),
+            _ => Some(i),
+        }
     }
 
     /// The user's models, in source order.
@@ -49,13 +66,19 @@ pub const STD_NAME: &str = "<std>";
 pub fn resolve(program: Program, src: &Arc<Source>) -> Result<Module> {
     let std_src = Source::new(STD_NAME, STD_SOURCE);
     let std_prog = super::parse::parse(&std_src)?;
-    let mut module = Module { items: Vec::new(), sources: Vec::new(), by_name: HashMap::new() };
+    let mut module = Module {
+        items: Vec::new(),
+        sources: Vec::new(),
+        by_name: HashMap::new(),
+        std_by_name: HashMap::new(),
+    };
     for it in std_prog.items {
         module.by_name.insert(it.name.name.clone(), module.items.len());
         module.items.push(it);
         module.sources.push(std_src.clone());
     }
     let n_std = module.items.len();
+    module.std_by_name = module.by_name.clone();
     for it in program.items {
         if let Some(&prev) = module.by_name.get(&it.name.name) {
             if prev >= n_std {
@@ -309,7 +332,7 @@ impl Checker<'_> {
             self.expr(&a.value, env, later)?;
         }
         let block =
-            if c.op_only { None } else { self.module.item(&c.callee.name).map(|(it, _)| it) };
+            if c.op_only { None } else { self.module.callable(&c.callee.name).map(|(it, _)| it) };
         if let Some(it) = block {
             if it.kind == ItemKind::Model {
                 return Err(err!(
@@ -445,7 +468,7 @@ fn check_recursion(module: &Module) -> Result<()> {
         // Already checked; this pass only collects the calls.
         let _ = cx.item(it);
         for (name, span) in cx.calls {
-            if let Some(&j) = module.by_name.get(&name) {
+            if let Some(j) = module.callable_index(&name) {
                 edges[i].push((j, span));
             }
         }
