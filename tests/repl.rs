@@ -45,7 +45,9 @@ fn define_compile_train_plan_survive_an_error_and_quit() {
     assert!(out[8].starts_with("<repl:7>:1:1: function not found: no_such_thing"), "{}", out[8]);
     assert!(out[9].contains("cpu"), "{}", out[9]);
     assert_eq!(out[10], "fc.weight [2, 2]\nfc.bias [2]\n");
-    assert!(out[11].starts_with("digraph model {"), "{}", out[11]);
+    // The training step's graph, its nodes grouped by the kernels of the compiled plan.
+    assert!(out[11].starts_with("digraph \"model\" {"), "{}", out[11]);
+    assert!(out[11].contains("subgraph cluster_0 {"), "{}", out[11]);
     assert_eq!(out[12], "2\n", "state survives the error");
     assert_eq!(out[13], "<quit>");
 }

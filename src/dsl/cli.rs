@@ -62,36 +62,5 @@ pub fn fmt_init(init: &Init) -> String {
 
 /// The graph as Graphviz DOT: one box per node (op, name, shape, dtype), edges from inputs.
 pub fn dot(g: &Graph, name: &str) -> String {
-    let mut out =
-        format!("digraph \"{}\" {{\n    node [shape=box, fontname=monospace];\n", escape(name));
-    for (id, n) in g.nodes() {
-        let what = match &n.op {
-            Op::Input { name } => format!("input {name}"),
-            Op::Parameter { name, .. } => format!("param {name}"),
-            Op::Constant { value } => format!("constant {value}"),
-            op => op.name().to_string(),
-        };
-        let label = format!("{what}\\n{} {}", fmt_shape(&n.shape), n.dtype);
-        out.push_str(&format!(
-            "    n{} [label=\"{}\"];\n",
-            id.index(),
-            escape(&label).replace("\\\\n", "\\n")
-        ));
-        for i in &n.inputs {
-            out.push_str(&format!("    n{} -> n{};\n", i.index(), id.index()));
-        }
-    }
-    for (oname, id) in &g.outputs {
-        out.push_str(&format!(
-            "    out_{0} [label=\"output {0}\", shape=ellipse];\n    n{1} -> out_{0};\n",
-            escape(oname),
-            id.index()
-        ));
-    }
-    out.push_str("}\n");
-    out
-}
-
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+    crate::plan::report::dot(g, name, None)
 }

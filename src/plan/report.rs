@@ -90,3 +90,54 @@ impl PlanReport {
         })
     }
 }
+
+/// The graph in Graphviz DOT; with a plan, the nodes each kernel computes are grouped in a
+/// cluster labelled with the kernel's index and kind.
+pub fn dot(g: &Graph, name: &str, plan: Option<&Plan>) -> String {
+    let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut out =
+        format!("digraph \"{}\" {{\n    node [shape=box, fontname=monospace];\n", esc(name));
+    let label = |id: crate::graph::NodeId| {
+        let n = g.node(id);
+        let what = match &n.op {
+            Op::Input { name } => format!("input {name}"),
+            Op::Parameter { name, .. } => format!("param {name}"),
+            Op::State { name, .. } => format!("state {name}"),
+            Op::Constant { value } => format!("constant {value}"),
+            op => op.name().to_string(),
+        };
+        format!("{}\\n{} {}", esc(&what), crate::tensor::fmt_shape(&n.shape), n.dtype)
+    };
+    let mut clustered = vec![false; g.n_nodes()];
+    if let Some(p) = plan {
+        for (k, kernel) in p.kernels.iter().enumerate() {
+            out.push_str(&format!(
+                "    subgraph cluster_{k} {{\n        label=\"kernel {k}: {}\";\n",
+                kind_name(&kernel.kind)
+            ));
+            for &id in &kernel.fused {
+                if !std::mem::replace(&mut clustered[id.index()], true) {
+                    out.push_str(&format!("        n{} [label=\"{}\"];\n", id.index(), label(id)));
+                }
+            }
+            out.push_str("    }\n");
+        }
+    }
+    for (id, n) in g.nodes() {
+        if !clustered[id.index()] {
+            out.push_str(&format!("    n{} [label=\"{}\"];\n", id.index(), label(id)));
+        }
+        for i in &n.inputs {
+            out.push_str(&format!("    n{} -> n{};\n", i.index(), id.index()));
+        }
+    }
+    for (oname, id) in &g.outputs {
+        out.push_str(&format!(
+            "    out_{0} [label=\"output {0}\", shape=ellipse];\n    n{1} -> out_{0};\n",
+            esc(oname),
+            id.index()
+        ));
+    }
+    out.push_str("}\n");
+    out
+}

@@ -105,7 +105,13 @@ pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
         let tr = t.trainer.borrow();
         return Ok(match what {
             "plan" => format!("{}\n", tr.plan_report()),
-            "graph" => model::to_dot(tr.graph()),
+            "graph" => {
+                // Grouped by the kernels of the compiled training step.
+                let g = tr.graph();
+                let loss: Vec<_> = g.output("loss").into_iter().collect();
+                let p = crate::plan::plan(g, &loss, true, Default::default()).ok();
+                crate::plan::report::dot(g, "model", p.as_ref())
+            }
             _ => model::params_text(tr.graph()),
         });
     }
@@ -116,7 +122,7 @@ pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
                 Usage,
                 ":plan needs a compiled model (a trainer); compile it first"
             )),
-            "graph" => Ok(model::to_dot(&g)),
+            "graph" => Ok(crate::plan::report::dot(&g, "model", None)),
             _ => Ok(model::params_text(&g)),
         };
     }

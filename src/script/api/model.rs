@@ -520,34 +520,6 @@ fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
     }
 }
 
-/// Graphviz DOT of a graph: one node per op, labelled with its op, shape and name.
-pub fn to_dot(g: &Graph) -> String {
-    let mut s = String::from(
-        "digraph model {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n",
-    );
-    for (id, n) in g.nodes() {
-        let name = match &n.op {
-            Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } => {
-                format!(" {name}")
-            }
-            _ => String::new(),
-        };
-        let label = format!("{}{} {}", n.op.name(), name, crate::tensor::fmt_shape(&n.shape));
-        s.push_str(&format!("  n{} [label=\"{}\"];\n", id.index(), label.replace('"', "\\\"")));
-        for i in &n.inputs {
-            s.push_str(&format!("  n{} -> n{};\n", i.index(), id.index()));
-        }
-    }
-    for (name, id) in &g.outputs {
-        s.push_str(&format!(
-            "  out_{name} [label=\"output {name}\", shape=oval];\n  n{} -> out_{name};\n",
-            id.index()
-        ));
-    }
-    s.push_str("}\n");
-    s
-}
-
 /// Parameter names and shapes, one a line.
 pub fn params_text(g: &Graph) -> String {
     let mut s = String::new();
