@@ -104,3 +104,20 @@ fn every_op_runs_on_the_gpu() {
         .collect();
     assert!(missing.is_empty(), "ops no GPU case exercises: {missing:?}");
 }
+
+/// The long-K case above runs through the split-K path (so its comparison covers it).
+#[test]
+fn a_long_thin_product_splits_k() {
+    let Some(gpu) = test_gpu_or_skip("a_long_thin_product_splits_k") else { return };
+    let c = cases().into_iter().find(|c| c.name == "matmul long k").unwrap();
+    let b = build(&c).unwrap();
+    let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+    let labels: Vec<String> = backend
+        .plan_for(&[b.out], false)
+        .unwrap()
+        .dispatch_labels()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert!(labels.iter().any(|l| l.contains("split-k")), "{labels:?}");
+}

@@ -133,8 +133,8 @@ impl GpuPlan {
     fn build_kernel(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
         match &k.kind {
             KernelKind::MatMul { matmul, register } => {
-                if let Some(d) = self.template_matmul(gpu, g, k, *matmul, *register)? {
-                    self.dispatches.push(d);
+                if let Some(ds) = self.template_matmul(gpu, g, k, *matmul, *register)? {
+                    self.dispatches.extend(ds);
                     return Ok(());
                 }
                 self.generated(gpu, g, k)
@@ -307,7 +307,7 @@ impl GpuPlan {
         k: &Kernel,
         mm: NodeId,
         register: NodeId,
-    ) -> Result<Option<Dispatch>> {
+    ) -> Result<Option<Vec<Dispatch>>> {
         let out = *k.outputs.last().expect("matmul writes a value");
         let Some(epilogue) = matmul_epilogue(g, &self.plan, k, register) else {
             return Ok(None);
@@ -339,6 +339,11 @@ impl GpuPlan {
             alpha: 1.0,
             beta: 0.0,
         };
+        if let Some(splits) = split_k(&spec) {
+            return self
+                .split_k_matmul(gpu, k, out, spec, splits, (a_src, b_src), (&decls, &body, &extra))
+                .map(Some);
+        }
         let tile = MatmulTile::choose(&spec);
         let key = format!("{tile:?}\n{decls}\n{body}");
         let kernel = match self.cache.matmul.get(&key) {
@@ -359,7 +364,72 @@ impl GpuPlan {
             &extra_bufs,
         )?;
         d.label = format!("{} #{}", kind_name(&k.kind), out.index());
-        Ok(Some(d))
+        Ok(Some(vec![d]))
+    }
+
+    /// A product too small in M×N to fill the GPU but long in K, as `splits` partial products
+    /// over slices of K (one batched matmul into scratch), then one kernel that sums the slices
+    /// and applies the epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn split_k_matmul(
+        &mut self,
+        gpu: &Gpu,
+        k: &Kernel,
+        out: NodeId,
+        spec: MatmulSpec,
+        splits: u32,
+        (a_src, b_src): (NodeId, NodeId),
+        (decls, body, extra): (&str, &str, &[usize]),
+    ) -> Result<Vec<Dispatch>> {
+        let (m, n) = (spec.m, spec.n);
+        let chunk = spec.k / splits;
+        let mn = m as usize * n as usize;
+        let parts = self.scratch(gpu, mn * splits as usize)?;
+        let partial = MatmulSpec {
+            batch: splits,
+            k: chunk,
+            a: Operand { batch_stride: chunk * spec.a.col_stride, ..spec.a },
+            b: Operand { batch_stride: chunk * spec.b.row_stride, ..spec.b },
+            c: Operand::row_major(m, n),
+            ..spec
+        };
+        let tile = MatmulTile::choose(&partial);
+        let key = format!("{tile:?}\nplain");
+        let plain = match self.cache.matmul.get(&key) {
+            Some(p) => p.clone(),
+            None => {
+                let p = Matmul::new(gpu, tile)?;
+                self.cache.matmul.insert(key, p.clone());
+                p
+            }
+        };
+        let mut first =
+            plain.dispatch(gpu, &partial, self.buf(a_src)?, self.buf(b_src)?, &parts, &[])?;
+        first.label = format!("matmul #{} split-k {splits}", out.index());
+        let wgsl = format!(
+            "alias scalar = f32;\n@group(0) @binding(0) var<storage, read> parts: array<f32>;\n@group(0) @binding(1) var<storage, read_write> c: array<f32>;\n{decls}\nfn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar {{\n{body}\n}}\n@compute @workgroup_size(256)\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    let idx = (wid.x + wid.y * nwg.x) * 256u + lid;\n    if (idx >= {mn}u) {{ return; }}\n    var v = 0.0;\n    for (var s = 0u; s < {splits}u; s++) {{ v += parts[s * {mn}u + idx]; }}\n    c[idx] = epilogue(v, 0u, idx / {n}u, idx % {n}u);\n}}\n"
+        );
+        let pipeline = match self.cache.generated.get(&wgsl) {
+            Some(p) => p.clone(),
+            None => {
+                let p = gpu.pipeline("split-k sum", &wgsl, "main")?;
+                self.cache.generated.insert(wgsl.clone(), p.clone());
+                p
+            }
+        };
+        let mut bound: Vec<(u32, &wgpu::Buffer)> = vec![(0, &parts), (1, self.buf(out)?)];
+        for (i, &b) in extra.iter().enumerate() {
+            bound.push((4 + i as u32, &self.buffers[b]));
+        }
+        let bind_group = gpu.bind_group_at("split-k sum", &pipeline, &bound)?;
+        let second = Dispatch {
+            label: format!("{} #{} split-k sum", kind_name(&k.kind), out.index()),
+            pipeline,
+            bind_group,
+            workgroups: gpu.dispatch_dims((mn as u32).div_ceil(256)),
+            owned: vec![parts],
+        };
+        Ok(vec![first, second])
     }
 
     /// Run one step: write `feeds` and the step counter, encode every dispatch (optionally
@@ -455,6 +525,21 @@ impl GpuPlan {
     pub fn dispatch_labels(&self) -> Vec<&str> {
         self.dispatches.iter().map(|d| d.label.as_str()).collect()
     }
+}
+
+/// Slices of K for a product whose M×N tiles cannot fill a large GPU (fewer than two 64×64
+/// workgroups per multiprocessor of an H200) but whose K is long: a power of two that divides K,
+/// keeps slices of at least 128, and brings the workgroups to about four per multiprocessor.
+fn split_k(spec: &MatmulSpec) -> Option<u32> {
+    let tiles = spec.m.div_ceil(64) * spec.n.div_ceil(64);
+    if spec.batch != 1 || tiles >= 264 || spec.k < 1024 {
+        return None;
+    }
+    let mut s = 1;
+    while s < 32 && tiles * s * 2 <= 528 && spec.k % (s * 2) == 0 && spec.k / (s * 2) >= 128 {
+        s *= 2;
+    }
+    (s > 1).then_some(s)
 }
 
 /// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:

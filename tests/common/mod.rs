@@ -132,6 +132,10 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("matmul nd @ 2d", &[(&[2, 3, 4], Any), (&[4, 1], Any)], |g, x| {
         g.matmul(x[0], x[1])
     }));
+    // Long K, small M x N: the GPU splits K (split-k path).
+    cs.push(case("matmul long k", &[(&[3, 1024], Any), (&[1024, 5], Any)], |g, x| {
+        g.matmul(x[0], x[1])
+    }));
     cs.push(case("matmul 1x1", &[(&[1, 1], Any), (&[1, 1], Any)], |g, x| g.matmul(x[0], x[1])));
     cs.push(case("softmax", &[(&[3, 5], Any)], |g, x| g.softmax(x[0])));
     cs.push(case("softmax size-1", &[(&[2, 1], Any)], |g, x| g.softmax(x[0])));
