@@ -536,7 +536,7 @@ fn split_k(spec: &MatmulSpec) -> Option<u32> {
         return None;
     }
     let mut s = 1;
-    while s < 32 && tiles * s * 2 <= 528 && spec.k % (s * 2) == 0 && spec.k / (s * 2) >= 128 {
+    while s < 32 && tiles * s * 2 <= 528 && spec.k.is_multiple_of(s * 2) && spec.k / (s * 2) >= 128 {
         s *= 2;
     }
     (s > 1).then_some(s)
