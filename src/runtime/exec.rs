@@ -33,6 +33,8 @@ pub struct GpuPlan {
     pub scratch_bytes: u64,
     /// Per-step copies of updated values onto their persistent buffers: (from, to, bytes).
     copies: Vec<(usize, usize, u64)>,
+    /// The scratch buffer kernels share (see `shared_scratch`).
+    shared: Option<wgpu::Buffer>,
     /// Pipelines compiled while building, by their source: kernels of identical layers
     /// generate identical WGSL (sizes are literals, bindings are numbered by use), so a model of
     /// twelve layers compiles the pipelines of one.
@@ -99,6 +101,7 @@ impl GpuPlan {
             scratch_bytes: 0,
             copies: Vec::new(),
             cache: PipelineCache::default(),
+            shared: None,
         };
         for k in out.plan.kernels.clone() {
             let before = out.dispatches.len();
@@ -238,7 +241,7 @@ impl GpuPlan {
         let d = *g.shape(x).last().unwrap_or(&1);
         let rows = g.shape(x).iter().product::<usize>() / d.max(1);
         let ln = self.cache.layer_norm(gpu, d)?;
-        let scratch = self.scratch(gpu, ln.scratch_len(rows))?;
+        let scratch = self.shared_scratch(gpu, ln.scratch_len(rows))?;
         let dx_buf = match dx {
             Some(id) => self.buf(id)?.clone(),
             None => self.scratch(gpu, rows * d)?,
@@ -268,6 +271,21 @@ impl GpuPlan {
     fn scratch(&mut self, gpu: &Gpu, len: usize) -> Result<wgpu::Buffer> {
         self.scratch_bytes += len.max(1) as u64 * 4;
         gpu.storage("scratch", len.max(1))
+    }
+
+    /// Scratch that one kernel uses alone, within its own dispatches: every such kernel shares
+    /// one buffer (dispatches run in order, so no two of them hold it at once). A larger need
+    /// replaces it with one twice as large, so the bytes stay within twice the largest need.
+    fn shared_scratch(&mut self, gpu: &Gpu, len: usize) -> Result<wgpu::Buffer> {
+        if let Some(buf) = &self.shared {
+            if buf.size() >= len.max(1) as u64 * 4 {
+                return Ok(buf.clone());
+            }
+        }
+        let grown = self.shared.as_ref().map_or(0, |b| b.size() as usize / 2);
+        let buf = self.scratch(gpu, len.max(grown))?;
+        self.shared = Some(buf.clone());
+        Ok(buf)
     }
 
     /// A generated kernel: compile its module and bind its buffers (and `meta`).
@@ -384,7 +402,7 @@ impl GpuPlan {
         let (m, n) = (spec.m, spec.n);
         let chunk = spec.k / splits;
         let mn = m as usize * n as usize;
-        let parts = self.scratch(gpu, mn * splits as usize)?;
+        let parts = self.shared_scratch(gpu, mn * splits as usize)?;
         let partial = MatmulSpec {
             batch: splits,
             k: chunk,
@@ -536,7 +554,8 @@ fn split_k(spec: &MatmulSpec) -> Option<u32> {
         return None;
     }
     let mut s = 1;
-    while s < 32 && tiles * s * 2 <= 528 && spec.k.is_multiple_of(s * 2) && spec.k / (s * 2) >= 128 {
+    while s < 32 && tiles * s * 2 <= 528 && spec.k.is_multiple_of(s * 2) && spec.k / (s * 2) >= 128
+    {
         s *= 2;
     }
     (s > 1).then_some(s)
