@@ -166,3 +166,13 @@ pub struct Arg {
     pub name: Option<Ident>,
     pub value: Expr,
 }
+
+impl Item {
+    /// Names of the hyperparameters in the signature, in order.
+    pub fn hyper_names(&self) -> impl Iterator<Item = &str> {
+        self.params.iter().filter_map(|p| match p {
+            SigParam::Hyper { name, .. } => Some(name.name.as_str()),
+            _ => None,
+        })
+    }
+}

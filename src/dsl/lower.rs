@@ -635,14 +635,7 @@ impl Lowerer<'_> {
                 }
             }
         }
-        let hyper_names: HashSet<&str> = item
-            .params
-            .iter()
-            .filter_map(|p| match p {
-                SigParam::Hyper { name, .. } => Some(name.name.as_str()),
-                _ => None,
-            })
-            .collect();
+        let hyper_names: HashSet<&str> = item.hyper_names().collect();
         // Given hyperparameters first, then tensor patterns, then defaults, then deferred checks.
         for (p, a) in item.params.iter().zip(&args) {
             if let (SigParam::Hyper { name, .. }, Some((v, _))) = (p, a) {

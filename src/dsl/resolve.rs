@@ -117,14 +117,7 @@ struct Checker<'m> {
 impl Checker<'_> {
     fn item(&mut self, it: &Item) -> Result<()> {
         let mut env: HashMap<String, Binding> = HashMap::new();
-        let hyper_names: Vec<&str> = it
-            .params
-            .iter()
-            .filter_map(|p| match p {
-                SigParam::Hyper { name, .. } => Some(name.name.as_str()),
-                _ => None,
-            })
-            .collect();
+        let hyper_names: Vec<&str> = it.hyper_names().collect();
         // Names of the signature first, so that a pattern may check a later hyperparameter.
         for p in &it.params {
             let name = p.name();
