@@ -36,7 +36,9 @@ pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
     let text =
         std::fs::read_to_string(&spec.file).map_err(|e| crate::error::Error::io(&spec.file, e))?;
     let src = Source::new(spec.file.clone(), text);
-    let module = dsl::load(&src).map_err(|e| e.in_source(&src))?;
+    // A `.rms` file may be a script with model blocks in it; only the blocks matter here.
+    let module = if spec.file.ends_with(".rms") { dsl::load_rms(&src) } else { dsl::load(&src) }
+        .map_err(|e| e.in_source(&src))?;
     let name = match &spec.model {
         Some(m) => m.clone(),
         None => match module.models().find(|it| !module.is_std(&it.name.name)) {

@@ -116,3 +116,33 @@ fn checker_rejects_too_many_bindings() {
     assert!(e.message.contains("storage buffers"), "{e}");
     verify(&p, Some(most as u32)).unwrap();
 }
+
+/// `rumus plan --json` prints one JSON object with the figures issue 4 names; for the 4-layer
+/// GPT benchmark model, at most a third as many dispatches as ops and at most half the bytes of
+/// one buffer per value. A script with model blocks works too; a missing dimension is an error.
+#[test]
+fn rumus_plan_json_for_the_gpt_benchmark() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap()
+    };
+    let out = run(&["plan", "scripts/bench/gpt-small.rms", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("missing `{k}` in {v}"));
+    for k in
+        ["ops", "kernels", "dispatches", "buffers", "planned_bytes", "naive_bytes", "pinned_bytes"]
+    {
+        n(k);
+    }
+    assert!(n("dispatches") * 3 <= n("ops"), "{v}");
+    assert!(n("planned_bytes") * 2 <= n("naive_bytes"), "{v}");
+    let out = run(&["plan", "scripts/xor.rms", "--set", "B=4"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["plan", "scripts/xor.rms"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("dimension `B` of input `x` is not set"));
+}
