@@ -239,23 +239,14 @@ pub fn bench_model(
         }
         by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
     }
-    let r = report.unwrap_or_else(|| {
-        let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).ok();
-        match p {
-            Some(p) => PlanReport::new(&t.graph, &p, 0, 0),
-            None => PlanReport {
-                ops: 0,
-                kernels: 0,
-                dispatches: 0,
-                buffers: 0,
-                planned_bytes: 0,
-                naive_bytes: 0,
-                pinned_bytes: 0,
-                scratch_bytes: 0,
-                kernel_lines: vec![],
-            },
+    // The CPU backend has no plan of its own; report the plan the GPU would run.
+    let r = match report {
+        Some(r) => r,
+        None => {
+            let p = plan(&t.graph, &[t.loss], true, PlanOptions::default())?;
+            PlanReport::new(&t.graph, &p, 0, 0)
         }
-    });
+    };
     Ok(BenchResult {
         model: spec.file.clone(),
         adapter,

@@ -97,7 +97,7 @@ fn buffer_is_i32(g: &Graph, plan: &Plan, k: &Kernel, buffer: usize) -> bool {
 
 const MAIN_ARGS: &str = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32";
 
-fn module(decls: &str, uses_meta: bool, n_bindings: usize, helpers: &str, main: &str) -> String {
+fn module(decls: &str, uses_meta: bool, n_bindings: usize, main: &str) -> String {
     let mut s = String::from("alias scalar = f32;\n\n");
     s.push_str(decls);
     if uses_meta {
@@ -107,7 +107,6 @@ fn module(decls: &str, uses_meta: bool, n_bindings: usize, helpers: &str, main: 
     }
     s.push('\n');
     s.push_str(MATH_WGSL);
-    s.push_str(helpers);
     s.push_str(main);
     s
 }
@@ -126,7 +125,7 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
     let mut em = ExprEmitter::new(g, plan, &names);
     em.root = Some(out);
     let uses_meta = uses_dropout(g, k);
-    let (main, helpers, workgroups) = match &k.kind {
+    let (main, workgroups) = match &k.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
             let (coords_code, coords) = decompose(&out_shape, "i", "c");
             let value = match k.kind {
@@ -139,7 +138,7 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
                 em.body,
                 binder.name(out)
             );
-            (main, String::new(), (n_out as u32).div_ceil(WG))
+            (main, (n_out as u32).div_ceil(WG))
         }
         KernelKind::Reduce => reduce(g, &mut em, &binder, out),
         KernelKind::Softmax | KernelKind::LogSoftmax => {
@@ -158,7 +157,7 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
                 binder.name(out),
                 binder.name(table)
             );
-            (main, String::new(), (n_out as u32).div_ceil(WG))
+            (main, (n_out as u32).div_ceil(WG))
         }
         KernelKind::EmbeddingGrad => {
             let node = g.node(out);
@@ -171,7 +170,7 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
                 binder.name(dy),
                 binder.name(out)
             );
-            (main, String::new(), (n_out as u32).div_ceil(WG))
+            (main, (n_out as u32).div_ceil(WG))
         }
         KernelKind::Concat => {
             let node = g.node(out);
@@ -205,14 +204,14 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
                 "@compute @workgroup_size({WG})\nfn main({MAIN_ARGS}) {{\n    let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;\n    if (i >= {n_out}u) {{ return; }}\n{coords_code}{body}    {}[i] = value;\n}}\n",
                 binder.name(out)
             );
-            (main, String::new(), (n_out as u32).div_ceil(WG))
+            (main, (n_out as u32).div_ceil(WG))
         }
         other => unreachable!("{other:?} kernels use the templates in shaders/"),
     };
     let decls = binder.declarations(g, k);
     KernelSource {
         label: format!("{} #{}", kind_name(&k.kind), out.index()),
-        wgsl: module(&decls, uses_meta, binder.list.len(), &helpers, &main),
+        wgsl: module(&decls, uses_meta, binder.list.len(), &main),
         bindings: binder.list.clone(),
         uses_meta,
         workgroups: workgroups.max(1),
@@ -312,7 +311,7 @@ fn tree_of(op: &str, wg: u32) -> String {
     )
 }
 
-fn reduce(g: &Graph, em: &mut ExprEmitter, binder: &Binder, out: NodeId) -> (String, String, u32) {
+fn reduce(g: &Graph, em: &mut ExprEmitter, binder: &Binder, out: NodeId) -> (String, u32) {
     let node = g.node(out);
     let Op::Reduce { op, axes, .. } = &node.op else { unreachable!("reduce kernel") };
     let x = node.inputs[0];
@@ -347,14 +346,14 @@ fn reduce(g: &Graph, em: &mut ExprEmitter, binder: &Binder, out: NodeId) -> (Str
         tree(op_name),
         binder.name(out)
     );
-    (main, String::new(), n_out as u32)
+    (main, n_out as u32)
 }
 
 fn indent(code: &str) -> String {
     code.lines().map(|l| format!("    {l}\n")).collect()
 }
 
-fn softmax(g: &Graph, binder: &Binder, out: NodeId, log: bool) -> (String, String, u32) {
+fn softmax(g: &Graph, binder: &Binder, out: NodeId, log: bool) -> (String, u32) {
     let x = g.node(out).inputs[0];
     let shape = g.shape(out);
     let d = *shape.last().expect("softmax has a last axis");
@@ -367,10 +366,10 @@ fn softmax(g: &Graph, binder: &Binder, out: NodeId, log: bool) -> (String, Strin
         tree("max"),
         tree("sum")
     );
-    (main, String::new(), rows as u32)
+    (main, rows as u32)
 }
 
-fn cross_entropy(g: &Graph, binder: &Binder, out: NodeId) -> (String, String, u32) {
+fn cross_entropy(g: &Graph, binder: &Binder, out: NodeId) -> (String, u32) {
     let node = g.node(out);
     let Op::CrossEntropy { ignore_index } = node.op else { unreachable!("cross_entropy kernel") };
     let (logits, labels) = (node.inputs[0], node.inputs[1]);
@@ -388,7 +387,7 @@ fn cross_entropy(g: &Graph, binder: &Binder, out: NodeId) -> (String, String, u3
         tree_of("sum", CE_WG),
         binder.name(out)
     );
-    (main, String::new(), 1)
+    (main, 1)
 }
 
 fn cross_entropy_grad(
@@ -396,7 +395,7 @@ fn cross_entropy_grad(
     em: &mut ExprEmitter,
     binder: &Binder,
     out: NodeId,
-) -> (String, String, u32) {
+) -> (String, u32) {
     let node = g.node(out);
     let Op::CrossEntropyGrad { ignore_index } = node.op else {
         unreachable!("cross_entropy_grad kernel")
@@ -423,5 +422,5 @@ fn cross_entropy_grad(
         tree("max"),
         tree("sum"),
     );
-    (main, String::new(), rows as u32)
+    (main, rows as u32)
 }
