@@ -33,9 +33,7 @@ pub struct ModelSpec {
 
 /// Lower the model of `spec` and extend it into a training step.
 pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
-    let text =
-        std::fs::read_to_string(&spec.file).map_err(|e| crate::error::Error::io(&spec.file, e))?;
-    let src = Source::new(spec.file.clone(), text);
+    let src = Source::read(std::path::Path::new(&spec.file))?;
     // A `.rms` file may be a script with model blocks in it; only the blocks matter here.
     let module = if spec.file.ends_with(".rms") { dsl::load_rms(&src) } else { dsl::load(&src) }
         .map_err(|e| e.in_source(&src))?;

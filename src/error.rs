@@ -9,85 +9,21 @@
 //!     h = relux(x)
 //!         ^^^^^
 //! ```
+//!
+//! Rendering escapes control and invisible characters and clips long messages and lines, since
+//! messages quote names and fields read from files; a span and its source are attached together
+//! (see [`Error::in_source`]), so a position is never shown against the wrong text.
 
+pub use crate::source::{Source, Span};
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-/// A byte range into a source text. [`Span::NONE`] (the default) means "no position", which is
-/// what graphs built from Rust carry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Span {
-    pub start: u32,
-    pub end: u32,
-}
-
-impl Default for Span {
-    fn default() -> Span {
-        Span::NONE
-    }
-}
-
-impl Span {
-    /// No position.
-    pub const NONE: Span = Span { start: u32::MAX, end: u32::MAX };
-
-    pub fn new(start: usize, end: usize) -> Span {
-        Span { start: start.min(u32::MAX as usize) as u32, end: end.min(u32::MAX as usize) as u32 }
-    }
-
-    pub fn is_none(self) -> bool {
-        self == Span::NONE
-    }
-
-    /// The smallest span covering both.
-    pub fn join(self, other: Span) -> Span {
-        if self.is_none() {
-            return other;
-        }
-        if other.is_none() {
-            return self;
-        }
-        Span { start: self.start.min(other.start), end: self.end.max(other.end) }
-    }
-}
-
-/// A named source text that spans point into (a model file, a script, a REPL line).
-#[derive(Debug, PartialEq, Eq)]
-pub struct Source {
-    pub name: String,
-    pub text: String,
-}
-
-impl Source {
-    pub fn new(name: impl Into<String>, text: impl Into<String>) -> Arc<Source> {
-        Arc::new(Source { name: name.into(), text: text.into() })
-    }
-
-    /// 1-based line and column (in characters) of a byte offset.
-    pub fn line_col(&self, offset: usize) -> (usize, usize) {
-        let offset = floor_char_boundary(&self.text, offset.min(self.text.len()));
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let col = self.text[line_start..offset].chars().count() + 1;
-        (line, col)
-    }
-
-    /// The text of the line that holds `offset`, without its newline.
-    pub fn line_text(&self, offset: usize) -> &str {
-        let offset = floor_char_boundary(&self.text, offset.min(self.text.len()));
-        let start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
-        let end = self.text[offset..].find('\n').map_or(self.text.len(), |i| offset + i);
-        self.text[start..end].trim_end_matches('\r')
-    }
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
-}
+/// Longest message shown, in characters; the rest is cut (messages may quote file contents).
+pub const MAX_MESSAGE_CHARS: usize = 500;
+/// Widest context line shown under a message, in columns; longer lines show a window around
+/// the position.
+pub const MAX_CONTEXT_COLUMNS: usize = 200;
 
 /// What went wrong, coarsely; decides the CLI exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +40,10 @@ pub enum ErrorKind {
     Script,
     /// A sandbox or memory limit was hit.
     Limit,
+    /// The evaluation was stopped from outside: Ctrl-C, or the host's [`Interrupt`].
+    ///
+    /// [`Interrupt`]: crate::script::Interrupt
+    Interrupted,
     /// The GPU device refused something (out of memory, limits, lost device).
     Device,
     /// A checkpoint file is malformed or does not match the model.
@@ -127,69 +67,167 @@ pub struct Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An error of `kind` without a position.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
         Error { kind, message: message.into(), span: None, source: None }
     }
 
+    /// A `Shape` error.
     pub fn shape(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Shape, message)
     }
 
+    /// An `Invariant` error (a bug in rumus, reported instead of panicking).
     pub fn invariant(message: impl Into<String>) -> Error {
         Error::new(ErrorKind::Invariant, message)
     }
 
+    /// An `Io` error: `path: err`.
     pub fn io(path: impl fmt::Display, err: impl fmt::Display) -> Error {
         Error::new(ErrorKind::Io, format!("{path}: {err}"))
     }
 
-    /// Attach a position, unless the error already has one (the innermost position wins).
+    /// Attach a position, unless the error already has one (the innermost position wins). The
+    /// span means nothing until [`Error::in_source`] names the text it points into.
     pub fn at(mut self, span: Span) -> Error {
         if self.span.is_none_or(|s| s.is_none()) && !span.is_none() {
             self.span = Some(span);
+            self.source = None;
         }
         self
     }
 
-    /// Attach the source text the span points into, unless one is already attached.
+    /// Name the source text that this error's span points into. Only a span without a source
+    /// takes one: a source never comes without its span, so a position found in one text is
+    /// never shown against another.
     pub fn in_source(mut self, source: &Arc<Source>) -> Error {
-        if self.source.is_none() {
+        if self.source.is_none() && self.span.is_some_and(|s| !s.is_none()) {
             self.source = Some(source.clone());
         }
         self
     }
 
+    /// The span and the source it points into, when the error has a position.
+    pub fn position(&self) -> Option<(Span, &Arc<Source>)> {
+        match (self.span, &self.source) {
+            (Some(span), Some(source)) if !span.is_none() => Some((span, source)),
+            _ => None,
+        }
+    }
+
+    /// Drop the position (a span whose source is unknown is no position at all).
+    pub fn without_position(mut self) -> Error {
+        self.span = None;
+        self.source = None;
+        self
+    }
+
     /// `file:line:col` of this error, when it has a position in a source.
     pub fn location(&self) -> Option<(String, usize, usize)> {
-        let (span, source) = (self.span?, self.source.as_ref()?);
+        let (span, source) = self.position()?;
         let (line, col) = source.line_col(span.start as usize);
         Some((source.name.clone(), line, col))
     }
 }
 
+/// Renders `message`, or `file:line:col: message` followed by the line and a caret under the
+/// culprit. Everything printed is escaped ([`escape`]) and clipped ([`MAX_MESSAGE_CHARS`],
+/// [`MAX_CONTEXT_COLUMNS`]): names, fields and lines may come from hostile files.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (Some(span), Some(source)) = (self.span, self.source.as_ref()) else {
-            return write!(f, "{}", self.message);
+        let message = clean(&self.message, MAX_MESSAGE_CHARS);
+        let Some((span, source)) = self.position() else {
+            return write!(f, "{message}");
         };
         let start = span.start as usize;
         let (line, col) = source.line_col(start);
-        let text = source.line_text(start);
-        writeln!(f, "{}:{}:{}: {}", source.name, line, col, self.message)?;
-        // Caret under the culprit, clipped to the line it starts on; tabs kept so it lines up.
-        let pad: String =
-            text.chars().take(col - 1).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+        let name = clean(&source.name, MAX_CONTEXT_COLUMNS);
+        writeln!(f, "{name}:{line}:{col}: {message}")?;
         let span_chars = source
             .text
             .get(start..(span.end as usize).min(source.text.len()))
             .map_or(1, |s| s.split('\n').next().unwrap_or("").chars().count());
-        let room = text.chars().count().saturating_sub(col - 1);
-        let width = span_chars.min(room).max(1);
-        write!(f, "    {}\n    {}{}", text, pad, "^".repeat(width))
+        let (text, pad, width) = context(source.line_text(start), col - 1, span_chars);
+        write!(f, "    {text}\n    {pad}{}", "^".repeat(width))
     }
 }
 
 impl std::error::Error for Error {}
+
+/// Whether `c` is shown escaped: control characters, and the invisible ones that can make text
+/// read differently from what it is (zero-width, bidirectional overrides, byte-order mark).
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}')
+        || matches!(c, '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
+}
+
+/// `s` with every control or invisible character written as a Rust escape (`\n`, `\u{1b}`), so
+/// that text from a file cannot move the cursor, recolour the terminal or forge a line.
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(needs_escape) {
+        return Cow::Borrowed(s);
+    }
+    Cow::Owned(
+        s.chars()
+            .map(|c| if needs_escape(c) { c.escape_debug().to_string() } else { c.to_string() })
+            .collect(),
+    )
+}
+
+/// `s` escaped and cut to `max` characters, saying how many more there were.
+fn clean(s: &str, max: usize) -> String {
+    let s = escape(s);
+    match s.char_indices().nth(max) {
+        None => s.into_owned(),
+        Some((i, _)) => format!("{}… ({} more characters)", &s[..i], s[i..].chars().count()),
+    }
+}
+
+/// The context line as shown (escaped, a window of at most [`MAX_CONTEXT_COLUMNS`] columns
+/// around the culprit), the padding that puts the caret under character `col0`, and the caret's
+/// width for `span_chars` characters. Tabs stay tabs, so the caret lines up.
+fn context(line: &str, col0: usize, span_chars: usize) -> (String, String, usize) {
+    let pieces: Vec<String> = line
+        .chars()
+        .map(|c| if c != '\t' && needs_escape(c) { c.escape_debug().to_string() } else { c.into() })
+        .collect();
+    let width = |p: &String| p.chars().count();
+    let col0 = col0.min(pieces.len());
+    // Up to a third of the window before the culprit, then as much as fits after it.
+    let mut lo = col0;
+    let mut before = 0;
+    while lo > 0 && before + width(&pieces[lo - 1]) <= MAX_CONTEXT_COLUMNS / 3 {
+        lo -= 1;
+        before += width(&pieces[lo]);
+    }
+    let mut hi = lo;
+    let mut used = 0;
+    while hi < pieces.len() && used + width(&pieces[hi]) <= MAX_CONTEXT_COLUMNS {
+        used += width(&pieces[hi]);
+        hi += 1;
+    }
+    let hi = hi.max((col0 + 1).min(pieces.len()));
+    let mut text = String::new();
+    let mut pad = String::new();
+    if lo > 0 {
+        text.push('…');
+        pad.push(' ');
+    }
+    text.extend(pieces[lo..hi].iter().map(String::as_str));
+    if hi < pieces.len() {
+        text.push('…');
+    }
+    for p in &pieces[lo..col0] {
+        if p == "\t" {
+            pad.push('\t');
+        } else {
+            pad.extend(std::iter::repeat_n(' ', width(p)));
+        }
+    }
+    let carets: usize = pieces[col0..hi].iter().take(span_chars).map(width).sum();
+    (text, pad, carets.max(1))
+}
 
 /// Build an [`Error`] of the given kind with `format!` arguments.
 #[macro_export]
@@ -203,6 +241,13 @@ macro_rules! err {
 mod tests {
     use super::*;
 
+    /// `text` as source `s`, an error at bytes `start..end` of it, rendered.
+    fn check(text: &str, start: usize, end: usize, expected: &str) {
+        let src = Source::new("s", text);
+        let e = err!(Parse, "bad").at(Span::new(start, end)).in_source(&src);
+        assert_eq!(e.to_string(), expected, "{text:?}");
+    }
+
     #[test]
     fn renders_file_line_col_and_caret() {
         let src = Source::new("m.rms", "model m(x: f32[2]) {\n    h = relux(x)\n}\n");
@@ -215,10 +260,49 @@ mod tests {
     }
 
     #[test]
-    fn span_at_end_of_text_renders() {
-        let src = Source::new("s", "abc");
-        let e = err!(Parse, "unexpected end of input").at(Span::new(3, 3)).in_source(&src);
-        assert_eq!(e.to_string(), "s:1:4: unexpected end of input\n    abc\n       ^");
+    fn context_lines_are_escaped_and_clipped() {
+        check("abc", 3, 3, "s:1:4: bad\n    abc\n       ^");
+        check("a\tb", 2, 3, "s:1:3: bad\n    a\tb\n     \t^");
+        // A terminal escape before the culprit widens the padding by its escaped width.
+        check("\u{1b}[2Jx", 4, 5, "s:1:5: bad\n    \\u{1b}[2Jx\n             ^");
+        check("\u{202e}ab\r\n", 3, 5, "s:1:2: bad\n    \\u{202e}ab\n            ^^");
+        check("é→x y", 5, 6, "s:1:3: bad\n    é→x y\n      ^");
+        // A long line shows a window around the culprit.
+        let long = format!("{}X{}", "a".repeat(1000), "b".repeat(1000));
+        let expected = format!(
+            "s:1:1001: bad\n    …{}X{}…\n     {}^",
+            "a".repeat(66),
+            "b".repeat(133),
+            " ".repeat(66)
+        );
+        check(&long, 1000, 1001, &expected);
+        let short_tail = format!("{}X", "a".repeat(1000));
+        let expected = format!("s:1:1001: bad\n    …{}X\n     {}^", "a".repeat(66), " ".repeat(66));
+        check(&short_tail, 1000, 1001, &expected);
+    }
+
+    #[test]
+    fn messages_and_names_are_escaped_and_clipped() {
+        let e = err!(Checkpoint, "unknown tensor `a\u{1b}]0;owned\u{7}\nfake.rms:1:1: b`");
+        assert_eq!(e.to_string(), "unknown tensor `a\\u{1b}]0;owned\\u{7}\\nfake.rms:1:1: b`");
+        let e = err!(Script, "{}", "x".repeat(600));
+        assert_eq!(e.to_string(), format!("{}… (100 more characters)", "x".repeat(500)));
+        let src = Source::new("a\rb.rms", "x");
+        let e = err!(Parse, "bad").at(Span::new(0, 1)).in_source(&src);
+        assert_eq!(e.to_string(), "a\\rb.rms:1:1: bad\n    x\n    ^");
+    }
+
+    #[test]
+    fn a_source_comes_only_with_its_span() {
+        let (a, b) = (Source::new("a", "first text"), Source::new("b", "second"));
+        // No span yet: the source is not taken, so a later span cannot be paired with it.
+        let e = err!(Name, "no such hyperparameter").in_source(&a);
+        assert!(e.position().is_none());
+        let e = e.at(Span::new(1, 2)).in_source(&b);
+        assert_eq!(e.location(), Some(("b".to_string(), 1, 2)));
+        // The innermost position wins.
+        let e = e.at(Span::new(0, 1)).in_source(&a);
+        assert_eq!(e.location(), Some(("b".to_string(), 1, 2)));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod rng;
 pub mod runtime;
 pub mod script;
 pub mod session;
+pub mod source;
 pub mod tensor;
 
 pub use engine::Engine;

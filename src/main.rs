@@ -27,7 +27,7 @@ fn main() {
 
 fn cli(args: Vec<String>) -> Result<()> {
     let Some((command, rest)) = args.split_first() else {
-        return Err(err!(Usage, "{USAGE}"));
+        return Err(err!(Usage, "no command given"));
     };
     let mut flags = Flags::parse(rest)?;
     let host = HostOptions {
@@ -96,7 +96,7 @@ fn cli(args: Vec<String>) -> Result<()> {
             println!("{USAGE}");
             Ok(())
         }
-        other => Err(err!(Usage, "unknown command `{other}`\n{USAGE}")),
+        other => Err(err!(Usage, "unknown command `{other}`")),
     }
 }
 
@@ -127,6 +127,9 @@ fn exit_code(r: Result<()>) -> i32 {
         Err(e) if e.message.contains("Broken pipe") => 0,
         Err(e) => {
             eprintln!("{e}");
+            if e.kind == ErrorKind::Usage {
+                eprintln!("{USAGE}");
+            }
             match e.kind {
                 ErrorKind::Usage | ErrorKind::Io => 2,
                 _ => 1,
@@ -152,7 +155,7 @@ impl Flags {
         self.args[i] = None;
         match self.args.get_mut(i + 1).and_then(Option::take) {
             Some(v) => Ok(Some(v)),
-            None => Err(err!(Usage, "{name} needs a value\n{USAGE}")),
+            None => Err(err!(Usage, "{name} needs a value")),
         }
     }
 
@@ -180,14 +183,12 @@ impl Flags {
             .iter_mut()
             .find(|a| a.as_deref().is_some_and(|s| !s.starts_with("--")))
             .and_then(Option::take)
-            .ok_or_else(|| err!(Usage, "missing FILE\n{USAGE}"))
+            .ok_or_else(|| err!(Usage, "missing FILE"))
     }
 
     fn done(&self) -> Result<()> {
         match self.args.iter().flatten().next() {
-            Some(a) => {
-                Err(Error::new(ErrorKind::Usage, format!("unexpected argument `{a}`\n{USAGE}")))
-            }
+            Some(a) => Err(Error::new(ErrorKind::Usage, format!("unexpected argument `{a}`"))),
             None => Ok(()),
         }
     }

@@ -87,3 +87,29 @@ fn batch_mode_through_the_binary() {
     assert!(text.contains("fc.weight [2, 2]"), "{text}");
     assert!(text.trim_end().ends_with('2'), "{text}");
 }
+
+#[test]
+fn error_in_a_call_of_a_model_from_an_earlier_input_points_at_the_call() {
+    let mut repl = Repl::new(HostOptions::default());
+    let out = feed_all(
+        &mut repl,
+        &[
+            "model m(x: f32[B, 3], k = 2) {",
+            "    return reshape(linear(x, k), [1, 4])",
+            "}",
+            "let a = 1;",
+            "let n = m(#{ bogus: 1 });",
+            "let n = m(#{ k: 3 });",
+        ],
+    );
+    // The call's mistake, at the call (the second input), not at its offset in the first.
+    assert_eq!(
+        out[4],
+        "<repl:3>:1:9: model `m` has no hyperparameter or dimension `bogus`\n    let n = m(#{ bogus: 1 });\n            ^\n"
+    );
+    // A mistake inside the model, in the input that defined it.
+    assert_eq!(
+        out[5],
+        "<repl:1>:2:12: reshape: cannot reshape [1, 3] (3 elements) into [1, 4] (4 elements)\n        return reshape(linear(x, k), [1, 4])\n               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    );
+}

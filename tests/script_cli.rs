@@ -107,3 +107,44 @@ fn errors_in_either_language_point_into_the_file() {
     assert_eq!(code, 1);
     assert!(err.starts_with(&format!("{f}:5:")), "{err}");
 }
+
+/// Bytes written to `target/script_cli/NAME`; the path to pass.
+fn raw_file(name: &str, bytes: &[u8]) -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), bytes).unwrap();
+    format!("target/script_cli/{name}")
+}
+
+#[test]
+fn every_command_reads_source_files_the_same_checked_way() {
+    let bom = raw_file("bom.rms", b"\xEF\xBB\xBFprint(1);\nmodel m(x: f32[B, 2]) { return x }\n");
+    let utf16 = raw_file("utf16.rms", b"\xFF\xFEp\x00r\x00");
+    let bad = raw_file("bad_utf8.rms", b"print(1);\nlet a = \"\x9F\";\n");
+    // A UTF-8 byte-order mark is skipped.
+    assert_eq!(rumus(&["run", &bom]), (0, "1\n".into(), String::new()));
+    for command in ["run", "graph", "plan", "bench"] {
+        let (code, _, err) = rumus(&[command, &utf16]);
+        assert_eq!(code, 1, "{command}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "{utf16}:1:1: the file starts with a UTF-16 little-endian byte-order mark"
+            )),
+            "{command}: {err}"
+        );
+        let (code, _, err) = rumus(&[command, &bad]);
+        assert_eq!(code, 1, "{command}: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "{bad}:2:10: invalid UTF-8 (byte 0x9F): source files must be UTF-8 text\n    let a = \"\u{FFFD}\";\n             ^\n"
+            )),
+            "{command}: {err}"
+        );
+        let (code, _, err) = rumus(&[command, "/dev/zero"]);
+        assert_eq!(code, 2, "{command}: {err}");
+        assert!(
+            err.starts_with("/dev/zero: a source file may have at most 16777216 bytes"),
+            "{command}: {err}"
+        );
+    }
+}

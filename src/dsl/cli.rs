@@ -4,14 +4,13 @@
 
 use super::{load, load_rms, lower};
 use crate::err;
-use crate::error::{Error, Result, Source};
+use crate::error::{Result, Source};
 use crate::graph::{Graph, Init, Op};
 use crate::tensor::fmt_shape;
 
 /// Run `rumus graph`: the text to print, or an error (rendered with its source position).
 pub fn cli_graph(path: &str, model: Option<&str>, params: bool) -> Result<String> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let src = Source::new(path, text);
+    let src = Source::read(std::path::Path::new(path))?;
     let module = if path.ends_with(".rms") { load_rms(&src)? } else { load(&src)? };
     let name = match model {
         Some(m) => m.to_string(),

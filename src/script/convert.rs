@@ -39,8 +39,8 @@ pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
 }
 
 /// Turn a rhai error into a rumus error positioned in the source it came from. `sources` maps
-/// the source names that rhai reports for functions defined in earlier evaluations (REPL lines,
-/// loaded files) to their text.
+/// the source keys that rhai reports for functions defined in earlier evaluations (REPL inputs,
+/// loaded files; the key is the [`Source`]'s id) to their text.
 pub fn from_rhai(
     err: EvalAltResult,
     source: &Arc<Source>,
@@ -94,17 +94,17 @@ pub fn from_rhai(
     place(e, pos, &source)
 }
 
-/// Attach the position `pos` in `source` to `e`, unless it already has a position.
+/// Attach the position `pos` in `source` to `e`, unless it already has a position (a span and
+/// the source it points into).
 pub fn place(e: Error, pos: Position, source: &Arc<Source>) -> Error {
-    if e.span.is_some_and(|s| !s.is_none()) && e.source.is_some() {
+    if e.position().is_some() {
         return e;
     }
+    let e = e.without_position();
     let Some(offset) = offset_of(&source.text, pos) else {
         return e;
     };
     let end = source.text[offset..].chars().next().map_or(offset, |c| offset + c.len_utf8());
-    let mut e = e;
-    e.span = None;
     e.at(Span::new(offset, end)).in_source(source)
 }
 

@@ -97,6 +97,8 @@ pub struct Host {
     scope: Scope<'static>,
     /// Functions defined by every earlier evaluation.
     functions: AST,
+    /// The sources of those functions, by the key their AST carries (the source's id), so an
+    /// error inside one is shown against the text it was defined in.
     sources: HashMap<String, Arc<Source>>,
     ctx: Rc<Ctx>,
     interrupt: Interrupt,
@@ -160,23 +162,28 @@ impl Host {
     /// when it fails part-way.
     pub fn eval(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
         self.interrupt.reset();
-        self.sources.insert(source.name.clone(), source.clone());
         let script_text = rms::define_models(source, &mut self.engine, &self.ctx)?;
         let mut ast = self
             .engine
             .compile_with_scope(&self.scope, &script_text)
             .map_err(|e| self.convert(e.into(), source))?;
-        ast.set_source(source.name.as_str());
+        let key = source.id.to_string();
+        ast.set_source(key.as_str());
+        self.sources.insert(key.clone(), source.clone());
         let run = self.functions.merge(&ast);
         let result = self.engine.eval_ast_with_scope::<Dynamic>(&mut self.scope, &run);
-        self.functions = self.functions.merge(&ast.clone_functions_only());
-        result.map_err(|e| self.convert(*e, source))
+        let result = result.map_err(|e| self.convert(*e, source));
+        if ast.iter_functions().next().is_some() {
+            self.functions = self.functions.merge(&ast.clone_functions_only());
+        } else {
+            self.sources.remove(&key); // nothing later can point into it
+        }
+        result
     }
 
     /// Evaluate a file (must be readable by the sandbox; its folder becomes readable).
     pub fn eval_file(&mut self, path: &std::path::Path) -> Result<Dynamic> {
-        let source = rms::read_source(path)?;
-        self.eval(&source)
+        self.eval(&Source::read(path)?)
     }
 
     /// Call a script function (defined by an earlier evaluation) by name.

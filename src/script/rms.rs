@@ -5,8 +5,7 @@
 
 use super::{api, Ctx};
 use crate::dsl;
-use crate::error::{Error, Result, Source};
-use std::path::Path;
+use crate::error::{Result, Source};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -20,12 +19,6 @@ impl Models {
     pub fn names(&self) -> Vec<String> {
         self.names.clone()
     }
-}
-
-/// Read a source file, named by its path as given.
-pub fn read_source(path: &Path) -> Result<Arc<Source>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path.display(), e))?;
-    Ok(Source::new(path.display().to_string(), text))
 }
 
 /// Define the model blocks of `source` in the session and return its script text (as long as

@@ -32,7 +32,7 @@ pub fn run(opts: RunOptions) -> Result<()> {
         .unwrap_or(Path::new("."))
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
-    let source = super::rms::read_source(&opts.file)?;
+    let source = crate::error::Source::read(&opts.file)?;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());
     let progress = Rc::new(RefCell::new(Progress::new(
