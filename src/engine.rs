@@ -17,7 +17,7 @@
 
 use crate::error::{Result, Source};
 use crate::script::api::model::{self, ScriptTrainer};
-use crate::script::{Host, HostOptions};
+use crate::script::{ExitRequest, Host, HostOptions, Interrupt, Sandbox};
 use crate::session::Trainer;
 use crate::tensor::Tensor;
 use crate::{err, Error};
@@ -43,9 +43,13 @@ impl Default for Engine {
 }
 
 impl Engine {
-    /// A session with the default sandbox (reads and writes below the working directory).
+    /// A session with the bounded sandbox ([`Sandbox::bounded`]: reads and writes below the
+    /// working directory; each evaluation stops with a `Limit` error after
+    /// [`BOUNDED_OPERATIONS`](crate::script::engine::BOUNDED_OPERATIONS) operations or
+    /// [`BOUNDED_TIMEOUT`](crate::script::engine::BOUNDED_TIMEOUT), so `loop {}` cannot hang
+    /// the host). Widen it with [`Engine::with_options`].
     pub fn new() -> Engine {
-        Engine::with_options(HostOptions::default())
+        Engine::with_options(HostOptions { sandbox: Sandbox::bounded(), ..HostOptions::default() })
     }
 
     /// A session with the given sandbox, device and seed.
@@ -69,6 +73,18 @@ impl Engine {
     /// sandboxed as usual).
     pub fn eval_file(&mut self, path: impl AsRef<Path>) -> Result<rhai::Dynamic> {
         self.host.eval_file(path.as_ref())
+    }
+
+    /// The flag that stops the running evaluation at its next operation (with an `Interrupted`
+    /// error); clone it to another thread, or to a signal handler.
+    pub fn interrupt(&self) -> Interrupt {
+        self.host.interrupt().clone()
+    }
+
+    /// What the last evaluation asked for with `exit(..)`, if it called it (`exit` ends the
+    /// evaluation successfully; the host decides what it means).
+    pub fn exit_request(&self) -> Option<ExitRequest> {
+        self.host.exit_request()
     }
 
     /// The script engine, to register host functions and types.

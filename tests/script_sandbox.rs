@@ -1,9 +1,11 @@
-//! The sandbox: every limit stops a script with a `Limit` error at the script's position, and
-//! the session stays usable afterwards.
+//! The sandbox: every limit (operations, wall time, call depth, sizes, files, memory) stops a
+//! script with a `Limit` error at the script's position, an interrupt with an `Interrupted`
+//! one, and the session stays usable afterwards.
 
 use rumus::error::Source;
-use rumus::script::{Host, HostOptions, Sandbox};
+use rumus::script::{ExitRequest, Host, HostOptions, Sandbox};
 use rumus::ErrorKind;
+use std::time::Duration;
 
 fn host() -> Host {
     let sandbox = Sandbox { max_operations: 200_000, ..Sandbox::default() };
@@ -45,7 +47,12 @@ fn interrupt_flag_stops_a_script() {
     // eval clears the flag before it starts, so set it from inside the script instead.
     let flag = h.interrupt().clone();
     h.engine_mut().register_fn("ctrl_c", move || flag.trigger());
-    check_err(&mut h, "ctrl_c();\nlet i = 0;\nloop { i += 1; }", ErrorKind::Limit, "interrupted");
+    check_err(
+        &mut h,
+        "ctrl_c();\nlet i = 0;\nloop { i += 1; }",
+        ErrorKind::Interrupted,
+        "t.rms:2:1: interrupted",
+    );
 }
 
 #[test]
@@ -80,11 +87,98 @@ fn huge_tensor_is_refused_before_allocation() {
 }
 
 #[test]
-fn module_import_is_refused() {
+fn module_import_is_refused_and_says_so() {
     let mut h = host();
-    let e = h.eval(&Source::new("t.rms", "import \"Cargo\" as c;")).unwrap_err();
-    assert!(e.to_string().contains("t.rms:1:"), "{e}");
-    still_usable(&mut h);
+    for code in ["import \"Cargo\" as c;", "fn f() { import \"x\"; }\nf();"] {
+        check_err(
+            &mut h,
+            code,
+            ErrorKind::Limit,
+            "`import` is not available in rumus scripts: define the functions in this file",
+        );
+    }
+}
+
+#[test]
+fn engine_default_sandbox_stops_an_endless_loop() {
+    let mut engine = rumus::Engine::new();
+    let e = engine.run("let i = 0;\nloop { i += 1; }").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit);
+    assert!(
+        e.to_string().starts_with(
+            "<eval:1>:2:8: operation limit reached: the script ran more than 50000000 operations"
+        ),
+        "{e}"
+    );
+    assert_eq!(engine.eval("40 + 2").unwrap().as_int().unwrap(), 42);
+}
+
+/// A host whose evaluations may run `ms` milliseconds, with `slow()`: a native call of 300 ms
+/// that counts how often it ran.
+fn timed_host(ms: u64) -> (Host, std::rc::Rc<std::cell::Cell<u32>>) {
+    let sandbox = Sandbox { timeout: Some(Duration::from_millis(ms)), ..Sandbox::default() };
+    let mut h = Host::new(HostOptions { sandbox, ..HostOptions::default() });
+    let calls = std::rc::Rc::new(std::cell::Cell::new(0));
+    let c = calls.clone();
+    h.engine_mut().register_fn("slow", move || {
+        c.set(c.get() + 1);
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    (h, calls)
+}
+
+#[test]
+fn time_limit_stops_a_loop_and_the_next_evaluation_gets_its_own_time() {
+    let (mut h, _) = timed_host(100);
+    check_err(
+        &mut h,
+        "let i = 0;\nloop { i += 1; }",
+        ErrorKind::Limit,
+        "time limit reached: the script ran longer than 0.1 s",
+    );
+    check_err(&mut h, "while true {}", ErrorKind::Limit, "time limit reached");
+}
+
+#[test]
+fn time_limit_is_checked_when_a_long_native_call_returns() {
+    let (mut h, calls) = timed_host(50);
+    check_err(
+        &mut h,
+        "for i in 0..5 {\n    slow();\n}",
+        ErrorKind::Limit,
+        "time limit reached: the script ran longer than 0.05 s",
+    );
+    assert_eq!(calls.get(), 1, "the loop stopped after the first call that overran");
+}
+
+#[test]
+fn exit_ends_an_evaluation_and_the_host_reads_the_request() {
+    let mut engine = rumus::Engine::new();
+    let v = engine.eval("let a = 1;\nif a == 1 { exit(3); }\n99").unwrap();
+    assert_eq!(v.as_int().unwrap(), 3);
+    assert_eq!(engine.exit_request(), Some(ExitRequest::Code(3)));
+    assert_eq!(engine.eval("2").unwrap().as_int().unwrap(), 2);
+    assert_eq!(engine.exit_request(), None, "cleared by the next evaluation");
+    let _ = engine.eval("exit(\"done\")").unwrap();
+    assert_eq!(engine.exit_request(), Some(ExitRequest::Message("done".into())));
+}
+
+#[test]
+fn interrupt_from_another_thread_stops_the_engine() {
+    let mut engine = rumus::Engine::new();
+    let flag = engine.interrupt();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    engine.script_engine().register_fn("started", move || {
+        let _ = tx.send(());
+    });
+    let t = std::thread::spawn(move || {
+        rx.recv().unwrap();
+        flag.trigger();
+    });
+    let e = engine.run("started();\nwhile true {}").unwrap_err();
+    t.join().unwrap();
+    assert_eq!(e.kind, ErrorKind::Interrupted, "{e}");
+    assert_eq!(engine.eval("1").unwrap().as_int().unwrap(), 1);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! the call that raised it) as the same `Error`; rhai's own errors become `Script`, `Parse` or
 //! `Limit` errors pointing at the script's line and column.
 
-use super::engine::INTERRUPTED;
+use super::engine::{Sandbox, INTERRUPTED, TIMED_OUT};
 use crate::err;
 use crate::error::{Error, ErrorKind, Source, Span};
 use rhai::{EvalAltResult, Position};
@@ -45,7 +45,7 @@ pub fn from_rhai(
     err: EvalAltResult,
     source: &Arc<Source>,
     sources: &HashMap<String, Arc<Source>>,
-    max_operations: u64,
+    sandbox: &Sandbox,
 ) -> Error {
     let mut source = source.clone();
     let mut err = err;
@@ -67,27 +67,32 @@ pub fn from_rhai(
                 err!(Script, "{value}")
             }
         }
-        EvalAltResult::ErrorTerminated(value, _) => {
-            if value.to_string() == INTERRUPTED {
-                err!(Limit, "interrupted")
-            } else {
-                err!(Limit, "terminated: {value}")
-            }
-        }
+        EvalAltResult::ErrorTerminated(value, _) => match value.to_string().as_str() {
+            INTERRUPTED => err!(Interrupted, "interrupted"),
+            TIMED_OUT => err!(
+                Limit,
+                "time limit reached: the script ran longer than {}",
+                seconds(sandbox.timeout.unwrap_or_default())
+            ),
+            other => err!(Limit, "terminated: {other}"),
+        },
         EvalAltResult::ErrorTooManyOperations(_) => err!(
             Limit,
-            "operation limit reached: the script ran more than {max_operations} operations"
+            "operation limit reached: the script ran more than {} operations",
+            sandbox.max_operations
         ),
         EvalAltResult::ErrorStackOverflow(_) => {
             err!(Limit, "call depth limit reached: too many nested function calls")
         }
         EvalAltResult::ErrorDataTooLarge(what, _) => err!(Limit, "{} over the limit", lower(&what)),
-        EvalAltResult::ErrorTooManyVariables(_) | EvalAltResult::ErrorTooManyModules(_) => {
+        EvalAltResult::ErrorTooManyVariables(_) => {
             err!(Limit, "{}", lower(&without_position(err)))
         }
-        EvalAltResult::ErrorModuleNotFound(name, _) => {
-            err!(Limit, "module import is not allowed: `{name}`")
-        }
+        // The sandbox allows no modules, so rhai reports any `import` as one too many.
+        EvalAltResult::ErrorTooManyModules(_) | EvalAltResult::ErrorModuleNotFound(..) => err!(
+            Limit,
+            "`import` is not available in rumus scripts: define the functions in this file"
+        ),
         EvalAltResult::ErrorParsing(..) => err!(Parse, "{}", lower(&without_position(err))),
         other => err!(Script, "{}", lower(&without_position(other))),
     };
@@ -120,6 +125,11 @@ pub fn offset_of(text: &str, pos: Position) -> Option<usize> {
     let line_end = line_text.find('\n').unwrap_or(line_text.len());
     let in_line = line_text[..line_end].char_indices().nth(col - 1).map_or(line_end, |(i, _)| i);
     Some(start + in_line)
+}
+
+/// A duration as the limits are given: `5 s`, `0.25 s`.
+fn seconds(d: std::time::Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 fn without_position(mut e: EvalAltResult) -> String {

@@ -1,7 +1,10 @@
 //! The sandbox: a rhai engine built from `Engine::new_raw()` with only the packages scripts need,
-//! limits on operations, call depth, expression depth, strings, arrays and maps, no module
-//! import, an interrupt flag polled while a script runs, a file-access policy and a memory
-//! budget that the API bindings consult before they touch a file or allocate a tensor.
+//! limits on operations, wall time, call depth, expression depth, strings, arrays and maps, no
+//! module import, an interrupt flag polled while a script runs, a file-access policy and a
+//! memory budget that the API bindings consult before they touch a file or allocate a tensor.
+//!
+//! Operations, the interrupt flag and the time limit are checked between script operations, so
+//! a native call (a training step, a large matmul) is stopped at its end, not in its middle.
 //!
 //! Nothing here knows about tensors or models; `api` registers those.
 
@@ -10,15 +13,20 @@ use crate::error::{Error, Result};
 use crate::tensor::{checked_numel, fmt_shape};
 use rhai::packages::{Package, StandardPackage};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
-/// What a script may do. The defaults suit the runner and the REPL; hosts and tests tighten or
-/// widen them.
+/// What a script may do. [`Sandbox::default`] suits a person running their own script (the
+/// runner and the REPL: no limit on operations or time, as Python has none);
+/// [`Sandbox::bounded`] suits a host running scripts it did not write (`rumus::Engine`).
 #[derive(Clone, Debug)]
 pub struct Sandbox {
     /// Most rhai operations one evaluation may run (0: no limit).
     pub max_operations: u64,
+    /// Longest wall time one evaluation may run (`None`: no limit). Checked between script
+    /// operations: a native call that is running when time is up ends first.
+    pub timeout: Option<Duration>,
     /// Deepest script function call nesting.
     pub max_call_levels: usize,
     /// Deepest expression nesting (global level, inside functions).
@@ -38,11 +46,13 @@ pub struct Sandbox {
 }
 
 impl Default for Sandbox {
-    /// Generous limits; reads below the working directory, writes below the working directory.
+    /// Generous limits, no limit on operations or time; reads and writes below the working
+    /// directory.
     fn default() -> Sandbox {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         Sandbox {
             max_operations: 0,
+            timeout: None,
             max_call_levels: 48,
             max_expr_depth: (64, 48),
             max_string_size: 64 << 20,
@@ -56,6 +66,16 @@ impl Default for Sandbox {
 }
 
 impl Sandbox {
+    /// The default limits plus [`BOUNDED_OPERATIONS`] operations and [`BOUNDED_TIMEOUT`] of wall
+    /// time per evaluation, so that `loop {}` in a script a host did not write ends in an error.
+    pub fn bounded() -> Sandbox {
+        Sandbox {
+            max_operations: BOUNDED_OPERATIONS,
+            timeout: Some(BOUNDED_TIMEOUT),
+            ..Sandbox::default()
+        }
+    }
+
     /// Allow reads below `dir` (the folder of a script being run, a data folder a host grants).
     pub fn allow_read(&mut self, dir: impl Into<PathBuf>) {
         self.read_roots.push(dir.into());
@@ -140,6 +160,12 @@ fn within(path: &Path, roots: &[PathBuf]) -> bool {
     })
 }
 
+/// Operations per evaluation under [`Sandbox::bounded`] (rhai runs some tens of millions a
+/// second; a training loop spends a handful per step).
+pub const BOUNDED_OPERATIONS: u64 = 50_000_000;
+/// Wall time per evaluation under [`Sandbox::bounded`].
+pub const BOUNDED_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A flag that stops a running script at its next operation (set by Ctrl-C or by the host).
 #[derive(Clone, Debug, Default)]
 pub struct Interrupt(Arc<AtomicBool>);
@@ -169,13 +195,78 @@ impl Interrupt {
     }
 }
 
-/// The value an interrupted script terminates with; `script::convert` turns it into a `Limit`
-/// error saying so.
+/// When the running evaluation's time is up ([`Sandbox::timeout`]). A watchdog thread per
+/// evaluation waits out the limit and raises a flag, so the check between script operations is
+/// two atomic loads, not a clock read. Evaluations are numbered: a watchdog that fires late
+/// cannot stop the next one.
+#[derive(Clone, Debug, Default)]
+pub struct Deadline(Arc<DeadlineState>);
+
+#[derive(Debug)]
+struct DeadlineState {
+    /// The running evaluation's number.
+    current: AtomicU64,
+    /// The number of the last evaluation whose time ran out.
+    expired: AtomicU64,
+    /// Dropping it wakes and ends the running evaluation's watchdog.
+    cancel: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+impl Default for DeadlineState {
+    fn default() -> DeadlineState {
+        // Evaluations count from 1; none has expired.
+        DeadlineState {
+            current: AtomicU64::new(0),
+            expired: AtomicU64::new(u64::MAX),
+            cancel: Mutex::default(),
+        }
+    }
+}
+
+impl Deadline {
+    /// Start the clock for a new evaluation allowed `limit` (`None`: no limit).
+    pub fn start(&self, limit: Option<Duration>) {
+        self.stop();
+        let n = self.0.current.fetch_add(1, Ordering::SeqCst) + 1;
+        let Some(limit) = limit else {
+            return;
+        };
+        let (tx, rx) = mpsc::channel::<()>();
+        let state = self.0.clone();
+        let watchdog = std::thread::Builder::new().name("rumus-deadline".into()).spawn(move || {
+            if rx.recv_timeout(limit) == Err(mpsc::RecvTimeoutError::Timeout) {
+                state.expired.store(n, Ordering::SeqCst);
+            }
+        });
+        match watchdog {
+            Ok(_) => *self.0.cancel.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx),
+            // No thread to spare: no time to spare either.
+            Err(_) => self.0.expired.store(n, Ordering::SeqCst),
+        }
+    }
+
+    /// The evaluation has ended: let its watchdog go.
+    pub fn stop(&self) {
+        self.0.cancel.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Whether the running evaluation's time is up.
+    pub fn passed(&self) -> bool {
+        self.0.expired.load(Ordering::Relaxed) == self.0.current.load(Ordering::Relaxed)
+    }
+}
+
+/// The value an interrupted script terminates with; `script::convert` turns it into an
+/// `Interrupted` error.
 pub const INTERRUPTED: &str = "interrupted";
+/// The value a script past its time limit terminates with; `script::convert` turns it into a
+/// `Limit` error.
+pub const TIMED_OUT: &str = "timed out";
 
 /// A raw rhai engine with the standard package (no file or module access in it), the sandbox's
-/// limits, no module resolver (so `import` fails), and `interrupt` polled on every operation.
-pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt) -> rhai::Engine {
+/// limits, no module resolver (so `import` fails), and `interrupt` and `deadline` checked on
+/// every operation.
+pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt, deadline: &Deadline) -> rhai::Engine {
     let mut engine = rhai::Engine::new_raw();
     engine.register_global_module(StandardPackage::new().as_shared_module());
     engine
@@ -190,15 +281,16 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt) -> rhai::Engine {
         .set_max_modules(0);
     engine.set_fail_on_invalid_map_property(true);
     let flag = interrupt.flag();
-    engine.on_progress(
-        move |_| {
-            if flag.load(Ordering::Relaxed) {
-                Some(INTERRUPTED.into())
-            } else {
-                None
-            }
-        },
-    );
+    let deadline = deadline.clone();
+    engine.on_progress(move |_| {
+        if flag.load(Ordering::Relaxed) {
+            Some(INTERRUPTED.into())
+        } else if deadline.passed() {
+            Some(TIMED_OUT.into())
+        } else {
+            None
+        }
+    });
     engine
 }
 

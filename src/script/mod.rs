@@ -17,7 +17,7 @@ pub mod rms;
 pub mod runner;
 pub mod signal;
 
-pub use engine::{Interrupt, Sandbox};
+pub use engine::{Deadline, Interrupt, Sandbox};
 pub use rhai;
 
 use crate::error::{Result, Source};
@@ -102,11 +102,24 @@ pub struct Host {
     sources: HashMap<String, Arc<Source>>,
     ctx: Rc<Ctx>,
     interrupt: Interrupt,
+    deadline: Deadline,
+    /// What the running (or last) evaluation asked for with `exit`.
+    exit: Rc<RefCell<Option<ExitRequest>>>,
+}
+
+/// What a script asked for with `exit`: a process exit code, or a message (printed to stderr;
+/// the code is then 1, as in Python). Rhai's `exit` ends the evaluation as if it had run to the
+/// end; the runner and the REPL turn the request into the process's exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitRequest {
+    Code(u8),
+    Message(String),
 }
 
 impl Host {
     pub fn new(opts: HostOptions) -> Host {
         let interrupt = Interrupt::new();
+        let deadline = Deadline::default();
         let ctx = Rc::new(Ctx {
             sandbox: opts.sandbox,
             device: RefCell::new(opts.device),
@@ -116,12 +129,14 @@ impl Host {
             events: RefCell::new(None),
             models: RefCell::new(rms::Models::default()),
         });
-        let mut engine = engine::sandboxed(&ctx.sandbox, &interrupt);
+        let mut engine = engine::sandboxed(&ctx.sandbox, &interrupt, &deadline);
         let c = ctx.clone();
         engine.on_print(move |s| c.print(s));
         let c = ctx.clone();
         engine.on_debug(move |s, _, _| c.print(s));
         api::register(&mut engine, &ctx);
+        let exit = Rc::new(RefCell::new(None));
+        register_exit(&mut engine, &exit);
         Host {
             engine,
             scope: Scope::new(),
@@ -129,6 +144,8 @@ impl Host {
             sources: HashMap::new(),
             ctx,
             interrupt,
+            deadline,
+            exit,
         }
     }
 
@@ -161,7 +178,7 @@ impl Host {
     /// its last statement. Models, functions and variables it defines stay for later calls, also
     /// when it fails part-way.
     pub fn eval(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
-        self.interrupt.reset();
+        self.start();
         let script_text = rms::define_models(source, &mut self.engine, &self.ctx)?;
         let mut ast = self
             .engine
@@ -172,6 +189,7 @@ impl Host {
         self.sources.insert(key.clone(), source.clone());
         let run = self.functions.merge(&ast);
         let result = self.engine.eval_ast_with_scope::<Dynamic>(&mut self.scope, &run);
+        self.deadline.stop();
         let result = result.map_err(|e| self.convert(*e, source));
         if ast.iter_functions().next().is_some() {
             self.functions = self.functions.merge(&ast.clone_functions_only());
@@ -188,9 +206,10 @@ impl Host {
 
     /// Call a script function (defined by an earlier evaluation) by name.
     pub fn call(&mut self, name: &str, args: impl rhai::FuncArgs) -> Result<Dynamic> {
-        self.interrupt.reset();
+        self.start();
         let source = Source::new(format!("<call {name}>"), String::new());
         let r = self.engine.call_fn::<Dynamic>(&mut self.scope, &self.functions, name, args);
+        self.deadline.stop();
         r.map_err(|e| self.convert(*e, &source))
     }
 
@@ -212,7 +231,52 @@ impl Host {
         self.scope.set_or_push(name.to_string(), value);
     }
 
-    fn convert(&self, e: rhai::EvalAltResult, source: &Arc<Source>) -> crate::Error {
-        convert::from_rhai(e, source, &self.sources, self.ctx.sandbox.max_operations)
+    /// What the last evaluation asked for with `exit`, if it called it.
+    pub fn exit_request(&self) -> Option<ExitRequest> {
+        self.exit.borrow().clone()
     }
+
+    /// Before an evaluation: clear the interrupt flag and the exit request, start the clock.
+    fn start(&mut self) {
+        self.interrupt.reset();
+        self.exit.borrow_mut().take();
+        self.deadline.start(self.ctx.sandbox.timeout);
+    }
+
+    fn convert(&self, e: rhai::EvalAltResult, source: &Arc<Source>) -> crate::Error {
+        convert::from_rhai(e, source, &self.sources, &self.ctx.sandbox)
+    }
+}
+
+/// `exit()`, `exit(code)` and `exit(message)`: record the request, then end the evaluation the
+/// way rhai's own `exit` does.
+fn register_exit(engine: &mut rhai::Engine, slot: &Rc<RefCell<Option<ExitRequest>>>) {
+    use rhai::EvalAltResult;
+    let request = |slot: &RefCell<Option<ExitRequest>>, v: Dynamic| {
+        let r = if v.is_unit() {
+            ExitRequest::Code(0)
+        } else if let Ok(code) = v.as_int() {
+            match u8::try_from(code) {
+                Ok(c) => ExitRequest::Code(c),
+                Err(_) => {
+                    return Err(convert::script_err(format!(
+                        "exit code must be between 0 and 255, got {code}"
+                    )))
+                }
+            }
+        } else if v.is_string() {
+            ExitRequest::Message(v.to_string())
+        } else {
+            return Err(convert::script_err(format!(
+                "exit takes an integer code (0 to 255) or a message, got {}",
+                v.type_name()
+            )));
+        };
+        *slot.borrow_mut() = Some(r);
+        Err(Box::new(EvalAltResult::Exit(v, rhai::Position::NONE)))
+    };
+    let s = slot.clone();
+    engine.register_fn("exit", move |v: Dynamic| -> convert::ScriptResult<()> { request(&s, v) });
+    let s = slot.clone();
+    engine.register_fn("exit", move || -> convert::ScriptResult<()> { request(&s, Dynamic::UNIT) });
 }
