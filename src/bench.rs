@@ -22,6 +22,12 @@ use crate::tensor::{DType, Tensor};
 use serde_json::json;
 use std::time::Instant;
 
+/// Most steps (timed or warm-up) one benchmark runs.
+pub const MAX_STEPS: u64 = 1_000_000;
+/// Largest `n` of `rumus bench --cpu-matmul` (three `n × n` f32 matrices; memory is checked
+/// too).
+pub const MAX_CPU_MATMUL_SIZE: u64 = 1 << 16;
+
 /// Which model of which file, with which hyperparameters.
 #[derive(Clone, Debug, Default)]
 pub struct ModelSpec {
@@ -46,12 +52,10 @@ pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
     };
     let mut bindings = Vec::new();
     for (k, v) in &spec.sets {
-        let value = if let Ok(i) = v.parse::<i64>() {
-            Value::Int(i)
-        } else if let Ok(f) = v.parse::<f64>() {
-            Value::Float(f)
-        } else {
-            return Err(err!(Usage, "--set {k}={v}: the value must be a number"));
+        let value = match (v.parse::<i64>(), v.parse::<f64>()) {
+            (Ok(i), _) => Value::Int(i),
+            (_, Ok(f)) if f.is_finite() => Value::Float(f),
+            _ => return Err(err!(Usage, "--set {k}={v}: the value must be a finite number")),
         };
         bindings.push((k.as_str(), value));
     }
@@ -178,18 +182,24 @@ pub fn bench_model(
     warmup: usize,
     profile: bool,
 ) -> Result<BenchResult> {
-    if steps == 0 {
-        return Err(err!(Usage, "--steps must be at least 1"));
+    let max = MAX_STEPS as usize;
+    if !(1..=max).contains(&steps) || warmup > max {
+        return Err(err!(Usage, "--steps must be from 1 to {max} and --warmup from 0 to {max}"));
     }
     let start = Instant::now();
     let t = training_step(spec)?;
-    let params: usize = t
-        .graph
-        .parameters()
-        .iter()
-        .map(|&(id, _)| t.graph.shape(id).iter().product::<usize>())
-        .sum();
+    let numel = |id: NodeId| t.graph.shape(id).iter().map(|&d| d as u128).product::<u128>();
+    let params = t.graph.parameters().iter().map(|&(id, _)| numel(id)).sum::<u128>();
     let gpu = shared_gpu(device)?;
+    // The host holds every value on the CPU backend; parameters and inputs on the GPU one.
+    let host_bytes: u128 = t
+        .graph
+        .nodes()
+        .filter(|(_, n)| gpu.is_none() || matches!(n.op, Op::Input { .. } | Op::Parameter { .. }))
+        .map(|(id, n)| numel(id) * n.dtype.size() as u128)
+        .sum();
+    check_host_memory(host_bytes, &format!("the training step of {}", spec.file))?;
+    let params = usize::try_from(params).map_err(|_| err!(Limit, "too many parameters"))?;
     let mut gpu_backend = None;
     let mut cpu_backend = None;
     let mut report = None;
@@ -212,7 +222,7 @@ pub fn bench_model(
     let refs: Vec<(NodeId, &Tensor)> = feeds.iter().map(|(id, t)| (*id, t)).collect();
     let mut times = Vec::with_capacity(steps);
     let mut losses = Vec::new();
-    for step in 0..(warmup + steps) {
+    for step in 0..warmup + steps {
         let t0 = Instant::now();
         let out =
             backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
@@ -288,9 +298,36 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     ))
 }
 
-/// CPU matmul throughput at `n × n × n` in f32 (GFLOP/s), median of `reps` runs.
-pub fn bench_cpu_matmul(n: usize, reps: usize) -> String {
+/// CPU matmul throughput at `n × n × n` in f32 (GFLOP/s), median of `reps` runs. Refuses an
+/// `n` whose three matrices do not fit in the memory available.
+pub fn bench_cpu_matmul(n: usize, reps: usize) -> Result<String> {
+    if !(1..=MAX_CPU_MATMUL_SIZE as usize).contains(&n) {
+        return Err(err!(Usage, "--size must be from 1 to {MAX_CPU_MATMUL_SIZE}, got {n}"));
+    }
+    check_host_memory(3 * (n as u128).pow(2) * 4, &format!("a {n} x {n} matmul"))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let gflops = crate::cpu::bench_matmul(n, reps.max(1));
-    format!("{}\n", json!({"cpu_matmul_n": n, "threads": threads, "gflops": gflops}))
+    Ok(format!("{}\n", json!({"cpu_matmul_n": n, "threads": threads, "gflops": gflops})))
+}
+
+/// Refuse to start on `bytes` of host memory when the machine does not have them available
+/// (Linux's `MemAvailable`; elsewhere only sizes past the address space are refused), instead
+/// of aborting half-way with "memory allocation failed".
+fn check_host_memory(bytes: u128, what: &str) -> Result<()> {
+    let available = available_memory().map_or(isize::MAX as u128, u128::from);
+    if bytes > available {
+        return Err(err!(
+            Limit,
+            "{what} needs {bytes} bytes of memory; {available} bytes are available"
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of memory available to new allocations, from `/proc/meminfo`.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

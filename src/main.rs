@@ -1,19 +1,29 @@
-//! The `rumus` command: parse arguments, call the library, map errors to exit codes
-//! (0 success, 1 script or runtime error, 2 usage or I/O error; a broken pipe is success).
+//! The `rumus` command: parse arguments, call the library, map errors to exit codes (0 success,
+//! 1 script or runtime error, 2 usage or I/O error, 130 interrupted by Ctrl-C; `exit(n)` in a
+//! script exits `n`; a broken pipe on stdout is success).
+//!
+//! Every numeric option is read by [`Flags::int`] or [`Flags::seconds`] with its range, so no
+//! number a user types overflows anything further in.
 
+use rumus::runtime::DeviceChoice;
 use rumus::script::runner::{self, RunOptions};
-use rumus::script::HostOptions;
+use rumus::script::{HostOptions, Sandbox};
 use rumus::{err, Error, ErrorKind, Result};
 use std::path::PathBuf;
+use std::time::Duration;
 
 const USAGE: &str = "usage:
   rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
-  rumus repl [--batch] [--device auto|gpu|cpu] [--seed N]
+                 [--max-operations N] [--timeout SECS]
+  rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json]
   rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--profile] [--json]
   rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
   rumus bench --cpu-matmul [--size N]     the CPU backend's f32 matmul, GFLOP/s";
+
+/// The exit code of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: i32 = 130;
 
 fn main() {
     // Scripts recurse (rhai evaluates by recursion); give them room beyond the limits they get.
@@ -25,46 +35,40 @@ fn main() {
     std::process::exit(code);
 }
 
-fn cli(args: Vec<String>) -> Result<()> {
+/// Run one command; `Ok` holds the exit code.
+fn cli(args: Vec<String>) -> Result<i32> {
     let Some((command, rest)) = args.split_first() else {
-        return Err(err!(Usage, "no command given"));
+        return Err(err!(Usage, "no command given; `rumus help` lists the commands"));
     };
-    let mut flags = Flags::parse(rest)?;
-    let host = HostOptions {
-        device: flags.take("--device")?.unwrap_or_else(|| HostOptions::default().device),
-        seed: flags.number("--seed")?.unwrap_or(0),
-        ..HostOptions::default()
-    };
-    if !matches!(host.device.as_str(), "auto" | "gpu" | "cpu") {
-        return Err(err!(Usage, "--device must be auto, gpu or cpu, got `{}`", host.device));
-    }
+    let mut flags = Flags { args: rest.iter().cloned().map(Some).collect() };
     match command.as_str() {
         "run" => {
             let opts = RunOptions {
+                host: host_options(&mut flags)?,
                 metrics: flags.take("--metrics")?.map(PathBuf::from),
-                log_every: flags.number("--log-every")?.unwrap_or(100),
+                log_every: flags.int("--log-every", 0, u64::MAX)?.unwrap_or(100),
                 file: PathBuf::from(flags.positional()?),
-                host,
             };
             flags.done()?;
-            runner::run(opts)
+            runner::run(opts).map(i32::from)
         }
         "repl" => {
             let batch = flags.switch("--batch");
+            let host = host_options(&mut flags)?;
             flags.done()?;
             if batch {
                 rumus::repl::run_batch(host, std::io::stdin().lock(), std::io::stdout())
             } else {
                 rumus::repl::run_interactive(host)
             }
+            .map(i32::from)
         }
         "graph" => {
             let model = flags.take("--model")?;
             let params = flags.switch("--params");
             let file = flags.positional()?;
             flags.done()?;
-            let text = rumus::dsl::cli_graph(&file, model.as_deref(), params)?;
-            print_text(&text)
+            print_text(&rumus::dsl::cli_graph(&file, model.as_deref(), params)?)
         }
         "plan" => {
             let spec = model_spec(&mut flags)?;
@@ -73,30 +77,51 @@ fn cli(args: Vec<String>) -> Result<()> {
             print_text(&rumus::bench::plan_command(&spec, !unfused, json)?)
         }
         "bench" => {
-            let device: rumus::runtime::DeviceChoice = host.device.parse()?;
+            let device = device(&mut flags)?;
             if flags.switch("--kernels") {
                 flags.done()?;
                 return print_text(&rumus::bench::bench_kernels(device, 4096, 32768, 1024)?);
             }
             if flags.switch("--cpu-matmul") {
-                let n = flags.number("--size")?.unwrap_or(512);
+                let n = flags.int("--size", 1, rumus::bench::MAX_CPU_MATMUL_SIZE)?.unwrap_or(512);
                 flags.done()?;
-                return print_text(&rumus::bench::bench_cpu_matmul(n, 5));
+                return print_text(&rumus::bench::bench_cpu_matmul(n as usize, 5)?);
             }
-            let steps = flags.number("--steps")?.unwrap_or(40);
-            let warmup = flags.number("--warmup")?.unwrap_or(10);
+            let steps = flags.int("--steps", 1, rumus::bench::MAX_STEPS)?.unwrap_or(40);
+            let warmup = flags.int("--warmup", 0, rumus::bench::MAX_STEPS)?.unwrap_or(10);
             let json = flags.switch("--json");
             let profile = flags.switch("--profile");
             let spec = model_spec(&mut flags)?;
             flags.done()?;
-            let r = rumus::bench::bench_model(&spec, device, steps, warmup, profile)?;
+            let r =
+                rumus::bench::bench_model(&spec, device, steps as usize, warmup as usize, profile)?;
             print_text(&if json { format!("{}\n", r.json()) } else { r.text() })
         }
-        "help" | "--help" | "-h" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        other => Err(err!(Usage, "unknown command `{other}`")),
+        "help" | "--help" | "-h" => print_text(&format!("{USAGE}\n")),
+        other => Err(err!(Usage, "unknown command `{other}`; `rumus help` lists the commands")),
+    }
+}
+
+/// The options of `run` and `repl`: device, seed, and the sandbox's operation and time limits
+/// (none by default, as Python has none; Ctrl-C stops a script).
+fn host_options(flags: &mut Flags) -> Result<HostOptions> {
+    let mut sandbox = Sandbox::default();
+    if let Some(n) = flags.int("--max-operations", 1, u64::MAX)? {
+        sandbox.max_operations = n;
+    }
+    sandbox.timeout = flags.seconds("--timeout")?;
+    Ok(HostOptions {
+        device: device(flags)?.to_string(),
+        seed: flags.int("--seed", 0, u64::MAX)?.unwrap_or(0),
+        sandbox,
+    })
+}
+
+/// `--device`, else `RUMUS_DEVICE`, else `auto`; each named in its error.
+fn device(flags: &mut Flags) -> Result<DeviceChoice> {
+    match flags.take("--device")? {
+        Some(d) => d.parse().map_err(|e: Error| err!(Usage, "--device: {}", e.message)),
+        None => DeviceChoice::from_env(),
     }
 }
 
@@ -112,29 +137,29 @@ fn model_spec(flags: &mut Flags) -> Result<rumus::bench::ModelSpec> {
     Ok(rumus::bench::ModelSpec { file: flags.positional()?, model, sets })
 }
 
-/// Write to stdout; a closed pipe (`rumus graph m.rms | head`) is not an error.
-fn print_text(text: &str) -> Result<()> {
+/// Write to stdout. A closed pipe (`rumus graph m.rms | head`) is not an error; any other
+/// failure (a full disk) is.
+fn print_text(text: &str) -> Result<i32> {
     use std::io::Write;
-    match std::io::stdout().write_all(text.as_bytes()) {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("<stdout>", e)),
-        _ => Ok(()),
+        _ => Ok(0),
     }
 }
 
-fn exit_code(r: Result<()>) -> i32 {
-    match r {
-        Ok(()) => 0,
-        Err(e) if e.message.contains("Broken pipe") => 0,
-        Err(e) => {
-            eprintln!("{e}");
-            if e.kind == ErrorKind::Usage {
-                eprintln!("{USAGE}");
-            }
-            match e.kind {
-                ErrorKind::Usage | ErrorKind::Io => 2,
-                _ => 1,
-            }
-        }
+fn exit_code(r: Result<i32>) -> i32 {
+    use std::io::Write;
+    let e = match r {
+        Ok(code) => return code,
+        Err(e) => e,
+    };
+    // If stderr fails too there is nowhere left to report it; the exit code still tells.
+    let _ = writeln!(std::io::stderr().lock(), "{e}");
+    match e.kind {
+        ErrorKind::Usage | ErrorKind::Io => 2,
+        ErrorKind::Interrupted => EXIT_INTERRUPTED,
+        _ => 1,
     }
 }
 
@@ -144,10 +169,6 @@ struct Flags {
 }
 
 impl Flags {
-    fn parse(args: &[String]) -> Result<Flags> {
-        Ok(Flags { args: args.iter().cloned().map(Some).collect() })
-    }
-
     fn take(&mut self, name: &str) -> Result<Option<String>> {
         let Some(i) = self.args.iter().position(|a| a.as_deref() == Some(name)) else {
             return Ok(None);
@@ -159,12 +180,29 @@ impl Flags {
         }
     }
 
-    fn number<T: std::str::FromStr>(&mut self, name: &str) -> Result<Option<T>> {
-        match self.take(name)? {
-            None => Ok(None),
-            Some(v) => {
-                v.parse().map(Some).map_err(|_| err!(Usage, "{name}: `{v}` is not a number"))
-            }
+    /// `--name N`: a whole number from `lo` to `hi`.
+    fn int(&mut self, name: &str, lo: u64, hi: u64) -> Result<Option<u64>> {
+        let Some(v) = self.take(name)? else {
+            return Ok(None);
+        };
+        match v.trim().parse::<u64>() {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+            _ => Err(err!(Usage, "{name} must be a whole number from {lo} to {hi}, got `{v}`")),
+        }
+    }
+
+    /// `--name SECS`: a duration in seconds (a decimal number), from a millisecond to a year.
+    fn seconds(&mut self, name: &str) -> Result<Option<Duration>> {
+        const MAX: f64 = 365.0 * 86400.0;
+        let Some(v) = self.take(name)? else {
+            return Ok(None);
+        };
+        match v.trim().parse::<f64>() {
+            Ok(s) if (0.001..=MAX).contains(&s) => Ok(Some(Duration::from_secs_f64(s))),
+            _ => Err(err!(
+                Usage,
+                "{name} must be a number of seconds from 0.001 to {MAX}, got `{v}`"
+            )),
         }
     }
 
@@ -183,12 +221,12 @@ impl Flags {
             .iter_mut()
             .find(|a| a.as_deref().is_some_and(|s| !s.starts_with("--")))
             .and_then(Option::take)
-            .ok_or_else(|| err!(Usage, "missing FILE"))
+            .ok_or_else(|| err!(Usage, "missing FILE; `rumus help` shows the usage"))
     }
 
     fn done(&self) -> Result<()> {
         match self.args.iter().flatten().next() {
-            Some(a) => Err(Error::new(ErrorKind::Usage, format!("unexpected argument `{a}`"))),
+            Some(a) => Err(err!(Usage, "unexpected argument `{a}`")),
             None => Ok(()),
         }
     }

@@ -3,10 +3,15 @@
 //! [`Repl`] holds the session and turns each input into output text; it is what both the
 //! interactive loop (rustyline: history, multi-line input while brackets are open, tab
 //! completion) and the batch mode (`rumus repl --batch < file`, and the tests) drive. An error
-//! or Ctrl-C returns to the prompt with the session intact; Ctrl-D (or `:quit`) ends it.
+//! or Ctrl-C returns to the prompt with the session intact; Ctrl-D (or `:quit`) ends it, and so
+//! does `exit(code)` in a script, with that exit code.
+//!
+//! Ctrl-C while an input runs stops it at its next script operation (a native call running at
+//! that moment finishes first; a second Ctrl-C before then ends the process). rustyline installs
+//! its own SIGINT handler when the editor is created, so ours is installed after it.
 
-use crate::error::{Result, Source};
-use crate::script::{api, Host, HostOptions};
+use crate::error::{escape, Result, Source};
+use crate::script::{api, ExitRequest, Host, HostOptions};
 use std::cell::RefCell;
 use std::io::{BufRead, Write};
 use std::rc::Rc;
@@ -28,8 +33,9 @@ pub enum Outcome {
     Done(String),
     /// Brackets are still open: more lines are needed.
     More,
-    /// The user asked to leave.
-    Quit,
+    /// The user asked to leave (`:quit`, or `exit(code)` in a script): the text to show, and
+    /// the exit code.
+    Quit { output: String, code: u8 },
 }
 
 /// A REPL session.
@@ -38,6 +44,8 @@ pub struct Repl {
     out: Rc<RefCell<String>>,
     pending: String,
     n_inputs: usize,
+    /// The last input was stopped by Ctrl-C (the terminal has echoed `^C` mid-line).
+    interrupted: bool,
 }
 
 impl Repl {
@@ -50,7 +58,7 @@ impl Repl {
             o.push_str(s);
             o.push('\n');
         });
-        Repl { host, out, pending: String::new(), n_inputs: 0 }
+        Repl { host, out, pending: String::new(), n_inputs: 0, interrupted: false }
     }
 
     /// The session, for hosts that add functions or inspect variables.
@@ -80,8 +88,8 @@ impl Repl {
     /// its error. Open brackets at the end are an error here; see [`Repl::feed`].
     pub fn eval_line(&mut self, line: &str) -> String {
         match self.run(line) {
-            Outcome::Done(s) => s,
-            Outcome::More | Outcome::Quit => String::new(),
+            Outcome::Done(s) | Outcome::Quit { output: s, .. } => s,
+            Outcome::More => String::new(),
         }
     }
 
@@ -92,7 +100,7 @@ impl Repl {
         }
         let result = if let Some(cmd) = trimmed.strip_prefix(':') {
             match self.command(cmd) {
-                Ok(None) => return Outcome::Quit,
+                Ok(None) => return Outcome::Quit { output: String::new(), code: 0 },
                 Ok(Some(s)) => Ok(s),
                 Err(e) => Err(e),
             }
@@ -100,14 +108,18 @@ impl Repl {
             self.n_inputs += 1;
             let source = Source::new(format!("<repl:{}>", self.n_inputs), input.to_string());
             self.host.eval(&source).map(|v| {
-                if v.is_unit() {
+                if v.is_unit() || self.host.exit_request().is_some() {
                     String::new()
                 } else {
-                    format!("{}\n", api::display(&v))
+                    // Values may hold text read from files: shown escaped, lines kept.
+                    let shown = api::display(&v);
+                    let lines: Vec<_> = shown.split('\n').map(escape).collect();
+                    format!("{}\n", lines.join("\n"))
                 }
             })
         };
         self.host.interrupt().reset();
+        self.interrupted = matches!(&result, Err(e) if e.kind == crate::ErrorKind::Interrupted);
         let mut out = std::mem::take(&mut *self.out.borrow_mut());
         match result {
             Ok(s) => out.push_str(&s),
@@ -116,7 +128,15 @@ impl Repl {
                 out.push('\n');
             }
         }
-        Outcome::Done(out)
+        match self.host.exit_request() {
+            None => Outcome::Done(out),
+            Some(ExitRequest::Code(code)) => Outcome::Quit { output: out, code },
+            Some(ExitRequest::Message(m)) => {
+                out.push_str(&m);
+                out.push('\n');
+                Outcome::Quit { output: out, code: 1 }
+            }
+        }
     }
 
     /// A `:command`; `Ok(None)` means quit.
@@ -140,12 +160,18 @@ impl Repl {
         Ok(Some(text))
     }
 
-    /// Completions for the word that ends at `pos` in `line`: (start of the word, candidates).
+    /// Completions for the word that ends at byte `pos` in `line` (a position inside a
+    /// character, or past the end, counts as the character boundary before it): (start of the
+    /// word, candidates).
     pub fn complete(&self, line: &str, pos: usize) -> (usize, Vec<String>) {
+        let pos = crate::source::floor_char_boundary(line, pos);
         let before = &line[..pos];
+        let word_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
         let start = before
-            .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| !word_char(c))
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let word = &before[start..];
         if word.is_empty() {
             return (pos, Vec::new());
@@ -209,56 +235,94 @@ pub fn open_brackets(text: &str) -> bool {
 }
 
 /// Read inputs from `input` (no prompts), write each one's output to `out`; stops at the end of
-/// the input or at `:quit`. Errors are shown and the session goes on, as at the prompt.
-pub fn run_batch(opts: HostOptions, input: impl BufRead, mut out: impl Write) -> Result<()> {
+/// the input, at `:quit` or at `exit(code)`, and returns the exit code. Errors are shown and the
+/// session goes on, as at the prompt. Output that cannot be written is an error, except a
+/// closed pipe, which ends the session successfully.
+pub fn run_batch(opts: HostOptions, input: impl BufRead, mut out: impl Write) -> Result<u8> {
     let mut repl = Repl::new(opts);
     for line in input.lines() {
         let line = line.map_err(|e| crate::Error::io("<stdin>", e))?;
-        match repl.feed(&line) {
-            Outcome::Done(s) => write_out(&mut out, &s)?,
-            Outcome::More => {}
-            Outcome::Quit => return Ok(()),
+        let (text, quit) = match repl.feed(&line) {
+            Outcome::Done(s) => (s, None),
+            Outcome::More => continue,
+            Outcome::Quit { output, code } => (output, Some(code)),
+        };
+        if !write_out(&mut out, &text)? {
+            return Ok(0);
+        }
+        if let Some(code) = quit {
+            return Ok(code);
         }
     }
     if !repl.pending.is_empty() {
         let rest = std::mem::take(&mut repl.pending);
-        write_out(&mut out, &repl.eval_line(&rest))?;
+        let (text, code) = match repl.run(&rest) {
+            Outcome::Done(s) => (s, 0),
+            Outcome::Quit { output, code } => (output, code),
+            Outcome::More => (String::new(), 0),
+        };
+        write_out(&mut out, &text)?;
+        return Ok(code);
     }
-    Ok(())
+    Ok(0)
 }
 
-fn write_out(out: &mut impl Write, s: &str) -> Result<()> {
-    out.write_all(s.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|e| crate::Error::io("<stdout>", e))
+/// Write and flush; `Ok(false)` when the reader has gone (a broken pipe).
+fn write_out(out: &mut impl Write, s: &str) -> Result<bool> {
+    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(crate::Error::io("<stdout>", e)),
+    }
 }
 
-/// The interactive loop on a terminal.
-pub fn run_interactive(opts: HostOptions) -> Result<()> {
+/// The interactive loop on a terminal; returns the exit code (`exit(code)` in a script).
+/// Scripts' `print` output appears as it is printed.
+pub fn run_interactive(opts: HostOptions) -> Result<u8> {
     use rustyline::error::ReadlineError;
-    let repl = Rc::new(RefCell::new(Repl::new(opts)));
-    crate::script::signal::install(repl.borrow().host.interrupt());
+    let mut repl = Repl::new(opts);
+    repl.host.on_print(|s| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{s}").and_then(|()| out.flush());
+    });
+    let repl = Rc::new(RefCell::new(repl));
     let mut editor = rustyline::Editor::<Helper, rustyline::history::DefaultHistory>::new()
         .map_err(|e| crate::err!(Io, "cannot start the line editor: {e}"))?;
+    // After the editor: creating it replaces the SIGINT handler with rustyline's own.
+    crate::script::signal::install(repl.borrow().host.interrupt());
     editor.set_helper(Some(Helper(repl.clone())));
     let history = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".rumus_history"));
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
-    println!("rumus repl: :help for commands, Ctrl-D to leave");
+    let show = |s: &str| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(s.as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(|e| crate::Error::io("<stdout>", e))
+    };
+    show("rumus repl: :help for commands, Ctrl-D to leave\n")?;
     let mut prompt = "rumus> ";
+    let mut code = 0;
     loop {
         match editor.readline(prompt) {
             Ok(line) => {
                 let _ = editor.add_history_entry(line.as_str());
                 let outcome = repl.borrow_mut().feed(&line);
+                if repl.borrow().interrupted {
+                    show("\n")?; // after the `^C` the terminal echoed
+                }
                 match outcome {
                     Outcome::Done(s) => {
-                        print!("{s}");
+                        show(&s)?;
                         prompt = "rumus> ";
                     }
                     Outcome::More => prompt = "   ... ",
-                    Outcome::Quit => break,
+                    Outcome::Quit { output, code: c } => {
+                        show(&output)?;
+                        code = c;
+                        break;
+                    }
                 }
             }
             Err(ReadlineError::Interrupted) => {
@@ -272,7 +336,7 @@ pub fn run_interactive(opts: HostOptions) -> Result<()> {
     if let Some(h) = &history {
         let _ = editor.save_history(h);
     }
-    Ok(())
+    Ok(code)
 }
 
 /// rustyline's view of the session: tab completion of API names, commands and variables.

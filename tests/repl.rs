@@ -1,5 +1,5 @@
-//! The REPL, driven through the same code as the terminal loop: `Repl::feed` line by line, and
-//! `rumus repl --batch` through the binary.
+//! The REPL, driven through the same code as the terminal loop: `Repl::feed` line by line,
+//! `rumus repl --batch` through the binary, and `rumus repl` on a pseudo-terminal (Ctrl-C).
 
 use rumus::repl::{Outcome, Repl};
 use rumus::script::HostOptions;
@@ -10,7 +10,7 @@ fn feed_all(repl: &mut Repl, lines: &[&str]) -> Vec<String> {
         .map(|l| match repl.feed(l) {
             Outcome::Done(s) => s,
             Outcome::More => "<more>".to_string(),
-            Outcome::Quit => "<quit>".to_string(),
+            Outcome::Quit { output, code } => format!("{output}<quit {code}>"),
         })
         .collect()
 }
@@ -49,7 +49,7 @@ fn define_compile_train_plan_survive_an_error_and_quit() {
     assert!(out[11].starts_with("digraph \"model\" {"), "{}", out[11]);
     assert!(out[11].contains("subgraph cluster_0 {"), "{}", out[11]);
     assert_eq!(out[12], "2\n", "state survives the error");
-    assert_eq!(out[13], "<quit>");
+    assert_eq!(out[13], "<quit 0>");
 }
 
 #[test]
@@ -112,4 +112,197 @@ fn error_in_a_call_of_a_model_from_an_earlier_input_points_at_the_call() {
         out[5],
         "<repl:1>:2:12: reshape: cannot reshape [1, 3] (3 elements) into [1, 4] (4 elements)\n        return reshape(linear(x, k), [1, 4])\n               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
     );
+}
+
+#[test]
+fn completion_after_multibyte_characters_does_not_panic() {
+    let repl = Repl::new(HostOptions::default());
+    let tensor = || vec!["tensor".to_string()];
+    /// (line, byte position) -> (start of the word, candidates)
+    type Case<'a> = (&'a str, usize, (usize, Vec<String>));
+    let cases: &[Case] = &[
+        ("→ten", 6, (3, tensor())),
+        ("let é = ten", 12, (9, tensor())),
+        ("\"日本\"ten", 11, (8, tensor())),
+        ("→ten", 1, (0, vec![])), // inside the arrow: the boundary before it
+        ("→ten", 99, (3, tensor())), // past the end: the end
+        ("→", 3, (3, vec![])),
+        ("", 0, (0, vec![])),
+        ("é", 2, (2, vec![])),
+        ("πten", 5, (2, tensor())), // a non-ASCII letter is not part of a name
+    ];
+    for (line, pos, expected) in cases {
+        assert_eq!(&repl.complete(line, *pos), expected, "{line:?} at {pos}");
+    }
+}
+
+#[test]
+fn exit_in_a_script_ends_the_session_with_its_code() {
+    let mut repl = Repl::new(HostOptions::default());
+    let out = feed_all(&mut repl, &["print(\"bye\"); exit(3); print(\"not reached\")"]);
+    assert_eq!(out, ["bye\n<quit 3>"]);
+    let mut repl = Repl::new(HostOptions::default());
+    assert_eq!(feed_all(&mut repl, &["exit(\"failed\")"]), ["failed\n<quit 1>"]);
+    let mut repl = Repl::new(HostOptions::default());
+    let out = feed_all(&mut repl, &["exit(256)", "1 + 1"]);
+    assert_eq!(
+        out,
+        [
+            "<repl:1>:1:1: exit code must be between 0 and 255, got 256\n    exit(256)\n    ^\n",
+            "2\n"
+        ]
+    );
+}
+
+#[test]
+fn values_from_files_are_shown_escaped() {
+    let mut repl = Repl::new(HostOptions::default());
+    assert_eq!(repl.eval_line("\"a\\x1b[2J\\nb\\r\""), "a\\u{1b}[2J\nb\\r\n");
+}
+
+#[test]
+fn batch_mode_exit_code_and_closed_output() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let run = |input: &str, stdout: Stdio| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(["repl", "--batch"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::piped())
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    assert_eq!(run("print(1);\nexit(4);\nprint(2);\n", Stdio::null()), (Some(4), String::new()));
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    assert_eq!(
+        run("print(1);\n", Stdio::from(full)),
+        (Some(2), "<stdout>: No space left on device (os error 28)\n".to_string())
+    );
+}
+
+/// `rumus repl` on a pseudo-terminal, as a person runs it (rustyline active, TERM set).
+#[cfg(unix)]
+mod terminal {
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// A child on the slave side of a new pty, with the master's output collected by a thread.
+    struct Pty {
+        child: std::process::Child,
+        master: std::fs::File,
+        output: mpsc::Receiver<u8>,
+        seen: String,
+    }
+
+    impl Pty {
+        fn spawn(args: &[&str]) -> Pty {
+            let (mut master, mut slave) = (0, 0);
+            // SAFETY: openpty writes two new descriptors into the given integers.
+            let rc = unsafe {
+                libc::openpty(
+                    &mut master,
+                    &mut slave,
+                    std::ptr::null_mut(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(rc, 0, "openpty failed");
+            // SAFETY: both descriptors are fresh and owned here.
+            let (master, slave) =
+                unsafe { (std::fs::File::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+            let home = std::env::temp_dir().join(format!("rumus-pty-{}", std::process::id()));
+            std::fs::create_dir_all(&home).unwrap();
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_rumus"));
+            cmd.args(args)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .env("TERM", "xterm")
+                .env("HOME", &home)
+                .stdin(Stdio::from(slave.try_clone().unwrap()))
+                .stdout(Stdio::from(slave.try_clone().unwrap()))
+                .stderr(Stdio::from(slave));
+            // SAFETY: only async-signal-safe calls between fork and exec: a new session whose
+            // controlling terminal is the pty, so the terminal's Ctrl-C reaches the child.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().expect("spawn rumus on a pty");
+            let (tx, output) = mpsc::channel();
+            let mut reader = master.try_clone().unwrap();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = reader.read(&mut buf) {
+                    if n == 0 || buf[..n].iter().any(|&b| tx.send(b).is_err()) {
+                        break;
+                    }
+                }
+            });
+            let _ = master.as_raw_fd();
+            Pty { child, master, output, seen: String::new() }
+        }
+
+        fn send(&mut self, bytes: &str) {
+            self.master.write_all(bytes.as_bytes()).unwrap();
+        }
+
+        /// Read until `text` has appeared (after what earlier waits consumed); fails after a
+        /// minute of silence, showing what came.
+        fn wait_for(&mut self, text: &str) {
+            let mut bytes = Vec::new();
+            loop {
+                if String::from_utf8_lossy(&bytes).contains(text) {
+                    self.seen.push_str(&String::from_utf8_lossy(&bytes));
+                    return;
+                }
+                match self.output.recv_timeout(Duration::from_secs(60)) {
+                    Ok(b) => bytes.push(b),
+                    Err(_) => {
+                        let _ = self.child.kill();
+                        panic!(
+                            "no `{text}` from the terminal; got:\n{}{}",
+                            self.seen,
+                            String::from_utf8_lossy(&bytes)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ctrl_c_stops_a_running_loop_and_the_session_goes_on() {
+        let mut pty = Pty::spawn(&["repl", "--device", "cpu"]);
+        pty.wait_for("rumus> ");
+        pty.send("let n = 0; print(\"spinning\"); loop { n += 1; }\r");
+        pty.wait_for("spinning");
+        pty.send("\x03"); // Ctrl-C, as the terminal sends it
+        pty.wait_for(": interrupted");
+        pty.wait_for("rumus> ");
+        // The session, and the variable the loop counted in, survive.
+        pty.send("n > 0\r");
+        pty.wait_for("true");
+        pty.send("for i in 0..1000000000 { if i == 0 { print(\"counting\") } }\r");
+        pty.wait_for("counting");
+        pty.send("\x03");
+        pty.wait_for(": interrupted");
+        pty.send("40 + 2\r");
+        pty.wait_for("42");
+        pty.send("exit(5)\r");
+        let status = pty.child.wait().unwrap();
+        assert_eq!(status.code(), Some(5), "{}", pty.seen);
+    }
 }

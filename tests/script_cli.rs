@@ -1,6 +1,7 @@
 //! The `rumus` command's contract: exit codes (0 success, 1 script or runtime error, 2 usage or
-//! I/O error), errors as `file:line:col: message` with a caret, a broken pipe is success, and
-//! the metrics log.
+//! I/O error, 130 Ctrl-C, `exit(n)` in a script), errors as `file:line:col: message` with a
+//! caret, a broken pipe is success but any other output error is not, numbers range-checked,
+//! and the metrics log.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -52,6 +53,10 @@ fn usage_and_io_errors_are_two() {
     assert_eq!(rumus(&["frobnicate"]).0, 2);
     assert_eq!(rumus(&["run", "x.rms", "--seed", "many"]).0, 2);
     assert_eq!(rumus(&["run", "x.rms", "--device", "tpu"]).0, 2);
+    assert_eq!(
+        rumus(&["frobnicate"]).2,
+        "unknown command `frobnicate`; `rumus help` lists the commands\n"
+    );
     let (code, _, err) = rumus(&["run", "target/no/such/file.rms"]);
     assert_eq!(code, 2);
     assert!(err.contains("target/no/such/file.rms"), "{err}");
@@ -147,4 +152,162 @@ fn every_command_reads_source_files_the_same_checked_way() {
             "{command}: {err}"
         );
     }
+}
+
+/// `rumus ARGS` with `env` set: (exit code, first line of stderr).
+fn check(args: &[&str], env: &[(&str, &str)], expected: (i32, &str)) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run rumus");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let got = (out.status.code().unwrap_or(-1), err.lines().next().unwrap_or(""));
+    assert_eq!(got, expected, "rumus {args:?}");
+}
+
+#[test]
+fn command_line_numbers_are_range_checked() {
+    let ok = script("ok.rms", "print(1 + 1);\n");
+    let mlp = "scripts/bench/mlp.rms";
+    let max = u64::MAX.to_string();
+    for (args, expected) in [
+        (vec!["run", &ok, "--seed", "-1"], "--seed must be a whole number from 0 to 18446744073709551615, got `-1`"),
+        (vec!["run", &ok, "--seed", "18446744073709551616"], "--seed must be a whole number from 0 to 18446744073709551615, got `18446744073709551616`"),
+        (vec!["run", &ok, "--log-every", "1.5"], "--log-every must be a whole number from 0 to 18446744073709551615, got `1.5`"),
+        (vec!["run", &ok, "--max-operations", "0"], "--max-operations must be a whole number from 1 to 18446744073709551615, got `0`"),
+        (vec!["run", &ok, "--timeout", "nan"], "--timeout must be a number of seconds from 0.001 to 31536000, got `nan`"),
+        (vec!["run", &ok, "--timeout", "1e300"], "--timeout must be a number of seconds from 0.001 to 31536000, got `1e300`"),
+        (vec!["run", &ok, "--timeout", "-1"], "--timeout must be a number of seconds from 0.001 to 31536000, got `-1`"),
+        (vec!["repl", "--timeout", "0"], "--timeout must be a number of seconds from 0.001 to 31536000, got `0`"),
+        (vec!["bench", mlp, "--warmup", &max], "--warmup must be a whole number from 0 to 1000000, got `18446744073709551615`"),
+        (vec!["bench", mlp, "--steps", "0"], "--steps must be a whole number from 1 to 1000000, got `0`"),
+        (vec!["bench", "--cpu-matmul", "--size", "1000000"], "--size must be a whole number from 1 to 65536, got `1000000`"),
+        (vec!["bench", "--cpu-matmul", "--size", "0"], "--size must be a whole number from 1 to 65536, got `0`"),
+        (vec!["bench", mlp, "--set", "hidden=1e999"], "--set hidden=1e999: the value must be a finite number"),
+        (vec!["run", &ok, "--seed"], "--seed needs a value"),
+    ] {
+        check(&args, &[], (2, expected));
+    }
+}
+
+#[test]
+fn resource_sized_options_are_checked_against_memory_before_allocating() {
+    // Three 65536² f32 matrices (48 GiB) or a 2^47-element parameter: refused, not aborted.
+    let (code, _, err) = rumus(&["bench", "--cpu-matmul", "--size", "65536"]);
+    if code != 0 {
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.starts_with("a 65536 x 65536 matmul needs 51539607552 bytes of memory; "),
+            "{err}"
+        );
+    }
+    let wide =
+        script("wide.rms", "model m(x: f32[B, 65536]) {\n    return linear(x, 2147483648)\n}\n");
+    for device in ["cpu", "auto"] {
+        let (code, _, err) = rumus(&["bench", &wide, "--set", "B=1", "--device", device]);
+        assert_eq!(code, 1, "{err}");
+        let expected = format!("the training step of {wide} needs ");
+        // (`auto` may print adapter notes first.)
+        assert!(err.contains(&expected) && err.contains(" bytes of memory; "), "{err}");
+    }
+}
+
+#[test]
+fn device_from_the_environment_is_named_as_such() {
+    let ok = script("ok.rms", "print(1 + 1);\n");
+    let bogus = [("RUMUS_DEVICE", "bogus")];
+    let from_env = "RUMUS_DEVICE: unknown device `bogus` (valid choices: auto, gpu, cpu)";
+    check(&["run", &ok], &bogus, (2, from_env));
+    check(&["bench", "--kernels"], &bogus, (2, from_env));
+    check(
+        &["run", &ok, "--device", "tpu"],
+        &[],
+        (2, "--device: unknown device `tpu` (valid choices: auto, gpu, cpu)"),
+    );
+    // The flag wins over the variable; commands without a device ignore it.
+    check(&["run", &ok, "--device", "cpu"], &bogus, (0, ""));
+    check(&["graph", "scripts/gpt.rms", "--params"], &bogus, (0, ""));
+}
+
+#[test]
+fn exit_in_a_script_is_the_exit_code() {
+    for (text, expected) in [
+        ("print(1);\nexit(3);\nprint(2);\n", (3, "")),
+        ("exit();\n", (0, "")),
+        ("exit(0);\nthrow \"not reached\";\n", (0, "")),
+        ("fn stop(n) { exit(n) }\nstop(7);\nthrow \"not reached\";\n", (7, "")),
+        ("exit(\"bad input\");\n", (1, "bad input")),
+        ("exit(256);\n", (1, "target/script_cli/exit.rms:1:1: exit code must be between 0 and 255, got 256")),
+        ("exit(-1);\n", (1, "target/script_cli/exit.rms:1:1: exit code must be between 0 and 255, got -1")),
+        ("exit(1.5);\n", (1, "target/script_cli/exit.rms:1:1: exit takes an integer code (0 to 255) or a message, got f64")),
+    ] {
+        let f = script("exit.rms", text);
+        check(&["run", &f], &[], expected);
+    }
+}
+
+#[test]
+fn limits_on_operations_and_time_stop_a_run() {
+    let f = script("spin_limits.rms", "let i = 0;\nloop { i += 1; }\n");
+    let (code, _, err) = rumus(&["run", &f, "--max-operations", "1000"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(": operation limit reached: the script ran more than 1000 operations\n"),
+        "{err}"
+    );
+    let (code, _, err) = rumus(&["run", &f, "--timeout", "0.2"]);
+    assert_eq!(code, 1);
+    assert!(err.starts_with(&format!("{f}:2:")), "{err}");
+    assert!(err.contains(": time limit reached: the script ran longer than 0.2 s\n"), "{err}");
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_a_run_with_130() {
+    use std::io::BufRead;
+    let f = script("spin.rms", "print(\"started\");\nlet i = 0;\nloop { i += 1; }\n");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["run", &f])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    // SAFETY: kill sends a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    // Stopped at whichever operation was running: positioned in the file, whatever the line.
+    assert!(err.starts_with(&format!("{f}:")), "{err}");
+    assert!(err.lines().next().unwrap().ends_with(": interrupted"), "{err}");
+}
+
+#[test]
+fn output_write_errors_are_errors() {
+    let full = || Stdio::from(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());
+    let run = |args: &[&str], stdout: Stdio| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let disk_full = "<stdout>: No space left on device (os error 28)\n".to_string();
+    let f = script("prints.rms", "print(\"x\");\n");
+    assert_eq!(run(&["run", &f], full()), (Some(2), disk_full.clone()));
+    assert_eq!(run(&["graph", "scripts/gpt.rms"], full()), (Some(2), disk_full.clone()));
+    assert_eq!(run(&["help"], full()), (Some(2), disk_full));
+    let m = script("metric.rms", "log_metric(\"a\", 1.0);\n");
+    assert_eq!(
+        run(&["run", &m, "--metrics", "/dev/full"], Stdio::null()),
+        (Some(2), "/dev/full: No space left on device (os error 28)\n".to_string())
+    );
 }

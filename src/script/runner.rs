@@ -2,7 +2,7 @@
 //! steps (redrawn in place on a terminal, a plain line every `log_every` steps otherwise) and an
 //! optional metrics log of JSON lines.
 
-use super::{Event, Host, HostOptions, Interrupt};
+use super::{Event, ExitRequest, Host, HostOptions, Interrupt};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 use std::fs::File;
@@ -22,8 +22,12 @@ pub struct RunOptions {
     pub log_every: u64,
 }
 
-/// Run a script file to the end.
-pub fn run(opts: RunOptions) -> Result<()> {
+/// Run a script file to the end. Returns the exit code the script asked for with `exit`
+/// (0 when it ran to its end; 1 after `exit("message")`, which is printed to stderr).
+///
+/// Output that cannot be written (stdout or the metrics log on a full disk) stops the script
+/// with that error; stdout closed by its reader (`rumus run f | head`) stops it successfully.
+pub fn run(opts: RunOptions) -> Result<u8> {
     let mut host_opts = opts.host.clone();
     let folder = opts
         .file
@@ -44,13 +48,30 @@ pub fn run(opts: RunOptions) -> Result<()> {
     host.on_event(move |e| p.borrow_mut().event(e));
     let p = progress.clone();
     host.on_print(move |s| p.borrow_mut().print(s));
-    let result = host.eval(&source).map(|_| ());
+    let result = host.eval(&source);
     let mut progress = progress.borrow_mut();
     progress.finish();
-    if progress.broken_pipe {
-        return Ok(()); // the reader went away (`rumus run f | head`): not a failure
+    if let Some(e) = progress.failed.take() {
+        return Err(e); // an output error stopped the script
     }
-    result
+    if progress.broken_pipe {
+        return Ok(0); // the reader went away: not a failure
+    }
+    result.map(drop)?;
+    Ok(match host.exit_request() {
+        None => 0,
+        Some(ExitRequest::Code(c)) => c,
+        Some(ExitRequest::Message(m)) => {
+            stderr(&format!("{m}\n"));
+            1
+        }
+    })
+}
+
+/// Write to stderr; if even that fails there is nowhere left to say so.
+fn stderr(s: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(s.as_bytes()).and_then(|()| err.flush());
 }
 
 /// Progress display and metrics log.
@@ -63,9 +84,11 @@ struct Progress {
     /// A progress line is drawn and must be cleared before other output.
     drawn: bool,
     last_draw: Option<Instant>,
-    /// Stops the script when stdout is closed.
+    /// Stops the script when output fails.
     interrupt: Interrupt,
     broken_pipe: bool,
+    /// The first output error (stdout or the metrics log); the run fails with it.
+    failed: Option<Error>,
 }
 
 impl Progress {
@@ -86,52 +109,65 @@ impl Progress {
             last_draw: None,
             interrupt,
             broken_pipe: false,
+            failed: None,
         })
     }
 
+    /// Stop the script with `e` (the first such error wins).
+    fn fail(&mut self, e: Error) {
+        self.failed.get_or_insert(e);
+        self.interrupt.trigger();
+    }
+
     fn event(&mut self, e: &Event) {
-        if let Some((_, f)) = &mut self.metrics {
+        if let Some((path, f)) = &mut self.metrics {
             let line = match e {
                 Event::Step { step, loss } => serde_json::json!({ "step": step, "loss": loss }),
                 Event::Metric { step, name, value } => {
                     serde_json::json!({ "step": step, "metric": name, "value": value })
                 }
             };
-            let _ = writeln!(f, "{line}");
+            if let Err(err) = writeln!(f, "{line}") {
+                let err = Error::io(path.display(), err);
+                self.fail(err);
+            }
         }
         let Event::Step { step, loss } = *e else {
             return;
         };
+        // Steps of a second model start again from 1: rates are per model, never negative.
         let first = *self.first_step.get_or_insert(step.saturating_sub(1));
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
-        let rate = (step - first) as f64 / secs;
+        let rate = step.saturating_sub(first) as f64 / secs;
         if self.tty {
             // Redraw at most 10 times a second.
             if self.last_draw.is_some_and(|t| t.elapsed().as_millis() < 100) {
                 return;
             }
             self.last_draw = Some(Instant::now());
-            eprint!("\r\x1b[2Kstep {step}  loss {loss:.4}  {rate:.1} steps/s");
+            stderr(&format!("\r\x1b[2Kstep {step}  loss {loss:.4}  {rate:.1} steps/s"));
             self.drawn = true;
         } else if self.log_every > 0 && step % self.log_every == 0 {
-            eprintln!("step {step} loss {loss:.4} ({rate:.1} steps/s)");
+            stderr(&format!("step {step} loss {loss:.4} ({rate:.1} steps/s)\n"));
         }
     }
 
     fn print(&mut self, s: &str) {
         self.clear();
         let mut out = std::io::stdout().lock();
-        if let Err(e) = writeln!(out, "{s}").and_then(|()| out.flush()) {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
+        match writeln!(out, "{s}").and_then(|()| out.flush()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                 self.broken_pipe = true;
                 self.interrupt.trigger();
             }
+            Err(e) => self.fail(Error::io("<stdout>", e)),
         }
     }
 
     fn clear(&mut self) {
         if self.drawn {
-            eprint!("\r\x1b[2K");
+            stderr("\r\x1b[2K");
             self.drawn = false;
             self.last_draw = None;
         }
@@ -139,8 +175,11 @@ impl Progress {
 
     fn finish(&mut self) {
         self.clear();
-        if let Some((_, f)) = &mut self.metrics {
-            let _ = f.flush();
+        if let Some((path, f)) = &mut self.metrics {
+            if let Err(e) = f.flush() {
+                let e = Error::io(path.display(), e);
+                self.failed.get_or_insert(e);
+            }
         }
     }
 }
