@@ -85,7 +85,8 @@ pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<Str
 /// classes, the learning rate 1e-3.
 pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> {
     let g = &t.graph;
-    let classes = *g.shape(g.node(t.loss).inputs[0]).last().unwrap_or(&1) as u64;
+    let logits = g.node(t.loss).inputs.first().map_or(&[][..], |&id| g.shape(id));
+    let classes = *logits.last().unwrap_or(&1) as u64;
     let mut rng = Rng::new(seed);
     let mut feeds = Vec::new();
     for (id, n) in g.nodes() {
@@ -229,7 +230,8 @@ pub fn bench_model(
         if step >= warmup {
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
-        losses.push(out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN));
+        let loss = out.first().and_then(|t| t.as_f32()).and_then(|v| v.first().copied());
+        losses.push(loss.unwrap_or(f32::NAN));
     }
     times.sort_by(f64::total_cmp);
     let adapter = backend.device_name();
@@ -269,7 +271,10 @@ pub fn bench_model(
         dispatches_per_step: r.dispatches,
         buffers: r.buffers,
         planned_bytes: r.planned_bytes,
-        device_bytes: r.planned_bytes + r.pinned_bytes + r.scratch_bytes,
+        device_bytes: r
+            .planned_bytes
+            .saturating_add(r.pinned_bytes)
+            .saturating_add(r.scratch_bytes),
         first_loss: losses[0],
         last_loss: *losses.last().unwrap_or(&f32::NAN),
         profile: by_kind,
