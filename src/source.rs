@@ -1,9 +1,8 @@
 //! Source texts and positions in them.
 //!
-//! A [`Source`] is a named text (a file, a REPL input, a host's `eval` string) with an id that
-//! no other source of the process shares; a [`Span`] is a byte range into one. An error carries
-//! both together (see [`crate::error::Error::at`]), so a position is never rendered against the
-//! wrong text. [`Source::read`] is the one way source files (scripts, model files) are read:
+//! A [`Source`] is a named text (a file, a REPL input, a host's `eval` string); a [`Span`] is a
+//! byte range into one. An error carries both together (see [`crate::error::Error::in_source`]),
+//! so a position is never rendered against the wrong text. [`Source::read`] is the one way source files (scripts, model files) are read:
 //! with a size limit, so `/dev/zero` is an error and not a hang, UTF-8 checked with the line and
 //! column of the first bad byte, and byte-order marks named (a UTF-8 one is skipped, as rustc
 //! and Python do).
@@ -11,7 +10,6 @@
 use crate::error::{Error, Result};
 use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Largest source file read, in bytes. Data belongs in data files (`csv`, `text`).
@@ -60,21 +58,15 @@ impl Span {
 /// A named source text that spans point into (a model file, a script, a REPL input).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Source {
-    /// Unique in the process: two sources with the same name (a file loaded twice, edited in
-    /// between) are still told apart.
-    pub id: u64,
     /// What positions are reported against: a path, `<repl:3>`, `<eval:1>`.
     pub name: String,
     pub text: String,
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
 impl Source {
-    /// A new source with a fresh id.
+    /// A source named `name`.
     pub fn new(name: impl Into<String>, text: impl Into<String>) -> Arc<Source> {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Arc::new(Source { id, name: name.into(), text: text.into() })
+        Arc::new(Source { name: name.into(), text: text.into() })
     }
 
     /// Read a source file, named by its path as given. Refuses files over
@@ -210,12 +202,5 @@ mod tests {
         );
         let e = Source::read(Path::new("src")).unwrap_err();
         assert_eq!(e.to_string(), "src: is a folder, not a source file");
-    }
-
-    #[test]
-    fn ids_are_unique() {
-        let (a, b) = (Source::new("a", "x"), Source::new("a", "x"));
-        assert_ne!(a.id, b.id);
-        assert_ne!(a, b);
     }
 }

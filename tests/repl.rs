@@ -306,3 +306,25 @@ mod terminal {
         assert_eq!(status.code(), Some(5), "{}", pty.seen);
     }
 }
+
+#[test]
+fn error_inside_a_function_points_into_the_input_or_file_that_defined_it() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/repl_load");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("lib.rms");
+    std::fs::write(&file, "fn g(x) {\n    x + missing\n}\n").unwrap();
+    let load = format!(":load {}", file.display());
+    let mut repl = Repl::new(HostOptions::default());
+    let out = feed_all(&mut repl, &["fn f(x) {", "  x * nope", "}", "f(1)", &load]);
+    assert_eq!(out[3], "<repl:1>:2:7: variable not found: nope\n      x * nope\n          ^\n");
+    // The file is loaded again after an edit that breaks it: `g` is still the first version,
+    // and its error is shown against the text it was defined in, not the new one.
+    std::fs::write(&file, "let broken = ;\n").unwrap();
+    let out = feed_all(&mut repl, &[&load, "g(1)"]);
+    assert!(out[0].contains("lib.rms:1:14: "), "{}", out[0]);
+    let name = file.display();
+    assert_eq!(
+        out[1],
+        format!("{name}:2:9: variable not found: missing\n        x + missing\n            ^\n")
+    );
+}

@@ -38,25 +38,30 @@ pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
     to_rhai(Error::new(ErrorKind::Script, msg))
 }
 
-/// Turn a rhai error into a rumus error positioned in the source it came from. `sources` maps
-/// the source keys that rhai reports for functions defined in earlier evaluations (REPL inputs,
-/// loaded files; the key is the [`Source`]'s id) to their text.
+/// Turn a rhai error into a rumus error positioned in the source it came from: `source` for
+/// the evaluated code, `fn_sources` (by function name) for the body of a script function that
+/// an earlier evaluation (a REPL input, a loaded file) defined.
 pub fn from_rhai(
     err: EvalAltResult,
     source: &Arc<Source>,
-    sources: &HashMap<String, Arc<Source>>,
+    fn_sources: &HashMap<String, Arc<Source>>,
     sandbox: &Sandbox,
 ) -> Error {
     let mut source = source.clone();
     let mut err = err;
-    // Descend to the innermost error: that is where the mistake is.
-    while let EvalAltResult::ErrorInFunctionCall(_, src, inner, _)
-    | EvalAltResult::ErrorInModule(src, inner, _) = err
-    {
-        if let Some(s) = sources.get(src.as_str()) {
-            source = s.clone();
-        }
-        err = *inner;
+    // Descend to the innermost error: that is where the mistake is, in the body of the
+    // innermost function named on the way.
+    while let EvalAltResult::ErrorInFunctionCall(..) | EvalAltResult::ErrorInModule(..) = err {
+        err = match err {
+            EvalAltResult::ErrorInFunctionCall(name, _, inner, _) => {
+                if let Some(s) = fn_sources.get(name.as_str()) {
+                    source = s.clone();
+                }
+                *inner
+            }
+            EvalAltResult::ErrorInModule(_, inner, _) => *inner,
+            other => other,
+        };
     }
     let pos = err.position();
     let e = match err {

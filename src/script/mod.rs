@@ -97,9 +97,10 @@ pub struct Host {
     scope: Scope<'static>,
     /// Functions defined by every earlier evaluation.
     functions: AST,
-    /// The sources of those functions, by the key their AST carries (the source's id), so an
-    /// error inside one is shown against the text it was defined in.
-    sources: HashMap<String, Arc<Source>>,
+    /// The source each script function was (last) defined in, by name: rhai reports an error
+    /// inside a function with the function's name and a position in its body, but names the
+    /// caller's source, so this is how the position finds its text.
+    fn_sources: HashMap<String, Arc<Source>>,
     ctx: Rc<Ctx>,
     interrupt: Interrupt,
     deadline: Deadline,
@@ -141,7 +142,7 @@ impl Host {
             engine,
             scope: Scope::new(),
             functions: AST::empty(),
-            sources: HashMap::new(),
+            fn_sources: HashMap::new(),
             ctx,
             interrupt,
             deadline,
@@ -184,19 +185,15 @@ impl Host {
             .engine
             .compile_with_scope(&self.scope, &script_text)
             .map_err(|e| self.convert(e.into(), source))?;
-        let key = source.id.to_string();
-        ast.set_source(key.as_str());
-        self.sources.insert(key.clone(), source.clone());
+        ast.set_source(source.name.as_str());
+        for f in ast.iter_functions() {
+            self.fn_sources.insert(f.name.to_string(), source.clone());
+        }
         let run = self.functions.merge(&ast);
         let result = self.engine.eval_ast_with_scope::<Dynamic>(&mut self.scope, &run);
         self.deadline.stop();
-        let result = result.map_err(|e| self.convert(*e, source));
-        if ast.iter_functions().next().is_some() {
-            self.functions = self.functions.merge(&ast.clone_functions_only());
-        } else {
-            self.sources.remove(&key); // nothing later can point into it
-        }
-        result
+        self.functions = self.functions.merge(&ast.clone_functions_only());
+        result.map_err(|e| self.convert(*e, source))
     }
 
     /// Evaluate a file (must be readable by the sandbox; its folder becomes readable).
@@ -244,7 +241,7 @@ impl Host {
     }
 
     fn convert(&self, e: rhai::EvalAltResult, source: &Arc<Source>) -> crate::Error {
-        convert::from_rhai(e, source, &self.sources, &self.ctx.sandbox)
+        convert::from_rhai(e, source, &self.fn_sources, &self.ctx.sandbox)
     }
 }
 
