@@ -75,6 +75,9 @@ impl Source {
     /// byte-order mark.
     pub fn read(path: &Path) -> Result<Arc<Source>> {
         let name = path.display().to_string();
+        if name.is_empty() {
+            return Err(crate::err!(Io, "the file name is empty"));
+        }
         let io = |e: std::io::Error| Error::io(&name, e);
         let file = std::fs::File::open(path).map_err(io)?;
         if file.metadata().map_err(io)?.is_dir() {
@@ -202,5 +205,7 @@ mod tests {
         );
         let e = Source::read(Path::new("src")).unwrap_err();
         assert_eq!(e.to_string(), "src: is a folder, not a source file");
+        let e = Source::read(Path::new("")).unwrap_err();
+        assert_eq!(e.to_string(), "the file name is empty");
     }
 }
