@@ -322,12 +322,12 @@ fn malformed_files_each_get_their_own_message() {
                 r#"{"a":{"dtype":"I32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#,
                 &f8,
             ),
-            "tensor `a`: shape [4294967296, 4294967296] has more elements than fit in memory",
+            "tensor `a`: shape [4294967296, 4294967296] has more than 2^40 elements, the most one value may hold",
         ),
         (
             "byte count overflows",
             file(r#"{"a":{"dtype":"I32","shape":[4611686018427387904],"data_offsets":[0,8]}}"#, &f8),
-            "tensor `a`: shape [4611686018427387904] is too large",
+            "tensor `a`: shape [4611686018427387904] has more than 2^40 elements, the most one value may hold",
         ),
         (
             "first tensor not at 0",
