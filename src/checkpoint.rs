@@ -19,6 +19,7 @@
 
 use crate::err;
 use crate::error::{Error, Result};
+use crate::memory::{read_all, Charge};
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -121,9 +122,17 @@ pub fn to_bytes(
 }
 
 /// Read and validate the checkpoint at `path`. Messages of malformed files start with the path.
-pub fn load(path: &Path) -> Result<Checkpoint> {
-    let bytes = fs::read(path).map_err(|e| Error::io(path.display(), e))?;
-    from_bytes(&bytes).map_err(|e| err!(Checkpoint, "{}: {}", path.display(), e.message))
+/// The file's bytes and then its tensors are charged to `charge` before they are held; on return
+/// it holds the tensors' bytes, for as long as the caller keeps them.
+pub fn load(path: &Path, charge: &mut Charge) -> Result<Checkpoint> {
+    let name = path.display().to_string();
+    let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
+    let bytes = read_all(file, charge, &name)?;
+    charge.grow(bytes.len() as u64, format!("the tensors of {name}"))?;
+    let ckpt = from_bytes(&bytes).map_err(|e| err!(Checkpoint, "{name}: {}", e.message))?;
+    drop(bytes);
+    charge.resize(ckpt.tensors.iter().map(|(_, t)| t.bytes()).sum(), &name)?;
+    Ok(ckpt)
 }
 
 /// Parse and validate the bytes of a checkpoint file.

@@ -9,6 +9,7 @@ pub mod dsl;
 pub mod engine;
 pub mod error;
 pub mod graph;
+pub mod memory;
 pub mod nn;
 pub mod plan;
 pub mod repl;

@@ -5,12 +5,17 @@
 //! places the training graph on a [`Backend`]. The resulting [`Trainer`] runs training steps,
 //! predicts (instantiating forward graphs at other batch sizes as needed, with the trained
 //! parameters copied over), and reads and writes persistent values by name for checkpoints.
+//!
+//! Every graph placed on a backend is first charged to the compile configuration's memory
+//! [`Budget`] for its [`footprint`]: what the backend keeps for as long as it lives, and what
+//! each run needs for as long as the run lasts.
 
 use crate::cpu::{Buf, Executor, RunOptions};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::graph::optim::LR_INPUT;
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, TrainGraph};
+use crate::memory::{Budget, Charge};
 use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
@@ -114,12 +119,51 @@ impl Backend for CpuBackend {
 /// Which device a model is compiled for (see [`DeviceChoice`]).
 pub type Device = DeviceChoice;
 
-/// A backend for `graph` on the device `choice` resolves to.
-fn backend_for(choice: DeviceChoice, graph: Graph, seed: u64) -> Result<Box<dyn Backend>> {
-    Ok(match shared_gpu(choice)? {
-        Some(gpu) => Box::new(GpuBackend::new(gpu, graph, seed, PlanOptions::default())?),
-        None => Box::new(CpuBackend::new(graph, seed)?),
-    })
+/// A graph on a backend, with what the backend keeps between runs charged to the budget, and
+/// what each run needs on top of that.
+struct Placed {
+    backend: Box<dyn Backend>,
+    _held: Charge,
+    per_run: u64,
+}
+
+impl Placed {
+    /// Place `graph` on the device of `cfg`, charging its [`footprint`] (named `what`) first: on
+    /// a GPU every buffer lives as long as the backend; the CPU interpreter frees a run's
+    /// intermediate values when the run ends, so those are charged per run.
+    fn new(
+        cfg: &CompileConfig,
+        graph: Graph,
+        want: &[NodeId],
+        training: bool,
+        what: &str,
+    ) -> Result<Placed> {
+        let f = footprint(&graph, want, training);
+        let gpu = shared_gpu(cfg.device)?;
+        let (held, per_run) = match gpu {
+            Some(_) => (f.persistent.saturating_add(f.peak), f.readback),
+            None => (f.persistent, f.peak),
+        };
+        let held = cfg.budget.charge(held, what)?;
+        let backend: Box<dyn Backend> = match gpu {
+            Some(gpu) => Box::new(GpuBackend::new(gpu, graph, cfg.seed, PlanOptions::default())?),
+            None => Box::new(CpuBackend::new(graph, cfg.seed)?),
+        };
+        Ok(Placed { backend, _held: held, per_run })
+    }
+
+    /// Run, with the run's own bytes charged to `budget` while it lasts.
+    fn run(
+        &mut self,
+        budget: &Budget,
+        what: &str,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>> {
+        let _run = budget.charge(self.per_run, what)?;
+        self.backend.run(feeds, want, opts)
+    }
 }
 
 /// Learning rate as a function of the step.
@@ -180,6 +224,8 @@ pub struct CompileConfig {
     pub schedule: Schedule,
     pub device: Device,
     pub seed: u64,
+    /// What the compiled model's buffers (host and device) are charged to.
+    pub budget: Budget,
 }
 
 /// Name of the input a compiled model's targets are fed through.
@@ -210,8 +256,73 @@ impl Model {
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
-        let backend = backend_for(cfg.device, train.graph.clone(), cfg.seed)?;
-        Ok(Trainer { model: self.clone(), cfg, train, backend, evals: BTreeMap::new(), step: 0 })
+        let what = format!("model `{}` compiled for training", self.name);
+        let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what)?;
+        Ok(Trainer { model: self.clone(), cfg, train, placed, evals: BTreeMap::new(), step: 0 })
+    }
+}
+
+/// What a backend holds for a graph, in bytes (see [`footprint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Every input, parameter and state value.
+    pub persistent: u64,
+    /// The most intermediate values alive at once during a run.
+    pub peak: u64,
+    /// The host copies of the values a run reads back.
+    pub readback: u64,
+}
+
+/// The bytes a backend holds for `g` to evaluate `want` (and, when `training`, the updates).
+/// The peak assumes each intermediate value is freed after its last reader (the CPU
+/// interpreter's order); the GPU plan shares buffers about as tightly, give or take its scratch.
+pub fn footprint(g: &Graph, want: &[NodeId], training: bool) -> Footprint {
+    let n = g.n_nodes();
+    let bytes = |id: NodeId| g.shape(id).iter().product::<usize>().max(1) as u64 * 4;
+    let source = |id: NodeId| {
+        matches!(g.node(id).op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
+    };
+    let mut kept = vec![false; n];
+    for &w in want {
+        kept[w.index()] = true;
+    }
+    if training {
+        for u in &g.updates {
+            kept[u.value.index()] = true;
+        }
+    }
+    let mut needed = kept.clone();
+    let mut last_use = vec![None; n];
+    for i in (0..n).rev() {
+        if needed[i] {
+            for &j in &g.node(NodeId(i as u32)).inputs {
+                needed[j.index()] = true;
+                last_use[j.index()].get_or_insert(i);
+            }
+        }
+    }
+    let (mut live, mut peak) = (0u64, 0u64);
+    for i in (0..n).filter(|&i| needed[i]) {
+        let id = NodeId(i as u32);
+        if source(id) {
+            continue;
+        }
+        live += bytes(id);
+        peak = peak.max(live);
+        if last_use[i].is_none() && !kept[i] {
+            live -= bytes(id);
+        }
+        for &j in &g.node(id).inputs {
+            if last_use[j.index()] == Some(i) && !kept[j.index()] && !source(j) {
+                live -= bytes(j);
+                last_use[j.index()] = None; // an input read twice by this node is freed once
+            }
+        }
+    }
+    Footprint {
+        persistent: g.nodes().filter(|&(id, _)| source(id)).map(|(id, _)| bytes(id)).sum(),
+        peak,
+        readback: want.iter().map(|&w| bytes(w)).sum(),
     }
 }
 
@@ -243,14 +354,19 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
 
 /// A forward graph at other dimensions on its own backend, with the training step its
 /// parameters were last copied at.
-type EvalGraph = (Graph, Box<dyn Backend>, Option<u64>);
+struct EvalGraph {
+    graph: Graph,
+    placed: Placed,
+    synced: Option<u64>,
+}
 
 /// A compiled model: trains, predicts, and exposes its persistent values by name.
 pub struct Trainer {
     model: Model,
     cfg: CompileConfig,
     train: TrainGraph,
-    backend: Box<dyn Backend>,
+    /// The training graph on its backend.
+    placed: Placed,
     /// Forward graphs at other dimensions, with the step their parameters were copied at.
     evals: BTreeMap<Vec<(String, usize)>, EvalGraph>,
     step: u64,
@@ -263,7 +379,7 @@ impl Trainer {
     }
 
     pub fn device_name(&self) -> String {
-        self.backend.device_name()
+        self.placed.backend.device_name()
     }
 
     pub fn graph(&self) -> &Graph {
@@ -271,7 +387,12 @@ impl Trainer {
     }
 
     pub fn plan_report(&self) -> String {
-        self.backend.plan_report()
+        self.placed.backend.plan_report()
+    }
+
+    /// What this model's buffers are charged to.
+    pub fn budget(&self) -> &Budget {
+        &self.cfg.budget
     }
 
     /// The learning rate the next step will use.
@@ -286,7 +407,8 @@ impl Trainer {
         let lr = Tensor::scalar(self.current_lr());
         feeds.push((self.train.optim.lr, &lr));
         let opts = RunOptions { training: true, step: self.step };
-        let out = self.backend.run(&feeds, &[self.train.loss], opts)?;
+        let what = format!("a training step of model `{}`", self.model.name);
+        let out = self.placed.run(&self.cfg.budget, &what, &feeds, &[self.train.loss], opts)?;
         self.step += 1;
         let loss = out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
         Ok(loss)
@@ -299,26 +421,35 @@ impl Trainer {
         let mut dims = self.cfg.dims.clone();
         dims.insert("B".to_string(), batch);
         let key: Vec<(String, usize)> = dims.clone().into_iter().collect();
+        let what = format!("model `{}` evaluated on a batch of {batch}", self.model.name);
         if !self.evals.contains_key(&key) {
-            let g = self.model.instantiate(&dims)?;
-            let backend = backend_for(self.cfg.device, g.clone(), self.cfg.seed)?;
-            self.evals.insert(key.clone(), (g, backend, None));
+            let graph = self.model.instantiate(&dims)?;
+            let want: Vec<NodeId> = graph.outputs.iter().map(|&(_, id)| id).collect();
+            // Copies at batch sizes used before are dropped when they are what stands in the way.
+            let placed = match Placed::new(&self.cfg, graph.clone(), &want, false, &what) {
+                Err(e) if e.kind == crate::ErrorKind::Limit && !self.evals.is_empty() => {
+                    self.evals.clear();
+                    Placed::new(&self.cfg, graph.clone(), &want, false, &what)?
+                }
+                p => p?,
+            };
+            self.evals.insert(key.clone(), EvalGraph { graph, placed, synced: None });
         }
         // Copy the trained parameters over when they changed since the last copy.
-        let params = self.parameters()?;
-        let (g, backend, synced) = self.evals.get_mut(&key).expect("inserted above");
-        if *synced != Some(self.step) {
-            for (name, value) in &params {
-                if let Some(id) = g.persistent_named(name) {
-                    backend.write(id, value)?;
+        let e = self.evals.get_mut(&key).expect("inserted above");
+        if e.synced != Some(self.step) {
+            for (id, name) in self.train.graph.parameters() {
+                if let Some(to) = e.graph.persistent_named(name) {
+                    e.placed.backend.write(to, &self.placed.backend.read(id)?)?;
                 }
             }
-            *synced = Some(self.step);
+            e.synced = Some(self.step);
         }
-        let feeds = resolve_feeds(g, inputs)?;
-        let want: Vec<NodeId> = g.outputs.iter().map(|&(_, id)| id).collect();
-        let out = backend.run(&feeds, &want, RunOptions { training: false, step: self.step })?;
-        Ok(g.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
+        let feeds = resolve_feeds(&e.graph, inputs)?;
+        let want: Vec<NodeId> = e.graph.outputs.iter().map(|&(_, id)| id).collect();
+        let opts = RunOptions { training: false, step: self.step };
+        let out = e.placed.run(&self.cfg.budget, &what, &feeds, &want, opts)?;
+        Ok(e.graph.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
     }
 
     /// Parameters by name, in graph order.
@@ -326,7 +457,7 @@ impl Trainer {
         let g = &self.train.graph;
         g.parameters()
             .into_iter()
-            .map(|(id, name)| Ok((name.to_string(), self.backend.read(id)?)))
+            .map(|(id, name)| Ok((name.to_string(), self.placed.backend.read(id)?)))
             .collect()
     }
 
@@ -334,7 +465,9 @@ impl Trainer {
     pub fn parameter(&self, name: &str) -> Result<Tensor> {
         let g = &self.train.graph;
         match g.persistent_named(name) {
-            Some(id) if matches!(g.node(id).op, Op::Parameter { .. }) => self.backend.read(id),
+            Some(id) if matches!(g.node(id).op, Op::Parameter { .. }) => {
+                self.placed.backend.read(id)
+            }
             _ => Err(err!(Name, "no parameter named `{name}`")),
         }
     }
@@ -348,17 +481,17 @@ impl Trainer {
                 Op::Parameter { name, .. } | Op::State { name, .. } => Some((id, name.clone())),
                 _ => None,
             })
-            .map(|(id, name)| Ok((name, self.backend.read(id)?)))
+            .map(|(id, name)| Ok((name, self.placed.backend.read(id)?)))
             .collect()
     }
 
     /// Overwrite persistent values by name. Every name must exist with the same shape; values
     /// the list does not mention keep their current contents. The step counter follows the
     /// optimizer's step state when it is given.
-    pub fn load_state(&mut self, values: &[(String, Tensor)]) -> Result<()> {
+    pub fn load_state(&mut self, values: &[(&str, &Tensor)]) -> Result<()> {
         let g = &self.train.graph;
         let mut writes = Vec::new();
-        for (name, t) in values {
+        for &(name, t) in values {
             let id = g.persistent_named(name).ok_or_else(|| {
                 err!(Checkpoint, "unexpected tensor `{name}`: the model has no such value")
             })?;
@@ -374,10 +507,10 @@ impl Trainer {
             writes.push((id, t));
         }
         for (id, t) in writes {
-            self.backend.write(id, t)?;
+            self.placed.backend.write(id, t)?;
         }
         if let Some(id) = g.persistent_named(crate::graph::optim::STEP_STATE) {
-            let s = self.backend.read(id)?;
+            let s = self.placed.backend.read(id)?;
             self.step =
                 s.as_f32().and_then(|v| v.first()).map_or(self.step, |&v| v.max(0.0) as u64);
         }

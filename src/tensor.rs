@@ -162,6 +162,13 @@ impl Tensor {
         }
     }
 
+    pub fn as_i32_mut(&mut self) -> Option<&mut [i32]> {
+        match &mut self.data {
+            TensorData::I32(v) => Some(v),
+            TensorData::F32(_) => None,
+        }
+    }
+
     /// Elements as f32 (i32 elements converted), for printing and comparisons.
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.data {

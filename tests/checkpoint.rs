@@ -1,12 +1,16 @@
 //! Checkpoint boundary: bit-exact round trips, atomic saves, and a corpus of malformed files,
 //! each with the message it must produce.
 
-use rumus::checkpoint::{
-    check_against, from_bytes, load, save, to_bytes, Checkpoint, MAX_HEADER_LEN,
-};
+use rumus::checkpoint::{check_against, from_bytes, save, to_bytes, Checkpoint, MAX_HEADER_LEN};
+use rumus::memory::Budget;
 use rumus::{DType, ErrorKind, Tensor};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+/// Load with no memory limit.
+fn load(path: &std::path::Path) -> rumus::Result<Checkpoint> {
+    rumus::checkpoint::load(path, &mut Budget::unlimited().empty())
+}
 
 /// A fresh, empty folder for one test.
 fn scratch(name: &str) -> PathBuf {

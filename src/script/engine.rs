@@ -1,13 +1,13 @@
 //! The sandbox: a rhai engine built from `Engine::new_raw()` with only the packages scripts need,
 //! limits on operations, call depth, expression depth, strings, arrays and maps, no module
-//! import, an interrupt flag polled while a script runs, a file-access policy and a memory
-//! budget that the API bindings consult before they touch a file or allocate a tensor.
+//! import, an interrupt flag polled while a script runs, a file-access policy that the API
+//! bindings consult before they touch a file, and the size of the session's memory budget
+//! ([`crate::memory`]), which they charge before they allocate.
 //!
 //! Nothing here knows about tensors or models; `api` registers those.
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::tensor::{checked_numel, fmt_shape};
 use rhai::packages::{Package, StandardPackage};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +29,10 @@ pub struct Sandbox {
     pub max_array_size: usize,
     /// Largest object map, in entries.
     pub max_map_size: usize,
-    /// Largest tensor a binding may create, in bytes (checked before allocating).
+    /// Most bytes that everything one session owns may hold at once: script tensors,
+    /// datasets, compiled models (host and device buffers), evaluation copies and readers'
+    /// buffers, all counted against one [`Budget`](crate::memory::Budget). The default is half
+    /// of the machine's physical memory.
     pub memory_budget: u64,
     /// Folders (and everything below them) that scripts may read.
     pub read_roots: Vec<PathBuf>,
@@ -48,7 +51,7 @@ impl Default for Sandbox {
             max_string_size: 64 << 20,
             max_array_size: 1 << 24,
             max_map_size: 1 << 16,
-            memory_budget: 4 << 30,
+            memory_budget: crate::memory::default_limit(),
             read_roots: vec![cwd.clone()],
             write_roots: vec![cwd],
         }
@@ -92,22 +95,6 @@ impl Sandbox {
                 "writing `{path}` is not allowed: scripts write only below the working directory"
             ))
         }
-    }
-
-    /// Refuse a tensor of `shape` (4-byte elements) over the memory budget, before allocating.
-    pub fn check_alloc(&self, shape: &[usize]) -> Result<usize> {
-        let n = checked_numel(shape).map_err(|e| Error { kind: crate::ErrorKind::Limit, ..e })?;
-        let bytes = (n as u128) * 4;
-        if bytes > self.memory_budget as u128 {
-            return Err(err!(
-                Limit,
-                "a tensor of shape {} needs {} bytes; the memory budget is {} bytes",
-                fmt_shape(shape),
-                bytes,
-                self.memory_budget
-            ));
-        }
-        Ok(n)
     }
 }
 
@@ -205,17 +192,6 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt) -> rhai::Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn budget_refuses_before_allocating() {
-        let s = Sandbox::default();
-        let e = s.check_alloc(&[1 << 20, 1 << 20]).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Limit);
-        assert!(e.to_string().contains("memory budget"), "{e}");
-        let e = s.check_alloc(&[usize::MAX, 4]).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Limit);
-        assert_eq!(s.check_alloc(&[3, 4]).unwrap(), 12);
-    }
 
     #[test]
     fn paths_outside_the_roots_are_refused() {

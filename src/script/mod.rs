@@ -2,7 +2,7 @@
 //! training loops, evaluation, checkpoints), shared by the script runner, the REPL and
 //! `rumus::Engine`.
 //!
-//! - [`engine`]: the sandbox (limits, file policy, memory budget, interrupt flag);
+//! - [`engine`]: the sandbox (limits, file policy, memory budget size, interrupt flag);
 //! - [`api`]: every type and function scripts see, registered per type in one place;
 //! - [`rms`]: `.rms` sources (rhai with model blocks) split, with positions kept;
 //! - [`convert`]: errors across the rhai boundary, positioned in the file they came from.
@@ -21,6 +21,7 @@ pub use engine::{Interrupt, Sandbox};
 pub use rhai;
 
 use crate::error::{Result, Source};
+use crate::memory::Budget;
 use rhai::{Dynamic, Scope, AST};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -61,9 +62,12 @@ pub type PrintSink = Box<dyn FnMut(&str)>;
 /// Receives [`Event`]s.
 pub type EventSink = Box<dyn FnMut(&Event)>;
 
-/// What the bindings share: the sandbox, defaults, output sinks and defined models.
+/// What the bindings share: the sandbox, the memory budget, defaults, output sinks and defined
+/// models.
 pub struct Ctx {
     pub sandbox: Sandbox,
+    /// What everything this session owns is charged to (sized by `sandbox.memory_budget`).
+    pub budget: Budget,
     pub device: RefCell<String>,
     pub seed: Cell<u64>,
     /// The step count of the last trainer that stepped (for `log_metric`).
@@ -106,6 +110,7 @@ impl Host {
     pub fn new(opts: HostOptions) -> Host {
         let interrupt = Interrupt::new();
         let ctx = Rc::new(Ctx {
+            budget: Budget::new(opts.sandbox.memory_budget),
             sandbox: opts.sandbox,
             device: RefCell::new(opts.device),
             seed: Cell::new(opts.seed),

@@ -88,7 +88,7 @@ pub fn display(v: &rhai::Dynamic) -> String {
         return t.to_string();
     }
     if let Some(d) = v.read_lock::<data::ScriptDataset>() {
-        return data::describe(&d.0);
+        return data::describe(&d);
     }
     if let Some(m) = v.read_lock::<model::ScriptModel>() {
         return format!("model {}", m.model.name);

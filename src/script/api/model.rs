@@ -159,34 +159,29 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("train_step", move |t: &mut ScriptTrainer, feeds: Map| {
         train_step(&c, t, tensors_of(&feeds)?)
     });
-    engine.register_fn("predict", |t: &mut ScriptTrainer, x: ScriptTensor| {
+    let c = ctx.clone();
+    engine.register_fn("predict", move |t: &mut ScriptTrainer, x: ScriptTensor| {
         let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x)];
         let out = predict(t, feeds)?;
         let output = t.output.clone();
-        out.into_iter()
+        let v = out
+            .into_iter()
             .find(|(n, _)| *n == *output)
-            .map(|(_, v)| ScriptTensor::new(v))
-            .ok_or_else(|| script_err(format!("the model has no output `{output}`")))
+            .map(|(_, v)| v)
+            .ok_or_else(|| script_err(format!("the model has no output `{output}`")))?;
+        ScriptTensor::adopt(&c.budget, v).script()
     });
-    engine.register_fn("predict", |t: &mut ScriptTrainer, feeds: Map| {
-        let out = predict(t, tensors_of(&feeds)?)?;
-        Ok::<_, Box<rhai::EvalAltResult>>(
-            out.into_iter()
-                .map(|(n, v)| (n.into(), Dynamic::from(ScriptTensor::new(v))))
-                .collect::<Map>(),
-        )
+    let c = ctx.clone();
+    engine.register_fn("predict", move |t: &mut ScriptTrainer, feeds: Map| {
+        outputs_map(&c, predict(t, tensors_of(&feeds)?)?)
     });
-    engine.register_fn("eval", |t: &mut ScriptTrainer, x: ScriptTensor| {
+    let c = ctx.clone();
+    engine.register_fn("eval", move |t: &mut ScriptTrainer, x: ScriptTensor| {
         let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x)];
-        let out = predict(t, feeds)?;
-        Ok::<_, Box<rhai::EvalAltResult>>(
-            out.into_iter()
-                .map(|(n, v)| (n.into(), Dynamic::from(ScriptTensor::new(v))))
-                .collect::<Map>(),
-        )
+        outputs_map(&c, predict(t, feeds)?)
     });
     engine.register_fn("accuracy", |t: &mut ScriptTrainer, d: ScriptDataset| {
-        accuracy(t, d.0.x(), d.0.y())
+        accuracy(t, d.x.tensor(), d.y.tensor())
     });
     engine.register_fn("accuracy", |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
         accuracy(t, x.tensor(), y.tensor())
@@ -195,17 +190,19 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_get("lr", |t: &mut ScriptTrainer| t.trainer.borrow().current_lr() as FLOAT);
     engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
     engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
-    engine.register_fn("params", |t: &mut ScriptTrainer| -> ScriptResult<Array> {
-        let ps = t.trainer.borrow().parameters().script()?;
-        Ok(ps.into_iter().map(|(n, _)| n.into()).collect())
+    engine.register_fn("params", |t: &mut ScriptTrainer| -> Array {
+        let tr = t.trainer.borrow();
+        tr.graph().parameters().into_iter().map(|(_, n)| n.into()).collect()
     });
-    engine.register_fn("param", |t: &mut ScriptTrainer, name: &str| {
-        t.trainer.borrow().parameter(name).map(ScriptTensor::new).script()
+    let c = ctx.clone();
+    engine.register_fn("param", move |t: &mut ScriptTrainer, name: &str| {
+        let v = t.trainer.borrow().parameter(name).script()?;
+        ScriptTensor::adopt(&c.budget, v).script()
     });
     engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
         let mut tr = t.trainer.borrow_mut();
         tr.parameter(name).script()?; // parameters only, not optimizer state
-        tr.load_state(&[(name.to_string(), v.into_tensor())]).script()
+        tr.load_state(&[(name, v.tensor())]).script()
     });
     let c = ctx.clone();
     engine.register_fn("save", move |t: &mut ScriptTrainer, path: &str| {
@@ -222,6 +219,13 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
     let tr = t.trainer.borrow();
     format!("trainer on {} at step {}", tr.device_name(), tr.step())
+}
+
+/// Outputs by name, each charged as a script tensor.
+fn outputs_map(ctx: &Ctx, out: Vec<(String, Tensor)>) -> ScriptResult<Map> {
+    out.into_iter()
+        .map(|(n, v)| Ok((n.into(), Dynamic::from(ScriptTensor::adopt(&ctx.budget, v).script()?))))
+        .collect()
 }
 
 fn tensors_of(m: &Map) -> ScriptResult<Vec<(String, ScriptTensor)>> {
@@ -267,7 +271,7 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     let Some(&classes) = logits.shape().last() else {
         return Err(script_err("accuracy: the output has no class axis"));
     };
-    let v = logits.to_f32_vec();
+    let v = logits.as_f32().ok_or_else(|| script_err("accuracy: the output is not f32"))?;
     if classes == 0 || v.len() / classes != labels.len() {
         return Err(script_err(format!(
             "accuracy: {} rows of output for {} labels",
@@ -286,8 +290,16 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     Ok(correct as FLOAT / labels.len().max(1) as FLOAT)
 }
 
-/// Write every persistent value (parameters, optimizer state, step count) atomically.
+/// Write every persistent value (parameters, optimizer state, step count) atomically. The host
+/// copies and the file's bytes are charged to the model's budget while they are held.
 pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
+    let g = t.graph();
+    let state_bytes: u64 = g
+        .nodes()
+        .filter(|(_, n)| n.op.is_persistent())
+        .map(|(id, _)| g.shape(id).iter().product::<usize>() as u64 * 4)
+        .sum();
+    let _held = t.budget().charge(2 * state_bytes, "saving a checkpoint")?;
     let state = t.state_tensors()?;
     let refs: Vec<(&str, &Tensor)> = state.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let mut meta = BTreeMap::new();
@@ -298,8 +310,10 @@ pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
 
 /// Load a checkpoint written by [`save`] (or parameters only, from elsewhere).
 pub fn load(t: &mut Trainer, path: &std::path::Path) -> Result<()> {
-    let ckpt = checkpoint::load(path)?;
-    t.load_state(&ckpt.tensors)
+    let mut held = t.budget().empty();
+    let ckpt = checkpoint::load(path, &mut held)?;
+    let values: Vec<(&str, &Tensor)> = ckpt.tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    t.load_state(&values)
 }
 
 fn get<'a>(m: &'a Map, key: &str) -> Option<&'a Dynamic> {
@@ -418,6 +432,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         schedule,
         device,
         seed,
+        budget: ctx.budget.clone(),
     };
     let trainer = m.model.compile(cfg).script()?;
     Ok(ScriptTrainer {
