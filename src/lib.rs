@@ -11,6 +11,7 @@ pub mod error;
 pub mod graph;
 pub mod memory;
 pub mod nn;
+pub mod num;
 pub mod plan;
 pub mod repl;
 pub mod rng;

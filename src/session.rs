@@ -13,7 +13,7 @@
 use crate::cpu::{Buf, Executor, RunOptions};
 use crate::err;
 use crate::error::{Error, Result};
-use crate::graph::optim::LR_INPUT;
+use crate::graph::optim::{LR_INPUT, STEP_STATE};
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, TrainGraph};
 use crate::memory::{Budget, Charge};
 use crate::plan::PlanOptions;
@@ -487,10 +487,11 @@ impl Trainer {
 
     /// Overwrite persistent values by name. Every name must exist with the same shape; values
     /// the list does not mention keep their current contents. The step counter follows the
-    /// optimizer's step state when it is given.
+    /// optimizer's step state when it is given, which must be a whole number of steps.
     pub fn load_state(&mut self, values: &[(&str, &Tensor)]) -> Result<()> {
         let g = &self.train.graph;
         let mut writes = Vec::new();
+        let mut step = None;
         for &(name, t) in values {
             let id = g.persistent_named(name).ok_or_else(|| {
                 err!(Checkpoint, "unexpected tensor `{name}`: the model has no such value")
@@ -504,18 +505,25 @@ impl Trainer {
                     fmt_shape(g.shape(id))
                 ));
             }
+            if name == STEP_STATE {
+                let v = t.as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+                step = Some(steps(v).ok_or_else(|| {
+                    err!(Checkpoint, "`{STEP_STATE}` must be a whole number of steps >= 0, got {v}")
+                })?);
+            }
             writes.push((id, t));
         }
         for (id, t) in writes {
             self.placed.backend.write(id, t)?;
         }
-        if let Some(id) = g.persistent_named(crate::graph::optim::STEP_STATE) {
-            let s = self.placed.backend.read(id)?;
-            self.step =
-                s.as_f32().and_then(|v| v.first()).map_or(self.step, |&v| v.max(0.0) as u64);
-        }
+        self.step = step.unwrap_or(self.step);
         Ok(())
     }
+}
+
+/// A step count stored as f32: a whole number in `0..=2^53` (so that counting on never wraps).
+fn steps(v: f32) -> Option<u64> {
+    (v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= (1u64 << 53) as f32).then_some(v as u64)
 }
 
 /// Map `(name, tensor)` feeds onto a graph's inputs, checking shapes and dtypes; every input

@@ -82,3 +82,40 @@ fn save_outside_the_working_directory_is_refused() {
     assert_eq!(err.kind, rumus::ErrorKind::Limit);
     assert!(!std::path::Path::new("/tmp/rumus-ckpt.safetensors").exists());
 }
+
+#[test]
+fn a_step_count_that_is_not_a_whole_number_is_refused() {
+    use rumus::checkpoint;
+    use rumus::memory::Budget;
+    let mut e = Engine::new();
+    e.run(MODEL).unwrap();
+    let path = dir().join("step.safetensors");
+    let p = path.to_string_lossy();
+    e.run(&format!("let a = make(); train(a, data, 0, 2); a.save(\"{p}\"); let b = make();"))
+        .unwrap();
+    let saved = checkpoint::load(&path, &mut Budget::unlimited().empty()).unwrap();
+    for (bad, shown) in [
+        (f32::INFINITY, "inf"),
+        (-1.0, "-1"),
+        (2.5, "2.5"),
+        (f32::NAN, "NaN"),
+        (1e30, "1000000000000000000000000000000"),
+    ] {
+        let step = rumus::Tensor::scalar(bad);
+        let tensors: Vec<(&str, &rumus::Tensor)> = saved
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), if n == "optim.step" { &step } else { t }))
+            .collect();
+        checkpoint::save(&path, &tensors, &saved.metadata).unwrap();
+        let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
+        assert_eq!(err.kind, rumus::ErrorKind::Checkpoint, "{err}");
+        assert!(
+            err.message.ends_with(&format!(
+                "`optim.step` must be a whole number of steps >= 0, got {shown}"
+            )),
+            "{err}"
+        );
+        assert_eq!(e.compiled("b").unwrap().trainer().step(), 0, "nothing was loaded");
+    }
+}

@@ -2,7 +2,7 @@
 //! (bytes into next-byte sequences), `dataset(x, y)`; `split`, `shuffle`, `batches`. Paths go
 //! through the sandbox's file policy; sizes through its memory budget.
 
-use super::super::convert::{script_err, IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_u64, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::Ctx;
 use super::tensor::ScriptTensor;
 use crate::data::{self, CsvOptions, Dataset, Header, Labels};
@@ -73,7 +73,7 @@ impl ScriptDataset {
     fn order(&self, ctx: &Ctx, seed: INT) -> ScriptResult<(Vec<usize>, Charge)> {
         let n = self.len();
         let charge = ctx.budget.charge(n as u64 * 8, format!("a shuffle of {n} rows")).script()?;
-        Ok((data::shuffled(n, seed as u64), charge))
+        Ok((data::shuffled(n, to_u64(seed, "seed")?), charge))
     }
 }
 
@@ -160,10 +160,10 @@ fn batches(
     seed: INT,
     keep_last: bool,
 ) -> ScriptResult<Array> {
-    let size = usize::try_from(size)
-        .ok()
-        .filter(|&s| s > 0)
-        .ok_or_else(|| script_err("batch size must be positive"))?;
+    let size = to_usize(size, "batch size")?;
+    if size == 0 {
+        return Err(script_err("batch size must be positive"));
+    }
     let (order, _held) = d.order(ctx, seed)?;
     let mut out = Array::new();
     for rows in order.chunks(size) {
@@ -176,52 +176,32 @@ fn batches(
     Ok(out)
 }
 
-fn opt_int(m: &Map, key: &str) -> ScriptResult<Option<i64>> {
-    m.get(key)
-        .map(|v| v.as_int().map_err(|t| script_err(format!("`{key}` must be an integer, got {t}"))))
-        .transpose()
-}
-
 fn csv(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
+    let o = Opts::new(m, "csv", &["label_col", "labels", "scale", "header"])?;
     let p = ctx.sandbox.check_read(path).script()?;
     let mut opts = CsvOptions { max_bytes: ctx.sandbox.memory_budget, ..CsvOptions::default() };
-    if let Some(c) = opt_int(m, "label_col")? {
-        opts.label_col =
-            Some(usize::try_from(c).map_err(|_| script_err("`label_col` must be >= 0"))?);
+    opts.label_col = o.usize("label_col", 0)?;
+    if let Some(scale) = o.f32("scale")? {
+        opts.scale = scale;
     }
-    if let Some(v) = m.get("scale") {
-        opts.scale = v
-            .as_float()
-            .or_else(|_| v.as_int().map(|i| i as f64))
-            .map_err(|t| script_err(format!("`scale` must be a number, got {t}")))?
-            as f32;
+    if let Some(h) = o.bool("header")? {
+        opts.header = if h { Header::Present } else { Header::Absent };
     }
-    if let Some(v) = m.get("header") {
-        opts.header = match v.as_bool() {
-            Ok(true) => Header::Present,
-            Ok(false) => Header::Absent,
-            Err(_) => return Err(script_err("`header` must be true or false")),
-        };
-    }
-    if let Some(v) = m.get("labels") {
-        opts.labels = match v.clone().into_string().as_deref() {
-            Ok("classes") => Labels::Classes,
-            Ok("targets") => Labels::Targets,
-            _ => return Err(script_err("`labels` must be \"classes\" or \"targets\"")),
-        };
-    }
+    opts.labels = match o.string("labels")?.as_deref() {
+        None | Some("classes") => Labels::Classes,
+        Some("targets") => Labels::Targets,
+        Some(_) => return Err(script_err("csv: `labels` must be \"classes\" or \"targets\"")),
+    };
     let mut charge = ctx.budget.empty();
     let d = data::read_csv(&p, &opts, &mut charge).script()?;
     Ok(ScriptDataset::from_loaded(d, charge))
 }
 
 fn text(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
+    let o = Opts::new(m, "text", &["seq_len", "stride"])?;
     let p = ctx.sandbox.check_read(path).script()?;
-    let seq_len = opt_int(m, "seq_len")?.unwrap_or(64);
-    let stride = opt_int(m, "stride")?.unwrap_or(seq_len);
-    let (Ok(seq_len), Ok(stride)) = (usize::try_from(seq_len), usize::try_from(stride)) else {
-        return Err(script_err("`seq_len` and `stride` must be positive"));
-    };
+    let seq_len = o.usize("seq_len", 1)?.unwrap_or(64);
+    let stride = o.usize("stride", 1)?.unwrap_or(seq_len);
     let mut charge = ctx.budget.empty();
     let bytes = data::read_text(&p, &mut charge).script()?;
     let d = data::text_sequences(&bytes, seq_len, stride, &mut charge).script()?;

@@ -1,7 +1,7 @@
 //! Files, metrics and session defaults: `read_text`/`write_text` under the sandbox's file
 //! policy, `log_metric` for the metrics log, `seed` and `device` for the defaults of `compile`.
 
-use super::super::convert::{IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_u64, IntoScript, ScriptResult};
 use super::super::{Ctx, Event};
 use crate::err;
 use crate::error::Error;
@@ -38,9 +38,15 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         });
     });
     let c = ctx.clone();
-    engine.register_fn("seed", move || c.seed.get() as INT);
+    engine.register_fn("seed", move || -> ScriptResult<INT> {
+        let s = c.seed.get();
+        INT::try_from(s).map_err(|_| script_err(format!("seed {s} does not fit a script integer")))
+    });
     let c = ctx.clone();
-    engine.register_fn("seed", move |s: INT| c.seed.set(s as u64));
+    engine.register_fn("seed", move |s: INT| -> ScriptResult<()> {
+        c.seed.set(to_u64(s, "seed")?);
+        Ok(())
+    });
     let c = ctx.clone();
     engine.register_fn("device", move || c.device.borrow().clone());
     let c = ctx.clone();

@@ -4,7 +4,7 @@
 //! checkpoints. Optimizers and schedules are maps built by `sgd`, `adam`, `adamw`, `step_lr`
 //! and `cosine`, so scripts can print and tweak them.
 
-use super::super::convert::{script_err, IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::{Ctx, Event};
 use super::data::ScriptDataset;
 use super::tensor::ScriptTensor;
@@ -316,39 +316,6 @@ pub fn load(t: &mut Trainer, path: &std::path::Path) -> Result<()> {
     t.load_state(&values)
 }
 
-fn get<'a>(m: &'a Map, key: &str) -> Option<&'a Dynamic> {
-    m.get(key)
-}
-
-fn num(m: &Map, key: &str, default: f64) -> ScriptResult<f64> {
-    match get(m, key) {
-        None => Ok(default),
-        Some(v) => v
-            .as_float()
-            .or_else(|_| v.as_int().map(|i| i as f64))
-            .map_err(|t| script_err(format!("`{key}` must be a number, got {t}"))),
-    }
-}
-
-fn int(m: &Map, key: &str, default: i64) -> ScriptResult<i64> {
-    match get(m, key) {
-        None => Ok(default),
-        Some(v) => {
-            v.as_int().map_err(|t| script_err(format!("`{key}` must be an integer, got {t}")))
-        }
-    }
-}
-
-fn string(m: &Map, key: &str, default: &str) -> ScriptResult<String> {
-    match get(m, key) {
-        None => Ok(default.to_string()),
-        Some(v) => v
-            .clone()
-            .into_string()
-            .map_err(|t| script_err(format!("`{key}` must be a string, got {t}"))),
-    }
-}
-
 const COMPILE_KEYS: &[&str] = &[
     "batch",
     "dims",
@@ -364,34 +331,23 @@ const COMPILE_KEYS: &[&str] = &[
 ];
 
 fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer> {
-    if let Some(k) = cfg.keys().find(|k| !COMPILE_KEYS.contains(&k.as_str())) {
-        return Err(script_err(format!(
-            "compile: unknown setting `{k}` (settings: {})",
-            COMPILE_KEYS.join(", ")
-        )));
-    }
+    let o = Opts::new(cfg, "compile", COMPILE_KEYS)?;
     let mut dims = Dims::new();
-    if let Some(d) = get(cfg, "dims") {
-        let d = d
-            .read_lock::<Map>()
-            .ok_or_else(|| script_err("`dims` must be a map of dimension sizes"))?;
+    if let Some(d) = o.map("dims")? {
         for (k, v) in d.iter() {
-            let n = v
-                .as_int()
-                .ok()
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| script_err(format!("dimension `{k}` must be a size")))?;
-            dims.insert(k.to_string(), n);
+            let n = v.as_int().map_err(|_| {
+                script_err(format!(
+                    "compile: dimension `{k}` must be an integer, got {}",
+                    v.type_name()
+                ))
+            })?;
+            dims.insert(k.to_string(), to_usize(n, &format!("compile: dimension `{k}`"))?);
         }
     }
-    let batch = int(cfg, "batch", 1)?;
-    dims.insert(
-        "B".into(),
-        usize::try_from(batch).map_err(|_| script_err("`batch` must be positive"))?,
-    );
+    dims.insert("B".into(), o.usize("batch", 1)?.unwrap_or(1));
     let probe = m.model.instantiate(&dims).script()?;
-    let output = match get(cfg, "output") {
-        Some(_) => string(cfg, "output", "")?,
+    let output = match o.string("output")? {
+        Some(out) => out,
         None => probe
             .outputs
             .first()
@@ -399,13 +355,10 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             .ok_or_else(|| script_err("the model has no outputs"))?,
     };
     let inputs = input_names(&probe);
-    let loss = match string(cfg, "loss", "cross_entropy")?.as_str() {
+    let loss = match o.string("loss")?.as_deref().unwrap_or("cross_entropy") {
         "cross_entropy" => Loss::CrossEntropy {
             output: output.clone(),
-            ignore_index: match get(cfg, "ignore_index") {
-                Some(_) => Some(int(cfg, "ignore_index", 0)? as i32),
-                None => None,
-            },
+            ignore_index: o.int("ignore_index", i32::MIN.into(), i32::MAX.into())?,
         },
         "mse" => Loss::Mse { output: output.clone() },
         "output" => Loss::Output { output: output.clone() },
@@ -415,15 +368,12 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             )))
         }
     };
-    let (optimizer, opt_lr) = optimizer(get(cfg, "optimizer"))?;
-    let lr = num(cfg, "lr", opt_lr.unwrap_or(1e-3))? as f32;
-    let schedule = schedule(get(cfg, "schedule"))?;
-    let clip_norm = match get(cfg, "clip") {
-        Some(_) => Some(num(cfg, "clip", 1.0)? as f32),
-        None => None,
-    };
-    let device = device(&string(cfg, "device", &ctx.device.borrow())?)?;
-    let seed = int(cfg, "seed", ctx.seed.get() as i64)? as u64;
+    let (optimizer, opt_lr) = optimizer(o.get("optimizer"))?;
+    let lr = o.f32("lr")?.or(opt_lr).unwrap_or(1e-3);
+    let schedule = schedule(o.get("schedule"))?;
+    let clip_norm = o.f32("clip")?;
+    let device = device(&o.string("device")?.unwrap_or_else(|| ctx.device.borrow().clone()))?;
+    let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.get());
     let cfg = CompileConfig {
         dims,
         loss,
@@ -456,7 +406,7 @@ fn device(name: &str) -> ScriptResult<Device> {
 }
 
 /// An optimizer from a map made by `sgd`/`adam`/`adamw` (or a bare name); also its `lr`.
-fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
+fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>)> {
     let m: Map = match v {
         None => {
             let mut m = Map::new();
@@ -473,42 +423,39 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
             .map(|m| m.clone())
             .ok_or_else(|| script_err("`optimizer` must be sgd(..), adam(..) or adamw(..)"))?,
     };
-    let lr = match m.get("lr") {
-        Some(_) => Some(num(&m, "lr", 0.0)?),
-        None => None,
+    let kind = match m.get("type").map(|t| t.clone().into_string()) {
+        Some(Ok(k)) => k,
+        _ => return Err(script_err("`optimizer` must be sgd(..), adam(..) or adamw(..)")),
     };
-    let kind = string(&m, "type", "adam")?;
-    let opt = match kind.as_str() {
-        "sgd" => Optimizer::Sgd {
-            momentum: num(&m, "momentum", 0.0)? as f32,
-            weight_decay: num(&m, "weight_decay", 0.0)? as f32,
-        },
-        "adam" | "adamw" => {
-            let (beta1, beta2) = (num(&m, "beta1", 0.9)? as f32, num(&m, "beta2", 0.999)? as f32);
-            let eps = num(&m, "eps", 1e-8)? as f32;
-            if kind == "adam" {
-                Optimizer::Adam {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: num(&m, "weight_decay", 0.0)? as f32,
-                }
-            } else {
-                Optimizer::AdamW {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: num(&m, "weight_decay", 0.01)? as f32,
-                }
-            }
-        }
+    let keys: &[&str] = match kind.as_str() {
+        "sgd" => &["type", "lr", "momentum", "weight_decay"],
+        "adam" | "adamw" => &["type", "lr", "beta1", "beta2", "eps", "weight_decay"],
         other => {
             return Err(script_err(format!(
                 "unknown optimizer `{other}`: expected sgd, adam or adamw"
             )))
         }
     };
-    Ok((opt, lr))
+    let o = Opts::new(&m, &kind, keys)?;
+    let f = |key: &str, default: f32| -> ScriptResult<f32> { Ok(o.f32(key)?.unwrap_or(default)) };
+    let opt = match kind.as_str() {
+        "sgd" => {
+            Optimizer::Sgd { momentum: f("momentum", 0.0)?, weight_decay: f("weight_decay", 0.0)? }
+        }
+        "adam" => Optimizer::Adam {
+            beta1: f("beta1", 0.9)?,
+            beta2: f("beta2", 0.999)?,
+            eps: f("eps", 1e-8)?,
+            weight_decay: f("weight_decay", 0.0)?,
+        },
+        _ => Optimizer::AdamW {
+            beta1: f("beta1", 0.9)?,
+            beta2: f("beta2", 0.999)?,
+            eps: f("eps", 1e-8)?,
+            weight_decay: f("weight_decay", 0.01)?,
+        },
+    };
+    Ok((opt, o.f32("lr")?))
 }
 
 fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
@@ -519,19 +466,23 @@ fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
         .read_lock::<Map>()
         .map(|m| m.clone())
         .ok_or_else(|| script_err("`schedule` must be step_lr(..) or cosine(..)"))?;
-    match string(&m, "type", "")?.as_str() {
-        "step" => Ok(Schedule::Step {
-            every: int(&m, "every", 1)?.max(1) as u64,
-            gamma: num(&m, "gamma", 0.1)? as f32,
-        }),
-        "cosine" => Ok(Schedule::Cosine {
-            warmup: int(&m, "warmup", 0)?.max(0) as u64,
-            total: int(&m, "total", 1)?.max(1) as u64,
-            min_lr: num(&m, "min_lr", 0.0)? as f32,
-        }),
-        other => Err(script_err(format!(
-            "unknown schedule `{other}`: expected step_lr(..) or cosine(..)"
-        ))),
+    match m.get("type").and_then(|t| t.clone().into_string().ok()).as_deref() {
+        Some("step") => {
+            let o = Opts::new(&m, "step_lr", &["type", "every", "gamma"])?;
+            Ok(Schedule::Step {
+                every: o.u64("every", 1)?.unwrap_or(1),
+                gamma: o.f32("gamma")?.unwrap_or(0.1),
+            })
+        }
+        Some("cosine") => {
+            let o = Opts::new(&m, "cosine", &["type", "warmup", "total", "min_lr"])?;
+            Ok(Schedule::Cosine {
+                warmup: o.u64("warmup", 0)?.unwrap_or(0),
+                total: o.u64("total", 1)?.unwrap_or(1),
+                min_lr: o.f32("min_lr")?.unwrap_or(0.0),
+            })
+        }
+        _ => Err(script_err("`schedule` must be step_lr(..) or cosine(..)")),
     }
 }
 

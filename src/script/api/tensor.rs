@@ -4,9 +4,10 @@
 //! tensor a binding creates is charged to the session's memory budget before it is allocated,
 //! and holds that charge until the last script value sharing it is dropped.
 
-use super::super::convert::{script_err, IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_f32, to_i32, to_u64, IntoScript, ScriptResult};
 use super::super::Ctx;
 use crate::memory::{Budget, Charge};
+use crate::num;
 use crate::rng::Rng;
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use rhai::{Array, Dynamic, Engine, FLOAT, INT};
@@ -88,17 +89,20 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         from_array(&c, &a, parse_dtype(dtype)?)
     });
     let c = ctx.clone();
-    engine.register_fn("tensor", move |r: Range<INT>| from_range(&c, r.start, r.end));
+    engine.register_fn("tensor", move |r: Range<INT>| from_range(&c, r.start, r.end.into()));
     let c = ctx.clone();
     engine.register_fn("tensor", move |r: RangeInclusive<INT>| {
-        from_range(&c, *r.start(), r.end().saturating_add(1))
+        from_range(&c, *r.start(), i128::from(*r.end()) + 1)
     });
     let c = ctx.clone();
     engine.register_fn("zeros", move |shape: Array| filled(&c, &shape, 0.0));
     let c = ctx.clone();
     engine.register_fn("ones", move |shape: Array| filled(&c, &shape, 1.0));
     let c = ctx.clone();
-    engine.register_fn("full", move |shape: Array, v: FLOAT| filled(&c, &shape, v));
+    engine
+        .register_fn("full", move |shape: Array, v: FLOAT| filled(&c, &shape, to_f32(v, "full")?));
+    let c = ctx.clone();
+    engine.register_fn("full", move |shape: Array, v: INT| filled(&c, &shape, v as f32));
     let c = ctx.clone();
     engine
         .register_fn("randn", move |shape: Array, seed: INT| random(&c, &shape, seed, Rng::normal));
@@ -162,9 +166,15 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("to_f32", move |t: &mut ScriptTensor| map(&c, t.tensor(), |x| x));
     let c = ctx.clone();
     engine.register_fn("to_i32", move |t: &mut ScriptTensor| {
+        // Rounds toward zero, like `as` and NumPy's `astype`; NaN, infinities and numbers
+        // outside i32's range are errors.
         let t = t.tensor();
         let get = reader(t);
-        alloc(&c, t.shape(), |n| Ok(TensorData::I32((0..n).map(|i| get(i) as i32).collect())))
+        let whole =
+            |i| num::i32_of(get(i).trunc().into()).map_err(|m| script_err(format!("to_i32: {m}")));
+        alloc(&c, t.shape(), |n| {
+            Ok(TensorData::I32((0..n).map(whole).collect::<ScriptResult<_>>()?))
+        })
     });
 
     // Arithmetic.
@@ -183,7 +193,8 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         });
         let c = ctx.clone();
         engine.register_fn(name, move |a: ScriptTensor, b: FLOAT| {
-            map(&c, a.tensor(), |x| f(x, b as f32))
+            let b = to_f32(b, &format!("`{name}`"))?;
+            map(&c, a.tensor(), |x| f(x, b))
         });
         let c = ctx.clone();
         engine.register_fn(name, move |a: ScriptTensor, b: INT| {
@@ -191,7 +202,8 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         });
         let c = ctx.clone();
         engine.register_fn(name, move |a: FLOAT, b: ScriptTensor| {
-            map(&c, b.tensor(), |x| f(a as f32, x))
+            let a = to_f32(a, &format!("`{name}`"))?;
+            map(&c, b.tensor(), |x| f(a, x))
         });
         let c = ctx.clone();
         engine.register_fn(name, move |a: INT, b: ScriptTensor| {
@@ -272,30 +284,51 @@ fn parse_dtype(s: &str) -> ScriptResult<DType> {
     }
 }
 
-fn number(d: &Dynamic) -> ScriptResult<f64> {
+/// A script number (or boolean, as 0 or 1) as an f32 element, checked.
+fn f32_element(d: &Dynamic) -> ScriptResult<f32> {
     if let Ok(i) = d.as_int() {
-        Ok(i as f64)
+        Ok(i as f32)
     } else if let Ok(f) = d.as_float() {
-        Ok(f)
+        to_f32(f, "tensor element")
     } else if let Ok(b) = d.as_bool() {
-        Ok(b as u8 as f64)
+        Ok(f32::from(u8::from(b)))
     } else {
-        Err(script_err(format!("tensor elements must be numbers, got {}", d.type_name())))
+        Err(not_a_number(d))
     }
+}
+
+/// A script number (or boolean) as an i32 element: a whole number in i32's range.
+fn i32_element(d: &Dynamic) -> ScriptResult<i32> {
+    if let Ok(i) = d.as_int() {
+        to_i32(i, "tensor element")
+    } else if let Ok(f) = d.as_float() {
+        num::i32_of(f).map_err(|m| script_err(format!("tensor element {m}")))
+    } else if let Ok(b) = d.as_bool() {
+        Ok(i32::from(b))
+    } else {
+        Err(not_a_number(d))
+    }
+}
+
+fn not_a_number(d: &Dynamic) -> Box<rhai::EvalAltResult> {
+    script_err(format!("tensor elements must be numbers, got {}", d.type_name()))
 }
 
 /// A nested array (rectangular) into a tensor: one walk checks it and finds its shape, the
 /// tensor is charged, a second walk fills it.
 fn from_array(ctx: &Ctx, a: &Array, dtype: DType) -> ScriptResult<ScriptTensor> {
     let mut shape = Vec::new();
-    walk(a, 0, &mut shape, &mut |d| number(d).map(drop))?;
+    walk(a, 0, &mut shape, &mut |d| match d.is_int() || d.is_float() || d.is_bool() {
+        true => Ok(()),
+        false => Err(not_a_number(d)),
+    })?;
     alloc(ctx, &shape, |n| {
         let mut shape = Vec::new();
         Ok(match dtype {
             DType::F32 => {
                 let mut v = Vec::with_capacity(n);
                 walk(a, 0, &mut shape, &mut |d| {
-                    v.push(number(d)? as f32);
+                    v.push(f32_element(d)?);
                     Ok(())
                 })?;
                 TensorData::F32(v)
@@ -303,7 +336,7 @@ fn from_array(ctx: &Ctx, a: &Array, dtype: DType) -> ScriptResult<ScriptTensor> 
             DType::I32 => {
                 let mut v = Vec::with_capacity(n);
                 walk(a, 0, &mut shape, &mut |d| {
-                    v.push(number(d)? as i32);
+                    v.push(i32_element(d)?);
                     Ok(())
                 })?;
                 TensorData::I32(v)
@@ -349,13 +382,16 @@ fn walk(
     Ok(())
 }
 
-fn from_range(ctx: &Ctx, start: INT, end: INT) -> ScriptResult<ScriptTensor> {
-    let n = usize::try_from(end.saturating_sub(start)).unwrap_or(0);
-    alloc(ctx, &[n], |n| Ok(TensorData::F32((0..n).map(|i| (start + i as INT) as f32).collect())))
+/// `start..end` (`end` exclusive, wide enough for `..=i64::MAX`) as an f32 vector.
+fn from_range(ctx: &Ctx, start: INT, end: i128) -> ScriptResult<ScriptTensor> {
+    let n = usize::try_from(end - i128::from(start)).unwrap_or(0);
+    alloc(ctx, &[n], |n| {
+        Ok(TensorData::F32((0..n).map(|i| (i128::from(start) + i as i128) as f32).collect()))
+    })
 }
 
-fn filled(ctx: &Ctx, shape: &Array, v: FLOAT) -> ScriptResult<ScriptTensor> {
-    alloc(ctx, &dims(shape)?, |n| Ok(TensorData::F32(vec![v as f32; n])))
+fn filled(ctx: &Ctx, shape: &Array, v: f32) -> ScriptResult<ScriptTensor> {
+    alloc(ctx, &dims(shape)?, |n| Ok(TensorData::F32(vec![v; n])))
 }
 
 fn random(
@@ -364,7 +400,7 @@ fn random(
     seed: INT,
     f: fn(&mut Rng) -> f64,
 ) -> ScriptResult<ScriptTensor> {
-    let mut rng = Rng::new(seed as u64);
+    let mut rng = Rng::new(to_u64(seed, "seed")?);
     alloc(ctx, &dims(shape)?, |n| Ok(TensorData::F32((0..n).map(|_| f(&mut rng) as f32).collect())))
 }
 
@@ -465,7 +501,7 @@ fn sample(ctx: &Ctx, t: &Tensor, temperature: FLOAT, seed: INT) -> ScriptResult<
     }
     let (d, lead) = rows("sample", t)?;
     let get = reader(t);
-    let mut rng = Rng::new(seed as u64);
+    let mut rng = Rng::new(to_u64(seed, "sample: seed")?);
     let mut weights = vec![0.0f64; d];
     alloc(ctx, &lead, |n| {
         let mut out = Vec::with_capacity(n);
@@ -558,15 +594,18 @@ fn index_get(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT]) -> ScriptResult<Dynam
 /// charged like any new tensor).
 fn index_set(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT], v: Dynamic) -> ScriptResult<()> {
     let i = flat_index(t.tensor(), idx)?;
-    let x = number(&v)?;
+    let (xf, xi) = match t.tensor().dtype() {
+        DType::F32 => (f32_element(&v)?, 0),
+        DType::I32 => (0.0, i32_element(&v)?),
+    };
     if Rc::get_mut(&mut t.0).is_none() {
         *t = alloc(ctx, t.tensor().shape(), |_| Ok(t.tensor().data().clone()))?;
     }
     let held = Rc::get_mut(&mut t.0).expect("not shared after the copy");
     if let Some(d) = held.tensor.as_f32_mut() {
-        d[i] = x as f32;
+        d[i] = xf;
     } else if let Some(d) = held.tensor.as_i32_mut() {
-        d[i] = x as i32;
+        d[i] = xi;
     }
     Ok(())
 }
