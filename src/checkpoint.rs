@@ -197,6 +197,16 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
     Ok(Checkpoint { tensors, metadata: metadata.unwrap_or_default() })
 }
 
+/// Names as a message lists them: `` `a`, `b`, `c` ``, the first eight and a count of the rest.
+pub fn name_list(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        s.push(format!("and {} more", names.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
 /// Check that `ckpt` holds exactly the `expected` tensors, each with its shape and dtype. One
 /// error lists every missing name, every unexpected name and every mismatch.
 pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) -> Result<()> {
@@ -204,19 +214,19 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
     let missing: Vec<String> = expected
         .iter()
         .filter(|(name, _, _)| ckpt.get(name).is_none())
-        .map(|(name, _, _)| format!("`{name}`"))
+        .map(|(name, _, _)| name.to_string())
         .collect();
     if !missing.is_empty() {
-        problems.push(format!("missing {}", missing.join(", ")));
+        problems.push(format!("missing {}", name_list(&missing)));
     }
     let unexpected: Vec<String> = ckpt
         .tensors
         .iter()
         .filter(|(name, _)| !expected.iter().any(|(e, _, _)| e == name))
-        .map(|(name, _)| format!("`{name}`"))
+        .map(|(name, _)| name.clone())
         .collect();
     if !unexpected.is_empty() {
-        problems.push(format!("unexpected {}", unexpected.join(", ")));
+        problems.push(format!("unexpected {}", name_list(&unexpected)));
     }
     for &(name, shape, dtype) in expected {
         let Some(t) = ckpt.get(name) else { continue };

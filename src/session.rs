@@ -258,7 +258,15 @@ impl Model {
         let train = training_graph(g, loss, &cfg.optimizer)?;
         let what = format!("model `{}` compiled for training", self.name);
         let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what)?;
-        Ok(Trainer { model: self.clone(), cfg, train, placed, evals: BTreeMap::new(), step: 0 })
+        Ok(Trainer {
+            model: self.clone(),
+            cfg,
+            train,
+            placed,
+            evals: BTreeMap::new(),
+            step: 0,
+            generation: 0,
+        })
     }
 }
 
@@ -352,12 +360,21 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
     })
 }
 
-/// A forward graph at other dimensions on its own backend, with the training step its
-/// parameters were last copied at.
+/// A forward graph at other dimensions on its own backend, with the generation of the
+/// persistent values its parameters were last copied from.
 struct EvalGraph {
     graph: Graph,
     placed: Placed,
     synced: Option<u64>,
+}
+
+/// What a checkpoint load left out (both lists are empty after a strict load).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Values of the model the checkpoint lacks; they keep their current contents.
+    pub missing: Vec<String>,
+    /// Tensors of the checkpoint the model has no value for; they were ignored.
+    pub unexpected: Vec<String>,
 }
 
 /// A compiled model: trains, predicts, and exposes its persistent values by name.
@@ -367,9 +384,12 @@ pub struct Trainer {
     train: TrainGraph,
     /// The training graph on its backend.
     placed: Placed,
-    /// Forward graphs at other dimensions, with the step their parameters were copied at.
+    /// Forward graphs at other dimensions, with the generation their parameters were copied at.
     evals: BTreeMap<Vec<(String, usize)>, EvalGraph>,
     step: u64,
+    /// Counts writes to the persistent values (training steps, loads, `set_param`), so that
+    /// evaluation copies know when they are stale.
+    generation: u64,
 }
 
 impl Trainer {
@@ -410,6 +430,7 @@ impl Trainer {
         let what = format!("a training step of model `{}`", self.model.name);
         let out = self.placed.run(&self.cfg.budget, &what, &feeds, &[self.train.loss], opts)?;
         self.step += 1;
+        self.generation += 1;
         let loss = out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
         Ok(loss)
     }
@@ -435,15 +456,15 @@ impl Trainer {
             };
             self.evals.insert(key.clone(), EvalGraph { graph, placed, synced: None });
         }
-        // Copy the trained parameters over when they changed since the last copy.
+        // Copy the parameters over when anything wrote them since the last copy.
         let e = self.evals.get_mut(&key).expect("inserted above");
-        if e.synced != Some(self.step) {
+        if e.synced != Some(self.generation) {
             for (id, name) in self.train.graph.parameters() {
                 if let Some(to) = e.graph.persistent_named(name) {
                     e.placed.backend.write(to, &self.placed.backend.read(id)?)?;
                 }
             }
-            e.synced = Some(self.step);
+            e.synced = Some(self.generation);
         }
         let feeds = resolve_feeds(&e.graph, inputs)?;
         let want: Vec<NodeId> = e.graph.outputs.iter().map(|&(_, id)| id).collect();
@@ -513,11 +534,62 @@ impl Trainer {
             }
             writes.push((id, t));
         }
+        self.generation += 1; // before writing: a write that fails part-way leaves copies stale
         for (id, t) in writes {
             self.placed.backend.write(id, t)?;
         }
         self.step = step.unwrap_or(self.step);
         Ok(())
+    }
+
+    /// Load persistent values from a checkpoint's tensors. Strict: every parameter must be
+    /// there, the optimizer state entirely or not at all, and nothing else (like PyTorch's
+    /// `strict=True`). Not strict: what matches is loaded and the rest is reported. A tensor
+    /// whose shape differs is an error either way, and nothing is written when there is one.
+    pub fn load_checkpoint(
+        &mut self,
+        tensors: &[(&str, &Tensor)],
+        strict: bool,
+    ) -> Result<LoadReport> {
+        let g = &self.train.graph;
+        let has = |name: &str| tensors.iter().any(|(n, _)| *n == name);
+        let states: Vec<&str> = g
+            .nodes()
+            .filter_map(|(_, n)| match &n.op {
+                Op::State { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        let any_state = states.iter().any(|s| has(s));
+        let params = g.parameters().into_iter().map(|(_, n)| n);
+        let missing: Vec<String> = params
+            .chain(states.iter().copied().filter(|_| any_state))
+            .filter(|n| !has(n))
+            .map(str::to_string)
+            .collect();
+        let unexpected: Vec<String> = tensors
+            .iter()
+            .filter(|(n, _)| g.persistent_named(n).is_none())
+            .map(|(n, _)| n.to_string())
+            .collect();
+        if strict && !(missing.is_empty() && unexpected.is_empty()) {
+            let mut problems = Vec::new();
+            if !missing.is_empty() {
+                problems.push(format!("missing {}", crate::checkpoint::name_list(&missing)));
+            }
+            if !unexpected.is_empty() {
+                problems.push(format!("unexpected {}", crate::checkpoint::name_list(&unexpected)));
+            }
+            return Err(err!(
+                Checkpoint,
+                "checkpoint does not match the model: {}; a non-strict load takes the tensors that match",
+                problems.join("; ")
+            ));
+        }
+        let known: Vec<(&str, &Tensor)> =
+            tensors.iter().copied().filter(|(n, _)| g.persistent_named(n).is_some()).collect();
+        self.load_state(&known)?;
+        Ok(LoadReport { missing, unexpected })
     }
 }
 

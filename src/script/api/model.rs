@@ -15,7 +15,9 @@ use crate::dsl::{self, Module, Value};
 use crate::error::Result;
 use crate::graph::optim::LR_INPUT;
 use crate::graph::{Graph, Op, OptimConfig, Optimizer};
-use crate::session::{CompileConfig, Device, Dims, Loss, Model, Schedule, Trainer, TARGET_INPUT};
+use crate::session::{
+    CompileConfig, Device, Dims, LoadReport, Loss, Model, Schedule, Trainer, TARGET_INPUT,
+};
 use crate::tensor::Tensor;
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 use std::cell::RefCell;
@@ -212,7 +214,19 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_read(path).script()?;
-        load(&mut t.trainer.borrow_mut(), &p).script()
+        load(&mut t.trainer.borrow_mut(), &p, true).script().map(drop)
+    });
+    let c = ctx.clone();
+    engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str, opts: Map| {
+        let strict = Opts::new(&opts, "load", &["strict"])?.bool("strict")?.unwrap_or(true);
+        let p = c.sandbox.check_read(path).script()?;
+        let report = load(&mut t.trainer.borrow_mut(), &p, strict).script()?;
+        let names =
+            |v: Vec<String>| Dynamic::from_array(v.into_iter().map(Dynamic::from).collect());
+        let mut m = Map::new();
+        m.insert("missing".into(), names(report.missing));
+        m.insert("unexpected".into(), names(report.unexpected));
+        Ok::<_, Box<rhai::EvalAltResult>>(m)
     });
 }
 
@@ -308,12 +322,15 @@ pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
     checkpoint::save(path, &refs, &meta)
 }
 
-/// Load a checkpoint written by [`save`] (or parameters only, from elsewhere).
-pub fn load(t: &mut Trainer, path: &std::path::Path) -> Result<()> {
+/// Load a checkpoint written by [`save`] (or parameters only, from elsewhere); see
+/// [`Trainer::load_checkpoint`] for what `strict` requires. Errors start with the path.
+pub fn load(t: &mut Trainer, path: &std::path::Path, strict: bool) -> Result<LoadReport> {
     let mut held = t.budget().empty();
     let ckpt = checkpoint::load(path, &mut held)?;
     let values: Vec<(&str, &Tensor)> = ckpt.tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    t.load_state(&values)
+    let at_path =
+        |e: crate::Error| crate::Error::new(e.kind, format!("{}: {}", path.display(), e.message));
+    t.load_checkpoint(&values, strict).map_err(at_path)
 }
 
 const COMPILE_KEYS: &[&str] = &[
