@@ -27,9 +27,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 /// Largest header accepted, as in the reference implementation (100 MB).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -55,23 +53,14 @@ impl Checkpoint {
     }
 }
 
-/// Write `tensors` and `metadata` to `path` atomically: the bytes go to a temporary file in the
-/// same folder, which is flushed to disk and then renamed over `path`. A crash leaves either the
-/// old file or the new one, never half of one; on error the temporary file is removed.
+/// Write `tensors` and `metadata` to `path` atomically ([`crate::files::write_atomic`]): a
+/// crash leaves either the old file or the new one, never half of one.
 pub fn save(
     path: &Path,
     tensors: &[(&str, &Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let bytes = to_bytes(tensors, metadata)?;
-    let tmp = temp_path(path)?;
-    let written = write_synced(&tmp, &bytes).and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(path.display(), e));
-    }
-    sync_parent(path);
-    Ok(())
+    crate::files::write_atomic(path, &to_bytes(tensors, metadata)?)
 }
 
 /// The bytes of a checkpoint file holding `tensors` (stored sorted by name) and `metadata`.
@@ -436,33 +425,5 @@ impl<'de> Deserialize<'de> for Entries {
             }
         }
         deserializer.deserialize_map(EntriesVisitor)
-    }
-}
-
-/// `dir/.name.<pid>.<n>.tmp` beside `path`.
-fn temp_path(path: &Path) -> Result<PathBuf> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| err!(Io, "{}: not a file path", path.display()))?
-        .to_string_lossy();
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    Ok(path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id())))
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut file = fs::File::create_new(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
-}
-
-/// Make the rename durable where the platform allows it; failure here loses nothing.
-fn sync_parent(path: &Path) {
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if let Ok(dir) = fs::File::open(parent) {
-        let _ = dir.sync_all();
     }
 }

@@ -8,6 +8,7 @@ pub mod data;
 pub mod dsl;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod graph;
 pub mod memory;
 pub mod nn;

@@ -62,6 +62,11 @@ pub fn to_f32(v: FLOAT, what: &str) -> ScriptResult<f32> {
     num::f32_of(v).map_err(|m| script_err(format!("{what}: {m}")))
 }
 
+/// `v` as an integer type, in `min..=max`.
+pub fn checked_int<T: TryFrom<i64>>(v: INT, what: &str, min: i64, max: i64) -> ScriptResult<T> {
+    checked(num::int_in(v, min, max), what)
+}
+
 fn checked<T>(r: Result<T, String>, what: &str) -> ScriptResult<T> {
     r.map_err(|m| script_err(format!("{what} {m}")))
 }

@@ -84,10 +84,16 @@ impl Sandbox {
         }
     }
 
-    /// The path a script may write, resolved (the folder must exist), or a `Limit` error.
+    /// The path a script may write, resolved (the folder must exist), or a `Limit` error: a
+    /// file (not a folder) whose folder, symbolic links followed, lies below a write root, so
+    /// that the file and the temporary file written beside it stay inside.
     pub fn check_write(&self, path: &str) -> Result<PathBuf> {
         let resolved = resolve(path)?;
-        if within(&resolved, &self.write_roots) {
+        let inside = |p: &Path| within(p, &self.write_roots);
+        if inside(&resolved) && resolved.is_dir() {
+            return Err(err!(Io, "writing `{path}`: it is a folder; give a file name"));
+        }
+        if resolved.parent().is_some_and(inside) {
             Ok(resolved)
         } else {
             Err(err!(

@@ -20,11 +20,12 @@ pub mod signal;
 pub use engine::{Interrupt, Sandbox};
 pub use rhai;
 
-use crate::error::{Result, Source};
+use crate::error::{Error, Result, Source};
 use crate::memory::Budget;
 use rhai::{Dynamic, Scope, AST};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::io::Write;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -62,8 +63,8 @@ pub type PrintSink = Box<dyn FnMut(&str)>;
 /// Receives [`Event`]s.
 pub type EventSink = Box<dyn FnMut(&Event)>;
 
-/// What the bindings share: the sandbox, the memory budget, defaults, output sinks and defined
-/// models.
+/// What the bindings share: the sandbox, the memory budget, defaults, output sinks, defined
+/// models, and how the evaluation ended (an output error, an `exit(n)`).
 pub struct Ctx {
     pub sandbox: Sandbox,
     /// What everything this session owns is charged to (sized by `sandbox.memory_budget`).
@@ -72,17 +73,43 @@ pub struct Ctx {
     pub seed: Cell<u64>,
     /// The step count of the last trainer that stepped (for `log_metric`).
     pub last_step: Cell<u64>,
-    print: RefCell<PrintSink>,
+    /// Where `print` goes; `None`: standard output.
+    print: RefCell<Option<PrintSink>>,
     events: RefCell<Option<EventSink>>,
     pub models: RefCell<rms::Models>,
+    /// The first output that could not be written (a full disk): it stops the script and is
+    /// what the evaluation returns.
+    output_error: RefCell<Option<Error>>,
+    /// The status the script asked to exit with, `exit(n)`.
+    exit_code: Cell<Option<i32>>,
+    interrupt: Interrupt,
 }
 
 impl Ctx {
-    /// Send text to the print sink.
+    /// Send text to the print sink (standard output unless a host set one).
     pub fn print(&self, s: &str) {
-        if let Ok(mut p) = self.print.try_borrow_mut() {
-            p(s)
+        let Ok(mut p) = self.print.try_borrow_mut() else { return };
+        match p.as_mut() {
+            Some(sink) => sink(s),
+            None => {
+                let mut out = std::io::stdout().lock();
+                if let Err(e) = writeln!(out, "{s}").and_then(|()| out.flush()) {
+                    self.fail_output(Error::io("standard output", e));
+                }
+            }
         }
+    }
+
+    /// Stop the running script because its output could not be written: the evaluation ends
+    /// with `e` (the first such error), not with the interruption it causes.
+    pub fn fail_output(&self, e: Error) {
+        self.output_error.borrow_mut().get_or_insert(e);
+        self.interrupt.trigger();
+    }
+
+    /// Record the status of `exit(n)`.
+    pub fn set_exit_code(&self, code: i32) {
+        self.exit_code.set(Some(code));
     }
 
     /// Report an event to the event sink, if any.
@@ -115,9 +142,12 @@ impl Host {
             device: RefCell::new(opts.device),
             seed: Cell::new(opts.seed),
             last_step: Cell::new(0),
-            print: RefCell::new(Box::new(|s| println!("{s}"))),
+            print: RefCell::new(None),
             events: RefCell::new(None),
             models: RefCell::new(rms::Models::default()),
+            output_error: RefCell::new(None),
+            exit_code: Cell::new(None),
+            interrupt: interrupt.clone(),
         });
         let mut engine = engine::sandboxed(&ctx.sandbox, &interrupt);
         let c = ctx.clone();
@@ -137,7 +167,7 @@ impl Host {
 
     /// Send `print` output to `sink` instead of stdout.
     pub fn on_print(&mut self, sink: impl FnMut(&str) + 'static) {
-        *self.ctx.print.borrow_mut() = Box::new(sink);
+        *self.ctx.print.borrow_mut() = Some(Box::new(sink));
     }
 
     /// Receive training steps and metrics.
@@ -160,11 +190,32 @@ impl Host {
         &mut self.engine
     }
 
+    /// The status the last evaluation asked to exit with (`exit(n)`; `exit()` is 0), if it
+    /// called `exit`. The evaluation itself then returns `Ok` with that status as its value.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.ctx.exit_code.get()
+    }
+
     /// Evaluate a `.rms` source (rhai with model blocks) in this session; returns the value of
     /// its last statement. Models, functions and variables it defines stay for later calls, also
-    /// when it fails part-way.
+    /// when it fails part-way. Output that cannot be written (a full disk) stops the script with
+    /// that error.
     pub fn eval(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
         self.interrupt.reset();
+        self.ctx.exit_code.set(None);
+        let result = self.eval_inner(source);
+        self.finish(result)
+    }
+
+    /// An output error, when one stopped the script, in place of the evaluation's own result.
+    fn finish(&self, result: Result<Dynamic>) -> Result<Dynamic> {
+        match self.ctx.output_error.borrow_mut().take() {
+            Some(e) => Err(e),
+            None => result,
+        }
+    }
+
+    fn eval_inner(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
         self.sources.insert(source.name.clone(), source.clone());
         let script_text = rms::define_models(source, &mut self.engine, &self.ctx)?;
         let mut ast = self
@@ -187,9 +238,11 @@ impl Host {
     /// Call a script function (defined by an earlier evaluation) by name.
     pub fn call(&mut self, name: &str, args: impl rhai::FuncArgs) -> Result<Dynamic> {
         self.interrupt.reset();
+        self.ctx.exit_code.set(None);
         let source = Source::new(format!("<call {name}>"), String::new());
         let r = self.engine.call_fn::<Dynamic>(&mut self.scope, &self.functions, name, args);
-        r.map_err(|e| self.convert(*e, &source))
+        let result = r.map_err(|e| self.convert(*e, &source));
+        self.finish(result)
     }
 
     /// Names of variables, script functions and defined models, for completion.

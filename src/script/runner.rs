@@ -1,6 +1,7 @@
 //! `rumus run FILE`: evaluate a `.rms` file in a fresh session, with a progress line for training
 //! steps (redrawn in place on a terminal, a plain line every `log_every` steps otherwise) and an
-//! optional metrics log of JSON lines.
+//! optional metrics log of JSON lines. Output or metrics that cannot be written (a full disk)
+//! stop the script with that error; a closed pipe on standard output stops it quietly.
 
 use super::{Event, Host, HostOptions, Interrupt};
 use crate::error::{Error, Result};
@@ -8,7 +9,7 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Instant;
 
 /// What `rumus run` was asked to do.
@@ -24,6 +25,12 @@ pub struct RunOptions {
 
 /// Run a script file to the end.
 pub fn run(opts: RunOptions) -> Result<()> {
+    run_status(opts).map(drop)
+}
+
+/// Run a script file to the end, or to its `exit(n)`; returns the status it asked to exit with
+/// (0 when it ran to the end).
+pub fn run_status(opts: RunOptions) -> Result<i32> {
     let mut host_opts = opts.host.clone();
     let folder = opts
         .file
@@ -40,17 +47,26 @@ pub fn run(opts: RunOptions) -> Result<()> {
         opts.metrics.as_deref(),
         host.interrupt().clone(),
     )?));
-    let p = progress.clone();
-    host.on_event(move |e| p.borrow_mut().event(e));
-    let p = progress.clone();
-    host.on_print(move |s| p.borrow_mut().print(s));
-    let result = host.eval(&source).map(|_| ());
+    let (p, ctx) = (progress.clone(), Rc::downgrade(host.ctx()));
+    host.on_event(move |e| fail_on(&ctx, p.borrow_mut().event(e)));
+    let (p, ctx) = (progress.clone(), Rc::downgrade(host.ctx()));
+    host.on_print(move |s| fail_on(&ctx, p.borrow_mut().print(s)));
+    let result = host.eval(&source);
     let mut progress = progress.borrow_mut();
-    progress.finish();
+    let finished = progress.finish();
     if progress.broken_pipe {
-        return Ok(()); // the reader went away (`rumus run f | head`): not a failure
+        return Ok(0); // the reader went away (`rumus run f | head`): not a failure
     }
-    result
+    result.map(drop)?;
+    finished?;
+    Ok(host.exit_code().unwrap_or(0))
+}
+
+/// Stop the script with `r`'s error, if it is one.
+fn fail_on(ctx: &Weak<super::Ctx>, r: Result<()>) {
+    if let (Err(e), Some(ctx)) = (r, ctx.upgrade()) {
+        ctx.fail_output(e);
+    }
 }
 
 /// Progress display and metrics log.
@@ -89,18 +105,18 @@ impl Progress {
         })
     }
 
-    fn event(&mut self, e: &Event) {
-        if let Some((_, f)) = &mut self.metrics {
+    fn event(&mut self, e: &Event) -> Result<()> {
+        if let Some((path, f)) = &mut self.metrics {
             let line = match e {
                 Event::Step { step, loss } => serde_json::json!({ "step": step, "loss": loss }),
                 Event::Metric { step, name, value } => {
                     serde_json::json!({ "step": step, "metric": name, "value": value })
                 }
             };
-            let _ = writeln!(f, "{line}");
+            writeln!(f, "{line}").map_err(|e| Error::io(path.display(), e))?;
         }
         let Event::Step { step, loss } = *e else {
-            return;
+            return Ok(());
         };
         let first = *self.first_step.get_or_insert(step.saturating_sub(1));
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
@@ -108,7 +124,7 @@ impl Progress {
         if self.tty {
             // Redraw at most 10 times a second.
             if self.last_draw.is_some_and(|t| t.elapsed().as_millis() < 100) {
-                return;
+                return Ok(());
             }
             self.last_draw = Some(Instant::now());
             eprint!("\r\x1b[2Kstep {step}  loss {loss:.4}  {rate:.1} steps/s");
@@ -116,16 +132,19 @@ impl Progress {
         } else if self.log_every > 0 && step % self.log_every == 0 {
             eprintln!("step {step} loss {loss:.4} ({rate:.1} steps/s)");
         }
+        Ok(())
     }
 
-    fn print(&mut self, s: &str) {
+    fn print(&mut self, s: &str) -> Result<()> {
         self.clear();
         let mut out = std::io::stdout().lock();
-        if let Err(e) = writeln!(out, "{s}").and_then(|()| out.flush()) {
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
+        match writeln!(out, "{s}").and_then(|()| out.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                 self.broken_pipe = true;
                 self.interrupt.trigger();
+                Ok(())
             }
+            r => r.map_err(|e| Error::io("standard output", e)),
         }
     }
 
@@ -137,10 +156,11 @@ impl Progress {
         }
     }
 
-    fn finish(&mut self) {
+    fn finish(&mut self) -> Result<()> {
         self.clear();
-        if let Some((_, f)) = &mut self.metrics {
-            let _ = f.flush();
+        if let Some((path, f)) = &mut self.metrics {
+            f.flush().map_err(|e| Error::io(path.display(), e))?;
         }
+        Ok(())
     }
 }

@@ -1,11 +1,14 @@
 //! Files, metrics and session defaults: `read_text`/`write_text` under the sandbox's file
-//! policy, `log_metric` for the metrics log, `seed` and `device` for the defaults of `compile`.
+//! policy (writes through [`crate::files::write_atomic`]), `log_metric` for the metrics log,
+//! `seed` and `device` for the defaults of `compile`.
 
-use super::super::convert::{script_err, to_u64, IntoScript, ScriptResult};
+use super::super::convert::{checked_int, script_err, to_u64, IntoScript, ScriptResult};
 use super::super::{Ctx, Event};
 use crate::err;
 use crate::error::Error;
-use rhai::{Engine, FLOAT, INT};
+use crate::memory::read_all;
+use rhai::{Dynamic, Engine, EvalAltResult, Position, FLOAT, INT};
+use std::io::Read;
 use std::rc::Rc;
 
 /// Register the file, metric and default functions.
@@ -13,17 +16,21 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("read_text", move |path: &str| -> ScriptResult<String> {
         let p = c.sandbox.check_read(path).script()?;
-        let meta = std::fs::metadata(&p).map_err(|e| Error::io(path, e)).script()?;
-        if meta.len() > c.sandbox.max_string_size as u64 {
-            return Err(err!(Limit, "{path}: {} bytes is over the string limit", meta.len()))
+        let file = std::fs::File::open(&p).map_err(|e| Error::io(path, e)).script()?;
+        // Read at most one byte past the limit: a file that grows, or a FIFO, cannot run on.
+        let limit = c.sandbox.max_string_size as u64;
+        let mut charge = c.budget.empty();
+        let bytes = read_all(file.take(limit + 1), &mut charge, path).script()?;
+        if bytes.len() as u64 > limit {
+            return Err(err!(Limit, "{path}: more than {limit} bytes is over the string limit"))
                 .script();
         }
-        std::fs::read_to_string(&p).map_err(|e| Error::io(path, e)).script()
+        String::from_utf8(bytes).map_err(|_| err!(Io, "{path}: not valid UTF-8 text")).script()
     });
     let c = ctx.clone();
     engine.register_fn("write_text", move |path: &str, text: &str| -> ScriptResult<()> {
         let p = c.sandbox.check_write(path).script()?;
-        write_atomic(&p, text.as_bytes()).map_err(|e| Error::io(path, e)).script()
+        crate::files::write_atomic(&p, text.as_bytes()).script()
     });
     let c = ctx.clone();
     engine.register_fn("log_metric", move |name: &str, value: FLOAT| {
@@ -36,6 +43,21 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
             name: name.to_string(),
             value: value as FLOAT,
         });
+    });
+    // `exit(n)` ends the script with status n (0..=255) for the host to report; `exit()` is 0.
+    let c = ctx.clone();
+    engine.register_fn("exit", move |code: Dynamic| -> ScriptResult<()> {
+        let code = code.as_int().map_err(|t| {
+            script_err(format!("exit: status must be an integer in 0..=255, got {t}"))
+        })?;
+        let code = checked_int(code, "exit: status", 0, 255)?;
+        c.set_exit_code(code);
+        Err(Box::new(EvalAltResult::Exit(Dynamic::from_int(code.into()), Position::NONE)))
+    });
+    let c = ctx.clone();
+    engine.register_fn("exit", move || -> ScriptResult<()> {
+        c.set_exit_code(0);
+        Err(Box::new(EvalAltResult::Exit(Dynamic::from_int(0), Position::NONE)))
     });
     let c = ctx.clone();
     engine.register_fn("seed", move || -> ScriptResult<INT> {
@@ -60,23 +82,4 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
                 .script(),
         }
     });
-}
-
-/// Write `bytes` to a temporary file next to `path`, then rename it into place.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp);
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    match written.and_then(|()| std::fs::rename(&tmp, path)) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
 }
