@@ -254,3 +254,27 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
     }
     check("print(tensor(9223372036854775807..=9223372036854775807).shape);", "[1]\n");
 }
+
+/// Metrics on NaN or infinite values are NaN, never a score that treats the first class as the
+/// prediction (NaN logits with labels 0 used to score 1.0).
+#[test]
+fn metrics_on_nan_and_infinite_values_are_nan() {
+    let m = "model m(x: f32[B, 2]) { return linear(x, 3) as fc }
+             let net = m().compile(#{ batch: 4, loss: \"cross_entropy\" });
+             let x = randn([4, 2], 1); let y = tensor([0, 0, 0, 0], \"i32\");
+             let nan = zeros([2, 3]) / 0;";
+    let cases = [
+        ("net.set_param(\"fc.weight\", nan);", "NaN"),
+        ("net.set_param(\"fc.weight\", zeros([2, 3])); net.set_param(\"fc.bias\", -(zeros([3]).ln()));", "NaN"),
+        ("net.set_param(\"fc.weight\", zeros([2, 3])); net.set_param(\"fc.bias\", zeros([3]).ln());", "NaN"),
+        ("net.set_param(\"fc.weight\", zeros([2, 3])); net.set_param(\"fc.bias\", tensor([1, 0, 0]));", "1.0"),
+    ];
+    for (set, expected) in cases {
+        check(&format!("{m}\n{set}\nprint(net.accuracy(x, y));"), &format!("{expected}\n"));
+    }
+    check(
+        "let t = tensor([[1.0, 0.0, 5.0]]) / tensor([[1.0, 0.0, 1.0]]);
+         print(t.max()); print(t.min()); print(t.argmax()); print(t.sum());",
+        "NaN\nNaN\ntensor i32[1] [1]\nNaN\n",
+    );
+}

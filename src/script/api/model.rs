@@ -272,7 +272,8 @@ fn predict(
     t.trainer.borrow_mut().predict(&feeds).script()
 }
 
-/// Fraction of rows whose largest output matches the label.
+/// Fraction of rows whose largest output matches the label; NaN when any row of outputs holds
+/// NaN or +inf, or is all -inf.
 fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     let input = t.inputs.first().cloned().unwrap_or_default();
     let out = t.trainer.borrow_mut().predict(&[(input.as_str(), x)]).script()?;
@@ -293,14 +294,16 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
             labels.len()
         )));
     }
-    let correct = v
-        .chunks(classes)
-        .zip(&labels)
-        .filter(|(row, &l)| {
-            let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
-            best as f32 == l
-        })
-        .count();
+    let mut correct = 0usize;
+    for (row, &label) in v.chunks(classes).zip(&labels) {
+        // A row with NaN or +inf, or all -inf, predicts nothing: the score is NaN, never a
+        // count that treats the first class as the prediction.
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        if row.iter().any(|x| x.is_nan()) || !row[best].is_finite() {
+            return Ok(FLOAT::NAN);
+        }
+        correct += usize::from(best as f32 == label);
+    }
     Ok(correct as FLOAT / labels.len().max(1) as FLOAT)
 }
 

@@ -232,15 +232,20 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         let get = reader(t);
         (0..t.numel()).map(|i| get(i) as f64).sum::<f64>() / t.numel().max(1) as f64
     });
-    engine.register_fn("max", |t: &mut ScriptTensor| {
+    // NaN anywhere makes the largest and smallest element NaN (as in NumPy and PyTorch), not
+    // the largest of the other elements.
+    let nan_or = |f: fn(f32, f32) -> f32| {
+        move |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { f(a, b) }
+    };
+    engine.register_fn("max", move |t: &mut ScriptTensor| {
         let t = t.tensor();
         let get = reader(t);
-        (0..t.numel()).map(get).fold(f32::NEG_INFINITY, f32::max) as FLOAT
+        (0..t.numel()).map(get).fold(f32::NEG_INFINITY, nan_or(f32::max)) as FLOAT
     });
-    engine.register_fn("min", |t: &mut ScriptTensor| {
+    engine.register_fn("min", move |t: &mut ScriptTensor| {
         let t = t.tensor();
         let get = reader(t);
-        (0..t.numel()).map(get).fold(f32::INFINITY, f32::min) as FLOAT
+        (0..t.numel()).map(get).fold(f32::INFINITY, nan_or(f32::min)) as FLOAT
     });
     let c = ctx.clone();
     engine.register_fn("argmax", move |t: &mut ScriptTensor| argmax(&c, t.tensor()));
@@ -468,7 +473,8 @@ fn rows(op: &str, t: &Tensor) -> ScriptResult<(usize, Vec<usize>)> {
     Ok((d, lead.to_vec()))
 }
 
-/// Index of the largest element along the last axis (i32, the last axis removed).
+/// Index of the largest element along the last axis (i32, the last axis removed); a NaN counts
+/// as the largest (its first index), as in NumPy and PyTorch.
 fn argmax(ctx: &Ctx, t: &Tensor) -> ScriptResult<ScriptTensor> {
     let (d, lead) = rows("argmax", t)?;
     let get = reader(t);
@@ -476,7 +482,8 @@ fn argmax(ctx: &Ctx, t: &Tensor) -> ScriptResult<ScriptTensor> {
         let best = |r: usize| {
             let mut best = 0;
             for i in 1..d {
-                if get(r * d + i) > get(r * d + best) {
+                let (x, b) = (get(r * d + i), get(r * d + best));
+                if !b.is_nan() && (x > b || x.is_nan()) {
                     best = i;
                 }
             }
