@@ -184,6 +184,20 @@ pub enum Schedule {
 }
 
 impl Schedule {
+    /// An error unless every rate and factor is a finite number >= 0 (a NaN factor would turn
+    /// every later learning rate into NaN).
+    pub fn check(&self) -> Result<()> {
+        let (what, v) = match *self {
+            Schedule::Constant => return Ok(()),
+            Schedule::Step { gamma, .. } => ("step_lr: gamma", gamma),
+            Schedule::Cosine { min_lr, .. } => ("cosine: min_lr", min_lr),
+        };
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(err!(Usage, "{what} must be a finite number >= 0, got {v}"));
+        }
+        Ok(())
+    }
+
     /// The learning rate for (0-based) step `step` with base rate `lr`.
     pub fn lr_at(&self, lr: f32, step: u64) -> f32 {
         match *self {
@@ -253,6 +267,7 @@ impl Model {
         if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
             return Err(err!(Usage, "learning rate must be a finite number >= 0, got {}", cfg.lr));
         }
+        cfg.schedule.check()?;
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
@@ -439,6 +454,11 @@ impl Trainer {
     /// batch size; other named dimensions are those the model was compiled with.
     pub fn predict(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
         let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(0);
+        if batch == 0 {
+            let shape =
+                inputs.first().map_or("no input".to_string(), |(_, t)| fmt_shape(t.shape()));
+            return Err(err!(Usage, "predict needs at least one example, got {shape}"));
+        }
         let mut dims = self.cfg.dims.clone();
         dims.insert("B".to_string(), batch);
         let key: Vec<(String, usize)> = dims.clone().into_iter().collect();

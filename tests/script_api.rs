@@ -278,3 +278,38 @@ fn metrics_on_nan_and_infinite_values_are_nan() {
         "NaN\nNaN\ntensor i32[1] [1]\nNaN\n",
     );
 }
+
+/// Arguments that used to give a silently wrong answer (an empty tensor, a NaN learning rate
+/// later, an accuracy of 0) are errors.
+#[test]
+fn out_of_range_arguments_are_errors_not_wrong_answers() {
+    const M: &str =
+        "model m(x: f32[B, 2]) { return linear(x, 3) }\nlet n = m().compile(#{ loss: \"mse\" });\n";
+    let cases = [
+        (
+            "tensor(-9223372036854775808..9223372036854775807)",
+            "shape [18446744073709551615] has more than 2^40 elements, the most one value may hold",
+        ),
+        (
+            "m().compile(#{ schedule: step_lr(#{ gamma: 0.0 / 0.0 }) })",
+            "step_lr: gamma must be a finite number >= 0, got NaN",
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ min_lr: -1 }) })",
+            "cosine: min_lr must be a finite number >= 0, got -1",
+        ),
+        ("n.predict(zeros([0, 2]))", "predict needs at least one example, got [0, 2]"),
+        (
+            "n.accuracy(zeros([2, 2]), tensor([0.5, 1.0]))",
+            "accuracy: label 0.5 is not a class index in 0..3",
+        ),
+        (
+            "n.accuracy(zeros([2, 2]), tensor([7, 1], \"i32\"))",
+            "accuracy: label 7 is not a class index in 0..3",
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    check("print(tensor(5..3).shape);", "[0]\n");
+}

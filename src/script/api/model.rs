@@ -302,6 +302,11 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         if row.iter().any(|x| x.is_nan()) || !row[best].is_finite() {
             return Ok(FLOAT::NAN);
         }
+        if !(label.fract() == 0.0 && (0.0..classes as f32).contains(&label)) {
+            return Err(script_err(format!(
+                "accuracy: label {label} is not a class index in 0..{classes}"
+            )));
+        }
         correct += usize::from(best as f32 == label);
     }
     Ok(correct as FLOAT / labels.len().max(1) as FLOAT)

@@ -389,7 +389,9 @@ fn walk(
 
 /// `start..end` (`end` exclusive, wide enough for `..=i64::MAX`) as an f32 vector.
 fn from_range(ctx: &Ctx, start: INT, end: i128) -> ScriptResult<ScriptTensor> {
-    let n = usize::try_from(end - i128::from(start)).unwrap_or(0);
+    let n = (end - i128::from(start)).max(0); // an empty range is an empty tensor
+    let n = usize::try_from(n)
+        .map_err(|_| script_err(format!("tensor: a range of {n} elements is too long")))?;
     alloc(ctx, &[n], |n| {
         Ok(TensorData::F32((0..n).map(|i| (i128::from(start) + i as i128) as f32).collect()))
     })
