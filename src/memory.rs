@@ -146,7 +146,7 @@ pub fn human(bytes: u64) -> String {
     }
     let mut v = bytes as f64 / 1024.0;
     let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
+    while v >= 1023.95 && unit + 1 < UNITS.len() {
         v /= 1024.0;
         unit += 1;
     }
@@ -256,6 +256,7 @@ mod tests {
         assert_eq!(human(512), "512 bytes");
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(40_000_000_000), "37.3 GiB");
+        assert_eq!(human((1 << 20) - 10), "1.0 MiB", "not 1024.0 KiB");
     }
 
     #[test]

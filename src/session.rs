@@ -479,6 +479,18 @@ impl Trainer {
         // Copy the parameters over when anything wrote them since the last copy.
         let e = self.evals.get_mut(&key).expect("inserted above");
         if e.synced != Some(self.generation) {
+            // One parameter at a time goes through the host: a copy read, a copy written.
+            let largest = self
+                .train
+                .graph
+                .parameters()
+                .iter()
+                .map(|&(id, _)| bytes_of(&self.train.graph, id))
+                .max();
+            let _copies = self
+                .cfg
+                .budget
+                .charge(2 * largest.unwrap_or(0), "copying parameters to an evaluation graph")?;
             for (id, name) in self.train.graph.parameters() {
                 if let Some(to) = e.graph.persistent_named(name) {
                     e.placed.backend.write(to, &self.placed.backend.read(id)?)?;
@@ -554,6 +566,9 @@ impl Trainer {
             }
             writes.push((id, t));
         }
+        // A backend copies each value as it writes it.
+        let largest = writes.iter().map(|(_, t)| t.bytes()).max().unwrap_or(0);
+        let _copy = self.cfg.budget.charge(largest, "copying values into the model")?;
         self.generation += 1; // before writing: a write that fails part-way leaves copies stale
         for (id, t) in writes {
             self.placed.backend.write(id, t)?;
@@ -611,6 +626,11 @@ impl Trainer {
         self.load_state(&known)?;
         Ok(LoadReport { missing, unexpected })
     }
+}
+
+/// Bytes of a node's value.
+fn bytes_of(g: &Graph, id: NodeId) -> u64 {
+    g.shape(id).iter().product::<usize>() as u64 * 4
 }
 
 /// A step count stored as f32: a whole number in `0..=2^53` (so that counting on never wraps).

@@ -263,3 +263,30 @@ fn a_model_holds_its_charge_until_dropped_on_either_device() {
         assert_eq!(h.ctx().budget.used(), before, "{device}");
     }
 }
+
+#[test]
+fn copies_made_inside_the_model_are_charged_too() {
+    let mut h = budget_host(64);
+    // Fill the budget to within 1 MiB, then ask for 4 MiB copies.
+    let setup = "model wide(x: f32[B, 1]) { return linear(x, 1048576) as fc }
+         let m = wide().compile(#{ loss: \"mse\" });
+         let w = zeros([1, 1 << 20]);
+         let y = m.predict(zeros([1, 1]));
+         let fill = [];
+         try { for i in 0..100 { fill.push(zeros([1 << 18])); } } catch {}";
+    ok(&mut h, setup);
+    check_err(
+        &mut h,
+        "m.set_param(\"fc.weight\", w);",
+        ErrorKind::Limit,
+        "copying values into the model needs 4.0 MiB",
+    );
+    check_err(
+        &mut h,
+        "m.accuracy(zeros([1, 1]), tensor([0], \"i32\"))",
+        ErrorKind::Limit,
+        "model `wide` evaluated on a batch of 1 needs 8.0 MiB but only 1.0 MiB",
+    );
+    // With room again, both work.
+    ok(&mut h, "fill = (); m.set_param(\"fc.weight\", w); let a = m.accuracy(zeros([1, 1]), tensor([0], \"i32\"));");
+}

@@ -18,7 +18,7 @@ use crate::graph::{Graph, Op, OptimConfig, Optimizer};
 use crate::session::{
     CompileConfig, Device, Dims, LoadReport, Loss, Model, Schedule, Trainer, TARGET_INPUT,
 };
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, TensorData};
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -282,7 +282,14 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         .find(|(n, _)| *n == *t.output)
         .map(|(_, v)| v)
         .ok_or_else(|| script_err("the model has no output to score"))?;
-    let labels = y.to_f32_vec();
+    // The outputs are held while they are scored, like any other tensor the script sees.
+    let budget = t.trainer.borrow().budget().clone();
+    let _held = budget.charge(logits.bytes(), "the outputs being scored").script()?;
+    let _labels = budget.charge(y.bytes(), "the labels being scored").script()?;
+    let labels: Vec<f32> = match y.data() {
+        TensorData::F32(v) => v.clone(),
+        TensorData::I32(v) => v.iter().map(|&l| l as f32).collect(),
+    };
     let Some(&classes) = logits.shape().last() else {
         return Err(script_err("accuracy: the output has no class axis"));
     };
