@@ -191,6 +191,13 @@ pub fn bench_model(
         .iter()
         .map(|&(id, _)| t.graph.shape(id).iter().product::<usize>())
         .sum();
+    // What the backend and the feeds will hold, against the default memory budget, so that a
+    // model too large for the machine is an error before anything is allocated.
+    let f = crate::session::footprint(&t.graph, &[t.loss], true);
+    let budget = crate::memory::Budget::new(crate::memory::default_limit());
+    let what = format!("benchmarking `{}`", spec.file);
+    let _held =
+        budget.charge(f.persistent.saturating_add(f.peak).saturating_add(f.readback), what)?;
     let gpu = shared_gpu(device)?;
     let mut gpu_backend = None;
     let mut cpu_backend = None;

@@ -290,3 +290,21 @@ fn copies_made_inside_the_model_are_charged_too() {
     // With room again, both work.
     ok(&mut h, "fill = (); m.set_param(\"fc.weight\", w); let a = m.accuracy(zeros([1, 1]), tensor([0], \"i32\"));");
 }
+
+#[test]
+fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_sandbox");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("huge.rms");
+    // 2^31 outputs of 2^9 inputs: a 4 TiB weight, far past half of any test machine's memory.
+    std::fs::write(&file, "model huge(x: f32[B, 512]) { return linear(x, 2147483648) }\n").unwrap();
+    let spec = rumus::bench::ModelSpec {
+        file: file.display().to_string(),
+        model: None,
+        sets: vec![("B".into(), "1".into())],
+    };
+    let e = rumus::bench::bench_model(&spec, rumus::runtime::DeviceChoice::Cpu, 1, 0, false)
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit, "{e}");
+    assert!(e.message.starts_with(&format!("benchmarking `{}` needs ", file.display())), "{e}");
+}
