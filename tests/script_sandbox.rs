@@ -225,6 +225,12 @@ fn long_strings_and_arrays_are_refused() {
         ErrorKind::Limit,
         "over the limit",
     );
+    check_err(
+        &mut h,
+        "let a = tensor(0..2000).to_array();",
+        ErrorKind::Limit,
+        "to_array: a tensor of 2000 elements is over the array size limit of 1000",
+    );
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 pub mod data;
 pub mod io;
+pub mod math;
 pub mod model;
 pub mod tensor;
 
@@ -15,6 +16,7 @@ pub use tensor::ScriptTensor;
 /// Register every type and function of the script API.
 pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     tensor::register(engine, ctx);
+    math::register(engine, ctx);
     data::register(engine, ctx);
     model::register(engine, ctx);
     io::register(engine, ctx);
