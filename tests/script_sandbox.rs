@@ -293,6 +293,12 @@ fn copies_made_inside_the_model_are_charged_too() {
         ErrorKind::Limit,
         "model `wide` evaluated on a batch of 1 needs 8.0 MiB but only 1.0 MiB",
     );
+    check_err(
+        &mut h,
+        "let p = m.param(\"fc.weight\");",
+        ErrorKind::Limit,
+        "a copy of parameter `fc.weight` needs 4.0 MiB but only 1.0 MiB",
+    );
     // With room again, both work.
     ok(&mut h, "fill = (); m.set_param(\"fc.weight\", w); let a = m.accuracy(zeros([1, 1]), tensor([0], \"i32\"));");
 }

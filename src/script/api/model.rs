@@ -198,8 +198,13 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     });
     let c = ctx.clone();
     engine.register_fn("param", move |t: &mut ScriptTrainer, name: &str| {
-        let v = t.trainer.borrow().parameter(name).script()?;
-        ScriptTensor::adopt(&c.budget, v).script()
+        let tr = t.trainer.borrow();
+        // Charged before the copy is read; a name that is no parameter charges nothing.
+        let shape = tr.graph().persistent_named(name).map(|id| tr.graph().shape(id).to_vec());
+        let bytes = shape.as_deref().map_or(0, |s| s.iter().product::<usize>() as u64 * 4);
+        let what = format!("a copy of parameter `{name}`");
+        let charge = c.budget.charge(bytes, what).script()?;
+        Ok::<_, Box<rhai::EvalAltResult>>(ScriptTensor::new(tr.parameter(name).script()?, charge))
     });
     engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
         let mut tr = t.trainer.borrow_mut();
