@@ -320,3 +320,24 @@ fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
     assert_eq!(e.kind, ErrorKind::Limit, "{e}");
     assert!(e.message.starts_with(&format!("benchmarking `{}` needs ", file.display())), "{e}");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_is_refused_instead_of_blocking_forever() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_sandbox");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("pipe.csv");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let mut h = host();
+    for read in ["csv", "read_text", "text"] {
+        let args = if read == "text" { ", #{}" } else { "" };
+        check_err(
+            &mut h,
+            &format!("let d = {read}(\"{}\"{args});", fifo.display()),
+            ErrorKind::Limit,
+            "is not allowed: it is not a regular file or folder",
+        );
+    }
+}

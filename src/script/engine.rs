@@ -71,11 +71,19 @@ impl Sandbox {
         self.write_roots.push(dir);
     }
 
-    /// The path a script may read, resolved (symlinks followed), or a `Limit` error.
+    /// The path a script may read, resolved (symlinks followed), or a `Limit` error. Only
+    /// regular files and folders are readable: a FIFO would block the script forever and a
+    /// device may never end.
     pub fn check_read(&self, path: &str) -> Result<PathBuf> {
         let resolved = resolve(path)?;
         if within(&resolved, &self.read_roots) {
-            Ok(resolved)
+            match std::fs::metadata(&resolved) {
+                Ok(m) if !(m.is_file() || m.is_dir()) => Err(err!(
+                    Limit,
+                    "reading `{path}` is not allowed: it is not a regular file or folder"
+                )),
+                _ => Ok(resolved), // a missing file is the reader's error, with its path
+            }
         } else {
             Err(err!(
                 Limit,
