@@ -191,15 +191,14 @@ pub fn bench_model(
     let t = training_step(spec)?;
     let numel = |id: NodeId| t.graph.shape(id).iter().map(|&d| d as u128).product::<u128>();
     let params = t.graph.parameters().iter().map(|&(id, _)| numel(id)).sum::<u128>();
+    // What the backend and the feeds will hold, against the default memory budget, so that a
+    // model too large for the machine is an error before anything is allocated.
+    let f = crate::session::footprint(&t.graph, &[t.loss], true);
+    let budget = crate::memory::Budget::new(crate::memory::default_limit());
+    let what = format!("benchmarking `{}`", spec.file);
+    let _held =
+        budget.charge(f.persistent.saturating_add(f.peak).saturating_add(f.readback), what)?;
     let gpu = shared_gpu(device)?;
-    // The host holds every value on the CPU backend; parameters and inputs on the GPU one.
-    let host_bytes: u128 = t
-        .graph
-        .nodes()
-        .filter(|(_, n)| gpu.is_none() || matches!(n.op, Op::Input { .. } | Op::Parameter { .. }))
-        .map(|(id, n)| numel(id) * n.dtype.size() as u128)
-        .sum();
-    check_host_memory(host_bytes, &format!("the training step of {}", spec.file))?;
     let params = usize::try_from(params).map_err(|_| err!(Limit, "too many parameters"))?;
     let mut gpu_backend = None;
     let mut cpu_backend = None;

@@ -19,6 +19,7 @@
 
 use crate::err;
 use crate::error::{Error, Result};
+use crate::memory::{read_all, Charge};
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -26,9 +27,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 /// Largest header accepted, as in the reference implementation (100 MB).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -54,23 +53,14 @@ impl Checkpoint {
     }
 }
 
-/// Write `tensors` and `metadata` to `path` atomically: the bytes go to a temporary file in the
-/// same folder, which is flushed to disk and then renamed over `path`. A crash leaves either the
-/// old file or the new one, never half of one; on error the temporary file is removed.
+/// Write `tensors` and `metadata` to `path` atomically ([`crate::files::write_atomic`]): a
+/// crash leaves either the old file or the new one, never half of one.
 pub fn save(
     path: &Path,
     tensors: &[(&str, &Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let bytes = to_bytes(tensors, metadata)?;
-    let tmp = temp_path(path)?;
-    let written = write_synced(&tmp, &bytes).and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(Error::io(path.display(), e));
-    }
-    sync_parent(path);
-    Ok(())
+    crate::files::write_atomic(path, &to_bytes(tensors, metadata)?)
 }
 
 /// The bytes of a checkpoint file holding `tensors` (stored sorted by name) and `metadata`.
@@ -121,9 +111,17 @@ pub fn to_bytes(
 }
 
 /// Read and validate the checkpoint at `path`. Messages of malformed files start with the path.
-pub fn load(path: &Path) -> Result<Checkpoint> {
-    let bytes = fs::read(path).map_err(|e| Error::io(path.display(), e))?;
-    from_bytes(&bytes).map_err(|e| err!(Checkpoint, "{}: {}", path.display(), e.message))
+/// The file's bytes and then its tensors are charged to `charge` before they are held; on return
+/// it holds the tensors' bytes, for as long as the caller keeps them.
+pub fn load(path: &Path, charge: &mut Charge) -> Result<Checkpoint> {
+    let name = path.display().to_string();
+    let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
+    let bytes = read_all(file, charge, &name)?;
+    charge.grow(bytes.len() as u64, format!("the tensors of {name}"))?;
+    let ckpt = from_bytes(&bytes).map_err(|e| err!(Checkpoint, "{name}: {}", e.message))?;
+    drop(bytes);
+    charge.resize(ckpt.tensors.iter().map(|(_, t)| t.bytes()).sum(), &name)?;
+    Ok(ckpt)
 }
 
 /// Parse and validate the bytes of a checkpoint file.
@@ -188,6 +186,16 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
     Ok(Checkpoint { tensors, metadata: metadata.unwrap_or_default() })
 }
 
+/// Names as a message lists them: `` `a`, `b`, `c` ``, the first eight and a count of the rest.
+pub fn name_list(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        s.push(format!("and {} more", names.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
 /// Check that `ckpt` holds exactly the `expected` tensors, each with its shape and dtype. One
 /// error lists every missing name, every unexpected name and every mismatch.
 pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) -> Result<()> {
@@ -195,19 +203,19 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
     let missing: Vec<String> = expected
         .iter()
         .filter(|(name, _, _)| ckpt.get(name).is_none())
-        .map(|(name, _, _)| format!("`{name}`"))
+        .map(|(name, _, _)| name.to_string())
         .collect();
     if !missing.is_empty() {
-        problems.push(format!("missing {}", missing.join(", ")));
+        problems.push(format!("missing {}", name_list(&missing)));
     }
     let unexpected: Vec<String> = ckpt
         .tensors
         .iter()
         .filter(|(name, _)| !expected.iter().any(|(e, _, _)| e == name))
-        .map(|(name, _)| format!("`{name}`"))
+        .map(|(name, _)| name.clone())
         .collect();
     if !unexpected.is_empty() {
-        problems.push(format!("unexpected {}", unexpected.join(", ")));
+        problems.push(format!("unexpected {}", name_list(&unexpected)));
     }
     for &(name, shape, dtype) in expected {
         let Some(t) = ckpt.get(name) else { continue };
@@ -285,9 +293,7 @@ fn parse_info(name: String, value: Value, data_len: usize) -> Result<Info> {
     }
     let numel =
         checked_numel(&shape).map_err(|e| err!(Checkpoint, "tensor `{name}`: {}", e.message))?;
-    let n_bytes = numel.checked_mul(dtype.size()).ok_or_else(|| {
-        err!(Checkpoint, "tensor `{name}`: shape {} is too large", fmt_shape(&shape))
-    })?;
+    let n_bytes = numel * dtype.size(); // at most 4 × MAX_ELEMENTS
     if n_bytes != end - begin {
         return Err(err!(
             Checkpoint,
@@ -419,33 +425,5 @@ impl<'de> Deserialize<'de> for Entries {
             }
         }
         deserializer.deserialize_map(EntriesVisitor)
-    }
-}
-
-/// `dir/.name.<pid>.<n>.tmp` beside `path`.
-fn temp_path(path: &Path) -> Result<PathBuf> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| err!(Io, "{}: not a file path", path.display()))?
-        .to_string_lossy();
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    Ok(path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id())))
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut file = fs::File::create_new(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
-}
-
-/// Make the rename durable where the platform allows it; failure here loses nothing.
-fn sync_parent(path: &Path) {
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if let Ok(dir) = fs::File::open(parent) {
-        let _ = dir.sync_all();
     }
 }

@@ -6,10 +6,13 @@
 //! `[n]` regression targets, f32 `[n, 0]` when there are none, or i32 `[n, seq_len]` next-token
 //! targets). Everything here is deterministic: same file and seed, same tensors, on every
 //! platform. No file content makes this module panic; a malformed line is an error that starts
-//! with `file:line:`.
+//! with `file:line:`. The readers charge what they hold (lines, rows, text, sequences) to a
+//! [`Charge`] before they allocate it, so a file that expands past the memory budget (a gzip
+//! bomb, a FIFO) is an error, not an aborted process.
 
 use crate::err;
 use crate::error::{Error, Result};
+use crate::memory::{read_all, reserve, Charge};
 use crate::rng::Rng;
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use flate2::read::MultiGzDecoder;
@@ -79,28 +82,32 @@ impl Default for CsvOptions {
     }
 }
 
-/// Most elements [`text_sequences`] builds per tensor (1 GiB of i32); raise the stride instead.
-pub const MAX_SEQUENCE_ELEMENTS: usize = 1 << 28;
-
 /// Read a CSV file, plain or gzip-compressed (told apart by the gzip magic bytes, not the name).
 ///
 /// Fields are separated by commas and trimmed; quoting is not supported. Blank lines are skipped.
 /// Every data line must have as many fields as the first, and every feature must be a finite
-/// number.
-pub fn read_csv(path: &Path, opts: &CsvOptions) -> Result<Dataset> {
+/// number. `charge` grows before each buffer does; on return it holds at least the bytes of the
+/// dataset's tensors and class names.
+pub fn read_csv(path: &Path, opts: &CsvOptions, charge: &mut Charge) -> Result<Dataset> {
     let name = path.display().to_string();
     let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
     let mut file = BufReader::new(file);
     let is_gzip = file.fill_buf().map_err(|e| Error::io(&name, e))?.starts_with(&[0x1f, 0x8b]);
     let text: Box<dyn Read> =
         if is_gzip { Box::new(MultiGzDecoder::new(file)) } else { Box::new(file) };
-    parse_csv(&name, BufReader::new(text.take(opts.max_bytes.saturating_add(1))), opts)
+    parse_csv(&name, BufReader::new(text.take(opts.max_bytes.saturating_add(1))), opts, charge)
 }
 
 /// Windows of `seq_len` bytes, one every `stride` bytes, each paired with the same window shifted
 /// by one byte (the next-token targets): x and y are i32 `[n, seq_len]` of byte values 0..=255.
-/// A tail shorter than a full window (plus its one target byte) is dropped.
-pub fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> Result<Dataset> {
+/// A tail shorter than a full window (plus its one target byte) is dropped. Both tensors are
+/// charged to `charge` first.
+pub fn text_sequences(
+    bytes: &[u8],
+    seq_len: usize,
+    stride: usize,
+    charge: &mut Charge,
+) -> Result<Dataset> {
     if seq_len == 0 || stride == 0 {
         return Err(err!(Usage, "seq_len and stride must be positive, got {seq_len} and {stride}"));
     }
@@ -113,13 +120,10 @@ pub fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> Result<Dat
     };
     let n = room / stride + 1;
     let numel = checked_numel(&[n, seq_len])?;
-    if numel > MAX_SEQUENCE_ELEMENTS {
-        return Err(err!(
-            Limit,
-            "{n} sequences of {seq_len} bytes are {numel} elements, over the limit of \
-             {MAX_SEQUENCE_ELEMENTS}; use a larger stride"
-        ));
-    }
+    charge.grow(
+        numel as u64 * 8,
+        format!("{n} sequences of {seq_len} bytes and their targets (a larger stride makes fewer)"),
+    )?;
     let mut x = Vec::with_capacity(numel);
     let mut y = Vec::with_capacity(numel);
     for start in (0..n).map(|i| i * stride) {
@@ -131,8 +135,8 @@ pub fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> Result<Dat
 
 /// The bytes of a file, or of every `.rs`, `.md` and `.txt` file under a folder, concatenated in
 /// sorted path order. Hidden entries (names starting with `.`) and symbolic links inside the
-/// folder are skipped. More than `max_bytes` in all is an error.
-pub fn read_text(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
+/// folder are skipped. The bytes are charged to `charge` as they are read.
+pub fn read_text(path: &Path, charge: &mut Charge) -> Result<Vec<u8>> {
     let meta = fs::metadata(path).map_err(|e| Error::io(path.display(), e))?;
     let files = if meta.is_dir() {
         let mut files = Vec::new();
@@ -146,18 +150,10 @@ pub fn read_text(path: &Path, max_bytes: u64) -> Result<Vec<u8>> {
     };
     let mut bytes = Vec::new();
     for file in &files {
-        let left = max_bytes.saturating_sub(bytes.len() as u64);
         let f = fs::File::open(file).map_err(|e| Error::io(file.display(), e))?;
-        f.take(left.saturating_add(1))
-            .read_to_end(&mut bytes)
-            .map_err(|e| Error::io(file.display(), e))?;
-        if bytes.len() as u64 > max_bytes {
-            return Err(err!(
-                Limit,
-                "{}: text is over the limit of {max_bytes} bytes",
-                path.display()
-            ));
-        }
+        let more = read_all(f, charge, &file.display().to_string())?;
+        reserve(&mut bytes, more.len(), charge, || format!("the text of {}", path.display()))?;
+        bytes.extend_from_slice(&more);
     }
     Ok(bytes)
 }
@@ -210,12 +206,6 @@ impl Dataset {
 
     /// The examples at `rows` (in that order; repeats allowed).
     pub fn select(&self, rows: &[usize]) -> Result<Dataset> {
-        if let Some(&bad) = rows.iter().find(|&&r| r >= self.len()) {
-            return Err(Error::shape(format!(
-                "row {bad} is out of range for {} examples",
-                self.len()
-            )));
-        }
         Ok(Dataset {
             x: gather_rows(&self.x, rows)?,
             y: gather_rows(&self.y, rows)?,
@@ -226,11 +216,8 @@ impl Dataset {
     /// Shuffle the examples with `seed` and cut them in two: the first `round(len × fraction)`
     /// shuffled examples, and the rest. `fraction` must lie in `[0, 1]`.
     pub fn split(&self, fraction: f64, seed: u64) -> Result<(Dataset, Dataset)> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(err!(Usage, "split fraction must lie in [0, 1], got {fraction}"));
-        }
+        let cut = split_point(self.len(), fraction)?;
         let order = shuffled(self.len(), seed);
-        let cut = ((self.len() as f64 * fraction).round() as usize).min(self.len());
         Ok((self.select(&order[..cut])?, self.select(&order[cut..])?))
     }
 
@@ -278,15 +265,28 @@ impl Iterator for Batches<'_> {
 
 impl ExactSizeIterator for Batches<'_> {}
 
+/// Where [`Dataset::split`] cuts `n` shuffled rows: `round(n × fraction)`; `fraction` must lie
+/// in `[0, 1]`.
+pub fn split_point(n: usize, fraction: f64) -> Result<usize> {
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(err!(Usage, "split fraction must lie in [0, 1], got {fraction}"));
+    }
+    Ok(((n as f64 * fraction).round() as usize).min(n))
+}
+
 /// `0..n` shuffled by `seed`.
-fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
     Rng::new(seed).shuffle(&mut order);
     order
 }
 
-/// Rows `rows` (indices into the first dimension, already checked) of `t`.
-fn gather_rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
+/// Rows `rows` (indices into the first dimension, in that order, repeats allowed) of `t`.
+pub fn gather_rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    let n = t.shape().first().copied().unwrap_or(0);
+    if let Some(&bad) = rows.iter().find(|&&r| r >= n) {
+        return Err(Error::shape(format!("row {bad} is out of range for {n} examples")));
+    }
     let row_shape = t.shape().get(1..).unwrap_or(&[]);
     let row_len = checked_numel(row_shape)?;
     let mut shape = vec![rows.len()];
@@ -313,7 +313,12 @@ enum ClassLabels {
 }
 
 /// The CSV reader behind [`read_csv`]; `name` prefixes every message.
-fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<Dataset> {
+fn parse_csv(
+    name: &str,
+    mut reader: impl BufRead,
+    opts: &CsvOptions,
+    charge: &mut Charge,
+) -> Result<Dataset> {
     let mut features: Vec<f32> = Vec::new();
     let mut targets: Vec<f32> = Vec::new();
     let mut classes: Option<ClassLabels> = None;
@@ -323,9 +328,8 @@ fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<
     let mut total = 0u64;
     let mut raw = Vec::new();
     for line_no in 1usize.. {
-        raw.clear();
-        let n =
-            reader.read_until(b'\n', &mut raw).map_err(|e| err!(Io, "{name}:{line_no}: {e}"))?;
+        let n = read_line(&mut reader, &mut raw, charge)
+            .map_err(|e| Error::new(e.kind, format!("{name}:{line_no}: {}", e.message)))?;
         if n == 0 {
             break;
         }
@@ -363,14 +367,22 @@ fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<
                 "label_col {c} is out of range for {expected} fields (it counts from 0)"
             )));
         }
+        let rows = || format!("{name}: {} rows", n_rows + 1);
+        reserve(&mut features, expected, charge, rows)?;
         for (i, field) in fields.iter().enumerate() {
             if Some(i) == opts.label_col {
                 match opts.labels {
-                    Labels::Targets => targets.push(
-                        parse_number(field).map_err(|m| at(format!("column {}: {m}", i + 1)))?,
-                    ),
-                    Labels::Classes => push_class(&mut classes, field)
-                        .map_err(|m| at(format!("column {}: {m}", i + 1)))?,
+                    Labels::Targets => {
+                        reserve(&mut targets, 1, charge, rows)?;
+                        targets.push(
+                            parse_number(field)
+                                .map_err(|m| at(format!("column {}: {m}", i + 1)))?,
+                        )
+                    }
+                    Labels::Classes => push_class(&mut classes, field, charge).map_err(|e| {
+                        let msg = format!("{name}:{line_no}: column {}: {}", i + 1, e.message);
+                        Error::new(e.kind, msg)
+                    })?,
                 }
             } else {
                 let v = parse_number(field).map_err(|m| at(format!("column {}: {m}", i + 1)))?;
@@ -386,6 +398,9 @@ fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<
     if n_features == 0 {
         return Err(err!(Io, "{name}: no feature columns"));
     }
+    drop(raw);
+    features.shrink_to_fit();
+    targets.shrink_to_fit();
     let x = Tensor::f32(&[n_rows, n_features], features)?;
     let (y, names) = match (opts.label_col, opts.labels, classes) {
         (None, _, _) => (Tensor::zeros(&[n_rows, 0], DType::F32)?, Vec::new()),
@@ -409,6 +424,28 @@ fn parse_csv(name: &str, mut reader: impl BufRead, opts: &CsvOptions) -> Result<
     Ok(Dataset::new(x, y)?.with_classes(names))
 }
 
+/// Read one line (up to and including `\n`) into `raw`, charging its buffer as it grows; 0 at
+/// the end of the input.
+fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) -> Result<usize> {
+    raw.clear();
+    loop {
+        let buf = reader.fill_buf().map_err(|e| err!(Io, "{e}"))?;
+        if buf.is_empty() {
+            return Ok(raw.len());
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        reserve(raw, take, charge, || "a line".to_string())?;
+        raw.extend_from_slice(&buf[..take]);
+        reader.consume(take);
+        if done {
+            return Ok(raw.len());
+        }
+    }
+}
+
 fn parse_number(field: &str) -> std::result::Result<f32, String> {
     match field.parse::<f32>() {
         Ok(v) if v.is_finite() => Ok(v),
@@ -417,10 +454,11 @@ fn parse_number(field: &str) -> std::result::Result<f32, String> {
     }
 }
 
-/// Add one class label; the first label decides between numbers and names.
-fn push_class(classes: &mut Option<ClassLabels>, field: &str) -> std::result::Result<(), String> {
+/// Add one class label; the first label decides between numbers and names. A new name is
+/// charged (its bytes and a map entry) before it is stored.
+fn push_class(classes: &mut Option<ClassLabels>, field: &str, charge: &mut Charge) -> Result<()> {
     if field.is_empty() {
-        return Err("empty label".into());
+        return Err(err!(Io, "empty label"));
     }
     let labels = classes.get_or_insert_with(|| {
         if field.parse::<f64>().is_ok() {
@@ -429,21 +467,30 @@ fn push_class(classes: &mut Option<ClassLabels>, field: &str) -> std::result::Re
             ClassLabels::Names { ids: Vec::new(), names: Vec::new(), index: HashMap::new() }
         }
     });
+    let rows = || "class labels".to_string();
     match labels {
         ClassLabels::Numbers(v) => match field.parse::<i64>() {
-            Ok(l) if l < 0 => Err(format!("label {l} is negative")),
+            Ok(l) if l < 0 => Err(err!(Io, "label {l} is negative")),
             Ok(l) => {
-                let l = i32::try_from(l).map_err(|_| format!("label {l} is too large"))?;
+                let l = i32::try_from(l).map_err(|_| err!(Io, "label {l} is too large"))?;
+                reserve(v, 1, charge, rows)?;
                 v.push(l);
                 Ok(())
             }
-            Err(_) => Err(format!("label `{field}` is not an integer")),
+            Err(_) => Err(err!(Io, "label `{field}` is not an integer")),
         },
         ClassLabels::Names { ids, names, index } => {
-            let id = *index.entry(field.to_string()).or_insert_with(|| {
-                names.push(field.to_string());
-                names.len() - 1
-            });
+            let id = match index.get(field) {
+                Some(&id) => id,
+                None => {
+                    // Two copies of the name (list and map) and the entries' overhead.
+                    charge.grow(2 * field.len() as u64 + 96, "class names")?;
+                    names.push(field.to_string());
+                    index.insert(field.to_string(), names.len() - 1);
+                    names.len() - 1
+                }
+            };
+            reserve(ids, 1, charge, rows)?;
             ids.push(id);
             Ok(())
         }

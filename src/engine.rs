@@ -148,9 +148,10 @@ impl Compiled {
         model::save(&self.trainer.trainer.borrow(), path.as_ref())
     }
 
-    /// Load a checkpoint written by [`Compiled::save`].
+    /// Load a checkpoint written by [`Compiled::save`]: every parameter must be in it (see
+    /// [`Trainer::load_checkpoint`]).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
-        model::load(&mut self.trainer.trainer.borrow_mut(), path.as_ref())
+        model::load(&mut self.trainer.trainer.borrow_mut(), path.as_ref(), true).map(drop)
     }
 
     /// The underlying trainer (parameters by name, plan report, step count).

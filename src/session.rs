@@ -5,12 +5,17 @@
 //! places the training graph on a [`Backend`]. The resulting [`Trainer`] runs training steps,
 //! predicts (instantiating forward graphs at other batch sizes as needed, with the trained
 //! parameters copied over), and reads and writes persistent values by name for checkpoints.
+//!
+//! Every graph placed on a backend is first charged to the compile configuration's memory
+//! [`Budget`] for its [`footprint`]: what the backend keeps for as long as it lives, and what
+//! each run needs for as long as the run lasts.
 
 use crate::cpu::{Buf, Executor, RunOptions};
 use crate::err;
 use crate::error::{Error, Result};
-use crate::graph::optim::LR_INPUT;
+use crate::graph::optim::{LR_INPUT, STEP_STATE};
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, TrainGraph};
+use crate::memory::{Budget, Charge};
 use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
@@ -114,12 +119,51 @@ impl Backend for CpuBackend {
 /// Which device a model is compiled for (see [`DeviceChoice`]).
 pub type Device = DeviceChoice;
 
-/// A backend for `graph` on the device `choice` resolves to.
-fn backend_for(choice: DeviceChoice, graph: Graph, seed: u64) -> Result<Box<dyn Backend>> {
-    Ok(match shared_gpu(choice)? {
-        Some(gpu) => Box::new(GpuBackend::new(gpu, graph, seed, PlanOptions::default())?),
-        None => Box::new(CpuBackend::new(graph, seed)?),
-    })
+/// A graph on a backend, with what the backend keeps between runs charged to the budget, and
+/// what each run needs on top of that.
+struct Placed {
+    backend: Box<dyn Backend>,
+    _held: Charge,
+    per_run: u64,
+}
+
+impl Placed {
+    /// Place `graph` on the device of `cfg`, charging its [`footprint`] (named `what`) first: on
+    /// a GPU every buffer lives as long as the backend; the CPU interpreter frees a run's
+    /// intermediate values when the run ends, so those are charged per run.
+    fn new(
+        cfg: &CompileConfig,
+        graph: Graph,
+        want: &[NodeId],
+        training: bool,
+        what: &str,
+    ) -> Result<Placed> {
+        let f = footprint(&graph, want, training);
+        let gpu = shared_gpu(cfg.device)?;
+        let (held, per_run) = match gpu {
+            Some(_) => (f.persistent.saturating_add(f.peak), f.readback),
+            None => (f.persistent, f.peak),
+        };
+        let held = cfg.budget.charge(held, what)?;
+        let backend: Box<dyn Backend> = match gpu {
+            Some(gpu) => Box::new(GpuBackend::new(gpu, graph, cfg.seed, PlanOptions::default())?),
+            None => Box::new(CpuBackend::new(graph, cfg.seed)?),
+        };
+        Ok(Placed { backend, _held: held, per_run })
+    }
+
+    /// Run, with the run's own bytes charged to `budget` while it lasts.
+    fn run(
+        &mut self,
+        budget: &Budget,
+        what: &str,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>> {
+        let _run = budget.charge(self.per_run, what)?;
+        self.backend.run(feeds, want, opts)
+    }
 }
 
 /// Learning rate as a function of the step.
@@ -140,6 +184,20 @@ pub enum Schedule {
 }
 
 impl Schedule {
+    /// An error unless every rate and factor is a finite number >= 0 (a NaN factor would turn
+    /// every later learning rate into NaN).
+    pub fn check(&self) -> Result<()> {
+        let (what, v) = match *self {
+            Schedule::Constant => return Ok(()),
+            Schedule::Step { gamma, .. } => ("step_lr: gamma", gamma),
+            Schedule::Cosine { min_lr, .. } => ("cosine: min_lr", min_lr),
+        };
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(err!(Usage, "{what} must be a finite number >= 0, got {v}"));
+        }
+        Ok(())
+    }
+
     /// The learning rate for (0-based) step `step` with base rate `lr`.
     pub fn lr_at(&self, lr: f32, step: u64) -> f32 {
         match *self {
@@ -180,6 +238,8 @@ pub struct CompileConfig {
     pub schedule: Schedule,
     pub device: Device,
     pub seed: u64,
+    /// What the compiled model's buffers (host and device) are charged to.
+    pub budget: Budget,
 }
 
 /// Name of the input a compiled model's targets are fed through.
@@ -207,11 +267,85 @@ impl Model {
         if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
             return Err(err!(Usage, "learning rate must be a finite number >= 0, got {}", cfg.lr));
         }
+        cfg.schedule.check()?;
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
-        let backend = backend_for(cfg.device, train.graph.clone(), cfg.seed)?;
-        Ok(Trainer { model: self.clone(), cfg, train, backend, evals: BTreeMap::new(), step: 0 })
+        let what = format!("model `{}` compiled for training", self.name);
+        let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what)?;
+        Ok(Trainer {
+            model: self.clone(),
+            cfg,
+            train,
+            placed,
+            evals: BTreeMap::new(),
+            step: 0,
+            generation: 0,
+        })
+    }
+}
+
+/// What a backend holds for a graph, in bytes (see [`footprint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Every input, parameter and state value.
+    pub persistent: u64,
+    /// The most intermediate values alive at once during a run.
+    pub peak: u64,
+    /// The host copies of the values a run reads back.
+    pub readback: u64,
+}
+
+/// The bytes a backend holds for `g` to evaluate `want` (and, when `training`, the updates).
+/// The peak assumes each intermediate value is freed after its last reader (the CPU
+/// interpreter's order); the GPU plan shares buffers about as tightly, give or take its scratch.
+pub fn footprint(g: &Graph, want: &[NodeId], training: bool) -> Footprint {
+    let n = g.n_nodes();
+    let bytes = |id: NodeId| g.shape(id).iter().product::<usize>().max(1) as u64 * 4;
+    let source = |id: NodeId| {
+        matches!(g.node(id).op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
+    };
+    let mut kept = vec![false; n];
+    for &w in want {
+        kept[w.index()] = true;
+    }
+    if training {
+        for u in &g.updates {
+            kept[u.value.index()] = true;
+        }
+    }
+    let mut needed = kept.clone();
+    let mut last_use = vec![None; n];
+    for i in (0..n).rev() {
+        if needed[i] {
+            for &j in &g.node(NodeId(i as u32)).inputs {
+                needed[j.index()] = true;
+                last_use[j.index()].get_or_insert(i);
+            }
+        }
+    }
+    let (mut live, mut peak) = (0u64, 0u64);
+    for i in (0..n).filter(|&i| needed[i]) {
+        let id = NodeId(i as u32);
+        if source(id) {
+            continue;
+        }
+        live += bytes(id);
+        peak = peak.max(live);
+        if last_use[i].is_none() && !kept[i] {
+            live -= bytes(id);
+        }
+        for &j in &g.node(id).inputs {
+            if last_use[j.index()] == Some(i) && !kept[j.index()] && !source(j) {
+                live -= bytes(j);
+                last_use[j.index()] = None; // an input read twice by this node is freed once
+            }
+        }
+    }
+    Footprint {
+        persistent: g.nodes().filter(|&(id, _)| source(id)).map(|(id, _)| bytes(id)).sum(),
+        peak,
+        readback: want.iter().map(|&w| bytes(w)).sum(),
     }
 }
 
@@ -241,19 +375,36 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
     })
 }
 
-/// A forward graph at other dimensions on its own backend, with the training step its
-/// parameters were last copied at.
-type EvalGraph = (Graph, Box<dyn Backend>, Option<u64>);
+/// A forward graph at other dimensions on its own backend, with the generation of the
+/// persistent values its parameters were last copied from.
+struct EvalGraph {
+    graph: Graph,
+    placed: Placed,
+    synced: Option<u64>,
+}
+
+/// What a checkpoint load left out (both lists are empty after a strict load).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Values of the model the checkpoint lacks; they keep their current contents.
+    pub missing: Vec<String>,
+    /// Tensors of the checkpoint the model has no value for; they were ignored.
+    pub unexpected: Vec<String>,
+}
 
 /// A compiled model: trains, predicts, and exposes its persistent values by name.
 pub struct Trainer {
     model: Model,
     cfg: CompileConfig,
     train: TrainGraph,
-    backend: Box<dyn Backend>,
-    /// Forward graphs at other dimensions, with the step their parameters were copied at.
+    /// The training graph on its backend.
+    placed: Placed,
+    /// Forward graphs at other dimensions, with the generation their parameters were copied at.
     evals: BTreeMap<Vec<(String, usize)>, EvalGraph>,
     step: u64,
+    /// Counts writes to the persistent values (training steps, loads, `set_param`), so that
+    /// evaluation copies know when they are stale.
+    generation: u64,
 }
 
 impl Trainer {
@@ -263,7 +414,7 @@ impl Trainer {
     }
 
     pub fn device_name(&self) -> String {
-        self.backend.device_name()
+        self.placed.backend.device_name()
     }
 
     pub fn graph(&self) -> &Graph {
@@ -271,7 +422,12 @@ impl Trainer {
     }
 
     pub fn plan_report(&self) -> String {
-        self.backend.plan_report()
+        self.placed.backend.plan_report()
+    }
+
+    /// What this model's buffers are charged to.
+    pub fn budget(&self) -> &Budget {
+        &self.cfg.budget
     }
 
     /// The learning rate the next step will use.
@@ -286,8 +442,10 @@ impl Trainer {
         let lr = Tensor::scalar(self.current_lr());
         feeds.push((self.train.optim.lr, &lr));
         let opts = RunOptions { training: true, step: self.step };
-        let out = self.backend.run(&feeds, &[self.train.loss], opts)?;
+        let what = format!("a training step of model `{}`", self.model.name);
+        let out = self.placed.run(&self.cfg.budget, &what, &feeds, &[self.train.loss], opts)?;
         self.step += 1;
+        self.generation += 1;
         let loss = out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
         Ok(loss)
     }
@@ -296,29 +454,55 @@ impl Trainer {
     /// batch size; other named dimensions are those the model was compiled with.
     pub fn predict(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
         let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(0);
+        if batch == 0 {
+            let shape =
+                inputs.first().map_or("no input".to_string(), |(_, t)| fmt_shape(t.shape()));
+            return Err(err!(Usage, "predict needs at least one example, got {shape}"));
+        }
         let mut dims = self.cfg.dims.clone();
         dims.insert("B".to_string(), batch);
         let key: Vec<(String, usize)> = dims.clone().into_iter().collect();
+        let what = format!("model `{}` evaluated on a batch of {batch}", self.model.name);
         if !self.evals.contains_key(&key) {
-            let g = self.model.instantiate(&dims)?;
-            let backend = backend_for(self.cfg.device, g.clone(), self.cfg.seed)?;
-            self.evals.insert(key.clone(), (g, backend, None));
+            let graph = self.model.instantiate(&dims)?;
+            let want: Vec<NodeId> = graph.outputs.iter().map(|&(_, id)| id).collect();
+            // Copies at batch sizes used before are dropped when they are what stands in the way.
+            let placed = match Placed::new(&self.cfg, graph.clone(), &want, false, &what) {
+                Err(e) if e.kind == crate::ErrorKind::Limit && !self.evals.is_empty() => {
+                    self.evals.clear();
+                    Placed::new(&self.cfg, graph.clone(), &want, false, &what)?
+                }
+                p => p?,
+            };
+            self.evals.insert(key.clone(), EvalGraph { graph, placed, synced: None });
         }
-        // Copy the trained parameters over when they changed since the last copy.
-        let params = self.parameters()?;
-        let (g, backend, synced) = self.evals.get_mut(&key).expect("inserted above");
-        if *synced != Some(self.step) {
-            for (name, value) in &params {
-                if let Some(id) = g.persistent_named(name) {
-                    backend.write(id, value)?;
+        // Copy the parameters over when anything wrote them since the last copy.
+        let e = self.evals.get_mut(&key).expect("inserted above");
+        if e.synced != Some(self.generation) {
+            // One parameter at a time goes through the host: a copy read, a copy written.
+            let largest = self
+                .train
+                .graph
+                .parameters()
+                .iter()
+                .map(|&(id, _)| bytes_of(&self.train.graph, id))
+                .max();
+            let _copies = self
+                .cfg
+                .budget
+                .charge(2 * largest.unwrap_or(0), "copying parameters to an evaluation graph")?;
+            for (id, name) in self.train.graph.parameters() {
+                if let Some(to) = e.graph.persistent_named(name) {
+                    e.placed.backend.write(to, &self.placed.backend.read(id)?)?;
                 }
             }
-            *synced = Some(self.step);
+            e.synced = Some(self.generation);
         }
-        let feeds = resolve_feeds(g, inputs)?;
-        let want: Vec<NodeId> = g.outputs.iter().map(|&(_, id)| id).collect();
-        let out = backend.run(&feeds, &want, RunOptions { training: false, step: self.step })?;
-        Ok(g.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
+        let feeds = resolve_feeds(&e.graph, inputs)?;
+        let want: Vec<NodeId> = e.graph.outputs.iter().map(|&(_, id)| id).collect();
+        let opts = RunOptions { training: false, step: self.step };
+        let out = e.placed.run(&self.cfg.budget, &what, &feeds, &want, opts)?;
+        Ok(e.graph.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
     }
 
     /// Parameters by name, in graph order.
@@ -326,7 +510,7 @@ impl Trainer {
         let g = &self.train.graph;
         g.parameters()
             .into_iter()
-            .map(|(id, name)| Ok((name.to_string(), self.backend.read(id)?)))
+            .map(|(id, name)| Ok((name.to_string(), self.placed.backend.read(id)?)))
             .collect()
     }
 
@@ -334,7 +518,9 @@ impl Trainer {
     pub fn parameter(&self, name: &str) -> Result<Tensor> {
         let g = &self.train.graph;
         match g.persistent_named(name) {
-            Some(id) if matches!(g.node(id).op, Op::Parameter { .. }) => self.backend.read(id),
+            Some(id) if matches!(g.node(id).op, Op::Parameter { .. }) => {
+                self.placed.backend.read(id)
+            }
             _ => Err(err!(Name, "no parameter named `{name}`")),
         }
     }
@@ -348,17 +534,18 @@ impl Trainer {
                 Op::Parameter { name, .. } | Op::State { name, .. } => Some((id, name.clone())),
                 _ => None,
             })
-            .map(|(id, name)| Ok((name, self.backend.read(id)?)))
+            .map(|(id, name)| Ok((name, self.placed.backend.read(id)?)))
             .collect()
     }
 
     /// Overwrite persistent values by name. Every name must exist with the same shape; values
     /// the list does not mention keep their current contents. The step counter follows the
-    /// optimizer's step state when it is given.
-    pub fn load_state(&mut self, values: &[(String, Tensor)]) -> Result<()> {
+    /// optimizer's step state when it is given, which must be a whole number of steps.
+    pub fn load_state(&mut self, values: &[(&str, &Tensor)]) -> Result<()> {
         let g = &self.train.graph;
         let mut writes = Vec::new();
-        for (name, t) in values {
+        let mut step = None;
+        for &(name, t) in values {
             let id = g.persistent_named(name).ok_or_else(|| {
                 err!(Checkpoint, "unexpected tensor `{name}`: the model has no such value")
             })?;
@@ -371,18 +558,84 @@ impl Trainer {
                     fmt_shape(g.shape(id))
                 ));
             }
+            if name == STEP_STATE {
+                let v = t.as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+                step = Some(steps(v).ok_or_else(|| {
+                    err!(Checkpoint, "`{STEP_STATE}` must be a whole number of steps >= 0, got {v}")
+                })?);
+            }
             writes.push((id, t));
         }
+        // A backend copies each value as it writes it.
+        let largest = writes.iter().map(|(_, t)| t.bytes()).max().unwrap_or(0);
+        let _copy = self.cfg.budget.charge(largest, "copying values into the model")?;
+        self.generation += 1; // before writing: a write that fails part-way leaves copies stale
         for (id, t) in writes {
-            self.backend.write(id, t)?;
+            self.placed.backend.write(id, t)?;
         }
-        if let Some(id) = g.persistent_named(crate::graph::optim::STEP_STATE) {
-            let s = self.backend.read(id)?;
-            self.step =
-                s.as_f32().and_then(|v| v.first()).map_or(self.step, |&v| v.max(0.0) as u64);
-        }
+        self.step = step.unwrap_or(self.step);
         Ok(())
     }
+
+    /// Load persistent values from a checkpoint's tensors. Strict: every parameter must be
+    /// there, the optimizer state entirely or not at all, and nothing else (like PyTorch's
+    /// `strict=True`). Not strict: what matches is loaded and the rest is reported. A tensor
+    /// whose shape differs is an error either way, and nothing is written when there is one.
+    pub fn load_checkpoint(
+        &mut self,
+        tensors: &[(&str, &Tensor)],
+        strict: bool,
+    ) -> Result<LoadReport> {
+        let g = &self.train.graph;
+        let has = |name: &str| tensors.iter().any(|(n, _)| *n == name);
+        let states: Vec<&str> = g
+            .nodes()
+            .filter_map(|(_, n)| match &n.op {
+                Op::State { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        let any_state = states.iter().any(|s| has(s));
+        let params = g.parameters().into_iter().map(|(_, n)| n);
+        let missing: Vec<String> = params
+            .chain(states.iter().copied().filter(|_| any_state))
+            .filter(|n| !has(n))
+            .map(str::to_string)
+            .collect();
+        let unexpected: Vec<String> = tensors
+            .iter()
+            .filter(|(n, _)| g.persistent_named(n).is_none())
+            .map(|(n, _)| n.to_string())
+            .collect();
+        if strict && !(missing.is_empty() && unexpected.is_empty()) {
+            let mut problems = Vec::new();
+            if !missing.is_empty() {
+                problems.push(format!("missing {}", crate::checkpoint::name_list(&missing)));
+            }
+            if !unexpected.is_empty() {
+                problems.push(format!("unexpected {}", crate::checkpoint::name_list(&unexpected)));
+            }
+            return Err(err!(
+                Checkpoint,
+                "checkpoint does not match the model: {}; a non-strict load takes the tensors that match",
+                problems.join("; ")
+            ));
+        }
+        let known: Vec<(&str, &Tensor)> =
+            tensors.iter().copied().filter(|(n, _)| g.persistent_named(n).is_some()).collect();
+        self.load_state(&known)?;
+        Ok(LoadReport { missing, unexpected })
+    }
+}
+
+/// Bytes of a node's value.
+fn bytes_of(g: &Graph, id: NodeId) -> u64 {
+    g.shape(id).iter().product::<usize>() as u64 * 4
+}
+
+/// A step count stored as f32: a whole number in `0..=2^53` (so that counting on never wraps).
+fn steps(v: f32) -> Option<u64> {
+    (v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= (1u64 << 53) as f32).then_some(v as u64)
 }
 
 /// Map `(name, tensor)` feeds onto a graph's inputs, checking shapes and dtypes; every input

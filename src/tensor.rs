@@ -45,11 +45,23 @@ pub struct Tensor {
     data: TensorData,
 }
 
-/// Number of elements of a shape, or an error when the product overflows `usize`.
+/// The most elements one value (a host tensor, a graph node) may hold: 2^40, 4 TiB of f32.
+/// Far beyond any machine's memory, and small enough that byte counts (`× 4`) and sums of the
+/// byte counts of a whole graph's values never overflow a `u64`.
+pub const MAX_ELEMENTS: usize = 1 << 40;
+
+/// Number of elements of a shape, or an error when it is over [`MAX_ELEMENTS`]. The product of
+/// the non-zero dimensions is checked too, so that every partial product of a checked shape
+/// (a row length, a stride) is also at most [`MAX_ELEMENTS`], whatever the order of the axes.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
-    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
-        Error::shape(format!("shape {} has more elements than fit in memory", fmt_shape(shape)))
-    })
+    let nonzero = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d.max(1)));
+    match nonzero {
+        Some(n) if n <= MAX_ELEMENTS => Ok(shape.iter().product()),
+        _ => Err(Error::shape(format!(
+            "shape {} has more than 2^40 elements, the most one value may hold",
+            fmt_shape(shape)
+        ))),
+    }
 }
 
 /// `[2, 3]`-style rendering of a shape, as used in every error message.
@@ -116,6 +128,11 @@ impl Tensor {
         }
     }
 
+    /// Bytes of the elements (4 per element).
+    pub fn bytes(&self) -> u64 {
+        self.numel() as u64 * 4
+    }
+
     pub fn data(&self) -> &TensorData {
         &self.data
     }
@@ -142,6 +159,13 @@ impl Tensor {
         match &mut self.data {
             TensorData::F32(v) => Some(v),
             TensorData::I32(_) => None,
+        }
+    }
+
+    pub fn as_i32_mut(&mut self) -> Option<&mut [i32]> {
+        match &mut self.data {
+            TensorData::I32(v) => Some(v),
+            TensorData::F32(_) => None,
         }
     }
 
@@ -186,8 +210,15 @@ mod tests {
     }
 
     #[test]
-    fn overflowing_shape_is_an_error() {
-        let e = Tensor::zeros(&[usize::MAX, 2], DType::F32).unwrap_err();
-        assert!(e.to_string().contains("more elements than fit"), "{e}");
+    fn shapes_over_the_element_limit_are_errors() {
+        let over = "has more than 2^40 elements, the most one value may hold";
+        for shape in [&[usize::MAX, 2][..], &[1 << 32, 1 << 32], &[1 << 41], &[0, 1 << 30, 1 << 30]]
+        {
+            let e = checked_numel(shape).unwrap_err();
+            assert_eq!(e.to_string(), format!("shape {} {over}", fmt_shape(shape)));
+        }
+        assert!(Tensor::zeros(&[usize::MAX, 2], DType::F32).is_err());
+        assert_eq!(checked_numel(&[1 << 20, 1 << 20]).unwrap(), 1 << 40);
+        assert_eq!(checked_numel(&[0, 1 << 40]).unwrap(), 0);
     }
 }

@@ -3,11 +3,21 @@
 
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use rumus::data::{read_csv, read_text, text_sequences, CsvOptions, Dataset, Header, Labels};
+use rumus::data::{CsvOptions, Dataset, Header, Labels};
+use rumus::memory::Budget;
 use rumus::{DType, ErrorKind, Tensor};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// The readers with no memory limit.
+fn read_csv(path: &Path, opts: &CsvOptions) -> rumus::Result<Dataset> {
+    rumus::data::read_csv(path, opts, &mut Budget::unlimited().empty())
+}
+
+fn text_sequences(bytes: &[u8], seq_len: usize, stride: usize) -> rumus::Result<Dataset> {
+    rumus::data::text_sequences(bytes, seq_len, stride, &mut Budget::unlimited().empty())
+}
 
 /// A fresh, empty folder for one test.
 fn scratch(name: &str) -> PathBuf {
@@ -298,13 +308,45 @@ fn read_text_reads_a_file_or_a_folder_in_sorted_order() {
     std::fs::write(dir.join("b_sub/x.txt"), "B").unwrap();
     std::fs::write(dir.join("skip.csv"), "no").unwrap();
     std::fs::write(dir.join(".hidden/h.rs"), "no").unwrap();
-    assert_eq!(read_text(&dir, 100).unwrap(), b"ABC");
-    assert_eq!(read_text(&dir.join("skip.csv"), 100).unwrap(), b"no");
-    let e = read_text(&dir, 2).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Limit);
-    assert_eq!(e.message, format!("{}: text is over the limit of 2 bytes", dir.display()));
-    assert_eq!(read_text(&dir, 3).unwrap(), b"ABC", "exactly at the cap is fine");
+    let text = |p: &Path| rumus::data::read_text(p, &mut Budget::new(1 << 20).empty());
+    assert_eq!(text(&dir).unwrap(), b"ABC");
+    assert_eq!(text(&dir.join("skip.csv")).unwrap(), b"no");
     let empty = scratch("text_empty");
-    assert_eq!(read_text(&empty, 10).unwrap_err().kind, ErrorKind::Io);
-    assert_eq!(read_text(&empty.join("missing"), 10).unwrap_err().kind, ErrorKind::Io);
+    assert_eq!(text(&empty).unwrap_err().kind, ErrorKind::Io);
+    assert_eq!(text(&empty.join("missing")).unwrap_err().kind, ErrorKind::Io);
+}
+
+#[test]
+fn readers_stop_at_the_memory_budget() {
+    let dir = scratch("budget");
+    let big = dir.join("big.txt");
+    std::fs::write(&big, vec![b'x'; 100_000]).unwrap();
+    let budget = Budget::new(64 << 10);
+    let e = rumus::data::read_text(&dir, &mut budget.empty()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit);
+    assert!(e.message.starts_with(&format!("reading {} needs ", big.display())), "{e}");
+
+    // A small gzip file that expands to 2 MB of rows, and one line of 1 MB with no newline.
+    let rows = gzip(&b"1,2,3,4\n".repeat(250_000));
+    assert!(rows.len() < 20_000);
+    let line = gzip(&vec![b'7'; 1 << 20]);
+    for (name, bytes, what) in [("rows.csv.gz", rows, "rows"), ("line.csv.gz", line, "a line")] {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let e =
+            rumus::data::read_csv(&path, &CsvOptions::default(), &mut budget.empty()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Limit, "{e}");
+        assert!(e.message.contains(&format!("{what} needs ")), "{e}");
+        assert!(e.message.contains("of the 64.0 KiB memory budget is free"), "{e}");
+        assert_eq!(budget.used(), 0, "a failed read gives back what it held");
+    }
+
+    let e =
+        rumus::data::text_sequences(&[0; 100], 10, 1, &mut Budget::new(100).empty()).unwrap_err();
+    assert_eq!(
+        e.message,
+        "90 sequences of 10 bytes and their targets (a larger stride makes fewer) needs 7.0 KiB \
+         but only 100 bytes of the 100 bytes memory budget is free; drop values you no longer \
+         need (set their variables to `()`) or raise the budget"
+    );
 }

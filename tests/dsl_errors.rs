@@ -746,3 +746,31 @@ m.rms:2:5: a block returns one value
 "#,
     );
 }
+
+#[test]
+fn numbers_outside_f32_are_errors_not_infinity() {
+    check(
+        "model m(x: f32[2, 3]) {\n    return x * 1e39\n}\n",
+        r#"
+m.rms:2:12: 1e39 is outside the range of f32 (about ±3.4e38)
+        return x * 1e39
+               ^^^^^^^^
+"#,
+    );
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = normal(0, 1e300)\n    return x * w\n}\n",
+        r#"
+m.rms:2:28: 1e300 is outside the range of f32 (about ±3.4e38)
+        param w[3] = normal(0, 1e300)
+                               ^^^^^
+"#,
+    );
+    check(
+        "model m(x: f32[2, 3]) {\n    return x + 3e38 * 2\n}\n",
+        r#"
+m.rms:2:12: 6e38 is outside the range of f32 (about ±3.4e38)
+        return x + 3e38 * 2
+               ^^^^^^^^^^^^
+"#,
+    );
+}

@@ -135,3 +135,181 @@ fn sample_draws_from_softmax_of_logits_over_temperature() {
     );
     check("tensor(0..0).sample(1.0, 1)", "error: sample: last axis is empty\n");
 }
+
+/// Every script number that changes type is checked: nothing wraps, saturates or becomes
+/// infinite, and the message names the value and the allowed range.
+#[test]
+fn numbers_from_scripts_never_wrap_or_saturate() {
+    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }\n";
+    let i32_range = "must be an integer in -2147483648..=2147483647";
+    let f32_range = "is outside the range of f32 (about ±3.4e38)";
+    let cases = [
+        ("tensor([4294967297], \"i32\")", format!("tensor element {i32_range}, got 4294967297")),
+        (
+            "tensor([1.5], \"i32\")",
+            "tensor element 1.5 is not a whole number in i32's range (-2147483648..=2147483647)"
+                .into(),
+        ),
+        ("tensor([1e39])", format!("tensor element: 1e39 {f32_range}")),
+        (
+            "let t = tensor([1], \"i32\"); t[0] = 4294967297;",
+            format!("tensor element {i32_range}, got 4294967297"),
+        ),
+        ("let t = tensor([1.0]); t[0] = -1e300;", format!("tensor element: -1e300 {f32_range}")),
+        ("zeros([1]) * 1e39", format!("`*`: 1e39 {f32_range}")),
+        ("1e39 - zeros([1])", format!("`-`: 1e39 {f32_range}")),
+        ("full([1], 1e39)", format!("full: 1e39 {f32_range}")),
+        (
+            "tensor([1e10]).to_i32()",
+            "to_i32: 10000000000 is not a whole number in i32's range (-2147483648..=2147483647)"
+                .into(),
+        ),
+        (
+            "tensor([0.0]).ln().to_i32()",
+            "to_i32: -inf is not a whole number in i32's range (-2147483648..=2147483647)".into(),
+        ),
+        ("randn([2], -1)", "seed must be an integer >= 0, got -1".into()),
+        ("seed(-1)", "seed must be an integer >= 0, got -1".into()),
+        (
+            "tensor([1.0, 2.0]).sample(1.0, -5)",
+            "sample: seed must be an integer >= 0, got -5".into(),
+        ),
+        (
+            "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); d.batches(-1, 0)",
+            "batch size must be an integer >= 0, got -1".into(),
+        ),
+        (
+            "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); d.batches(2, -1)",
+            "seed must be an integer >= 0, got -1".into(),
+        ),
+        (
+            "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); d.split(0.5, -1)",
+            "seed must be an integer >= 0, got -1".into(),
+        ),
+        (
+            "csv(\"scripts/data/blobs.csv\", #{ label_column: 2 })",
+            "csv: unknown setting `label_column` (settings: label_col, labels, scale, header)"
+                .into(),
+        ),
+        (
+            "csv(\"scripts/data/blobs.csv\", #{ label_col: -2 })",
+            "csv: `label_col` must be an integer >= 0, got -2".into(),
+        ),
+        (
+            "csv(\"scripts/data/blobs.csv\", #{ scale: 1e39 })",
+            format!("csv: `scale`: 1e39 {f32_range}"),
+        ),
+        (
+            "text(\"scripts/data/tiny.txt\", #{ seq_len: -1 })",
+            "text: `seq_len` must be an integer >= 1, got -1".into(),
+        ),
+        (
+            "text(\"scripts/data/tiny.txt\", #{ seq_len: 4, stride: 0 })",
+            "text: `stride` must be an integer >= 1, got 0".into(),
+        ),
+        (
+            "m().compile(#{ ignore_index: 4294967296 })",
+            format!("compile: `ignore_index` {i32_range}, got 4294967296"),
+        ),
+        ("m().compile(#{ batch: 0 })", "compile: `batch` must be an integer >= 1, got 0".into()),
+        ("m().compile(#{ seed: -1 })", "compile: `seed` must be an integer >= 0, got -1".into()),
+        ("m().compile(#{ lr: 1e39 })", format!("compile: `lr`: 1e39 {f32_range}")),
+        ("m().compile(#{ clip: -1e40 })", format!("compile: `clip`: -1e40 {f32_range}")),
+        (
+            "m().compile(#{ dims: #{ B: -3 } })",
+            "compile: dimension `B` must be an integer >= 0, got -3".into(),
+        ),
+        (
+            "m().compile(#{ optimizer: adam(#{ betas: 0.9 }) })",
+            "adam: unknown setting `betas` (settings: type, lr, beta1, beta2, eps, weight_decay)"
+                .into(),
+        ),
+        (
+            "m().compile(#{ optimizer: sgd(#{ momentum: 1e39 }) })",
+            format!("sgd: `momentum`: 1e39 {f32_range}"),
+        ),
+        (
+            "m().compile(#{ optimizer: adamw(#{ lr: 1e39 }) })",
+            format!("adamw: `lr`: 1e39 {f32_range}"),
+        ),
+        (
+            "m().compile(#{ schedule: step_lr(#{ every: 0 }) })",
+            "step_lr: `every` must be an integer >= 1, got 0".into(),
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ total: 0 }) })",
+            "cosine: `total` must be an integer >= 1, got 0".into(),
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ warmup: -1 }) })",
+            "cosine: `warmup` must be an integer >= 0, got -1".into(),
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ min_lr: 1e39 }) })",
+            format!("cosine: `min_lr`: 1e39 {f32_range}"),
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    check("print(tensor(9223372036854775807..=9223372036854775807).shape);", "[1]\n");
+}
+
+/// Metrics on NaN or infinite values are NaN, never a score that treats the first class as the
+/// prediction (NaN logits with labels 0 used to score 1.0).
+#[test]
+fn metrics_on_nan_and_infinite_values_are_nan() {
+    let m = "model m(x: f32[B, 2]) { return linear(x, 3) as fc }
+             let net = m().compile(#{ batch: 4, loss: \"cross_entropy\" });
+             let x = randn([4, 2], 1); let y = tensor([0, 0, 0, 0], \"i32\");
+             let nan = zeros([2, 3]) / 0;";
+    let cases = [
+        ("net.set_param(\"fc.weight\", nan);", "NaN"),
+        ("net.set_param(\"fc.weight\", zeros([2, 3])); net.set_param(\"fc.bias\", -(zeros([3]).ln()));", "NaN"),
+        ("net.set_param(\"fc.weight\", zeros([2, 3])); net.set_param(\"fc.bias\", zeros([3]).ln());", "NaN"),
+        ("net.set_param(\"fc.weight\", zeros([2, 3])); net.set_param(\"fc.bias\", tensor([1, 0, 0]));", "1.0"),
+    ];
+    for (set, expected) in cases {
+        check(&format!("{m}\n{set}\nprint(net.accuracy(x, y));"), &format!("{expected}\n"));
+    }
+    check(
+        "let t = tensor([[1.0, 0.0, 5.0]]) / tensor([[1.0, 0.0, 1.0]]);
+         print(t.max()); print(t.min()); print(t.argmax()); print(t.sum());",
+        "NaN\nNaN\ntensor i32[1] [1]\nNaN\n",
+    );
+}
+
+/// Arguments that used to give a silently wrong answer (an empty tensor, a NaN learning rate
+/// later, an accuracy of 0) are errors.
+#[test]
+fn out_of_range_arguments_are_errors_not_wrong_answers() {
+    const M: &str =
+        "model m(x: f32[B, 2]) { return linear(x, 3) }\nlet n = m().compile(#{ loss: \"mse\" });\n";
+    let cases = [
+        (
+            "tensor(-9223372036854775808..9223372036854775807)",
+            "shape [18446744073709551615] has more than 2^40 elements, the most one value may hold",
+        ),
+        (
+            "m().compile(#{ schedule: step_lr(#{ gamma: 0.0 / 0.0 }) })",
+            "step_lr: gamma must be a finite number >= 0, got NaN",
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ min_lr: -1 }) })",
+            "cosine: min_lr must be a finite number >= 0, got -1",
+        ),
+        ("n.predict(zeros([0, 2]))", "predict needs at least one example, got [0, 2]"),
+        (
+            "n.accuracy(zeros([2, 2]), tensor([0.5, 1.0]))",
+            "accuracy: label 0.5 is not a class index in 0..3",
+        ),
+        (
+            "n.accuracy(zeros([2, 2]), tensor([7, 1], \"i32\"))",
+            "accuracy: label 7 is not a class index in 0..3",
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    check("print(tensor(5..3).shape);", "[0]\n");
+}

@@ -82,3 +82,145 @@ fn save_outside_the_working_directory_is_refused() {
     assert_eq!(err.kind, rumus::ErrorKind::Limit);
     assert!(!std::path::Path::new("/tmp/rumus-ckpt.safetensors").exists());
 }
+
+#[test]
+fn a_step_count_that_is_not_a_whole_number_is_refused() {
+    use rumus::checkpoint;
+    use rumus::memory::Budget;
+    let mut e = Engine::new();
+    e.run(MODEL).unwrap();
+    let path = dir().join("step.safetensors");
+    let p = path.to_string_lossy();
+    e.run(&format!("let a = make(); train(a, data, 0, 2); a.save(\"{p}\"); let b = make();"))
+        .unwrap();
+    let saved = checkpoint::load(&path, &mut Budget::unlimited().empty()).unwrap();
+    for (bad, shown) in [
+        (f32::INFINITY, "inf"),
+        (-1.0, "-1"),
+        (2.5, "2.5"),
+        (f32::NAN, "NaN"),
+        (1e30, "1000000000000000000000000000000"),
+    ] {
+        let step = rumus::Tensor::scalar(bad);
+        let tensors: Vec<(&str, &rumus::Tensor)> = saved
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), if n == "optim.step" { &step } else { t }))
+            .collect();
+        checkpoint::save(&path, &tensors, &saved.metadata).unwrap();
+        let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
+        assert_eq!(err.kind, rumus::ErrorKind::Checkpoint, "{err}");
+        assert!(
+            err.message.ends_with(&format!(
+                "`optim.step` must be a whole number of steps >= 0, got {shown}"
+            )),
+            "{err}"
+        );
+        assert_eq!(e.compiled("b").unwrap().trainer().step(), 0, "nothing was loaded");
+    }
+}
+
+/// Write `path` holding the tensors of the checkpoint at `from` that `keep` accepts, plus
+/// `extra`.
+fn rewrite(
+    from: &std::path::Path,
+    path: &std::path::Path,
+    keep: impl Fn(&str) -> bool,
+    extra: &[(&str, &rumus::Tensor)],
+) {
+    use rumus::memory::Budget;
+    let saved = rumus::checkpoint::load(from, &mut Budget::unlimited().empty()).unwrap();
+    let mut tensors: Vec<(&str, &rumus::Tensor)> =
+        saved.tensors.iter().filter(|(n, _)| keep(n)).map(|(n, t)| (n.as_str(), t)).collect();
+    tensors.extend_from_slice(extra);
+    rumus::checkpoint::save(path, &tensors, &saved.metadata).unwrap();
+}
+
+/// What a case keeps of a full checkpoint, adds to it, and the strict error and the
+/// non-strict report it gives.
+type Case<'a> =
+    (&'a str, Box<dyn Fn(&str) -> bool>, &'a [(&'a str, &'a rumus::Tensor)], &'a str, &'a str);
+
+#[test]
+fn load_requires_every_parameter_unless_told_otherwise() {
+    let mut e = Engine::new();
+    e.run(MODEL).unwrap();
+    let full = dir().join("strict_full.safetensors");
+    let part = dir().join("strict_part.safetensors");
+    e.run(&format!("let a = make(); train(a, data, 0, 3); a.save(\"{}\");", full.display()))
+        .unwrap();
+    let extra = rumus::Tensor::scalar(1.0);
+    let cases: [Case; 4] = [
+        (
+            "no tensors at all",
+            Box::new(|_| false),
+            &[],
+            "missing `fc1.weight`, `fc1.bias`, `fc2.weight`, `fc2.bias`",
+            "#{\"missing\": [\"fc1.weight\", \"fc1.bias\", \"fc2.weight\", \"fc2.bias\"], \"unexpected\": []}",
+        ),
+        (
+            "one parameter missing",
+            Box::new(|n| n != "fc2.bias"),
+            &[],
+            "missing `fc2.bias`",
+            "#{\"missing\": [\"fc2.bias\"], \"unexpected\": []}",
+        ),
+        (
+            "part of the optimizer state",
+            Box::new(|n| !n.starts_with("optim.v.")),
+            &[],
+            "missing `optim.v.fc1.weight`, `optim.v.fc1.bias`, `optim.v.fc2.weight`, `optim.v.fc2.bias`",
+            "#{\"missing\": [\"optim.v.fc1.weight\", \"optim.v.fc1.bias\", \"optim.v.fc2.weight\", \"optim.v.fc2.bias\"], \"unexpected\": []}",
+        ),
+        (
+            "an unexpected tensor",
+            Box::new(|_| true),
+            &[("decoder.scale", &extra)],
+            "unexpected `decoder.scale`",
+            "#{\"missing\": [], \"unexpected\": [\"decoder.scale\"]}",
+        ),
+    ];
+    for (what, keep, extra, strict_error, report) in cases {
+        rewrite(&full, &part, keep, extra);
+        let p = part.display();
+        let err = e.eval(&format!("let b = make(); b.load(\"{p}\")")).unwrap_err();
+        assert_eq!(err.kind, rumus::ErrorKind::Checkpoint, "{what}: {err}");
+        assert_eq!(
+            err.message,
+            format!("{p}: checkpoint does not match the model: {strict_error}; a non-strict load takes the tensors that match"),
+            "{what}"
+        );
+        let out =
+            e.eval(&format!("let b = make(); b.load(\"{p}\", #{{ strict: false }})")).unwrap();
+        assert_eq!(out.to_string(), report, "{what}");
+    }
+    // A params-only checkpoint (from another framework, say) loads strictly.
+    rewrite(&full, &part, |n| !n.starts_with("optim."), &[]);
+    e.run(&format!("let c = make(); c.load(\"{}\");", part.display())).unwrap();
+    let same = e.eval("c.param(\"fc1.weight\") == a.param(\"fc1.weight\")").unwrap();
+    assert!(same.as_bool().unwrap());
+}
+
+#[test]
+fn predict_sees_weights_written_by_load_and_set_param_at_the_same_step() {
+    let mut e = Engine::new();
+    e.run(MODEL).unwrap();
+    let path = dir().join("fresh.safetensors");
+    let p = path.display();
+    let out = e
+        .eval(&format!(
+            "let x = randn([5, 3], 9);
+             let a = make(); train(a, data, 0, 3); a.save(\"{p}\");
+             let b = make(); train(b, data, 8, 11);
+             let before = b.predict(x);
+             let step = b.step;
+             b.load(\"{p}\");
+             let loaded = b.predict(x);
+             b.set_param(\"fc2.bias\", ones([3]) * 100);
+             let set = b.predict(x);
+             [step, b.step, before == loaded, loaded == a.predict(x), set == loaded]"
+        ))
+        .unwrap();
+    // Both at step 3: the evaluation copy is re-synced because the weights changed, not the step.
+    assert_eq!(out.to_string(), "[3, 3, false, true, false]");
+}

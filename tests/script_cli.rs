@@ -205,12 +205,19 @@ fn resource_sized_options_are_checked_against_memory_before_allocating() {
     }
     let wide =
         script("wide.rms", "model m(x: f32[B, 65536]) {\n    return linear(x, 2147483648)\n}\n");
+    let huge =
+        script("huge.rms", "model m(x: f32[B, 65536]) {\n    return linear(x, 1048576)\n}\n");
     for device in ["cpu", "auto"] {
         let (code, _, err) = rumus(&["bench", &wide, "--set", "B=1", "--device", device]);
         assert_eq!(code, 1, "{err}");
-        let expected = format!("the training step of {wide} needs ");
+        let expected = "in `linear`: shape [65536, 2147483648] has more than 2^40 elements, the \
+                        most one value may hold";
+        assert!(err.contains(expected), "{err}");
+        let (code, _, err) = rumus(&["bench", &huge, "--set", "B=1", "--device", device]);
+        assert_eq!(code, 1, "{err}");
+        let expected = format!("benchmarking `{huge}` needs 2.0 TiB, more than the whole ");
         // (`auto` may print adapter notes first.)
-        assert!(err.contains(&expected) && err.contains(" bytes of memory; "), "{err}");
+        assert!(err.contains(&expected) && err.ends_with(" memory budget\n"), "{err}");
     }
 }
 

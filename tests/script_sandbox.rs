@@ -23,6 +23,13 @@ fn check_err(h: &mut Host, code: &str, kind: ErrorKind, expected: &str) {
     still_usable(h);
 }
 
+/// Evaluate `code`, which must succeed.
+fn ok(h: &mut Host, code: &str) {
+    if let Err(e) = h.eval(&Source::new("t.rms", code)) {
+        panic!("{e}");
+    }
+}
+
 fn still_usable(h: &mut Host) {
     let v = h.eval(&Source::new("ok.rms", "40 + 2")).unwrap();
     assert_eq!(v.as_int().unwrap(), 42);
@@ -84,6 +91,121 @@ fn huge_tensor_is_refused_before_allocation() {
     let mut h = host();
     check_err(&mut h, "let t = zeros([1 << 20, 1 << 20]);", ErrorKind::Limit, "memory budget");
     check_err(&mut h, "let t = randn([1 << 40], 1);", ErrorKind::Limit, "memory budget");
+    check_err(&mut h, "let t = ones([1 << 62, 4]);", ErrorKind::Shape, "more than 2^40 elements");
+}
+
+/// A session whose memory budget is `mib` MiB.
+fn budget_host(mib: u64) -> Host {
+    let sandbox = Sandbox { memory_budget: mib << 20, ..Sandbox::default() };
+    let mut h = Host::new(HostOptions { sandbox, device: "cpu".into(), ..HostOptions::default() });
+    h.on_print(|_| {});
+    h
+}
+
+#[test]
+fn broadcasting_two_vectors_is_charged_before_allocating() {
+    let mut h = budget_host(64);
+    check_err(
+        &mut h,
+        "let a = zeros([100000]);\nlet b = zeros([100000, 1]);\nlet c = a + b;",
+        ErrorKind::Limit,
+        "t.rms:3:11: a tensor of shape [100000, 100000] needs 37.3 GiB but only 63.2 MiB of the \
+         64.0 MiB memory budget is free",
+    );
+}
+
+#[test]
+fn many_tensors_share_one_budget_and_give_it_back_when_dropped() {
+    let mut h = budget_host(64);
+    // 16 MiB each: the fifth does not fit.
+    check_err(
+        &mut h,
+        "let keep = [];\nfor i in 0..10 { keep.push(zeros([4 << 20])); }",
+        ErrorKind::Limit,
+        "t.rms:2:28: a tensor of shape [4194304] needs 16.0 MiB but only 0 bytes of the 64.0 MiB",
+    );
+    // `keep` still holds four; dropped, the budget is free again.
+    ok(&mut h, "keep = (); let k = []; for i in 0..4 { k.push(zeros([4 << 20])); }");
+    // Copies, slices and the rows of a dataset are charged too.
+    check_err(&mut h, "let c = k[0] * 2;", ErrorKind::Limit, "a tensor of shape [4194304] needs");
+    check_err(
+        &mut h,
+        "let d = dataset(k[0].reshape([1024, 4096]), zeros([1024]));",
+        ErrorKind::Limit,
+        "a tensor of shape [1024, 4096] needs",
+    );
+    check_err(
+        &mut h,
+        "k = (); let d = dataset(zeros([2048, 4096]), zeros([2048])); let s = d.shuffle(1); let t = d.shuffle(2);",
+        ErrorKind::Limit,
+        "a tensor of shape [2048, 4096] needs 32.0 MiB",
+    );
+}
+
+const MODELS: &str = "
+model wide(x: f32[B, 1], n = 2) { return linear(x, n) }
+";
+
+#[test]
+fn an_8_gib_parameter_is_refused_at_compile() {
+    let mut h = budget_host(64);
+    check_err(
+        &mut h,
+        &format!("{MODELS}\nlet m = wide(#{{ n: 1 << 31 }}).compile(#{{ loss: \"mse\" }});"),
+        ErrorKind::Limit,
+        "model `wide` compiled for training needs",
+    );
+}
+
+#[test]
+fn a_predict_with_a_huge_output_is_refused() {
+    let mut h = budget_host(64);
+    check_err(
+        &mut h,
+        &format!(
+            "{MODELS}\nlet m = wide(#{{ n: 1 << 16 }}).compile(#{{ loss: \"mse\" }});\n\
+             let y = m.predict(zeros([4096, 1]));"
+        ),
+        ErrorKind::Limit,
+        "model `wide` evaluated on a batch of 4096 needs 2.0 GiB",
+    );
+    // Smaller batches fit, one after the other (copies at earlier sizes make room).
+    ok(&mut h, "for b in [64, 32, 16, 8] { let y = m.predict(zeros([b, 1])); }");
+}
+
+#[test]
+fn repeated_compiles_are_charged_until_their_models_are_dropped() {
+    let mut h = budget_host(64);
+    check_err(
+        &mut h,
+        &format!(
+            "{MODELS}\nlet nets = [];\nfor i in 0..1000 {{ nets.push(wide(#{{ n: 1 << 20 }}).compile(#{{ loss: \"mse\" }})); }}"
+        ),
+        ErrorKind::Limit,
+        "model `wide` compiled for training needs",
+    );
+    ok(
+        &mut h,
+        "nets = (); for i in 0..20 { let m = wide(#{ n: 1 << 20 }).compile(#{ loss: \"mse\" }); }",
+    );
+}
+
+#[test]
+fn a_gzip_csv_that_expands_past_the_budget_is_refused() {
+    use std::io::Write;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_sandbox");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bomb.csv.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&b"1,2,3,4,5,6,7,8\n".repeat(1 << 20)).unwrap();
+    std::fs::write(&path, gz.finish().unwrap()).unwrap();
+    let mut h = budget_host(8);
+    check_err(
+        &mut h,
+        &format!("let d = csv(\"{}\");", path.display()),
+        ErrorKind::Limit,
+        "rows needs",
+    );
 }
 
 #[test]
@@ -197,6 +319,12 @@ fn long_strings_and_arrays_are_refused() {
         ErrorKind::Limit,
         "over the limit",
     );
+    check_err(
+        &mut h,
+        "let a = tensor(0..2000).to_array();",
+        ErrorKind::Limit,
+        "to_array: a tensor of 2000 elements is over the array size limit of 1000",
+    );
 }
 
 #[test]
@@ -215,4 +343,95 @@ fn state_persists_across_evaluations() {
     let _ = h.eval(&Source::new("a", "let x = 20; fn twice(v) { v * 2 }")).unwrap();
     let v = h.eval(&Source::new("b", "twice(x) + 2")).unwrap();
     assert_eq!(v.as_int().unwrap(), 42);
+}
+
+#[test]
+fn a_model_holds_its_charge_until_dropped_on_either_device() {
+    let on_gpu = rumus::runtime::test_gpu_or_skip("model charge on the gpu").is_some();
+    for device in if on_gpu { &["cpu", "gpu"][..] } else { &["cpu"] } {
+        let mut h = budget_host(64);
+        let before = h.ctx().budget.used();
+        let code = format!(
+            "{MODELS}\nlet m = wide(#{{ n: 1 << 16 }}).compile(#{{ loss: \"mse\", device: \"{device}\" }});\n\
+             let y = m.predict(zeros([8, 1]));"
+        );
+        ok(&mut h, &code);
+        // The weight and bias (256 KiB each) with two Adam moments each, at least.
+        let held = h.ctx().budget.used() - before;
+        assert!(held >= 6 * (256 << 10), "{device}: {held}");
+        ok(&mut h, "m = (); y = ();");
+        assert_eq!(h.ctx().budget.used(), before, "{device}");
+    }
+}
+
+#[test]
+fn copies_made_inside_the_model_are_charged_too() {
+    let mut h = budget_host(64);
+    // Fill the budget to within 1 MiB, then ask for 4 MiB copies.
+    let setup = "model wide(x: f32[B, 1]) { return linear(x, 1048576) as fc }
+         let m = wide().compile(#{ loss: \"mse\" });
+         let w = zeros([1, 1 << 20]);
+         let y = m.predict(zeros([1, 1]));
+         let fill = [];
+         try { for i in 0..100 { fill.push(zeros([1 << 18])); } } catch {}";
+    ok(&mut h, setup);
+    check_err(
+        &mut h,
+        "m.set_param(\"fc.weight\", w);",
+        ErrorKind::Limit,
+        "copying values into the model needs 4.0 MiB",
+    );
+    check_err(
+        &mut h,
+        "m.accuracy(zeros([1, 1]), tensor([0], \"i32\"))",
+        ErrorKind::Limit,
+        "model `wide` evaluated on a batch of 1 needs 8.0 MiB but only 1.0 MiB",
+    );
+    check_err(
+        &mut h,
+        "let p = m.param(\"fc.weight\");",
+        ErrorKind::Limit,
+        "a copy of parameter `fc.weight` needs 4.0 MiB but only 1.0 MiB",
+    );
+    // With room again, both work.
+    ok(&mut h, "fill = (); m.set_param(\"fc.weight\", w); let a = m.accuracy(zeros([1, 1]), tensor([0], \"i32\"));");
+}
+
+#[test]
+fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_sandbox");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("huge.rms");
+    // 2^31 outputs of 2^9 inputs: a 4 TiB weight, far past half of any test machine's memory.
+    std::fs::write(&file, "model huge(x: f32[B, 512]) { return linear(x, 2147483648) }\n").unwrap();
+    let spec = rumus::bench::ModelSpec {
+        file: file.display().to_string(),
+        model: None,
+        sets: vec![("B".into(), "1".into())],
+    };
+    let e = rumus::bench::bench_model(&spec, rumus::runtime::DeviceChoice::Cpu, 1, 0, false)
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit, "{e}");
+    assert!(e.message.starts_with(&format!("benchmarking `{}` needs ", file.display())), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_is_refused_instead_of_blocking_forever() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_sandbox");
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("pipe.csv");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let mut h = host();
+    for read in ["csv", "read_text", "text"] {
+        let args = if read == "text" { ", #{}" } else { "" };
+        check_err(
+            &mut h,
+            &format!("let d = {read}(\"{}\"{args});", fifo.display()),
+            ErrorKind::Limit,
+            "is not allowed: it is not a regular file or folder",
+        );
+    }
 }

@@ -120,7 +120,35 @@ fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
         ),
         (
             |g, _| g.input("big", &[usize::MAX, 2], DType::F32),
-            "shape [18446744073709551615, 2] has more elements than fit in memory",
+            "shape [18446744073709551615, 2] has more than 2^40 elements, the most one value may hold",
+        ),
+        (
+            |g, _| {
+                // Two vectors that broadcast to 2^42 elements.
+                let a = g.input("a", &[1 << 21, 1], DType::F32)?;
+                let b = g.input("b", &[1 << 21], DType::F32)?;
+                g.add(a, b)
+            },
+            "add: shape [2097152, 2097152] has more than 2^40 elements, the most one value may hold",
+        ),
+        (
+            |g, _| {
+                let a = g.input("a", &[1 << 20, 1 << 20], DType::F32)?;
+                g.concat(&[a, a], 0)
+            },
+            "concat: shape [2097152, 1048576] has more than 2^40 elements, the most one value may hold",
+        ),
+        (
+            |g, _| {
+                let a = g.input("a", &[1 << 30, 1], DType::F32)?;
+                let b = g.input("b", &[1, 1 << 30], DType::F32)?;
+                g.matmul(a, b)
+            },
+            "matmul: shape [1073741824, 1073741824] has more than 2^40 elements, the most one value may hold",
+        ),
+        (
+            |g, _| g.parameter("w", &[0, 1 << 40, 2], Init::Zeros),
+            "shape [0, 1099511627776, 2] has more than 2^40 elements, the most one value may hold",
         ),
         (
             |g, [x, _, _]| {

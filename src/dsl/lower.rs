@@ -355,9 +355,9 @@ impl Lowerer<'_> {
         };
         let mut nums = Vec::new();
         for a in args {
+            let at = self.span(a.value.span);
             match self.expr(&a.value, frame)? {
-                Value::Int(v) => nums.push(v as f64),
-                Value::Float(v) => nums.push(v),
+                v @ (Value::Int(_) | Value::Float(_)) => nums.push(f32_at(num(&v), at)?),
                 other => {
                     return Err(err!(
                         Name,
@@ -368,7 +368,7 @@ impl Lowerer<'_> {
                 }
             }
         }
-        let f = |i: usize| nums.get(i).copied().unwrap_or(0.0) as f32;
+        let f = |i: usize| nums.get(i).copied().unwrap_or(0.0);
         Ok(match (name, nums.len()) {
             ("zeros", 0) => Init::Zeros,
             ("ones", 0) => Init::Ones,
@@ -484,7 +484,7 @@ impl Lowerer<'_> {
     fn tensor(&mut self, v: &Value, span: Span) -> Result<NodeId> {
         match v {
             Value::Tensor(t) => Ok(*t),
-            Value::Int(_) | Value::Float(_) => Ok(self.g.constant(num(v) as f32)),
+            Value::Int(_) | Value::Float(_) => Ok(self.g.constant(f32_at(num(v), span)?)),
             other => Err(err!(Name, "expected a tensor, got {}", other.kind()).at(span)),
         }
     }
@@ -889,7 +889,7 @@ impl Lowerer<'_> {
             }
             "layer_norm" => {
                 let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
-                let eps = a.float(3)? as f32;
+                let eps = f32_at(a.float(3)?, a.span_of(3))?;
                 a.g().layer_norm(x, w, b, eps)
             }
             "embedding" => {
@@ -918,6 +918,12 @@ impl Lowerer<'_> {
         };
         Ok(Value::Tensor(id.map_err(|e| e.at(span))?))
     }
+}
+
+/// A static number as the f32 the graph stores: a finite number outside f32's range is an error
+/// at `span`, as an out-of-range literal is.
+fn f32_at(v: f64, span: Span) -> Result<f32> {
+    crate::num::f32_of(v).map_err(|m| err!(Name, "{m}").at(span))
 }
 
 fn num(v: &Value) -> f64 {
@@ -971,7 +977,7 @@ impl Args<'_, '_> {
             Some(Value::Tensor(t)) => Ok(t),
             Some(v @ (Value::Int(_) | Value::Float(_))) => {
                 self.lw.g.set_span(self.span);
-                Ok(self.lw.g.constant(num(&v) as f32))
+                Ok(self.lw.g.constant(f32_at(num(&v), self.span_of(i))?))
             }
             _ => Err(self.wrong(i, "a tensor")),
         }

@@ -53,8 +53,21 @@ fn need_i32(op: &Op, what: &str, dtype: DType, shape: &[usize]) -> Result<()> {
 
 /// Infer the shape and dtype of `op` applied to inputs of the given shapes and dtypes. `target`
 /// is the node's own shape and `target_dtype` its dtype, used only where the op does not
-/// determine them (sources, constants, reshape, broadcast_to).
+/// determine them (sources, constants, reshape, broadcast_to). Every value of a graph holds at
+/// most [`MAX_ELEMENTS`](crate::tensor::MAX_ELEMENTS) elements, so no later stage's shape or
+/// byte arithmetic can overflow.
 pub fn infer(
+    op: &Op,
+    ins: &[(&[usize], DType)],
+    target: &[usize],
+    target_dtype: DType,
+) -> Result<(Vec<usize>, DType)> {
+    let (shape, dtype) = infer_unchecked(op, ins, target, target_dtype)?;
+    checked_numel(&shape).map_err(|e| Error::shape(format!("{}: {}", op.name(), e.message)))?;
+    Ok((shape, dtype))
+}
+
+fn infer_unchecked(
     op: &Op,
     ins: &[(&[usize], DType)],
     target: &[usize],
@@ -213,7 +226,9 @@ pub fn infer(
                         shapes(", ")
                     )));
                 }
-                out[*axis] += s[*axis];
+                out[*axis] = out[*axis].checked_add(s[*axis]).ok_or_else(|| {
+                    Error::shape(format!("concat: shapes {} are too large", shapes(", ")))
+                })?;
             }
             Ok((out, d))
         }

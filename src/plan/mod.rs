@@ -16,6 +16,7 @@ pub mod verify;
 pub use alloc::{BufferInfo, Lifetime, Value};
 pub use fuse::{Kernel, KernelKind};
 
+use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op};
 
@@ -95,6 +96,12 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
                 && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         })
         .count();
+    // Every byte count of the plan (naive, planned, pinned) is a sum over some of the live
+    // values, so none overflows once the sum over all of them does not.
+    let live = g.nodes().filter(|(id, _)| f.live[id.index()]);
+    live.map(|(id, _)| alloc::value_bytes(g, id))
+        .try_fold(0u64, u64::checked_add)
+        .ok_or_else(|| err!(Limit, "the values of this graph need more than 2^64 bytes"))?;
     let naive_bytes = g
         .nodes()
         .filter(|(id, n)| {

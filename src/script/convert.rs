@@ -1,12 +1,16 @@
-//! Errors across the rhai boundary, both ways: a rumus [`Error`] raised by a binding travels
-//! through rhai inside the runtime error value, and comes back out (with the script position of
-//! the call that raised it) as the same `Error`; rhai's own errors become `Script`, `Parse` or
-//! `Limit` errors pointing at the script's line and column.
+//! Values across the rhai boundary. Errors, both ways: a rumus [`Error`] raised by a binding
+//! travels through rhai inside the runtime error value, and comes back out (with the script
+//! position of the call that raised it) as the same `Error`; rhai's own errors become `Script`,
+//! `Parse` or `Limit` errors pointing at the script's line and column. Numbers, one way: every
+//! binding turns script numbers into Rust numbers through the checked conversions here
+//! ([`to_usize`], [`to_u64`], [`to_i32`], [`to_f32`], and [`Opts`] for options maps), whose
+//! errors name the value and the allowed range.
 
 use super::engine::{Sandbox, INTERRUPTED, TIMED_OUT};
 use crate::err;
 use crate::error::{Error, ErrorKind, Source, Span};
-use rhai::{EvalAltResult, Position};
+use crate::num;
+use rhai::{Dynamic, EvalAltResult, Map, Position, FLOAT, INT};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -36,6 +40,111 @@ impl<T> IntoScript<T> for crate::Result<T> {
 /// A `Script` error with a message, as a rhai error.
 pub fn script_err(msg: impl Into<String>) -> Box<EvalAltResult> {
     to_rhai(Error::new(ErrorKind::Script, msg))
+}
+
+/// `v` as a size or count (`>= 0`); `what` names it in the error (`"batch size"`).
+pub fn to_usize(v: INT, what: &str) -> ScriptResult<usize> {
+    checked(num::int_in(v, 0, i64::MAX), what)
+}
+
+/// `v` as a seed or step count (`>= 0`).
+pub fn to_u64(v: INT, what: &str) -> ScriptResult<u64> {
+    checked(num::int_in(v, 0, i64::MAX), what)
+}
+
+/// `v` as an i32 (a label, an index).
+pub fn to_i32(v: INT, what: &str) -> ScriptResult<i32> {
+    checked(num::int_in(v, i32::MIN.into(), i32::MAX.into()), what)
+}
+
+/// `v` as f32: a finite number outside f32's range is an error, never infinity.
+pub fn to_f32(v: FLOAT, what: &str) -> ScriptResult<f32> {
+    num::f32_of(v).map_err(|m| script_err(format!("{what}: {m}")))
+}
+
+fn checked<T>(r: Result<T, String>, what: &str) -> ScriptResult<T> {
+    r.map_err(|m| script_err(format!("{what} {m}")))
+}
+
+/// An options map (`#{ lr: 0.1, seed: 3 }`) read through the checked conversions. `context`
+/// (the function's name) starts every error; a key the function does not know is an error, so
+/// a misspelt option is never silently ignored.
+pub struct Opts<'a> {
+    map: &'a Map,
+    context: &'a str,
+}
+
+impl<'a> Opts<'a> {
+    pub fn new(map: &'a Map, context: &'a str, known: &[&str]) -> ScriptResult<Opts<'a>> {
+        if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(script_err(format!(
+                "{context}: unknown setting `{k}` (settings: {})",
+                known.join(", ")
+            )));
+        }
+        Ok(Opts { map, context })
+    }
+
+    /// The raw value of `key`, if given.
+    pub fn get(&self, key: &str) -> Option<&'a Dynamic> {
+        self.map.get(key)
+    }
+
+    fn name(&self, key: &str) -> String {
+        format!("{}: `{key}`", self.context)
+    }
+
+    fn wrong(&self, key: &str, want: &str, v: &Dynamic) -> Box<EvalAltResult> {
+        script_err(format!("{} must be {want}, got {}", self.name(key), v.type_name()))
+    }
+
+    /// An integer in `min..=max`.
+    pub fn int<T: TryFrom<i64>>(&self, key: &str, min: i64, max: i64) -> ScriptResult<Option<T>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let i = v.as_int().map_err(|_| self.wrong(key, "an integer", v))?;
+        checked(num::int_in(i, min, max), &self.name(key)).map(Some)
+    }
+
+    /// A size or count `>= min`.
+    pub fn usize(&self, key: &str, min: i64) -> ScriptResult<Option<usize>> {
+        self.int(key, min, i64::MAX)
+    }
+
+    /// A seed or step count `>= min`.
+    pub fn u64(&self, key: &str, min: i64) -> ScriptResult<Option<u64>> {
+        self.int(key, min, i64::MAX)
+    }
+
+    /// A number (integer or float).
+    pub fn f64(&self, key: &str) -> ScriptResult<Option<f64>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        let x = v.as_float().or_else(|_| v.as_int().map(|i| i as f64));
+        x.map(Some).map_err(|_| self.wrong(key, "a number", v))
+    }
+
+    /// A number that fits f32.
+    pub fn f32(&self, key: &str) -> ScriptResult<Option<f32>> {
+        match self.f64(key)? {
+            None => Ok(None),
+            Some(x) => to_f32(x, &self.name(key)).map(Some),
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> ScriptResult<Option<bool>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        v.as_bool().map(Some).map_err(|_| self.wrong(key, "true or false", v))
+    }
+
+    pub fn string(&self, key: &str) -> ScriptResult<Option<String>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        v.clone().into_string().map(Some).map_err(|_| self.wrong(key, "a string", v))
+    }
+
+    /// A nested options map.
+    pub fn map(&self, key: &str) -> ScriptResult<Option<Map>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        v.read_lock::<Map>().map(|m| Some(m.clone())).ok_or_else(|| self.wrong(key, "a map", v))
+    }
 }
 
 /// Turn a rhai error into a rumus error positioned in the source it came from: `source` for

@@ -1,7 +1,8 @@
 //! The sandbox: a rhai engine built from `Engine::new_raw()` with only the packages scripts need,
 //! limits on operations, wall time, call depth, expression depth, strings, arrays and maps, no
-//! module import, an interrupt flag polled while a script runs, a file-access policy and a
-//! memory budget that the API bindings consult before they touch a file or allocate a tensor.
+//! module import, an interrupt flag polled while a script runs, a file-access policy that the API
+//! bindings consult before they touch a file, and the size of the session's memory budget
+//! ([`crate::memory`]), which they charge before they allocate.
 //!
 //! Operations, the interrupt flag and the time limit are checked between script operations, so
 //! a native call (a training step, a large matmul) is stopped at its end, not in its middle.
@@ -10,7 +11,6 @@
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::tensor::{checked_numel, fmt_shape};
 use rhai::packages::{Package, StandardPackage};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,7 +37,10 @@ pub struct Sandbox {
     pub max_array_size: usize,
     /// Largest object map, in entries.
     pub max_map_size: usize,
-    /// Largest tensor a binding may create, in bytes (checked before allocating).
+    /// Most bytes that everything one session owns may hold at once: script tensors,
+    /// datasets, compiled models (host and device buffers), evaluation copies and readers'
+    /// buffers, all counted against one [`Budget`](crate::memory::Budget). The default is half
+    /// of the machine's physical memory.
     pub memory_budget: u64,
     /// Folders (and everything below them) that scripts may read.
     pub read_roots: Vec<PathBuf>,
@@ -58,7 +61,7 @@ impl Default for Sandbox {
             max_string_size: 64 << 20,
             max_array_size: 1 << 24,
             max_map_size: 1 << 16,
-            memory_budget: 4 << 30,
+            memory_budget: crate::memory::default_limit(),
             read_roots: vec![cwd.clone()],
             write_roots: vec![cwd],
         }
@@ -88,11 +91,19 @@ impl Sandbox {
         self.write_roots.push(dir);
     }
 
-    /// The path a script may read, resolved (symlinks followed), or a `Limit` error.
+    /// The path a script may read, resolved (symlinks followed), or a `Limit` error. Only
+    /// regular files and folders are readable: a FIFO would block the script forever and a
+    /// device may never end.
     pub fn check_read(&self, path: &str) -> Result<PathBuf> {
         let resolved = resolve(path)?;
         if within(&resolved, &self.read_roots) {
-            Ok(resolved)
+            match std::fs::metadata(&resolved) {
+                Ok(m) if !(m.is_file() || m.is_dir()) => Err(err!(
+                    Limit,
+                    "reading `{path}` is not allowed: it is not a regular file or folder"
+                )),
+                _ => Ok(resolved), // a missing file is the reader's error, with its path
+            }
         } else {
             Err(err!(
                 Limit,
@@ -101,10 +112,16 @@ impl Sandbox {
         }
     }
 
-    /// The path a script may write, resolved (the folder must exist), or a `Limit` error.
+    /// The path a script may write, resolved (the folder must exist), or a `Limit` error: a
+    /// file (not a folder) whose folder, symbolic links followed, lies below a write root, so
+    /// that the file and the temporary file written beside it stay inside.
     pub fn check_write(&self, path: &str) -> Result<PathBuf> {
         let resolved = resolve(path)?;
-        if within(&resolved, &self.write_roots) {
+        let inside = |p: &Path| within(p, &self.write_roots);
+        if inside(&resolved) && resolved.is_dir() {
+            return Err(err!(Io, "writing `{path}`: it is a folder; give a file name"));
+        }
+        if resolved.parent().is_some_and(inside) {
             Ok(resolved)
         } else {
             Err(err!(
@@ -112,22 +129,6 @@ impl Sandbox {
                 "writing `{path}` is not allowed: scripts write only below the working directory"
             ))
         }
-    }
-
-    /// Refuse a tensor of `shape` (4-byte elements) over the memory budget, before allocating.
-    pub fn check_alloc(&self, shape: &[usize]) -> Result<usize> {
-        let n = checked_numel(shape).map_err(|e| Error { kind: crate::ErrorKind::Limit, ..e })?;
-        let bytes = (n as u128) * 4;
-        if bytes > self.memory_budget as u128 {
-            return Err(err!(
-                Limit,
-                "a tensor of shape {} needs {} bytes; the memory budget is {} bytes",
-                fmt_shape(shape),
-                bytes,
-                self.memory_budget
-            ));
-        }
-        Ok(n)
     }
 }
 
@@ -297,17 +298,6 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt, deadline: &Deadline) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn budget_refuses_before_allocating() {
-        let s = Sandbox::default();
-        let e = s.check_alloc(&[1 << 20, 1 << 20]).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Limit);
-        assert!(e.to_string().contains("memory budget"), "{e}");
-        let e = s.check_alloc(&[usize::MAX, 4]).unwrap_err();
-        assert_eq!(e.kind, crate::ErrorKind::Limit);
-        assert_eq!(s.check_alloc(&[3, 4]).unwrap(), 12);
-    }
 
     #[test]
     fn paths_outside_the_roots_are_refused() {

@@ -2,7 +2,7 @@
 //! training loops, evaluation, checkpoints), shared by the script runner, the REPL and
 //! `rumus::Engine`.
 //!
-//! - [`engine`]: the sandbox (limits, file policy, memory budget, interrupt flag);
+//! - [`engine`]: the sandbox (limits, file policy, memory budget size, interrupt flag);
 //! - [`api`]: every type and function scripts see, registered per type in one place;
 //! - [`rms`]: `.rms` sources (rhai with model blocks) split, with positions kept;
 //! - [`convert`]: errors across the rhai boundary, positioned in the file they came from.
@@ -20,10 +20,12 @@ pub mod signal;
 pub use engine::{Deadline, Interrupt, Sandbox};
 pub use rhai;
 
-use crate::error::{Result, Source};
+use crate::error::{Error, Result, Source};
+use crate::memory::Budget;
 use rhai::{Dynamic, Scope, AST};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::io::Write;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -61,24 +63,46 @@ pub type PrintSink = Box<dyn FnMut(&str)>;
 /// Receives [`Event`]s.
 pub type EventSink = Box<dyn FnMut(&Event)>;
 
-/// What the bindings share: the sandbox, defaults, output sinks and defined models.
+/// What the bindings share: the sandbox, the memory budget, defaults, output sinks, defined
+/// models, and how the evaluation ended (an output error, an `exit(n)`).
 pub struct Ctx {
     pub sandbox: Sandbox,
+    /// What everything this session owns is charged to (sized by `sandbox.memory_budget`).
+    pub budget: Budget,
     pub device: RefCell<String>,
     pub seed: Cell<u64>,
     /// The step count of the last trainer that stepped (for `log_metric`).
     pub last_step: Cell<u64>,
-    print: RefCell<PrintSink>,
+    /// Where `print` goes; `None`: standard output.
+    print: RefCell<Option<PrintSink>>,
     events: RefCell<Option<EventSink>>,
     pub models: RefCell<rms::Models>,
+    /// The first output that could not be written (a full disk): it stops the script and is
+    /// what the evaluation returns.
+    output_error: RefCell<Option<Error>>,
+    interrupt: Interrupt,
 }
 
 impl Ctx {
-    /// Send text to the print sink.
+    /// Send text to the print sink (standard output unless a host set one).
     pub fn print(&self, s: &str) {
-        if let Ok(mut p) = self.print.try_borrow_mut() {
-            p(s)
+        let Ok(mut p) = self.print.try_borrow_mut() else { return };
+        match p.as_mut() {
+            Some(sink) => sink(s),
+            None => {
+                let mut out = std::io::stdout().lock();
+                if let Err(e) = writeln!(out, "{s}").and_then(|()| out.flush()) {
+                    self.fail_output(Error::io("standard output", e));
+                }
+            }
         }
+    }
+
+    /// Stop the running script because its output could not be written: the evaluation ends
+    /// with `e` (the first such error), not with the interruption it causes.
+    pub fn fail_output(&self, e: Error) {
+        self.output_error.borrow_mut().get_or_insert(e);
+        self.interrupt.trigger();
     }
 
     /// Report an event to the event sink, if any.
@@ -122,13 +146,16 @@ impl Host {
         let interrupt = Interrupt::new();
         let deadline = Deadline::default();
         let ctx = Rc::new(Ctx {
+            budget: Budget::new(opts.sandbox.memory_budget),
             sandbox: opts.sandbox,
             device: RefCell::new(opts.device),
             seed: Cell::new(opts.seed),
             last_step: Cell::new(0),
-            print: RefCell::new(Box::new(|s| println!("{s}"))),
+            print: RefCell::new(None),
             events: RefCell::new(None),
             models: RefCell::new(rms::Models::default()),
+            output_error: RefCell::new(None),
+            interrupt: interrupt.clone(),
         });
         let mut engine = engine::sandboxed(&ctx.sandbox, &interrupt, &deadline);
         let c = ctx.clone();
@@ -152,7 +179,7 @@ impl Host {
 
     /// Send `print` output to `sink` instead of stdout.
     pub fn on_print(&mut self, sink: impl FnMut(&str) + 'static) {
-        *self.ctx.print.borrow_mut() = Box::new(sink);
+        *self.ctx.print.borrow_mut() = Some(Box::new(sink));
     }
 
     /// Receive training steps and metrics.
@@ -177,9 +204,23 @@ impl Host {
 
     /// Evaluate a `.rms` source (rhai with model blocks) in this session; returns the value of
     /// its last statement. Models, functions and variables it defines stay for later calls, also
-    /// when it fails part-way.
+    /// when it fails part-way. Output that cannot be written (a full disk) stops the script with
+    /// that error.
     pub fn eval(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
         self.start();
+        let result = self.eval_inner(source);
+        self.finish(result)
+    }
+
+    /// An output error, when one stopped the script, in place of the evaluation's own result.
+    fn finish(&self, result: Result<Dynamic>) -> Result<Dynamic> {
+        match self.ctx.output_error.borrow_mut().take() {
+            Some(e) => Err(e),
+            None => result,
+        }
+    }
+
+    fn eval_inner(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
         let script_text = rms::define_models(source, &mut self.engine, &self.ctx)?;
         let mut ast = self
             .engine
@@ -207,7 +248,8 @@ impl Host {
         let source = Source::new(format!("<call {name}>"), String::new());
         let r = self.engine.call_fn::<Dynamic>(&mut self.scope, &self.functions, name, args);
         self.deadline.stop();
-        r.map_err(|e| self.convert(*e, &source))
+        let result = r.map_err(|e| self.convert(*e, &source));
+        self.finish(result)
     }
 
     /// Names of variables, script functions and defined models, for completion.

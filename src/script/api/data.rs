@@ -2,22 +2,79 @@
 //! (bytes into next-byte sequences), `dataset(x, y)`; `split`, `shuffle`, `batches`. Paths go
 //! through the sandbox's file policy; sizes through its memory budget.
 
-use super::super::convert::{script_err, IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_u64, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::Ctx;
 use super::tensor::ScriptTensor;
 use crate::data::{self, CsvOptions, Dataset, Header, Labels};
+use crate::memory::Charge;
+use crate::tensor::fmt_shape;
 use rhai::{Array, Dynamic, Engine, Map, INT};
 use std::rc::Rc;
 
-/// A dataset as scripts hold it (shared, immutable).
+/// A dataset as scripts hold it: two tensors with the same first dimension (shared with the
+/// script values they came from, never copied), and class names.
 #[derive(Clone)]
-pub struct ScriptDataset(pub Rc<Dataset>);
+pub struct ScriptDataset {
+    pub x: ScriptTensor,
+    pub y: ScriptTensor,
+    classes: Rc<Classes>,
+}
+
+/// Class names with the charge that pays for them.
+struct Classes {
+    names: Vec<String>,
+    _charge: Charge,
+}
 
 /// One mini-batch.
 #[derive(Clone)]
 pub struct ScriptBatch {
     pub x: ScriptTensor,
     pub y: ScriptTensor,
+}
+
+impl ScriptDataset {
+    /// Number of examples.
+    pub fn len(&self) -> usize {
+        self.x.tensor().shape().first().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A dataset read by a loader, whose charge covers its tensors and names.
+    fn from_loaded(d: Dataset, mut charge: Charge) -> ScriptDataset {
+        let (x, y, names) = d.into_parts();
+        let cx = charge.split_off(x.bytes());
+        let cy = charge.split_off(y.bytes());
+        ScriptDataset {
+            x: ScriptTensor::new(x, cx),
+            y: ScriptTensor::new(y, cy),
+            classes: Rc::new(Classes { names, _charge: charge }),
+        }
+    }
+
+    /// The examples at `rows` (in that order), charged before they are copied.
+    fn select(&self, ctx: &Ctx, rows: &[usize]) -> ScriptResult<ScriptDataset> {
+        let pick = |t: &ScriptTensor| -> ScriptResult<ScriptTensor> {
+            let t = t.tensor();
+            let row_bytes = t.bytes() / t.shape()[0].max(1) as u64;
+            let mut shape = t.shape().to_vec();
+            shape[0] = rows.len();
+            let what = format!("a tensor of shape {}", fmt_shape(&shape));
+            let charge = ctx.budget.charge(row_bytes * rows.len() as u64, what).script()?;
+            Ok(ScriptTensor::new(data::gather_rows(t, rows).script()?, charge))
+        };
+        Ok(ScriptDataset { x: pick(&self.x)?, y: pick(&self.y)?, classes: self.classes.clone() })
+    }
+
+    /// `0..len` shuffled by `seed`, its bytes charged while it is held.
+    fn order(&self, ctx: &Ctx, seed: INT) -> ScriptResult<(Vec<usize>, Charge)> {
+        let n = self.len();
+        let charge = ctx.budget.charge(n as u64 * 8, format!("a shuffle of {n} rows")).script()?;
+        Ok((data::shuffled(n, to_u64(seed, "seed")?), charge))
+    }
 }
 
 /// Register `Dataset`, `Batch` and the loaders.
@@ -30,118 +87,126 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("csv", move |path: &str| csv(&c, path, &Map::new()));
     let c = ctx.clone();
     engine.register_fn("text", move |path: &str, opts: Map| text(&c, path, &opts));
-    engine.register_fn("dataset", |x: ScriptTensor, y: ScriptTensor| {
-        Dataset::new(x.into_tensor(), y.into_tensor()).map(|d| ScriptDataset(Rc::new(d))).script()
+    let c = ctx.clone();
+    engine.register_fn("dataset", move |x: ScriptTensor, y: ScriptTensor| {
+        let (sx, sy) = (x.tensor().shape(), y.tensor().shape());
+        match (sx.first(), sy.first()) {
+            (Some(a), Some(b)) if a == b => {}
+            _ => {
+                return Err(script_err(format!(
+                    "dataset needs x and y with the same first dimension, got {} and {}",
+                    fmt_shape(sx),
+                    fmt_shape(sy)
+                )))
+            }
+        }
+        let classes = Rc::new(Classes { names: Vec::new(), _charge: c.budget.empty() });
+        Ok(ScriptDataset { x, y, classes })
     });
-    engine.register_fn("len", |d: &mut ScriptDataset| d.0.len() as INT);
-    engine.register_get("x", |d: &mut ScriptDataset| ScriptTensor::new(d.0.x().clone()));
-    engine.register_get("y", |d: &mut ScriptDataset| ScriptTensor::new(d.0.y().clone()));
+    engine.register_fn("len", |d: &mut ScriptDataset| d.len() as INT);
+    engine.register_get("x", |d: &mut ScriptDataset| d.x.clone());
+    engine.register_get("y", |d: &mut ScriptDataset| d.y.clone());
     engine.register_get("classes", |d: &mut ScriptDataset| {
-        d.0.classes().iter().map(|c| Dynamic::from(c.clone())).collect::<Array>()
+        d.classes.names.iter().map(|c| Dynamic::from(c.clone())).collect::<Array>()
     });
-    engine.register_fn("to_string", |d: &mut ScriptDataset| describe(&d.0));
-    engine.register_fn("to_debug", |d: &mut ScriptDataset| describe(&d.0));
-    engine.register_fn("split", |d: &mut ScriptDataset, fraction: f64, seed: INT| {
-        let (a, b) = d.0.split(fraction, seed as u64).script()?;
+    engine.register_fn("to_string", |d: &mut ScriptDataset| describe(d));
+    engine.register_fn("to_debug", |d: &mut ScriptDataset| describe(d));
+    let c = ctx.clone();
+    engine.register_fn("split", move |d: &mut ScriptDataset, fraction: f64, seed: INT| {
+        let cut = data::split_point(d.len(), fraction).script()?;
+        let (order, _held) = d.order(&c, seed)?;
         let mut m = Map::new();
-        m.insert("train".into(), Dynamic::from(ScriptDataset(Rc::new(a))));
-        m.insert("test".into(), Dynamic::from(ScriptDataset(Rc::new(b))));
+        m.insert("train".into(), Dynamic::from(d.select(&c, &order[..cut])?));
+        m.insert("test".into(), Dynamic::from(d.select(&c, &order[cut..])?));
         Ok::<_, Box<rhai::EvalAltResult>>(m)
     });
-    engine.register_fn("shuffle", |d: &mut ScriptDataset, seed: INT| {
-        let mut order: Vec<usize> = (0..d.0.len()).collect();
-        crate::rng::Rng::new(seed as u64).shuffle(&mut order);
-        d.0.select(&order).map(|d| ScriptDataset(Rc::new(d))).script()
+    let c = ctx.clone();
+    engine.register_fn("shuffle", move |d: &mut ScriptDataset, seed: INT| {
+        let (order, _held) = d.order(&c, seed)?;
+        d.select(&c, &order)
     });
-    engine.register_fn("batches", |d: &mut ScriptDataset, size: INT, seed: INT| {
-        batches(&d.0, size, seed, false)
+    let c = ctx.clone();
+    engine.register_fn("batches", move |d: &mut ScriptDataset, size: INT, seed: INT| {
+        batches(&c, d, size, seed, false)
     });
+    let c = ctx.clone();
     engine.register_fn(
         "batches",
-        |d: &mut ScriptDataset, size: INT, seed: INT, keep_last: bool| {
-            batches(&d.0, size, seed, keep_last)
+        move |d: &mut ScriptDataset, size: INT, seed: INT, keep_last: bool| {
+            batches(&c, d, size, seed, keep_last)
         },
     );
     engine.register_get("x", |b: &mut ScriptBatch| b.x.clone());
     engine.register_get("y", |b: &mut ScriptBatch| b.y.clone());
 }
 
-pub fn describe(d: &Dataset) -> String {
+pub fn describe(d: &ScriptDataset) -> String {
+    let (x, y) = (d.x.tensor(), d.y.tensor());
     format!(
         "dataset of {} examples: x {}{:?}, y {}{:?}",
         d.len(),
-        d.x().dtype(),
-        d.x().shape(),
-        d.y().dtype(),
-        d.y().shape()
+        x.dtype(),
+        x.shape(),
+        y.dtype(),
+        y.shape()
     )
 }
 
 /// Shuffled batches; only full ones unless `keep_last` (compiled models have a fixed batch).
-fn batches(d: &Dataset, size: INT, seed: INT, keep_last: bool) -> ScriptResult<Array> {
-    let size = usize::try_from(size).map_err(|_| script_err("batch size must be positive"))?;
+fn batches(
+    ctx: &Ctx,
+    d: &ScriptDataset,
+    size: INT,
+    seed: INT,
+    keep_last: bool,
+) -> ScriptResult<Array> {
+    let size = to_usize(size, "batch size")?;
+    if size == 0 {
+        return Err(script_err("batch size must be positive"));
+    }
+    let (order, _held) = d.order(ctx, seed)?;
     let mut out = Array::new();
-    for b in d.batches(size, seed as u64).script()? {
-        let b = b.script()?;
-        if !keep_last && b.x.shape().first() != Some(&size) {
+    for rows in order.chunks(size) {
+        if !keep_last && rows.len() != size {
             continue;
         }
-        out.push(Dynamic::from(ScriptBatch {
-            x: ScriptTensor::new(b.x),
-            y: ScriptTensor::new(b.y),
-        }));
+        let b = d.select(ctx, rows)?;
+        out.push(Dynamic::from(ScriptBatch { x: b.x, y: b.y }));
     }
     Ok(out)
 }
 
-fn opt_int(m: &Map, key: &str) -> ScriptResult<Option<i64>> {
-    m.get(key)
-        .map(|v| v.as_int().map_err(|t| script_err(format!("`{key}` must be an integer, got {t}"))))
-        .transpose()
-}
-
 fn csv(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
+    let o = Opts::new(m, "csv", &["label_col", "labels", "scale", "header"])?;
     let p = ctx.sandbox.check_read(path).script()?;
     let mut opts = CsvOptions { max_bytes: ctx.sandbox.memory_budget, ..CsvOptions::default() };
-    if let Some(c) = opt_int(m, "label_col")? {
-        opts.label_col =
-            Some(usize::try_from(c).map_err(|_| script_err("`label_col` must be >= 0"))?);
+    opts.label_col = o.usize("label_col", 0)?;
+    if let Some(scale) = o.f32("scale")? {
+        opts.scale = scale;
     }
-    if let Some(v) = m.get("scale") {
-        opts.scale = v
-            .as_float()
-            .or_else(|_| v.as_int().map(|i| i as f64))
-            .map_err(|t| script_err(format!("`scale` must be a number, got {t}")))?
-            as f32;
+    if let Some(h) = o.bool("header")? {
+        opts.header = if h { Header::Present } else { Header::Absent };
     }
-    if let Some(v) = m.get("header") {
-        opts.header = match v.as_bool() {
-            Ok(true) => Header::Present,
-            Ok(false) => Header::Absent,
-            Err(_) => return Err(script_err("`header` must be true or false")),
-        };
-    }
-    if let Some(v) = m.get("labels") {
-        opts.labels = match v.clone().into_string().as_deref() {
-            Ok("classes") => Labels::Classes,
-            Ok("targets") => Labels::Targets,
-            _ => return Err(script_err("`labels` must be \"classes\" or \"targets\"")),
-        };
-    }
-    let d = data::read_csv(&p, &opts).script()?;
-    Ok(ScriptDataset(Rc::new(d)))
+    opts.labels = match o.string("labels")?.as_deref() {
+        None | Some("classes") => Labels::Classes,
+        Some("targets") => Labels::Targets,
+        Some(_) => return Err(script_err("csv: `labels` must be \"classes\" or \"targets\"")),
+    };
+    let mut charge = ctx.budget.empty();
+    let d = data::read_csv(&p, &opts, &mut charge).script()?;
+    Ok(ScriptDataset::from_loaded(d, charge))
 }
 
 fn text(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
+    let o = Opts::new(m, "text", &["seq_len", "stride"])?;
     let p = ctx.sandbox.check_read(path).script()?;
-    let seq_len = opt_int(m, "seq_len")?.unwrap_or(64);
-    let stride = opt_int(m, "stride")?.unwrap_or(seq_len);
-    let (Ok(seq_len), Ok(stride)) = (usize::try_from(seq_len), usize::try_from(stride)) else {
-        return Err(script_err("`seq_len` and `stride` must be positive"));
-    };
-    let bytes = data::read_text(&p, ctx.sandbox.memory_budget / 8).script()?;
-    let n = bytes.len().saturating_sub(seq_len) / stride.max(1) + 1;
-    ctx.sandbox.check_alloc(&[n, seq_len, 2]).script()?;
-    let d = data::text_sequences(&bytes, seq_len, stride).script()?;
-    Ok(ScriptDataset(Rc::new(d)))
+    let seq_len = o.usize("seq_len", 1)?.unwrap_or(64);
+    let stride = o.usize("stride", 1)?.unwrap_or(seq_len);
+    let mut charge = ctx.budget.empty();
+    let bytes = data::read_text(&p, &mut charge).script()?;
+    let d = data::text_sequences(&bytes, seq_len, stride, &mut charge).script()?;
+    drop(bytes);
+    let held = d.x().bytes() + d.y().bytes();
+    charge.resize(held, "").script()?;
+    Ok(ScriptDataset::from_loaded(d, charge))
 }

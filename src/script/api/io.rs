@@ -1,11 +1,14 @@
 //! Files, metrics and session defaults: `read_text`/`write_text` under the sandbox's file
-//! policy, `log_metric` for the metrics log, `seed` and `device` for the defaults of `compile`.
+//! policy (writes through [`crate::files::write_atomic`]), `log_metric` for the metrics log,
+//! `seed` and `device` for the defaults of `compile`.
 
-use super::super::convert::{IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_u64, IntoScript, ScriptResult};
 use super::super::{Ctx, Event};
 use crate::err;
 use crate::error::Error;
+use crate::memory::read_all;
 use rhai::{Engine, FLOAT, INT};
+use std::io::Read;
 use std::rc::Rc;
 
 /// Register the file, metric and default functions.
@@ -13,17 +16,21 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("read_text", move |path: &str| -> ScriptResult<String> {
         let p = c.sandbox.check_read(path).script()?;
-        let meta = std::fs::metadata(&p).map_err(|e| Error::io(path, e)).script()?;
-        if meta.len() > c.sandbox.max_string_size as u64 {
-            return Err(err!(Limit, "{path}: {} bytes is over the string limit", meta.len()))
+        let file = std::fs::File::open(&p).map_err(|e| Error::io(path, e)).script()?;
+        // Read at most one byte past the limit: a file that grows, or a FIFO, cannot run on.
+        let limit = c.sandbox.max_string_size as u64;
+        let mut charge = c.budget.empty();
+        let bytes = read_all(file.take(limit + 1), &mut charge, path).script()?;
+        if bytes.len() as u64 > limit {
+            return Err(err!(Limit, "{path}: more than {limit} bytes is over the string limit"))
                 .script();
         }
-        std::fs::read_to_string(&p).map_err(|e| Error::io(path, e)).script()
+        String::from_utf8(bytes).map_err(|_| err!(Io, "{path}: not valid UTF-8 text")).script()
     });
     let c = ctx.clone();
     engine.register_fn("write_text", move |path: &str, text: &str| -> ScriptResult<()> {
         let p = c.sandbox.check_write(path).script()?;
-        write_atomic(&p, text.as_bytes()).map_err(|e| Error::io(path, e)).script()
+        crate::files::write_atomic(&p, text.as_bytes()).script()
     });
     let c = ctx.clone();
     engine.register_fn("log_metric", move |name: &str, value: FLOAT| {
@@ -38,9 +45,15 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         });
     });
     let c = ctx.clone();
-    engine.register_fn("seed", move || c.seed.get() as INT);
+    engine.register_fn("seed", move || -> ScriptResult<INT> {
+        let s = c.seed.get();
+        INT::try_from(s).map_err(|_| script_err(format!("seed {s} does not fit a script integer")))
+    });
     let c = ctx.clone();
-    engine.register_fn("seed", move |s: INT| c.seed.set(s as u64));
+    engine.register_fn("seed", move |s: INT| -> ScriptResult<()> {
+        c.seed.set(to_u64(s, "seed")?);
+        Ok(())
+    });
     let c = ctx.clone();
     engine.register_fn("device", move || c.device.borrow().clone());
     let c = ctx.clone();
@@ -54,23 +67,4 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
                 .script(),
         }
     });
-}
-
-/// Write `bytes` to a temporary file next to `path`, then rename it into place.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp{}", std::process::id()));
-    let tmp = std::path::PathBuf::from(tmp);
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(bytes)?;
-        f.sync_all()
-    });
-    match written.and_then(|()| std::fs::rename(&tmp, path)) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
 }

@@ -4,6 +4,7 @@
 
 pub mod data;
 pub mod io;
+pub mod math;
 pub mod model;
 pub mod tensor;
 
@@ -15,6 +16,7 @@ pub use tensor::ScriptTensor;
 /// Register every type and function of the script API.
 pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     tensor::register(engine, ctx);
+    math::register(engine, ctx);
     data::register(engine, ctx);
     model::register(engine, ctx);
     io::register(engine, ctx);
@@ -88,7 +90,7 @@ pub fn display(v: &rhai::Dynamic) -> String {
         return t.to_string();
     }
     if let Some(d) = v.read_lock::<data::ScriptDataset>() {
-        return data::describe(&d.0);
+        return data::describe(&d);
     }
     if let Some(m) = v.read_lock::<model::ScriptModel>() {
         return format!("model {}", m.model.name);

@@ -4,7 +4,7 @@
 //! checkpoints. Optimizers and schedules are maps built by `sgd`, `adam`, `adamw`, `step_lr`
 //! and `cosine`, so scripts can print and tweak them.
 
-use super::super::convert::{script_err, IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::{Ctx, Event};
 use super::data::ScriptDataset;
 use super::tensor::ScriptTensor;
@@ -15,8 +15,10 @@ use crate::dsl::{self, Module, Value};
 use crate::error::Result;
 use crate::graph::optim::LR_INPUT;
 use crate::graph::{Graph, Op, OptimConfig, Optimizer};
-use crate::session::{CompileConfig, Device, Dims, Loss, Model, Schedule, Trainer, TARGET_INPUT};
-use crate::tensor::Tensor;
+use crate::session::{
+    CompileConfig, Device, Dims, LoadReport, Loss, Model, Schedule, Trainer, TARGET_INPUT,
+};
+use crate::tensor::{Tensor, TensorData};
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -159,34 +161,29 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("train_step", move |t: &mut ScriptTrainer, feeds: Map| {
         train_step(&c, t, tensors_of(&feeds)?)
     });
-    engine.register_fn("predict", |t: &mut ScriptTrainer, x: ScriptTensor| {
+    let c = ctx.clone();
+    engine.register_fn("predict", move |t: &mut ScriptTrainer, x: ScriptTensor| {
         let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x)];
         let out = predict(t, feeds)?;
         let output = t.output.clone();
-        out.into_iter()
+        let v = out
+            .into_iter()
             .find(|(n, _)| *n == *output)
-            .map(|(_, v)| ScriptTensor::new(v))
-            .ok_or_else(|| script_err(format!("the model has no output `{output}`")))
+            .map(|(_, v)| v)
+            .ok_or_else(|| script_err(format!("the model has no output `{output}`")))?;
+        ScriptTensor::adopt(&c.budget, v).script()
     });
-    engine.register_fn("predict", |t: &mut ScriptTrainer, feeds: Map| {
-        let out = predict(t, tensors_of(&feeds)?)?;
-        Ok::<_, Box<rhai::EvalAltResult>>(
-            out.into_iter()
-                .map(|(n, v)| (n.into(), Dynamic::from(ScriptTensor::new(v))))
-                .collect::<Map>(),
-        )
+    let c = ctx.clone();
+    engine.register_fn("predict", move |t: &mut ScriptTrainer, feeds: Map| {
+        outputs_map(&c, predict(t, tensors_of(&feeds)?)?)
     });
-    engine.register_fn("eval", |t: &mut ScriptTrainer, x: ScriptTensor| {
+    let c = ctx.clone();
+    engine.register_fn("eval", move |t: &mut ScriptTrainer, x: ScriptTensor| {
         let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x)];
-        let out = predict(t, feeds)?;
-        Ok::<_, Box<rhai::EvalAltResult>>(
-            out.into_iter()
-                .map(|(n, v)| (n.into(), Dynamic::from(ScriptTensor::new(v))))
-                .collect::<Map>(),
-        )
+        outputs_map(&c, predict(t, feeds)?)
     });
     engine.register_fn("accuracy", |t: &mut ScriptTrainer, d: ScriptDataset| {
-        accuracy(t, d.0.x(), d.0.y())
+        accuracy(t, d.x.tensor(), d.y.tensor())
     });
     engine.register_fn("accuracy", |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
         accuracy(t, x.tensor(), y.tensor())
@@ -195,17 +192,24 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_get("lr", |t: &mut ScriptTrainer| t.trainer.borrow().current_lr() as FLOAT);
     engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
     engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
-    engine.register_fn("params", |t: &mut ScriptTrainer| -> ScriptResult<Array> {
-        let ps = t.trainer.borrow().parameters().script()?;
-        Ok(ps.into_iter().map(|(n, _)| n.into()).collect())
+    engine.register_fn("params", |t: &mut ScriptTrainer| -> Array {
+        let tr = t.trainer.borrow();
+        tr.graph().parameters().into_iter().map(|(_, n)| n.into()).collect()
     });
-    engine.register_fn("param", |t: &mut ScriptTrainer, name: &str| {
-        t.trainer.borrow().parameter(name).map(ScriptTensor::new).script()
+    let c = ctx.clone();
+    engine.register_fn("param", move |t: &mut ScriptTrainer, name: &str| {
+        let tr = t.trainer.borrow();
+        // Charged before the copy is read; a name that is no parameter charges nothing.
+        let shape = tr.graph().persistent_named(name).map(|id| tr.graph().shape(id).to_vec());
+        let bytes = shape.as_deref().map_or(0, |s| s.iter().product::<usize>() as u64 * 4);
+        let what = format!("a copy of parameter `{name}`");
+        let charge = c.budget.charge(bytes, what).script()?;
+        Ok::<_, Box<rhai::EvalAltResult>>(ScriptTensor::new(tr.parameter(name).script()?, charge))
     });
     engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
         let mut tr = t.trainer.borrow_mut();
         tr.parameter(name).script()?; // parameters only, not optimizer state
-        tr.load_state(&[(name.to_string(), v.into_tensor())]).script()
+        tr.load_state(&[(name, v.tensor())]).script()
     });
     let c = ctx.clone();
     engine.register_fn("save", move |t: &mut ScriptTrainer, path: &str| {
@@ -215,13 +219,32 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_read(path).script()?;
-        load(&mut t.trainer.borrow_mut(), &p).script()
+        load(&mut t.trainer.borrow_mut(), &p, true).script().map(drop)
+    });
+    let c = ctx.clone();
+    engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str, opts: Map| {
+        let strict = Opts::new(&opts, "load", &["strict"])?.bool("strict")?.unwrap_or(true);
+        let p = c.sandbox.check_read(path).script()?;
+        let report = load(&mut t.trainer.borrow_mut(), &p, strict).script()?;
+        let names =
+            |v: Vec<String>| Dynamic::from_array(v.into_iter().map(Dynamic::from).collect());
+        let mut m = Map::new();
+        m.insert("missing".into(), names(report.missing));
+        m.insert("unexpected".into(), names(report.unexpected));
+        Ok::<_, Box<rhai::EvalAltResult>>(m)
     });
 }
 
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
     let tr = t.trainer.borrow();
     format!("trainer on {} at step {}", tr.device_name(), tr.step())
+}
+
+/// Outputs by name, each charged as a script tensor.
+fn outputs_map(ctx: &Ctx, out: Vec<(String, Tensor)>) -> ScriptResult<Map> {
+    out.into_iter()
+        .map(|(n, v)| Ok((n.into(), Dynamic::from(ScriptTensor::adopt(&ctx.budget, v).script()?))))
+        .collect()
 }
 
 fn tensors_of(m: &Map) -> ScriptResult<Vec<(String, ScriptTensor)>> {
@@ -254,7 +277,8 @@ fn predict(
     t.trainer.borrow_mut().predict(&feeds).script()
 }
 
-/// Fraction of rows whose largest output matches the label.
+/// Fraction of rows whose largest output matches the label; NaN when any row of outputs holds
+/// NaN or +inf, or is all -inf.
 fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     let input = t.inputs.first().cloned().unwrap_or_default();
     let out = t.trainer.borrow_mut().predict(&[(input.as_str(), x)]).script()?;
@@ -263,11 +287,18 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         .find(|(n, _)| *n == *t.output)
         .map(|(_, v)| v)
         .ok_or_else(|| script_err("the model has no output to score"))?;
-    let labels = y.to_f32_vec();
+    // The outputs are held while they are scored, like any other tensor the script sees.
+    let budget = t.trainer.borrow().budget().clone();
+    let _held = budget.charge(logits.bytes(), "the outputs being scored").script()?;
+    let _labels = budget.charge(y.bytes(), "the labels being scored").script()?;
+    let labels: Vec<f32> = match y.data() {
+        TensorData::F32(v) => v.clone(),
+        TensorData::I32(v) => v.iter().map(|&l| l as f32).collect(),
+    };
     let Some(&classes) = logits.shape().last() else {
         return Err(script_err("accuracy: the output has no class axis"));
     };
-    let v = logits.to_f32_vec();
+    let v = logits.as_f32().ok_or_else(|| script_err("accuracy: the output is not f32"))?;
     if classes == 0 || v.len() / classes != labels.len() {
         return Err(script_err(format!(
             "accuracy: {} rows of output for {} labels",
@@ -275,19 +306,34 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
             labels.len()
         )));
     }
-    let correct = v
-        .chunks(classes)
-        .zip(&labels)
-        .filter(|(row, &l)| {
-            let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
-            best as f32 == l
-        })
-        .count();
+    let mut correct = 0usize;
+    for (row, &label) in v.chunks(classes).zip(&labels) {
+        // A row with NaN or +inf, or all -inf, predicts nothing: the score is NaN, never a
+        // count that treats the first class as the prediction.
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        if row.iter().any(|x| x.is_nan()) || !row[best].is_finite() {
+            return Ok(FLOAT::NAN);
+        }
+        if !(label.fract() == 0.0 && (0.0..classes as f32).contains(&label)) {
+            return Err(script_err(format!(
+                "accuracy: label {label} is not a class index in 0..{classes}"
+            )));
+        }
+        correct += usize::from(best as f32 == label);
+    }
     Ok(correct as FLOAT / labels.len().max(1) as FLOAT)
 }
 
-/// Write every persistent value (parameters, optimizer state, step count) atomically.
+/// Write every persistent value (parameters, optimizer state, step count) atomically. The host
+/// copies and the file's bytes are charged to the model's budget while they are held.
 pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
+    let g = t.graph();
+    let state_bytes: u64 = g
+        .nodes()
+        .filter(|(_, n)| n.op.is_persistent())
+        .map(|(id, _)| g.shape(id).iter().product::<usize>() as u64 * 4)
+        .sum();
+    let _held = t.budget().charge(2 * state_bytes, "saving a checkpoint")?;
     let state = t.state_tensors()?;
     let refs: Vec<(&str, &Tensor)> = state.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let mut meta = BTreeMap::new();
@@ -296,43 +342,15 @@ pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
     checkpoint::save(path, &refs, &meta)
 }
 
-/// Load a checkpoint written by [`save`] (or parameters only, from elsewhere).
-pub fn load(t: &mut Trainer, path: &std::path::Path) -> Result<()> {
-    let ckpt = checkpoint::load(path)?;
-    t.load_state(&ckpt.tensors)
-}
-
-fn get<'a>(m: &'a Map, key: &str) -> Option<&'a Dynamic> {
-    m.get(key)
-}
-
-fn num(m: &Map, key: &str, default: f64) -> ScriptResult<f64> {
-    match get(m, key) {
-        None => Ok(default),
-        Some(v) => v
-            .as_float()
-            .or_else(|_| v.as_int().map(|i| i as f64))
-            .map_err(|t| script_err(format!("`{key}` must be a number, got {t}"))),
-    }
-}
-
-fn int(m: &Map, key: &str, default: i64) -> ScriptResult<i64> {
-    match get(m, key) {
-        None => Ok(default),
-        Some(v) => {
-            v.as_int().map_err(|t| script_err(format!("`{key}` must be an integer, got {t}")))
-        }
-    }
-}
-
-fn string(m: &Map, key: &str, default: &str) -> ScriptResult<String> {
-    match get(m, key) {
-        None => Ok(default.to_string()),
-        Some(v) => v
-            .clone()
-            .into_string()
-            .map_err(|t| script_err(format!("`{key}` must be a string, got {t}"))),
-    }
+/// Load a checkpoint written by [`save`] (or parameters only, from elsewhere); see
+/// [`Trainer::load_checkpoint`] for what `strict` requires. Errors start with the path.
+pub fn load(t: &mut Trainer, path: &std::path::Path, strict: bool) -> Result<LoadReport> {
+    let mut held = t.budget().empty();
+    let ckpt = checkpoint::load(path, &mut held)?;
+    let values: Vec<(&str, &Tensor)> = ckpt.tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let at_path =
+        |e: crate::Error| crate::Error::new(e.kind, format!("{}: {}", path.display(), e.message));
+    t.load_checkpoint(&values, strict).map_err(at_path)
 }
 
 const COMPILE_KEYS: &[&str] = &[
@@ -350,34 +368,23 @@ const COMPILE_KEYS: &[&str] = &[
 ];
 
 fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer> {
-    if let Some(k) = cfg.keys().find(|k| !COMPILE_KEYS.contains(&k.as_str())) {
-        return Err(script_err(format!(
-            "compile: unknown setting `{k}` (settings: {})",
-            COMPILE_KEYS.join(", ")
-        )));
-    }
+    let o = Opts::new(cfg, "compile", COMPILE_KEYS)?;
     let mut dims = Dims::new();
-    if let Some(d) = get(cfg, "dims") {
-        let d = d
-            .read_lock::<Map>()
-            .ok_or_else(|| script_err("`dims` must be a map of dimension sizes"))?;
+    if let Some(d) = o.map("dims")? {
         for (k, v) in d.iter() {
-            let n = v
-                .as_int()
-                .ok()
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| script_err(format!("dimension `{k}` must be a size")))?;
-            dims.insert(k.to_string(), n);
+            let n = v.as_int().map_err(|_| {
+                script_err(format!(
+                    "compile: dimension `{k}` must be an integer, got {}",
+                    v.type_name()
+                ))
+            })?;
+            dims.insert(k.to_string(), to_usize(n, &format!("compile: dimension `{k}`"))?);
         }
     }
-    let batch = int(cfg, "batch", 1)?;
-    dims.insert(
-        "B".into(),
-        usize::try_from(batch).map_err(|_| script_err("`batch` must be positive"))?,
-    );
+    dims.insert("B".into(), o.usize("batch", 1)?.unwrap_or(1));
     let probe = m.model.instantiate(&dims).script()?;
-    let output = match get(cfg, "output") {
-        Some(_) => string(cfg, "output", "")?,
+    let output = match o.string("output")? {
+        Some(out) => out,
         None => probe
             .outputs
             .first()
@@ -385,13 +392,10 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             .ok_or_else(|| script_err("the model has no outputs"))?,
     };
     let inputs = input_names(&probe);
-    let loss = match string(cfg, "loss", "cross_entropy")?.as_str() {
+    let loss = match o.string("loss")?.as_deref().unwrap_or("cross_entropy") {
         "cross_entropy" => Loss::CrossEntropy {
             output: output.clone(),
-            ignore_index: match get(cfg, "ignore_index") {
-                Some(_) => Some(int(cfg, "ignore_index", 0)? as i32),
-                None => None,
-            },
+            ignore_index: o.int("ignore_index", i32::MIN.into(), i32::MAX.into())?,
         },
         "mse" => Loss::Mse { output: output.clone() },
         "output" => Loss::Output { output: output.clone() },
@@ -401,15 +405,12 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             )))
         }
     };
-    let (optimizer, opt_lr) = optimizer(get(cfg, "optimizer"))?;
-    let lr = num(cfg, "lr", opt_lr.unwrap_or(1e-3))? as f32;
-    let schedule = schedule(get(cfg, "schedule"))?;
-    let clip_norm = match get(cfg, "clip") {
-        Some(_) => Some(num(cfg, "clip", 1.0)? as f32),
-        None => None,
-    };
-    let device = device(&string(cfg, "device", &ctx.device.borrow())?)?;
-    let seed = int(cfg, "seed", ctx.seed.get() as i64)? as u64;
+    let (optimizer, opt_lr) = optimizer(o.get("optimizer"))?;
+    let lr = o.f32("lr")?.or(opt_lr).unwrap_or(1e-3);
+    let schedule = schedule(o.get("schedule"))?;
+    let clip_norm = o.f32("clip")?;
+    let device = device(&o.string("device")?.unwrap_or_else(|| ctx.device.borrow().clone()))?;
+    let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.get());
     let cfg = CompileConfig {
         dims,
         loss,
@@ -418,6 +419,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         schedule,
         device,
         seed,
+        budget: ctx.budget.clone(),
     };
     let trainer = m.model.compile(cfg).script()?;
     Ok(ScriptTrainer {
@@ -441,7 +443,7 @@ fn device(name: &str) -> ScriptResult<Device> {
 }
 
 /// An optimizer from a map made by `sgd`/`adam`/`adamw` (or a bare name); also its `lr`.
-fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
+fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>)> {
     let m: Map = match v {
         None => {
             let mut m = Map::new();
@@ -458,42 +460,39 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
             .map(|m| m.clone())
             .ok_or_else(|| script_err("`optimizer` must be sgd(..), adam(..) or adamw(..)"))?,
     };
-    let lr = match m.get("lr") {
-        Some(_) => Some(num(&m, "lr", 0.0)?),
-        None => None,
+    let kind = match m.get("type").map(|t| t.clone().into_string()) {
+        Some(Ok(k)) => k,
+        _ => return Err(script_err("`optimizer` must be sgd(..), adam(..) or adamw(..)")),
     };
-    let kind = string(&m, "type", "adam")?;
-    let opt = match kind.as_str() {
-        "sgd" => Optimizer::Sgd {
-            momentum: num(&m, "momentum", 0.0)? as f32,
-            weight_decay: num(&m, "weight_decay", 0.0)? as f32,
-        },
-        "adam" | "adamw" => {
-            let (beta1, beta2) = (num(&m, "beta1", 0.9)? as f32, num(&m, "beta2", 0.999)? as f32);
-            let eps = num(&m, "eps", 1e-8)? as f32;
-            if kind == "adam" {
-                Optimizer::Adam {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: num(&m, "weight_decay", 0.0)? as f32,
-                }
-            } else {
-                Optimizer::AdamW {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: num(&m, "weight_decay", 0.01)? as f32,
-                }
-            }
-        }
+    let keys: &[&str] = match kind.as_str() {
+        "sgd" => &["type", "lr", "momentum", "weight_decay"],
+        "adam" | "adamw" => &["type", "lr", "beta1", "beta2", "eps", "weight_decay"],
         other => {
             return Err(script_err(format!(
                 "unknown optimizer `{other}`: expected sgd, adam or adamw"
             )))
         }
     };
-    Ok((opt, lr))
+    let o = Opts::new(&m, &kind, keys)?;
+    let f = |key: &str, default: f32| -> ScriptResult<f32> { Ok(o.f32(key)?.unwrap_or(default)) };
+    let opt = match kind.as_str() {
+        "sgd" => {
+            Optimizer::Sgd { momentum: f("momentum", 0.0)?, weight_decay: f("weight_decay", 0.0)? }
+        }
+        "adam" => Optimizer::Adam {
+            beta1: f("beta1", 0.9)?,
+            beta2: f("beta2", 0.999)?,
+            eps: f("eps", 1e-8)?,
+            weight_decay: f("weight_decay", 0.0)?,
+        },
+        _ => Optimizer::AdamW {
+            beta1: f("beta1", 0.9)?,
+            beta2: f("beta2", 0.999)?,
+            eps: f("eps", 1e-8)?,
+            weight_decay: f("weight_decay", 0.01)?,
+        },
+    };
+    Ok((opt, o.f32("lr")?))
 }
 
 fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
@@ -504,19 +503,23 @@ fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
         .read_lock::<Map>()
         .map(|m| m.clone())
         .ok_or_else(|| script_err("`schedule` must be step_lr(..) or cosine(..)"))?;
-    match string(&m, "type", "")?.as_str() {
-        "step" => Ok(Schedule::Step {
-            every: int(&m, "every", 1)?.max(1) as u64,
-            gamma: num(&m, "gamma", 0.1)? as f32,
-        }),
-        "cosine" => Ok(Schedule::Cosine {
-            warmup: int(&m, "warmup", 0)?.max(0) as u64,
-            total: int(&m, "total", 1)?.max(1) as u64,
-            min_lr: num(&m, "min_lr", 0.0)? as f32,
-        }),
-        other => Err(script_err(format!(
-            "unknown schedule `{other}`: expected step_lr(..) or cosine(..)"
-        ))),
+    match m.get("type").and_then(|t| t.clone().into_string().ok()).as_deref() {
+        Some("step") => {
+            let o = Opts::new(&m, "step_lr", &["type", "every", "gamma"])?;
+            Ok(Schedule::Step {
+                every: o.u64("every", 1)?.unwrap_or(1),
+                gamma: o.f32("gamma")?.unwrap_or(0.1),
+            })
+        }
+        Some("cosine") => {
+            let o = Opts::new(&m, "cosine", &["type", "warmup", "total", "min_lr"])?;
+            Ok(Schedule::Cosine {
+                warmup: o.u64("warmup", 0)?.unwrap_or(0),
+                total: o.u64("total", 1)?.unwrap_or(1),
+                min_lr: o.f32("min_lr")?.unwrap_or(0.0),
+            })
+        }
+        _ => Err(script_err("`schedule` must be step_lr(..) or cosine(..)")),
     }
 }
 

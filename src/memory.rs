@@ -1,0 +1,276 @@
+//! The memory budget: one running count of the bytes held by everything a script session owns
+//! (script tensors, datasets, compiled models' host and device buffers, evaluation copies,
+//! readers' buffers), checked before each allocation and given back when the owner is dropped.
+//!
+//! A [`Budget`] is shared (cloning it shares the count). A [`Charge`] is a claim of some bytes
+//! against it, held by whatever owns the memory and released on drop. Code that allocates for a
+//! script asks for the charge first and allocates only once it is granted, so going over the
+//! budget is an `Err` of kind `Limit`, never an aborted process.
+
+use crate::err;
+use crate::error::{Error, Result};
+use std::fmt;
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A limit in bytes and the bytes charged against it so far.
+#[derive(Clone)]
+pub struct Budget(Arc<Inner>);
+
+struct Inner {
+    limit: u64,
+    used: AtomicU64,
+}
+
+/// Bytes held against a [`Budget`]; released when dropped.
+pub struct Charge {
+    budget: Budget,
+    bytes: u64,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes, nothing charged yet.
+    pub fn new(limit: u64) -> Budget {
+        Budget(Arc::new(Inner { limit, used: AtomicU64::new(0) }))
+    }
+
+    /// A budget that refuses nothing (for Rust callers that manage memory themselves).
+    pub fn unlimited() -> Budget {
+        Budget::new(u64::MAX)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.0.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.0.used.load(Ordering::SeqCst)
+    }
+
+    /// Claim `bytes` for `what` (named in the error, e.g. "a tensor of shape [2, 3]").
+    pub fn charge(&self, bytes: u64, what: impl fmt::Display) -> Result<Charge> {
+        let mut c = self.empty();
+        c.grow(bytes, what)?;
+        Ok(c)
+    }
+
+    /// A charge of zero bytes, to [`grow`](Charge::grow) as a reader's buffers grow.
+    pub fn empty(&self) -> Charge {
+        Charge { budget: self.clone(), bytes: 0 }
+    }
+
+    fn take(&self, bytes: u64) -> std::result::Result<(), u64> {
+        let limit = self.0.limit;
+        let add = |used: u64| used.checked_add(bytes).filter(|&n| n <= limit);
+        self.0.used.fetch_update(Ordering::SeqCst, Ordering::SeqCst, add).map(drop)
+    }
+
+    fn give_back(&self, bytes: u64) {
+        self.0.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+}
+
+impl fmt::Debug for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Budget({} of {} bytes used)", self.used(), self.limit())
+    }
+}
+
+impl Charge {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Claim `more` bytes on top of what is held (for `what`, named in the error).
+    pub fn grow(&mut self, more: u64, what: impl fmt::Display) -> Result<()> {
+        match self.budget.take(more) {
+            Ok(()) => {
+                self.bytes += more;
+                Ok(())
+            }
+            Err(used) => Err(over_budget(&what.to_string(), more, used, self.budget.limit())),
+        }
+    }
+
+    /// Hold exactly `bytes`: grow, or give back what is over.
+    pub fn resize(&mut self, bytes: u64, what: impl fmt::Display) -> Result<()> {
+        if bytes > self.bytes {
+            self.grow(bytes - self.bytes, what)
+        } else {
+            self.budget.give_back(self.bytes - bytes);
+            self.bytes = bytes;
+            Ok(())
+        }
+    }
+
+    /// Move `bytes` (at most what is held) into a charge of their own, for a part of what this
+    /// charge paid for that goes to another owner.
+    pub fn split_off(&mut self, bytes: u64) -> Charge {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        Charge { budget: self.budget.clone(), bytes }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
+
+impl fmt::Debug for Charge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Charge({} bytes)", self.bytes)
+    }
+}
+
+fn over_budget(what: &str, bytes: u64, used: u64, limit: u64) -> Error {
+    if bytes > limit {
+        // Dropping values cannot help: say so rather than suggest it.
+        return err!(
+            Limit,
+            "{what} needs {}, more than the whole {} memory budget",
+            human(bytes),
+            human(limit)
+        );
+    }
+    err!(
+        Limit,
+        "{what} needs {} but only {} of the {} memory budget is free; drop values you no longer \
+         need (set their variables to `()`) or raise the budget",
+        human(bytes),
+        human(limit.saturating_sub(used)),
+        human(limit)
+    )
+}
+
+/// `1536` → `1.5 KiB`; exact bytes below 1 KiB.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut v = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1023.95 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// The default budget: half of the machine's physical memory (4 GiB where it cannot be read).
+pub fn default_limit() -> u64 {
+    physical_memory().map_or(4 << 30, |m| m / 2)
+}
+
+#[cfg(unix)]
+fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, page) = (u64::try_from(pages).ok()?, u64::try_from(page).ok()?);
+    pages.checked_mul(page).filter(|&m| m > 0)
+}
+
+#[cfg(not(unix))]
+fn physical_memory() -> Option<u64> {
+    None
+}
+
+/// Read everything from `r`, growing `charge` before the buffer grows; `name` names the source
+/// in errors. A source larger than the budget (a FIFO, `/dev/zero`, a gzip bomb) is refused
+/// before it is held.
+pub fn read_all(mut r: impl Read, charge: &mut Charge, name: &str) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        let n = match r.read(&mut chunk) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io(name, e)),
+        };
+        reserve(&mut bytes, n, charge, || format!("reading {name}"))?;
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Make room in `v` for `extra` more elements, charging the new capacity first (amortized
+/// doubling, like `Vec::push`).
+pub fn reserve<T>(
+    v: &mut Vec<T>,
+    extra: usize,
+    charge: &mut Charge,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    let need = v.len().saturating_add(extra);
+    if need <= v.capacity() {
+        return Ok(());
+    }
+    let cap = need.max(v.capacity().saturating_mul(2)).max(8);
+    let size = std::mem::size_of::<T>() as u64;
+    let more = (cap - v.capacity()) as u64 * size;
+    charge.grow(more, what())?;
+    v.reserve_exact(cap - v.len());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charges_add_up_and_are_given_back_on_drop() {
+        let b = Budget::new(100);
+        let a = b.charge(60, "a").unwrap();
+        let e = b.charge(50, "a tensor of shape [5, 10]").unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Limit);
+        assert_eq!(
+            e.message,
+            "a tensor of shape [5, 10] needs 50 bytes but only 40 bytes of the 100 bytes memory \
+             budget is free; drop values you no longer need (set their variables to `()`) or \
+             raise the budget"
+        );
+        drop(a);
+        assert_eq!(b.used(), 0);
+        let mut c = b.charge(50, "c").unwrap();
+        let d = c.split_off(20);
+        c.resize(10, "c").unwrap();
+        assert_eq!((c.bytes(), d.bytes(), b.used()), (10, 20, 30));
+        assert!(c.grow(u64::MAX, "huge").is_err());
+        drop((c, d));
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn reading_stops_at_the_budget() {
+        let b = Budget::new(1 << 20);
+        let mut c = b.empty();
+        let e = read_all(std::io::repeat(0), &mut c, "/dev/zero").unwrap_err();
+        assert!(e.message.starts_with("reading /dev/zero needs "), "{e}");
+        assert!(c.bytes() <= 1 << 20);
+        drop(c);
+        assert_eq!(b.used(), 0);
+        let mut c = b.empty();
+        assert_eq!(read_all(&[1u8, 2, 3][..], &mut c, "x").unwrap(), [1, 2, 3]);
+        assert!(c.bytes() >= 3);
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human(512), "512 bytes");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(40_000_000_000), "37.3 GiB");
+        assert_eq!(human((1 << 20) - 10), "1.0 MiB", "not 1024.0 KiB");
+    }
+
+    #[test]
+    fn the_default_fits_the_machine() {
+        let limit = default_limit();
+        assert!(limit >= 1 << 28 && physical_memory().is_none_or(|m| limit <= m), "{limit}");
+    }
+}

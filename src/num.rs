@@ -1,0 +1,67 @@
+//! Checked numeric conversions: where a number someone wrote (a script value, a model-language
+//! literal, a checkpoint entry) changes type, it goes through here, so nothing wraps, saturates
+//! or silently becomes infinite. The errors are message fragments; callers name the value and
+//! give the error its kind and position.
+
+/// `v` as an integer type, when it lies in `min..=max` (which must fit in `T`).
+pub fn int_in<T: TryFrom<i64>>(v: i64, min: i64, max: i64) -> Result<T, String> {
+    if (min..=max).contains(&v) {
+        if let Ok(t) = T::try_from(v) {
+            return Ok(t);
+        }
+    }
+    Err(if max == i64::MAX {
+        format!("must be an integer >= {min}, got {v}")
+    } else {
+        format!("must be an integer in {min}..={max}, got {v}")
+    })
+}
+
+/// `v` as f32. A finite number outside f32's range is an error (it would become infinite);
+/// infinities and NaN stay what they are, and numbers too small for f32 round to zero, as
+/// every float rounds.
+pub fn f32_of(v: f64) -> Result<f32, String> {
+    let f = v as f32;
+    if v.is_finite() && f.is_infinite() {
+        return Err(format!("{v:e} is outside the range of f32 (about ±3.4e38)"));
+    }
+    Ok(f)
+}
+
+/// `v` as i32, when it is a whole number in i32's range (NaN, infinities and fractions are
+/// errors).
+pub fn i32_of(v: f64) -> Result<i32, String> {
+    if v.fract() == 0.0 && v >= i32::MIN as f64 && v <= i32::MAX as f64 {
+        Ok(v as i32)
+    } else {
+        Err(format!("{v} is not a whole number in i32's range ({}..={})", i32::MIN, i32::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversions_refuse_what_they_cannot_keep() {
+        assert_eq!(int_in::<i32>(-5, i32::MIN.into(), i32::MAX.into()), Ok(-5));
+        assert_eq!(
+            int_in::<i32>(4294967296, i32::MIN.into(), i32::MAX.into()),
+            Err("must be an integer in -2147483648..=2147483647, got 4294967296".into())
+        );
+        assert_eq!(int_in::<u64>(-1, 0, i64::MAX), Err("must be an integer >= 0, got -1".into()));
+        assert_eq!(f32_of(1e39), Err("1e39 is outside the range of f32 (about ±3.4e38)".into()));
+        assert_eq!(
+            f32_of(-1e300),
+            Err("-1e300 is outside the range of f32 (about ±3.4e38)".into())
+        );
+        assert_eq!(f32_of(f64::INFINITY), Ok(f32::INFINITY));
+        assert!(f32_of(f64::NAN).unwrap().is_nan());
+        assert_eq!(f32_of(1e-50), Ok(0.0));
+        assert_eq!(f32_of(3.4e38), Ok(3.4e38));
+        assert_eq!(i32_of(-7.0), Ok(-7));
+        for bad in [1.5, 4294967297.0, f64::NAN, f64::INFINITY] {
+            assert!(i32_of(bad).is_err(), "{bad}");
+        }
+    }
+}
