@@ -39,7 +39,7 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
 
 #[test]
 fn every_case_matches_the_cpu_reference() {
-    let Some(gpu) = test_gpu_or_skip("every_case_matches_the_cpu_reference") else {
+    let Some((gpu, _turn)) = test_gpu_or_skip("every_case_matches_the_cpu_reference") else {
         return;
     };
     let mut failures = Vec::new();
@@ -108,7 +108,7 @@ fn every_op_runs_on_the_gpu() {
 /// The long-K case above runs through the split-K path (so its comparison covers it).
 #[test]
 fn a_long_thin_product_splits_k() {
-    let Some(gpu) = test_gpu_or_skip("a_long_thin_product_splits_k") else { return };
+    let Some((gpu, _turn)) = test_gpu_or_skip("a_long_thin_product_splits_k") else { return };
     let c = cases().into_iter().find(|c| c.name == "matmul long k").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();

@@ -172,45 +172,12 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> KernelSource {
             );
             (main, (n_out as u32).div_ceil(WG))
         }
-        KernelKind::Concat => {
-            let node = g.node(out);
-            let Op::Concat { axis } = node.op else { unreachable!("concat kernel") };
-            let (coords_code, coords) = decompose(&out_shape, "i", "c");
-            let mut body = String::new();
-            let mut offset = 0;
-            let is_i32 = g.dtype(out) == DType::I32;
-            let _ = writeln!(body, "    var value = {};", if is_i32 { "0" } else { "0.0" });
-            for &x in &node.inputs {
-                let len = g.shape(x)[axis];
-                let mut c = coords.clone();
-                c[axis] = format!("({} - {offset}u)", coords[axis]);
-                let mut sub = ExprEmitter::new(g, plan, &names);
-                let v = if is_i32 { sub.emit_i32(x, &c) } else { sub.emit(x, &c) };
-                let _ = write!(
-                    body,
-                    "    if ({} >= {offset}u && {} < {}u) {{\n{}        value = {v};\n    }}\n",
-                    coords[axis],
-                    coords[axis],
-                    offset + len,
-                    sub.body.replace("\n    let", "\n        let").replacen(
-                        "    let",
-                        "        let",
-                        1
-                    )
-                );
-                offset += len;
-            }
-            let main = format!(
-                "@compute @workgroup_size({WG})\nfn main({MAIN_ARGS}) {{\n    let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;\n    if (i >= {n_out}u) {{ return; }}\n{coords_code}{body}    {}[i] = value;\n}}\n",
-                binder.name(out)
-            );
-            (main, (n_out as u32).div_ceil(WG))
-        }
+        KernelKind::Concat { parts } => concat(g, plan, &binder, &names, out, parts.clone()),
         other => unreachable!("{other:?} kernels use the templates in shaders/"),
     };
     let decls = binder.declarations(g, k);
     KernelSource {
-        label: format!("{} #{}", kind_name(&k.kind), out.index()),
+        label: format!("{} #{}", k.kind.name(), out.index()),
         wgsl: module(&decls, uses_meta, binder.list.len(), &main),
         bindings: binder.list.clone(),
         uses_meta,
@@ -276,24 +243,50 @@ pub fn matmul_epilogue(
     Some(MatmulEpilogue { decls, body, extra })
 }
 
-/// Short name of a kernel kind, for labels and reports.
-pub fn kind_name(k: &KernelKind) -> &'static str {
-    match k {
-        KernelKind::Elementwise => "elementwise",
-        KernelKind::MatMul { .. } => "matmul",
-        KernelKind::Reduce => "reduce",
-        KernelKind::Softmax => "softmax",
-        KernelKind::LogSoftmax => "log_softmax",
-        KernelKind::LayerNorm { .. } => "layer_norm",
-        KernelKind::LayerNormStats => "layer_norm_stats",
-        KernelKind::LayerNormGradInput { .. } => "layer_norm_bw",
-        KernelKind::LayerNormGradWeight => "layer_norm_grad_weight",
-        KernelKind::Embedding => "embedding",
-        KernelKind::EmbeddingGrad => "embedding_grad",
-        KernelKind::CrossEntropy => "cross_entropy",
-        KernelKind::CrossEntropyGrad => "cross_entropy_grad",
-        KernelKind::Concat => "concat",
+/// The part of a concat's output that inputs `parts` fill: one thread per element of that part.
+fn concat(
+    g: &Graph,
+    plan: &Plan,
+    binder: &Binder,
+    names: &dyn Fn(usize) -> String,
+    out: NodeId,
+    parts: std::ops::Range<usize>,
+) -> (String, u32) {
+    let node = g.node(out);
+    let Op::Concat { axis } = node.op else { unreachable!("concat kernel") };
+    let len = |x: &NodeId| g.shape(*x)[axis];
+    let base: usize = node.inputs[..parts.start].iter().map(len).sum();
+    let mut part_shape = g.shape(out).to_vec();
+    part_shape[axis] = node.inputs[parts.clone()].iter().map(len).sum();
+    let n_part: usize = part_shape.iter().product();
+    let (coords_code, coords) = decompose(&part_shape, "i", "c");
+    let is_i32 = g.dtype(out) == DType::I32;
+    let mut body = String::new();
+    let _ = writeln!(body, "    var value = {};", if is_i32 { "0" } else { "0.0" });
+    let mut offset = 0;
+    for &x in &node.inputs[parts] {
+        let mut c = coords.clone();
+        c[axis] = format!("({} - {offset}u)", coords[axis]);
+        let mut sub = ExprEmitter::new(g, plan, names);
+        let v = if is_i32 { sub.emit_i32(x, &c) } else { sub.emit(x, &c) };
+        let _ = write!(
+            body,
+            "    if ({} >= {offset}u && {} < {}u) {{\n{}        value = {v};\n    }}\n",
+            coords[axis],
+            coords[axis],
+            offset + len(&x),
+            indent(&sub.body)
+        );
+        offset += len(&x);
     }
+    let mut out_coords = coords.clone();
+    out_coords[axis] = format!("({} + {base}u)", coords[axis]);
+    let index = super::expr::linear_index(g.shape(out), &out_coords);
+    let main = format!(
+        "@compute @workgroup_size({WG})\nfn main({MAIN_ARGS}) {{\n    let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;\n    if (i >= {n_part}u) {{ return; }}\n{coords_code}{body}    {}[{index}] = value;\n}}\n",
+        binder.name(out)
+    );
+    (main, (n_part as u32).div_ceil(WG))
 }
 
 /// A workgroup-wide reduction of `acc` into `red[0]` (sum or max), `ROW_WG` threads.

@@ -80,7 +80,7 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
-    /// The limits the device was created with (the adapter's own, not wgpu's defaults).
+    /// The limits the device was created with (the adapter's own unless asked otherwise).
     pub limits: wgpu::Limits,
     /// Errors no error scope caught, recorded by the non-panicking handler.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -134,6 +134,15 @@ impl Gpu {
     /// Open the device `choice` asks for: `Ok(None)` for `Cpu`, and for `Auto` when there is no
     /// hardware adapter; an error for `Gpu` when wgpu finds no adapter at all.
     pub fn open(choice: DeviceChoice) -> Result<Option<Gpu>> {
+        Gpu::open_with(choice, |adapter| adapter)
+    }
+
+    /// [`Gpu::open`] with the limits `limits` makes of the adapter's own (which it must not
+    /// exceed).
+    pub fn open_with(
+        choice: DeviceChoice,
+        limits: impl FnOnce(wgpu::Limits) -> wgpu::Limits,
+    ) -> Result<Option<Gpu>> {
         let hardware_only = match choice {
             DeviceChoice::Cpu => return Ok(None),
             DeviceChoice::Auto => true,
@@ -147,7 +156,10 @@ impl Gpu {
             .filter(|a| !hardware_only || a.get_info().device_type != wgpu::DeviceType::Cpu)
             .min_by_key(|a| adapter_rank(&a.get_info()));
         match best {
-            Some(adapter) => Gpu::from_adapter(adapter).map(Some),
+            Some(adapter) => {
+                let limits = limits(adapter.limits());
+                Gpu::from_adapter_with_limits(adapter, limits).map(Some)
+            }
             None if hardware_only => Ok(None),
             None => Err(err!(
                 Device,
@@ -159,8 +171,14 @@ impl Gpu {
     /// Create the device on `adapter` with the adapter's own limits and a non-panicking
     /// uncaptured-error handler.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
-        let info = adapter.get_info();
         let limits = adapter.limits();
+        Gpu::from_adapter_with_limits(adapter, limits)
+    }
+
+    /// Create the device on `adapter` with `limits` (at most the adapter's own) and a
+    /// non-panicking uncaptured-error handler.
+    pub fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
+        let info = adapter.get_info();
         let features = adapter.features() & wgpu::Features::SHADER_F16;
         let desc = wgpu::DeviceDescriptor {
             label: Some("rumus"),
@@ -531,6 +549,7 @@ fn error_text(e: &wgpu::Error) -> String {
 }
 
 static TEST_GPU: OnceLock<Result<Gpu>> = OnceLock::new();
+static TEST_GPU_AT_WEBGPU_LIMITS: OnceLock<Result<Gpu>> = OnceLock::new();
 
 /// The process-wide device for `choice`, opened once: `None` means the CPU backend (`cpu`, or
 /// `auto` when the only adapter is a software one, with a one-line notice the first time).
@@ -560,11 +579,57 @@ pub fn test_gpu() -> Result<&'static Gpu> {
     opened.as_ref().map_err(Error::clone)
 }
 
-/// For tests: the shared device, or `None` (after a notice on stderr) when there is no adapter,
-/// so the test can return early. Under `CI=true` a missing adapter is a test failure instead:
-/// this panics with the reason, because CI must exercise the WGSL path.
-pub fn test_gpu_or_skip(test: &str) -> Option<&'static Gpu> {
-    match test_gpu() {
+/// For tests: a second process-wide device on the same adapter, opened with WebGPU's default
+/// limits (8 storage buffers per stage, 128 MiB per binding, ...) where the adapter allows
+/// more, so every adapter's plans are tested at the limits every adapter meets.
+pub fn test_gpu_at_webgpu_limits() -> Result<&'static Gpu> {
+    let opened = TEST_GPU_AT_WEBGPU_LIMITS.get_or_init(|| {
+        let webgpu = |own: wgpu::Limits| wgpu::Limits::default().or_worse_values_from(&own);
+        Gpu::open_with(DeviceChoice::Gpu, webgpu)?
+            .ok_or_else(|| err!(Device, "no wgpu adapter found"))
+    });
+    opened.as_ref().map_err(Error::clone)
+}
+
+/// A test's turn at the test devices, held until it is dropped. On OpenGL adapters wgpu shares
+/// one context between threads and panics when a thread waits more than a few seconds for it
+/// (a long shader compile or submission on a busy software adapter), so GPU tests take turns
+/// there; elsewhere they run side by side.
+pub struct GpuTurn(#[allow(dead_code)] Option<std::sync::MutexGuard<'static, ()>>);
+
+impl GpuTurn {
+    fn take(gpu: &Gpu) -> GpuTurn {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        if gpu.info.backend != wgpu::Backend::Gl {
+            return GpuTurn(None);
+        }
+        GpuTurn(Some(TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())))
+    }
+}
+
+/// For tests: the shared device and the test's turn at it (keep it alive as long as the test
+/// uses the device), or `None` (after a notice on stderr) when there is no adapter, so the test
+/// can return early. Under `CI=true` a missing adapter is a test failure instead: this panics
+/// with the reason, because CI must exercise the WGSL path.
+pub fn test_gpu_or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
+    let gpu = or_skip(test, test_gpu())?;
+    Some((gpu, GpuTurn::take(gpu)))
+}
+
+/// For tests: both test devices, the adapter's own limits first and WebGPU's defaults second
+/// ([`test_gpu_at_webgpu_limits`]), with the test's turn at them; no device, or a failure under
+/// `CI=true`, as [`test_gpu_or_skip`] says.
+pub fn test_gpus_or_skip(test: &str) -> (Vec<&'static Gpu>, GpuTurn) {
+    let Some(own) = or_skip(test, test_gpu()) else {
+        return (Vec::new(), GpuTurn(None));
+    };
+    let turn = GpuTurn::take(own);
+    let webgpu = or_skip(test, test_gpu_at_webgpu_limits());
+    (std::iter::once(own).chain(webgpu).collect(), turn)
+}
+
+fn or_skip(test: &str, gpu: Result<&'static Gpu>) -> Option<&'static Gpu> {
+    match gpu {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
             panic!("{test}: CI=true but no GPU device: {e} (install mesa-vulkan-drivers)")

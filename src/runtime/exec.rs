@@ -10,7 +10,7 @@ use super::device::{Dispatch, Gpu, STORAGE};
 use super::kernels::{
     LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
 };
-use crate::codegen::wgsl::{generate, kind_name, matmul_epilogue, MatmulEpilogue};
+use crate::codegen::wgsl::{generate, matmul_epilogue, MatmulEpilogue};
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op};
@@ -78,8 +78,10 @@ impl GpuPlan {
         plan: Plan,
         persistent: &HashMap<NodeId, wgpu::Buffer>,
     ) -> Result<GpuPlan> {
-        // The plan may have been built without this device's binding limit.
-        crate::plan::verify::verify(&plan, Some(gpu.limits.max_storage_buffers_per_shader_stage))?;
+        // The plan may have been built without this device's limits.
+        let limits = crate::plan::Limits::of(&gpu.limits);
+        crate::plan::limits::check_binding_bytes(g, &plan, limits.max_binding_bytes)?;
+        crate::plan::verify::verify(g, &plan, Some(limits.max_storage_buffers))?;
         let mut buffers = Vec::with_capacity(plan.buffers.len());
         for (b, info) in plan.buffers.iter().enumerate() {
             let owner = plan.values.iter().find(|v| v.buffer == b && v.pinned).map(|v| v.node);
@@ -380,7 +382,7 @@ impl GpuPlan {
             self.buf(out)?,
             &extra_bufs,
         )?;
-        d.label = format!("{} #{}", kind_name(&k.kind), out.index());
+        d.label = format!("{} #{}", k.kind.name(), out.index());
         Ok(Some(vec![d]))
     }
 
@@ -440,7 +442,7 @@ impl GpuPlan {
         }
         let bind_group = gpu.bind_group_at("split-k sum", &pipeline, &bound)?;
         let second = Dispatch {
-            label: format!("{} #{} split-k sum", kind_name(&k.kind), out.index()),
+            label: format!("{} #{} split-k sum", k.kind.name(), out.index()),
             pipeline,
             bind_group,
             workgroups: gpu.dispatch_dims((mn as u32).div_ceil(256)),
