@@ -181,3 +181,42 @@ fn too_much_memory(gpu: &'static Gpu) {
     let (losses, _) = train(&mut gpu_backend(gpu, &t, true, true), &t, 1);
     assert!(losses[0].is_finite());
 }
+
+/// A training step with a label out of range fails on the GPU with the CPU's error and, as on
+/// the CPU, applies none of its updates: parameters, moments and the step count are as before,
+/// and training then goes on exactly as if the bad step had never been tried.
+#[test]
+fn a_step_with_a_bad_label_fails_as_on_the_cpu_and_changes_nothing() {
+    let (gpus, _turn) = test_gpus_or_skip("a_step_with_a_bad_label_fails_as_on_the_cpu");
+    for gpu in gpus {
+        let t = gpt_step();
+        let target = t.graph.input_named("target").unwrap();
+        let good = feeds(&t);
+        let mut bad = good.clone();
+        let (_, labels) = bad.iter_mut().find(|(id, _)| *id == target).unwrap();
+        let mut v = labels.as_i32().unwrap().to_vec();
+        v[3] = 17;
+        *labels = Tensor::i32(labels.shape(), v).unwrap();
+        let refs = |f: &[(rumus::graph::NodeId, Tensor)]| -> Vec<_> {
+            f.iter().map(|(id, t)| (*id, t.clone())).collect::<Vec<_>>()
+        };
+        let persistent = |b: &dyn Backend| -> Vec<u32> {
+            let ids = t.graph.nodes().filter(|(_, n)| n.op.is_persistent()).map(|(id, _)| id);
+            ids.flat_map(|id| b.read(id).unwrap().to_f32_vec()).map(f32::to_bits).collect()
+        };
+        let opts = RunOptions { training: true, step: 0 };
+        let mut cpu = CpuBackend::new(t.graph.clone(), 7).unwrap();
+        let mut backend = gpu_backend(gpu, &t, true, true);
+        let before = persistent(&backend);
+        for b in [&mut cpu as &mut dyn Backend, &mut backend] {
+            let bad = refs(&bad);
+            let bad: Vec<_> = bad.iter().map(|(id, t)| (*id, t)).collect();
+            let e = b.run(&bad, &[t.loss], opts).unwrap_err();
+            assert_eq!(e.message, "cross_entropy: label 17 is out of range for 17 classes");
+        }
+        assert!(persistent(&backend) == before, "a failed step changed parameters or state");
+        let (after_failure, _) = train(&mut backend, &t, 2);
+        let (fresh, _) = train(&mut gpu_backend(gpu, &t, true, true), &t, 2);
+        assert_eq!(after_failure, fresh);
+    }
+}

@@ -57,6 +57,19 @@ pub fn checks_data(kind: &KernelKind) -> bool {
     )
 }
 
+/// The value a checking kernel checks (its indices or labels): pinned in the plan, so that the
+/// host can read the bad element after the step and report it.
+pub fn checked_operand(g: &Graph, k: &Kernel) -> Option<NodeId> {
+    let node = g.node(*k.outputs.last()?);
+    match node.op {
+        Op::EmbeddingGrad { .. } => Some(node.inputs[0]),
+        Op::Embedding | Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. } => {
+            Some(node.inputs[1])
+        }
+        _ => None,
+    }
+}
+
 /// Whether kernel `k` of `plan` commits a new value into a persistent buffer in place while some
 /// kernel of the plan checks its data: it then binds the status buffer and writes nothing when
 /// a check failed, so a step that reports an error leaves parameters and state as they were.

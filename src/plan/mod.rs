@@ -93,7 +93,10 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
     if opts.reuse {
         inplace::write_updates_in_place(g, &mut f, &updates); // new values into their targets
     }
-    let (values, buffers) = alloc::assign(g, &f, &roots, opts.reuse); // liveness + greedy by size
+    // Pinned: what the host reads, what is written back, and what checking kernels check.
+    let mut pinned = roots.clone();
+    pinned.extend(f.kernels.iter().filter_map(|k| limits::checked_operand(g, k)));
+    let (values, buffers) = alloc::assign(g, &f, &pinned, opts.reuse); // liveness + greedy by size
     let n_ops = g
         .nodes()
         .filter(|(id, n)| {

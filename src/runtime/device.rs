@@ -107,6 +107,13 @@ impl Dispatch {
     }
 }
 
+/// Copies encoded by [`Gpu::encode_readback`], waiting for their submission.
+pub struct Readback {
+    staging: Option<wgpu::Buffer>,
+    /// Byte range of each part in `staging`.
+    spans: Vec<std::ops::Range<u64>>,
+}
+
 /// Usage of a plain storage buffer: bindable read-write, copyable both ways.
 pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST)
@@ -374,25 +381,56 @@ impl Gpu {
 
     /// Copy elements `range` of `buf` into a mappable staging buffer, wait, and return the bytes.
     fn read_bytes(&self, buf: &wgpu::Buffer, range: std::ops::Range<usize>) -> Result<Vec<u8>> {
-        let (start, end) = (range.start as u64 * 4, range.end as u64 * 4);
-        if start > end || end > buf.size() {
-            return Err(err!(
-                Device,
-                "cannot read elements {}..{} of a buffer of {} elements",
-                range.start,
-                range.end,
-                buf.size() / 4
-            ));
-        }
-        if start == end {
-            return Ok(Vec::new());
-        }
-        let len = end - start;
-        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let staging = self.buffer("readback", len, usage)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buf, start, &staging, 0, len);
+        let readback = self.encode_readback(&mut enc, &[(buf, range)])?;
         self.submit(enc)?;
+        Ok(self.finish_readback(readback)?.pop().unwrap_or_default())
+    }
+
+    /// Encode copies of element ranges of buffers into one mappable staging buffer, so that they
+    /// are read back with the work `enc` holds (one submission); [`Gpu::finish_readback`]
+    /// returns their bytes after `enc` is submitted.
+    pub fn encode_readback(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        parts: &[(&wgpu::Buffer, std::ops::Range<usize>)],
+    ) -> Result<Readback> {
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut total = 0u64;
+        for (buf, range) in parts {
+            let (start, end) = (range.start as u64 * 4, range.end as u64 * 4);
+            if start > end || end > buf.size() {
+                return Err(err!(
+                    Device,
+                    "cannot read elements {}..{} of a buffer of {} elements",
+                    range.start,
+                    range.end,
+                    buf.size() / 4
+                ));
+            }
+            spans.push(total..total + (end - start));
+            total += end - start;
+        }
+        if total == 0 {
+            return Ok(Readback { staging: None, spans });
+        }
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = self.buffer("readback", total, usage)?;
+        for ((buf, range), span) in parts.iter().zip(&spans) {
+            if !span.is_empty() {
+                let start = range.start as u64 * 4;
+                enc.copy_buffer_to_buffer(buf, start, &staging, span.start, span.end - span.start);
+            }
+        }
+        Ok(Readback { staging: Some(staging), spans })
+    }
+
+    /// Wait for a readback's submission and return the bytes of each part, in order.
+    pub fn finish_readback(&self, readback: Readback) -> Result<Vec<Vec<u8>>> {
+        let Readback { staging, spans } = readback;
+        let Some(staging) = staging else {
+            return Ok(spans.iter().map(|_| Vec::new()).collect());
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -403,14 +441,14 @@ impl Gpu {
             Ok(Err(e)) => return Err(err!(Device, "cannot map readback buffer: {e}")),
             Err(_) => return Err(err!(Device, "readback buffer was never mapped")),
         }
-        let bytes = {
+        let parts = {
             let view = staging
                 .get_mapped_range(..)
                 .map_err(|e| err!(Device, "cannot read mapped buffer: {e}"))?;
-            view.to_vec()
+            spans.iter().map(|s| view[s.start as usize..s.end as usize].to_vec()).collect()
         };
         staging.unmap();
-        Ok(bytes)
+        Ok(parts)
     }
 
     /// Compile `wgsl` and create a compute pipeline for `entry` with an automatic layout (bind
@@ -594,16 +632,31 @@ pub fn test_gpu_at_webgpu_limits() -> Result<&'static Gpu> {
 /// A test's turn at the test devices, held until it is dropped. On OpenGL adapters wgpu shares
 /// one context between threads and panics when a thread waits more than a few seconds for it
 /// (a long shader compile or submission on a busy software adapter), so GPU tests take turns
-/// there; elsewhere they run side by side.
-pub struct GpuTurn(#[allow(dead_code)] Option<std::sync::MutexGuard<'static, ()>>);
+/// there; elsewhere they run side by side. A thread that holds the turn may take it again (a
+/// test calling a helper that takes it too).
+pub struct GpuTurn(Option<std::sync::MutexGuard<'static, ()>>);
+
+thread_local! {
+    static HOLDS_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 impl GpuTurn {
     fn take(gpu: &Gpu) -> GpuTurn {
         static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        if gpu.info.backend != wgpu::Backend::Gl {
+        if gpu.info.backend != wgpu::Backend::Gl || HOLDS_TURN.with(|h| h.get()) {
             return GpuTurn(None);
         }
-        GpuTurn(Some(TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())))
+        let guard = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        HOLDS_TURN.with(|h| h.set(true));
+        GpuTurn(Some(guard))
+    }
+}
+
+impl Drop for GpuTurn {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            HOLDS_TURN.with(|h| h.set(false));
+        }
     }
 }
 
