@@ -44,16 +44,15 @@ fn mlp_step() -> TrainGraph {
     training_graph(g, loss, &cfg).unwrap()
 }
 
-/// Deterministic feeds for every input of a training graph (the learning rate included).
+/// Deterministic feeds for every input of a training graph the user feeds (the optimizer's
+/// come from [`host`]).
 fn feeds(t: &TrainGraph) -> Vec<(rumus::graph::NodeId, Tensor)> {
     let g = &t.graph;
     g.nodes()
         .filter_map(|(id, n)| match &n.op {
-            rumus::graph::Op::Input { name } => {
+            rumus::graph::Op::Input { name } if !rumus::graph::optim::is_host_input(name) => {
                 let len: usize = n.shape.iter().product();
-                let t = if name == rumus::graph::optim::LR_INPUT {
-                    Tensor::scalar(0.05)
-                } else if n.dtype == DType::I32 {
+                let t = if n.dtype == DType::I32 {
                     Tensor::i32(&n.shape, (0..len).map(|i| (i * 5 % 3) as i32).collect()).unwrap()
                 } else {
                     Tensor::f32(
@@ -69,12 +68,20 @@ fn feeds(t: &TrainGraph) -> Vec<(rumus::graph::NodeId, Tensor)> {
         .collect()
 }
 
+/// `feeds` and what the optimizer driver feeds for step `step`: learning rate 0.05 and the bias
+/// corrections.
+fn host(t: &TrainGraph, step: u64) -> Vec<(rumus::graph::NodeId, Tensor)> {
+    let mut f = feeds(t);
+    f.extend(t.optim.host_feeds(0.05, step));
+    f
+}
+
 /// Losses of `steps` steps, then every parameter and state value, flattened.
 fn train(backend: &mut dyn Backend, t: &TrainGraph, steps: u64) -> (Vec<f32>, Vec<f32>) {
-    let f = feeds(t);
-    let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
     let mut losses = Vec::new();
     for step in 0..steps {
+        let f = host(t, step);
+        let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
         let out = backend.run(&refs, &[t.loss], RunOptions { training: true, step }).unwrap();
         losses.push(out[0].to_f32_vec()[0]);
     }
@@ -191,7 +198,7 @@ fn a_step_with_a_bad_label_fails_as_on_the_cpu_and_changes_nothing() {
     for gpu in gpus {
         let t = gpt_step();
         let target = t.graph.input_named("target").unwrap();
-        let good = feeds(&t);
+        let good = host(&t, 0);
         let mut bad = good.clone();
         let (_, labels) = bad.iter_mut().find(|(id, _)| *id == target).unwrap();
         let mut v = labels.as_i32().unwrap().to_vec();
@@ -218,5 +225,42 @@ fn a_step_with_a_bad_label_fails_as_on_the_cpu_and_changes_nothing() {
         let (after_failure, _) = train(&mut backend, &t, 2);
         let (fresh, _) = train(&mut gpu_backend(gpu, &t, true, true), &t, 2);
         assert_eq!(after_failure, fresh);
+    }
+}
+
+/// Adam's bias corrections come from the host in f64, as PyTorch computes them: an AdamW
+/// update at step 1000 on the GPU matches the f64 reference to 2e-6 (raising β₂ to the
+/// power t on the device in f32 drifted by up to 3e-5).
+#[test]
+fn adamw_bias_corrections_at_step_1000_match_f64() {
+    let (gpus, _turn) = test_gpus_or_skip("adamw_bias_corrections_at_step_1000_match_f64");
+    for gpu in gpus {
+        let mut g = Graph::new();
+        let p = g.parameter("p", &[5], Init::Uniform { low: -1.0, high: 1.0 }).unwrap();
+        let x = g.input("x", &[5], DType::F32).unwrap();
+        let px = g.mul(p, x).unwrap();
+        let loss = g.sum_all(px).unwrap();
+        let optimizer =
+            Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
+        let t = training_graph(g, loss, &OptimConfig { optimizer, clip_norm: None }).unwrap();
+        let xs = vec![0.3f32, -1.5, 2.0, 1e-3, -0.7];
+        let mut f = vec![(x, Tensor::f32(&[5], xs.clone()).unwrap())];
+        f.extend(t.optim.host_feeds(0.01, 999));
+        let opts = RunOptions { training: true, step: 999 };
+        let mut backend = GpuBackend::new(gpu, t.graph.clone(), 7, PlanOptions::default()).unwrap();
+        let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
+        backend.run(&refs, &[t.loss], opts).unwrap();
+        let got = backend.read(p).unwrap().to_f32_vec();
+        let mut cpu = rumus::cpu::Executor::<f64>::new(&t.graph, 7).unwrap();
+        let bufs: Vec<_> = f
+            .iter()
+            .map(|(id, t)| {
+                (*id, rumus::cpu::Buf::F(t.to_f32_vec().iter().map(|&v| v as f64).collect()))
+            })
+            .collect();
+        cpu.run(&t.graph, &bufs, &[t.loss], opts).unwrap();
+        let want = cpu.persistent(p).unwrap();
+        let err = max_rel_err(&got, &want.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        assert!(err < 2e-6, "gpu {got:?} f64 {want:?}: {err:.2e}");
     }
 }

@@ -12,7 +12,7 @@ mod common;
 
 use common::{build, cases, feeds};
 use rumus::cpu::{Buf, Executor, RunOptions};
-use rumus::graph::Op;
+use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
 use rumus::runtime::test_gpu_or_skip;
@@ -205,4 +205,75 @@ fn out_of_range_indices_and_labels_fail_as_on_the_cpu() {
         let good: Vec<_> = good.iter().map(|(id, t)| (*id, t)).collect();
         backend.run(&good, &want, opts).unwrap();
     }
+}
+
+/// NaN, the infinities and signed zeros through every elementwise op (binary ops on every pair),
+/// `where` on a NaN condition, reductions and softmax over rows holding them: the GPU gives what
+/// the CPU reference gives in f32. Both NaN, or the same infinity, agree; finite results agree to
+/// a relative 1e-5 (the transcendental functions differ in their last bits).
+#[test]
+fn special_values_match_the_cpu_reference() {
+    let Some((gpu, _turn)) = test_gpu_or_skip("special_values_match_the_cpu_reference") else {
+        return;
+    };
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        -2.5,
+        3.0,
+        1e30,
+        -1e-30,
+    ];
+    let n = specials.len();
+    let mut g = rumus::graph::Graph::new();
+    let x = g.input("x", &[n], rumus::DType::F32).unwrap();
+    let mut outs: Vec<(String, rumus::graph::NodeId)> = Vec::new();
+    for u in UnaryOp::ALL {
+        outs.push((u.name().to_string(), g.unary(u, x).unwrap()));
+    }
+    let col = g.reshape(x, &[n, 1]).unwrap();
+    let row = g.reshape(x, &[1, n]).unwrap();
+    for b in BinaryOp::ALL {
+        outs.push((b.name().to_string(), g.binary(b, col, row).unwrap()));
+    }
+    let zero = g.constant(0.0);
+    outs.push(("where".into(), g.select(col, row, zero).unwrap()));
+    let square = g.broadcast_to(col, &[n, n]).unwrap();
+    let rows = g.add(square, row).unwrap();
+    for (name, node) in [
+        ("sum", g.sum(rows, &[1], false).unwrap()),
+        ("mean", g.mean(rows, &[0], false).unwrap()),
+        ("max", g.max(rows, &[1], false).unwrap()),
+        ("softmax", g.softmax(rows).unwrap()),
+        ("log_softmax", g.log_softmax(rows).unwrap()),
+    ] {
+        outs.push((name.into(), node));
+    }
+    let want: Vec<_> = outs.iter().map(|(_, id)| *id).collect();
+    let opts = RunOptions { training: false, step: 0 };
+    let mut cpu = Executor::<f32>::new(&g, 0).unwrap();
+    let expected = cpu.run(&g, &[(x, Buf::F(specials.to_vec()))], &want, opts).unwrap();
+    let feed = Tensor::f32(&[n], specials.to_vec()).unwrap();
+    let mut backend = GpuBackend::new(gpu, g.clone(), 0, PlanOptions::default()).unwrap();
+    let got = backend.run(&[(x, &feed)], &want, opts).unwrap();
+    let mut failures = Vec::new();
+    for ((name, _), (e, t)) in outs.iter().zip(expected.iter().zip(&got)) {
+        let Buf::F(e) = e else { continue };
+        for (i, (&ev, &gv)) in e.iter().zip(&t.to_f32_vec()).enumerate() {
+            let agree = same_special(ev as f64, gv as f64)
+                || (ev.is_finite() && (ev - gv).abs() <= 1e-5 * ev.abs().max(1e-30))
+                || (ev.is_finite() && ev.abs() < 1e-30 && gv.abs() < 1e-30);
+            if !agree {
+                failures.push(format!("{name} element {i}: gpu {gv} cpu {ev}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} differences:\n{}", failures.len(), failures.join("\n"));
 }

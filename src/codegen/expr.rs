@@ -239,7 +239,8 @@ impl<'a> ExprEmitter<'a> {
                 let c = operand(self, 0);
                 let a = operand(self, 1);
                 let b = operand(self, 2);
-                format!("select({b}, {a}, {c} != 0.0)")
+                // `!=` may compile to an ordered comparison, false for NaN; NaN is true here
+                format!("select({b}, {a}, !({c} == 0.0))")
             }
             Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
                 let c = self.view_coords(id, coords);
@@ -335,7 +336,11 @@ fn min_(a: f32, b: f32) -> f32 {
 fn sign_(x: f32) -> f32 { return select(select(select(0.0, -1.0, x < 0.0), 1.0, x > 0.0), x, is_nan_(x)); }
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 fn tanh_(x: f32) -> f32 {
-    // tanh without overflow for large |x|
+    // tanh without overflow for large |x|, and by its series near 0 (where 1 - e cancels)
+    if (abs(x) < 0.125) {
+        let x2 = x * x;
+        return x * (1.0 + x2 * (-0.33333333 + x2 * (0.13333333 + x2 * -0.053968254)));
+    }
     let e = exp(-2.0 * abs(x));
     return sign_(x) * (1.0 - e) / (1.0 + e);
 }

@@ -13,7 +13,7 @@ use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
 
 use crate::error::Result;
-use crate::graph::optim::LR_INPUT;
+use crate::graph::optim::is_host_input;
 use crate::graph::{Graph, Op, OptimConfig, Optimizer};
 use crate::session::{CompileConfig, Device, Dims, Loss, Model, Schedule, Trainer, TARGET_INPUT};
 use crate::tensor::Tensor;
@@ -430,7 +430,9 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
 fn input_names(g: &Graph) -> Vec<String> {
     g.nodes()
         .filter_map(|(_, n)| match &n.op {
-            Op::Input { name } if name != LR_INPUT && name != TARGET_INPUT => Some(name.clone()),
+            Op::Input { name } if !is_host_input(name) && name != TARGET_INPUT => {
+                Some(name.clone())
+            }
             _ => None,
         })
         .collect()
@@ -465,26 +467,16 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f64>)> {
     let kind = string(&m, "type", "adam")?;
     let opt = match kind.as_str() {
         "sgd" => Optimizer::Sgd {
-            momentum: num(&m, "momentum", 0.0)? as f32,
-            weight_decay: num(&m, "weight_decay", 0.0)? as f32,
+            momentum: num(&m, "momentum", 0.0)?,
+            weight_decay: num(&m, "weight_decay", 0.0)?,
         },
         "adam" | "adamw" => {
-            let (beta1, beta2) = (num(&m, "beta1", 0.9)? as f32, num(&m, "beta2", 0.999)? as f32);
-            let eps = num(&m, "eps", 1e-8)? as f32;
+            let (beta1, beta2) = (num(&m, "beta1", 0.9)?, num(&m, "beta2", 0.999)?);
+            let eps = num(&m, "eps", 1e-8)?;
             if kind == "adam" {
-                Optimizer::Adam {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: num(&m, "weight_decay", 0.0)? as f32,
-                }
+                Optimizer::Adam { beta1, beta2, eps, weight_decay: num(&m, "weight_decay", 0.0)? }
             } else {
-                Optimizer::AdamW {
-                    beta1,
-                    beta2,
-                    eps,
-                    weight_decay: num(&m, "weight_decay", 0.01)? as f32,
-                }
+                Optimizer::AdamW { beta1, beta2, eps, weight_decay: num(&m, "weight_decay", 0.01)? }
             }
         }
         other => {
