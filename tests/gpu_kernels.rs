@@ -410,6 +410,12 @@ fn reports_the_adapter_and_its_limits() {
         return;
     };
     eprintln!("adapter: {}", gpu.describe());
+    // CI names the backend each pass must run on (`.ci/run`), so a pass meant for OpenGL
+    // cannot quietly run on Vulkan.
+    if let Ok(want) = std::env::var("RUMUS_EXPECT_BACKEND") {
+        let got = format!("{:?}", gpu.info.backend);
+        assert!(got.eq_ignore_ascii_case(&want), "adapter backend {got}, expected {want}");
+    }
     assert!(gpu.limits.max_compute_workgroups_per_dimension >= 65535);
     assert!(gpu.limits.max_compute_invocations_per_workgroup >= 256);
 }
