@@ -264,3 +264,27 @@ fn adamw_bias_corrections_at_step_1000_match_f64() {
         assert!(err < 2e-6, "gpu {got:?} f64 {want:?}: {err:.2e}");
     }
 }
+
+/// Degenerate shapes through a whole training step: a GPT over sequences of one token (every
+/// causal mask and attention row of size 1) with a batch of one, on the GPU as on the CPU.
+#[test]
+fn a_gpt_over_one_token_matches_the_cpu_reference() {
+    let (gpus, _turn) = test_gpus_or_skip("a_gpt_over_one_token_matches_the_cpu_reference");
+    for gpu in gpus {
+        let mut g = Graph::new();
+        let c = GptConfig { vocab: 5, d: 8, heads: 2, layers: 1, ctx: 1 };
+        let logits = nn::gpt(&mut g, c, 1).unwrap();
+        let target = g.input("target", &[1, 1], DType::I32).unwrap();
+        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let t = training_graph(
+            g,
+            loss,
+            &OptimConfig { optimizer: Optimizer::adam(), clip_norm: Some(0.5) },
+        )
+        .unwrap();
+        let (gl, gv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 2);
+        let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 2);
+        let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
+        assert!(el < 1e-4 && ev < 2e-2, "losses {gl:?} vs {cl:?}; values differ by {ev:.2e}");
+    }
+}
