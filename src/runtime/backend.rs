@@ -43,7 +43,12 @@ impl GpuBackend {
             let len: usize = node.shape.iter().product();
             // Refuse what the device cannot hold before building initial values on the host.
             let bytes = (len as u64).saturating_mul(4);
-            gpu.check_buffer_size(&format!("node {}", id.index()), bytes, super::device::STORAGE)?;
+            let label = match &node.op {
+                Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } => name,
+                _ => continue,
+            };
+            gpu.check_buffer_size(label, bytes, super::device::STORAGE)
+                .map_err(|e| e.at(node.span))?;
             let buf = match &node.op {
                 Op::Input { name } => gpu.storage(&format!("input {name}"), len.max(1))?,
                 Op::Parameter { name, init } | Op::State { name, init } => {
