@@ -118,8 +118,7 @@ pub fn storage_bindings(
 }
 
 /// The materialized values the expressions rooted at `roots` read inside kernel `k` (nodes of
-/// `k.fused` are computed inside it; `stop` is a register not to look through), in first-use
-/// order, each once.
+/// `k.fused` are computed inside it; `stop` is a register not to look through), each once.
 pub fn reads(g: &Graph, k: &Kernel, roots: &[NodeId], stop: Option<NodeId>) -> Vec<NodeId> {
     let mut out = Vec::new();
     let mut seen = Vec::new();
