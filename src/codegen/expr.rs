@@ -293,7 +293,8 @@ fn unary(u: UnaryOp, x: &str) -> String {
         UnaryOp::Square => format!("({x} * {x})"),
         UnaryOp::Tanh => format!("tanh_({x})"),
         UnaryOp::Sigmoid => format!("sigmoid({x})"),
-        UnaryOp::Relu => format!("select({x}, 0.0, {x} < 0.0)"),
+        // NaN passes through (an OpenGL compiler turns the bare comparison into max(x, 0))
+        UnaryOp::Relu => format!("select({x}, 0.0, {x} < 0.0 && !is_nan_({x}))"),
         UnaryOp::Gelu => format!("gelu({x})"),
         UnaryOp::GeluTanh => format!("gelu_tanh({x})"),
         UnaryOp::Silu => format!("({x} * sigmoid({x}))"),
