@@ -10,7 +10,7 @@ use crate::cpu::RunOptions;
 use crate::dsl::{self, Value};
 use crate::err;
 use crate::error::{Result, Source};
-use crate::graph::optim::LR_INPUT;
+use crate::graph::optim::is_host_input;
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, Optimizer, TrainGraph};
 use crate::plan::report::PlanReport;
 use crate::plan::{plan, PlanOptions};
@@ -88,12 +88,12 @@ pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> 
     let logits = g.node(t.loss).inputs.first().map_or(&[][..], |&id| g.shape(id));
     let classes = *logits.last().unwrap_or(&1) as u64;
     let mut rng = Rng::new(seed);
-    let mut feeds = Vec::new();
+    let mut feeds = t.optim.host_feeds(1e-3, 0);
     for (id, n) in g.nodes() {
         let Op::Input { name } = &n.op else { continue };
         let len: usize = n.shape.iter().product();
-        let t = if name == LR_INPUT {
-            Tensor::scalar(1e-3)
+        let t = if is_host_input(name) {
+            continue;
         } else if n.dtype == DType::I32 {
             Tensor::i32(&n.shape, (0..len).map(|_| rng.below(classes.max(1)) as i32).collect())?
         } else {

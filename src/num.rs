@@ -38,6 +38,16 @@ pub fn i32_of(v: f64) -> Result<i32, String> {
     }
 }
 
+/// A number for a message: as written for everyday magnitudes, in exponent form for very large
+/// or very small ones (so 1e39 does not print as forty digits).
+pub fn show(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() || (1e-4..1e16).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,6 +66,10 @@ mod tests {
             Err("-1e300 is outside the range of f32 (about ±3.4e38)".into())
         );
         assert_eq!(f32_of(f64::INFINITY), Ok(f32::INFINITY));
+        assert_eq!(
+            (show(1e39), show(0.9), show(-2.5e-7), show(0.0)),
+            ("1e39".into(), "0.9".into(), "-2.5e-7".into(), "0".into())
+        );
         assert!(f32_of(f64::NAN).unwrap().is_nan());
         assert_eq!(f32_of(1e-50), Ok(0.0));
         assert_eq!(f32_of(3.4e38), Ok(3.4e38));

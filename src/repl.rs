@@ -272,7 +272,7 @@ fn write_out(out: &mut impl Write, s: &str) -> Result<bool> {
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(crate::Error::io("<stdout>", e)),
+        Err(e) => Err(crate::Error::io("standard output", e)),
     }
 }
 
@@ -299,7 +299,7 @@ pub fn run_interactive(opts: HostOptions) -> Result<u8> {
         let mut out = std::io::stdout().lock();
         out.write_all(s.as_bytes())
             .and_then(|()| out.flush())
-            .map_err(|e| crate::Error::io("<stdout>", e))
+            .map_err(|e| crate::Error::io("standard output", e))
     };
     show("rumus repl: :help for commands, Ctrl-D to leave\n")?;
     let mut prompt = "rumus> ";

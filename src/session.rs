@@ -13,7 +13,7 @@
 use crate::cpu::{Buf, Executor, RunOptions};
 use crate::err;
 use crate::error::{Error, Result};
-use crate::graph::optim::{LR_INPUT, STEP_STATE};
+use crate::graph::optim::{is_host_input, STEP_STATE};
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, TrainGraph};
 use crate::memory::{Budget, Charge};
 use crate::plan::PlanOptions;
@@ -439,8 +439,8 @@ impl Trainer {
     pub fn train_step(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
         let g = &self.train.graph;
         let mut feeds = resolve_feeds(g, inputs)?;
-        let lr = Tensor::scalar(self.current_lr());
-        feeds.push((self.train.optim.lr, &lr));
+        let host = self.train.optim.host_feeds(self.current_lr(), self.step);
+        feeds.extend(host.iter().map(|(id, t)| (*id, t)));
         let opts = RunOptions { training: true, step: self.step };
         let what = format!("a training step of model `{}`", self.model.name);
         let out = self.placed.run(&self.cfg.budget, &what, &feeds, &[self.train.loss], opts)?;
@@ -639,7 +639,7 @@ fn steps(v: f32) -> Option<u64> {
 }
 
 /// Map `(name, tensor)` feeds onto a graph's inputs, checking shapes and dtypes; every input
-/// except the learning rate must be fed.
+/// except those the optimizer driver feeds (learning rate, bias corrections) must be fed.
 fn resolve_feeds<'a>(
     g: &Graph,
     inputs: &[(&str, &'a Tensor)],
@@ -650,7 +650,7 @@ fn resolve_feeds<'a>(
             let names: Vec<String> = g
                 .nodes()
                 .filter_map(|(_, n)| match &n.op {
-                    Op::Input { name } if name != LR_INPUT => Some(format!("`{name}`")),
+                    Op::Input { name } if !is_host_input(name) => Some(format!("`{name}`")),
                     _ => None,
                 })
                 .collect();
@@ -669,7 +669,7 @@ fn resolve_feeds<'a>(
     }
     for (_, n) in g.nodes() {
         if let Op::Input { name } = &n.op {
-            if name != LR_INPUT && !inputs.iter().any(|(m, _)| m == name) {
+            if !is_host_input(name) && !inputs.iter().any(|(m, _)| m == name) {
                 return Err(err!(Usage, "input `{name}` was not fed"));
             }
         }

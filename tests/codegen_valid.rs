@@ -7,7 +7,8 @@ mod common;
 use rumus::codegen::wgsl::{generate, matmul_epilogue};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
-use rumus::plan::{plan, KernelKind, PlanOptions};
+use rumus::plan::limits::{guarded, storage_bindings};
+use rumus::plan::{plan, KernelKind, Limits, PlanOptions};
 use rumus::runtime::kernels::MATMUL;
 use rumus::DType;
 
@@ -32,10 +33,12 @@ fn validate_plans(
     failures: &mut Vec<String>,
 ) -> usize {
     let mut n = 0;
-    for fusion in [true, false] {
-        let opts = PlanOptions { fusion, reuse: true, max_storage_buffers: None };
+    for (fusion, limits) in [(true, None), (false, None), (true, Some(Limits::WEBGPU_DEFAULT))] {
+        let opts = PlanOptions { fusion, reuse: true, limits };
         let p = plan(g, wanted, train, opts).unwrap();
         for k in &p.kernels {
+            let counted =
+                storage_bindings(g, k, &|id| p.value_of(id).unwrap().buffer, guarded(g, &p, k));
             let result = match k.kind {
                 KernelKind::LayerNorm { .. }
                 | KernelKind::LayerNormStats
@@ -46,6 +49,11 @@ fn validate_plans(
                     let src = generate(g, &p, k);
                     let generated = validate(&src.label, &src.wgsl);
                     let template = match matmul_epilogue(g, &p, k, register) {
+                        Some(e) if 3 + e.extra.len() != counted => Err(format!(
+                            "{}: the template binds {}, counted {counted}",
+                            src.label,
+                            3 + e.extra.len()
+                        )),
                         Some(e) => MATMUL
                             .fill(&[("EPILOGUE_BINDINGS", &e.decls), ("EPILOGUE", &e.body)])
                             .map_err(|err| err.to_string())
@@ -57,6 +65,11 @@ fn validate_plans(
                 }
                 _ => {
                     let src = generate(g, &p, k);
+                    let declared = src.wgsl.matches("var<storage").count();
+                    if declared > counted {
+                        failures
+                            .push(format!("{}: binds {declared}, counted {counted}", src.label));
+                    }
                     validate(&src.label, &src.wgsl)
                 }
             };

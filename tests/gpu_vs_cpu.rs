@@ -12,10 +12,10 @@ mod common;
 
 use common::{build, cases, feeds};
 use rumus::cpu::{Buf, Executor, RunOptions};
-use rumus::graph::Op;
+use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
-use rumus::runtime::test_gpu_or_skip;
+use rumus::runtime::{test_gpu_or_skip, test_gpus_or_skip, Gpu};
 use rumus::session::Backend;
 use rumus::Tensor;
 use std::collections::HashSet;
@@ -30,6 +30,11 @@ fn tolerance(case: &str) -> (f64, f64) {
     }
 }
 
+/// Both NaN, or the same infinity: agreement that no tolerance can measure.
+fn same_special(a: f64, b: f64) -> bool {
+    (a.is_nan() && b.is_nan()) || (a.is_infinite() && a == b)
+}
+
 fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
     match b {
         Buf::F(v) => Tensor::f32(shape, v.iter().map(|&x| x as f32).collect()).unwrap(),
@@ -37,11 +42,17 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
     }
 }
 
+/// On the adapter's own limits and on WebGPU's defaults.
 #[test]
 fn every_case_matches_the_cpu_reference() {
-    let Some(gpu) = test_gpu_or_skip("every_case_matches_the_cpu_reference") else {
-        return;
-    };
+    let (gpus, _turn) = test_gpus_or_skip("every_case_matches_the_cpu_reference");
+    for gpu in gpus {
+        every_case_on(gpu);
+    }
+}
+
+fn every_case_on(gpu: &'static Gpu) {
+    let max = gpu.limits.max_storage_buffers_per_shader_stage;
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     for (k, c) in cases().iter().enumerate() {
@@ -60,7 +71,7 @@ fn every_case_matches_the_cpu_reference() {
         let got = match backend.run(&gfeeds, &want, opts) {
             Ok(got) => got,
             Err(e) => {
-                failures.push(format!("{}: {e}", c.name));
+                failures.push(format!("{} at {max} buffers: {e}", c.name));
                 continue;
             }
         };
@@ -69,11 +80,14 @@ fn every_case_matches_the_cpu_reference() {
             let Buf::F(e) = e else { continue };
             let g = g.to_f32_vec();
             for (i, (&ev, &gv)) in e.iter().zip(&g).enumerate() {
+                if same_special(ev, gv as f64) {
+                    continue;
+                }
                 let err = (ev - gv as f64).abs();
                 worst = worst.max(err / (atol + rtol * ev.abs()));
                 if err.is_nan() || err > atol + rtol * ev.abs() {
                     failures.push(format!(
-                        "{}: node {} element {i}: gpu {gv} cpu {ev}",
+                        "{} at {max} buffers: node {} element {i}: gpu {gv} cpu {ev}",
                         c.name,
                         w.index()
                     ));
@@ -108,7 +122,7 @@ fn every_op_runs_on_the_gpu() {
 /// The long-K case above runs through the split-K path (so its comparison covers it).
 #[test]
 fn a_long_thin_product_splits_k() {
-    let Some(gpu) = test_gpu_or_skip("a_long_thin_product_splits_k") else { return };
+    let Some((gpu, _turn)) = test_gpu_or_skip("a_long_thin_product_splits_k") else { return };
     let c = cases().into_iter().find(|c| c.name == "matmul long k").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
@@ -120,4 +134,177 @@ fn a_long_thin_product_splits_k() {
         .map(String::from)
         .collect();
     assert!(labels.iter().any(|l| l.contains("split-k")), "{labels:?}");
+}
+
+/// Indices and labels out of range: the GPU reports the error the CPU reference gives, naming
+/// the first bad element in the order the CPU reads them, from forward and gradient kernels
+/// alike (a plan that wants only a gradient runs only the gradient kernel), and also when the
+/// kernel has nothing to gather (rows of width 0).
+#[test]
+fn out_of_range_indices_and_labels_fail_as_on_the_cpu() {
+    let Some((gpu, _turn)) = test_gpu_or_skip("out_of_range_indices_and_labels_fail_as_on_the_cpu")
+    else {
+        return;
+    };
+    // (case, (position, value) planted in its i32 input, want its gradient, error)
+    type Row = (&'static str, &'static [(usize, i32)], bool, &'static str);
+    let table: &[Row] = &[
+        ("embedding repeated", &[(1, 5)], false, "embedding: index 5 is out of range for 5 rows"),
+        (
+            "embedding repeated",
+            &[(6, 9), (2, -1)],
+            false,
+            "embedding: index -1 is out of range for 5 rows",
+        ),
+        (
+            "embedding repeated",
+            &[(7, 6)],
+            true,
+            "embedding_grad: index 6 is out of range for 5 rows",
+        ),
+        ("embedding empty rows", &[(4, 5)], false, "embedding: index 5 is out of range for 5 rows"),
+        ("cross_entropy", &[(3, 5)], false, "cross_entropy: label 5 is out of range for 5 classes"),
+        (
+            "cross_entropy",
+            &[(1, -2), (2, 8)],
+            true,
+            "cross_entropy_grad: label -2 is out of range for 5 classes",
+        ),
+        (
+            "cross_entropy ignore 3d",
+            &[(0, 3), (4, 4)],
+            false,
+            "cross_entropy: label 4 is out of range for 4 classes",
+        ),
+    ];
+    let all = cases();
+    for &(name, planted, grad, expected) in table {
+        let c = all.iter().find(|c| c.name == name).unwrap();
+        let b = build(c).unwrap();
+        let mut f = feeds(c, &b, 7);
+        let Some((_, Buf::I(idx))) = f.iter_mut().find(|(_, v)| matches!(v, Buf::I(_))) else {
+            panic!("{name}: no i32 input");
+        };
+        for &(pos, value) in planted {
+            idx[pos] = value;
+        }
+        let want = if grad { vec![b.grads[0].1] } else { vec![b.out] };
+        let opts = RunOptions { training: false, step: 0 };
+        let mut cpu = Executor::<f64>::new(&b.g, 0).unwrap();
+        let cpu_err = cpu.run(&b.g, &f, &want, opts).unwrap_err();
+        assert_eq!(cpu_err.message, expected, "{name}: the cpu");
+        let tensors: Vec<Tensor> =
+            f.iter().map(|(id, buf)| to_tensor(b.g.shape(*id), buf)).collect();
+        let gfeeds: Vec<_> = f.iter().zip(&tensors).map(|((id, _), t)| (*id, t)).collect();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        let gpu_err = backend.run(&gfeeds, &want, opts).unwrap_err();
+        assert_eq!(
+            (gpu_err.kind, &gpu_err.message[..]),
+            (cpu_err.kind, expected),
+            "{name}: the gpu"
+        );
+        // The same backend runs good data afterwards.
+        let good: Vec<_> = feeds(c, &b, 7)
+            .into_iter()
+            .map(|(id, buf)| (id, to_tensor(b.g.shape(id), &buf)))
+            .collect();
+        let good: Vec<_> = good.iter().map(|(id, t)| (*id, t)).collect();
+        backend.run(&good, &want, opts).unwrap();
+    }
+}
+
+/// NaN, the infinities and signed zeros through every elementwise op (binary ops on every pair),
+/// `where` on a NaN condition, reductions and softmax over rows holding them: the GPU gives what
+/// the CPU reference gives in f32. Both NaN, or the same infinity, agree; finite results agree to
+/// a relative 1e-5 (the transcendental functions differ in their last bits).
+#[test]
+fn special_values_match_the_cpu_reference() {
+    let Some((gpu, _turn)) = test_gpu_or_skip("special_values_match_the_cpu_reference") else {
+        return;
+    };
+    let specials = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        -2.5,
+        3.0,
+        1e30,
+        -1e-30,
+    ];
+    let n = specials.len();
+    let mut g = rumus::graph::Graph::new();
+    let x = g.input("x", &[n], rumus::DType::F32).unwrap();
+    let mut outs: Vec<(String, rumus::graph::NodeId)> = Vec::new();
+    for u in UnaryOp::ALL {
+        outs.push((u.name().to_string(), g.unary(u, x).unwrap()));
+    }
+    let col = g.reshape(x, &[n, 1]).unwrap();
+    let row = g.reshape(x, &[1, n]).unwrap();
+    for b in BinaryOp::ALL {
+        outs.push((b.name().to_string(), g.binary(b, col, row).unwrap()));
+    }
+    let zero = g.constant(0.0);
+    outs.push(("where".into(), g.select(col, row, zero).unwrap()));
+    let square = g.broadcast_to(col, &[n, n]).unwrap();
+    let rows = g.add(square, row).unwrap();
+    for (name, node) in [
+        ("sum", g.sum(rows, &[1], false).unwrap()),
+        ("mean", g.mean(rows, &[0], false).unwrap()),
+        ("max", g.max(rows, &[1], false).unwrap()),
+        ("softmax", g.softmax(rows).unwrap()),
+        ("log_softmax", g.log_softmax(rows).unwrap()),
+    ] {
+        outs.push((name.into(), node));
+    }
+    let want: Vec<_> = outs.iter().map(|(_, id)| *id).collect();
+    let opts = RunOptions { training: false, step: 0 };
+    let mut cpu = Executor::<f32>::new(&g, 0).unwrap();
+    let expected = cpu.run(&g, &[(x, Buf::F(specials.to_vec()))], &want, opts).unwrap();
+    let feed = Tensor::f32(&[n], specials.to_vec()).unwrap();
+    let mut backend = GpuBackend::new(gpu, g.clone(), 0, PlanOptions::default()).unwrap();
+    let got = backend.run(&[(x, &feed)], &want, opts).unwrap();
+    let mut failures = Vec::new();
+    for ((name, _), (e, t)) in outs.iter().zip(expected.iter().zip(&got)) {
+        let Buf::F(e) = e else { continue };
+        for (i, (&ev, &gv)) in e.iter().zip(&t.to_f32_vec()).enumerate() {
+            let agree = same_special(ev as f64, gv as f64)
+                || (ev.is_finite() && (ev - gv).abs() <= 1e-5 * ev.abs().max(1e-30))
+                || (ev.is_finite() && ev.abs() < 1e-30 && gv.abs() < 1e-30);
+            if !agree {
+                failures.push(format!("{name} element {i}: gpu {gv} cpu {ev}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} differences:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// More workgroups than one grid axis holds (65,535): a batched matmul of 70,000 products runs
+/// (its grid split) and matches the CPU.
+#[test]
+fn a_batch_beyond_one_grid_axis_is_split() {
+    let Some((gpu, _turn)) = test_gpu_or_skip("a_batch_beyond_one_grid_axis_is_split") else {
+        return;
+    };
+    let batch = 70_000;
+    let mut g = rumus::graph::Graph::new();
+    let a = g.input("a", &[batch, 1, 2], rumus::DType::F32).unwrap();
+    let b = g.input("b", &[batch, 2, 1], rumus::DType::F32).unwrap();
+    let y = g.matmul(a, b).unwrap();
+    let av: Vec<f32> = (0..2 * batch).map(|i| (i % 7) as f32 - 3.0).collect();
+    let bv: Vec<f32> = (0..2 * batch).map(|i| (i % 5) as f32 * 0.5).collect();
+    let opts = RunOptions { training: false, step: 0 };
+    let mut cpu = Executor::<f32>::new(&g, 0).unwrap();
+    let feeds = [(a, Buf::F(av.clone())), (b, Buf::F(bv.clone()))];
+    let Buf::F(want) = &cpu.run(&g, &feeds, &[y], opts).unwrap()[0] else { panic!("f32") };
+    let (ta, tb) =
+        (Tensor::f32(&[batch, 1, 2], av).unwrap(), Tensor::f32(&[batch, 2, 1], bv).unwrap());
+    let mut backend = GpuBackend::new(gpu, g.clone(), 0, PlanOptions::default()).unwrap();
+    let got = backend.run(&[(a, &ta), (b, &tb)], &[y], opts).unwrap()[0].to_f32_vec();
+    assert!(got == *want, "the split grid computed other values");
 }

@@ -3,7 +3,8 @@
 
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
-use rumus::plan::{plan, verify::verify, Lifetime, Plan, PlanOptions};
+use rumus::plan::limits::{guarded, storage_bindings};
+use rumus::plan::{plan, verify::verify, KernelKind, Lifetime, Limits, Plan, PlanOptions};
 use rumus::DType;
 
 fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
@@ -17,7 +18,7 @@ fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
 }
 
 fn train_plan(t: &rumus::graph::TrainGraph, fusion: bool, reuse: bool) -> Plan {
-    let opts = PlanOptions { fusion, reuse, max_storage_buffers: None };
+    let opts = PlanOptions { fusion, reuse, limits: None };
     plan(&t.graph, &[t.loss], true, opts).unwrap()
 }
 
@@ -63,17 +64,18 @@ fn each_op_runs_in_exactly_one_kernel() {
             assert!(seen.insert(*id), "node {} fused into two kernels", id.index());
         }
     }
-    verify(&p, None).unwrap();
+    verify(&t.graph, &p, None).unwrap();
 }
 
-fn small_plan() -> Plan {
+fn small_plan() -> (rumus::graph::TrainGraph, Plan) {
     let t = gpt_step(1);
-    train_plan(&t, true, true)
+    let p = train_plan(&t, true, true);
+    (t, p)
 }
 
 #[test]
 fn checker_rejects_overlapping_lifetimes_on_one_buffer() {
-    let mut p = small_plan();
+    let (t, mut p) = small_plan();
     // Move a shared value into the buffer of another shared value that is live at the same time.
     let shared: Vec<usize> = (0..p.values.len()).filter(|&i| !p.values[i].pinned).collect();
     let (a, b) = shared
@@ -83,38 +85,43 @@ fn checker_rejects_overlapping_lifetimes_on_one_buffer() {
         .unwrap();
     p.values[b].buffer = p.values[a].buffer;
     p.buffers[p.values[a].buffer].bytes = u64::MAX / 2;
-    let e = verify(&p, None).unwrap_err();
+    let e = verify(&t.graph, &p, None).unwrap_err();
     assert!(e.message.contains("overlapping lifetimes"), "{e}");
 }
 
 #[test]
 fn checker_rejects_a_shared_pinned_buffer() {
-    let mut p = small_plan();
+    let (t, mut p) = small_plan();
     let pinned = p.values.iter().position(|v| v.pinned).unwrap();
     let other = p.values.iter().position(|v| !v.pinned).unwrap();
     p.values[other].buffer = p.values[pinned].buffer;
     p.values[other].lifetime = Lifetime { first: 0, last: 0 };
     p.buffers[p.values[pinned].buffer].bytes = u64::MAX / 2;
-    let e = verify(&p, None).unwrap_err();
+    let e = verify(&t.graph, &p, None).unwrap_err();
     assert!(e.message.contains("pinned value"), "{e}");
 }
 
 #[test]
 fn checker_rejects_a_buffer_too_small() {
-    let mut p = small_plan();
+    let (t, mut p) = small_plan();
     let b = p.values[0].buffer;
     p.buffers[b].bytes = p.values[0].bytes - 4;
-    let e = verify(&p, None).unwrap_err();
+    let e = verify(&t.graph, &p, None).unwrap_err();
     assert!(e.message.contains("bytes"), "{e}");
 }
 
 #[test]
 fn checker_rejects_too_many_bindings() {
-    let p = small_plan();
-    let most = p.kernels.iter().map(|k| k.inputs.len() + k.outputs.len()).max().unwrap();
-    let e = verify(&p, Some(most as u32 - 1)).unwrap_err();
-    assert!(e.message.contains("storage buffers"), "{e}");
-    verify(&p, Some(most as u32)).unwrap();
+    let (t, p) = small_plan();
+    let buffer = |id| p.value_of(id).unwrap().buffer;
+    let most = p.kernels.iter().map(|k| storage_bindings(&t.graph, k, &buffer, false)).max();
+    let most = most.unwrap() as u32;
+    let e = verify(&t.graph, &p, Some(most - 1)).unwrap_err();
+    assert!(
+        e.message.contains(&format!("storage buffers, the adapter allows {}", most - 1)),
+        "{e}"
+    );
+    verify(&t.graph, &p, Some(most)).unwrap();
 }
 
 /// `rumus plan --json` prints one JSON object with the figures issue 4 names; for the 4-layer
@@ -145,4 +152,76 @@ fn rumus_plan_json_for_the_gpt_benchmark() {
     let out = run(&["plan", "scripts/xor.rms"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("dimension `B` of input `x` is not set"));
+}
+
+/// The most storage buffers any kernel of `p` binds.
+fn most_bindings(g: &Graph, p: &Plan) -> usize {
+    let buffer = |id| p.value_of(id).unwrap().buffer;
+    p.kernels.iter().map(|k| storage_bindings(g, k, &buffer, guarded(g, p, k))).max().unwrap()
+}
+
+fn limited(max_storage_buffers: u32) -> Option<Limits> {
+    Some(Limits { max_storage_buffers, ..Limits::WEBGPU_DEFAULT })
+}
+
+/// Clipping sums a squared norm per parameter into one scalar: unsplit, that one kernel binds a
+/// buffer per parameter (55 for this model). Planned for any limit from WebGPU's 8 up, every
+/// kernel fits, fused or not.
+#[test]
+fn a_clipped_model_with_many_parameters_fits_any_binding_limit() {
+    let t = gpt_step(4);
+    let unbounded = train_plan(&t, true, true);
+    assert!(most_bindings(&t.graph, &unbounded) > 16, "the model no longer needs splitting");
+    for fusion in [true, false] {
+        for max in [8, 9, 12, 16] {
+            let opts = PlanOptions { fusion, reuse: true, limits: limited(max) };
+            let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
+            let most = most_bindings(&t.graph, &p);
+            assert!(most <= max as usize, "fusion {fusion}, limit {max}: a kernel binds {most}");
+        }
+    }
+}
+
+/// A concat of twenty inputs and a sum of twenty inputs, both unsplit, bind 21 buffers; at the
+/// limit 8 the concat runs as parts of at most 7 inputs and the sum as partial sums.
+#[test]
+fn a_concat_and_a_sum_of_many_inputs_fit_eight_storage_buffers() {
+    let mut g = Graph::new();
+    let xs: Vec<_> =
+        (0..20).map(|i| g.input(&format!("x{i}"), &[2, 3], DType::F32).unwrap()).collect();
+    let cat = g.concat(&xs, 1).unwrap();
+    let mut total = xs[0];
+    for &x in &xs[1..] {
+        total = g.add(total, x).unwrap();
+    }
+    let opts = |limits| PlanOptions { fusion: true, reuse: true, limits };
+    let p = plan(&g, &[cat, total], false, opts(None)).unwrap();
+    assert_eq!(most_bindings(&g, &p), 21);
+    let p = plan(&g, &[cat, total], false, opts(limited(8))).unwrap();
+    assert!(most_bindings(&g, &p) <= 8);
+    let parts: Vec<_> = p
+        .kernels
+        .iter()
+        .filter_map(|k| match &k.kind {
+            KernelKind::Concat { parts } => Some(parts.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(parts, [0..7, 7..14, 14..20]);
+}
+
+/// A value larger than one storage binding cannot be split: the error names it and the limit.
+#[test]
+fn a_value_larger_than_one_binding_is_refused_by_name() {
+    let mut g = Graph::new();
+    let x = g.input("x", &[1, (1 << 25) + 1], DType::F32).unwrap();
+    let y = g.relu(x).unwrap();
+    let opts = PlanOptions { limits: Some(Limits::WEBGPU_DEFAULT), ..PlanOptions::default() };
+    let e = plan(&g, &[y], false, opts).unwrap_err();
+    assert_eq!(
+        e.message,
+        "input `x` (f32[1, 33554433]) takes 134217732 bytes, more than the 134217728 bytes the \
+         adapter allows in one storage binding (max_storage_buffer_binding_size); use smaller \
+         dimensions"
+    );
 }

@@ -307,7 +307,7 @@ fn output_write_errors_are_errors() {
             .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
-    let disk_full = "<stdout>: No space left on device (os error 28)\n".to_string();
+    let disk_full = "standard output: No space left on device (os error 28)\n".to_string();
     let f = script("prints.rms", "print(\"x\");\n");
     assert_eq!(run(&["run", &f], full()), (Some(2), disk_full.clone()));
     assert_eq!(run(&["graph", "scripts/gpt.rms"], full()), (Some(2), disk_full.clone()));

@@ -44,8 +44,10 @@ fn train(cfg: &OptimConfig, lr: f32, steps: usize) -> Vec<f32> {
     let mut exec = Executor::<f32>::new(&t.graph, 42).unwrap();
     let mut losses = Vec::new();
     for step in 0..steps {
-        let feeds =
-            [(x, Buf::F(xs.clone())), (labels, Buf::I(ys.clone())), (t.optim.lr, Buf::F(vec![lr]))];
+        let mut feeds = vec![(x, Buf::F(xs.clone())), (labels, Buf::I(ys.clone()))];
+        for (id, v) in t.optim.host_feeds(lr, step as u64) {
+            feeds.push((id, Buf::F(v.to_f32_vec())));
+        }
         let out = exec
             .run(&t.graph, &feeds, &[t.loss], RunOptions { training: true, step: step as u64 })
             .unwrap();

@@ -63,13 +63,17 @@ pub fn linear_index(shape: &[usize], coords: &[String]) -> String {
 }
 
 /// `let` statements decomposing linear index `idx` into coordinates `{prefix}0..` of `shape`.
+/// A shape without elements has no coordinates to compute (the code is never reached), so
+/// they are all 0 rather than divisions by a zero stride.
 pub fn decompose(shape: &[usize], idx: &str, prefix: &str) -> (String, Vec<String>) {
     let st = strides(shape);
+    let empty = shape.contains(&0);
     let mut code = String::new();
     let mut names = Vec::new();
     for (d, (&s, &n)) in st.iter().zip(shape).enumerate() {
         let name = format!("{prefix}{d}");
         let e = match (d, n) {
+            _ if empty => "0u".to_string(),
             (_, 1) => "0u".to_string(),
             (0, _) if s == 1 => idx.to_string(),
             (0, _) => format!("{idx} / {s}u"),
@@ -235,7 +239,8 @@ impl<'a> ExprEmitter<'a> {
                 let c = operand(self, 0);
                 let a = operand(self, 1);
                 let b = operand(self, 2);
-                format!("select({b}, {a}, {c} != 0.0)")
+                // `!=` may compile to an ordered comparison, false for NaN; NaN is true here
+                format!("select({b}, {a}, !({c} == 0.0))")
             }
             Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
                 let c = self.view_coords(id, coords);
@@ -288,11 +293,12 @@ fn unary(u: UnaryOp, x: &str) -> String {
         UnaryOp::Square => format!("({x} * {x})"),
         UnaryOp::Tanh => format!("tanh_({x})"),
         UnaryOp::Sigmoid => format!("sigmoid({x})"),
-        UnaryOp::Relu => format!("max({x}, 0.0)"),
+        // NaN passes through (an OpenGL compiler turns the bare comparison into max(x, 0))
+        UnaryOp::Relu => format!("select({x}, 0.0, {x} < 0.0 && !is_nan_({x}))"),
         UnaryOp::Gelu => format!("gelu({x})"),
         UnaryOp::GeluTanh => format!("gelu_tanh({x})"),
         UnaryOp::Silu => format!("({x} * sigmoid({x}))"),
-        UnaryOp::Sign => format!("sign({x})"),
+        UnaryOp::Sign => format!("sign_({x})"),
         UnaryOp::GeluGrad => format!("gelu_grad({x})"),
         UnaryOp::GeluTanhGrad => format!("gelu_tanh_grad({x})"),
         UnaryOp::SiluGrad => format!("silu_grad({x})"),
@@ -306,35 +312,67 @@ fn binary(b: BinaryOp, a: &str, c: &str) -> String {
         BinaryOp::Mul => format!("({a} * {c})"),
         BinaryOp::Div => format!("({a} / {c})"),
         BinaryOp::Pow => format!("pow_({a}, {c})"),
-        BinaryOp::Maximum => format!("max({a}, {c})"),
-        BinaryOp::Minimum => format!("min({a}, {c})"),
+        BinaryOp::Maximum => format!("max_({a}, {c})"),
+        BinaryOp::Minimum => format!("min_({a}, {c})"),
         BinaryOp::Greater => format!("select(0.0, 1.0, {a} > {c})"),
         BinaryOp::Equal => format!("select(0.0, 1.0, {a} == {c})"),
     }
 }
 
-/// Math helpers every elementwise module may call.
-pub const MATH_WGSL: &str = "fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
+/// Math helpers every elementwise module may call. NaN and the infinities behave as in the CPU
+/// reference (Rust's f32, C's `powf`) rather than as WGSL leaves them: `max`, `min`, `clamp` and
+/// `sign` may drop a NaN operand, and `pow` is `exp2(y * log2(x))`, defined for x > 0 only. NaN
+/// is tested on its bits, which no optimizer may assume away.
+pub const MATH_WGSL: &str = "fn is_nan_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn is_inf_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u; }
+fn max_(a: f32, b: f32) -> f32 {
+    // NaN if either is NaN, else the larger (the first on ties)
+    if (is_nan_(a) || is_nan_(b)) { return bitcast<f32>(0x7fc00000u); }
+    return select(a, b, b > a);
+}
+fn min_(a: f32, b: f32) -> f32 {
+    if (is_nan_(a) || is_nan_(b)) { return bitcast<f32>(0x7fc00000u); }
+    return select(a, b, b < a);
+}
+fn sign_(x: f32) -> f32 { return select(select(select(0.0, -1.0, x < 0.0), 1.0, x > 0.0), x, is_nan_(x)); }
+fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 fn tanh_(x: f32) -> f32 {
-    // tanh without overflow for large |x|
+    // tanh without overflow for large |x|, and by its series near 0 (where 1 - e cancels)
+    if (abs(x) < 0.125) {
+        let x2 = x * x;
+        return x * (1.0 + x2 * (-0.33333333 + x2 * (0.13333333 + x2 * -0.053968254)));
+    }
     let e = exp(-2.0 * abs(x));
-    return sign(x) * (1.0 - e) / (1.0 + e);
+    return sign_(x) * (1.0 - e) / (1.0 + e);
 }
 fn pow_(a: f32, b: f32) -> f32 {
-    // powf semantics: integer exponents of negative bases, 0^0 = 1
-    if (b == 0.0) { return 1.0; }
-    if (a < 0.0 && b == floor(b)) {
-        let m = pow(-a, b);
-        return select(m, -m, (i32(b) & 1) == 1);
+    // C powf: x^0 = 1^y = 1 (NaN included), integer exponents of negative bases, zeros and
+    // infinities by their limits
+    if (b == 0.0 || a == 1.0) { return 1.0; }
+    if (is_nan_(a) || is_nan_(b)) { return bitcast<f32>(0x7fc00000u); }
+    let ab = abs(a);
+    if (is_inf_(b)) {
+        if (ab == 1.0) { return 1.0; }
+        return select(0.0, bitcast<f32>(0x7f800000u), (ab > 1.0) == (b > 0.0));
     }
-    if (a == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), b < 0.0); }
-    return pow(a, b);
+    let integer = b == floor(b);
+    // every f32 of magnitude 2^24 or more is an even integer
+    let odd = integer && abs(b) < 16777216.0 && (i32(b) & 1) == 1;
+    let negative = (bitcast<u32>(a) >> 31u) == 1u;
+    if (negative && !integer && ab != 0.0 && !is_inf_(a)) { return bitcast<f32>(0x7fc00000u); }
+    var m: f32;
+    if (ab == 0.0 || is_inf_(a)) {
+        m = select(0.0, bitcast<f32>(0x7f800000u), (ab == 0.0) == (b < 0.0));
+    } else {
+        m = pow(ab, b);
+    }
+    return select(m, -m, negative && odd);
 }
 fn erf_(x: f32) -> f32 {
     // Abramowitz-Stegun 7.1.26 refined: max abs error 1.5e-7
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));
     let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
-    return sign(x) * y;
+    return sign_(x) * y;
 }
 fn gelu(x: f32) -> f32 { return 0.5 * x * (1.0 + erf_(x * 0.70710678118654752)); }
 fn gelu_grad(x: f32) -> f32 {

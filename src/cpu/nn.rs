@@ -167,7 +167,8 @@ pub fn embedding_grad<T: Float>(idx: &[i32], dy: &[T], vocab: usize, d: usize) -
     Ok(out)
 }
 
-fn check_index(op: &str, i: i32, n: usize) -> Result<usize> {
+/// `i` as a row of a table of `n` rows, or the error naming it (the GPU reports the same).
+pub fn check_index(op: &str, i: i32, n: usize) -> Result<usize> {
     usize::try_from(i)
         .ok()
         .filter(|&r| r < n)
@@ -232,7 +233,8 @@ pub fn cross_entropy_grad<T: Float>(
     Ok(out)
 }
 
-fn check_label(op: &str, label: i32, c: usize) -> Result<usize> {
+/// `label` as one of `c` classes, or the error naming it (the GPU reports the same).
+pub fn check_label(op: &str, label: i32, c: usize) -> Result<usize> {
     usize::try_from(label)
         .ok()
         .filter(|&k| k < c)

@@ -4,13 +4,29 @@
 //! (and new moments), and records them as graph updates; its state (moments, the step count)
 //! lives in `State` nodes, so it is saved, restored and planned like any other persistent value.
 //! The learning rate is an `Input` scalar fed at every step, which makes schedules free.
+//!
+//! Hyperparameters are f64 and what PyTorch computes in Python floats is computed here in f64
+//! too: `1 − β` of the moment averages, and Adam's bias corrections `1 − β₁ᵗ` and `√(1 − β₂ᵗ)`,
+//! which the host feeds at every step like the learning rate ([`OptimNodes::host_feeds`])
+//! rather than the device raising β to the power t in f32 (which drifts by up to 3e-5 a step).
 
 use super::ir::{Graph, Init, NodeId, Update};
 use crate::err;
 use crate::error::Result;
+use crate::num::show;
+use crate::tensor::{DType, Tensor};
 
 /// Name of the learning-rate input that a training graph feeds at every step.
 pub const LR_INPUT: &str = "optim.lr";
+/// Names of the bias-correction inputs of Adam and AdamW: `1 − β₁ᵗ` and `√(1 − β₂ᵗ)`.
+pub const BIAS_CORRECTION_INPUTS: [&str; 2] =
+    ["optim.bias_correction1", "optim.bias_correction2_sqrt"];
+
+/// Whether an input of a training graph is fed by the host's optimizer driver (the learning
+/// rate, the bias corrections) rather than by the user.
+pub fn is_host_input(name: &str) -> bool {
+    name == LR_INPUT || BIAS_CORRECTION_INPUTS.contains(&name)
+}
 /// Name of the step-count state (the number of updates applied so far).
 pub const STEP_STATE: &str = "optim.step";
 
@@ -18,11 +34,11 @@ pub const STEP_STATE: &str = "optim.step";
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
     /// SGD with optional momentum and L2 weight decay (PyTorch's `SGD`, dampening 0).
-    Sgd { momentum: f32, weight_decay: f32 },
+    Sgd { momentum: f64, weight_decay: f64 },
     /// Adam with L2 weight decay added to the gradient (PyTorch's `Adam`).
-    Adam { beta1: f32, beta2: f32, eps: f32, weight_decay: f32 },
+    Adam { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
     /// Adam with decoupled weight decay (PyTorch's `AdamW`).
-    AdamW { beta1: f32, beta2: f32, eps: f32, weight_decay: f32 },
+    AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
 }
 
 impl Optimizer {
@@ -48,7 +64,11 @@ impl Optimizer {
         let (b1, b2, eps, wd) = match *self {
             Optimizer::Sgd { momentum, weight_decay } => {
                 if !(0.0..1.0).contains(&momentum) {
-                    return Err(err!(Shape, "sgd: momentum must be in [0, 1), got {momentum}"));
+                    return Err(err!(
+                        Shape,
+                        "sgd: momentum must be in [0, 1), got {}",
+                        show(momentum)
+                    ));
                 }
                 (0.0, 0.0, 1.0, weight_decay)
             }
@@ -59,12 +79,21 @@ impl Optimizer {
         };
         let name = self.name();
         if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
-            return Err(err!(Shape, "{name}: betas must be in [0, 1), got ({b1}, {b2})"));
-        }
-        if !(eps > 0.0 && eps.is_finite() && wd >= 0.0 && wd.is_finite()) {
             return Err(err!(
                 Shape,
-                "{name}: eps must be positive and weight_decay >= 0, got {eps} and {wd}"
+                "{name}: betas must be in [0, 1), got ({}, {})",
+                show(b1),
+                show(b2)
+            ));
+        }
+        // eps and weight_decay are applied in f32: eps must stay positive there.
+        let (eps32, wd32) = (eps as f32, wd as f32);
+        if !(eps32 > 0.0 && eps32.is_finite() && wd32 >= 0.0 && wd32.is_finite()) {
+            return Err(err!(
+                Shape,
+                "{name}: eps must be positive and weight_decay >= 0, got {} and {}",
+                show(eps),
+                show(wd)
             ));
         }
         Ok(())
@@ -88,6 +117,33 @@ pub struct OptimNodes {
     pub step: NodeId,
     /// Global gradient norm before clipping (present when clipping is on).
     pub grad_norm: Option<NodeId>,
+    /// Adam's bias corrections, fed at every step (Adam and AdamW only).
+    pub bias_corrections: Option<BiasCorrections>,
+}
+
+/// The scalar inputs `1 − β₁ᵗ` and `√(1 − β₂ᵗ)` and the betas they are computed from.
+#[derive(Clone, Copy, Debug)]
+pub struct BiasCorrections {
+    pub inputs: [NodeId; 2],
+    pub betas: [f64; 2],
+}
+
+impl OptimNodes {
+    /// What the host feeds for the step after `step` updates (so t = step + 1): the learning
+    /// rate and, for Adam and AdamW, `1 − β₁ᵗ` and `√(1 − β₂ᵗ)` computed in f64, as PyTorch
+    /// computes them, then rounded to f32.
+    pub fn host_feeds(&self, lr: f32, step: u64) -> Vec<(NodeId, Tensor)> {
+        let mut feeds = vec![(self.lr, Tensor::scalar(lr))];
+        if let Some(bc) = self.bias_corrections {
+            let t = step as f64 + 1.0;
+            let [b1, b2] = bc.betas;
+            let values = [1.0 - b1.powf(t), (1.0 - b2.powf(t)).sqrt()];
+            feeds.extend(
+                bc.inputs.iter().zip(values).map(|(&id, v)| (id, Tensor::scalar(v as f32))),
+            );
+        }
+        feeds
+    }
 }
 
 /// Append the update of every `(parameter, gradient)` pair and record the write-backs.
@@ -98,7 +154,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             return Err(err!(Shape, "clip_norm must be positive, got {c}"));
         }
     }
-    let lr = g.input(LR_INPUT, &[], crate::tensor::DType::F32)?;
+    let lr = g.input(LR_INPUT, &[], DType::F32)?;
     let step = g.state(STEP_STATE, &[], Init::Zeros)?;
     let one = g.constant(1.0);
     let t = g.add(step, one)?;
@@ -130,16 +186,12 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         }
     }
 
-    // Bias corrections 1 − β^t, shared by every parameter.
-    let corrections = match cfg.optimizer {
+    // Bias corrections 1 − β₁ᵗ and √(1 − β₂ᵗ), shared by every parameter, fed by the host.
+    let bias_corrections = match cfg.optimizer {
         Optimizer::Adam { beta1, beta2, .. } | Optimizer::AdamW { beta1, beta2, .. } => {
-            let mut bc = [one; 2];
-            for (slot, beta) in bc.iter_mut().zip([beta1, beta2]) {
-                let b = g.constant(beta);
-                let bt = g.pow(b, t)?;
-                *slot = g.sub(one, bt)?;
-            }
-            Some(bc)
+            let [a, b] = BIAS_CORRECTION_INPUTS;
+            let inputs = [g.input(a, &[], DType::F32)?, g.input(b, &[], DType::F32)?];
+            Some(BiasCorrections { inputs, betas: [beta1, beta2] })
         }
         Optimizer::Sgd { .. } => None,
     };
@@ -163,7 +215,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
                 let d = add_l2(g, d, p, weight_decay)?;
                 let dir = if momentum > 0.0 {
                     let buf = g.state(&format!("optim.momentum.{name}"), &shape, Init::Zeros)?;
-                    let mb = g.scale(buf, momentum)?;
+                    let mb = g.scale(buf, momentum as f32)?;
                     let nb = g.add(mb, d)?;
                     g.updates.push(Update { target: buf, value: nb });
                     nb
@@ -184,15 +236,16 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
                 let new_v = ema(g, v, d2, beta2)?;
                 g.updates.push(Update { target: m, value: new_m });
                 g.updates.push(Update { target: v, value: new_v });
-                let [bc1, bc2] = corrections.unwrap_or([one; 2]);
+                let [bc1, bc2_sqrt] = bias_corrections.map_or([one; 2], |bc| bc.inputs);
+                // PyTorch: denom = √v / √(1 − β₂ᵗ) + eps; step = m / (1 − β₁ᵗ) / denom.
                 let m_hat = g.div(new_m, bc1)?;
-                let v_hat = g.div(new_v, bc2)?;
-                let root = g.sqrt(v_hat)?;
-                let e = g.constant(eps);
+                let root = g.sqrt(new_v)?;
+                let root = g.div(root, bc2_sqrt)?;
+                let e = g.constant(eps as f32);
                 let denom = g.add(root, e)?;
                 let mut dir = g.div(m_hat, denom)?;
                 if decoupled && weight_decay > 0.0 {
-                    let wp = g.scale(p, weight_decay)?;
+                    let wp = g.scale(p, weight_decay as f32)?;
                     dir = g.add(dir, wp)?;
                 }
                 let step_size = g.mul(dir, lr)?;
@@ -202,21 +255,21 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         g.updates.push(Update { target: p, value: new_p });
     }
     g.set_span(crate::error::Span::NONE);
-    Ok(OptimNodes { lr, step, grad_norm })
+    Ok(OptimNodes { lr, step, grad_norm, bias_corrections })
 }
 
 /// g + wd·p (plain L2 regularization), or g itself when wd is 0.
-fn add_l2(g: &mut Graph, d: NodeId, p: NodeId, wd: f32) -> Result<NodeId> {
+fn add_l2(g: &mut Graph, d: NodeId, p: NodeId, wd: f64) -> Result<NodeId> {
     if wd == 0.0 {
         return Ok(d);
     }
-    let wp = g.scale(p, wd)?;
+    let wp = g.scale(p, wd as f32)?;
     g.add(d, wp)
 }
 
-/// β·state + (1 − β)·x
-fn ema(g: &mut Graph, state: NodeId, x: NodeId, beta: f32) -> Result<NodeId> {
-    let a = g.scale(state, beta)?;
-    let b = g.scale(x, 1.0 - beta)?;
+/// β·state + (1 − β)·x, with 1 − β computed in f64.
+fn ema(g: &mut Graph, state: NodeId, x: NodeId, beta: f64) -> Result<NodeId> {
+    let a = g.scale(state, beta as f32)?;
+    let b = g.scale(x, (1.0 - beta) as f32)?;
     g.add(a, b)
 }

@@ -12,7 +12,13 @@
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
+//!
+//! Given the adapter's storage-buffer limit, fusion keeps every kernel within it (see
+//! [`super::limits`]): an expression reading too many buffers is split by materializing
+//! subexpressions, and a concat of many inputs is written by several kernels, one per run of
+//! inputs.
 
+use super::limits::{concat_parts, split_point, storage_bindings};
 use crate::graph::{Graph, NodeId, Op};
 
 /// What a kernel computes; the codegen emits one WGSL module per kernel from this.
@@ -49,7 +55,33 @@ pub enum KernelKind {
     EmbeddingGrad,
     CrossEntropy,
     CrossEntropyGrad,
-    Concat,
+    /// The part of a concat's output that inputs `parts` fill (all of them unless the adapter's
+    /// binding limit splits the concat into several kernels).
+    Concat {
+        parts: std::ops::Range<usize>,
+    },
+}
+
+impl KernelKind {
+    /// Short name, for labels and reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelKind::Elementwise => "elementwise",
+            KernelKind::MatMul { .. } => "matmul",
+            KernelKind::Reduce => "reduce",
+            KernelKind::Softmax => "softmax",
+            KernelKind::LogSoftmax => "log_softmax",
+            KernelKind::LayerNorm { .. } => "layer_norm",
+            KernelKind::LayerNormStats => "layer_norm_stats",
+            KernelKind::LayerNormGradInput { .. } => "layer_norm_bw",
+            KernelKind::LayerNormGradWeight => "layer_norm_grad_weight",
+            KernelKind::Embedding => "embedding",
+            KernelKind::EmbeddingGrad => "embedding_grad",
+            KernelKind::CrossEntropy => "cross_entropy",
+            KernelKind::CrossEntropyGrad => "cross_entropy_grad",
+            KernelKind::Concat { .. } => "concat",
+        }
+    }
 }
 
 /// One kernel group: a dispatch (or a short fixed sequence of dispatches) of one WGSL module.
@@ -94,8 +126,38 @@ pub fn is_inlinable(op: &Op) -> bool {
     )
 }
 
-/// Partition the nodes needed by `roots` into kernels.
-pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
+/// Partition the nodes needed by `roots` into kernels, each binding at most `max_bindings`
+/// storage buffers when given (a kernel that still binds more is left for the plan checker to
+/// report).
+pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool, max_bindings: Option<u32>) -> Fusion {
+    let mut forced = vec![false; g.n_nodes()];
+    loop {
+        let f = fuse_once(g, roots, fusion, &forced, max_bindings);
+        let Some(max) = max_bindings else { return f };
+        let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
+        let mut changed = false;
+        for k in &f.kernels {
+            if storage_bindings(g, k, &|id| owner(id).index(), false) > max as usize {
+                if let Some(c) = split_point(g, k, max, &owner) {
+                    changed |= !forced[c.index()];
+                    forced[c.index()] = true;
+                }
+            }
+        }
+        if !changed {
+            return f;
+        }
+    }
+}
+
+/// One fusion pass, with the inlinable nodes of `forced` materialized.
+fn fuse_once(
+    g: &Graph,
+    roots: &[NodeId],
+    fusion: bool,
+    forced: &[bool],
+    max_bindings: Option<u32>,
+) -> Fusion {
     let n = g.n_nodes();
     let mut live = vec![false; n];
     for r in roots {
@@ -139,7 +201,7 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
                 true
             }
             op if is_inlinable(op) => {
-                is_root[i] || !fusion || {
+                is_root[i] || !fusion || forced[i] || {
                     let c = &consumers[i];
                     c.len() != 1 || !accepts_expression(g, c[0], id, &materialized)
                 }
@@ -204,7 +266,48 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
             Op::EmbeddingGrad { .. } => KernelKind::EmbeddingGrad,
             Op::CrossEntropy { .. } => KernelKind::CrossEntropy,
             Op::CrossEntropyGrad { .. } => KernelKind::CrossEntropyGrad,
-            Op::Concat { .. } => KernelKind::Concat,
+            Op::Concat { .. } => {
+                // Each input is a buffer, or a constant evaluated inline.
+                let per_input: Vec<(Vec<NodeId>, Vec<NodeId>)> = node
+                    .inputs
+                    .iter()
+                    .map(|&x| {
+                        let (mut fused, mut inputs) = (Vec::new(), Vec::new());
+                        if materialized[x.index()] {
+                            inputs.push(x);
+                        } else {
+                            collect(
+                                g,
+                                x,
+                                &materialized,
+                                &KernelKind::Elementwise,
+                                &mut fused,
+                                &mut inputs,
+                            );
+                        }
+                        (fused, inputs)
+                    })
+                    .collect();
+                let reads: Vec<Vec<NodeId>> = per_input.iter().map(|(_, r)| r.clone()).collect();
+                for parts in concat_parts(&reads, max_bindings) {
+                    let mut fused = vec![id];
+                    let mut inputs = Vec::new();
+                    for (f, r) in &per_input[parts.clone()] {
+                        fused.extend(f);
+                        inputs.extend(r);
+                    }
+                    fused.sort();
+                    fused.dedup();
+                    dedup_in_order(&mut inputs);
+                    kernels.push(Kernel {
+                        kind: KernelKind::Concat { parts },
+                        outputs: vec![id],
+                        inputs,
+                        fused,
+                    });
+                }
+                continue;
+            }
             _ => match epilogue_of[i] {
                 Some((matmul, register)) => KernelKind::MatMul { matmul, register },
                 None => KernelKind::Elementwise,
@@ -239,6 +342,15 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool) -> Fusion {
         }
     }
     Fusion { live, materialized, alias, kernels }
+}
+
+fn dedup_in_order(ids: &mut Vec<NodeId>) {
+    let mut seen = Vec::with_capacity(ids.len());
+    ids.retain(|&x| {
+        let new = !seen.contains(&x);
+        seen.push(x);
+        new
+    });
 }
 
 /// Whether `consumer` can take `producer` as an inlined expression operand.

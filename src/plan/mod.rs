@@ -5,16 +5,21 @@
 //! fuse (kernels, materialized values) → schedule (arena order) → liveness → assign buffers → verify
 //! ```
 //!
+//! Given the adapter's limits ([`Limits`]), every kernel of the plan binds at most its storage
+//! buffers per stage and every value fits one storage binding.
+//!
 //! The plan is device-neutral; `codegen` turns each kernel into WGSL and `runtime` executes it.
 
 pub mod alloc;
 pub mod fuse;
 pub mod inplace;
+pub mod limits;
 pub mod report;
 pub mod verify;
 
 pub use alloc::{BufferInfo, Lifetime, Value};
 pub use fuse::{Kernel, KernelKind};
+pub use limits::Limits;
 
 use crate::err;
 use crate::error::Result;
@@ -27,13 +32,13 @@ pub struct PlanOptions {
     pub fusion: bool,
     /// Let values with disjoint lifetimes share buffers (off: one buffer per value).
     pub reuse: bool,
-    /// The adapter's max storage buffers per shader stage, checked per kernel.
-    pub max_storage_buffers: Option<u32>,
+    /// The adapter's limits the plan must fit (none: unbounded, for reports without a device).
+    pub limits: Option<Limits>,
 }
 
 impl Default for PlanOptions {
     fn default() -> PlanOptions {
-        PlanOptions { fusion: true, reuse: true, max_storage_buffers: None }
+        PlanOptions { fusion: true, reuse: true, limits: None }
     }
 }
 
@@ -84,11 +89,15 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         if train { g.updates.iter().map(|u| (u.target, u.value)).collect() } else { Vec::new() };
     let mut roots = wanted.to_vec();
     roots.extend(updates.iter().map(|&(_, v)| v));
-    let mut f = fuse::fuse(g, &roots, opts.fusion); // kernels in arena (= topological) order
+    let max_bindings = opts.limits.map(|l| l.max_storage_buffers);
+    let mut f = fuse::fuse(g, &roots, opts.fusion, max_bindings); // kernels in arena order
     if opts.reuse {
         inplace::write_updates_in_place(g, &mut f, &updates); // new values into their targets
     }
-    let (values, buffers) = alloc::assign(g, &f, &roots, opts.reuse); // liveness + greedy by size
+    // Pinned: what the host reads, what is written back, and what checking kernels check.
+    let mut pinned = roots.clone();
+    pinned.extend(f.kernels.iter().filter_map(|k| limits::checked_operand(g, k)));
+    let (values, buffers) = alloc::assign(g, &f, &pinned, opts.reuse); // liveness + greedy by size
     let n_ops = g
         .nodes()
         .filter(|(id, n)| {
@@ -121,6 +130,9 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         n_ops,
         naive_bytes,
     };
-    verify::verify(&plan, opts.max_storage_buffers)?; // the plan is checked before anyone runs it
+    if let Some(l) = opts.limits {
+        limits::check_binding_bytes(g, &plan, l.max_binding_bytes)?; // before the checker's
+    }
+    verify::verify(g, &plan, max_bindings)?; // the plan is checked before anyone runs it
     Ok(plan)
 }

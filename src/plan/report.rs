@@ -2,7 +2,6 @@
 //! planned bytes against one buffer per value.
 
 use super::Plan;
-use crate::codegen::wgsl::kind_name;
 use crate::graph::{Graph, Op};
 use serde_json::json;
 
@@ -35,7 +34,7 @@ impl PlanReport {
                     .filter(|&&id| !matches!(g.node(id).op, Op::Constant { .. }))
                     .map(|&id| g.node(id).op.name())
                     .collect();
-                format!("{:<18} {}", kind_name(&k.kind), ops.join(" "))
+                format!("{:<18} {}", k.kind.name(), ops.join(" "))
             })
             .collect();
         PlanReport {
@@ -113,7 +112,7 @@ pub fn dot(g: &Graph, name: &str, plan: Option<&Plan>) -> String {
         for (k, kernel) in p.kernels.iter().enumerate() {
             out.push_str(&format!(
                 "    subgraph cluster_{k} {{\n        label=\"kernel {k}: {}\";\n",
-                kind_name(&kernel.kind)
+                kernel.kind.name()
             ));
             for &id in &kernel.fused {
                 if !std::mem::replace(&mut clustered[id.index()], true) {

@@ -1,10 +1,11 @@
 //! `verify(&Plan)`: the plan's invariants, checked after it is built (and by tests on plans
 //! broken on purpose).
 
+use super::limits::{guarded, storage_bindings};
 use super::Plan;
 use crate::err;
 use crate::error::Result;
-use crate::graph::NodeId;
+use crate::graph::{Graph, NodeId};
 
 /// Check that:
 /// - every value has a buffer large enough for it;
@@ -12,8 +13,9 @@ use crate::graph::NodeId;
 /// - two values sharing a buffer never have overlapping lifetimes;
 /// - every value a kernel reads is a source or was written by an earlier kernel;
 /// - every value a kernel reads or writes has a buffer (views through their owner);
-/// - no kernel binds more storage buffers than `max_storage_buffers` (when given).
-pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
+/// - no kernel binds more storage buffers than `max_storage_buffers` (when given), counted as
+///   [`storage_bindings`] counts them.
+pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
     for v in &plan.values {
         let Some(b) = plan.buffers.get(v.buffer) else {
             return Err(err!(Invariant, "plan: value of node {} has no buffer", v.node.index()));
@@ -82,25 +84,23 @@ pub fn verify(plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
         );
     }
     for (k, kernel) in plan.kernels.iter().enumerate() {
-        let mut bound = Vec::new();
         for &id in kernel.inputs.iter().chain(&kernel.outputs) {
-            let Some(v) = plan.value_of(id) else {
+            if plan.value_of(id).is_none() {
                 return Err(err!(
                     Invariant,
                     "plan: kernel {k} uses node {}, which has no buffer",
                     id.index()
                 ));
-            };
-            if !bound.contains(&v.buffer) {
-                bound.push(v.buffer);
             }
         }
         if let Some(max) = max_storage_buffers {
-            if kernel.inputs.len() + kernel.outputs.len() > max as usize {
+            let buffer = |id: NodeId| plan.value_of(id).map_or(usize::MAX, |v| v.buffer);
+            let n = storage_bindings(g, kernel, &buffer, guarded(g, plan, kernel));
+            if n > max as usize {
                 return Err(err!(
-                    Invariant,
-                    "plan: kernel {k} binds {} storage buffers, the adapter allows {max}",
-                    kernel.inputs.len() + kernel.outputs.len()
+                    Device,
+                    "plan: kernel {k} ({}) binds {n} storage buffers, the adapter allows {max}",
+                    kernel.kind.name()
                 ));
             }
         }

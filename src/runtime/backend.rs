@@ -8,7 +8,7 @@ use crate::err;
 use crate::error::Result;
 use crate::graph::init::init_values;
 use crate::graph::{Graph, NodeId, Op};
-use crate::plan::{plan, PlanOptions};
+use crate::plan::{plan, Limits, PlanOptions};
 use crate::session::Backend;
 use crate::tensor::{fmt_shape, Tensor};
 use std::collections::HashMap;
@@ -34,10 +34,7 @@ impl GpuBackend {
         seed: u64,
         options: PlanOptions,
     ) -> Result<GpuBackend> {
-        let options = PlanOptions {
-            max_storage_buffers: Some(gpu.limits.max_storage_buffers_per_shader_stage),
-            ..options
-        };
+        let options = PlanOptions { limits: Some(Limits::of(&gpu.limits)), ..options };
         let mut persistent = HashMap::new();
         for (id, node) in graph.nodes() {
             if !matches!(node.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }) {
@@ -46,7 +43,12 @@ impl GpuBackend {
             let len: usize = node.shape.iter().product();
             // Refuse what the device cannot hold before building initial values on the host.
             let bytes = (len as u64).saturating_mul(4);
-            gpu.check_buffer_size(&format!("node {}", id.index()), bytes, super::device::STORAGE)?;
+            let label = match &node.op {
+                Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } => name,
+                _ => continue,
+            };
+            gpu.check_buffer_size(label, bytes, super::device::STORAGE)
+                .map_err(|e| e.at(node.span))?;
             let buf = match &node.op {
                 Op::Input { name } => gpu.storage(&format!("input {name}"), len.max(1))?,
                 Op::Parameter { name, init } | Op::State { name, init } => {

@@ -80,7 +80,7 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
-    /// The limits the device was created with (the adapter's own, not wgpu's defaults).
+    /// The limits the device was created with (the adapter's own unless asked otherwise).
     pub limits: wgpu::Limits,
     /// Errors no error scope caught, recorded by the non-panicking handler.
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -105,6 +105,13 @@ impl Dispatch {
         let [x, y, z] = self.workgroups;
         pass.dispatch_workgroups(x, y, z);
     }
+}
+
+/// Copies encoded by [`Gpu::encode_readback`], waiting for their submission.
+pub struct Readback {
+    staging: Option<wgpu::Buffer>,
+    /// Byte range of each part in `staging`.
+    spans: Vec<std::ops::Range<u64>>,
 }
 
 /// Usage of a plain storage buffer: bindable read-write, copyable both ways.
@@ -134,6 +141,15 @@ impl Gpu {
     /// Open the device `choice` asks for: `Ok(None)` for `Cpu`, and for `Auto` when there is no
     /// hardware adapter; an error for `Gpu` when wgpu finds no adapter at all.
     pub fn open(choice: DeviceChoice) -> Result<Option<Gpu>> {
+        Gpu::open_with(choice, |adapter| adapter)
+    }
+
+    /// [`Gpu::open`] with the limits `limits` makes of the adapter's own (which it must not
+    /// exceed).
+    pub fn open_with(
+        choice: DeviceChoice,
+        limits: impl FnOnce(wgpu::Limits) -> wgpu::Limits,
+    ) -> Result<Option<Gpu>> {
         let hardware_only = match choice {
             DeviceChoice::Cpu => return Ok(None),
             DeviceChoice::Auto => true,
@@ -147,7 +163,10 @@ impl Gpu {
             .filter(|a| !hardware_only || a.get_info().device_type != wgpu::DeviceType::Cpu)
             .min_by_key(|a| adapter_rank(&a.get_info()));
         match best {
-            Some(adapter) => Gpu::from_adapter(adapter).map(Some),
+            Some(adapter) => {
+                let limits = limits(adapter.limits());
+                Gpu::from_adapter_with_limits(adapter, limits).map(Some)
+            }
             None if hardware_only => Ok(None),
             None => Err(err!(
                 Device,
@@ -159,8 +178,14 @@ impl Gpu {
     /// Create the device on `adapter` with the adapter's own limits and a non-panicking
     /// uncaptured-error handler.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
-        let info = adapter.get_info();
         let limits = adapter.limits();
+        Gpu::from_adapter_with_limits(adapter, limits)
+    }
+
+    /// Create the device on `adapter` with `limits` (at most the adapter's own) and a
+    /// non-panicking uncaptured-error handler.
+    pub fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
+        let info = adapter.get_info();
         let features = adapter.features() & wgpu::Features::SHADER_F16;
         let desc = wgpu::DeviceDescriptor {
             label: Some("rumus"),
@@ -356,25 +381,56 @@ impl Gpu {
 
     /// Copy elements `range` of `buf` into a mappable staging buffer, wait, and return the bytes.
     fn read_bytes(&self, buf: &wgpu::Buffer, range: std::ops::Range<usize>) -> Result<Vec<u8>> {
-        let (start, end) = (range.start as u64 * 4, range.end as u64 * 4);
-        if start > end || end > buf.size() {
-            return Err(err!(
-                Device,
-                "cannot read elements {}..{} of a buffer of {} elements",
-                range.start,
-                range.end,
-                buf.size() / 4
-            ));
-        }
-        if start == end {
-            return Ok(Vec::new());
-        }
-        let len = end - start;
-        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let staging = self.buffer("readback", len, usage)?;
         let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buf, start, &staging, 0, len);
+        let readback = self.encode_readback(&mut enc, &[(buf, range)])?;
         self.submit(enc)?;
+        Ok(self.finish_readback(readback)?.pop().unwrap_or_default())
+    }
+
+    /// Encode copies of element ranges of buffers into one mappable staging buffer, so that they
+    /// are read back with the work `enc` holds (one submission); [`Gpu::finish_readback`]
+    /// returns their bytes after `enc` is submitted.
+    pub fn encode_readback(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        parts: &[(&wgpu::Buffer, std::ops::Range<usize>)],
+    ) -> Result<Readback> {
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut total = 0u64;
+        for (buf, range) in parts {
+            let (start, end) = (range.start as u64 * 4, range.end as u64 * 4);
+            if start > end || end > buf.size() {
+                return Err(err!(
+                    Device,
+                    "cannot read elements {}..{} of a buffer of {} elements",
+                    range.start,
+                    range.end,
+                    buf.size() / 4
+                ));
+            }
+            spans.push(total..total + (end - start));
+            total += end - start;
+        }
+        if total == 0 {
+            return Ok(Readback { staging: None, spans });
+        }
+        let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let staging = self.buffer("readback", total, usage)?;
+        for ((buf, range), span) in parts.iter().zip(&spans) {
+            if !span.is_empty() {
+                let start = range.start as u64 * 4;
+                enc.copy_buffer_to_buffer(buf, start, &staging, span.start, span.end - span.start);
+            }
+        }
+        Ok(Readback { staging: Some(staging), spans })
+    }
+
+    /// Wait for a readback's submission and return the bytes of each part, in order.
+    pub fn finish_readback(&self, readback: Readback) -> Result<Vec<Vec<u8>>> {
+        let Readback { staging, spans } = readback;
+        let Some(staging) = staging else {
+            return Ok(spans.iter().map(|_| Vec::new()).collect());
+        };
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -385,14 +441,14 @@ impl Gpu {
             Ok(Err(e)) => return Err(err!(Device, "cannot map readback buffer: {e}")),
             Err(_) => return Err(err!(Device, "readback buffer was never mapped")),
         }
-        let bytes = {
+        let parts = {
             let view = staging
                 .get_mapped_range(..)
                 .map_err(|e| err!(Device, "cannot read mapped buffer: {e}"))?;
-            view.to_vec()
+            spans.iter().map(|s| view[s.start as usize..s.end as usize].to_vec()).collect()
         };
         staging.unmap();
-        Ok(bytes)
+        Ok(parts)
     }
 
     /// Compile `wgsl` and create a compute pipeline for `entry` with an automatic layout (bind
@@ -531,6 +587,7 @@ fn error_text(e: &wgpu::Error) -> String {
 }
 
 static TEST_GPU: OnceLock<Result<Gpu>> = OnceLock::new();
+static TEST_GPU_AT_WEBGPU_LIMITS: OnceLock<Result<Gpu>> = OnceLock::new();
 
 /// The process-wide device for `choice`, opened once: `None` means the CPU backend (`cpu`, or
 /// `auto` when the only adapter is a software one, with a one-line notice the first time).
@@ -560,11 +617,72 @@ pub fn test_gpu() -> Result<&'static Gpu> {
     opened.as_ref().map_err(Error::clone)
 }
 
-/// For tests: the shared device, or `None` (after a notice on stderr) when there is no adapter,
-/// so the test can return early. Under `CI=true` a missing adapter is a test failure instead:
-/// this panics with the reason, because CI must exercise the WGSL path.
-pub fn test_gpu_or_skip(test: &str) -> Option<&'static Gpu> {
-    match test_gpu() {
+/// For tests: a second process-wide device on the same adapter, opened with WebGPU's default
+/// limits (8 storage buffers per stage, 128 MiB per binding, ...) where the adapter allows
+/// more, so every adapter's plans are tested at the limits every adapter meets.
+pub fn test_gpu_at_webgpu_limits() -> Result<&'static Gpu> {
+    let opened = TEST_GPU_AT_WEBGPU_LIMITS.get_or_init(|| {
+        let webgpu = |own: wgpu::Limits| wgpu::Limits::default().or_worse_values_from(&own);
+        Gpu::open_with(DeviceChoice::Gpu, webgpu)?
+            .ok_or_else(|| err!(Device, "no wgpu adapter found"))
+    });
+    opened.as_ref().map_err(Error::clone)
+}
+
+/// A test's turn at the test devices, held until it is dropped. On OpenGL adapters wgpu shares
+/// one context between threads and panics when a thread waits more than a few seconds for it
+/// (a long shader compile or submission on a busy software adapter), so GPU tests take turns
+/// there; elsewhere they run side by side. A thread that holds the turn may take it again (a
+/// test calling a helper that takes it too).
+pub struct GpuTurn(Option<std::sync::MutexGuard<'static, ()>>);
+
+thread_local! {
+    static HOLDS_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl GpuTurn {
+    fn take(gpu: &Gpu) -> GpuTurn {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        if gpu.info.backend != wgpu::Backend::Gl || HOLDS_TURN.with(|h| h.get()) {
+            return GpuTurn(None);
+        }
+        let guard = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        HOLDS_TURN.with(|h| h.set(true));
+        GpuTurn(Some(guard))
+    }
+}
+
+impl Drop for GpuTurn {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            HOLDS_TURN.with(|h| h.set(false));
+        }
+    }
+}
+
+/// For tests: the shared device and the test's turn at it (keep it alive as long as the test
+/// uses the device), or `None` (after a notice on stderr) when there is no adapter, so the test
+/// can return early. Under `CI=true` a missing adapter is a test failure instead: this panics
+/// with the reason, because CI must exercise the WGSL path.
+pub fn test_gpu_or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
+    let gpu = or_skip(test, test_gpu())?;
+    Some((gpu, GpuTurn::take(gpu)))
+}
+
+/// For tests: both test devices, the adapter's own limits first and WebGPU's defaults second
+/// ([`test_gpu_at_webgpu_limits`]), with the test's turn at them; no device, or a failure under
+/// `CI=true`, as [`test_gpu_or_skip`] says.
+pub fn test_gpus_or_skip(test: &str) -> (Vec<&'static Gpu>, GpuTurn) {
+    let Some(own) = or_skip(test, test_gpu()) else {
+        return (Vec::new(), GpuTurn(None));
+    };
+    let turn = GpuTurn::take(own);
+    let webgpu = or_skip(test, test_gpu_at_webgpu_limits());
+    (std::iter::once(own).chain(webgpu).collect(), turn)
+}
+
+fn or_skip(test: &str, gpu: Result<&'static Gpu>) -> Option<&'static Gpu> {
+    match gpu {
         Ok(gpu) => Some(gpu),
         Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
             panic!("{test}: CI=true but no GPU device: {e} (install mesa-vulkan-drivers)")

@@ -4,16 +4,21 @@
 //! (persistent values come from the caller, so several plans over one graph share them),
 //! generates and compiles every kernel, and binds every buffer. [`GpuPlan::step`] then uploads
 //! the inputs, encodes every dispatch into one compute pass, copies updated persistent values
-//! into place, submits once, and reads back only the values asked for.
+//! into place, and reads back the values asked for with the plan's status in the same
+//! submission. A failed check (an index or label out of range) comes back as the error the CPU
+//! reference gives, and the step's updates are not applied.
 
 use super::device::{Dispatch, Gpu, STORAGE};
 use super::kernels::{
     LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
 };
-use crate::codegen::wgsl::{generate, kind_name, matmul_epilogue, MatmulEpilogue};
+use crate::codegen::wgsl::{commit_copy, status_words};
+use crate::codegen::wgsl::{generate, matmul_epilogue, MatmulEpilogue};
+use crate::cpu::nn::{check_index, check_label};
 use crate::err;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, Op};
+use crate::plan::limits::{checked_operand, checks_data};
 use crate::plan::{Kernel, KernelKind, Plan};
 use crate::tensor::{fmt_shape, DType, Tensor};
 use std::collections::HashMap;
@@ -32,7 +37,11 @@ pub struct GpuPlan {
     /// Scratch buffers of dedicated kernels (LayerNorm backward partial sums): not planned.
     pub scratch_bytes: u64,
     /// Per-step copies of updated values onto their persistent buffers: (from, to, bytes).
+    /// With a status buffer they are guarded kernels among the dispatches instead.
     copies: Vec<(usize, usize, u64)>,
+    /// The status buffer checking kernels report into (see `codegen::wgsl`), when the plan
+    /// has checking kernels.
+    status: Option<wgpu::Buffer>,
     /// The scratch buffer kernels share (see `shared_scratch`).
     shared: Option<wgpu::Buffer>,
     /// Pipelines compiled while building, by their source: kernels of identical layers
@@ -50,6 +59,16 @@ struct PipelineCache {
 }
 
 impl PipelineCache {
+    /// The pipeline of a generated module, compiled once per distinct source.
+    fn pipeline(&mut self, gpu: &Gpu, label: &str, wgsl: &str) -> Result<wgpu::ComputePipeline> {
+        if let Some(p) = self.generated.get(wgsl) {
+            return Ok(p.clone());
+        }
+        let p = gpu.pipeline(label, wgsl, "main")?;
+        self.generated.insert(wgsl.to_string(), p.clone());
+        Ok(p)
+    }
+
     fn layer_norm(&mut self, gpu: &Gpu, d: usize) -> Result<LayerNorm> {
         if let Some(ln) = self.layer_norm.get(&d) {
             return Ok(ln.clone());
@@ -78,8 +97,10 @@ impl GpuPlan {
         plan: Plan,
         persistent: &HashMap<NodeId, wgpu::Buffer>,
     ) -> Result<GpuPlan> {
-        // The plan may have been built without this device's binding limit.
-        crate::plan::verify::verify(&plan, Some(gpu.limits.max_storage_buffers_per_shader_stage))?;
+        // The plan may have been built without this device's limits.
+        let limits = crate::plan::Limits::of(&gpu.limits);
+        crate::plan::limits::check_binding_bytes(g, &plan, limits.max_binding_bytes)?;
+        crate::plan::verify::verify(g, &plan, Some(limits.max_storage_buffers))?;
         let mut buffers = Vec::with_capacity(plan.buffers.len());
         for (b, info) in plan.buffers.iter().enumerate() {
             let owner = plan.values.iter().find(|v| v.buffer == b && v.pinned).map(|v| v.node);
@@ -91,6 +112,8 @@ impl GpuPlan {
             }
         }
         let meta = gpu.uniform("meta", &[0u8; 16])?;
+        let checks = plan.kernels.iter().any(|k| checks_data(&k.kind));
+        let status = if checks { Some(gpu.storage("status", status_words(&plan))?) } else { None };
         let mut out = GpuPlan {
             plan,
             buffers,
@@ -99,6 +122,7 @@ impl GpuPlan {
             meta,
             scratch_bytes: 0,
             copies: Vec::new(),
+            status,
             cache: PipelineCache::default(),
             shared: None,
         };
@@ -111,8 +135,26 @@ impl GpuPlan {
             let (Some(t), Some(v)) = (out.plan.value_of(target), out.plan.value_of(value)) else {
                 return Err(err!(Invariant, "update of node {} has no buffer", target.index()));
             };
-            if t.buffer != v.buffer {
-                out.copies.push((v.buffer, t.buffer, t.bytes));
+            if t.buffer == v.buffer {
+                continue;
+            }
+            match &out.status {
+                // A guarded copy: nothing is committed once a check failed.
+                Some(status) => {
+                    let words = (t.bytes / 4) as usize;
+                    let src = commit_copy(words);
+                    let pipeline = out.cache.pipeline(gpu, &src.label, &src.wgsl)?;
+                    let (from, to) = (&out.buffers[v.buffer], &out.buffers[t.buffer]);
+                    let bind_group = gpu.bind_group(&src.label, &pipeline, &[from, to, status])?;
+                    out.dispatches.push(Dispatch {
+                        label: src.label,
+                        pipeline,
+                        bind_group,
+                        workgroups: gpu.dispatch_dims(src.workgroups),
+                        owned: Vec::new(),
+                    });
+                }
+                None => out.copies.push((v.buffer, t.buffer, t.bytes)),
             }
         }
         Ok(out)
@@ -151,6 +193,9 @@ impl GpuPlan {
                 let rows = g.shape(y).iter().product::<usize>() / d.max(1);
                 // Without `with_stats` the stats are already in their buffer; recomputing them
                 // into scratch gives the same numbers and keeps one forward kernel.
+                if rows == 0 {
+                    return Ok(()); // no rows: nothing to normalize
+                }
                 let ln = self.cache.layer_norm(gpu, d)?;
                 let stats_scratch;
                 let stats = if *with_stats {
@@ -178,6 +223,9 @@ impl GpuPlan {
                 };
                 let d = *g.shape(x).last().unwrap_or(&1);
                 let rows = g.shape(x).iter().product::<usize>() / d.max(1);
+                if rows == 0 {
+                    return Ok(());
+                }
                 let ln = self.cache.layer_norm(gpu, d)?;
                 let ones = gpu.upload_f32("layer_norm ones", &vec![1.0; d])?;
                 let zeros = gpu.upload_f32("layer_norm zeros", &vec![0.0; d])?;
@@ -290,16 +338,17 @@ impl GpuPlan {
     /// A generated kernel: compile its module and bind its buffers (and `meta`).
     fn generated(&mut self, gpu: &Gpu, g: &Graph, k: &Kernel) -> Result<()> {
         let src = generate(g, &self.plan, k);
-        let pipeline = match self.cache.generated.get(&src.wgsl) {
-            Some(p) => p.clone(),
-            None => {
-                let p = gpu.pipeline(&src.label, &src.wgsl, "main")?;
-                self.cache.generated.insert(src.wgsl.clone(), p.clone());
-                p
-            }
-        };
+        if src.workgroups == 0 {
+            return Ok(()); // nothing to compute or check (a zero-size value)
+        }
+        let pipeline = self.cache.pipeline(gpu, &src.label, &src.wgsl)?;
         let mut bound: Vec<&wgpu::Buffer> =
             src.bindings.iter().map(|&(b, _)| &self.buffers[b]).collect();
+        if src.status.is_some() {
+            bound.push(self.status.as_ref().ok_or_else(|| {
+                err!(Invariant, "kernel `{}` uses a status buffer the plan lacks", src.label)
+            })?);
+        }
         if src.uses_meta {
             bound.push(&self.meta);
         }
@@ -334,8 +383,11 @@ impl GpuPlan {
         let r = so.len();
         let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
         let batch: usize = so[..r - 2].iter().product();
+        if m * n * batch == 0 {
+            return Ok(Some(Vec::new())); // an empty product: nothing to write
+        }
         let fits = |v: usize| u32::try_from(v).is_ok();
-        if ![m, n, kk, batch, m * n * batch.max(1)].iter().all(|&v| fits(v)) {
+        if ![m, n, kk, batch, m * n * batch].iter().all(|&v| fits(v)) {
             return Ok(None);
         }
         let (Some((a_src, a_op)), Some((b_src, b_op))) = (
@@ -362,6 +414,14 @@ impl GpuPlan {
                 .map(Some);
         }
         let tile = MatmulTile::choose(&spec);
+        let (bm, bn, ..) = tile.shape();
+        let max = gpu.limits.max_compute_workgroups_per_dimension;
+        if n.div_ceil(bn as usize) > max as usize
+            || m.div_ceil(bm as usize) > max as usize
+            || batch > max as usize
+        {
+            return Ok(None); // the generated kernel splits any grid
+        }
         let key = format!("{tile:?}\n{decls}\n{body}");
         let kernel = match self.cache.matmul.get(&key) {
             Some(m) => m.clone(),
@@ -380,7 +440,7 @@ impl GpuPlan {
             self.buf(out)?,
             &extra_bufs,
         )?;
-        d.label = format!("{} #{}", kind_name(&k.kind), out.index());
+        d.label = format!("{} #{}", k.kind.name(), out.index());
         Ok(Some(vec![d]))
     }
 
@@ -426,21 +486,14 @@ impl GpuPlan {
         let wgsl = format!(
             "alias scalar = f32;\n@group(0) @binding(0) var<storage, read> parts: array<f32>;\n@group(0) @binding(1) var<storage, read_write> c: array<f32>;\n{decls}\nfn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar {{\n{body}\n}}\n@compute @workgroup_size(256)\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{\n    let idx = (wid.x + wid.y * nwg.x) * 256u + lid;\n    if (idx >= {mn}u) {{ return; }}\n    var v = 0.0;\n    for (var s = 0u; s < {splits}u; s++) {{ v += parts[s * {mn}u + idx]; }}\n    c[idx] = epilogue(v, 0u, idx / {n}u, idx % {n}u);\n}}\n"
         );
-        let pipeline = match self.cache.generated.get(&wgsl) {
-            Some(p) => p.clone(),
-            None => {
-                let p = gpu.pipeline("split-k sum", &wgsl, "main")?;
-                self.cache.generated.insert(wgsl.clone(), p.clone());
-                p
-            }
-        };
+        let pipeline = self.cache.pipeline(gpu, "split-k sum", &wgsl)?;
         let mut bound: Vec<(u32, &wgpu::Buffer)> = vec![(0, &parts), (1, self.buf(out)?)];
         for (i, &b) in extra.iter().enumerate() {
             bound.push((4 + i as u32, &self.buffers[b]));
         }
         let bind_group = gpu.bind_group_at("split-k sum", &pipeline, &bound)?;
         let second = Dispatch {
-            label: format!("{} #{} split-k sum", kind_name(&k.kind), out.index()),
+            label: format!("{} #{} split-k sum", k.kind.name(), out.index()),
             pipeline,
             bind_group,
             workgroups: gpu.dispatch_dims((mn as u32).div_ceil(256)),
@@ -488,18 +541,86 @@ impl GpuPlan {
                 }
             }
         }
+        if let Some(status) = &self.status {
+            let mut words = vec![u32::MAX; status_words(&self.plan)];
+            words[0] = 0;
+            gpu.write(status, 0, bytemuck::cast_slice(&words))?;
+        }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let all: Vec<&Dispatch> = self.dispatches.iter().collect();
         gpu.encode(&mut enc, &all);
         for &(from, to, bytes) in &self.copies {
             enc.copy_buffer_to_buffer(&self.buffers[from], 0, &self.buffers[to], 0, bytes);
         }
+        let mut parts = Vec::with_capacity(read.len() + 1);
+        for &id in read {
+            parts.push((self.buf(id)?, 0..g.shape(id).iter().product::<usize>()));
+        }
+        if let Some(status) = &self.status {
+            parts.push((status, 0..status_words(&self.plan)));
+        }
+        let readback = gpu.encode_readback(&mut enc, &parts)?;
         gpu.submit(enc)?;
+        let mut bytes = gpu.finish_readback(readback)?;
         let errors = gpu.take_uncaptured_errors();
         if let Some(e) = errors.first() {
             return Err(err!(Device, "step failed on the device: {e}"));
         }
-        read.iter().map(|&id| self.read(gpu, g, id)).collect()
+        if self.status.is_some() {
+            let status: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes.pop().unwrap_or_default());
+            if let Some(e) = self.failed_check(gpu, g, &status)? {
+                return Err(e);
+            }
+        }
+        read.iter()
+            .zip(bytes)
+            .map(|(&id, b)| host_tensor(g, id, bytemuck::pod_collect_to_vec(&b)))
+            .collect()
+    }
+
+    /// The error of the first check that failed in the step whose status words are `status`
+    /// (checks in plan order, which is the order the CPU evaluates ops in), with the bad index or
+    /// label read back from the value checked: the same error the CPU reference gives.
+    fn failed_check(&self, gpu: &Gpu, g: &Graph, status: &[u32]) -> Result<Option<Error>> {
+        if status.first().is_none_or(|&w| w == 0) {
+            return Ok(None);
+        }
+        let checking = self.plan.kernels.iter().filter(|k| checks_data(&k.kind));
+        for (k, &pos) in checking.zip(&status[1..]) {
+            let (Some(&out), Some(operand)) = (k.outputs.last(), checked_operand(g, k)) else {
+                continue;
+            };
+            if pos == u32::MAX {
+                continue;
+            }
+            let values = self.read(gpu, g, operand)?;
+            let value = values.as_i32().and_then(|v| v.get(pos as usize)).copied();
+            let value = value.ok_or_else(|| {
+                err!(
+                    Invariant,
+                    "node {} reported element {pos} of node {}",
+                    out.index(),
+                    operand.index()
+                )
+            })?;
+            let node = g.node(out);
+            let checked = match node.op {
+                Op::Embedding => check_index("embedding", value, g.shape(node.inputs[0])[0]),
+                Op::EmbeddingGrad { vocab } => check_index("embedding_grad", value, vocab),
+                Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. } => {
+                    let c = g.shape(node.inputs[0]).last().copied().unwrap_or(0);
+                    check_label(node.op.name(), value, c)
+                }
+                _ => Ok(0),
+            };
+            return Ok(Some(match checked {
+                Err(e) => e.at(node.span),
+                Ok(_) => {
+                    err!(Invariant, "node {} reported {value}, which is in range", out.index())
+                }
+            }));
+        }
+        Ok(Some(err!(Invariant, "a check failed on the device without saying where")))
     }
 
     /// Read the current contents of a node's buffer.

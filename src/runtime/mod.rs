@@ -12,5 +12,6 @@ pub mod exec;
 pub mod kernels;
 
 pub use device::{
-    shared_gpu, split_workgroups, test_gpu, test_gpu_or_skip, DeviceChoice, Dispatch, Gpu, STORAGE,
+    shared_gpu, split_workgroups, test_gpu, test_gpu_at_webgpu_limits, test_gpu_or_skip,
+    test_gpus_or_skip, DeviceChoice, Dispatch, Gpu, GpuTurn, STORAGE,
 };

@@ -161,7 +161,7 @@ impl Progress {
                 self.broken_pipe = true;
                 self.interrupt.trigger();
             }
-            Err(e) => self.fail(Error::io("<stdout>", e)),
+            Err(e) => self.fail(Error::io("standard output", e)),
         }
     }
 

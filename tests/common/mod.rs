@@ -170,7 +170,84 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("mse", &[(&[3, 2], Any), (&[3, 2], Any)], |g, x| g.mse(x[0], x[1])));
     cs.push(case("dropout", &[(&[4, 5], Any)], |g, x| g.dropout(x[0], 0.3, 7)));
     cs.push(case("dropout size-1", &[(&[1, 1, 3], Any)], |g, x| g.dropout(x[0], 0.5, 1)));
+    cs.extend(zero_size_cases());
+    cs.extend(degenerate_cases());
     cs
+}
+
+/// Every op with a dimension of size 0: no element to compute, or reductions over nothing (a
+/// sum of nothing is 0, a mean of nothing NaN, as on the CPU).
+pub fn zero_size_cases() -> Vec<Case> {
+    use Dom::*;
+    let mut cs = Vec::new();
+    cs.push(case("exp empty", &[(&[0, 3], Any)], |g, x| g.exp(x[0])));
+    cs.push(case("add empty broadcast", &[(&[0, 3], Any), (&[3], Any)], |g, x| g.add(x[0], x[1])));
+    cs.push(case("where empty", &[(&[2, 0], Mask), (&[2, 0], Any), (&[], Any)], |g, x| {
+        g.select(x[0], x[1], x[2])
+    }));
+    cs.push(case("sum over an empty axis", &[(&[2, 0, 3], Any)], |g, x| g.sum(x[0], &[1], false)));
+    cs.push(case("mean over an empty axis", &[(&[2, 0, 3], Any)], |g, x| g.mean(x[0], &[1], true)));
+    cs.push(case("sum of an empty tensor", &[(&[0, 4], Any)], |g, x| g.sum(x[0], &[0, 1], false)));
+    cs.push(case("max empty output", &[(&[0, 3], Any)], |g, x| g.max(x[0], &[1], false)));
+    cs.push(case("reshape empty", &[(&[0, 6], Any)], |g, x| g.reshape(x[0], &[3, 0, 2])));
+    cs.push(case("permute empty", &[(&[2, 0, 3], Any)], |g, x| g.permute(x[0], &[2, 0, 1])));
+    cs.push(case("broadcast_to empty", &[(&[1, 3], Any)], |g, x| g.broadcast_to(x[0], &[0, 3])));
+    cs.push(case("slice empty", &[(&[2, 3], Any)], |g, x| g.slice(x[0], 1, 2, 2)));
+    cs.push(case("concat with an empty part", &[(&[2, 3], Any), (&[2, 0], Any)], |g, x| {
+        g.concat(&[x[0], x[1]], 1)
+    }));
+    cs.push(case("matmul no rows", &[(&[0, 4], Any), (&[4, 5], Any)], |g, x| g.matmul(x[0], x[1])));
+    cs.push(case("matmul empty k", &[(&[3, 0], Any), (&[0, 5], Any)], |g, x| g.matmul(x[0], x[1])));
+    cs.push(case("matmul no columns", &[(&[3, 4], Any), (&[4, 0], Any)], |g, x| {
+        g.matmul(x[0], x[1])
+    }));
+    cs.push(case("matmul empty batch", &[(&[0, 3, 4], Any), (&[4, 2], Any)], |g, x| {
+        g.matmul(x[0], x[1])
+    }));
+    cs.push(case("matmul empty k then relu", &[(&[3, 0], Any), (&[0, 5], Any)], |g, x| {
+        let y = g.matmul(x[0], x[1])?;
+        g.relu(y)
+    }));
+    cs.push(case("softmax no rows", &[(&[0, 5], Any)], |g, x| g.softmax(x[0])));
+    cs.push(case("log_softmax no rows", &[(&[2, 0, 5], Any)], |g, x| g.log_softmax(x[0])));
+    cs.push(case("causal_mask no batch", &[(&[0, 3, 3], Any)], |g, x| {
+        let m = g.causal_mask(x[0])?;
+        g.softmax(m)
+    }));
+    cs.push(case("layer_norm no rows", &[(&[0, 4], Any), (&[4], Any), (&[4], Any)], |g, x| {
+        g.layer_norm(x[0], x[1], x[2], 1e-5)
+    }));
+    cs.push(case("embedding no indices", &[(&[5, 3], Any), (&[0], Index(5))], |g, x| {
+        g.embedding(x[0], x[1])
+    }));
+    cs.push(case("embedding empty rows", &[(&[5, 0], Any), (&[2, 3], Index(5))], |g, x| {
+        g.embedding(x[0], x[1])
+    }));
+    cs.push(case("cross_entropy no rows", &[(&[0, 5], Any), (&[0], Index(5))], |g, x| {
+        g.cross_entropy(x[0], x[1], None)
+    }));
+    cs.push(case("mse empty", &[(&[0, 2], Any), (&[0, 2], Any)], |g, x| g.mse(x[0], x[1])));
+    cs.push(case("dropout empty", &[(&[0], Any)], |g, x| g.dropout(x[0], 0.3, 7)));
+    cs
+}
+
+/// Size-1 axes where an op reduces or normalizes, and a sequence of length 1.
+pub fn degenerate_cases() -> Vec<Case> {
+    use Dom::*;
+    vec![
+        case("layer_norm width 1", &[(&[3, 1], Any), (&[1], Any), (&[1], Any)], |g, x| {
+            g.layer_norm(x[0], x[1], x[2], 1e-5)
+        }),
+        case("causal_mask t=1", &[(&[2, 1, 1], Any)], |g, x| {
+            let m = g.causal_mask(x[0])?;
+            g.softmax(m)
+        }),
+        case("cross_entropy one class", &[(&[3, 1], Any), (&[3], Index(1))], |g, x| {
+            g.cross_entropy(x[0], x[1], None)
+        }),
+        case("mean size-1 axes", &[(&[1, 1, 3], Any)], |g, x| g.mean(x[0], &[0, 1], false)),
+        case("matmul k=1", &[(&[2, 1], Any), (&[1, 3], Any)], |g, x| g.matmul(x[0], x[1])),
+    ]
 }
 
 pub fn draw(rng: &mut Rng, shape: &[usize], dom: Dom) -> Buf<f64> {

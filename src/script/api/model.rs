@@ -13,7 +13,7 @@ use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
 
 use crate::error::Result;
-use crate::graph::optim::LR_INPUT;
+use crate::graph::optim::is_host_input;
 use crate::graph::{Graph, Op, OptimConfig, Optimizer};
 use crate::session::{
     CompileConfig, Device, Dims, LoadReport, Loss, Model, Schedule, Trainer, TARGET_INPUT,
@@ -432,7 +432,9 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
 fn input_names(g: &Graph) -> Vec<String> {
     g.nodes()
         .filter_map(|(_, n)| match &n.op {
-            Op::Input { name } if name != LR_INPUT && name != TARGET_INPUT => Some(name.clone()),
+            Op::Input { name } if !is_host_input(name) && name != TARGET_INPUT => {
+                Some(name.clone())
+            }
             _ => None,
         })
         .collect()
@@ -474,7 +476,9 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>)> {
         }
     };
     let o = Opts::new(&m, &kind, keys)?;
-    let f = |key: &str, default: f32| -> ScriptResult<f32> { Ok(o.f32(key)?.unwrap_or(default)) };
+    // Hyperparameters stay f64, as PyTorch keeps them: 1 - beta and the bias corrections are
+    // computed on the host in f64.
+    let f = |key: &str, default: f64| -> ScriptResult<f64> { Ok(o.f64(key)?.unwrap_or(default)) };
     let opt = match kind.as_str() {
         "sgd" => {
             Optimizer::Sgd { momentum: f("momentum", 0.0)?, weight_decay: f("weight_decay", 0.0)? }

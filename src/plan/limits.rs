@@ -1,0 +1,272 @@
+//! The adapter limits a plan must fit, and how fusion is split to fit them.
+//!
+//! Two limits of an adapter bound a plan: the storage buffers one kernel may bind
+//! (`max_storage_buffers_per_shader_stage`: 8 under WebGPU's defaults, 16 on Mesa's OpenGL
+//! adapter) and the bytes of one storage binding (`max_storage_buffer_binding_size`: 128 MiB under
+//! WebGPU's defaults). No kernel kind binds a number of buffers that grows with the model:
+//! - an expression that would read too many buffers (a sum over every parameter's squared norm
+//!   for gradient clipping, a long chain of additions) is split by materializing inlined
+//!   subexpressions that fit, largest first ([`split_point`]);
+//! - a concat of many inputs runs as several kernels, each writing the part of the output that
+//!   its inputs fill ([`concat_parts`]);
+//! - every other kind binds a fixed number of buffers ([`storage_bindings`]).
+//!
+//! A value larger than one binding cannot be split by the planner; [`check_binding_bytes`]
+//! refuses it with an error naming the value and the limit.
+
+use super::fuse::{Kernel, KernelKind};
+use super::Plan;
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId, Op};
+use crate::tensor::fmt_shape;
+
+/// The adapter limits a plan is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Storage buffers one kernel may bind (`max_storage_buffers_per_shader_stage`).
+    pub max_storage_buffers: u32,
+    /// Bytes of one storage binding (`max_storage_buffer_binding_size`).
+    pub max_binding_bytes: u64,
+}
+
+impl Limits {
+    /// WebGPU's default limits, which every adapter meets: 8 storage buffers per stage and
+    /// 128 MiB per binding.
+    pub const WEBGPU_DEFAULT: Limits =
+        Limits { max_storage_buffers: 8, max_binding_bytes: 128 << 20 };
+
+    /// The limits of an open wgpu device.
+    pub fn of(limits: &wgpu::Limits) -> Limits {
+        Limits {
+            max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
+            max_binding_bytes: limits.max_storage_buffer_binding_size,
+        }
+    }
+}
+
+/// Whether kernels of this kind check their data and report what is wrong through the plan's
+/// status buffer (indices and labels out of range), which they bind after their own buffers.
+pub fn checks_data(kind: &KernelKind) -> bool {
+    matches!(
+        kind,
+        KernelKind::Embedding
+            | KernelKind::EmbeddingGrad
+            | KernelKind::CrossEntropy
+            | KernelKind::CrossEntropyGrad
+    )
+}
+
+/// The value a checking kernel checks (its indices or labels): pinned in the plan, so that the
+/// host can read the bad element after the step and report it.
+pub fn checked_operand(g: &Graph, k: &Kernel) -> Option<NodeId> {
+    let node = g.node(*k.outputs.last()?);
+    match node.op {
+        Op::EmbeddingGrad { .. } => Some(node.inputs[0]),
+        Op::Embedding | Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. } => {
+            Some(node.inputs[1])
+        }
+        _ => None,
+    }
+}
+
+/// Whether kernel `k` of `plan` commits a new value into a persistent buffer in place while some
+/// kernel of the plan checks its data: it then binds the status buffer and writes nothing when
+/// a check failed, so a step that reports an error leaves parameters and state as they were.
+pub fn guarded(g: &Graph, plan: &Plan, k: &Kernel) -> bool {
+    k.kind == KernelKind::Elementwise
+        && k.outputs
+            .iter()
+            .any(|&o| plan.alias[o.index()].is_some_and(|t| g.node(t).op.is_persistent()))
+        && plan.kernels.iter().any(|k| checks_data(&k.kind))
+}
+
+/// The storage buffers kernel `k` binds, with `buffer` naming the buffer of each value it
+/// reads or writes (values in one buffer count once):
+/// - the matmul template binds its operands and result (3), then each buffer its epilogue reads;
+/// - LayerNorm forward binds x, weight, bias, y and stats (5), its backward x, weight, stats,
+///   dy, dx, the partial sums and dweight/dbias (7), whatever the kernel's own values are;
+/// - a generated kernel binds each of its buffers once, plus the status buffer when it checks
+///   its data ([`checks_data`]) or commits an update that a failed check must hold back
+///   (`guarded`).
+pub fn storage_bindings(
+    g: &Graph,
+    k: &Kernel,
+    buffer: &dyn Fn(NodeId) -> usize,
+    guarded: bool,
+) -> usize {
+    let distinct = |ids: Vec<NodeId>| {
+        let mut b: Vec<usize> = ids.into_iter().map(buffer).collect();
+        b.sort_unstable();
+        b.dedup();
+        b.len()
+    };
+    match &k.kind {
+        KernelKind::MatMul { register, .. } => {
+            let out = *k.outputs.last().expect("a kernel writes a value");
+            let epilogue =
+                if out == *register { Vec::new() } else { reads(g, k, &[out], Some(*register)) };
+            3 + distinct(epilogue)
+        }
+        KernelKind::LayerNorm { .. } | KernelKind::LayerNormStats => 5,
+        KernelKind::LayerNormGradInput { .. } | KernelKind::LayerNormGradWeight => 7,
+        kind => {
+            let own = distinct(k.inputs.iter().chain(&k.outputs).copied().collect());
+            own + usize::from(checks_data(kind) || guarded)
+        }
+    }
+}
+
+/// The materialized values the expressions rooted at `roots` read inside kernel `k` (nodes of
+/// `k.fused` are computed inside it; `stop` is a register not to look through), each once.
+pub fn reads(g: &Graph, k: &Kernel, roots: &[NodeId], stop: Option<NodeId>) -> Vec<NodeId> {
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    let mut stack: Vec<NodeId> = roots.iter().rev().copied().collect();
+    while let Some(id) = stack.pop() {
+        if seen.contains(&id) {
+            continue;
+        }
+        seen.push(id);
+        for &x in g.node(id).inputs.iter().rev() {
+            if Some(x) == stop || matches!(g.node(x).op, Op::Constant { .. }) {
+                continue;
+            }
+            if k.fused.binary_search(&x).is_ok() {
+                stack.push(x);
+            } else if !out.contains(&x) {
+                out.push(x);
+            }
+        }
+    }
+    out
+}
+
+/// The inlined node of kernel `k` to materialize so that `k` binds fewer buffers: among the
+/// inlined subexpressions whose own kernel would fit (`2 ..= max − 1` buffers read), the one
+/// whose materialization saves the most bindings, then the one that reads the most. `None` when
+/// no inlined subexpression reads two buffers or more.
+pub fn split_point(
+    g: &Graph,
+    k: &Kernel,
+    max: u32,
+    owner: &dyn Fn(NodeId) -> NodeId,
+) -> Option<NodeId> {
+    let out = *k.outputs.last()?;
+    let register = match k.kind {
+        KernelKind::MatMul { register, matmul } => Some((register, matmul)),
+        _ => None,
+    };
+    let owners = |ids: Vec<NodeId>| {
+        let mut o: Vec<NodeId> = ids.into_iter().map(owner).collect();
+        o.sort_unstable();
+        o.dedup();
+        o
+    };
+    let all = owners(reads(g, k, &[out], register.map(|r| r.0)));
+    let mut best: Option<(usize, usize, NodeId)> = None;
+    for &c in &k.fused {
+        let node = g.node(c);
+        let inlined = !k.outputs.contains(&c)
+            && !matches!(node.op, Op::Constant { .. })
+            && super::fuse::is_inlinable(&node.op)
+            && register.is_none_or(|(r, mm)| c != r && c != mm && !depends_on(g, k, c, r));
+        if !inlined {
+            continue;
+        }
+        let mine = owners(reads(g, k, &[c], None));
+        if mine.len() < 2 || mine.len() > max as usize - 1 {
+            continue;
+        }
+        // What the rest of the kernel still reads once `c` is a buffer of its own.
+        let rest = owners(reads_without(g, k, out, c, register.map(|r| r.0)));
+        let saved = all.len().saturating_sub(rest.len());
+        let key = (saved, mine.len(), c);
+        if best.is_none_or(|b| (key.0, key.1) > (b.0, b.1)) {
+            best = Some(key);
+        }
+    }
+    best.map(|b| b.2)
+}
+
+/// Whether inlined node `c` of kernel `k` reaches `target` through inlined nodes.
+fn depends_on(g: &Graph, k: &Kernel, c: NodeId, target: NodeId) -> bool {
+    let mut stack = vec![c];
+    while let Some(id) = stack.pop() {
+        for &x in &g.node(id).inputs {
+            if x == target {
+                return true;
+            }
+            if k.fused.binary_search(&x).is_ok() {
+                stack.push(x);
+            }
+        }
+    }
+    false
+}
+
+/// [`reads`] from `root` with node `cut` read as a buffer instead of computed.
+fn reads_without(
+    g: &Graph,
+    k: &Kernel,
+    root: NodeId,
+    cut: NodeId,
+    stop: Option<NodeId>,
+) -> Vec<NodeId> {
+    let mut fused = k.fused.clone();
+    fused.retain(|&x| x != cut);
+    let trimmed = Kernel { fused, ..k.clone() };
+    reads(g, &trimmed, &[root], stop)
+}
+
+/// Split the inputs of a concat, given the buffers each reads, into runs whose kernels fit:
+/// each run's distinct buffers plus the output within `max`. A run holds at least one input.
+pub fn concat_parts(reads: &[Vec<NodeId>], max: Option<u32>) -> Vec<std::ops::Range<usize>> {
+    let max = max.map_or(usize::MAX, |m| m as usize);
+    let mut parts = Vec::new();
+    let mut start = 0;
+    let mut seen: Vec<NodeId> = Vec::new();
+    for (i, r) in reads.iter().enumerate() {
+        let new = r.iter().filter(|x| !seen.contains(x)).count();
+        if i > start && seen.len() + new + 1 > max {
+            parts.push(start..i);
+            start = i;
+            seen.clear();
+        }
+        for &x in r {
+            if !seen.contains(&x) {
+                seen.push(x);
+            }
+        }
+    }
+    parts.push(start..reads.len());
+    parts
+}
+
+/// Refuse a plan with a value larger than one storage binding: the error names the value (its
+/// op, shape and bytes, at its position in the model when it has one) and the limit.
+pub fn check_binding_bytes(g: &Graph, plan: &Plan, max_bytes: u64) -> Result<()> {
+    for v in &plan.values {
+        if v.bytes <= max_bytes {
+            continue;
+        }
+        let node = g.node(v.node);
+        let what = match &node.op {
+            Op::Input { name } => format!("input `{name}`"),
+            Op::Parameter { name, .. } => format!("parameter `{name}`"),
+            Op::State { name, .. } => format!("state `{name}`"),
+            op => format!("the result of `{}`", op.name()),
+        };
+        return Err(err!(
+            Device,
+            "{what} ({}{}) takes {} bytes, more than the {} bytes the adapter allows in one \
+             storage binding (max_storage_buffer_binding_size); use smaller dimensions",
+            node.dtype,
+            fmt_shape(&node.shape),
+            v.bytes,
+            max_bytes
+        )
+        .at(node.span));
+    }
+    Ok(())
+}
