@@ -52,13 +52,7 @@ impl Graph {
         if name.is_empty() {
             return Err(err!(Name, "{kind} name must not be empty").at(self.span));
         }
-        let taken = self.nodes.iter().any(|n| match &n.op {
-            Op::Input { name: m } | Op::Parameter { name: m, .. } | Op::State { name: m, .. } => {
-                m == name
-            }
-            _ => false,
-        });
-        if taken {
+        if self.named(name).is_some() {
             return Err(err!(
                 Name,
                 "duplicate name `{name}`: another input, parameter or state has it"
