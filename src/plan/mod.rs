@@ -18,6 +18,7 @@ pub use fuse::{Kernel, KernelKind};
 
 use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op};
+use std::collections::HashSet;
 
 /// How to plan.
 #[derive(Clone, Copy, Debug)]
@@ -95,11 +96,12 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
                 && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         })
         .count();
+    let root_set: HashSet<NodeId> = roots.iter().copied().collect();
     let naive_bytes = g
         .nodes()
         .filter(|(id, n)| {
             f.live[id.index()]
-                && !roots.contains(id)
+                && !root_set.contains(id)
                 && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         })
         .map(|(id, _)| alloc::value_bytes(g, id))
