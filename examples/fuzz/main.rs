@@ -6,7 +6,8 @@
 //! cargo run --profile fuzz --example fuzz -- --target all --inputs 1000000 --seed 1 --jobs 2
 //! ```
 //!
-//! Options: `--target dsl|script|checkpoint|csv|all`, `--inputs N` (per target), `--seed S`,
+//! Options: `--target dsl|script|checkpoint|csv|all`, `--inputs N` (per target), `--start I`
+//! (the first input's index, default 0), `--seed S`,
 //! `--jobs J` (worker processes), `--limit SECS` (wall limit per input: past it the input is a
 //! hang), `--slow-ms MS` (inputs slower than this are listed), `--soft-ms MS` (scripts are
 //! interrupted after this long), `--mem-mb MB` (address-space limit of a worker), `--out DIR`
@@ -42,6 +43,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let mut cfg = Config {
         target: Target::Dsl,
         seed: 1,
+        start: 0,
         inputs: 10_000,
         jobs: 1,
         chunk: 5_000,
@@ -67,6 +69,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 };
             }
             "--inputs" => cfg.inputs = number(flag, value()?)?,
+            "--start" => cfg.start = number(flag, value()?)?,
             "--seed" => cfg.seed = number(flag, value()?)?,
             "--jobs" => cfg.jobs = number(flag, value()?)? as usize,
             "--chunk" => cfg.chunk = number(flag, value()?)?.max(1),

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 pub struct Config {
     pub target: Target,
     pub seed: u64,
+    /// Inputs `start..start + inputs` are run.
+    pub start: u64,
     pub inputs: u64,
     pub jobs: usize,
     /// Inputs per worker command.
@@ -80,10 +82,11 @@ impl Report {
     }
 }
 
-/// Run `cfg.inputs` inputs of `cfg.target` and save what failed.
+/// Run `cfg.inputs` inputs of `cfg.target` from `cfg.start` and save what failed.
 pub fn fuzz(cfg: &Config) -> Report {
     let start = Instant::now();
-    let next = AtomicU64::new(0);
+    let next = AtomicU64::new(cfg.start);
+    let end = cfg.start.saturating_add(cfg.inputs);
     let done = AtomicU64::new(0);
     let accepted = AtomicU64::new(0);
     let records = Mutex::new(Vec::new());
@@ -96,10 +99,10 @@ pub fn fuzz(cfg: &Config) -> Report {
                 let mut pool = Pool { cfg, job, spawned: 0, worker: None };
                 loop {
                     let a = next.fetch_add(cfg.chunk, Ordering::SeqCst);
-                    if a >= cfg.inputs {
+                    if a >= end {
                         break;
                     }
-                    let b = (a + cfg.chunk).min(cfg.inputs);
+                    let b = (a + cfg.chunk).min(end);
                     let mut found = Vec::new();
                     let acc = pool.range(a, b, done, &mut found);
                     accepted.fetch_add(acc, Ordering::Relaxed);
@@ -398,6 +401,19 @@ fn save(cfg: &Config, report: &mut Report) {
     };
     let h = harness::harness(cfg.target, &opts);
     let mut worker = None;
+    // A hang is confirmed by running the input again alone: on a machine shared with other
+    // work a worker can stall past the limit once. Unconfirmed ones are listed as slow.
+    let candidate = cfg.scratch.join(format!("{}-hang.{}", std::process::id(), cfg.target.ext()));
+    for r in report.records.iter_mut().filter(|r| r.kind == Kind::Hang).take(20) {
+        let input = harness::input(h.as_ref(), cfg.target, cfg.seed, r.index);
+        std::fs::write(&candidate, &input).expect("write a candidate");
+        if rerun(cfg, &candidate, &mut worker).as_deref() != Some("hang") {
+            r.kind = Kind::Slow;
+            r.signature = "slow".into();
+            r.detail = "past the wall limit once, not when run again alone".into();
+        }
+    }
+    let _ = std::fs::remove_file(&candidate);
     let mut by_signature: BTreeMap<&str, Vec<&Record>> = BTreeMap::new();
     for r in &report.records {
         by_signature.entry(&r.signature).or_default().push(r);
