@@ -31,7 +31,7 @@ fn options(target: Target) -> Options {
         std::process::id(),
         target.name()
     ));
-    Options { scratch, soft_ms: 2_000 }
+    Options { scratch, soft_ms: 200 }
 }
 
 /// Run `inputs` through a fresh harness; the failures that are not known open, as text.

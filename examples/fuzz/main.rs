@@ -108,8 +108,11 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     }
     if let Some(index) = dump {
         let target = one("--dump")?;
-        let h = harness::harness(target, &local_options(&cfg));
+        let opts = local_options(&cfg);
+        let h = harness::harness(target, &opts);
         let input = harness::input(h.as_ref(), target, cfg.seed, index);
+        drop(h);
+        let _ = std::fs::remove_dir_all(&opts.scratch);
         std::io::Write::write_all(&mut std::io::stdout(), &input).map_err(|e| e.to_string())?;
         return Ok(ExitCode::SUCCESS);
     }

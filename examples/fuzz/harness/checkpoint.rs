@@ -140,23 +140,19 @@ impl Checkpoint {
             Err(e) => return Err(Failure::new("saved-file-fails-to-load", e.message)),
         }
         // The loaded values in use: a step and a prediction are `Ok` or a checked error.
-        let (x, shape): (Vec<f32>, &[usize]) = match k {
-            0 => (vec![0.5, 1.0, -1.0], &[1, 3]),
-            _ => (vec![1.0, 0.0, 2.0], &[1, 3]),
-        };
-        if k == 0 {
-            let y = Tensor::i32(&[2], vec![1, 0]).expect("labels");
-            if let Err(e) = model.train_step(&[0.0; 6], &[2, 3], &y) {
-                check::error(&e)?;
-            }
-            if let Err(e) = model.predict(&x, shape) {
-                check::error(&e)?;
-            }
+        let (x, y) = if k == 0 {
+            let x = Tensor::f32(&[2, 3], vec![0.5, 1.0, -1.0, 0.0, 2.0, 1.0]).expect("features");
+            (x, Tensor::i32(&[2], vec![1, 0]).expect("labels"))
         } else {
             let idx = Tensor::i32(&[2, 3], vec![1, 2, 3, 0, 1, 2]).expect("indices");
-            if let Err(e) = model.predict_named(&[("idx", &idx)]) {
-                check::error(&e)?;
-            }
+            (idx.clone(), idx)
+        };
+        let input = if k == 0 { "x" } else { "idx" };
+        if let Err(e) = model.trainer().train_step(&[(input, &x), ("target", &y)]) {
+            check::error(&e)?;
+        }
+        if let Err(e) = model.predict_named(&[(input, &x)]) {
+            check::error(&e)?;
         }
         Ok(())
     }
@@ -169,7 +165,7 @@ impl Fuzz for Checkpoint {
 
     fn mutate(&self, rng: &mut Rng) -> Vec<u8> {
         let m = Mutator { corpus: &self.corpus, dict: DICT };
-        match rng.below(4) {
+        match rng.below(5) {
             0 => m.bytes(rng),
             1 => {
                 let base = m.pick(rng).to_vec();
@@ -187,10 +183,14 @@ impl Fuzz for Checkpoint {
                 }
                 join(rng, &header, &data)
             }
-            _ => {
+            3 => {
                 let base = m.pick(rng).to_vec();
                 let once = header_edit(rng, &base);
                 header_edit(rng, &once)
+            }
+            _ => {
+                let base = m.pick(rng).to_vec();
+                value_edit(rng, &base)
             }
         }
     }
@@ -383,4 +383,35 @@ fn header_edit(rng: &mut Rng, file: &[u8]) -> Vec<u8> {
         text = text.replacen(from.as_str(), to, 1);
     }
     join(rng, text.as_bytes(), &data)
+}
+
+/// Element values at the edges of f32 and i32, written over tensor elements.
+const VALUES: &[u32] = &[
+    0x7f80_0000, // inf
+    0xff80_0000, // -inf
+    0x7fc0_0000, // NaN
+    0x7f7f_ffff, // f32::MAX
+    0x0000_0001, // the smallest subnormal
+    0x4f80_0000, // 2^32
+    0x5f80_0000, // 2^64
+    0xbf80_0000, // -1.0
+    0x8000_0000, // -0.0, i32::MIN
+    0x7fff_ffff, // i32::MAX
+    0xffff_ffff, // -1
+];
+
+/// One to four elements of the data set to boundary values.
+fn value_edit(rng: &mut Rng, file: &[u8]) -> Vec<u8> {
+    let mut out = file.to_vec();
+    let (header, data) = split(file);
+    let start = 8 + header.len();
+    if data.len() < 4 {
+        return out;
+    }
+    for _ in 0..1 + rng.below(4) {
+        let i = start + 4 * rng.below(data.len() as u64 / 4) as usize;
+        let v = VALUES[rng.below(VALUES.len() as u64) as usize];
+        out[i..i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    out
 }

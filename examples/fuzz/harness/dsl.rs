@@ -5,14 +5,15 @@
 //! do.
 //!
 //! Invariants: every error passes [`check::error`]; a lowered graph and its training graph pass
-//! `graph::verify`.
+//! `graph::verify`; no constant of a lowered graph is inf or NaN (a number the source wrote
+//! must not silently leave f32's range).
 
 use super::check::{self, Failure};
 use super::mutate::Mutator;
 use super::{repo_file, repo_files, Fuzz};
 use rumus::cpu::RunOptions;
 use rumus::dsl::{self, Module};
-use rumus::graph::{training_graph, verify, Graph, OptimConfig, Optimizer};
+use rumus::graph::{training_graph, verify, Graph, Op, OptimConfig, Optimizer};
 use rumus::plan::{plan, PlanOptions};
 use rumus::rng::Rng;
 use rumus::session::{Backend, CpuBackend, TARGET_INPUT};
@@ -122,6 +123,17 @@ impl Dsl {
         };
         if let Err(e) = verify(&g) {
             return Err(Failure::new("lowered-graph-fails-verify", check::clip(&e.message, 300)));
+        }
+        // A number the source wrote must not silently become inf or NaN in f32.
+        for (_, n) in g.nodes() {
+            if let Op::Constant { value } = n.op {
+                if !value.is_finite() {
+                    return Err(Failure::new(
+                        "non-finite-constant",
+                        format!("{value} in `{name}`"),
+                    ));
+                }
+            }
         }
         if elements(&g) <= MAX_PLANNED_ELEMENTS {
             if let Err(e) = train(g) {
