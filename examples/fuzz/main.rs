@@ -17,6 +17,7 @@
 //! stdout, and `--replay PATH` runs a saved input (or every file of a folder) in this process
 //! and prints what happened. Exit status 1 when anything failed.
 
+mod findings;
 mod harness;
 mod supervise;
 mod worker;
@@ -124,7 +125,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     for target in targets {
         reports.push(supervise::fuzz(&Config { target, ..cfg.clone() }));
     }
-    supervise::print(&reports, &cfg);
+    findings::print(&reports, &cfg);
     let failed = reports.iter().any(|r| r.failures() > 0);
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
