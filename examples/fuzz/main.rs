@@ -143,6 +143,7 @@ fn replay_files(target: Target, path: &PathBuf, cfg: &Config) -> Result<ExitCode
     } else {
         vec![path.clone()]
     };
+    harness::capture_every_thread();
     let opts = local_options(cfg);
     let mut h = harness::harness(target, &opts);
     let mut failed = false;

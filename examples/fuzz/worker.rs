@@ -29,6 +29,7 @@ pub struct WorkerArgs {
 
 pub fn main(args: WorkerArgs) {
     limit_memory(args.mem_mb);
+    harness::capture_every_thread();
     let mut h = harness::harness(args.target, &args.opts);
     let mut out = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {

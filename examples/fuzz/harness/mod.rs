@@ -15,6 +15,7 @@ pub mod script;
 pub use check::Failure;
 
 use rumus::rng::{splitmix64, Rng};
+use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -113,15 +114,28 @@ pub enum Verdict {
     },
 }
 
-static CAPTURING: AtomicBool = AtomicBool::new(false);
+static EVERY_THREAD: AtomicBool = AtomicBool::new(false);
 static ACCEPTED: AtomicU64 = AtomicU64::new(0);
+/// The first panic of any thread while [`capture_every_thread`] is on.
 static PANIC: Mutex<Option<(String, String)>> = Mutex::new(None);
 static HOOK: Once = Once::new();
+
+thread_local! {
+    /// `Some` while this thread runs an input: the first panic's message and location.
+    static CAPTURE: RefCell<Option<Option<(String, String)>>> = const { RefCell::new(None) };
+}
 
 /// Note that the running input went through its target's main entry point without an error
 /// (a model lowered, a script ran, a checkpoint loaded, a CSV file read).
 pub fn accepted() {
     ACCEPTED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Record (instead of print) panics of every thread, not only the one running an input: a
+/// worker process runs nothing else, and a panic in a thread rumus starts (the CPU matmul's)
+/// reaches the input's thread only as "a scoped thread panicked".
+pub fn capture_every_thread() {
+    EVERY_THREAD.store(true, Ordering::SeqCst);
 }
 
 /// Run one input with panics caught: the first panic's message and location are recorded
@@ -137,27 +151,36 @@ fn guarded(h: &mut dyn Fuzz, input: &[u8]) -> Verdict {
     HOOK.call_once(|| {
         let previous = panic::take_hook();
         panic::set_hook(Box::new(move |info| {
-            if !CAPTURING.load(Ordering::SeqCst) {
-                return previous(info);
-            }
             let message = payload_text(info.payload());
             let location =
                 info.location().map_or("?".into(), |l| format!("{}:{}", l.file(), l.line()));
-            let mut slot = PANIC.lock().unwrap_or_else(|e| e.into_inner());
-            slot.get_or_insert((message, location));
+            let mut first = Some((message, location));
+            CAPTURE.with(|c| {
+                if let Some(slot) = c.borrow_mut().as_mut() {
+                    slot.get_or_insert_with(|| first.take().expect("not taken yet"));
+                }
+            });
+            if first.is_some() && EVERY_THREAD.load(Ordering::SeqCst) {
+                let mut slot = PANIC.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert_with(|| first.take().expect("not taken yet"));
+            }
+            if first.is_some() {
+                previous(info);
+            }
         }));
     });
     *PANIC.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    CAPTURING.store(true, Ordering::SeqCst);
+    CAPTURE.with(|c| *c.borrow_mut() = Some(None));
     let r = panic::catch_unwind(AssertUnwindSafe(|| h.run(input)));
-    CAPTURING.store(false, Ordering::SeqCst);
+    let mine = CAPTURE.with(|c| c.borrow_mut().take()).flatten();
     match r {
         Ok(Ok(())) => Verdict::Pass,
         Ok(Err(f)) => Verdict::Failed(f),
         Err(payload) => {
-            let recorded = PANIC.lock().unwrap_or_else(|e| e.into_inner()).take();
+            // A panic in another thread (which made this one panic) says where it started.
+            let other = PANIC.lock().unwrap_or_else(|e| e.into_inner()).take();
             let (message, location) =
-                recorded.unwrap_or_else(|| (payload_text(&*payload), "?".into()));
+                other.or(mine).unwrap_or_else(|| (payload_text(&*payload), "?".into()));
             Verdict::Panicked { message: check::clip(&message, 500), location }
         }
     }
