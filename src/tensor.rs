@@ -45,8 +45,19 @@ pub struct Tensor {
     data: TensorData,
 }
 
-/// Number of elements of a shape, or an error when the product overflows `usize`.
+/// Most dimensions a shape may have (NumPy's limit). Work per element grows with the rank, and
+/// some passes are quadratic in it: a model input of rank 35,000 took seconds per step.
+pub const MAX_RANK: usize = 32;
+
+/// Number of elements of a shape, or an error when the product overflows `usize` or the shape
+/// has more than [`MAX_RANK`] dimensions.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    if shape.len() > MAX_RANK {
+        return Err(Error::shape(format!(
+            "a shape of {} dimensions is over the limit of {MAX_RANK}",
+            shape.len()
+        )));
+    }
     shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
         Error::shape(format!("shape {} has more elements than fit in memory", fmt_shape(shape)))
     })

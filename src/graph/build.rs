@@ -6,7 +6,7 @@ use super::ir::{BinaryOp, Graph, Init, NodeId, Op, ReduceOp, UnaryOp};
 use super::shape::{broadcasts_to, infer};
 use crate::err;
 use crate::error::{Error, Result};
-use crate::tensor::{fmt_shape, DType};
+use crate::tensor::{checked_numel, fmt_shape, DType};
 
 impl Graph {
     /// Add a node after checking it; `target` is used by ops that carry their own shape.
@@ -34,6 +34,7 @@ impl Graph {
             .map(|&i| (self.nodes[i.index()].shape.as_slice(), self.nodes[i.index()].dtype))
             .collect();
         let (shape, dtype) = infer(&op, &ins, target, dtype).map_err(|e| e.at(self.span))?;
+        checked_numel(&shape).map_err(|e| e.at(self.span))?;
         Ok(self.push(op, inputs.to_vec(), shape, dtype))
     }
 
