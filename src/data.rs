@@ -386,7 +386,15 @@ fn parse_csv(
                 }
             } else {
                 let v = parse_number(field).map_err(|m| at(format!("column {}: {m}", i + 1)))?;
-                features.push(v * opts.scale);
+                let scaled = v * opts.scale;
+                if !scaled.is_finite() {
+                    return Err(at(format!(
+                        "column {}: `{field}` times the scale {} is not a finite number",
+                        i + 1,
+                        opts.scale
+                    )));
+                }
+                features.push(scaled);
             }
         }
         n_rows += 1;

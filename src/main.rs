@@ -143,7 +143,9 @@ fn print_text(text: &str) -> Result<i32> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::io("standard output", e)),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::io("standard output", e))
+        }
         _ => Ok(0),
     }
 }

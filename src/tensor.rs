@@ -50,10 +50,21 @@ pub struct Tensor {
 /// byte counts of a whole graph's values never overflow a `u64`.
 pub const MAX_ELEMENTS: usize = 1 << 40;
 
-/// Number of elements of a shape, or an error when it is over [`MAX_ELEMENTS`]. The product of
-/// the non-zero dimensions is checked too, so that every partial product of a checked shape
-/// (a row length, a stride) is also at most [`MAX_ELEMENTS`], whatever the order of the axes.
+/// Most dimensions a shape may have (NumPy's limit). Work per element grows with the rank, and
+/// some passes are quadratic in it: a model input of rank 35,000 took seconds per step.
+pub const MAX_RANK: usize = 32;
+
+/// Number of elements of a shape, or an error when it is over [`MAX_ELEMENTS`] or has more than
+/// [`MAX_RANK`] dimensions. The product of the non-zero dimensions is checked too, so that every
+/// partial product of a checked shape (a row length, a stride) is also at most [`MAX_ELEMENTS`],
+/// whatever the order of the axes.
 pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    if shape.len() > MAX_RANK {
+        return Err(Error::shape(format!(
+            "a shape of {} dimensions is over the limit of {MAX_RANK}",
+            shape.len()
+        )));
+    }
     let nonzero = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d.max(1)));
     match nonzero {
         Some(n) if n <= MAX_ELEMENTS => Ok(shape.iter().product()),

@@ -184,6 +184,39 @@ fn malformed_csv_errors_name_file_and_line() {
     assert_eq!(read_csv(&path, &l2).unwrap_err().kind, ErrorKind::Io);
 }
 
+/// Found by the fuzz driver: a finite feature times a finite scale can leave f32's range, and
+/// the data set then held `inf` although every feature must be finite.
+#[test]
+fn features_scaled_past_f32_range_are_an_error() {
+    let dir = scratch("scaled");
+    let scaled = |scale| CsvOptions { scale, ..labelled(2) };
+    let cases: &[(&str, &[u8], &CsvOptions, &str)] = &[
+        (
+            "overflow",
+            b"1,2,0\n3,4e30,1\n",
+            &scaled(1e10),
+            ":2: column 2: `4e30` times the scale 10000000000 is not a finite number",
+        ),
+        (
+            "infinite_scale",
+            b"1,2,0\n",
+            &scaled(f32::INFINITY),
+            ":1: column 1: `1` times the scale inf is not a finite number",
+        ),
+        (
+            "nan_scale",
+            b"0,2,0\n",
+            &scaled(f32::NAN),
+            ":1: column 1: `0` times the scale NaN is not a finite number",
+        ),
+    ];
+    for (case, text, opts, expected) in cases {
+        check(&dir, case, text, opts, expected);
+    }
+    let d = read_csv(&data_file("blobs.csv"), &scaled(1e30)).unwrap();
+    assert!(d.x().to_f32_vec().iter().all(|v| v.is_finite()));
+}
+
 #[test]
 fn header_options_and_no_label_column() {
     let dir = scratch("header");

@@ -206,3 +206,23 @@ fn lowering_is_bounded() {
     assert!(e.message.starts_with("model is too large to lower"), "{}", e.message);
     assert!(start.elapsed() < Duration::from_secs(5));
 }
+
+/// Found by the fuzz driver (a GPT with `layers = 65535`): each new parameter name was checked
+/// against every node, so lowering was quadratic and this ran for minutes before reaching the
+/// step limit; names are indexed now.
+#[test]
+fn a_gpt_with_65535_layers_stops_at_the_step_limit() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fuzz_corpus/dsl/gpt-with-65535-layers.rms"
+    ))
+    .unwrap();
+    let src = Source::new("deep.rms", text);
+    let module = dsl::load(&src).unwrap();
+    let e = dsl::lower(&module, "char_gpt", &[], Some(2)).unwrap_err().in_source(&src);
+    assert_eq!(
+        e.message,
+        "in `causal_self_attention`: model is too large to lower: more than 200000 steps"
+    );
+    assert_eq!(e.location(), Some(("deep.rms".to_string(), 4, 17)));
+}

@@ -77,6 +77,19 @@ fn malformed_tensors_are_script_errors() {
     check("tensor([1, 2]).item()", "error: item: tensor of shape [2] has 2 elements, not one\n");
 }
 
+/// Found by the fuzz driver: `throw` with no value (or an empty one) gave an error with an
+/// empty message.
+#[test]
+fn throw_without_a_message_says_so() {
+    let expected =
+        "error: `throw` without a message: give one, as in `throw \"what went wrong\"`\n";
+    check("throw", expected);
+    check("throw ();", expected);
+    check("throw \"  \";", expected);
+    check("throw \"bad input\";", "error: bad input\n");
+    check("throw 3;", "error: 3\n");
+}
+
 #[test]
 fn datasets_from_csv_and_text() {
     check(

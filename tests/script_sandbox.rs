@@ -435,3 +435,21 @@ fn a_fifo_is_refused_instead_of_blocking_forever() {
         );
     }
 }
+
+/// Found by the fuzz driver: rhai resolves a call no function matches by retrying it with every
+/// subset of up to 16 arguments made `Dynamic`, hashing all the arguments each time, in native
+/// code no operation limit reaches; `tensor([0, 1], 1, 1, ...)` with 35,000 arguments ran for
+/// 10 to 20 seconds. Wide calls are refused before the script runs.
+#[test]
+fn a_call_with_35000_arguments_is_refused() {
+    let mut h = host();
+    let code = format!("let y = 1;\nlet z = tensor([0, 1]{});", ",1".repeat(35_000));
+    check_err(
+        &mut h,
+        &code,
+        ErrorKind::Limit,
+        "t.rms:2:15: more than 64 arguments in one call or parameter list: pass an array instead",
+    );
+    let code = format!("fn f(a) {{ a }}\nf({})", vec!["1"; 64].join(", "));
+    check_err(&mut h, &code, ErrorKind::Script, "function not found: f (i64, i64");
+}

@@ -6,7 +6,7 @@ use super::ir::{BinaryOp, Graph, Init, NodeId, Op, ReduceOp, UnaryOp};
 use super::shape::{broadcasts_to, infer};
 use crate::err;
 use crate::error::{Error, Result};
-use crate::tensor::{fmt_shape, DType};
+use crate::tensor::{checked_numel, fmt_shape, DType};
 
 impl Graph {
     /// Add a node after checking it; `target` is used by ops that carry their own shape.
@@ -34,6 +34,7 @@ impl Graph {
             .map(|&i| (self.nodes[i.index()].shape.as_slice(), self.nodes[i.index()].dtype))
             .collect();
         let (shape, dtype) = infer(&op, &ins, target, dtype).map_err(|e| e.at(self.span))?;
+        checked_numel(&shape).map_err(|e| e.at(self.span))?;
         Ok(self.push(op, inputs.to_vec(), shape, dtype))
     }
 
@@ -52,13 +53,7 @@ impl Graph {
         if name.is_empty() {
             return Err(err!(Name, "{kind} name must not be empty").at(self.span));
         }
-        let taken = self.nodes.iter().any(|n| match &n.op {
-            Op::Input { name: m } | Op::Parameter { name: m, .. } | Op::State { name: m, .. } => {
-                m == name
-            }
-            _ => false,
-        });
-        if taken {
+        if self.named(name).is_some() {
             return Err(err!(
                 Name,
                 "duplicate name `{name}`: another input, parameter or state has it"

@@ -106,6 +106,9 @@ pub fn assign(
     let mut buffers: Vec<BufferInfo> = Vec::new();
     // Lifetimes already placed in each shared buffer.
     let mut occupied: Vec<Vec<Lifetime>> = Vec::new();
+    // The shared buffers, the only candidates for reuse (a model has a pinned buffer per
+    // parameter and moment; scanning those for every value made planning quadratic).
+    let mut shared: Vec<usize> = Vec::new();
     let mut order: Vec<usize> = (0..values.len()).collect();
     // Largest first; ties by node order so the plan is deterministic.
     order.sort_by_key(|&v| (std::cmp::Reverse(values[v].bytes), values[v].node));
@@ -117,20 +120,19 @@ pub fn assign(
             occupied.push(vec![val.lifetime]);
             continue;
         }
-        let free = |b: usize| {
-            !buffers[b].pinned && occupied[b].iter().all(|lt| !lt.overlaps(val.lifetime))
-        };
-        let best_fit = (0..buffers.len())
+        let free = |b: usize| occupied[b].iter().all(|lt| !lt.overlaps(val.lifetime));
+        let best_fit = (shared.iter().copied())
             .filter(|&b| free(b) && buffers[b].bytes >= val.bytes)
             .min_by_key(|&b| buffers[b].bytes);
-        let b = match best_fit
-            .or_else(|| (0..buffers.len()).filter(|&b| free(b)).max_by_key(|&b| buffers[b].bytes))
-        {
+        let b = match best_fit.or_else(|| {
+            shared.iter().copied().filter(|&b| free(b)).max_by_key(|&b| buffers[b].bytes)
+        }) {
             Some(b) => {
                 buffers[b].bytes = buffers[b].bytes.max(val.bytes);
                 b
             }
             None => {
+                shared.push(buffers.len());
                 buffers.push(BufferInfo { bytes: val.bytes, pinned: false });
                 occupied.push(Vec::new());
                 buffers.len() - 1

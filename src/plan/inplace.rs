@@ -8,11 +8,25 @@
 
 use super::fuse::{Fusion, KernelKind};
 use crate::graph::{Graph, NodeId, Op};
+use std::collections::HashMap;
 
 pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, NodeId)]) {
+    // Indexed once, so the pass is linear in the plan's size, not updates x kernels. The aliases
+    // made below only redirect an update's own value to its own target, which no other update's
+    // question is about, so the index stays right as they are made.
+    let owner = |f: &Fusion, id: NodeId| f.alias[id.index()].unwrap_or(id);
+    let mut producer = HashMap::new();
+    let mut last_reader = vec![None; g.n_nodes()];
+    for (k, kernel) in f.kernels.iter().enumerate() {
+        if let [out] = kernel.outputs[..] {
+            producer.entry(out).or_insert(k);
+        }
+        for &i in &kernel.inputs {
+            last_reader[owner(f, i).index()] = Some(k);
+        }
+    }
     for &(target, value) in updates {
-        let owner = |f: &Fusion, id: NodeId| f.alias[id.index()].unwrap_or(id);
-        let Some(k) = f.kernels.iter().position(|k| k.outputs == [value]) else { continue };
+        let Some(&k) = producer.get(&value) else { continue };
         let kernel = &f.kernels[k];
         if kernel.kind != KernelKind::Elementwise
             || g.shape(value) != g.shape(target)
@@ -20,9 +34,7 @@ pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, Nod
         {
             continue;
         }
-        let read_later = f.kernels[k + 1..]
-            .iter()
-            .any(|later| later.inputs.iter().any(|&i| owner(f, i) == target));
+        let read_later = last_reader[target.index()].is_some_and(|last| last > k);
         if read_later || !reads_elementwise(g, &kernel.fused, target) {
             continue;
         }

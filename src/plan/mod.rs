@@ -24,6 +24,7 @@ pub use limits::Limits;
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op};
+use std::collections::HashSet;
 
 /// How to plan.
 #[derive(Clone, Copy, Debug)]
@@ -111,11 +112,12 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
     live.map(|(id, _)| alloc::value_bytes(g, id))
         .try_fold(0u64, u64::checked_add)
         .ok_or_else(|| err!(Limit, "the values of this graph need more than 2^64 bytes"))?;
+    let root_set: HashSet<NodeId> = roots.iter().copied().collect();
     let naive_bytes = g
         .nodes()
         .filter(|(id, n)| {
             f.live[id.index()]
-                && !roots.contains(id)
+                && !root_set.contains(id)
                 && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
         })
         .map(|(id, _)| alloc::value_bytes(g, id))

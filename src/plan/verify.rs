@@ -2,10 +2,11 @@
 //! broken on purpose).
 
 use super::limits::{guarded, storage_bindings};
-use super::Plan;
+use super::{Plan, Value};
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
+use std::collections::HashSet;
 
 /// Check that:
 /// - every value has a buffer large enough for it;
@@ -34,21 +35,29 @@ pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Resul
             return Err(err!(Invariant, "plan: node {} dies before it is written", v.node.index()));
         }
     }
-    for (i, a) in plan.values.iter().enumerate() {
-        for b in &plan.values[i + 1..] {
-            if a.buffer != b.buffer {
-                continue;
-            }
-            if a.pinned || b.pinned {
-                return Err(err!(
-                    Invariant,
-                    "plan: pinned value of node {} shares buffer {} with node {}",
-                    if a.pinned { a.node.index() } else { b.node.index() },
-                    a.buffer,
-                    if a.pinned { b.node.index() } else { a.node.index() }
-                ));
-            }
-            if a.lifetime.overlaps(b.lifetime) {
+    // Values by buffer, each buffer's in order of first use: an overlap shows between
+    // neighbours, so the check is linear in the values, not quadratic.
+    let mut by_buffer: Vec<&Value> = plan.values.iter().collect();
+    by_buffer.sort_by_key(|v| (v.buffer, v.lifetime.first, v.lifetime.last));
+    for pair in by_buffer.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.buffer != b.buffer {
+            continue;
+        }
+        if a.pinned || b.pinned {
+            return Err(err!(
+                Invariant,
+                "plan: pinned value of node {} shares buffer {} with node {}",
+                if a.pinned { a.node.index() } else { b.node.index() },
+                a.buffer,
+                if a.pinned { b.node.index() } else { a.node.index() }
+            ));
+        }
+    }
+    let mut last: Option<&Value> = None;
+    for &b in &by_buffer {
+        match last {
+            Some(a) if a.buffer == b.buffer && a.lifetime.overlaps(b.lifetime) => {
                 return Err(err!(
                     Invariant,
                     "plan: nodes {} and {} share buffer {} with overlapping lifetimes {:?} and {:?}",
@@ -59,11 +68,14 @@ pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Resul
                     (b.lifetime.first, b.lifetime.last)
                 ));
             }
+            // No overlap: `b` starts after every earlier value of its buffer ends, so it is the
+            // one a later value must start after.
+            _ => last = Some(b),
         }
     }
     // Every value a kernel reads is a source (filled before the first kernel) or was written
     // by an earlier kernel.
-    let mut written: Vec<NodeId> =
+    let mut written: HashSet<NodeId> =
         plan.values.iter().filter(|v| v.lifetime.first < 0).map(|v| v.node).collect();
     for (k, kernel) in plan.kernels.iter().enumerate() {
         for &id in &kernel.inputs {

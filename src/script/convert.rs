@@ -177,6 +177,11 @@ pub fn from_rhai(
         EvalAltResult::ErrorRuntime(value, _) => {
             if value.is::<Carried>() {
                 value.cast::<Carried>().0
+            } else if value.to_string().trim().is_empty() {
+                err!(
+                    Script,
+                    "`throw` without a message: give one, as in `throw \"what went wrong\"`"
+                )
             } else {
                 err!(Script, "{value}")
             }

@@ -5,12 +5,14 @@
 //! - [`engine`]: the sandbox (limits, file policy, memory budget size, interrupt flag);
 //! - [`api`]: every type and function scripts see, registered per type in one place;
 //! - [`rms`]: `.rms` sources (rhai with model blocks) split, with positions kept;
-//! - [`convert`]: errors across the rhai boundary, positioned in the file they came from.
+//! - [`convert`]: errors across the rhai boundary, positioned in the file they came from;
+//! - [`calls`]: a guard on calls too wide for rhai's call resolution.
 //!
 //! A [`Host`] is one persistent script session: one rhai `Scope` plus the functions of every
 //! earlier evaluation, so a REPL line or a host call sees what came before.
 
 pub mod api;
+pub mod calls;
 pub mod convert;
 pub mod engine;
 pub mod rms;
@@ -222,6 +224,7 @@ impl Host {
 
     fn eval_inner(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
         let script_text = rms::define_models(source, &mut self.engine, &self.ctx)?;
+        calls::check_width(&script_text).map_err(|e| e.in_source(source))?;
         let mut ast = self
             .engine
             .compile_with_scope(&self.scope, &script_text)
