@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 /// Longest message shown, in characters; the rest is cut (messages may quote file contents).
 pub const MAX_MESSAGE_CHARS: usize = 500;
+/// Longest quoted fragment (text between backquotes) kept in a message, in characters: a name
+/// or field quoted from a hostile file is cut there, so the rest of the message survives.
+pub const MAX_QUOTE_CHARS: usize = 100;
 /// Widest context line shown under a message, in columns; longer lines show a window around
 /// the position.
 pub const MAX_CONTEXT_COLUMNS: usize = 200;
@@ -67,9 +70,12 @@ pub struct Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// An error of `kind` without a position.
+    /// An error of `kind` without a position. The message is stored clean: control and
+    /// invisible characters escaped ([`escape`]), each quoted fragment cut to
+    /// [`MAX_QUOTE_CHARS`] and the whole to [`MAX_MESSAGE_CHARS`], so a host that prints
+    /// `message` itself is as safe as one that prints the error.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, message: message.into(), span: None, source: None }
+        Error { kind, message: tidy(&message.into()), span: None, source: None }
     }
 
     /// A `Shape` error.
@@ -175,13 +181,31 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     )
 }
 
-/// `s` escaped and cut to `max` characters, saying how many more there were.
+/// `s` escaped and cut to at most `max` characters in all, saying how many more there were.
+/// Cleaning a clean string changes nothing.
 fn clean(s: &str, max: usize) -> String {
     let s = escape(s);
-    match s.char_indices().nth(max) {
-        None => s.into_owned(),
-        Some((i, _)) => format!("{}… ({} more characters)", &s[..i], s[i..].chars().count()),
+    let n = s.chars().count();
+    if n <= max {
+        return s.into_owned();
     }
+    let keep = max.saturating_sub(format!("… ({n} more characters)").chars().count());
+    let cut = s.char_indices().nth(keep).map_or(s.len(), |(i, _)| i);
+    format!("{}… ({} more characters)", &s[..cut], n - keep)
+}
+
+/// A message as stored: escaped, quoted fragments and then the whole clipped.
+fn tidy(message: &str) -> String {
+    let quoted_long =
+        message.split('`').skip(1).step_by(2).any(|q| q.chars().nth(MAX_QUOTE_CHARS).is_some());
+    if !quoted_long {
+        return clean(message, MAX_MESSAGE_CHARS);
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for (i, part) in message.split('`').enumerate() {
+        parts.push(if i % 2 == 1 { clean(part, MAX_QUOTE_CHARS) } else { part.to_string() });
+    }
+    clean(&parts.join("`"), MAX_MESSAGE_CHARS)
 }
 
 /// The context line as shown (escaped, a window of at most [`MAX_CONTEXT_COLUMNS`] columns
@@ -286,7 +310,11 @@ mod tests {
         let e = err!(Checkpoint, "unknown tensor `a\u{1b}]0;owned\u{7}\nfake.rms:1:1: b`");
         assert_eq!(e.to_string(), "unknown tensor `a\\u{1b}]0;owned\\u{7}\\nfake.rms:1:1: b`");
         let e = err!(Script, "{}", "x".repeat(600));
-        assert_eq!(e.to_string(), format!("{}… (100 more characters)", "x".repeat(500)));
+        assert_eq!(e.to_string(), format!("{}… (123 more characters)", "x".repeat(477)));
+        // Stored clean, so `message` itself is safe to print; a long quote is cut, not the rest.
+        let e = err!(Io, "f.csv:3: column 2: `{}\0` is not a number", "9".repeat(5000));
+        let quote = format!("{}… (4926 more characters)", "9".repeat(76));
+        assert_eq!(e.message, format!("f.csv:3: column 2: `{quote}` is not a number"));
         let src = Source::new("a\rb.rms", "x");
         let e = err!(Parse, "bad").at(Span::new(0, 1)).in_source(&src);
         assert_eq!(e.to_string(), "a\\rb.rms:1:1: bad\n    x\n    ^");
