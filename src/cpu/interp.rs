@@ -1,6 +1,6 @@
 //! The forward of every op: [`eval`] dispatches one node to the function of its op family.
 //! Elementwise, reduction and shape ops live here; the neural-network ops live in
-//! [`super::nn`], matrix products in [`super::matmul`].
+//! [`super::nn`], matrix products in [`mod@super::matmul`].
 //!
 //! Every function takes its inputs' elements and shapes and returns a fresh buffer; none keeps
 //! state. Shapes are trusted (the graph was verified), element types are checked and a mismatch

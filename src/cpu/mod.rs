@@ -8,7 +8,7 @@
 //! - the forward of every op in the op table, one function per op family ([`interp`] for
 //!   elementwise, reduction and shape ops, [`nn`] for softmax, layer norm, embedding,
 //!   cross-entropy and dropout, each gradient-helper op next to the op it differentiates);
-//! - batched matrix multiplication, cache-blocked and parallel over rows ([`matmul`]);
+//! - batched matrix multiplication, cache-blocked and parallel over rows ([`mod@matmul`]);
 //! - the [`Executor`], which holds parameters and state between steps and runs a graph.
 //!
 //! Invariant: results are deterministic. The same graph, inputs and options give bit-identical

@@ -177,7 +177,7 @@ pub fn check_index(op: &str, i: i32, n: usize) -> Result<usize> {
 
 // ---- cross-entropy ----
 
-/// Mean over the rows whose label is not `ignore_index` of −log_softmax(row)[label]; 0 when every
+/// Mean over the rows whose label is not `ignore_index` of `−log_softmax(row)[label]`; 0 when every
 /// label is ignored. A label outside `0..C` (and not ignored) is an error naming it.
 pub fn cross_entropy<T: Float>(
     logits: &[T],

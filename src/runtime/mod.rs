@@ -3,7 +3,7 @@
 //!
 //! WGSL templates live in `shaders/` and are compiled into the binary with `include_str!`; each
 //! starts with `alias scalar = f32;` and marks the parts generated code fills as `{{NAME}}`.
-//! [`kernels::fill`] substitutes them.
+//! [`kernels::Template::fill`] substitutes them.
 
 pub mod backend;
 pub mod device;
@@ -12,6 +12,6 @@ pub mod exec;
 pub mod kernels;
 
 pub use device::{
-    shared_gpu, split_workgroups, test_gpu, test_gpu_at_webgpu_limits, test_gpu_or_skip,
-    test_gpus_or_skip, DeviceChoice, Dispatch, Gpu, GpuTurn, STORAGE,
+    shared_gpu, split_workgroups, test_gpu, test_gpu_at_webgpu_limits, DeviceChoice, Dispatch, Gpu,
+    STORAGE,
 };

@@ -42,6 +42,9 @@ pub struct Sandbox {
     /// buffers, all counted against one [`Budget`](crate::memory::Budget). The default is half
     /// of the machine's physical memory.
     pub memory_budget: u64,
+    /// The folder relative paths in scripts are resolved against (the process's working
+    /// directory by default), so a host can give each session its own without `chdir`.
+    pub base_dir: PathBuf,
     /// Folders (and everything below them) that scripts may read.
     pub read_roots: Vec<PathBuf>,
     /// Folders (and everything below them) that scripts may write.
@@ -63,7 +66,8 @@ impl Default for Sandbox {
             max_map_size: 1 << 16,
             memory_budget: crate::memory::default_limit(),
             read_roots: vec![cwd.clone()],
-            write_roots: vec![cwd],
+            write_roots: vec![cwd.clone()],
+            base_dir: cwd,
         }
     }
 }
@@ -95,7 +99,7 @@ impl Sandbox {
     /// regular files and folders are readable: a FIFO would block the script forever and a
     /// device may never end.
     pub fn check_read(&self, path: &str) -> Result<PathBuf> {
-        let resolved = resolve(path)?;
+        let resolved = resolve(&self.base_dir, path)?;
         if within(&resolved, &self.read_roots) {
             match std::fs::metadata(&resolved) {
                 Ok(m) if !(m.is_file() || m.is_dir()) => Err(err!(
@@ -116,7 +120,7 @@ impl Sandbox {
     /// file (not a folder) whose folder, symbolic links followed, lies below a write root, so
     /// that the file and the temporary file written beside it stay inside.
     pub fn check_write(&self, path: &str) -> Result<PathBuf> {
-        let resolved = resolve(path)?;
+        let resolved = resolve(&self.base_dir, path)?;
         let inside = |p: &Path| within(p, &self.write_roots);
         if inside(&resolved) && resolved.is_dir() {
             return Err(err!(Io, "writing `{path}`: it is a folder; give a file name"));
@@ -132,10 +136,10 @@ impl Sandbox {
     }
 }
 
-/// `path` made absolute with symlinks resolved. A file that does not exist yet resolves through
-/// its parent folder, which must exist.
-fn resolve(path: &str) -> Result<PathBuf> {
-    let p = Path::new(path);
+/// `path` (relative to `base`) made absolute with symlinks resolved. A file that does not exist
+/// yet resolves through its parent folder, which must exist.
+fn resolve(base: &Path, path: &str) -> Result<PathBuf> {
+    let p = &base.join(path);
     if path.is_empty() {
         return Err(err!(Io, "empty path"));
     }
@@ -148,7 +152,7 @@ fn resolve(path: &str) -> Result<PathBuf> {
     };
     let parent = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
+        _ => base.to_path_buf(),
     };
     let parent = parent.canonicalize().map_err(|e| Error::io(parent.display(), e))?;
     Ok(parent.join(name))

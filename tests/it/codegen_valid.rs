@@ -2,7 +2,7 @@
 //! generated kernels, and the matmul template filled with every generated epilogue, for the
 //! fused and unfused plans of a GPT training step and of every op-table case.
 
-mod common;
+use crate::common;
 
 use rumus::codegen::wgsl::{generate, matmul_epilogue};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};

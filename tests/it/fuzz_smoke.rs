@@ -3,9 +3,7 @@
 //! `tests/fuzz_corpus/<target>/` (failures the driver found, minimised, now fixed) replayed.
 //! The full runs (10^6 inputs per target, in worker processes) are in RELIABILITY.md.
 
-#[allow(dead_code)]
-#[path = "../examples/fuzz/harness/mod.rs"]
-mod harness;
+use crate::harness;
 
 use harness::{Options, Target, Verdict};
 use std::path::PathBuf;
@@ -13,17 +11,6 @@ use std::path::PathBuf;
 /// Inputs per target here (the corpus files come first).
 const INPUTS: u64 = 150;
 const SEED: u64 = 1;
-
-/// Invariants that still break on this tree, with the part of issue 9 that fixes them. Every
-/// other failure, and every panic, fails the test.
-const KNOWN_OPEN: &[&str] = &[
-    // "Messages that help and cannot be abused": control characters escaped, context lines
-    // and quoted names clipped.
-    "control-char-in-message",
-    "control-char-in-rendering",
-    "message-too-long",
-    "rendered-line-too-long",
-];
 
 fn options(target: Target) -> Options {
     let scratch = std::env::temp_dir().join(format!(
@@ -34,7 +21,7 @@ fn options(target: Target) -> Options {
     Options { scratch, soft_ms: 200 }
 }
 
-/// Run `inputs` through a fresh harness; the failures that are not known open, as text.
+/// Run `inputs` through a fresh harness; every failure and panic, as text.
 fn failures(target: Target, inputs: impl IntoIterator<Item = (String, Vec<u8>)>) -> Vec<String> {
     let opts = options(target);
     let mut h = harness::harness(target, &opts);
@@ -43,7 +30,6 @@ fn failures(target: Target, inputs: impl IntoIterator<Item = (String, Vec<u8>)>)
         let (verdict, _) = harness::run_guarded(h.as_mut(), &input);
         match verdict {
             Verdict::Pass => {}
-            Verdict::Failed(f) if KNOWN_OPEN.contains(&f.invariant.as_str()) => {}
             Verdict::Failed(f) => out.push(format!("{name}: {} ({})", f.invariant, f.detail)),
             Verdict::Panicked { message, location } => {
                 out.push(format!("{name}: panic at {location}: {message}"));
@@ -139,6 +125,6 @@ fn a_panic_is_caught_with_its_message_and_location() {
     let (verdict, accepted) = harness::run_guarded(&mut Panics, b"");
     let Verdict::Panicked { message, location } = verdict else { panic!("{verdict:?}") };
     assert!(message.contains("index out of bounds"), "{message}");
-    assert!(location.starts_with("tests/fuzz_smoke.rs:"), "{location}");
+    assert!(location.starts_with("tests/it/fuzz_smoke.rs:"), "{location}");
     assert!(!accepted);
 }

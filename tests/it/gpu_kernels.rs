@@ -2,11 +2,12 @@
 //! on sizes that are not multiples of the tiles, with size-1 dimensions. Runs on any wgpu
 //! adapter (lavapipe in CI), so the sizes stay small. Skips without an adapter unless CI=true.
 
+use crate::common::gpu::or_skip;
 use rumus::rng::Rng;
 use rumus::runtime::kernels::{
     LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
 };
-use rumus::runtime::{test_gpu_or_skip, Gpu};
+use rumus::runtime::Gpu;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng::new(seed);
@@ -80,7 +81,7 @@ fn check_matmul(
     lens: [usize; 3],
     c_fill: Option<f32>,
 ) {
-    let Some((gpu, _turn)) = test_gpu_or_skip(name) else {
+    let Some((gpu, _turn)) = or_skip(name) else {
         return;
     };
     let a = random(lens[0], 1);
@@ -224,7 +225,7 @@ fn matmul_zero_k_gives_epilogue_of_zero() {
 
 #[test]
 fn matmul_epilogue_bias_relu() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("matmul_epilogue_bias_relu") else {
+    let Some((gpu, _turn)) = or_skip("matmul_epilogue_bias_relu") else {
         return;
     };
     let s = MatmulSpec::contiguous(1, 9, 13, 7);
@@ -247,7 +248,7 @@ fn matmul_epilogue_bias_relu() {
 
 #[test]
 fn matmul_operand_past_buffer_end_is_an_error() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("matmul_operand_past_buffer_end") else {
+    let Some((gpu, _turn)) = or_skip("matmul_operand_past_buffer_end") else {
         return;
     };
     let s = MatmulSpec::contiguous(1, 4, 4, 4);
@@ -307,7 +308,7 @@ fn ln_bw_ref(
 
 fn check_layer_norm(rows: usize, d: usize) {
     let name = format!("layer_norm rows={rows} d={d}");
-    let Some((gpu, _turn)) = test_gpu_or_skip(&name) else {
+    let Some((gpu, _turn)) = or_skip(&name) else {
         return;
     };
     let n = rows * d;
@@ -394,7 +395,7 @@ fn layer_norm_many_rows_per_group() {
 
 #[test]
 fn layer_norm_rejects_width_beyond_limit() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("layer_norm_rejects_width_beyond_limit") else {
+    let Some((gpu, _turn)) = or_skip("layer_norm_rejects_width_beyond_limit") else {
         return;
     };
     let Err(e) = LayerNorm::new(gpu, 8193) else { panic!("must fail") };
@@ -406,7 +407,7 @@ fn layer_norm_rejects_width_beyond_limit() {
 
 #[test]
 fn reports_the_adapter_and_its_limits() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("reports_the_adapter") else {
+    let Some((gpu, _turn)) = or_skip("reports_the_adapter") else {
         return;
     };
     eprintln!("adapter: {}", gpu.describe());
@@ -422,7 +423,7 @@ fn reports_the_adapter_and_its_limits() {
 
 #[test]
 fn oversized_buffer_is_an_error_and_device_still_works() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("oversized_buffer") else {
+    let Some((gpu, _turn)) = or_skip("oversized_buffer") else {
         return;
     };
     let too_big = gpu.limits.max_buffer_size + 4;
@@ -444,7 +445,7 @@ fn oversized_buffer_is_an_error_and_device_still_works() {
 
 #[test]
 fn invalid_wgsl_is_an_error_with_the_compiler_message() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("invalid_wgsl") else {
+    let Some((gpu, _turn)) = or_skip("invalid_wgsl") else {
         return;
     };
     let src = "@compute @workgroup_size(1) fn main() { let x: u32 = undefined_name; }";
@@ -458,7 +459,7 @@ fn invalid_wgsl_is_an_error_with_the_compiler_message() {
 
 #[test]
 fn benchmarks_report_a_positive_rate() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("benchmarks_report_a_positive_rate") else {
+    let Some((gpu, _turn)) = or_skip("benchmarks_report_a_positive_rate") else {
         return;
     };
     let tflops = rumus::runtime::kernels::bench_matmul(

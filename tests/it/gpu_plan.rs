@@ -6,12 +6,13 @@
 //! WebGPU's default limits (8 storage buffers per stage, 128 MiB per binding), which every
 //! adapter meets, so the plans are proven to fit any adapter on the software one CI has.
 
+use crate::common::gpu::both_or_skip;
 use rumus::cpu::RunOptions;
 use rumus::graph::{training_graph, Graph, Init, OptimConfig, Optimizer, TrainGraph};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
-use rumus::runtime::{test_gpus_or_skip, Gpu};
+use rumus::runtime::Gpu;
 use rumus::session::{Backend, CpuBackend};
 use rumus::{DType, Tensor};
 
@@ -115,7 +116,7 @@ fn max_rel_err(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn fused_plans_match_one_op_per_kernel_plans() {
-    let (gpus, _turn) = test_gpus_or_skip("fused_plans_match_one_op_per_kernel_plans");
+    let (gpus, _turn) = both_or_skip("fused_plans_match_one_op_per_kernel_plans");
     for gpu in gpus {
         for (name, t) in steps(gpu) {
             let (fl, fv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 3);
@@ -132,7 +133,7 @@ fn fused_plans_match_one_op_per_kernel_plans() {
 
 #[test]
 fn buffer_reuse_changes_nothing_even_over_nan() {
-    let (gpus, _turn) = test_gpus_or_skip("buffer_reuse_changes_nothing_even_over_nan");
+    let (gpus, _turn) = both_or_skip("buffer_reuse_changes_nothing_even_over_nan");
     for gpu in gpus {
         for (name, t) in steps(gpu) {
             let mut poisoned = gpu_backend(gpu, &t, true, true);
@@ -152,7 +153,7 @@ fn buffer_reuse_changes_nothing_even_over_nan() {
 /// GPU's tiled summation order and the CPU's sequential one.
 #[test]
 fn gpu_training_matches_the_cpu_reference() {
-    let (gpus, _turn) = test_gpus_or_skip("gpu_training_matches_the_cpu_reference");
+    let (gpus, _turn) = both_or_skip("gpu_training_matches_the_cpu_reference");
     for gpu in gpus {
         for (name, t) in steps(gpu) {
             let (gl, gv) = train(&mut gpu_backend(gpu, &t, true, true), &t, 3);
@@ -169,7 +170,7 @@ fn gpu_training_matches_the_cpu_reference() {
 
 #[test]
 fn too_much_memory_is_an_error_and_the_device_still_works() {
-    let (gpus, _turn) = test_gpus_or_skip("too_much_memory_is_an_error_and_the_device_still_works");
+    let (gpus, _turn) = both_or_skip("too_much_memory_is_an_error_and_the_device_still_works");
     for gpu in gpus {
         too_much_memory(gpu);
     }
@@ -197,7 +198,7 @@ fn too_much_memory(gpu: &'static Gpu) {
 /// and training then goes on exactly as if the bad step had never been tried.
 #[test]
 fn a_step_with_a_bad_label_fails_as_on_the_cpu_and_changes_nothing() {
-    let (gpus, _turn) = test_gpus_or_skip("a_step_with_a_bad_label_fails_as_on_the_cpu");
+    let (gpus, _turn) = both_or_skip("a_step_with_a_bad_label_fails_as_on_the_cpu");
     for gpu in gpus {
         let t = gpt_step();
         let target = t.graph.input_named("target").unwrap();
@@ -236,7 +237,7 @@ fn a_step_with_a_bad_label_fails_as_on_the_cpu_and_changes_nothing() {
 /// power t on the device in f32 drifted by up to 3e-5).
 #[test]
 fn adamw_bias_corrections_at_step_1000_match_f64() {
-    let (gpus, _turn) = test_gpus_or_skip("adamw_bias_corrections_at_step_1000_match_f64");
+    let (gpus, _turn) = both_or_skip("adamw_bias_corrections_at_step_1000_match_f64");
     for gpu in gpus {
         let mut g = Graph::new();
         let p = g.parameter("p", &[5], Init::Uniform { low: -1.0, high: 1.0 }).unwrap();
@@ -272,7 +273,7 @@ fn adamw_bias_corrections_at_step_1000_match_f64() {
 /// causal mask and attention row of size 1) with a batch of one, on the GPU as on the CPU.
 #[test]
 fn a_gpt_over_one_token_matches_the_cpu_reference() {
-    let (gpus, _turn) = test_gpus_or_skip("a_gpt_over_one_token_matches_the_cpu_reference");
+    let (gpus, _turn) = both_or_skip("a_gpt_over_one_token_matches_the_cpu_reference");
     for gpu in gpus {
         let mut g = Graph::new();
         let c = GptConfig { vocab: 5, d: 8, heads: 2, layers: 1, ctx: 1 };

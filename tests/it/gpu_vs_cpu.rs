@@ -8,14 +8,15 @@
 //!
 //! Runs on any wgpu adapter (Mesa's lavapipe in CI); with `CI=true` a missing adapter fails.
 
-mod common;
+use crate::common;
 
+use crate::common::gpu::{both_or_skip, or_skip};
 use common::{build, cases, feeds};
 use rumus::cpu::{Buf, Executor, RunOptions};
 use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
-use rumus::runtime::{test_gpu_or_skip, test_gpus_or_skip, Gpu};
+use rumus::runtime::Gpu;
 use rumus::session::Backend;
 use rumus::Tensor;
 use std::collections::HashSet;
@@ -45,7 +46,7 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
 /// On the adapter's own limits and on WebGPU's defaults.
 #[test]
 fn every_case_matches_the_cpu_reference() {
-    let (gpus, _turn) = test_gpus_or_skip("every_case_matches_the_cpu_reference");
+    let (gpus, _turn) = both_or_skip("every_case_matches_the_cpu_reference");
     for gpu in gpus {
         every_case_on(gpu);
     }
@@ -122,7 +123,7 @@ fn every_op_runs_on_the_gpu() {
 /// The long-K case above runs through the split-K path (so its comparison covers it).
 #[test]
 fn a_long_thin_product_splits_k() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("a_long_thin_product_splits_k") else { return };
+    let Some((gpu, _turn)) = or_skip("a_long_thin_product_splits_k") else { return };
     let c = cases().into_iter().find(|c| c.name == "matmul long k").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
@@ -142,8 +143,7 @@ fn a_long_thin_product_splits_k() {
 /// kernel has nothing to gather (rows of width 0).
 #[test]
 fn out_of_range_indices_and_labels_fail_as_on_the_cpu() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("out_of_range_indices_and_labels_fail_as_on_the_cpu")
-    else {
+    let Some((gpu, _turn)) = or_skip("out_of_range_indices_and_labels_fail_as_on_the_cpu") else {
         return;
     };
     // (case, (position, value) planted in its i32 input, want its gradient, error)
@@ -219,7 +219,7 @@ fn out_of_range_indices_and_labels_fail_as_on_the_cpu() {
 /// a relative 1e-5 (the transcendental functions differ in their last bits).
 #[test]
 fn special_values_match_the_cpu_reference() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("special_values_match_the_cpu_reference") else {
+    let Some((gpu, _turn)) = or_skip("special_values_match_the_cpu_reference") else {
         return;
     };
     let specials = [
@@ -288,7 +288,7 @@ fn special_values_match_the_cpu_reference() {
 /// (its grid split) and matches the CPU.
 #[test]
 fn a_batch_beyond_one_grid_axis_is_split() {
-    let Some((gpu, _turn)) = test_gpu_or_skip("a_batch_beyond_one_grid_axis_is_split") else {
+    let Some((gpu, _turn)) = or_skip("a_batch_beyond_one_grid_axis_is_split") else {
         return;
     };
     let batch = 70_000;

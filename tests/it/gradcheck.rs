@@ -6,7 +6,7 @@
 //! (eps 1e-6, rtol 1e-3, atol 1e-5). `every_op_is_covered` walks the op table so no
 //! differentiable op can go without a case.
 
-mod common;
+use crate::common;
 
 use common::{build, cases, feeds, Case, Dom};
 use rumus::cpu::{Buf, Executor, RunOptions};

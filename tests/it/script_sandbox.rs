@@ -347,7 +347,7 @@ fn state_persists_across_evaluations() {
 
 #[test]
 fn a_model_holds_its_charge_until_dropped_on_either_device() {
-    let on_gpu = rumus::runtime::test_gpu_or_skip("model charge on the gpu").is_some();
+    let on_gpu = crate::common::gpu::or_skip("model charge on the gpu").is_some();
     for device in if on_gpu { &["cpu", "gpu"][..] } else { &["cpu"] } {
         let mut h = budget_host(64);
         let before = h.ctx().budget.used();
@@ -452,4 +452,36 @@ fn a_call_with_35000_arguments_is_refused() {
     );
     let code = format!("fn f(a) {{ a }}\nf({})", vec!["1"; 64].join(", "));
     check_err(&mut h, &code, ErrorKind::Script, "function not found: f (i64, i64");
+}
+
+/// A host gives a session its own folder for relative paths without changing the process's
+/// working directory (which every thread shares).
+#[test]
+fn relative_paths_resolve_against_the_sandboxs_base_dir() {
+    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_sandbox/base");
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::write(base.join("note.txt"), "from the base dir").unwrap();
+    let sandbox = Sandbox {
+        base_dir: base.clone(),
+        read_roots: vec![base.clone()],
+        write_roots: vec![base.clone()],
+        ..Sandbox::default()
+    };
+    let mut h = Host::new(HostOptions { sandbox, ..HostOptions::default() });
+    let v = h
+        .eval(&Source::new(
+            "t.rms",
+            "write_text(\"copy.txt\", read_text(\"note.txt\")); read_text(\"copy.txt\")",
+        ))
+        .unwrap();
+    assert_eq!(v.into_string().unwrap(), "from the base dir");
+    assert!(base.join("copy.txt").exists());
+    // A relative path names a file in the base dir; the working directory's are outside.
+    check_err(&mut h, "read_text(\"Cargo.toml\")", ErrorKind::Io, "Cargo.toml: No such file");
+    check_err(
+        &mut h,
+        "read_text(\"../../../Cargo.toml\")",
+        ErrorKind::Limit,
+        "reading `../../../Cargo.toml` is not allowed",
+    );
 }

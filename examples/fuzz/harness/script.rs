@@ -2,9 +2,9 @@
 //! sandbox bounded the way a host running untrusted scripts would bound it: an operation limit,
 //! a memory budget, reads below the scratch folder (which holds a copy of `scripts/data`) and
 //! writes below its `target/` and `out/` (emptied after each input). A watchdog interrupts a
-//! script that runs longer than the soft limit at its next operation. Scripts name files
-//! relative to the working directory, so building this harness makes the scratch folder the
-//! process's working directory.
+//! script that runs longer than the soft limit at its next operation. The scratch folder is the
+//! sandbox's `base_dir`, so the scripts' relative paths name files there (the process's working
+//! directory is left alone: other tests share the process).
 //!
 //! Invariants: every error passes [`check::error`].
 
@@ -219,13 +219,13 @@ impl Script {
         for dir in ["target", "out"] {
             std::fs::create_dir_all(scratch.join(dir)).expect("create a scratch folder");
         }
-        std::env::set_current_dir(&scratch).expect("enter the scratch folder");
         let sandbox = Sandbox {
             max_operations: 50_000,
             max_string_size: 1 << 20,
             max_array_size: 1 << 16,
             max_map_size: 1 << 10,
             memory_budget: 64 << 20,
+            base_dir: scratch.clone(),
             read_roots: vec![scratch.clone()],
             write_roots: vec![scratch.join("target"), scratch.join("out")],
             ..Sandbox::default()

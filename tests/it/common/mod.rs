@@ -3,6 +3,8 @@
 //! by the gradient checks (CPU, f64) and by the GPU-vs-CPU comparison.
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use rumus::cpu::Buf;
 use rumus::graph::{BinaryOp, Graph, NodeId, UnaryOp};
 use rumus::rng::Rng;

@@ -1,0 +1,70 @@
+//! The GPU tests' access to the test devices: a device or a skip (a failure under `CI=true`),
+//! and turns at it on adapters that cannot be shared between threads.
+
+use rumus::runtime::{test_gpu, test_gpu_at_webgpu_limits, Gpu};
+use rumus::Result;
+
+/// A test's turn at the test devices, held until it is dropped. On OpenGL adapters wgpu shares
+/// one context between threads and panics when a thread waits more than a few seconds for it
+/// (a long shader compile or submission on a busy software adapter), so GPU tests take turns
+/// there; elsewhere they run side by side. A thread that holds the turn may take it again (a
+/// test calling a helper that takes it too).
+pub struct GpuTurn(Option<std::sync::MutexGuard<'static, ()>>);
+
+thread_local! {
+    static HOLDS_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl GpuTurn {
+    fn take(gpu: &Gpu) -> GpuTurn {
+        static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        if gpu.info.backend != wgpu::Backend::Gl || HOLDS_TURN.with(|h| h.get()) {
+            return GpuTurn(None);
+        }
+        let guard = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        HOLDS_TURN.with(|h| h.set(true));
+        GpuTurn(Some(guard))
+    }
+}
+
+impl Drop for GpuTurn {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            HOLDS_TURN.with(|h| h.set(false));
+        }
+    }
+}
+
+/// For tests: the shared device and the test's turn at it (keep it alive as long as the test
+/// uses the device), or `None` (after a notice on stderr) when there is no adapter, so the test
+/// can return early. Under `CI=true` a missing adapter is a test failure instead: this panics
+/// with the reason, because CI must exercise the WGSL path.
+pub fn or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
+    let gpu = skip_unless_ci(test, test_gpu())?;
+    Some((gpu, GpuTurn::take(gpu)))
+}
+
+/// For tests: both test devices, the adapter's own limits first and WebGPU's defaults second
+/// (`test_gpu_at_webgpu_limits`), with the test's turn at them; no device, or a failure under
+/// `CI=true`, as [`or_skip`] says.
+pub fn both_or_skip(test: &str) -> (Vec<&'static Gpu>, GpuTurn) {
+    let Some(own) = skip_unless_ci(test, test_gpu()) else {
+        return (Vec::new(), GpuTurn(None));
+    };
+    let turn = GpuTurn::take(own);
+    let webgpu = skip_unless_ci(test, test_gpu_at_webgpu_limits());
+    (std::iter::once(own).chain(webgpu).collect(), turn)
+}
+
+fn skip_unless_ci(test: &str, gpu: Result<&'static Gpu>) -> Option<&'static Gpu> {
+    match gpu {
+        Ok(gpu) => Some(gpu),
+        Err(e) if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{test}: CI=true but no GPU device: {e} (install mesa-vulkan-drivers)")
+        }
+        Err(e) => {
+            eprintln!("note: skipping {test}: {e}");
+            None
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! rumus's integration tests, one module per area, linked into one test binary (each test
+//! binary links the whole library and its dependencies: one link instead of two dozen).
+//!
+//! Run one area with a filter on its module: `cargo test --test it gpu_plan::`.
+
+mod common;
+#[allow(dead_code)]
+#[path = "../../examples/fuzz/harness/mod.rs"]
+mod harness;
+
+mod checkpoint;
+mod codegen_valid;
+mod cpu_interp;
+mod data;
+mod dsl_cli;
+mod dsl_errors;
+mod dsl_fuzz;
+mod dsl_gpt;
+mod fuzz_smoke;
+mod gpu_kernels;
+mod gpu_plan;
+mod gpu_vs_cpu;
+mod gradcheck;
+mod plan;
+mod repl;
+mod script_api;
+mod script_checkpoint;
+mod script_cli;
+mod script_embed;
+mod script_sandbox;
+mod script_writes;
+mod scripts_run;
+mod shape_errors;
+mod train_mlp;
+mod wgsl_valid;
