@@ -268,13 +268,4 @@ mod tests {
     fn bench_reports_a_positive_rate() {
         assert!(bench_matmul(8, 1) > 0.0);
     }
-
-    /// `cargo test --release --lib matmul_512 -- --ignored --nocapture`
-    #[test]
-    #[ignore = "benchmark; run optimized"]
-    fn matmul_512_rate() {
-        for _ in 0..5 {
-            println!("f32 512x512x512: {:.1} GFLOP/s", bench_matmul(512, 10));
-        }
-    }
 }

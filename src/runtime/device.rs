@@ -599,8 +599,11 @@ pub fn shared_gpu(choice: DeviceChoice) -> Result<Option<&'static Gpu>> {
         DeviceChoice::Auto => match test_gpu() {
             Ok(gpu) if !gpu.is_software() => Ok(Some(gpu)),
             _ => {
+                // Not `eprintln!`, which panics when stderr cannot be written (`2>/dev/full`).
                 NOTICE.call_once(|| {
-                    eprintln!("note: no hardware GPU adapter found; using the CPU backend")
+                    use std::io::Write;
+                    let note = "note: no hardware GPU adapter found; using the CPU backend\n";
+                    let _ = std::io::stderr().write_all(note.as_bytes());
                 });
                 Ok(None)
             }

@@ -318,3 +318,20 @@ fn output_write_errors_are_errors() {
         (Some(2), "/dev/full: No space left on device (os error 28)\n".to_string())
     );
 }
+
+/// A notice the library prints (no hardware GPU: the CPU backend is used) cannot crash the
+/// process when standard error is unwritable; the script's own result decides the exit code.
+#[test]
+fn an_unwritable_stderr_does_not_crash_a_run() {
+    let f = script(
+        "quiet.rms",
+        "model m(x: f32[B, 2]) { return linear(x, 1) }\nlet c = m().compile(#{ loss: \"mse\" });\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["run", &f, "--device", "auto"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stderr(Stdio::from(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
