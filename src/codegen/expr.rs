@@ -5,7 +5,7 @@
 //! through broadcasting and the index-remapping views (`broadcast_to`, `permute`, `slice`).
 //! Shapes are static, so every size and stride is a literal.
 
-use crate::graph::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+use crate::graph::{Graph, NodeId, Op};
 use crate::plan::Plan;
 use crate::tensor::DType;
 use std::fmt::Write;
@@ -228,12 +228,12 @@ impl<'a> ExprEmitter<'a> {
         let e = match &node.op {
             Op::Unary(u) => {
                 let x = operand(self, 0);
-                unary(*u, &x)
+                u.wgsl(&x)
             }
             Op::Binary(b) => {
                 let a = operand(self, 0);
                 let c = operand(self, 1);
-                binary(*b, &a, &c)
+                b.wgsl(&a, &c)
             }
             Op::Where => {
                 let c = operand(self, 0);
@@ -279,43 +279,6 @@ impl<'a> ExprEmitter<'a> {
         let v = self.fresh();
         let _ = writeln!(self.body, "    let {v} = {e};");
         v
-    }
-}
-
-fn unary(u: UnaryOp, x: &str) -> String {
-    match u {
-        UnaryOp::Neg => format!("-{x}"),
-        UnaryOp::Exp => format!("exp({x})"),
-        UnaryOp::Log => format!("log({x})"),
-        UnaryOp::Sqrt => format!("sqrt({x})"),
-        UnaryOp::Rsqrt => format!("inverseSqrt({x})"),
-        UnaryOp::Abs => format!("abs({x})"),
-        UnaryOp::Square => format!("({x} * {x})"),
-        UnaryOp::Tanh => format!("tanh_({x})"),
-        UnaryOp::Sigmoid => format!("sigmoid({x})"),
-        // NaN passes through (an OpenGL compiler turns the bare comparison into max(x, 0))
-        UnaryOp::Relu => format!("select({x}, 0.0, {x} < 0.0 && !is_nan_({x}))"),
-        UnaryOp::Gelu => format!("gelu({x})"),
-        UnaryOp::GeluTanh => format!("gelu_tanh({x})"),
-        UnaryOp::Silu => format!("({x} * sigmoid({x}))"),
-        UnaryOp::Sign => format!("sign_({x})"),
-        UnaryOp::GeluGrad => format!("gelu_grad({x})"),
-        UnaryOp::GeluTanhGrad => format!("gelu_tanh_grad({x})"),
-        UnaryOp::SiluGrad => format!("silu_grad({x})"),
-    }
-}
-
-fn binary(b: BinaryOp, a: &str, c: &str) -> String {
-    match b {
-        BinaryOp::Add => format!("({a} + {c})"),
-        BinaryOp::Sub => format!("({a} - {c})"),
-        BinaryOp::Mul => format!("({a} * {c})"),
-        BinaryOp::Div => format!("({a} / {c})"),
-        BinaryOp::Pow => format!("pow_({a}, {c})"),
-        BinaryOp::Maximum => format!("max_({a}, {c})"),
-        BinaryOp::Minimum => format!("min_({a}, {c})"),
-        BinaryOp::Greater => format!("select(0.0, 1.0, {a} > {c})"),
-        BinaryOp::Equal => format!("select(0.0, 1.0, {a} == {c})"),
     }
 }
 

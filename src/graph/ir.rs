@@ -10,6 +10,8 @@ use crate::error::Span;
 use crate::tensor::DType;
 use std::collections::BTreeMap;
 
+pub use super::elementwise::{BinaryOp, UnaryOp};
+
 /// Handle of a node in a [`Graph`]'s arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub(crate) u32);
@@ -41,50 +43,6 @@ pub enum Init {
     Xavier,
     /// He/Kaiming normal for ReLU: N(0, 2 / fan_in).
     Kaiming,
-}
-
-/// Elementwise unary ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Abs,
-    Square,
-    Tanh,
-    Sigmoid,
-    Relu,
-    /// GELU, exact form: x·Φ(x).
-    Gelu,
-    /// GELU, tanh approximation (GPT-2's).
-    GeluTanh,
-    Silu,
-    /// sign(x) ∈ {-1, 0, 1}; gradient helper for `abs`.
-    Sign,
-    /// d gelu / dx; gradient helper.
-    GeluGrad,
-    /// d gelu_tanh / dx; gradient helper.
-    GeluTanhGrad,
-    /// d silu / dx; gradient helper.
-    SiluGrad,
-}
-
-/// Elementwise binary ops, with NumPy broadcasting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Maximum,
-    Minimum,
-    /// 1.0 where a > b else 0.0; gradient helper (not differentiable).
-    Greater,
-    /// 1.0 where a == b else 0.0; gradient helper (not differentiable).
-    Equal,
 }
 
 /// Reductions over chosen axes.
@@ -357,28 +315,16 @@ impl Op {
         }
     }
 
-    /// Whether the op is elementwise (each output element depends on the input elements at the
-    /// same broadcast index only), which is what the fuser merges freely.
-    pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. } | Op::Dropout { .. }
-        )
-    }
-
-    /// Whether gradients flow through the op. The gradient helpers (comparisons, `sign`,
-    /// `*_grad` ops) and sources are not differentiable; `layer_norm_stats` is differentiated
+    /// Whether gradients flow through the op. Sources, the elementwise table's gradient helpers
+    /// and the other gradient ops are not differentiable; `layer_norm_stats` is differentiated
     /// together with the `layer_norm` that consumes it.
     pub fn is_differentiable(&self) -> bool {
         match self {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
                 false
             }
-            Op::Unary(u) => !matches!(
-                u,
-                UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad
-            ),
-            Op::Binary(b) => !matches!(b, BinaryOp::Greater | BinaryOp::Equal),
+            Op::Unary(u) => u.is_differentiable(),
+            Op::Binary(b) => b.is_differentiable(),
             Op::LayerNormGradInput
             | Op::LayerNormGradWeight
             | Op::EmbeddingGrad { .. }
@@ -429,78 +375,6 @@ impl Op {
     /// Whether the value persists across steps (parameters and optimizer state).
     pub fn is_persistent(&self) -> bool {
         matches!(self, Op::Parameter { .. } | Op::State { .. })
-    }
-}
-
-impl UnaryOp {
-    pub const ALL: [UnaryOp; 17] = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Abs,
-        UnaryOp::Square,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluTanh,
-        UnaryOp::Silu,
-        UnaryOp::Sign,
-        UnaryOp::GeluGrad,
-        UnaryOp::GeluTanhGrad,
-        UnaryOp::SiluGrad,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Square => "square",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Gelu => "gelu",
-            UnaryOp::GeluTanh => "gelu_tanh",
-            UnaryOp::Silu => "silu",
-            UnaryOp::Sign => "sign",
-            UnaryOp::GeluGrad => "gelu_grad",
-            UnaryOp::GeluTanhGrad => "gelu_tanh_grad",
-            UnaryOp::SiluGrad => "silu_grad",
-        }
-    }
-}
-
-impl BinaryOp {
-    pub const ALL: [BinaryOp; 9] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Pow,
-        BinaryOp::Maximum,
-        BinaryOp::Minimum,
-        BinaryOp::Greater,
-        BinaryOp::Equal,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Pow => "pow",
-            BinaryOp::Maximum => "maximum",
-            BinaryOp::Minimum => "minimum",
-            BinaryOp::Greater => "greater",
-            BinaryOp::Equal => "equal",
-        }
     }
 }
 

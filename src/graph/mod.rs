@@ -1,8 +1,11 @@
-//! The graph: IR types, the checked builder, shape inference, verification, reverse-mode
-//! autodiff and optimizer updates, all as nodes of one arena.
+//! The graph: IR types, the elementwise op table and the scalar math its rows are written with,
+//! the checked builder, shape inference, verification, reverse-mode autodiff and optimizer
+//! updates, all as nodes of one arena.
 
 pub mod autodiff;
 pub mod build;
+pub mod elementwise;
+pub mod float;
 pub mod init;
 pub mod ir;
 pub mod optim;
