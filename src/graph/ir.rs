@@ -53,6 +53,28 @@ pub enum ReduceOp {
     Max,
 }
 
+/// The kind of computation an op is. Passes ask an op's class (or one of the predicates built on
+/// it) rather than list ops, so a new op is placed once, in [`Op::class`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// No inputs: the values the host provides (inputs, parameters, state) and constants.
+    Source,
+    /// Each output element computed from the input elements at the same (broadcast) index: the
+    /// elementwise table's unary and binary ops, `where`, and `causal_mask` and `dropout`, which
+    /// also read the element's position.
+    Elementwise,
+    /// Folds axes: `sum`, `mean`, `max`.
+    Reduce,
+    /// `matmul`.
+    MatMul,
+    /// Moves elements without computing them: the views `reshape`, `permute`, `broadcast_to`,
+    /// `slice`, and `concat`.
+    Layout,
+    /// Ops with a kernel of their own: softmax, log-softmax, layer norm and its gradients,
+    /// embedding and cross-entropy, forward and backward.
+    Special,
+}
+
 /// What a node computes. Ops whose result shape is not determined by their inputs carry it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
@@ -315,6 +337,57 @@ impl Op {
         }
     }
 
+    /// The op's class.
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
+                OpClass::Source
+            }
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::CausalMask { .. }
+            | Op::Dropout { .. } => OpClass::Elementwise,
+            Op::Reduce { .. } => OpClass::Reduce,
+            Op::MatMul => OpClass::MatMul,
+            Op::Reshape
+            | Op::Permute { .. }
+            | Op::BroadcastTo
+            | Op::Slice { .. }
+            | Op::Concat { .. } => OpClass::Layout,
+            Op::Softmax
+            | Op::LogSoftmax
+            | Op::LayerNormStats { .. }
+            | Op::LayerNorm
+            | Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::Embedding
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropy { .. }
+            | Op::CrossEntropyGrad { .. } => OpClass::Special,
+        }
+    }
+
+    /// Whether the op is a source whose value the host provides: an input, a parameter or state.
+    /// Such a value lives in a buffer of its own and no kernel computes it (a constant is the
+    /// other kind of source, written into the code of the kernels that read it).
+    pub fn is_host_value(&self) -> bool {
+        self.class() == OpClass::Source && !matches!(self, Op::Constant { .. })
+    }
+
+    /// Whether the op is a view: a layout op that reads one input at remapped coordinates
+    /// (every layout op but `concat`).
+    pub fn is_view(&self) -> bool {
+        self.class() == OpClass::Layout && !matches!(self, Op::Concat { .. })
+    }
+
+    /// Whether each output element is a function of the input elements at the same index alone,
+    /// not of its position: the elementwise table's ops, `where` and constants (not
+    /// `causal_mask` or `dropout`).
+    pub fn is_pointwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. })
+    }
+
     /// Whether gradients flow through the op. Sources, the elementwise table's gradient helpers
     /// and the other gradient ops are not differentiable; `layer_norm_stats` is differentiated
     /// together with the `layer_norm` that consumes it.
@@ -440,6 +513,41 @@ mod tests {
         let e = g.parameter("x", &[2], crate::graph::Init::Zeros).unwrap_err();
         assert_eq!(e.message, "duplicate name `x`: another input, parameter or state has it");
         assert_eq!(g.clone().persistent_named("s"), Some(s));
+    }
+
+    /// Every op's class, as `OpClass`'s documentation lists them.
+    #[test]
+    fn classes_group_the_ops() {
+        let of = |class: OpClass| -> Vec<&str> {
+            Op::samples().iter().filter(|o| o.class() == class).map(|o| o.name()).collect()
+        };
+        assert_eq!(of(OpClass::Source), ["input", "param", "state", "constant"]);
+        let mut elementwise: Vec<&str> = UnaryOp::ALL.iter().map(|u| u.name()).collect();
+        elementwise.extend(BinaryOp::ALL.iter().map(|b| b.name()));
+        elementwise.extend(["where", "causal_mask", "dropout"]);
+        assert_eq!(of(OpClass::Elementwise), elementwise);
+        assert_eq!(of(OpClass::Reduce), ["sum", "mean", "max"]);
+        assert_eq!(of(OpClass::MatMul), ["matmul"]);
+        assert_eq!(of(OpClass::Layout), ["reshape", "permute", "broadcast_to", "slice", "concat"]);
+        let special = [
+            "softmax",
+            "log_softmax",
+            "layer_norm_stats",
+            "layer_norm",
+            "layer_norm_grad_input",
+            "layer_norm_grad_weight",
+            "embedding",
+            "embedding_grad",
+            "cross_entropy",
+            "cross_entropy_grad",
+        ];
+        assert_eq!(of(OpClass::Special), special);
+        let host: Vec<&str> =
+            Op::samples().iter().filter(|o| o.is_host_value()).map(|o| o.name()).collect();
+        assert_eq!(host, ["input", "param", "state"]);
+        let views: Vec<&str> =
+            Op::samples().iter().filter(|o| o.is_view()).map(|o| o.name()).collect();
+        assert_eq!(views, ["reshape", "permute", "broadcast_to", "slice"]);
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod shape;
 pub mod train;
 pub mod verify;
 
-pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, ReduceOp, UnaryOp, Update};
+pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, OpClass, ReduceOp, UnaryOp, Update};
 pub use optim::{OptimConfig, Optimizer};
 pub use train::{training_graph, TrainGraph};
 pub use verify::verify;
