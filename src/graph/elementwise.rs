@@ -319,6 +319,12 @@ unary_ops! {
         wgsl: "({x} * sigmoid({x}))",
         local: |g, x, y| g.unary(UnaryOp::SiluGrad, x)?
     }
+    /// log(1 + eˣ) (PyTorch's), as max(x, 0) + log(1 + e^-|x|), which cannot overflow.
+    Softplus "softplus" language {
+        cpu: |x| x.max_nan(T::zero()) + (T::one() + (-x.abs()).exp()).ln(),
+        wgsl: "(max_({x}, 0.0) + log(1.0 + exp(-abs({x}))))",
+        local: |g, x, y| g.unary(UnaryOp::Sigmoid, x)?
+    }
     /// sign(x) ∈ {-1, 0, 1}; gradient helper for `abs`.
     Sign "sign" helper {
         cpu: |x| sign(x),
