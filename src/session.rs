@@ -302,9 +302,7 @@ pub struct Footprint {
 pub fn footprint(g: &Graph, want: &[NodeId], training: bool) -> Footprint {
     let n = g.n_nodes();
     let bytes = |id: NodeId| g.shape(id).iter().product::<usize>().max(1) as u64 * 4;
-    let source = |id: NodeId| {
-        matches!(g.node(id).op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
-    };
+    let source = |id: NodeId| g.node(id).op.is_host_value();
     let mut kept = vec![false; n];
     for &w in want {
         kept[w.index()] = true;

@@ -5,7 +5,7 @@
 //! through broadcasting and the index-remapping views (`broadcast_to`, `permute`, `slice`).
 //! Shapes are static, so every size and stride is a literal.
 
-use crate::graph::{BinaryOp, Graph, NodeId, Op, UnaryOp};
+use crate::graph::{Graph, NodeId, Op};
 use crate::plan::Plan;
 use crate::tensor::DType;
 use std::fmt::Write;
@@ -162,11 +162,14 @@ impl<'a> ExprEmitter<'a> {
     }
 
     /// Coordinates in the input of view `id` (broadcast_to, permute, slice, reshape) that hold
-    /// the element at `coords` of the view.
-    fn view_coords(&mut self, id: NodeId, coords: &[String]) -> Vec<String> {
+    /// the element at `coords` of the view; `None` if `id` is not a view.
+    fn view_coords(&mut self, id: NodeId, coords: &[String]) -> Option<Vec<String>> {
         let node = self.g.node(id);
+        if !node.op.is_view() {
+            return None;
+        }
         let src = self.g.shape(node.inputs[0]).to_vec();
-        match &node.op {
+        Some(match &node.op {
             Op::BroadcastTo => broadcast_coords(&src, coords),
             Op::Permute { perm } => {
                 let mut c = vec![String::new(); perm.len()];
@@ -190,8 +193,8 @@ impl<'a> ExprEmitter<'a> {
                 self.body.push_str(&code);
                 names
             }
-            other => unreachable!("{} is not a view", other.name()),
-        }
+            _ => return None,
+        })
     }
 
     /// The raw i32 WGSL expression of an i32 node at `coords` (i32 values are only ever
@@ -200,9 +203,10 @@ impl<'a> ExprEmitter<'a> {
         if self.plan.value_of(id).is_some() && self.root != Some(id) {
             return self.load(id, coords);
         }
-        let c = self.view_coords(id, coords);
-        let src = self.g.node(id).inputs[0];
-        self.emit_i32(src, &c)
+        match self.view_coords(id, coords) {
+            Some(c) => self.emit_i32(self.g.node(id).inputs[0], &c),
+            None => self.load(id, coords),
+        }
     }
 
     /// The f32 WGSL expression of node `id` at `coords`.
@@ -228,12 +232,12 @@ impl<'a> ExprEmitter<'a> {
         let e = match &node.op {
             Op::Unary(u) => {
                 let x = operand(self, 0);
-                unary(*u, &x)
+                u.wgsl(&x)
             }
             Op::Binary(b) => {
                 let a = operand(self, 0);
                 let c = operand(self, 1);
-                binary(*b, &a, &c)
+                b.wgsl(&a, &c)
             }
             Op::Where => {
                 let c = operand(self, 0);
@@ -243,8 +247,10 @@ impl<'a> ExprEmitter<'a> {
                 format!("select({b}, {a}, !({c} == 0.0))")
             }
             Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
-                let c = self.view_coords(id, coords);
-                return self.emit(ins[0], &c);
+                return match self.view_coords(id, coords) {
+                    Some(c) => self.emit(ins[0], &c),
+                    None => self.load(id, coords),
+                };
             }
             Op::MatMul => return self.emit_matmul(id, coords),
             Op::CausalMask { fill } => {
@@ -271,51 +277,28 @@ impl<'a> ExprEmitter<'a> {
                 );
                 format!("select(0.0, {x} * {}, {keep})", f32_lit(1.0 / (1.0 - p)))
             }
-            other => unreachable!(
-                "{} is not inlinable (fusion only inlines elementwise ops)",
-                other.name()
-            ),
+            Op::Constant { value } => f32_lit(*value),
+            // Fusion inlines elementwise ops, constants and views only
+            // (`plan::fuse::is_inlinable`): every other value is in a buffer.
+            Op::Input { .. }
+            | Op::Parameter { .. }
+            | Op::State { .. }
+            | Op::Reduce { .. }
+            | Op::Concat { .. }
+            | Op::Softmax
+            | Op::LogSoftmax
+            | Op::LayerNormStats { .. }
+            | Op::LayerNorm
+            | Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::Embedding
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropy { .. }
+            | Op::CrossEntropyGrad { .. } => return self.load(id, coords),
         };
         let v = self.fresh();
         let _ = writeln!(self.body, "    let {v} = {e};");
         v
-    }
-}
-
-fn unary(u: UnaryOp, x: &str) -> String {
-    match u {
-        UnaryOp::Neg => format!("-{x}"),
-        UnaryOp::Exp => format!("exp({x})"),
-        UnaryOp::Log => format!("log({x})"),
-        UnaryOp::Sqrt => format!("sqrt({x})"),
-        UnaryOp::Rsqrt => format!("inverseSqrt({x})"),
-        UnaryOp::Abs => format!("abs({x})"),
-        UnaryOp::Square => format!("({x} * {x})"),
-        UnaryOp::Tanh => format!("tanh_({x})"),
-        UnaryOp::Sigmoid => format!("sigmoid({x})"),
-        // NaN passes through (an OpenGL compiler turns the bare comparison into max(x, 0))
-        UnaryOp::Relu => format!("select({x}, 0.0, {x} < 0.0 && !is_nan_({x}))"),
-        UnaryOp::Gelu => format!("gelu({x})"),
-        UnaryOp::GeluTanh => format!("gelu_tanh({x})"),
-        UnaryOp::Silu => format!("({x} * sigmoid({x}))"),
-        UnaryOp::Sign => format!("sign_({x})"),
-        UnaryOp::GeluGrad => format!("gelu_grad({x})"),
-        UnaryOp::GeluTanhGrad => format!("gelu_tanh_grad({x})"),
-        UnaryOp::SiluGrad => format!("silu_grad({x})"),
-    }
-}
-
-fn binary(b: BinaryOp, a: &str, c: &str) -> String {
-    match b {
-        BinaryOp::Add => format!("({a} + {c})"),
-        BinaryOp::Sub => format!("({a} - {c})"),
-        BinaryOp::Mul => format!("({a} * {c})"),
-        BinaryOp::Div => format!("({a} / {c})"),
-        BinaryOp::Pow => format!("pow_({a}, {c})"),
-        BinaryOp::Maximum => format!("max_({a}, {c})"),
-        BinaryOp::Minimum => format!("min_({a}, {c})"),
-        BinaryOp::Greater => format!("select(0.0, 1.0, {a} > {c})"),
-        BinaryOp::Equal => format!("select(0.0, 1.0, {a} == {c})"),
     }
 }
 

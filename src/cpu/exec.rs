@@ -125,7 +125,7 @@ impl<T: Float> Executor<T> {
         let mut computed: Vec<Option<Buf<T>>> = vec![None; n];
         for (id, node) in g.nodes() {
             let i = id.index();
-            if !needed[i] || matches!(node.op, Op::Input { .. }) || node.op.is_persistent() {
+            if !needed[i] || node.op.is_host_value() {
                 continue;
             }
             let value = {

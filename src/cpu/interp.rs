@@ -6,7 +6,6 @@
 //! state. Shapes are trusted (the graph was verified), element types are checked and a mismatch
 //! is an `Invariant` error, never a panic.
 
-use super::float::{gelu, gelu_grad, gelu_tanh, gelu_tanh_grad, sigmoid, sign, silu, silu_grad};
 use super::{matmul, nn, Buf, Float, RunOptions};
 use crate::err;
 use crate::error::Result;
@@ -247,56 +246,9 @@ pub fn broadcast<'a, E: Copy>(x: &'a [E], from: &[usize], to: &[usize]) -> Cow<'
 
 // ---- elementwise ----
 
-/// One elementwise unary op.
-pub fn unary_scalar<T: Float>(op: UnaryOp, x: T) -> T {
-    let (zero, one) = (T::zero(), T::one());
-    match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Rsqrt => one / x.sqrt(),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Square => x * x,
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => sigmoid(x),
-        // NaN passes through (NaN < 0 is false).
-        UnaryOp::Relu => {
-            if x < zero {
-                zero
-            } else {
-                x
-            }
-        }
-        UnaryOp::Gelu => gelu(x),
-        UnaryOp::GeluTanh => gelu_tanh(x),
-        UnaryOp::Silu => silu(x),
-        UnaryOp::Sign => sign(x),
-        UnaryOp::GeluGrad => gelu_grad(x),
-        UnaryOp::GeluTanhGrad => gelu_tanh_grad(x),
-        UnaryOp::SiluGrad => silu_grad(x),
-    }
-}
-
 /// An elementwise unary op over a tensor.
 pub fn unary<T: Float>(op: UnaryOp, x: &[T]) -> Vec<T> {
-    x.iter().map(|&v| unary_scalar(op, v)).collect()
-}
-
-/// One elementwise binary op.
-pub fn binary_scalar<T: Float>(op: BinaryOp, a: T, b: T) -> T {
-    let flag = |c: bool| if c { T::one() } else { T::zero() };
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Maximum => a.max_nan(b),
-        BinaryOp::Minimum => a.min_nan(b),
-        BinaryOp::Greater => flag(a > b),
-        BinaryOp::Equal => flag(a == b),
-    }
+    x.iter().map(|&v| op.eval(v)).collect()
 }
 
 /// An elementwise binary op with NumPy broadcasting of `a` and `b` to `out`.
@@ -309,7 +261,7 @@ pub fn binary<T: Float>(
     out: &[usize],
 ) -> Vec<T> {
     let (a, b) = (broadcast(a, a_shape, out), broadcast(b, b_shape, out));
-    a.iter().zip(b.iter()).map(|(&x, &y)| binary_scalar(op, x, y)).collect()
+    a.iter().zip(b.iter()).map(|(&x, &y)| op.eval(x, y)).collect()
 }
 
 /// `where(cond, a, b)`, all three broadcast to `out`; a condition of either dtype is true where

@@ -4,10 +4,10 @@
 //! f64 gradient checks run through it), and the fallback device when no GPU adapter exists. It
 //! owns:
 //!
-//! - [`Float`] (f32 and f64) and the scalar math of every op ([`float`]);
-//! - the forward of every op in the op table, one function per op family ([`interp`] for
-//!   elementwise, reduction and shape ops, [`nn`] for softmax, layer norm, embedding,
-//!   cross-entropy and dropout, each gradient-helper op next to the op it differentiates);
+//! - the forward of every op, one function per op family: [`interp`] for elementwise ops (each
+//!   row's value from the op table, `graph::elementwise`, run in [`Float`]: f32 or f64),
+//!   reduction and shape ops, [`nn`] for softmax, layer norm, embedding, cross-entropy and
+//!   dropout, each gradient-helper op next to the op it differentiates;
 //! - batched matrix multiplication, cache-blocked and parallel over rows ([`mod@matmul`]);
 //! - the [`Executor`], which holds parameters and state between steps and runs a graph.
 //!
@@ -16,14 +16,13 @@
 //! only ever split independent output rows.
 
 pub mod exec;
-pub mod float;
 pub mod interp;
 pub mod matmul;
 pub mod nn;
 
+pub use crate::graph::float::Float;
 pub use crate::rng::dropout_keep;
 pub use exec::Executor;
-pub use float::Float;
 pub use matmul::{bench_matmul, matmul};
 
 use crate::tensor::DType;

@@ -776,43 +776,19 @@ impl Lowerer<'_> {
         }
         let mut a = Args { lw: self, args, sig, span };
         let name = sig.name;
+        // The elementwise ops, by their names in the op table.
+        if let Some(op) = BinaryOp::from_name(name) {
+            let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+            return Ok(Value::Tensor(a.g().binary(op, x, y).map_err(|e| e.at(span))?));
+        }
+        if let Some(op) = UnaryOp::from_name(name) {
+            let x = a.tensor(0)?;
+            return Ok(Value::Tensor(a.g().unary(op, x).map_err(|e| e.at(span))?));
+        }
         let id = match name {
-            "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" => {
-                let (x, y) = (a.tensor(0)?, a.tensor(1)?);
-                let op = match name {
-                    "add" => BinaryOp::Add,
-                    "sub" => BinaryOp::Sub,
-                    "mul" => BinaryOp::Mul,
-                    "div" => BinaryOp::Div,
-                    "pow" => BinaryOp::Pow,
-                    "maximum" => BinaryOp::Maximum,
-                    _ => BinaryOp::Minimum,
-                };
-                a.g().binary(op, x, y)
-            }
             "where" => {
                 let (c, x, y) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
                 a.g().select(c, x, y)
-            }
-            "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "square" | "tanh" | "sigmoid"
-            | "relu" | "silu" | "gelu" | "gelu_tanh" => {
-                let x = a.tensor(0)?;
-                let op = match name {
-                    "neg" => UnaryOp::Neg,
-                    "exp" => UnaryOp::Exp,
-                    "log" => UnaryOp::Log,
-                    "sqrt" => UnaryOp::Sqrt,
-                    "rsqrt" => UnaryOp::Rsqrt,
-                    "abs" => UnaryOp::Abs,
-                    "square" => UnaryOp::Square,
-                    "tanh" => UnaryOp::Tanh,
-                    "sigmoid" => UnaryOp::Sigmoid,
-                    "relu" => UnaryOp::Relu,
-                    "silu" => UnaryOp::Silu,
-                    "gelu" => UnaryOp::Gelu,
-                    _ => UnaryOp::GeluTanh,
-                };
-                a.g().unary(op, x)
             }
             "sum" | "mean" | "max" => {
                 let x = a.tensor(0)?;

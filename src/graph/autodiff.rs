@@ -5,7 +5,7 @@
 //! work is appended for values that need no gradient. Where a value fans out, the adjoints of its
 //! uses are summed. Backward nodes carry the span of the forward node they differentiate.
 
-use super::ir::{BinaryOp, Graph, NodeId, Op, ReduceOp, UnaryOp};
+use super::ir::{BinaryOp, Graph, Node, NodeId, Op, ReduceOp};
 use crate::err;
 use crate::error::Result;
 use crate::tensor::{fmt_shape, DType};
@@ -94,15 +94,18 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
     let shape_of = |g: &Graph, i: usize| g.shape(x[i]).to_vec();
     Ok(match &node.op {
         Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => vec![],
-        Op::Unary(u) => vec![Some(unary_backward(g, *u, x[0], id, dy)?)],
-        Op::Binary(b) => {
-            let (da, db) = binary_backward(g, *b, x[0], x[1], id, dy)?;
-            let (sa, sb) = (shape_of(g, 0), shape_of(g, 1));
-            vec![
-                da.map(|d| g.sum_to(d, &sa)).transpose()?,
-                db.map(|d| g.sum_to(d, &sb)).transpose()?,
-            ]
-        }
+        Op::Unary(u) => match u.backward(g, x[0], id, dy)? {
+            Some(dx) => vec![Some(dx)],
+            None => return Err(no_gradient(&node)),
+        },
+        Op::Binary(b) => match b.backward(g, x[0], x[1], id, dy)? {
+            Some((da, db)) => {
+                let (sa, sb) = (shape_of(g, 0), shape_of(g, 1));
+                vec![Some(g.sum_to(da, &sa)?), Some(g.sum_to(db, &sb)?)]
+            }
+            // The comparison helpers: no gradient flows through a mask.
+            None => vec![None, None],
+        },
         Op::Where => {
             let zero = g.constant(0.0);
             let da = g.select(x[0], dy, zero)?;
@@ -231,99 +234,11 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         Op::LayerNormGradInput
         | Op::LayerNormGradWeight
         | Op::EmbeddingGrad { .. }
-        | Op::CrossEntropyGrad { .. } => {
-            return Err(err!(
-                Shape,
-                "{}: has no gradient (it is itself a gradient op)",
-                node.op.name()
-            )
-            .at(node.span))
-        }
+        | Op::CrossEntropyGrad { .. } => return Err(no_gradient(&node)),
     })
 }
 
-fn unary_backward(g: &mut Graph, u: UnaryOp, x: NodeId, y: NodeId, dy: NodeId) -> Result<NodeId> {
-    let local = match u {
-        UnaryOp::Neg => return g.neg(dy),
-        UnaryOp::Exp => y,
-        UnaryOp::Log => return g.div(dy, x),
-        UnaryOp::Sqrt => {
-            let two_y = g.scale(y, 2.0)?;
-            return g.div(dy, two_y);
-        }
-        UnaryOp::Rsqrt => {
-            let y2 = g.square(y)?;
-            let y3 = g.mul(y2, y)?;
-            g.scale(y3, -0.5)?
-        }
-        UnaryOp::Abs => g.unary(UnaryOp::Sign, x)?,
-        UnaryOp::Square => g.scale(x, 2.0)?,
-        UnaryOp::Tanh => {
-            let y2 = g.square(y)?;
-            let one = g.constant(1.0);
-            g.sub(one, y2)?
-        }
-        UnaryOp::Sigmoid => {
-            let one = g.constant(1.0);
-            let omy = g.sub(one, y)?;
-            g.mul(y, omy)?
-        }
-        UnaryOp::Relu => {
-            // From the output (y > 0 exactly where x > 0), so the pre-activation has one use
-            // and can stay in registers of the matmul that produces it.
-            let zero = g.constant(0.0);
-            g.binary(BinaryOp::Greater, y, zero)?
-        }
-        UnaryOp::Gelu => g.unary(UnaryOp::GeluGrad, x)?,
-        UnaryOp::GeluTanh => g.unary(UnaryOp::GeluTanhGrad, x)?,
-        UnaryOp::Silu => g.unary(UnaryOp::SiluGrad, x)?,
-        UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad => {
-            return Err(err!(Shape, "{}: has no gradient (it is itself a gradient op)", u.name()))
-        }
-    };
-    g.mul(dy, local)
-}
-
-/// Gradients of a binary op with respect to both operands, at the broadcast shape.
-fn binary_backward(
-    g: &mut Graph,
-    b: BinaryOp,
-    a: NodeId,
-    c: NodeId,
-    y: NodeId,
-    dy: NodeId,
-) -> Result<(Option<NodeId>, Option<NodeId>)> {
-    Ok(match b {
-        BinaryOp::Add => (Some(dy), Some(dy)),
-        BinaryOp::Sub => (Some(dy), Some(g.neg(dy)?)),
-        BinaryOp::Mul => (Some(g.mul(dy, c)?), Some(g.mul(dy, a)?)),
-        BinaryOp::Div => {
-            let da = g.div(dy, c)?;
-            let yc = g.div(y, c)?;
-            let t = g.mul(dy, yc)?;
-            (Some(da), Some(g.neg(t)?))
-        }
-        BinaryOp::Pow => {
-            // d/da a^c = c·a^(c−1); d/dc a^c = a^c·ln a
-            let one = g.constant(1.0);
-            let cm1 = g.sub(c, one)?;
-            let p = g.pow(a, cm1)?;
-            let local_a = g.mul(c, p)?;
-            let la = g.log(a)?;
-            let local_c = g.mul(y, la)?;
-            (Some(g.mul(dy, local_a)?), Some(g.mul(dy, local_c)?))
-        }
-        BinaryOp::Maximum | BinaryOp::Minimum => {
-            // The winner takes the gradient; ties split it evenly.
-            let (hi, lo) = if b == BinaryOp::Maximum { (a, c) } else { (c, a) };
-            let a_wins = g.binary(BinaryOp::Greater, hi, lo)?;
-            let ties = g.binary(BinaryOp::Equal, a, c)?;
-            let half_ties = g.scale(ties, 0.5)?;
-            let ma = g.add(a_wins, half_ties)?;
-            let one = g.constant(1.0);
-            let mc = g.sub(one, ma)?;
-            (Some(g.mul(dy, ma)?), Some(g.mul(dy, mc)?))
-        }
-        BinaryOp::Greater | BinaryOp::Equal => (None, None),
-    })
+/// The error for differentiating through a gradient op.
+fn no_gradient(node: &Node) -> crate::error::Error {
+    err!(Shape, "{}: has no gradient (it is itself a gradient op)", node.op.name()).at(node.span)
 }

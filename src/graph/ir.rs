@@ -10,6 +10,8 @@ use crate::error::Span;
 use crate::tensor::DType;
 use std::collections::BTreeMap;
 
+pub use super::elementwise::{BinaryOp, UnaryOp};
+
 /// Handle of a node in a [`Graph`]'s arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub(crate) u32);
@@ -43,56 +45,34 @@ pub enum Init {
     Kaiming,
 }
 
-/// Elementwise unary ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnaryOp {
-    Neg,
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Abs,
-    Square,
-    Tanh,
-    Sigmoid,
-    Relu,
-    /// GELU, exact form: x·Φ(x).
-    Gelu,
-    /// GELU, tanh approximation (GPT-2's).
-    GeluTanh,
-    Silu,
-    /// sign(x) ∈ {-1, 0, 1}; gradient helper for `abs`.
-    Sign,
-    /// d gelu / dx; gradient helper.
-    GeluGrad,
-    /// d gelu_tanh / dx; gradient helper.
-    GeluTanhGrad,
-    /// d silu / dx; gradient helper.
-    SiluGrad,
-}
-
-/// Elementwise binary ops, with NumPy broadcasting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Maximum,
-    Minimum,
-    /// 1.0 where a > b else 0.0; gradient helper (not differentiable).
-    Greater,
-    /// 1.0 where a == b else 0.0; gradient helper (not differentiable).
-    Equal,
-}
-
 /// Reductions over chosen axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     Sum,
     Mean,
     Max,
+}
+
+/// The kind of computation an op is. Passes ask an op's class (or one of the predicates built on
+/// it) rather than list ops, so a new op is placed once, in [`Op::class`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// No inputs: the values the host provides (inputs, parameters, state) and constants.
+    Source,
+    /// Each output element computed from the input elements at the same (broadcast) index: the
+    /// elementwise table's unary and binary ops, `where`, and `causal_mask` and `dropout`, which
+    /// also read the element's position.
+    Elementwise,
+    /// Folds axes: `sum`, `mean`, `max`.
+    Reduce,
+    /// `matmul`.
+    MatMul,
+    /// Moves elements without computing them: the views `reshape`, `permute`, `broadcast_to`,
+    /// `slice`, and `concat`.
+    Layout,
+    /// Ops with a kernel of their own: softmax, log-softmax, layer norm and its gradients,
+    /// embedding and cross-entropy, forward and backward.
+    Special,
 }
 
 /// What a node computes. Ops whose result shape is not determined by their inputs carry it.
@@ -357,28 +337,67 @@ impl Op {
         }
     }
 
-    /// Whether the op is elementwise (each output element depends on the input elements at the
-    /// same broadcast index only), which is what the fuser merges freely.
-    pub fn is_elementwise(&self) -> bool {
-        matches!(
-            self,
-            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. } | Op::Dropout { .. }
-        )
+    /// The op's class.
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
+                OpClass::Source
+            }
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::CausalMask { .. }
+            | Op::Dropout { .. } => OpClass::Elementwise,
+            Op::Reduce { .. } => OpClass::Reduce,
+            Op::MatMul => OpClass::MatMul,
+            Op::Reshape
+            | Op::Permute { .. }
+            | Op::BroadcastTo
+            | Op::Slice { .. }
+            | Op::Concat { .. } => OpClass::Layout,
+            Op::Softmax
+            | Op::LogSoftmax
+            | Op::LayerNormStats { .. }
+            | Op::LayerNorm
+            | Op::LayerNormGradInput
+            | Op::LayerNormGradWeight
+            | Op::Embedding
+            | Op::EmbeddingGrad { .. }
+            | Op::CrossEntropy { .. }
+            | Op::CrossEntropyGrad { .. } => OpClass::Special,
+        }
     }
 
-    /// Whether gradients flow through the op. The gradient helpers (comparisons, `sign`,
-    /// `*_grad` ops) and sources are not differentiable; `layer_norm_stats` is differentiated
+    /// Whether the op is a source whose value the host provides: an input, a parameter or state.
+    /// Such a value lives in a buffer of its own and no kernel computes it (a constant is the
+    /// other kind of source, written into the code of the kernels that read it).
+    pub fn is_host_value(&self) -> bool {
+        self.class() == OpClass::Source && !matches!(self, Op::Constant { .. })
+    }
+
+    /// Whether the op is a view: a layout op that reads one input at remapped coordinates
+    /// (every layout op but `concat`).
+    pub fn is_view(&self) -> bool {
+        self.class() == OpClass::Layout && !matches!(self, Op::Concat { .. })
+    }
+
+    /// Whether each output element is a function of the input elements at the same index alone,
+    /// not of its position: the elementwise table's ops, `where` and constants (not
+    /// `causal_mask` or `dropout`).
+    pub fn is_pointwise(&self) -> bool {
+        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. })
+    }
+
+    /// Whether gradients flow through the op. Sources, the elementwise table's gradient helpers
+    /// and the other gradient ops are not differentiable; `layer_norm_stats` is differentiated
     /// together with the `layer_norm` that consumes it.
     pub fn is_differentiable(&self) -> bool {
         match self {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
                 false
             }
-            Op::Unary(u) => !matches!(
-                u,
-                UnaryOp::Sign | UnaryOp::GeluGrad | UnaryOp::GeluTanhGrad | UnaryOp::SiluGrad
-            ),
-            Op::Binary(b) => !matches!(b, BinaryOp::Greater | BinaryOp::Equal),
+            Op::Unary(u) => u.is_differentiable(),
+            Op::Binary(b) => b.is_differentiable(),
             Op::LayerNormGradInput
             | Op::LayerNormGradWeight
             | Op::EmbeddingGrad { .. }
@@ -429,78 +448,6 @@ impl Op {
     /// Whether the value persists across steps (parameters and optimizer state).
     pub fn is_persistent(&self) -> bool {
         matches!(self, Op::Parameter { .. } | Op::State { .. })
-    }
-}
-
-impl UnaryOp {
-    pub const ALL: [UnaryOp; 17] = [
-        UnaryOp::Neg,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Abs,
-        UnaryOp::Square,
-        UnaryOp::Tanh,
-        UnaryOp::Sigmoid,
-        UnaryOp::Relu,
-        UnaryOp::Gelu,
-        UnaryOp::GeluTanh,
-        UnaryOp::Silu,
-        UnaryOp::Sign,
-        UnaryOp::GeluGrad,
-        UnaryOp::GeluTanhGrad,
-        UnaryOp::SiluGrad,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Square => "square",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Gelu => "gelu",
-            UnaryOp::GeluTanh => "gelu_tanh",
-            UnaryOp::Silu => "silu",
-            UnaryOp::Sign => "sign",
-            UnaryOp::GeluGrad => "gelu_grad",
-            UnaryOp::GeluTanhGrad => "gelu_tanh_grad",
-            UnaryOp::SiluGrad => "silu_grad",
-        }
-    }
-}
-
-impl BinaryOp {
-    pub const ALL: [BinaryOp; 9] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Pow,
-        BinaryOp::Maximum,
-        BinaryOp::Minimum,
-        BinaryOp::Greater,
-        BinaryOp::Equal,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Pow => "pow",
-            BinaryOp::Maximum => "maximum",
-            BinaryOp::Minimum => "minimum",
-            BinaryOp::Greater => "greater",
-            BinaryOp::Equal => "equal",
-        }
     }
 }
 
@@ -566,6 +513,41 @@ mod tests {
         let e = g.parameter("x", &[2], crate::graph::Init::Zeros).unwrap_err();
         assert_eq!(e.message, "duplicate name `x`: another input, parameter or state has it");
         assert_eq!(g.clone().persistent_named("s"), Some(s));
+    }
+
+    /// Every op's class, as `OpClass`'s documentation lists them.
+    #[test]
+    fn classes_group_the_ops() {
+        let of = |class: OpClass| -> Vec<&str> {
+            Op::samples().iter().filter(|o| o.class() == class).map(|o| o.name()).collect()
+        };
+        assert_eq!(of(OpClass::Source), ["input", "param", "state", "constant"]);
+        let mut elementwise: Vec<&str> = UnaryOp::ALL.iter().map(|u| u.name()).collect();
+        elementwise.extend(BinaryOp::ALL.iter().map(|b| b.name()));
+        elementwise.extend(["where", "causal_mask", "dropout"]);
+        assert_eq!(of(OpClass::Elementwise), elementwise);
+        assert_eq!(of(OpClass::Reduce), ["sum", "mean", "max"]);
+        assert_eq!(of(OpClass::MatMul), ["matmul"]);
+        assert_eq!(of(OpClass::Layout), ["reshape", "permute", "broadcast_to", "slice", "concat"]);
+        let special = [
+            "softmax",
+            "log_softmax",
+            "layer_norm_stats",
+            "layer_norm",
+            "layer_norm_grad_input",
+            "layer_norm_grad_weight",
+            "embedding",
+            "embedding_grad",
+            "cross_entropy",
+            "cross_entropy_grad",
+        ];
+        assert_eq!(of(OpClass::Special), special);
+        let host: Vec<&str> =
+            Op::samples().iter().filter(|o| o.is_host_value()).map(|o| o.name()).collect();
+        assert_eq!(host, ["input", "param", "state"]);
+        let views: Vec<&str> =
+            Op::samples().iter().filter(|o| o.is_view()).map(|o| o.name()).collect();
+        assert_eq!(views, ["reshape", "permute", "broadcast_to", "slice"]);
     }
 
     #[test]

@@ -1,8 +1,11 @@
-//! The graph: IR types, the checked builder, shape inference, verification, reverse-mode
-//! autodiff and optimizer updates, all as nodes of one arena.
+//! The graph: IR types, the elementwise op table and the scalar math its rows are written with,
+//! the checked builder, shape inference, verification, reverse-mode autodiff and optimizer
+//! updates, all as nodes of one arena.
 
 pub mod autodiff;
 pub mod build;
+pub mod elementwise;
+pub mod float;
 pub mod init;
 pub mod ir;
 pub mod optim;
@@ -10,7 +13,7 @@ pub mod shape;
 pub mod train;
 pub mod verify;
 
-pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, ReduceOp, UnaryOp, Update};
+pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, OpClass, ReduceOp, UnaryOp, Update};
 pub use optim::{OptimConfig, Optimizer};
 pub use train::{training_graph, TrainGraph};
 pub use verify::verify;

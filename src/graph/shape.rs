@@ -3,7 +3,7 @@
 //! [`infer`] is used by the builder (to reject a bad node before it exists) and by `verify` (to
 //! check a finished graph). Its errors name the op and the shapes involved.
 
-use super::ir::{BinaryOp, Op, ReduceOp};
+use super::ir::{Op, ReduceOp};
 use crate::error::{Error, Result};
 use crate::tensor::{checked_numel, fmt_shape, DType};
 
@@ -395,11 +395,6 @@ fn infer_unchecked(
             Ok((x.to_vec(), DType::F32))
         }
     }
-}
-
-/// Whether a binary op is one of the non-differentiable comparison helpers.
-pub fn is_comparison(b: BinaryOp) -> bool {
-    matches!(b, BinaryOp::Greater | BinaryOp::Equal)
 }
 
 #[cfg(test)]

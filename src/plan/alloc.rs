@@ -8,7 +8,7 @@
 //! own, so a buffer is reused only by values that are never live at the same time.
 
 use super::fuse::Fusion;
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId};
 
 /// Kernel index range `[first, last]` (inclusive) in which a value's buffer holds it. Sources,
 /// and only sources, start at `-1` (filled before the first kernel); pinned values end at
@@ -62,9 +62,7 @@ pub fn assign(
     let mut lifetime: Vec<Option<Lifetime>> = vec![None; n];
     let mut pinned = vec![false; n];
     for (id, node) in g.nodes() {
-        if f.live[id.index()]
-            && matches!(node.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
-        {
+        if f.live[id.index()] && node.op.is_host_value() {
             lifetime[id.index()] = Some(Lifetime { first: -1, last: -1 });
             pinned[id.index()] = true;
         }

@@ -19,7 +19,7 @@
 //! inputs.
 
 use super::limits::{concat_parts, split_point, storage_bindings};
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId, Op, OpClass};
 
 /// What a kernel computes; the codegen emits one WGSL module per kernel from this.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,21 +109,15 @@ pub struct Fusion {
     pub kernels: Vec<Kernel>,
 }
 
-/// Ops evaluated in registers from the values of their inputs at (remapped) coordinates.
+/// Ops evaluated in registers from the values of their inputs at (remapped) coordinates:
+/// elementwise ops, constants and views.
 pub fn is_inlinable(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Where
-            | Op::Constant { .. }
-            | Op::Dropout { .. }
-            | Op::BroadcastTo
-            | Op::Permute { .. }
-            | Op::Slice { .. }
-            | Op::Reshape
-            | Op::CausalMask { .. }
-    )
+    match op.class() {
+        OpClass::Elementwise => true,
+        OpClass::Source => !op.is_host_value(),
+        OpClass::Layout => op.is_view(),
+        OpClass::Reduce | OpClass::MatMul | OpClass::Special => false,
+    }
 }
 
 /// Partition the nodes needed by `roots` into kernels, each binding at most `max_bindings`
@@ -192,7 +186,7 @@ fn fuse_once(
             continue;
         }
         materialized[i] = match &node.op {
-            Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => true,
+            op if op.is_host_value() => true,
             Op::Constant { .. } => is_root[i],
             Op::Reshape if materialized[node.inputs[0].index()] => {
                 // A view: share the buffer of the materialized input.
@@ -308,7 +302,19 @@ fn fuse_once(
                 }
                 continue;
             }
-            _ => match epilogue_of[i] {
+            // Inlinable ops materialized (a root, several consumers, fusion off, or split off
+            // for the binding limit): their expression is the kernel. Named one by one, so
+            // that a new op does not compile until fusion knows its kernel.
+            Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Where
+            | Op::CausalMask { .. }
+            | Op::Dropout { .. }
+            | Op::Reshape
+            | Op::Permute { .. }
+            | Op::BroadcastTo
+            | Op::Slice { .. } => match epilogue_of[i] {
                 Some((matmul, register)) => KernelKind::MatMul { matmul, register },
                 None => KernelKind::Elementwise,
             },
@@ -407,7 +413,7 @@ fn epilogue_matmul(
     while let Some(id) = stack.pop() {
         let node = g.node(id);
         // Only plain elementwise ops keep coordinates aligned with the accumulator's.
-        if !matches!(node.op, Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Constant { .. }) {
+        if !node.op.is_pointwise() {
             return None;
         }
         for &x in &node.inputs {

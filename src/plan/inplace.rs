@@ -7,7 +7,7 @@
 //! kernel after k reads T. V then becomes a view of T's buffer, like a reshape.
 
 use super::fuse::{Fusion, KernelKind};
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId};
 use std::collections::HashMap;
 
 pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, NodeId)]) {
@@ -46,8 +46,6 @@ pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, Nod
 fn reads_elementwise(g: &Graph, fused: &[NodeId], target: NodeId) -> bool {
     fused.iter().all(|&id| {
         let n = g.node(id);
-        !n.inputs.contains(&target)
-            || (matches!(n.op, Op::Unary(_) | Op::Binary(_) | Op::Where)
-                && n.shape == g.shape(target))
+        !n.inputs.contains(&target) || (n.op.is_pointwise() && n.shape == g.shape(target))
     })
 }

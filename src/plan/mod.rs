@@ -23,7 +23,7 @@ pub use limits::Limits;
 
 use crate::err;
 use crate::error::Result;
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId};
 use std::collections::HashSet;
 
 /// How to plan.
@@ -99,13 +99,7 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
     let mut pinned = roots.clone();
     pinned.extend(f.kernels.iter().filter_map(|k| limits::checked_operand(g, k)));
     let (values, buffers) = alloc::assign(g, &f, &pinned, opts.reuse); // liveness + greedy by size
-    let n_ops = g
-        .nodes()
-        .filter(|(id, n)| {
-            f.live[id.index()]
-                && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
-        })
-        .count();
+    let n_ops = g.nodes().filter(|(id, n)| f.live[id.index()] && !n.op.is_host_value()).count();
     // Every byte count of the plan (naive, planned, pinned) is a sum over some of the live
     // values, so none overflows once the sum over all of them does not.
     let live = g.nodes().filter(|(id, _)| f.live[id.index()]);
@@ -115,11 +109,7 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
     let root_set: HashSet<NodeId> = roots.iter().copied().collect();
     let naive_bytes = g
         .nodes()
-        .filter(|(id, n)| {
-            f.live[id.index()]
-                && !root_set.contains(id)
-                && !matches!(n.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. })
-        })
+        .filter(|(id, n)| f.live[id.index()] && !root_set.contains(id) && !n.op.is_host_value())
         .map(|(id, _)| alloc::value_bytes(g, id))
         .sum();
     let plan = Plan {

@@ -37,7 +37,7 @@ impl GpuBackend {
         let options = PlanOptions { limits: Some(Limits::of(&gpu.limits)), ..options };
         let mut persistent = HashMap::new();
         for (id, node) in graph.nodes() {
-            if !matches!(node.op, Op::Input { .. } | Op::Parameter { .. } | Op::State { .. }) {
+            if !node.op.is_host_value() {
                 continue;
             }
             let len: usize = node.shape.iter().product();

@@ -135,12 +135,15 @@ fn unary_ops() {
         (Gelu, &x, &[-0.1002108019032871, -0.10032341857926907, 0.0, 0.34573123063700656, 1.9544997361036416]),
         (GeluTanh, &x, &[-0.10042842301976708, -0.100324649298315, 0.0, 0.34571400982514394, 1.954597694087775]),
         (Silu, &x, &[-0.2736382857095345, -0.10945587477855047, 0.0, 0.3112296656009273, 1.7615941559557649]),
+        (Softplus, &x, &[0.2014132779827524, 0.5759394198788436, std::f64::consts::LN_2, 0.9740769841801067, 2.1269280110429727]),
         (Sign, &x, &[-1.0, -1.0, 0.0, 1.0, 1.0]),
         (GeluGrad, &x, &[-0.12746919222997952, 0.30462664511636395, 0.5, 0.8674951246561629, 1.085231801078197]),
         (GeluTanhGrad, &x, &[-0.12771079315143308, 0.30464590484893955, 0.5, 0.8673699035346423, 1.0860992566236183]),
         (SiluGrad, &x, &[-0.041294154299142946, 0.37628997842980233, 0.5, 0.7399611873026518, 1.0907842487848955]),
     ];
-    assert_eq!(cases.len(), UnaryOp::ALL.len(), "every unary op has a case");
+    let missing: Vec<&str> =
+        UnaryOp::ALL.iter().filter(|u| !cases.iter().any(|c| c.0 == **u)).map(|u| u.name()).collect();
+    assert!(missing.is_empty(), "unary ops without a forward case: {missing:?}");
     for (op, input, want) in cases {
         check(Op::Unary(*op), &[(*input).clone()], &[want.len()], want);
     }
@@ -151,7 +154,10 @@ fn unary_edge_values() {
     let x = f(&[4], &[INF, -INF, NAN, -0.0]);
     check(Op::Unary(UnaryOp::Relu), &[x.clone()], &[4], &[INF, 0.0, NAN, -0.0]);
     check(Op::Unary(UnaryOp::Sigmoid), &[x.clone()], &[4], &[1.0, 0.0, NAN, 0.5]);
-    check(Op::Unary(UnaryOp::Sign), &[x], &[4], &[1.0, -1.0, NAN, 0.0]);
+    check(Op::Unary(UnaryOp::Sign), &[x.clone()], &[4], &[1.0, -1.0, NAN, 0.0]);
+    check(Op::Unary(UnaryOp::Softplus), &[x], &[4], &[INF, 0.0, NAN, std::f64::consts::LN_2]);
+    // log(1 + e^1000) overflows when computed as written
+    check(Op::Unary(UnaryOp::Softplus), &[f(&[2], &[1000.0, -1000.0])], &[2], &[1000.0, 0.0]);
     check(Op::Unary(UnaryOp::Log), &[f(&[2], &[0.0, -1.0])], &[2], &[-INF, NAN]);
 }
 
@@ -170,7 +176,12 @@ fn binary_ops_broadcast_a_column_against_a_row() {
         (Greater, &[1.0, 1.0, 0.0, 1.0, 0.0, 0.0]),
         (Equal, &[0.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
     ];
-    assert_eq!(cases.len(), BinaryOp::ALL.len(), "every binary op has a case");
+    let missing: Vec<&str> = BinaryOp::ALL
+        .iter()
+        .filter(|b| !cases.iter().any(|c| c.0 == **b))
+        .map(|b| b.name())
+        .collect();
+    assert!(missing.is_empty(), "binary ops without a forward case: {missing:?}");
     for (op, want) in cases {
         check(Op::Binary(*op), &[a.clone(), b.clone()], &[2, 3], want);
     }

@@ -61,6 +61,7 @@ pub fn cases() -> Vec<Case> {
         (UnaryOp::Gelu, Any),
         (UnaryOp::GeluTanh, Any),
         (UnaryOp::Silu, Any),
+        (UnaryOp::Softplus, Any),
     ];
     for (u, dom) in unary {
         for shape in [&[3, 4][..], &[2, 1, 3][..], &[][..]] {

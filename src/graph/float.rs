@@ -1,5 +1,6 @@
 //! [`Float`]: the element types the CPU interpreter runs in (f32 and f64), and the scalar math
-//! every op is written with, including the exact and tanh forms of GELU and their derivatives.
+//! the op table's rows (`super::elementwise`) are written with, including the exact and tanh
+//! forms of GELU and their derivatives.
 //!
 //! Everything here is IEEE arithmetic in a fixed order (no fused multiply-add, no fast-math), so
 //! results are reproducible bit for bit from run to run. exp, ln, tanh and pow come from
