@@ -79,6 +79,7 @@ pub mod ast;
 pub mod cli;
 pub mod parse;
 pub mod rms;
+pub mod scan;
 
 pub use parse::{parse, parse_text};
 pub mod lower;
