@@ -76,6 +76,7 @@
 //! steps are rejected with a positioned error, so no input overflows the stack or hangs.
 
 pub mod ast;
+mod bind;
 pub mod cli;
 pub mod parse;
 pub mod rms;
