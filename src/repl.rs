@@ -10,6 +10,7 @@
 //! that moment finishes first; a second Ctrl-C before then ends the process). rustyline installs
 //! its own SIGINT handler when the editor is created, so ours is installed after it.
 
+use crate::dsl::scan::{Piece, Scanner};
 use crate::error::{escape, Result, Source};
 use crate::script::{api, ExitRequest, Host, HostOptions};
 use std::cell::RefCell;
@@ -197,41 +198,18 @@ fn help() -> String {
     s
 }
 
-/// Whether a bracket (`(`, `[`, `{`) or a back-tick string is still open at the end of `text`.
+/// Whether `text` needs more lines: a bracket (`(`, `[`, `{`), a block comment or a back-tick
+/// string is still open at its end, and no closing bracket went unmatched (more lines cannot
+/// fix that; running the input shows the error).
 pub fn open_brackets(text: &str) -> bool {
-    let b = text.as_bytes();
-    let mut depth = 0i64;
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => match text[i + 2..].find("*/") {
-                Some(e) => i += e + 3,
-                None => return true,
-            },
-            q @ (b'"' | b'`' | b'\'') => {
-                i += 1;
-                while i < b.len() && b[i] != q {
-                    if b[i] == b'\\' {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                if i >= b.len() && q == b'`' {
-                    return true;
-                }
-            }
-            b'(' | b'[' | b'{' => depth += 1,
-            b')' | b']' | b'}' => depth -= 1,
-            _ => {}
-        }
-        i += 1;
-    }
-    depth > 0
+    let mut sc = Scanner::new(text);
+    let open_token = sc.by_ref().fold(false, |_, t| {
+        matches!(
+            t.piece,
+            Piece::BlockComment { closed: false } | Piece::Str { quote: b'`', closed: false }
+        )
+    });
+    sc.unmatched() == 0 && (open_token || sc.depth() > 0)
 }
 
 /// Read inputs from `input` (no prompts), write each one's output to `out`; stops at the end of

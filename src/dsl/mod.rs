@@ -39,7 +39,7 @@
 //! - **Initializers**: `zeros`, `ones`, `normal(mean, std)`, `uniform(low, high)`, `xavier`
 //!   (Glorot uniform), `kaiming` (He normal).
 //! - **Calls**: a bare name is a block when one is defined (the user's shadow the standard
-//!   library's), else an op of [`ops::OPS`]; `ops.NAME(...)` always means the op. Ops take
+//!   library's), else an op of [`ops::all`]; `ops.NAME(...)` always means the op. Ops take
 //!   positional or named arguments (`sum(x, [-1], keepdim = true)`); axes may be negative.
 //! - **Precedence**: unary `-` binds tightest, then `* / @`, then `+ -`; all left-associative.
 //!
@@ -76,9 +76,11 @@
 //! steps are rejected with a positioned error, so no input overflows the stack or hangs.
 
 pub mod ast;
+mod bind;
 pub mod cli;
 pub mod parse;
 pub mod rms;
+pub mod scan;
 
 pub use parse::{parse, parse_text};
 pub mod lower;

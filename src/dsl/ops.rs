@@ -1,6 +1,13 @@
 //! The op table as the language sees it: every op's name and parameters, in order, with their
-//! kinds and defaults. `resolve` checks arity and named arguments against it; `lower` maps each
-//! op to the graph builder.
+//! kinds and defaults, and its lowering to the graph builder. `resolve` checks calls against the
+//! parameters; `lower` binds the arguments and runs the lowering. The graph's elementwise ops
+//! come from the graph's own table (`UnaryOp::ALL`, `BinaryOp::ALL`), so a new activation needs
+//! no row here; every other op is one row of `OTHERS`.
+
+use super::lower::Args;
+use crate::err;
+use crate::error::Result;
+use crate::graph::{BinaryOp, NodeId, ReduceOp, UnaryOp};
 
 /// What a parameter of an op accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,11 +42,23 @@ pub struct OpParam {
     pub default: Option<Default>,
 }
 
-/// The signature of an op.
+/// How an op call becomes a graph node.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Lowering {
+    /// An elementwise op of the graph on one tensor.
+    Unary(UnaryOp),
+    /// An elementwise op of the graph on two tensors, broadcast.
+    Binary(BinaryOp),
+    /// Any other op: a function of the call's arguments.
+    Node(fn(&mut Args) -> Result<NodeId>),
+}
+
+/// The signature of an op, and how it lowers.
 #[derive(Clone, Copy, Debug)]
 pub struct OpSig {
     pub name: &'static str,
     pub params: &'static [OpParam],
+    pub(crate) lower: Lowering,
 }
 
 impl OpSig {
@@ -72,6 +91,14 @@ const fn d(name: &'static str, kind: ArgKind, default: Default) -> OpParam {
     OpParam { name, kind, default: Some(default) }
 }
 
+const fn row(
+    name: &'static str,
+    params: &'static [OpParam],
+    lower: fn(&mut Args) -> Result<NodeId>,
+) -> OpSig {
+    OpSig { name, params, lower: Lowering::Node(lower) }
+}
+
 use ArgKind::*;
 
 const UNARY: &[OpParam] = &[p("x", Tensor)];
@@ -80,63 +107,157 @@ const REDUCE: &[OpParam] =
     &[p("x", Tensor), p("axes", Ints), d("keepdim", Bool, Default::Bool(false))];
 const SOFTMAX: &[OpParam] = &[p("x", Tensor), d("axis", Int, Default::Int(-1))];
 
-/// Every op callable from the language.
-pub const OPS: &[OpSig] = &[
-    OpSig { name: "add", params: BINARY },
-    OpSig { name: "sub", params: BINARY },
-    OpSig { name: "mul", params: BINARY },
-    OpSig { name: "div", params: BINARY },
-    OpSig { name: "pow", params: BINARY },
-    OpSig { name: "maximum", params: BINARY },
-    OpSig { name: "minimum", params: BINARY },
-    OpSig { name: "where", params: &[p("cond", Tensor), p("a", Tensor), p("b", Tensor)] },
-    OpSig { name: "neg", params: UNARY },
-    OpSig { name: "exp", params: UNARY },
-    OpSig { name: "log", params: UNARY },
-    OpSig { name: "sqrt", params: UNARY },
-    OpSig { name: "rsqrt", params: UNARY },
-    OpSig { name: "abs", params: UNARY },
-    OpSig { name: "square", params: UNARY },
-    OpSig { name: "tanh", params: UNARY },
-    OpSig { name: "sigmoid", params: UNARY },
-    OpSig { name: "relu", params: UNARY },
-    OpSig { name: "silu", params: UNARY },
-    OpSig { name: "gelu", params: UNARY },
-    OpSig { name: "gelu_tanh", params: UNARY },
-    OpSig { name: "sum", params: REDUCE },
-    OpSig { name: "mean", params: REDUCE },
-    OpSig { name: "max", params: REDUCE },
-    OpSig { name: "reshape", params: &[p("x", Tensor), p("shape", Ints)] },
-    OpSig { name: "permute", params: &[p("x", Tensor), p("perm", Ints)] },
-    OpSig { name: "transpose", params: &[p("x", Tensor), p("a", Int), p("b", Int)] },
-    OpSig { name: "broadcast_to", params: &[p("x", Tensor), p("shape", Ints)] },
-    OpSig {
-        name: "slice",
-        params: &[p("x", Tensor), p("axis", Int), p("start", Int), p("end", Int)],
-    },
-    OpSig { name: "concat", params: &[p("xs", Tensors), p("axis", Int)] },
-    OpSig { name: "matmul", params: BINARY },
-    OpSig { name: "softmax", params: SOFTMAX },
-    OpSig { name: "log_softmax", params: SOFTMAX },
-    OpSig { name: "causal_mask", params: UNARY },
-    OpSig {
-        name: "layer_norm",
-        params: &[
+/// The ops that are not elementwise ops of the graph, one row each: name, parameters, lowering.
+const OTHERS: &[OpSig] = &[
+    row("where", &[p("cond", Tensor), p("a", Tensor), p("b", Tensor)], |a| {
+        let (c, x, y) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+        a.g().select(c, x, y)
+    }),
+    row("sum", REDUCE, |a| reduce(a, ReduceOp::Sum)),
+    row("mean", REDUCE, |a| reduce(a, ReduceOp::Mean)),
+    row("max", REDUCE, |a| reduce(a, ReduceOp::Max)),
+    row("reshape", &[p("x", Tensor), p("shape", Ints)], |a| {
+        let x = a.tensor(0)?;
+        let numel = a.shape_of(x).iter().product();
+        let shape = a.shape(1, Some(numel))?;
+        a.g().reshape(x, &shape)
+    }),
+    row("permute", &[p("x", Tensor), p("perm", Ints)], |a| {
+        let x = a.tensor(0)?;
+        let perm = a.axes(1, a.shape_of(x).len())?;
+        a.g().permute(x, &perm)
+    }),
+    row("transpose", &[p("x", Tensor), p("a", Int), p("b", Int)], |a| {
+        let x = a.tensor(0)?;
+        let rank = a.shape_of(x).len();
+        let (p, q) = (a.axis(1, rank)?, a.axis(2, rank)?);
+        a.g().transpose(x, p, q)
+    }),
+    row("broadcast_to", &[p("x", Tensor), p("shape", Ints)], |a| {
+        let x = a.tensor(0)?;
+        let shape = a.shape(1, None)?;
+        a.g().broadcast_to(x, &shape)
+    }),
+    row("slice", &[p("x", Tensor), p("axis", Int), p("start", Int), p("end", Int)], |a| {
+        let x = a.tensor(0)?;
+        let shape = a.shape_of(x).to_vec();
+        let axis = a.axis(1, shape.len())?;
+        let (start, end) = (a.index(2)?, a.index(3)?);
+        if start == 0 && end == shape[axis] {
+            return Ok(x);
+        }
+        a.g().slice(x, axis, start, end)
+    }),
+    row("concat", &[p("xs", Tensors), p("axis", Int)], |a| {
+        let xs = a.tensors(0)?;
+        let rank = xs.first().map_or(0, |&x| a.shape_of(x).len());
+        let axis = a.axis(1, rank)?;
+        a.g().concat(&xs, axis)
+    }),
+    row("matmul", BINARY, |a| {
+        let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+        a.g().matmul(x, y)
+    }),
+    row("softmax", SOFTMAX, |a| {
+        let x = last_axis(a)?;
+        a.g().softmax(x)
+    }),
+    row("log_softmax", SOFTMAX, |a| {
+        let x = last_axis(a)?;
+        a.g().log_softmax(x)
+    }),
+    row("causal_mask", UNARY, |a| {
+        let x = a.tensor(0)?;
+        a.g().causal_mask(x)
+    }),
+    row(
+        "layer_norm",
+        &[
             p("x", Tensor),
             p("weight", Tensor),
             p("bias", Tensor),
             d("eps", Float, Default::Float(1e-5)),
         ],
-    },
-    OpSig { name: "embedding", params: &[p("weight", Tensor), p("idx", Tensor)] },
-    OpSig { name: "cross_entropy", params: &[p("logits", Tensor), p("targets", Tensor)] },
-    OpSig { name: "mse", params: BINARY },
-    OpSig { name: "dropout", params: &[p("x", Tensor), p("p", Float), p("seed", Int)] },
+        |a| {
+            let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+            let eps = a.f32(3)?;
+            a.g().layer_norm(x, w, b, eps)
+        },
+    ),
+    row("embedding", &[p("weight", Tensor), p("idx", Tensor)], |a| {
+        let (w, i) = (a.tensor(0)?, a.tensor(1)?);
+        a.g().embedding(w, i)
+    }),
+    row("cross_entropy", &[p("logits", Tensor), p("targets", Tensor)], |a| {
+        let (x, t) = (a.tensor(0)?, a.tensor(1)?);
+        a.g().cross_entropy(x, t, None)
+    }),
+    row("mse", BINARY, |a| {
+        let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+        a.g().mse(x, y)
+    }),
+    row("dropout", &[p("x", Tensor), p("p", Float), p("seed", Int)], |a| {
+        let x = a.tensor(0)?;
+        let p = a.float(1)?;
+        if !(0.0..1.0).contains(&p) {
+            return Err(
+                err!(Name, "dropout probability must be in [0, 1), got {p}").at(a.span_of(1))
+            );
+        }
+        let seed = a.index(2)? as u64;
+        a.g().dropout(x, p as f32, seed)
+    }),
 ];
 
+fn reduce(a: &mut Args, op: ReduceOp) -> Result<NodeId> {
+    let x = a.tensor(0)?;
+    let axes = a.axes(1, a.shape_of(x).len())?;
+    let keepdim = a.bool(2)?;
+    a.g().reduce(op, x, &axes, keepdim)
+}
+
+/// Argument 0 of `softmax`/`log_softmax`, after checking that `axis` is its last.
+fn last_axis(a: &mut Args) -> Result<NodeId> {
+    let x = a.tensor(0)?;
+    let rank = a.shape_of(x).len();
+    if rank > 0 && a.axis(1, rank)? != rank - 1 {
+        let name = a.sig_name();
+        return Err(err!(Shape, "{name}: only the last axis is supported").at(a.span_of(1)));
+    }
+    Ok(x)
+}
+
+/// Every op callable from the language: the graph's elementwise ops (named as the graph names
+/// them), then the other ops' rows.
+pub fn all() -> impl Iterator<Item = OpSig> {
+    let binary = BinaryOp::ALL.into_iter().filter(|o| o.is_language_op()).map(|o| OpSig {
+        name: o.name(),
+        params: BINARY,
+        lower: Lowering::Binary(o),
+    });
+    let unary = UnaryOp::ALL.into_iter().filter(|o| o.is_language_op()).map(|o| OpSig {
+        name: o.name(),
+        params: UNARY,
+        lower: Lowering::Unary(o),
+    });
+    binary.chain(unary).chain(OTHERS.iter().copied())
+}
+
 /// The op of this name.
-pub fn op(name: &str) -> Option<&'static OpSig> {
-    OPS.iter().find(|o| o.name == name)
+pub fn op(name: &str) -> Option<OpSig> {
+    all().find(|o| o.name == name)
+}
+
+/// The math a unary op does on a static number, for the ops the language folds (so
+/// `1.0 / sqrt(hd)` stays a number); other ops of a number make a constant node.
+pub(crate) fn fold(op: UnaryOp) -> Option<fn(f64) -> f64> {
+    match op {
+        UnaryOp::Sqrt => Some(f64::sqrt),
+        UnaryOp::Exp => Some(f64::exp),
+        UnaryOp::Log => Some(f64::ln),
+        UnaryOp::Neg => Some(|x| -x),
+        _ => None,
+    }
 }
 
 /// The initializers a `param` may use, with their argument names.
@@ -156,4 +277,48 @@ pub fn init_usage() -> String {
         .map(|(n, a)| if a.is_empty() { n.to_string() } else { format!("{n}({})", a.join(", ")) })
         .collect();
     v.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Op;
+    use crate::source::Source;
+
+    /// The language's ops, pinned: an op joining the graph's elementwise table joins the
+    /// language too (a gradient helper, a `helper` row of the table, is left out).
+    #[test]
+    fn the_language_has_these_ops() {
+        let names: Vec<&str> = all().map(|o| o.name).collect();
+        assert_eq!(
+            names.join(" "),
+            "add sub mul div pow maximum minimum neg exp log sqrt rsqrt abs square tanh sigmoid \
+             relu gelu gelu_tanh silu softplus where sum mean max reshape permute transpose broadcast_to \
+             slice concat matmul softmax log_softmax causal_mask layer_norm embedding \
+             cross_entropy mse dropout"
+        );
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+    }
+
+    #[test]
+    fn every_elementwise_op_lowers_to_its_graph_op() {
+        for sig in all() {
+            let (call, want) = match sig.lower {
+                Lowering::Unary(u) => (format!("{}(x)", sig.name), Op::Unary(u)),
+                Lowering::Binary(b) => (format!("{}(x, x)", sig.name), Op::Binary(b)),
+                Lowering::Node(_) => continue,
+            };
+            let text = format!("model m(x: f32[2, 3]) {{\n    return {call}\n}}\n");
+            let src = Source::new("m.rms", text);
+            let g = crate::dsl::load(&src)
+                .and_then(|m| crate::dsl::lower(&m, "m", &[], None))
+                .unwrap_or_else(|e| panic!("{call}: {e}"));
+            let out = g.output("output").unwrap_or_else(|| panic!("{call}: no output"));
+            assert_eq!(g.node(out).op, want, "{call}");
+            assert_eq!(g.shape(out), &[2, 3], "{call}");
+        }
+    }
 }

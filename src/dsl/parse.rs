@@ -1,11 +1,13 @@
-//! Text → [`Program`]: a cheap pre-scan (size, nesting depth, unterminated comments), the pest
-//! parse of `grammar/rumus.pest`, and the walk from pest pairs to the spanned AST.
+//! Text → [`Program`]: a cheap pre-scan over [`super::scan`]'s tokens (size, nesting depth,
+//! unterminated comments), the pest parse of `grammar/rumus.pest`, and the walk from pest pairs
+//! to the spanned AST.
 //!
 //! Nothing here recurses deeper than the bracket nesting the pre-scan allowed: operator chains
 //! and runs of unary minus are folded with loops, and the depth of every expression tree is
 //! capped, so later passes that recurse over the AST cannot overflow the stack either.
 
 use super::ast::*;
+use super::scan::{Piece, Scanner};
 use crate::err;
 use crate::error::{Error, Result, Source, Span};
 use crate::tensor::DType;
@@ -58,54 +60,44 @@ fn prescan(text: &str) -> Result<Option<(char, usize)>> {
         )
         .at(Span::new(0, 0)));
     }
-    let bytes = text.as_bytes();
     let mut open: Vec<(char, usize)> = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'/' if bytes.get(i + 1) == Some(&b'/') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
-                    i += 1;
-                }
-                continue;
+    // A run of unary minus signs nests like brackets; stop it here, cheaply. Spaces and
+    // comments continue a run: (count, start).
+    let mut minus_run = (0, 0);
+    for t in Scanner::new(text) {
+        match t.piece {
+            Piece::BlockComment { closed: false } => {
+                return Err(err!(Parse, "unterminated comment").at(Span::new(t.start, t.start + 2)))
             }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => match text[i + 2..].find("*/") {
-                Some(end) => {
-                    i += 2 + end + 2;
-                    continue;
-                }
-                None => return Err(err!(Parse, "unterminated comment").at(Span::new(i, i + 2))),
-            },
-            c @ (b'(' | b'[' | b'{') => {
-                open.push((c as char, i));
+            Piece::Code(c @ (b'(' | b'[' | b'{')) => {
+                open.push((c as char, t.start));
                 if open.len() > MAX_NESTING {
                     return Err(err!(Parse, "brackets nested deeper than {MAX_NESTING} levels")
-                        .at(Span::new(i, i + 1)));
+                        .at(Span::new(t.start, t.end)));
                 }
             }
-            b')' | b']' | b'}' => {
+            Piece::Code(b')' | b']' | b'}') => {
                 open.pop();
             }
-            b'-' => {
-                // A run of unary minus signs nests like brackets; stop it here, cheaply.
-                let run_start = i;
-                let mut n = 0;
-                while i < bytes.len() && (bytes[i] == b'-' || bytes[i].is_ascii_whitespace()) {
-                    n += usize::from(bytes[i] == b'-');
-                    i += 1;
+            Piece::Code(b'-') => {
+                if minus_run.0 == 0 {
+                    minus_run.1 = t.start;
                 }
-                if n > MAX_EXPR_DEPTH {
+                minus_run.0 += 1;
+                if minus_run.0 > MAX_EXPR_DEPTH {
                     return Err(err!(
                         Parse,
                         "expression is nested deeper than {MAX_EXPR_DEPTH} levels"
                     )
-                    .at(Span::new(run_start, run_start + 1)));
+                    .at(Span::new(minus_run.1, minus_run.1 + 1)));
                 }
                 continue;
             }
-            _ => {}
+            Piece::Code(c) if c.is_ascii_whitespace() => continue,
+            Piece::LineComment | Piece::BlockComment { .. } => continue,
+            Piece::Code(_) | Piece::Str { .. } => {}
         }
-        i += 1;
+        minus_run.0 = 0;
     }
     Ok(open.last().copied())
 }

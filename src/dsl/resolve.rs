@@ -7,6 +7,7 @@
 //! dimensions are known.
 
 use super::ast::*;
+use super::bind::{self, bind};
 use super::ops::{self, INITS};
 use crate::err;
 use crate::error::{Error, Result, Source, Span};
@@ -335,21 +336,7 @@ impl Checker<'_> {
                 )
                 .at(c.callee.span));
             }
-            let names: Vec<&str> = it.params.iter().map(|p| p.name().name.as_str()).collect();
-            let required: Vec<&str> = it
-                .params
-                .iter()
-                .filter(|p| !matches!(p, SigParam::Hyper { default: Some(_), .. }))
-                .map(|p| p.name().name.as_str())
-                .collect();
-            check_args(
-                &c.callee,
-                &c.args,
-                &names,
-                &required,
-                span,
-                &format!("block `{}`", c.callee.name),
-            )?;
+            bind(&it.params[..], unvalued(&c.args), || format!("block `{}`", c.callee.name), span)?;
             self.calls.push((c.callee.name.clone(), c.callee.span));
             return Ok(());
         }
@@ -373,11 +360,14 @@ impl Checker<'_> {
             )
             .at(alias.span));
         }
-        let names: Vec<&str> = sig.params.iter().map(|p| p.name).collect();
-        let required: Vec<&str> =
-            sig.params.iter().filter(|p| p.default.is_none()).map(|p| p.name).collect();
-        check_args(&c.callee, &c.args, &names, &required, span, &format!("`{}`", sig.usage()))
+        bind(sig.params, unvalued(&c.args), || format!("`{}`", sig.usage()), span)?;
+        Ok(())
     }
+}
+
+/// A call's arguments for the binder, which only checks them here.
+fn unvalued(args: &[Arg]) -> impl ExactSizeIterator<Item = bind::Arg<'_, ()>> {
+    args.iter().map(|a| bind::Arg { name: a.name.as_ref(), value: (), span: a.value.span })
 }
 
 /// Inline `param NAME[...] = init` expressions bind NAME for the statements that follow.
@@ -399,56 +389,6 @@ fn bind_inline_params(e: &Expr, env: &mut HashMap<String, Binding>) {
 
 fn bad_init(span: Span) -> Error {
     err!(Name, "bad initializer; expected one of {}", ops::init_usage()).at(span)
-}
-
-/// Positional then named arguments against parameter names; all `required` must be given.
-fn check_args(
-    callee: &Ident,
-    args: &[Arg],
-    names: &[&str],
-    required: &[&str],
-    span: Span,
-    what: &str,
-) -> Result<()> {
-    let mut given: Vec<&str> = Vec::new();
-    let mut seen_named = false;
-    for (i, a) in args.iter().enumerate() {
-        match &a.name {
-            None => {
-                if seen_named {
-                    return Err(
-                        err!(Name, "positional argument after a named one").at(a.value.span)
-                    );
-                }
-                if i >= names.len() {
-                    return Err(err!(
-                        Name,
-                        "{what} takes at most {} argument{}, got {}",
-                        names.len(),
-                        if names.len() == 1 { "" } else { "s" },
-                        args.len()
-                    )
-                    .at(a.value.span));
-                }
-                given.push(names[i]);
-            }
-            Some(n) => {
-                seen_named = true;
-                if !names.contains(&n.name.as_str()) {
-                    return Err(err!(Name, "{what} has no parameter `{}`", n.name).at(n.span));
-                }
-                if given.contains(&n.name.as_str()) {
-                    return Err(err!(Name, "argument `{}` given twice", n.name).at(n.span));
-                }
-                given.push(names.iter().find(|x| **x == n.name).copied().unwrap_or_default());
-            }
-        }
-    }
-    if let Some(m) = required.iter().find(|r| !given.contains(r)) {
-        let _ = callee;
-        return Err(err!(Name, "{what} is missing argument `{m}`").at(span));
-    }
-    Ok(())
 }
 
 /// Rejects a block that calls itself, directly or through others (iteratively, so long chains

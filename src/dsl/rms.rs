@@ -6,6 +6,8 @@
 //! the definitions (blanking replaces every character but line breaks with spaces). So a byte
 //! offset, a line and a column mean the same place in the file, in both.
 
+use super::scan::{Piece, Scanner};
+
 /// The two halves of a `.rms` file, each as long as the file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
@@ -41,121 +43,119 @@ fn blank(s: &str, out: &mut String) {
     }
 }
 
-/// Byte ranges of the top-level `model`/`block` definitions, skipping rhai strings and comments.
+/// Byte ranges of the top-level `model`/`block` definitions: a definition starts where a
+/// statement may start, outside any bracket, and ends at the brace that closes its body.
 fn definitions(text: &str) -> Vec<(usize, usize)> {
-    let b = text.as_bytes();
     let mut out = Vec::new();
-    let mut depth = 0usize;
-    let mut i = 0;
+    let mut sc = Scanner::new(text);
     let mut at_stmt_start = true;
-    while i < b.len() {
-        let c = b[i];
-        match c {
-            b'/' if b.get(i + 1) == Some(&b'/') => {
-                i = skip_line(b, i);
-                continue;
-            }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                i = text[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
-                continue;
-            }
-            b'"' | b'`' | b'\'' => {
-                i = skip_string(b, i);
+    // The start of the definition being read, and whether its body's `{` has been seen.
+    let mut inside: Option<(usize, bool)> = None;
+    // The end of the word being skipped.
+    let mut word_end = 0;
+    while let Some(t) = sc.next() {
+        let c = match t.piece {
+            Piece::Code(c) => c,
+            Piece::Str { .. } => {
                 at_stmt_start = false;
                 continue;
             }
-            b'{' => depth += 1,
-            b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        if depth == 0 && at_stmt_start && (c.is_ascii_alphabetic() || c == b'_') {
-            if let Some(end) = definition_at(text, i) {
-                out.push((i, end));
-                i = end;
-                continue;
+            Piece::LineComment | Piece::BlockComment { .. } => continue,
+        };
+        if let Some((start, opened)) = &mut inside {
+            match c {
+                b'{' => *opened = true,
+                b'}' if *opened && sc.depth() == 0 => {
+                    out.push((*start, t.end));
+                    inside = None;
+                }
+                _ => {}
             }
-        }
-        if c.is_ascii_alphanumeric() || c == b'_' {
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
-                i += 1;
-            }
-            at_stmt_start = false;
             continue;
         }
-        if !c.is_ascii_whitespace() {
+        if t.start < word_end {
+            continue;
+        }
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            if sc.depth() == 0 && at_stmt_start && is_definition(&text[t.start..]) {
+                inside = Some((t.start, false));
+                continue;
+            }
+            word_end = text[t.start..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(text.len(), |n| t.start + n);
+            at_stmt_start = false;
+        } else if !c.is_ascii_whitespace() {
             at_stmt_start = matches!(c, b';' | b'}' | b'{');
         }
-        i += 1;
+    }
+    if let Some((start, _)) = inside {
+        out.push((start, text.len()));
     }
     out
 }
 
-fn skip_line(b: &[u8], mut i: usize) -> usize {
-    while i < b.len() && b[i] != b'\n' {
-        i += 1;
-    }
-    i
-}
-
-fn skip_string(b: &[u8], start: usize) -> usize {
-    let quote = b[start];
-    let mut i = start + 1;
-    while i < b.len() {
-        match b[i] {
-            b'\\' => i += 2,
-            c if c == quote => return i + 1,
-            _ => i += 1,
-        }
-    }
-    b.len()
-}
-
-/// When a `model NAME(` or `block NAME(` definition starts at `i`, the end of its body.
-fn definition_at(text: &str, i: usize) -> Option<usize> {
-    let rest = &text[i..];
-    let kw = ["model", "block"].into_iter().find(|k| rest.starts_with(k))?;
+/// Whether `rest` starts with a definition header, `model NAME(` or `block NAME(`.
+fn is_definition(rest: &str) -> bool {
+    let Some(kw) = ["model", "block"].into_iter().find(|k| rest.starts_with(k)) else {
+        return false;
+    };
     let after = &rest[kw.len()..];
     if !after.starts_with(|c: char| c.is_ascii_whitespace()) {
-        return None;
+        return false;
     }
     let name = after.trim_start();
     let name_len =
         name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(name.len());
-    if name_len == 0 || !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-        return None;
-    }
-    if !name[name_len..].trim_start().starts_with('(') {
-        return None;
-    }
-    // Find the body's closing brace: the first `{` after the signature, then brace matching,
-    // skipping comments.
-    let b = text.as_bytes();
-    let mut j = i + kw.len();
-    let mut depth = 0usize;
-    let mut opened = false;
-    while j < b.len() {
-        match b[j] {
-            b'/' if b.get(j + 1) == Some(&b'/') => {
-                j = skip_line(b, j);
-                continue;
-            }
-            b'/' if b.get(j + 1) == Some(&b'*') => {
-                j = text[j + 2..].find("*/").map_or(b.len(), |e| j + 2 + e + 2);
-                continue;
-            }
-            b'{' => {
-                depth += 1;
-                opened = true;
-            }
-            b'}' if opened => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(j + 1);
-                }
-            }
-            _ => {}
+    name_len > 0
+        && name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name[name_len..].trim_start().starts_with('(')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn definitions_found() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "let a = 1;\nmodel m(x: f32[2]) { return x }\nprint(a);",
+                &["model m(x: f32[2]) { return x }"],
+            ),
+            (
+                "model a() { return 1 }\nblock b(x) {\n    return x\n}\n",
+                &["model a() { return 1 }", "block b(x) {\n    return x\n}"],
+            ),
+            ("block b(x) { // }\n return x }", &["block b(x) { // }\n return x }"]),
+            ("block b(x) { /* } */ return x }", &["block b(x) { /* } */ return x }"]),
+            ("model m(x) { return x", &["model m(x) { return x"]),
+            ("\"x\"; model m() { }", &["model m() { }"]),
+            ("} model m() { }", &["model m() { }"]),
+            ("let s = \"model m() { }\";", &[]),
+            ("let s = `\nmodel m() { }`;", &[]),
+            ("// model m() { }", &[]),
+            ("/* model m() { } */", &[]),
+            ("fn f() { model m() { } }", &[]),
+            ("f(\nmodel m() { })", &[]),
+            ("let x = model m() { };", &[]),
+            ("remodel m() { }", &[]),
+            ("model_x m() { }", &[]),
+            ("model m { }", &[]),
+            ("model() { }", &[]),
+        ];
+        for (text, expected) in cases {
+            let found: Vec<&str> =
+                definitions(text).into_iter().map(|(s, e)| &text[s..e]).collect();
+            assert_eq!(found, *expected, "text: {text:?}");
         }
-        j += 1;
     }
-    Some(b.len())
+
+    #[test]
+    fn halves_keep_positions() {
+        let text = "let é = 1;\nmodel m() { return 1 }\n";
+        let split = split(text);
+        assert_eq!(split.model_text, "           \nmodel m() { return 1 }\n");
+        assert_eq!(split.script_text, "let é = 1;\n                      \n");
+    }
 }

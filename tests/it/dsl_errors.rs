@@ -64,6 +64,19 @@ m.rms:2:5: unterminated comment
 }
 
 #[test]
+fn quote_in_a_model_is_reported_at_the_quote() {
+    // The pre-scan skips what looks like a string; the parser still stops at the quote.
+    check(
+        "model m(x: f32[2, 3]) {\n    y = \"(((\n    return x\n}\n",
+        r#"
+m.rms:2:9: unexpected `"`, expected an expression
+        y = "(((
+            ^
+"#,
+    );
+}
+
+#[test]
 fn unclosed_paren() {
     check(
         "model m(x: f32[2, 3]) {\n    return relu(x\n}\n",

@@ -68,6 +68,25 @@ fn functions_defined_earlier_stay_callable() {
     assert_eq!((start, names), (8, vec!["tensor".to_string()]));
 }
 
+/// Each case: lines fed one by one, and what each gave (`<more>` while the input is incomplete).
+#[test]
+fn input_is_complete_when_nothing_is_left_open() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["let a = [1,", "2]; a.len()"], &["<more>", "2\n"]),
+        (&["fn f(x) {", "  x + 1", "}", "f(1)"], &["<more>", "<more>", "", "2\n"]),
+        (&["let s = `a (", "b`; s.len()"], &["<more>", "5\n"]),
+        (&["1 /* (", "*/ + 1"], &["<more>", "2\n"]),
+        (&["let s = \"(\"; s.len()"], &["1\n"]),
+        (&["let c = '{'; 1 // ("], &["1\n"]),
+        // A closing bracket with nothing open cannot be mended by more lines: run it.
+        (&["1) + ((2"], &["<repl:1>:1:2: syntax error: Expecting ';' to terminate this statement\n    1) + ((2\n     ^\n"]),
+    ];
+    for (lines, expected) in cases {
+        let mut repl = Repl::new(HostOptions::default());
+        assert_eq!(feed_all(&mut repl, lines), *expected, "lines: {lines:?}");
+    }
+}
+
 #[test]
 fn batch_mode_through_the_binary() {
     use std::io::Write;

@@ -109,7 +109,7 @@ impl Dsl {
             }
         }
         let mut dict = DICT.to_vec();
-        dict.extend(dsl::ops::OPS.iter().map(|o| o.name));
+        dict.extend(dsl::ops::all().map(|o| o.name));
         Dsl { corpus, dict }
     }
 

@@ -1,0 +1,238 @@
+//! Resolved module → [`Graph`]: instantiates one model with hyperparameters and input
+//! dimensions, evaluating static values (hyperparameters, dimensions, `4 * d`), matching tensor
+//! patterns, naming parameters by scope (`blocks.0.attn.qkv.weight`), and building nodes through
+//! the graph's checked builder, which reports shape mistakes at the current span.
+//!
+//! Every node carries the span of the user expression it came from; nodes made inside a
+//! standard-library block carry the span of the user's call of that block, and errors raised
+//! there are moved to that call too. Lowering is bounded: block calls nest at most
+//! [`MAX_CALL_DEPTH`] deep and at most [`MAX_STEPS`] statements and expressions are evaluated,
+//! so no model makes lowering hang.
+//!
+//! This file owns the lowerer's state and the model's own instantiation (its hyperparameters,
+//! inputs and outputs); the rest is in parts:
+//! - `eval`: statements and expressions (static arithmetic, `param`, initializers);
+//! - `call`: calls, block activations and their scopes;
+//! - `pattern`: tensor patterns (`x: f32[..., IN]`) against shapes;
+//! - `args`: an op call's arguments, typed, for the lowerings in [`super::ops`].
+
+mod args;
+mod call;
+mod eval;
+mod pattern;
+
+pub(crate) use args::Args;
+
+use super::ast::*;
+use super::resolve::Module;
+use crate::err;
+use crate::error::{Result, Span};
+use crate::graph::{Graph, NodeId};
+use std::collections::{HashMap, HashSet};
+
+/// Deepest nesting of block calls.
+pub const MAX_CALL_DEPTH: usize = 64;
+/// Most statements and expressions one instantiation may evaluate.
+pub const MAX_STEPS: usize = 200_000;
+/// Largest dimension accepted.
+pub const MAX_DIM: i64 = 1 << 31;
+
+/// A value in the language: static (known while lowering) or a tensor (a graph node).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    List(Vec<Value>),
+    Tensor(NodeId),
+}
+
+impl Value {
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a number",
+            Value::Bool(_) => "a boolean",
+            Value::List(_) => "a list",
+            Value::Tensor(_) => "a tensor",
+        }
+    }
+}
+
+/// Instantiate `model` from `module` into a graph. `bindings` set hyperparameters and the named
+/// dimensions of the model's inputs (e.g. `B`, `T`); a dimension left unset takes `default_dim`
+/// when given, and is an error otherwise.
+pub fn lower(
+    module: &Module,
+    model: &str,
+    bindings: &[(&str, Value)],
+    default_dim: Option<i64>,
+) -> Result<Graph> {
+    let Some((item, src)) = module.item(model) else {
+        return Err(err!(Name, "no model named `{model}`"));
+    };
+    if item.kind != ItemKind::Model {
+        return Err(err!(Name, "`{model}` is a block, not a model"));
+    }
+    let mut lw = Lowerer {
+        module,
+        g: Graph::new(),
+        steps: 0,
+        depth: 0,
+        claimed: HashSet::new(),
+        outer_span: None,
+    };
+    lw.model(item, bindings, default_dim).map_err(|e| e.in_source(src))?;
+    Ok(lw.g)
+}
+
+struct Lowerer<'m> {
+    module: &'m Module,
+    g: Graph,
+    steps: usize,
+    depth: usize,
+    /// Dotted names taken by parameters and named scopes.
+    claimed: HashSet<String>,
+    /// While inside a standard-library block: the user's call span, used for every node/error.
+    outer_span: Option<Span>,
+}
+
+/// Variables of one block or model activation.
+struct Frame {
+    env: HashMap<String, Value>,
+    /// Dotted prefix of this scope ("" at the model's root, else ending in ".").
+    prefix: String,
+    /// Anonymous calls per (prefix, block), for `<block>_<k>` names.
+    anon: HashMap<(String, String), usize>,
+    n_repeats: usize,
+}
+
+impl Frame {
+    fn new(prefix: String) -> Frame {
+        Frame { env: HashMap::new(), prefix, anon: HashMap::new(), n_repeats: 0 }
+    }
+}
+
+impl Lowerer<'_> {
+    fn span(&self, s: Span) -> Span {
+        self.outer_span.unwrap_or(s)
+    }
+
+    fn step(&mut self, span: Span) -> Result<()> {
+        self.steps += 1;
+        if self.steps > MAX_STEPS {
+            return Err(err!(Name, "model is too large to lower: more than {MAX_STEPS} steps")
+                .at(self.span(span)));
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, name: String, span: Span, short: &str) -> Result<()> {
+        if !self.claimed.insert(name) {
+            return Err(err!(Name, "duplicate name `{short}`").at(self.span(span)));
+        }
+        Ok(())
+    }
+
+    fn model(
+        &mut self,
+        item: &Item,
+        bindings: &[(&str, Value)],
+        default_dim: Option<i64>,
+    ) -> Result<()> {
+        let mut given: HashMap<String, Value> = HashMap::new();
+        let dim_names: HashSet<&str> = item
+            .params
+            .iter()
+            .flat_map(|p| match p {
+                SigParam::Tensor { dims, .. } => dims.iter().collect(),
+                _ => Vec::new(),
+            })
+            .filter_map(|d| match d {
+                DimPat::Name(n) => Some(n.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        for (name, v) in bindings {
+            let known = item
+                .params
+                .iter()
+                .any(|p| matches!(p, SigParam::Hyper { name: n, .. } if n.name == *name));
+            if !known && !dim_names.contains(name) {
+                return Err(err!(
+                    Name,
+                    "model `{}` has no hyperparameter or dimension `{name}`",
+                    item.name.name
+                ));
+            }
+            given.insert(name.to_string(), v.clone());
+        }
+        let mut frame = Frame::new(String::new());
+        // Hyperparameters: given values, else defaults, in order (defaults may use earlier ones).
+        for p in &item.params {
+            if let SigParam::Hyper { name, default } = p {
+                let v = match (given.get(&name.name), default) {
+                    (Some(v), _) => v.clone(),
+                    (None, Some(e)) => self.expr(e, &mut frame)?,
+                    (None, None) => {
+                        return Err(err!(
+                            Name,
+                            "hyperparameter `{}` has no default and was not set",
+                            name.name
+                        )
+                        .at(name.span))
+                    }
+                };
+                frame.env.insert(name.name.clone(), v);
+            }
+        }
+        for p in &item.params {
+            let SigParam::Tensor { name, dtype, dims, .. } = p else {
+                continue;
+            };
+            let shape = pattern::input_shape(name, dims, &given, &mut frame.env, default_dim)?;
+            self.g.set_span(name.span);
+            let id = self.g.input(&name.name, &shape, *dtype)?;
+            frame.env.insert(name.name.clone(), Value::Tensor(id));
+        }
+        let values = self.body(&item.body, &mut frame)?;
+        let Some((exprs, _)) = values else {
+            return Err(err!(Name, "model `{}` has no `return`", item.name.name).at(item.name.span));
+        };
+        let n = exprs.len();
+        let mut names = HashSet::new();
+        for (i, (e, v)) in exprs.into_iter().enumerate() {
+            let name = match &e.kind {
+                ExprKind::Name(n) => n.clone(),
+                ExprKind::Call(Call { alias: Some(a), .. }) => a.name.clone(),
+                _ if n == 1 => "output".to_string(),
+                _ => format!("output_{i}"),
+            };
+            let Value::Tensor(id) = v else {
+                return Err(
+                    err!(Name, "output `{name}` must be a tensor, got {}", v.kind()).at(e.span)
+                );
+            };
+            if !names.insert(name.clone()) {
+                return Err(err!(Name, "duplicate output name `{name}`").at(e.span));
+            }
+            self.g.set_output(&name, id);
+        }
+        Ok(())
+    }
+}
+
+/// A static number as the f32 the graph stores: a finite number outside f32's range is an error
+/// at `span`, as an out-of-range literal is.
+fn f32_at(v: f64, span: Span) -> Result<f32> {
+    crate::num::f32_of(v).map_err(|m| err!(Name, "{m}").at(span))
+}
+
+/// A static number as f64 (NaN for anything else; callers match numbers first).
+fn num(v: &Value) -> f64 {
+    match v {
+        Value::Int(i) => *i as f64,
+        Value::Float(f) => *f,
+        _ => f64::NAN,
+    }
+}
