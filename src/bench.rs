@@ -285,7 +285,8 @@ pub fn bench_model(
 pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Result<String> {
     let gpu = shared_gpu(device)?
         .ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
-    use crate::runtime::kernels::{bench_matmul, MatmulTile};
+    use crate::codegen::matmul::MatmulTile;
+    use crate::runtime::kernel_bench::bench_matmul;
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
         ("register8", MatmulTile::Register8),
@@ -295,7 +296,7 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     ] {
         tiles.insert(name.to_string(), json!(bench_matmul(gpu, n, 20, tile)?));
     }
-    let gbps = crate::runtime::kernels::bench_layer_norm(gpu, rows, d, 20)?;
+    let gbps = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, d, 20)?;
     Ok(format!(
         "{}\n",
         json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops_by_tile": tiles, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})
