@@ -81,6 +81,14 @@ pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<Str
     Ok(if as_json { format!("{}\n", r.json()) } else { r.text() })
 }
 
+/// `rumus plan --wgsl`: the WGSL of every kernel of the training step's plan, or of kernel
+/// `kernel` (numbered as `rumus plan` lists them), for a device at WebGPU's default limits.
+pub fn plan_wgsl(spec: &ModelSpec, fusion: bool, kernel: Option<usize>) -> Result<String> {
+    let t = training_step(spec)?;
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
+    crate::codegen::compile(&t.graph, &p, &crate::codegen::Target::WEBGPU_DEFAULT)?.listing(kernel)
+}
+
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'
 /// classes, the learning rate 1e-3.
 pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> {
