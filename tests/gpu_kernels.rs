@@ -5,7 +5,7 @@
 use rumus::codegen::layer_norm::{self, Backward, Forward};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand};
 use rumus::codegen::wgsl::MatmulEpilogue;
-use rumus::codegen::Resource;
+use rumus::codegen::{Resource, ShaderChecks};
 use rumus::rng::Rng;
 use rumus::runtime::launch::prepare;
 use rumus::runtime::{test_gpu_or_skip, Gpu};
@@ -143,6 +143,32 @@ fn matmul_17x33x9_both_tiles() {
         let s = MatmulSpec::contiguous(1, 17, 33, 9);
         check_matmul("matmul_17x33x9", tile, s, contiguous_lens(&s), None);
     }
+}
+
+/// A program compiled without naga's loop guard (or without bounds checks, for a kernel that
+/// stays in bounds) gives the same product, bit for bit, as one compiled with every check.
+#[test]
+fn matmul_compiled_without_runtime_checks_gives_the_same_product() {
+    let Some((gpu, _turn)) = test_gpu_or_skip("matmul_without_runtime_checks") else {
+        return;
+    };
+    let s = MatmulSpec::contiguous(1, 17, 33, 9);
+    let [la, lb, lc] = contiguous_lens(&s);
+    let a = gpu.upload_f32("a", &random(la, 1)).unwrap();
+    let b = gpu.upload_f32("b", &random(lb, 2)).unwrap();
+    let mut results = Vec::new();
+    for (bounds, loop_bounding) in [(true, true), (true, false), (false, false)] {
+        let c = gpu.storage("c", lc).unwrap();
+        let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+        let mut p = matmul::program(&s, MatmulTile::Small, None, operands).unwrap();
+        p.checks = ShaderChecks { bounds, loop_bounding };
+        let d = prepare(gpu, &p, &[&a, &b, &c], &[]).unwrap();
+        gpu.run(&[&d]).unwrap();
+        let got = gpu.read_f32(&c).unwrap();
+        results.push(got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+    }
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[2]);
 }
 
 #[test]
