@@ -2,8 +2,8 @@
 //! their bindings, grid and compile options, which the runtime compiles and dispatches without
 //! knowing what they compute.
 //!
-//! - [`wgsl`]: the generated kernels (elementwise, reductions, softmax, cross-entropy,
-//!   embedding, concat, update copies) and the matmul epilogue, written with [`writer`];
+//! - [`wgsl`]: the generated kernels (elementwise, update copies; row kernels in `rows.rs`,
+//!   gathers in `gather.rs`) and the matmul epilogue, written with [`writer`];
 //! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
 //! - [`program`]: the program type and the programs of a whole plan.
@@ -12,9 +12,11 @@
 //! [`compile`].
 
 pub mod expr;
+mod gather;
 pub mod layer_norm;
 pub mod matmul;
 pub mod program;
+mod rows;
 pub mod templates;
 pub mod wgsl;
 pub mod writer;
