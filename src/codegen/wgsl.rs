@@ -66,6 +66,7 @@ pub(super) fn status_decl(w: &mut Wgsl, status: StatusUse, binding: usize) {
         "@group(0) @binding({binding}) var<storage, read_write> rumus_status: array<atomic<u32>>;"
     ));
     if let StatusUse::Report { slot } = status {
+        w.blank();
         w.open("fn report(pos: u32)");
         w.line("atomicMax(&rumus_status[0], 1u);");
         w.line(&format!("atomicMin(&rumus_status[{slot}], pos);"));
