@@ -16,7 +16,7 @@
 // Global loads walk whichever axis of an operand has stride 1, so they coalesce for both plain
 // and transposed operands.
 //
-// Placeholders (defaults in src/runtime/kernels.rs):
+// Placeholders (defaults in src/codegen/templates.rs):
 //   <BM> <BN> <BK> <TM> <TN>  tile shape; TM and TN multiples of 4; BM*BK and BK*BN
 //                                       multiples of the thread count (BM/TM)*(BN/TN)
 //   <EPILOGUE_BINDINGS>  extra bindings the epilogue reads (from @binding(4) on), default none

@@ -81,6 +81,14 @@ pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<Str
     Ok(if as_json { format!("{}\n", r.json()) } else { r.text() })
 }
 
+/// `rumus plan --wgsl`: the WGSL of every kernel of the training step's plan, or of kernel
+/// `kernel` (numbered as `rumus plan` lists them), for a device at WebGPU's default limits.
+pub fn plan_wgsl(spec: &ModelSpec, fusion: bool, kernel: Option<usize>) -> Result<String> {
+    let t = training_step(spec)?;
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
+    crate::codegen::compile(&t.graph, &p, &crate::codegen::Target::WEBGPU_DEFAULT)?.listing(kernel)
+}
+
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'
 /// classes, the learning rate 1e-3.
 pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> {
@@ -285,7 +293,8 @@ pub fn bench_model(
 pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Result<String> {
     let gpu = shared_gpu(device)?
         .ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
-    use crate::runtime::kernels::{bench_matmul, MatmulTile};
+    use crate::codegen::matmul::MatmulTile;
+    use crate::runtime::kernel_bench::bench_matmul;
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
         ("register8", MatmulTile::Register8),
@@ -295,7 +304,7 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     ] {
         tiles.insert(name.to_string(), json!(bench_matmul(gpu, n, 20, tile)?));
     }
-    let gbps = crate::runtime::kernels::bench_layer_norm(gpu, rows, d, 20)?;
+    let gbps = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, d, 20)?;
     Ok(format!(
         "{}\n",
         json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops_by_tile": tiles, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})

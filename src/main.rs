@@ -17,7 +17,7 @@ const USAGE: &str = "usage:
                  [--max-operations N] [--timeout SECS]
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
-  rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json]
+  rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json | --wgsl [KERNEL]]
   rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--profile] [--json]
   rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
   rumus bench --cpu-matmul [--size N]     the CPU backend's f32 matmul, GFLOP/s";
@@ -71,10 +71,15 @@ fn cli(args: Vec<String>) -> Result<i32> {
             print_text(&rumus::dsl::cli_graph(&file, model.as_deref(), params)?)
         }
         "plan" => {
+            let wgsl = wgsl_flag(&mut flags)?;
             let spec = model_spec(&mut flags)?;
             let (unfused, json) = (flags.switch("--unfused"), flags.switch("--json"));
             flags.done()?;
-            print_text(&rumus::bench::plan_command(&spec, !unfused, json)?)
+            match wgsl {
+                Some(_) if json => Err(err!(Usage, "--json and --wgsl cannot be combined")),
+                Some(kernel) => print_text(&rumus::bench::plan_wgsl(&spec, !unfused, kernel)?),
+                None => print_text(&rumus::bench::plan_command(&spec, !unfused, json)?),
+            }
         }
         "bench" => {
             let device = device(&mut flags)?;
@@ -122,6 +127,26 @@ fn device(flags: &mut Flags) -> Result<DeviceChoice> {
     match flags.take("--device")? {
         Some(d) => d.parse().map_err(|e: Error| err!(Usage, "--device: {}", e.message)),
         None => DeviceChoice::from_env(),
+    }
+}
+
+/// `--wgsl [KERNEL]` of `plan`: `None` without it, else the kernel number that follows it, if
+/// one does (an argument of digits).
+fn wgsl_flag(flags: &mut Flags) -> Result<Option<Option<usize>>> {
+    let Some(i) = flags.args.iter().position(|a| a.as_deref() == Some("--wgsl")) else {
+        return Ok(None);
+    };
+    flags.args[i] = None;
+    let next = flags.args.get_mut(i + 1);
+    let Some(v) =
+        next.filter(|a| a.as_deref().is_some_and(|v| v.bytes().all(|b| b.is_ascii_digit())))
+    else {
+        return Ok(Some(None));
+    };
+    let v = v.take().unwrap_or_default();
+    match v.parse() {
+        Ok(k) => Ok(Some(Some(k))),
+        Err(_) => Err(err!(Usage, "--wgsl: there is no kernel {v}")),
     }
 }
 

@@ -154,10 +154,10 @@ impl<'a> ExprEmitter<'a> {
         // Operands are buffers or transposed views of buffers: pure index expressions.
         let (la, lb) = (self.emit(a, &ca), self.emit(b, &cb));
         let v = self.fresh();
-        let _ = writeln!(
-            self.body,
-            "    var {v} = 0.0;\n    for (var {kk} = 0u; {kk} < {k}u; {kk}++) {{ {v} += {la} * {lb}; }}"
-        );
+        let _ = writeln!(self.body, "var {v} = 0.0;");
+        let _ = writeln!(self.body, "for (var {kk} = 0u; {kk} < {k}u; {kk}++) {{");
+        let _ = writeln!(self.body, "{v} += {la} * {lb};");
+        let _ = writeln!(self.body, "}}");
         v
     }
 

@@ -1,6 +1,91 @@
-//! Code generation: WGSL for every kernel of a plan. Generated kernels are built from
-//! [`expr`] (inlined elementwise expressions) and [`wgsl`] (one module per kernel kind); the
-//! hand-written templates in `shaders/` serve matmul and LayerNorm.
+//! Code generation: every kernel of a plan becomes [`Program`]s, complete WGSL modules with
+//! their bindings, grid and compile options, which the runtime compiles and dispatches without
+//! knowing what they compute.
+//!
+//! - [`wgsl`]: the generated kernels (elementwise, update copies; row kernels in `rows.rs`,
+//!   gathers in `gather.rs`) and the matmul epilogue, written with [`writer`];
+//! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
+//! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
+//! - [`program`]: the program type and the programs of a whole plan.
+//!
+//! Adding a kernel kind is a change here: a function returning its programs, called from
+//! [`compile`].
 
 pub mod expr;
+mod gather;
+pub mod layer_norm;
+pub mod matmul;
+pub mod program;
+mod rows;
+pub mod templates;
 pub mod wgsl;
+pub mod writer;
+
+pub use program::{Binding, Grid, PlanPrograms, Program, Resource, ShaderChecks, Target};
+
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, Op};
+use crate::plan::limits::checks_data;
+use crate::plan::{Kernel, KernelKind, Plan};
+use program::KernelPrograms;
+
+/// The programs of every kernel of `plan`, and of its updates, for a device described by
+/// `target`.
+pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> {
+    let mut out = PlanPrograms::default();
+    if plan.kernels.iter().any(|k| checks_data(&k.kind)) {
+        out.status_words = wgsl::status_words(plan);
+    }
+    for k in &plan.kernels {
+        let ops = k
+            .fused
+            .iter()
+            .filter(|&&id| !matches!(g.node(id).op, Op::Constant { .. }))
+            .map(|&id| g.node(id).op.name())
+            .collect();
+        let programs = kernel(g, plan, k, target)?;
+        out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs });
+    }
+    for &(dst, value) in &plan.updates {
+        let (Some(t), Some(v)) = (plan.value_of(dst), plan.value_of(value)) else {
+            return Err(err!(Invariant, "update of node {} has no buffer", dst.index()));
+        };
+        if t.buffer == v.buffer {
+            continue; // written in place
+        }
+        if out.status_words > 0 {
+            out.commits.push(wgsl::commit_copy(v.buffer, t.buffer, (t.bytes / 4) as usize));
+        } else {
+            out.copies.push((v.buffer, t.buffer, t.bytes));
+        }
+    }
+    let mut scratch_words: Vec<u64> = Vec::new();
+    for b in out.all().flat_map(|p| &p.bindings) {
+        if let Resource::Scratch { slot } = b.resource {
+            if scratch_words.len() <= slot {
+                scratch_words.resize(slot + 1, 0);
+            }
+            scratch_words[slot] = scratch_words[slot].max(b.words);
+        }
+    }
+    out.scratch_words = scratch_words;
+    Ok(out)
+}
+
+/// The programs of one kernel, in dispatch order.
+fn kernel(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Program>> {
+    match &k.kind {
+        KernelKind::MatMul { matmul, register } => {
+            if let Some(programs) = matmul::lower(g, plan, k, (*matmul, *register), target)? {
+                return Ok(programs);
+            }
+        }
+        KernelKind::LayerNorm { .. }
+        | KernelKind::LayerNormStats
+        | KernelKind::LayerNormGradInput { .. }
+        | KernelKind::LayerNormGradWeight => return layer_norm::lower(g, plan, k),
+        _ => {}
+    }
+    Ok(wgsl::generate(g, plan, k).into_iter().collect())
+}

@@ -6,7 +6,8 @@
 //! elementwise ops of T's own shape, so each thread reads T exactly where it writes V) and no
 //! kernel after k reads T. V then becomes a view of T's buffer, like a reshape.
 
-use super::fuse::{Fusion, KernelKind};
+use super::fuse::Fusion;
+use super::kernel::KernelKind;
 use crate::graph::{Graph, NodeId};
 use std::collections::HashMap;
 

@@ -14,7 +14,7 @@
 //! A value larger than one binding cannot be split by the planner; [`check_binding_bytes`]
 //! refuses it with an error naming the value and the limit.
 
-use super::fuse::{Kernel, KernelKind};
+use super::kernel::{Kernel, KernelKind};
 use super::Plan;
 use crate::err;
 use crate::error::Result;

@@ -13,12 +13,13 @@
 pub mod alloc;
 pub mod fuse;
 pub mod inplace;
+pub mod kernel;
 pub mod limits;
 pub mod report;
 pub mod verify;
 
 pub use alloc::{BufferInfo, Lifetime, Value};
-pub use fuse::{Kernel, KernelKind};
+pub use kernel::{Kernel, KernelKind};
 pub use limits::Limits;
 
 use crate::err;

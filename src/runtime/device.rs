@@ -13,6 +13,7 @@
 //! - errors that escape all scopes go to a non-panicking handler and are reported by
 //!   [`Gpu::take_uncaptured_errors`].
 
+use crate::codegen::ShaderChecks;
 use crate::err;
 use crate::error::{Error, Result};
 use std::fmt;
@@ -455,11 +456,34 @@ impl Gpu {
     /// group 0 then holds exactly the bindings the entry point uses). Invalid WGSL is an `Err`
     /// carrying naga's message.
     pub fn pipeline(&self, label: &str, wgsl: &str, entry: &str) -> Result<wgpu::ComputePipeline> {
+        self.pipeline_with(label, wgsl, entry, ShaderChecks::ALL)
+    }
+
+    /// [`Gpu::pipeline`] with naga's runtime checks as `checks` says.
+    pub fn pipeline_with(
+        &self,
+        label: &str,
+        wgsl: &str,
+        entry: &str,
+        checks: ShaderChecks,
+    ) -> Result<wgpu::ComputePipeline> {
         self.scoped(&format!("cannot build pipeline `{label}`"), || {
-            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(label),
                 source: wgpu::ShaderSource::Wgsl(wgsl.into()),
-            });
+            };
+            let module = if checks == ShaderChecks::ALL {
+                self.device.create_shader_module(desc)
+            } else {
+                let runtime_checks = wgpu::ShaderRuntimeChecks {
+                    bounds_checks: checks.bounds,
+                    force_loop_bounding: checks.loop_bounding,
+                    ..wgpu::ShaderRuntimeChecks::checked()
+                };
+                // SAFETY: codegen turns a check off only for a kernel whose every access is in
+                // bounds and whose every loop ends (`codegen::ShaderChecks`).
+                unsafe { self.device.create_shader_module_trusted(desc, runtime_checks) }
+            };
             self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(label),
                 layout: None,

@@ -1,15 +1,16 @@
-//! Every WGSL module generated for a plan passes naga's parser and validator (CPU only): the
-//! generated kernels, and the matmul template filled with every generated epilogue, for the
-//! fused and unfused plans of a GPT training step and of every op-table case.
+//! Every WGSL module codegen emits for a plan passes naga's parser and validator (CPU only):
+//! the programs of every kernel kind (generated, and templates filled with their generated
+//! parts) of the fused and unfused plans of a GPT training step and of every op-table case, and
+//! none binds more storage buffers than the planner counted for its kernel.
 
 use crate::common;
 
-use rumus::codegen::wgsl::{generate, matmul_epilogue};
+use rumus::codegen::wgsl::generate;
+use rumus::codegen::{compile, Resource, Target};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::limits::{guarded, storage_bindings};
 use rumus::plan::{plan, KernelKind, Limits, PlanOptions};
-use rumus::runtime::kernels::MATMUL;
 use rumus::DType;
 
 fn validate(label: &str, src: &str) -> Result<(), String> {
@@ -24,8 +25,33 @@ fn validate(label: &str, src: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Validate every generated module of the plans of `g` for `wanted` (fused and unfused); returns
-/// the number of modules checked.
+/// A generated module (templates, which open with a comment, are written by hand) is indented
+/// four spaces a block, one statement a line.
+fn formatted(src: &str) -> Result<(), String> {
+    if src.starts_with("//") {
+        return Ok(());
+    }
+    let mut depth = 0usize;
+    for (i, line) in src.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with('}') {
+            depth = depth.saturating_sub(1);
+        }
+        let indent = line.len() - code.len();
+        let statements = code.matches(';').count();
+        let one_statement = statements <= 1 || (code.starts_with("for (") && statements == 2);
+        if !code.is_empty() && (indent != 4 * depth || !one_statement) {
+            return Err(format!("line {}: not formatted: `{line}`\n{src}", i + 1));
+        }
+        let opens = code.matches('{').count();
+        let closes = code.matches('}').count() - usize::from(code.starts_with('}'));
+        depth = (depth + opens).saturating_sub(closes);
+    }
+    Ok(())
+}
+
+/// Validate every program of the plans of `g` for `wanted` (fused, unfused, and fused at
+/// WebGPU's default limits); returns the number of programs checked.
 fn validate_plans(
     g: &Graph,
     wanted: &[rumus::graph::NodeId],
@@ -36,45 +62,34 @@ fn validate_plans(
     for (fusion, limits) in [(true, None), (false, None), (true, Some(Limits::WEBGPU_DEFAULT))] {
         let opts = PlanOptions { fusion, reuse: true, limits };
         let p = plan(g, wanted, train, opts).unwrap();
-        for k in &p.kernels {
+        let programs = compile(g, &p, &Target::WEBGPU_DEFAULT).unwrap();
+        assert_eq!(programs.kernels.len(), p.kernels.len());
+        for (k, kp) in p.kernels.iter().zip(&programs.kernels) {
             let counted =
                 storage_bindings(g, k, &|id| p.value_of(id).unwrap().buffer, guarded(g, &p, k));
-            let result = match k.kind {
-                KernelKind::LayerNorm { .. }
-                | KernelKind::LayerNormStats
-                | KernelKind::LayerNormGradInput { .. }
-                | KernelKind::LayerNormGradWeight => continue, // templates only, see wgsl_valid
-                KernelKind::MatMul { register, .. } => {
-                    // The template path when there is an epilogue; the generated one otherwise.
-                    let src = generate(g, &p, k);
-                    let generated = validate(&src.label, &src.wgsl);
-                    let template = match matmul_epilogue(g, &p, k, register) {
-                        Some(e) if 3 + e.extra.len() != counted => Err(format!(
-                            "{}: the template binds {}, counted {counted}",
-                            src.label,
-                            3 + e.extra.len()
-                        )),
-                        Some(e) => MATMUL
-                            .fill(&[("EPILOGUE_BINDINGS", &e.decls), ("EPILOGUE", &e.body)])
-                            .map_err(|err| err.to_string())
-                            .and_then(|wgsl| validate(&format!("{} (template)", src.label), &wgsl)),
-                        None => Ok(()),
-                    };
-                    n += 1;
-                    generated.and(template)
-                }
-                _ => {
-                    let src = generate(g, &p, k);
-                    let declared = src.wgsl.matches("var<storage").count();
-                    if declared > counted {
-                        failures
-                            .push(format!("{}: binds {declared}, counted {counted}", src.label));
-                    }
-                    validate(&src.label, &src.wgsl)
-                }
+            // A matmul runs the template when it can; its generated fallback must be valid too.
+            let fallback = match k.kind {
+                KernelKind::MatMul { .. } => generate(g, &p, k),
+                _ => None,
             };
+            for prog in kp.programs.iter().chain(&fallback) {
+                let storage = prog
+                    .bindings
+                    .iter()
+                    .filter(|b| !matches!(b.resource, Resource::Uniform(_) | Resource::Meta))
+                    .count();
+                if storage > counted {
+                    failures.push(format!("{}: binds {storage}, counted {counted}", prog.label));
+                }
+                n += 1;
+                if let Err(e) = validate(&prog.label, &prog.wgsl).and(formatted(&prog.wgsl)) {
+                    failures.push(e);
+                }
+            }
+        }
+        for prog in &programs.commits {
             n += 1;
-            if let Err(e) = result {
+            if let Err(e) = validate(&prog.label, &prog.wgsl) {
                 failures.push(e);
             }
         }

@@ -3,10 +3,12 @@
 //! adapter (lavapipe in CI), so the sizes stay small. Skips without an adapter unless CI=true.
 
 use crate::common::gpu::or_skip;
+use rumus::codegen::layer_norm::{self, Backward, Forward};
+use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand};
+use rumus::codegen::wgsl::MatmulEpilogue;
+use rumus::codegen::{Resource, ShaderChecks};
 use rumus::rng::Rng;
-use rumus::runtime::kernels::{
-    LayerNorm, LayerNormBackward, LayerNormForward, Matmul, MatmulSpec, MatmulTile, Operand,
-};
+use rumus::runtime::launch::prepare;
 use rumus::runtime::Gpu;
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
@@ -56,9 +58,12 @@ fn matmul_ref(
     c
 }
 
+/// Run the matmul program of `spec` on `tile` over A, B, C (buffers 0, 1, 2) and the epilogue's
+/// `extra` buffers (3 on); returns C.
 fn run_matmul(
     gpu: &Gpu,
-    mm: &Matmul,
+    tile: MatmulTile,
+    epilogue: Option<&MatmulEpilogue>,
     spec: &MatmulSpec,
     inputs: [&[f32]; 3],
     extra: &[&wgpu::Buffer],
@@ -66,7 +71,11 @@ fn run_matmul(
     let ab = gpu.upload_f32("a", inputs[0]).unwrap();
     let bb = gpu.upload_f32("b", inputs[1]).unwrap();
     let cb = gpu.upload_f32("c", inputs[2]).unwrap();
-    let d = mm.dispatch(gpu, spec, &ab, &bb, &cb, extra).unwrap();
+    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let p = matmul::program(spec, tile, epilogue, operands).unwrap();
+    let mut buffers = vec![&ab, &bb, &cb];
+    buffers.extend_from_slice(extra);
+    let d = prepare(gpu, &p, &buffers, &[]).unwrap();
     gpu.run(&[&d]).unwrap();
     gpu.read_f32_range(&cb, 0..inputs[2].len()).unwrap()
 }
@@ -91,8 +100,7 @@ fn check_matmul(
         None => random(lens[2], 3),
     };
     let want = matmul_ref(&spec, &a, &b, &c_old, |v, _| v);
-    let mm = Matmul::new(gpu, tile).unwrap();
-    let got = run_matmul(gpu, &mm, &spec, [&a, &b, &c_old], &[]);
+    let got = run_matmul(gpu, tile, None, &spec, [&a, &b, &c_old], &[]);
     let tol = 4e-5 * f64::from(spec.k.max(1)).sqrt();
     let mut covered = vec![false; lens[2]];
     for bt in 0..spec.batch {
@@ -136,6 +144,32 @@ fn matmul_17x33x9_both_tiles() {
         let s = MatmulSpec::contiguous(1, 17, 33, 9);
         check_matmul("matmul_17x33x9", tile, s, contiguous_lens(&s), None);
     }
+}
+
+/// A program compiled without naga's loop guard (or without bounds checks, for a kernel that
+/// stays in bounds) gives the same product, bit for bit, as one compiled with every check.
+#[test]
+fn matmul_compiled_without_runtime_checks_gives_the_same_product() {
+    let Some((gpu, _turn)) = or_skip("matmul_without_runtime_checks") else {
+        return;
+    };
+    let s = MatmulSpec::contiguous(1, 17, 33, 9);
+    let [la, lb, lc] = contiguous_lens(&s);
+    let a = gpu.upload_f32("a", &random(la, 1)).unwrap();
+    let b = gpu.upload_f32("b", &random(lb, 2)).unwrap();
+    let mut results = Vec::new();
+    for (bounds, loop_bounding) in [(true, true), (true, false), (false, false)] {
+        let c = gpu.storage("c", lc).unwrap();
+        let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+        let mut p = matmul::program(&s, MatmulTile::Small, None, operands).unwrap();
+        p.checks = ShaderChecks { bounds, loop_bounding };
+        let d = prepare(gpu, &p, &[&a, &b, &c], &[]).unwrap();
+        gpu.run(&[&d]).unwrap();
+        let got = gpu.read_f32(&c).unwrap();
+        results.push(got.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+    }
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[2]);
 }
 
 #[test]
@@ -231,16 +265,15 @@ fn matmul_epilogue_bias_relu() {
     let s = MatmulSpec::contiguous(1, 9, 13, 7);
     let [la, lb, lc] = contiguous_lens(&s);
     let (a, b, bias) = (random(la, 4), random(lb, 5), random(13, 6));
-    let mm = Matmul::with_epilogue(
-        gpu,
-        MatmulTile::Small,
-        "@group(0) @binding(4) var<storage, read> bias: array<scalar>;",
-        "return max(v + bias[j], scalar(0.0));",
-    )
-    .unwrap();
+    let epilogue = MatmulEpilogue {
+        decls: "@group(0) @binding(4) var<storage, read> bias: array<scalar>;".to_string(),
+        body: "return max(v + bias[j], scalar(0.0));".to_string(),
+        extra: vec![3],
+    };
     let bias_buf = gpu.upload_f32("bias", &bias).unwrap();
     let zeros = vec![0.0; lc];
-    let got = run_matmul(gpu, &mm, &s, [&a, &b, &zeros], &[&bias_buf]);
+    let got =
+        run_matmul(gpu, MatmulTile::Small, Some(&epilogue), &s, [&a, &b, &zeros], &[&bias_buf]);
     let relu = |v: f64, j: u32| (v + f64::from(bias[j as usize])).max(0.0);
     let want = matmul_ref(&s, &a, &b, &zeros, relu);
     assert_close("matmul_epilogue_bias_relu", &got, &want, 1e-4);
@@ -254,9 +287,11 @@ fn matmul_operand_past_buffer_end_is_an_error() {
     let s = MatmulSpec::contiguous(1, 4, 4, 4);
     let small = gpu.storage("small", 15).unwrap();
     let ok = gpu.storage("ok", 16).unwrap();
-    let mm = Matmul::new(gpu, MatmulTile::Small).unwrap();
-    let Err(e) = mm.dispatch(gpu, &s, &small, &ok, &ok, &[]) else { panic!("must fail") };
-    assert!(e.message.contains("operand a"), "{}", e.message);
+    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let p = matmul::program(&s, MatmulTile::Small, None, operands).unwrap();
+    let Err(e) = prepare(gpu, &p, &[&small, &ok, &ok], &[]) else { panic!("must fail") };
+    assert_eq!(e.kind, rumus::ErrorKind::Device);
+    assert!(e.message.ends_with("`a` needs 16 elements, its buffer holds 15"), "{}", e.message);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,26 +348,42 @@ fn check_layer_norm(rows: usize, d: usize) {
     };
     let n = rows * d;
     let (x, w, b, dy) = (random(n, 10), random(d, 11), random(d, 12), random(n, 13));
-    let ln = LayerNorm::new(gpu, d).unwrap();
     let up = |label, v: &[f32]| gpu.upload_f32(label, v).unwrap();
-    let (xb, wb, bb, dyb) = (up("x", &x), up("w", &w), up("b", &b), up("dy", &dy));
     let nan = |label, len| up(label, &vec![f32::NAN; len]);
-    let (yb, stats, dxb) = (nan("y", n), nan("stats", rows * 2), nan("dx", n));
-    let (dparams, scratch) = (nan("dparams", 2 * d), nan("scratch", ln.scratch_len(rows)));
-    let fwd_bufs = LayerNormForward { x: &xb, weight: &wb, bias: &bb, y: &yb, stats: &stats };
-    let fwd = ln.forward(gpu, rows, EPS as f32, &fwd_bufs).unwrap();
-    let bwd = |acc| LayerNormBackward {
-        x: &xb,
-        weight: &wb,
-        stats: &stats,
-        dy: &dyb,
-        dx: &dxb,
-        dparams: &dparams,
-        scratch: &scratch,
-        accumulate_dx: acc,
-        accumulate_params: acc,
+    let buffers = [
+        up("x", &x),
+        up("w", &w),
+        up("b", &b),
+        up("dy", &dy),
+        nan("y", n),
+        nan("stats", rows * 2),
+        nan("dx", n),
+        nan("dparams", 2 * d),
+        nan("scratch", layer_norm::scratch_len(rows, d)),
+    ];
+    let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();
+    let [.., yb, stats, dxb, dparams, _] = &buffers;
+    let [x_, w_, b_, dy_, y_, stats_, dx_, dparams_, scratch_] =
+        [0, 1, 2, 3, 4, 5, 6, 7, 8].map(Resource::Buffer);
+    let fwd_bufs =
+        Forward { x: x_.clone(), weight: w_.clone(), bias: b_, y: y_, stats: stats_.clone() };
+    let fwd = layer_norm::forward(rows, d, EPS as f32, fwd_bufs).unwrap();
+    let fwd = prepare(gpu, &fwd, &bound, &[]).unwrap();
+    let bwd = |acc| {
+        let buf = Backward {
+            x: x_.clone(),
+            weight: w_.clone(),
+            stats: stats_.clone(),
+            dy: dy_.clone(),
+            dx: dx_.clone(),
+            partial: scratch_.clone(),
+            dparams: dparams_.clone(),
+            accumulate_dx: acc,
+            accumulate_params: acc,
+        };
+        layer_norm::backward(rows, d, buf).unwrap().map(|p| prepare(gpu, &p, &bound, &[]).unwrap())
     };
-    let [r1, p1] = ln.backward(gpu, rows, &bwd(false)).unwrap();
+    let [r1, p1] = bwd(false);
     gpu.run(&[&fwd, &r1, &p1]).unwrap();
 
     let (y_ref, stats_ref) = ln_ref(&x, &w, &b, rows, d);
@@ -343,25 +394,25 @@ fn check_layer_norm(rows: usize, d: usize) {
     let tol = 2e-5 * (d as f64).sqrt();
     let tol_cols = tol * (rows as f64).sqrt();
     let read = |buf| gpu.read_f32(buf).unwrap();
-    assert_close(&format!("{name} y"), &read(&yb), &y_ref, tol);
-    let got_stats = read(&stats);
+    assert_close(&format!("{name} y"), &read(yb), &y_ref, tol);
+    let got_stats = read(stats);
     for r in 0..rows {
         let (m, s) = (2 * r, 2 * r + 1);
         assert_close(&format!("{name} mean"), &got_stats[m..=m], &stats_ref[m..=m], tol);
         assert_close(&format!("{name} rstd"), &got_stats[s..=s], &stats_ref[s..=s], 1e-3);
     }
-    assert_close(&format!("{name} dx"), &read(&dxb), &dx_ref, tol);
-    let dp = read(&dparams);
+    assert_close(&format!("{name} dx"), &read(dxb), &dx_ref, tol);
+    let dp = read(dparams);
     assert_close(&format!("{name} dweight"), &dp[..d], &dw_ref, tol_cols);
     assert_close(&format!("{name} dbias"), &dp[d..], &db_ref, tol_cols);
 
     // Accumulating into the same gradients doubles them.
-    let [r2, p2] = ln.backward(gpu, rows, &bwd(true)).unwrap();
+    let [r2, p2] = bwd(true);
     gpu.run(&[&r2, &p2]).unwrap();
     let twice = |v: &[f64]| v.iter().map(|x| 2.0 * x).collect::<Vec<f64>>();
-    assert_close(&format!("{name} dx accumulated"), &read(&dxb), &twice(&dx_ref), 2.0 * tol);
+    assert_close(&format!("{name} dx accumulated"), &read(dxb), &twice(&dx_ref), 2.0 * tol);
     let (dw2, db2) = (twice(&dw_ref), twice(&db_ref));
-    let dp = read(&dparams);
+    let dp = read(dparams);
     assert_close(&format!("{name} dweight accumulated"), &dp[..d], &dw2, 2.0 * tol_cols);
     assert_close(&format!("{name} dbias accumulated"), &dp[d..], &db2, 2.0 * tol_cols);
 }
@@ -395,11 +446,16 @@ fn layer_norm_many_rows_per_group() {
 
 #[test]
 fn layer_norm_rejects_width_beyond_limit() {
-    let Some((gpu, _turn)) = or_skip("layer_norm_rejects_width_beyond_limit") else {
-        return;
+    let buf = || Forward {
+        x: Resource::Buffer(0),
+        weight: Resource::Buffer(1),
+        bias: Resource::Buffer(2),
+        y: Resource::Buffer(3),
+        stats: Resource::Buffer(4),
     };
-    let Err(e) = LayerNorm::new(gpu, 8193) else { panic!("must fail") };
-    assert!(e.message.contains("8193"), "{}", e.message);
+    let Err(e) = layer_norm::forward(1, 8193, 1e-5, buf()) else { panic!("must fail") };
+    assert_eq!(e.message, "layer_norm: last axis of 8193 is outside the supported 1..=8192");
+    assert!(layer_norm::forward(1, 8192, 1e-5, buf()).is_ok());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -462,14 +518,9 @@ fn benchmarks_report_a_positive_rate() {
     let Some((gpu, _turn)) = or_skip("benchmarks_report_a_positive_rate") else {
         return;
     };
-    let tflops = rumus::runtime::kernels::bench_matmul(
-        gpu,
-        33,
-        2,
-        rumus::runtime::kernels::MatmulTile::Register,
-    )
-    .unwrap();
-    let gbs = rumus::runtime::kernels::bench_layer_norm(gpu, 9, 40, 2).unwrap();
+    use rumus::runtime::kernel_bench::{bench_layer_norm, bench_matmul};
+    let tflops = bench_matmul(gpu, 33, 2, MatmulTile::Register).unwrap();
+    let gbs = bench_layer_norm(gpu, 9, 40, 2).unwrap();
     eprintln!("lavapipe: matmul 33^3 {tflops:.6} TFLOP/s, layer norm 9x40 {gbs:.4} GB/s");
     assert!(tflops.is_finite() && tflops > 0.0 && gbs.is_finite() && gbs > 0.0);
 }

@@ -154,6 +154,70 @@ fn rumus_plan_json_for_the_gpt_benchmark() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("dimension `B` of input `x` is not set"));
 }
 
+/// `rumus plan --wgsl` prints every kernel's WGSL under a header naming the kernel, its kind
+/// and ops, and each dispatch with its bindings; each printed module is the one the runtime
+/// compiles, so naga accepts it. `--wgsl N` prints kernel N alone; a kernel the plan lacks is a
+/// usage error.
+#[test]
+fn rumus_plan_wgsl_prints_each_kernel() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(["plan", "scripts/xor.rms", "--set", "B=4"])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--wgsl"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("// kernel ")).collect();
+    assert_eq!(headers.len(), 23, "{headers:?}");
+    assert_eq!(headers[0], "// kernel 0: matmul (matmul add relu)");
+    assert_eq!(headers[2], "// kernel 2: cross_entropy (cross_entropy)");
+    // Split into modules at the dispatch headers; each module validates.
+    let mut modules: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("// dispatch `") {
+            modules.push(String::new());
+        } else if line.starts_with("// kernel ") || line.starts_with("//   @binding(") {
+            continue;
+        } else if let Some(m) = modules.last_mut() {
+            m.push_str(line);
+            m.push('\n');
+        }
+    }
+    assert_eq!(modules.len(), 23, "one dispatch per kernel of this plan");
+    for m in &modules {
+        let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{e:?}\n{m}"));
+    }
+
+    let out = run(&["--wgsl", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let one = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        one.starts_with("// kernel 2: cross_entropy (cross_entropy)\n// dispatch `cross_entropy #")
+    );
+    assert_eq!(one.matches("// kernel ").count(), 1);
+    assert!(text.contains(&one), "kernel 2 alone is printed as in the whole listing");
+
+    for (args, message) in [
+        (&["--wgsl", "23"][..], "there is no kernel 23: the plan has 23 kernels, numbered from 0"),
+        (
+            &["--wgsl", "99999999999999999999999"],
+            "--wgsl: there is no kernel 99999999999999999999999",
+        ),
+        (&["--wgsl", "--json"], "--json and --wgsl cannot be combined"),
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim_end(), message, "{args:?}");
+    }
+}
+
 /// The most storage buffers any kernel of `p` binds.
 fn most_bindings(g: &Graph, p: &Plan) -> usize {
     let buffer = |id| p.value_of(id).unwrap().buffer;

@@ -1,7 +1,7 @@
 //! Every WGSL template in `shaders/`, with its placeholders at their defaults, passes naga's WGSL
 //! front end and validator. CPU only: no device needed.
 
-use rumus::runtime::kernels::{Template, TEMPLATES};
+use rumus::codegen::templates::{Template, TEMPLATES};
 
 fn validate(name: &str, src: &str) {
     let module = naga::front::wgsl::parse_str(src)
@@ -22,7 +22,7 @@ fn every_shader_file_is_a_registered_template() {
     files.sort();
     for f in &files {
         let t = TEMPLATES.iter().find(|t| t.file == f);
-        let t = t.unwrap_or_else(|| panic!("shaders/{f} is not in runtime::kernels::TEMPLATES"));
+        let t = t.unwrap_or_else(|| panic!("shaders/{f} is not in codegen::templates::TEMPLATES"));
         let on_disk = std::fs::read_to_string(format!("{dir}/{f}")).unwrap();
         assert_eq!(t.text, on_disk, "{f}: compiled-in text differs from the file");
     }
@@ -41,7 +41,7 @@ fn every_template_is_valid_wgsl_with_defaults() {
 #[test]
 fn matmul_tile_shapes_are_valid_wgsl() {
     for (bm, bn, bk, tm, tn) in [("64", "64", "8", "4", "4"), ("128", "64", "16", "8", "4")] {
-        let t: &Template = &rumus::runtime::kernels::MATMUL;
+        let t: &Template = &rumus::codegen::templates::MATMUL;
         let src = t.fill(&[("BM", bm), ("BN", bn), ("BK", bk), ("TM", tm), ("TN", tn)]).unwrap();
         validate("matmul.wgsl", &src);
     }
@@ -52,17 +52,17 @@ fn layer_norm_widths_are_valid_wgsl() {
     for cpt in ["1", "32"] {
         validate(
             "layer_norm.wgsl",
-            &rumus::runtime::kernels::LAYER_NORM.fill(&[("CPT", cpt)]).unwrap(),
+            &rumus::codegen::templates::LAYER_NORM.fill(&[("CPT", cpt)]).unwrap(),
         );
         validate(
             "layer_norm_bw.wgsl",
-            &rumus::runtime::kernels::LAYER_NORM_BW.fill(&[("CPT", cpt)]).unwrap(),
+            &rumus::codegen::templates::LAYER_NORM_BW.fill(&[("CPT", cpt)]).unwrap(),
         );
     }
 }
 
 #[test]
 fn fill_rejects_unknown_placeholder() {
-    let e = rumus::runtime::kernels::LAYER_NORM.fill(&[("NOPE", "1")]).unwrap_err();
+    let e = rumus::codegen::templates::LAYER_NORM.fill(&[("NOPE", "1")]).unwrap_err();
     assert!(e.message.contains("NOPE"), "{}", e.message);
 }

@@ -1,32 +1,28 @@
-//! The dedicated kernels: WGSL templates from `shaders/`, the placeholder filler, and one
-//! launcher per kernel (build the pipeline once, bind buffers into a [`Dispatch`](super::Dispatch)).
+//! The hand-written WGSL templates of `shaders/`, compiled into the binary, and the placeholder
+//! filler.
 //!
 //! A template is WGSL text in which generated code fills `{{NAME}}` placeholders. Every template
 //! carries a default for each of its placeholders, so it is valid WGSL once filled with them
 //! (`tests/wgsl_valid.rs` checks this for every file in `shaders/`).
 
-pub mod layer_norm;
-pub mod matmul;
-
 use crate::err;
 use crate::error::Result;
-
-pub use layer_norm::{bench_layer_norm, LayerNorm, LayerNormBackward, LayerNormForward};
-pub use matmul::{bench_matmul, Matmul, MatmulSpec, MatmulTile, Operand};
 
 /// A WGSL template from `shaders/` and the default of each of its placeholders.
 #[derive(Clone, Copy, Debug)]
 pub struct Template {
     /// File name in `shaders/`.
     pub file: &'static str,
+    /// The file's text.
     pub text: &'static str,
     /// `(NAME, default)` for every `{{NAME}}` in `text`.
     pub defaults: &'static [(&'static str, &'static str)],
 }
 
+/// `shaders/matmul.wgsl` (see [`super::matmul`]).
 pub const MATMUL: Template = Template {
     file: "matmul.wgsl",
-    text: include_str!("../../../shaders/matmul.wgsl"),
+    text: include_str!("../../shaders/matmul.wgsl"),
     defaults: &[
         ("BM", "128"),
         ("BN", "128"),
@@ -38,15 +34,17 @@ pub const MATMUL: Template = Template {
     ],
 };
 
+/// `shaders/layer_norm.wgsl` (see [`super::layer_norm`]).
 pub const LAYER_NORM: Template = Template {
     file: "layer_norm.wgsl",
-    text: include_str!("../../../shaders/layer_norm.wgsl"),
+    text: include_str!("../../shaders/layer_norm.wgsl"),
     defaults: &[("CPT", "4")],
 };
 
+/// `shaders/layer_norm_bw.wgsl` (see [`super::layer_norm`]).
 pub const LAYER_NORM_BW: Template = Template {
     file: "layer_norm_bw.wgsl",
-    text: include_str!("../../../shaders/layer_norm_bw.wgsl"),
+    text: include_str!("../../shaders/layer_norm_bw.wgsl"),
     defaults: &[("CPT", "4")],
 };
 

@@ -1,0 +1,122 @@
+//! Generated gathers: embedding forward and backward (checking their indices), and concat
+//! (all of its inputs, or a run of them).
+
+use super::expr::{decompose, linear_index, ExprEmitter};
+use super::wgsl::{open_main, thread_index, Binder, WG};
+use super::writer::Wgsl;
+use crate::graph::{Graph, NodeId, Op};
+use crate::plan::Plan;
+use crate::tensor::DType;
+
+/// WGSL for "`{idx}` is a row of a table of `rows`": an i32 comparison that holds for every
+/// size (a table of more than `i32::MAX` rows holds every non-negative index).
+pub(super) fn in_range(idx: &str, rows: usize) -> String {
+    match i32::try_from(rows) {
+        Ok(n) => format!("({idx} >= 0 && {idx} < {n})"),
+        Err(_) => format!("({idx} >= 0)"),
+    }
+}
+
+/// `if (i < n_idx) { let r = x[i]; if (!ok) { report(i); } }`: thread `i` checks index `i`.
+fn check_index(w: &mut Wgsl, x: &str, n_idx: usize, ok: &str) {
+    w.open(&format!("if (i < {n_idx}u)"));
+    w.line(&format!("let r = {x}[i];"));
+    w.block(&format!("if (!{ok})"), &["report(i);"]);
+    w.close();
+}
+
+/// Embedding: thread `i` gathers output element `i`, and checks index `i` (reported as the CPU
+/// reports it, a bad index reads row 0).
+pub(super) fn embedding(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -> (u32, u32) {
+    let node = g.node(out);
+    let (table, idx) = (node.inputs[0], node.inputs[1]);
+    let (vocab, d) = (g.shape(table)[0], g.shape(table)[1]);
+    let n_out: usize = g.shape(out).iter().product();
+    let n_idx: usize = g.shape(idx).iter().product();
+    let (x, tn, yn) = (binder.name(idx), binder.name(table), binder.name(out));
+    let ok = in_range("r", vocab);
+    open_main(w, WG);
+    w.line(&format!("let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
+    check_index(w, &x, n_idx, &ok);
+    if n_out > 0 {
+        w.open(&format!("if (i < {n_out}u)"));
+        w.line(&format!("let r = {x}[i / {d}u];"));
+        w.line(&format!("let row = select(0u, u32(r), {ok});"));
+        w.line(&format!("{yn}[i] = {tn}[row * {d}u + i % {d}u];"));
+        w.close();
+    }
+    w.close();
+    ((n_out.max(n_idx) as u32).div_ceil(WG), WG)
+}
+
+/// The table gradient of embedding: thread `i` sums output element `i` over the indices that
+/// name its row (a gather, no atomics), and checks index `i`.
+pub(super) fn embedding_grad(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -> (u32, u32) {
+    let node = g.node(out);
+    let (idx, dy) = (node.inputs[0], node.inputs[1]);
+    let n_idx: usize = g.shape(idx).iter().product();
+    let (vocab, d) = (g.shape(out)[0], g.shape(out)[1]);
+    let n_out = vocab * d;
+    let (x, dn, yn) = (binder.name(idx), binder.name(dy), binder.name(out));
+    let ok = in_range("r", vocab);
+    open_main(w, WG);
+    w.line(&format!("let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
+    check_index(w, &x, n_idx, &ok);
+    if n_out > 0 {
+        w.open(&format!("if (i < {n_out}u)"));
+        w.line(&format!("let v = i32(i / {d}u);"));
+        w.line(&format!("let col = i % {d}u;"));
+        w.line("var acc = 0.0;");
+        w.open(&format!("for (var n = 0u; n < {n_idx}u; n++)"));
+        w.block(&format!("if ({x}[n] == v)"), &[&format!("acc += {dn}[n * {d}u + col];")]);
+        w.close();
+        w.line(&format!("{yn}[i] = acc;"));
+        w.close();
+    }
+    w.close();
+    ((n_out.max(n_idx) as u32).div_ceil(WG), WG)
+}
+
+/// The part of a concat's output that inputs `parts` fill: one thread per element of that part.
+pub(super) fn concat(
+    g: &Graph,
+    plan: &Plan,
+    w: &mut Wgsl,
+    binder: &Binder,
+    names: &dyn Fn(usize) -> String,
+    out: NodeId,
+    parts: std::ops::Range<usize>,
+) -> (u32, u32) {
+    let node = g.node(out);
+    let Op::Concat { axis } = node.op else { unreachable!("concat kernel") };
+    let len = |x: &NodeId| g.shape(*x)[axis];
+    let base: usize = node.inputs[..parts.start].iter().map(len).sum();
+    let mut part_shape = g.shape(out).to_vec();
+    part_shape[axis] = node.inputs[parts.clone()].iter().map(len).sum();
+    let n_part: usize = part_shape.iter().product();
+    let (coords_code, coords) = decompose(&part_shape, "i", "c");
+    let is_i32 = g.dtype(out) == DType::I32;
+    open_main(w, WG);
+    thread_index(w, "i", n_part);
+    w.lines(&coords_code);
+    w.line(&format!("var value = {};", if is_i32 { "0" } else { "0.0" }));
+    let mut offset = 0;
+    for &x in &node.inputs[parts] {
+        let mut c = coords.clone();
+        c[axis] = format!("({} - {offset}u)", coords[axis]);
+        let mut sub = ExprEmitter::new(g, plan, names);
+        let v = if is_i32 { sub.emit_i32(x, &c) } else { sub.emit(x, &c) };
+        let (at, end) = (&coords[axis], offset + len(&x));
+        w.open(&format!("if ({at} >= {offset}u && {at} < {end}u)"));
+        w.lines(&sub.body);
+        w.line(&format!("value = {v};"));
+        w.close();
+        offset = end;
+    }
+    let mut out_coords = coords.clone();
+    out_coords[axis] = format!("({} + {base}u)", coords[axis]);
+    let index = linear_index(g.shape(out), &out_coords);
+    w.line(&format!("{}[{index}] = value;", binder.name(out)));
+    w.close();
+    ((n_part as u32).div_ceil(WG), WG)
+}

@@ -1,0 +1,266 @@
+//! LayerNorm programs: `shaders/layer_norm.wgsl` (forward) and `shaders/layer_norm_bw.wgsl`
+//! (backward) over the last axis of a contiguous `[rows, d]` tensor, and the lowering of a
+//! plan's four LayerNorm kernel kinds onto them.
+//!
+//! The forward writes `y` and per-row stats `[rows, 2]` = (mean, rstd), which the backward
+//! reads. The backward is two dispatches: `rows` (grad-input, plus per-row-group partial sums of
+//! grad-weight and grad-bias into scratch of [`scratch_len`] elements) and `params` (sums the
+//! partials into grad-weight and grad-bias).
+
+use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
+use super::templates::{LAYER_NORM, LAYER_NORM_BW};
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId, Op};
+use crate::plan::{Kernel, KernelKind, Plan};
+
+/// Threads per workgroup of both layer-norm shaders (`WG` in the WGSL).
+const WG: usize = 256;
+/// Most columns a thread holds in registers; so `d` is at most `WG * MAX_CPT`.
+const MAX_CPT: usize = 32;
+/// Columns per workgroup of the `params` entry point (`PC` in the WGSL).
+const PC: usize = 8;
+/// The backward aims at this many row groups (workgroups of the `rows` entry point).
+const TARGET_GROUPS: usize = 1024;
+
+/// What the buffers of a forward pass are. `x`, `y`: `[rows, d]`; `weight`, `bias`: `[d]`;
+/// `stats`: `[rows, 2]`.
+#[derive(Clone, Debug)]
+pub struct Forward {
+    pub x: Resource,
+    pub weight: Resource,
+    pub bias: Resource,
+    pub y: Resource,
+    pub stats: Resource,
+}
+
+/// What the buffers of a backward pass are. `partial` holds [`scratch_len`] elements (any
+/// contents). `dparams` is `[2, d]`: dweight in row 0, dbias in row 1. With `accumulate_dx` the
+/// result is added to `dx`, with `accumulate_params` to `dparams`; otherwise they are
+/// overwritten and never read.
+#[derive(Clone, Debug)]
+pub struct Backward {
+    pub x: Resource,
+    pub weight: Resource,
+    pub stats: Resource,
+    pub dy: Resource,
+    pub dx: Resource,
+    pub partial: Resource,
+    pub dparams: Resource,
+    pub accumulate_dx: bool,
+    pub accumulate_params: bool,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct FwdParams {
+    rows: u32,
+    d: u32,
+    eps: f32,
+    pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct BwdParams {
+    rows: u32,
+    d: u32,
+    rows_per_group: u32,
+    flags: u32,
+}
+
+/// Rows each workgroup of the backward handles for `rows` rows.
+pub fn rows_per_group(rows: usize) -> usize {
+    rows.div_ceil(TARGET_GROUPS).max(1)
+}
+
+/// Elements of the backward's partial sums for `rows` rows of width `d`.
+pub fn scratch_len(rows: usize, d: usize) -> usize {
+    rows.div_ceil(rows_per_group(rows)) * d * 2
+}
+
+/// The template text for rows of `d` elements (`1 <= d <= 8192`).
+fn fill(template: &super::templates::Template, d: usize) -> Result<String> {
+    if d == 0 || d > WG * MAX_CPT {
+        return Err(err!(
+            Device,
+            "layer_norm: last axis of {d} is outside the supported 1..={}",
+            WG * MAX_CPT
+        ));
+    }
+    template.fill(&[("CPT", &d.div_ceil(WG).to_string())])
+}
+
+fn to_u32(n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| err!(Device, "layer_norm: {n} rows do not fit one dispatch"))
+}
+
+fn binding(at: u32, name: &str, resource: Resource, words: usize) -> Binding {
+    Binding { at, name: name.to_string(), resource, words: words as u64 }
+}
+
+fn uniform(bytes: &[u8]) -> Binding {
+    binding(0, "p", Resource::Uniform(bytes.to_vec()), 0)
+}
+
+/// The forward program over `rows` rows of `d`.
+pub fn forward(rows: usize, d: usize, eps: f32, buf: Forward) -> Result<Program> {
+    let wgsl = fill(&LAYER_NORM, d)?;
+    let rows32 = to_u32(rows)?;
+    let params = FwdParams { rows: rows32, d: d as u32, eps, pad: 0 };
+    Ok(Program {
+        label: format!("layer_norm [{rows}, {d}]"),
+        wgsl,
+        entry: "main",
+        workgroup_size: WG as u32,
+        bindings: vec![
+            uniform(bytemuck::bytes_of(&params)),
+            binding(1, "x", buf.x, rows * d),
+            binding(2, "weight", buf.weight, d),
+            binding(3, "bias", buf.bias, d),
+            binding(4, "y", buf.y, rows * d),
+            binding(5, "stats", buf.stats, rows * 2),
+        ],
+        grid: Grid::Linear(rows32),
+        checks: ShaderChecks::ALL,
+    })
+}
+
+/// The two backward programs over `rows` rows of `d`, to be run in order.
+pub fn backward(rows: usize, d: usize, buf: Backward) -> Result<[Program; 2]> {
+    let wgsl = fill(&LAYER_NORM_BW, d)?;
+    let rpg = rows_per_group(rows);
+    let groups = to_u32(rows.div_ceil(rpg))?;
+    let flags = u32::from(buf.accumulate_dx) | (u32::from(buf.accumulate_params) << 1);
+    let params = BwdParams { rows: to_u32(rows)?, d: d as u32, rows_per_group: rpg as u32, flags };
+    let partial = binding(6, "partial", buf.partial, scratch_len(rows, d));
+    let rows_program = Program {
+        label: format!("layer_norm_bw rows [{rows}, {d}]"),
+        wgsl: wgsl.clone(),
+        entry: "rows",
+        workgroup_size: WG as u32,
+        bindings: vec![
+            uniform(bytemuck::bytes_of(&params)),
+            binding(1, "x", buf.x, rows * d),
+            binding(2, "weight", buf.weight, d),
+            binding(3, "stats", buf.stats, rows * 2),
+            binding(4, "dy", buf.dy, rows * d),
+            binding(5, "dx", buf.dx, rows * d),
+            partial.clone(),
+        ],
+        grid: Grid::Linear(groups),
+        checks: ShaderChecks::ALL,
+    };
+    let params_program = Program {
+        label: format!("layer_norm_bw params [{rows}, {d}]"),
+        wgsl,
+        entry: "params",
+        workgroup_size: WG as u32,
+        bindings: vec![
+            uniform(bytemuck::bytes_of(&params)),
+            partial,
+            binding(7, "dparams", buf.dparams, 2 * d),
+        ],
+        grid: Grid::Fixed([d.div_ceil(PC) as u32, 1, 1]),
+        checks: ShaderChecks::ALL,
+    };
+    Ok([rows_program, params_program])
+}
+
+/// `[rows, d]` of a value normalized over its last axis.
+fn rows_d(g: &Graph, id: NodeId) -> (usize, usize) {
+    let d = g.shape(id).last().copied().unwrap_or(1);
+    (g.shape(id).iter().product::<usize>() / d.max(1), d)
+}
+
+/// The programs of a LayerNorm kernel of `plan` (any of its four kinds).
+pub fn lower(g: &Graph, plan: &Plan, k: &Kernel) -> Result<Vec<Program>> {
+    let buffer = |id: NodeId| {
+        plan.value_of(id)
+            .map(|v| Resource::Buffer(v.buffer))
+            .ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
+    };
+    let out = *k.outputs.last().ok_or_else(|| err!(Invariant, "a kernel writes no value"))?;
+    let eps_of = |stats: NodeId| match g.node(stats).op {
+        Op::LayerNormStats { eps } => Ok(eps),
+        _ => Err(err!(Invariant, "layer_norm reads stats from a non-stats node")),
+    };
+    match k.kind {
+        KernelKind::LayerNorm { with_stats } => {
+            let ins = &g.node(out).inputs; // x, stats, weight, bias
+            let eps = eps_of(ins[1])?;
+            let (rows, d) = rows_d(g, out);
+            if rows == 0 {
+                return Ok(Vec::new()); // no rows: nothing to normalize
+            }
+            // Without `with_stats` the stats are already in their buffer; recomputing them
+            // into scratch gives the same numbers and keeps one forward kernel.
+            let stats = if with_stats { buffer(ins[1])? } else { Resource::Scratch { slot: 0 } };
+            let buf = Forward {
+                x: buffer(ins[0])?,
+                weight: buffer(ins[2])?,
+                bias: buffer(ins[3])?,
+                y: buffer(out)?,
+                stats,
+            };
+            Ok(vec![forward(rows, d, eps, buf)?])
+        }
+        KernelKind::LayerNormStats => {
+            let x = g.node(out).inputs[0];
+            let eps = eps_of(out)?;
+            let (rows, d) = rows_d(g, x);
+            if rows == 0 {
+                return Ok(Vec::new());
+            }
+            let buf = Forward {
+                x: buffer(x)?,
+                weight: Resource::Filled { value: 1.0, words: d },
+                bias: Resource::Filled { value: 0.0, words: d },
+                y: Resource::Scratch { slot: 0 },
+                stats: buffer(out)?,
+            };
+            Ok(vec![forward(rows, d, eps, buf)?])
+        }
+        KernelKind::LayerNormGradInput { weight_grad } => {
+            let ins = &g.node(out).inputs; // x, stats, weight, dy
+            let dwb = match weight_grad {
+                Some(w) => buffer(w)?,
+                None => Resource::Scratch { slot: 2 },
+            };
+            ln_backward(g, [ins[0], ins[1], ins[3]], buffer(ins[2])?, buffer(out)?, dwb, &buffer)
+        }
+        KernelKind::LayerNormGradWeight => {
+            let ins = &g.node(out).inputs; // x, stats, dy
+            let d = rows_d(g, ins[0]).1;
+            let ones = Resource::Filled { value: 1.0, words: d };
+            let dx = Resource::Scratch { slot: 1 };
+            ln_backward(g, [ins[0], ins[1], ins[2]], ones, dx, buffer(out)?, &buffer)
+        }
+        _ => Err(err!(Invariant, "kernel `{}` is not a layer_norm kernel", k.kind.name())),
+    }
+}
+
+/// LayerNorm backward over (x, stats, dy) with `weight`: dx into `dx` and dweight/dbias into the
+/// two rows of `dwb`, the partial sums in scratch slot 0.
+fn ln_backward(
+    g: &Graph,
+    [x, stats, dy]: [NodeId; 3],
+    weight: Resource,
+    dx: Resource,
+    dparams: Resource,
+    buffer: &dyn Fn(NodeId) -> Result<Resource>,
+) -> Result<Vec<Program>> {
+    let (rows, d) = rows_d(g, x);
+    let buf = Backward {
+        x: buffer(x)?,
+        weight,
+        stats: buffer(stats)?,
+        dy: buffer(dy)?,
+        dx,
+        partial: Resource::Scratch { slot: 0 },
+        dparams,
+        accumulate_dx: false,
+        accumulate_params: false,
+    };
+    Ok(backward(rows, d, buf)?.into())
+}

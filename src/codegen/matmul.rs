@@ -1,0 +1,409 @@
+//! Matmul programs: the `shaders/matmul.wgsl` template (batched, strided
+//! `C = epilogue(alpha·A·B) + beta·C`), and the lowering of a plan's matmul kernel onto it.
+//!
+//! Operands are described by [`Operand`] (offset and batch/row/col strides, in elements), so the
+//! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. A product
+//! too small in M×N to fill a large GPU but long in K runs split-K: partial products over slices
+//! of K into scratch, then a generated kernel that sums the slices and applies the epilogue.
+
+use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
+use super::templates::MATMUL;
+use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
+use super::writer::Wgsl;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId};
+use crate::plan::fuse::is_last_two_swap;
+use crate::plan::{Kernel, Plan};
+
+/// How one matrix operand sits in its buffer: element `[b, r, c]` is at
+/// `offset + b * batch_stride + r * row_stride + c * col_stride`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operand {
+    pub offset: u32,
+    pub batch_stride: u32,
+    pub row_stride: u32,
+    pub col_stride: u32,
+}
+
+impl Operand {
+    /// A contiguous row-major `[batch, rows, cols]` operand.
+    pub fn row_major(rows: u32, cols: u32) -> Operand {
+        Operand {
+            offset: 0,
+            batch_stride: rows.saturating_mul(cols),
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+
+    /// The logical `[rows, cols]` operand read from a row-major `[batch, cols, rows]` buffer,
+    /// i.e. the transpose of what is stored.
+    pub fn transposed(rows: u32, cols: u32) -> Operand {
+        Operand {
+            offset: 0,
+            batch_stride: rows.saturating_mul(cols),
+            row_stride: 1,
+            col_stride: rows,
+        }
+    }
+
+    /// The same matrix for every batch (batch stride 0).
+    pub fn broadcast(self) -> Operand {
+        Operand { batch_stride: 0, ..self }
+    }
+
+    /// Start at element `offset` of the buffer.
+    pub fn at(self, offset: u32) -> Operand {
+        Operand { offset, ..self }
+    }
+
+    /// Elements a buffer must hold for this operand (one past the largest index touched; 0 when
+    /// the operand is empty).
+    fn words(&self, batch: u32, rows: u32, cols: u32) -> u64 {
+        if batch == 0 || rows == 0 || cols == 0 {
+            return 0;
+        }
+        let last = |n: u32, stride: u32| u64::from(n - 1) * u64::from(stride);
+        u64::from(self.offset)
+            + last(batch, self.batch_stride)
+            + last(rows, self.row_stride)
+            + last(cols, self.col_stride)
+            + 1
+    }
+}
+
+/// One matrix product: `C[b] = epilogue(alpha · A[b] · B[b]) + beta · C[b]` for `b < batch`,
+/// with A `[m, k]`, B `[k, n]`, C `[m, n]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulSpec {
+    pub batch: u32,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub a: Operand,
+    pub b: Operand,
+    pub c: Operand,
+    pub alpha: f32,
+    /// 0 means C is only written, never read.
+    pub beta: f32,
+}
+
+impl MatmulSpec {
+    /// Contiguous row-major `[batch, m, k] · [batch, k, n] → [batch, m, n]`, alpha 1, beta 0.
+    pub fn contiguous(batch: u32, m: u32, n: u32, k: u32) -> MatmulSpec {
+        MatmulSpec {
+            batch,
+            m,
+            n,
+            k,
+            a: Operand::row_major(m, k),
+            b: Operand::row_major(k, n),
+            c: Operand::row_major(m, n),
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+
+    /// Floating-point operations (a multiply-add counts two).
+    pub fn flops(&self) -> f64 {
+        2.0 * f64::from(self.batch) * f64::from(self.m) * f64::from(self.n) * f64::from(self.k)
+    }
+}
+
+/// Block-tile shape of the matmul kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulTile {
+    /// 128×128 blocks, 8×8 per thread, 256 threads: for large products.
+    Large,
+    /// 64×64 blocks, 4×4 per thread, 256 threads: more workgroups for small products.
+    Small,
+    /// 64×64 blocks, 4×4 per thread in registers, no workgroup memory or barriers
+    /// (entry point `main_reg`).
+    Register,
+    /// 128×64 blocks, 8×4 per thread in registers (entry point `main_reg8`).
+    Register8,
+}
+
+impl MatmulTile {
+    /// `(BM, BN, BK, TM, TN)`.
+    pub fn shape(self) -> (u32, u32, u32, u32, u32) {
+        match self {
+            MatmulTile::Large => (128, 128, 8, 8, 8),
+            MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
+            MatmulTile::Register8 => (128, 64, 8, 8, 4),
+        }
+    }
+
+    /// The entry point of `matmul.wgsl` for this tile.
+    pub fn entry(self) -> &'static str {
+        match self {
+            MatmulTile::Register => "main_reg",
+            MatmulTile::Register8 => "main_reg8",
+            MatmulTile::Large | MatmulTile::Small => "main",
+        }
+    }
+
+    /// The tile for `spec`: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`) when
+    /// set, for benchmarking; otherwise the register tiles measured fastest on the H200: 8 x 4
+    /// per thread while that still gives two workgroups per multiprocessor of a big GPU, else
+    /// 4 x 4.
+    pub fn choose(spec: &MatmulSpec) -> MatmulTile {
+        match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
+            Ok("large") => MatmulTile::Large,
+            Ok("small") => MatmulTile::Small,
+            Ok("register") => MatmulTile::Register,
+            Ok("register8") => MatmulTile::Register8,
+            _ => {
+                let blocks = u64::from(spec.m.div_ceil(128))
+                    * u64::from(spec.n.div_ceil(64))
+                    * u64::from(spec.batch);
+                if blocks >= 264 {
+                    MatmulTile::Register8
+                } else {
+                    MatmulTile::Register
+                }
+            }
+        }
+    }
+}
+
+/// The uniform block of `matmul.wgsl` (`struct Params`).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    dims: [u32; 4],
+    a: [u32; 4],
+    b: [u32; 4],
+    c: [u32; 4],
+    alpha: f32,
+    beta: f32,
+    pad: [u32; 2],
+}
+
+/// The template program for `spec` on `tile`: A, B and C are buffers 0, 1 and 2, and the
+/// epilogue's `extra` buffers (declared in `epilogue.decls` from `@binding(4)` on) follow.
+/// `None` for the identity epilogue.
+pub fn program(
+    spec: &MatmulSpec,
+    tile: MatmulTile,
+    epilogue: Option<&MatmulEpilogue>,
+    [a, b, c]: [Resource; 3],
+) -> Result<Program> {
+    let (bm, bn, bk, tm, tn) = tile.shape();
+    let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
+    let wgsl = MATMUL.fill(&[
+        ("BM", &bm.to_string()),
+        ("BN", &bn.to_string()),
+        ("BK", &bk.to_string()),
+        ("TM", &tm.to_string()),
+        ("TN", &tn.to_string()),
+        ("EPILOGUE_BINDINGS", decls),
+        ("EPILOGUE", body),
+    ])?;
+    let s = spec;
+    let params = Params {
+        dims: [s.m, s.n, s.k, s.batch],
+        a: [s.a.offset, s.a.batch_stride, s.a.row_stride, s.a.col_stride],
+        b: [s.b.offset, s.b.batch_stride, s.b.row_stride, s.b.col_stride],
+        c: [s.c.offset, s.c.batch_stride, s.c.row_stride, s.c.col_stride],
+        alpha: s.alpha,
+        beta: s.beta,
+        pad: [0; 2],
+    };
+    let operand = |at: u32, name: &str, resource: Resource, words: u64| Binding {
+        at,
+        name: name.to_string(),
+        resource,
+        words,
+    };
+    let mut bindings = vec![
+        operand(0, "p", Resource::Uniform(bytemuck::bytes_of(&params).to_vec()), 0),
+        operand(1, "a", a, s.a.words(s.batch, s.m, s.k)),
+        operand(2, "b", b, s.b.words(s.batch, s.k, s.n)),
+        operand(3, "c", c, s.c.words(s.batch, s.m, s.n)),
+    ];
+    for (i, &buffer) in epilogue.map_or(&[][..], |e| &e.extra).iter().enumerate() {
+        bindings.push(operand(4 + i as u32, &format!("e{i}"), Resource::Buffer(buffer), 0));
+    }
+    Ok(Program {
+        label: format!("matmul {}x{}x{} batch {}", s.m, s.n, s.k, s.batch),
+        wgsl,
+        entry: tile.entry(),
+        workgroup_size: (bm / tm) * (bn / tn),
+        bindings,
+        grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
+        checks: ShaderChecks::ALL,
+    })
+}
+
+/// The programs of matmul kernel `k` on the template, with its epilogue generated, when the
+/// operands can be described by strides (contiguous buffers, optionally transposed, batch equal
+/// or broadcast) and the grid fits `target`; `None` when the generated kernel must do it.
+pub fn lower(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    (mm, register): (NodeId, NodeId),
+    target: &Target,
+) -> Result<Option<Vec<Program>>> {
+    let Some(out) = k.outputs.last().copied() else { return Ok(None) };
+    let Some(epilogue) = matmul_epilogue(g, plan, k, register) else {
+        return Ok(None);
+    };
+    let node = g.node(mm);
+    let (sa, sb, so) = (g.shape(node.inputs[0]), g.shape(node.inputs[1]), &node.shape);
+    let r = so.len();
+    let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
+    let batch: usize = so[..r - 2].iter().product();
+    if m * n * batch == 0 {
+        return Ok(Some(Vec::new())); // an empty product: nothing to write
+    }
+    let fits = |v: usize| u32::try_from(v).is_ok();
+    if ![m, n, kk, batch, m * n * batch].iter().all(|&v| fits(v)) {
+        return Ok(None);
+    }
+    let (Some((a_src, a_op)), Some((b_src, b_op))) = (
+        operand(g, plan, node.inputs[0], sa, batch, m, kk),
+        operand(g, plan, node.inputs[1], sb, batch, kk, n),
+    ) else {
+        return Ok(None);
+    };
+    let buffer = |id: NodeId| plan.value_of(id).map(|v| Resource::Buffer(v.buffer));
+    let (Some(a), Some(b), Some(c)) = (buffer(a_src), buffer(b_src), buffer(out)) else {
+        return Ok(None);
+    };
+    let spec = MatmulSpec {
+        batch: batch as u32,
+        m: m as u32,
+        n: n as u32,
+        k: kk as u32,
+        a: a_op,
+        b: b_op,
+        c: Operand::row_major(m as u32, n as u32),
+        alpha: 1.0,
+        beta: 0.0,
+    };
+    let label = format!("{} #{}", k.kind.name(), out.index());
+    if let Some(splits) = split_k(&spec) {
+        return split_k_programs(&spec, splits, [a, b, c], &epilogue, &label).map(Some);
+    }
+    let tile = MatmulTile::choose(&spec);
+    let (bm, bn, ..) = tile.shape();
+    let max = target.max_workgroups_per_dimension as usize;
+    if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
+        return Ok(None); // the generated kernel splits any grid
+    }
+    let mut p = program(&spec, tile, Some(&epilogue), [a, b, c])?;
+    p.label = label;
+    Ok(Some(vec![p]))
+}
+
+/// Slices of K for a product whose M×N tiles cannot fill a large GPU (fewer than two 64×64
+/// workgroups per multiprocessor of an H200) but whose K is long: a power of two that divides K,
+/// keeps slices of at least 128, and brings the workgroups to about four per multiprocessor.
+fn split_k(spec: &MatmulSpec) -> Option<u32> {
+    let tiles = spec.m.div_ceil(64) * spec.n.div_ceil(64);
+    if spec.batch != 1 || tiles >= 264 || spec.k < 1024 {
+        return None;
+    }
+    let mut s = 1;
+    while s < 32 && tiles * s * 2 <= 528 && spec.k.is_multiple_of(s * 2) && spec.k / (s * 2) >= 128
+    {
+        s *= 2;
+    }
+    (s > 1).then_some(s)
+}
+
+/// Split-K: `splits` partial products over slices of K (one batched matmul into scratch slot
+/// 0), then one generated kernel that sums the slices and applies the epilogue.
+fn split_k_programs(
+    spec: &MatmulSpec,
+    splits: u32,
+    [a, b, c]: [Resource; 3],
+    epilogue: &MatmulEpilogue,
+    label: &str,
+) -> Result<Vec<Program>> {
+    let (m, n) = (spec.m, spec.n);
+    let chunk = spec.k / splits;
+    let mn = u64::from(m) * u64::from(n);
+    let partial = MatmulSpec {
+        batch: splits,
+        k: chunk,
+        a: Operand { batch_stride: chunk * spec.a.col_stride, ..spec.a },
+        b: Operand { batch_stride: chunk * spec.b.row_stride, ..spec.b },
+        c: Operand::row_major(m, n),
+        ..*spec
+    };
+    let parts = Resource::Scratch { slot: 0 };
+    let mut first = program(&partial, MatmulTile::choose(&partial), None, [a, b, parts.clone()])?;
+    first.label = format!("{label} split-k {splits}");
+
+    let mut w = Wgsl::new();
+    w.line("alias scalar = f32;");
+    w.line("@group(0) @binding(0) var<storage, read> parts: array<f32>;");
+    w.line("@group(0) @binding(1) var<storage, read_write> c: array<f32>;");
+    w.lines(&epilogue.decls);
+    w.blank();
+    w.open("fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar");
+    w.lines(&epilogue.body);
+    w.close();
+    w.blank();
+    w.line(&format!("@compute @workgroup_size({WG})"));
+    w.open(&format!("fn main({MAIN_ARGS})"));
+    w.line(&format!("let idx = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
+    w.block(&format!("if (idx >= {mn}u)"), &["return;"]);
+    w.line("var v = 0.0;");
+    w.block(
+        &format!("for (var s = 0u; s < {splits}u; s++)"),
+        &[&format!("v += parts[s * {mn}u + idx];")],
+    );
+    w.line(&format!("c[idx] = epilogue(v, 0u, idx / {n}u, idx % {n}u);"));
+    w.close();
+    let mut bindings = vec![
+        Binding { at: 0, name: "parts".into(), resource: parts, words: mn * u64::from(splits) },
+        Binding { at: 1, name: "c".into(), resource: c, words: mn },
+    ];
+    for (i, &buffer) in epilogue.extra.iter().enumerate() {
+        let (at, name) = (4 + i as u32, format!("e{i}"));
+        bindings.push(Binding { at, name, resource: Resource::Buffer(buffer), words: 0 });
+    }
+    let second = Program {
+        label: format!("{label} split-k sum"),
+        wgsl: w.finish(),
+        entry: "main",
+        workgroup_size: WG,
+        bindings,
+        grid: Grid::Linear(mn.div_ceil(u64::from(WG)) as u32),
+        checks: ShaderChecks::ALL,
+    };
+    Ok(vec![first, second])
+}
+
+/// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:
+/// a materialized value, or a transpose of the last two axes of one. Batch dims must equal the
+/// output's or be all 1 (broadcast).
+fn operand(
+    g: &Graph,
+    plan: &Plan,
+    id: NodeId,
+    shape: &[usize],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+) -> Option<(NodeId, Operand)> {
+    let own_batch: usize = shape[..shape.len() - 2].iter().product();
+    let broadcast = own_batch == 1 && batch != 1;
+    if own_batch != batch && !broadcast {
+        return None;
+    }
+    let (src, op) = if plan.value_of(id).is_some() {
+        (id, Operand::row_major(rows as u32, cols as u32))
+    } else {
+        let src = g.node(id).inputs.first().copied()?;
+        if !is_last_two_swap(g, id) || plan.value_of(src).is_none() {
+            return None;
+        }
+        (src, Operand::transposed(rows as u32, cols as u32))
+    };
+    Some((src, if broadcast { op.broadcast() } else { op }))
+}

@@ -1,0 +1,210 @@
+//! [`Program`]: what codegen hands the runtime for one dispatch of any kernel kind.
+//!
+//! A program is complete WGSL (generated, or a template from `shaders/` with its placeholders
+//! filled), the entry point, the resources bound at each binding, the workgroup grid and how
+//! the shader is compiled. The runtime turns it into a pipeline (shared by programs of
+//! identical source), a bind group and a dispatch, knowing nothing of what the kernel computes.
+//! A new kernel kind is a new function in codegen returning programs.
+
+use crate::err;
+use crate::error::Result;
+
+/// One compute dispatch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    /// Label of the dispatch (the kernel kind first: profiles group dispatches by it).
+    pub label: String,
+    /// The whole module.
+    pub wgsl: String,
+    /// The entry point in `wgsl`.
+    pub entry: &'static str,
+    /// Threads per workgroup (the entry point's `@workgroup_size`, for reports).
+    pub workgroup_size: u32,
+    /// What each `@binding` of group 0 holds, in binding order.
+    pub bindings: Vec<Binding>,
+    pub grid: Grid,
+    pub checks: ShaderChecks,
+}
+
+/// What a binding of a program holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Binding {
+    /// `@binding(at)` of group 0.
+    pub at: u32,
+    /// The WGSL variable bound (for reports and error messages).
+    pub name: String,
+    pub resource: Resource,
+    /// Elements (4-byte words) the program may touch: a buffer bound here must hold at least
+    /// this many (checked by the runtime, an error otherwise). 0: nothing to check.
+    pub words: u64,
+}
+
+/// Where the buffer of a binding comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resource {
+    /// Buffer `i` of the buffers the program runs over: the plan's buffers, or those the
+    /// caller passes to a stand-alone program.
+    Buffer(usize),
+    /// The plan's status buffer (`codegen::wgsl` says what its words mean).
+    Status,
+    /// The plan's `meta` uniform: the step counter, for dropout.
+    Meta,
+    /// Scratch slot `slot`: a buffer used only within the dispatches of one kernel, shared by
+    /// every kernel of the plan (each slot sized for the largest need), so its contents at the
+    /// start of a kernel are unspecified. A kernel that needs two scratch buffers at once uses
+    /// two slots.
+    Scratch { slot: usize },
+    /// A uniform block of these bytes, made for this dispatch.
+    Uniform(Vec<u8>),
+    /// A read-only buffer of `words` copies of `value`, made once per plan.
+    Filled { value: f32, words: usize },
+}
+
+/// The workgroups a program launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grid {
+    /// `n` workgroups numbered linearly: the runtime spreads them over x, y (and z) when `n`
+    /// exceeds the per-axis limit, and the kernel recovers `wid.x + wid.y * nwg.x` (ignoring
+    /// ids from `n` on).
+    Linear(u32),
+    /// Exactly this grid (the kernel reads each axis); more than the device allows per axis is
+    /// an error.
+    Fixed([u32; 3]),
+}
+
+/// naga's runtime checks, per program (`wgpu::ShaderRuntimeChecks`). Both on unless a kernel is
+/// known to stay in bounds and to terminate: some kernels are much faster without the loop
+/// guard (a shared-memory matmul), some slower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShaderChecks {
+    /// Clamp or discard out-of-bounds accesses.
+    pub bounds: bool,
+    /// Bound every loop's iterations (naga's loop guard).
+    pub loop_bounding: bool,
+}
+
+impl ShaderChecks {
+    /// Every check on: what WebGPU guarantees by default.
+    pub const ALL: ShaderChecks = ShaderChecks { bounds: true, loop_bounding: true };
+}
+
+/// What [`super::compile`] needs to know of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Workgroups per grid axis (`max_compute_workgroups_per_dimension`).
+    pub max_workgroups_per_dimension: u32,
+}
+
+impl Target {
+    /// WebGPU's default limits, which every adapter meets.
+    pub const WEBGPU_DEFAULT: Target = Target { max_workgroups_per_dimension: 65535 };
+}
+
+/// The programs of a whole plan.
+#[derive(Clone, Debug, Default)]
+pub struct PlanPrograms {
+    /// One entry per plan kernel, in plan order: its programs in dispatch order (none when it
+    /// has nothing to compute: a zero-size value).
+    pub kernels: Vec<KernelPrograms>,
+    /// After the kernels, one guarded program per update that is not written in place, when the
+    /// plan has a status buffer (nothing is committed once a check failed).
+    pub commits: Vec<Program>,
+    /// Without a status buffer: updates copied after the compute pass, as
+    /// (from buffer, to buffer, bytes).
+    pub copies: Vec<(usize, usize, u64)>,
+    /// Words of the status buffer (0: the plan has no checking kernel and no status buffer).
+    pub status_words: usize,
+    /// Words of each scratch slot: the largest any program binds.
+    pub scratch_words: Vec<u64>,
+}
+
+/// The programs of one plan kernel, with what it computes (for listings).
+#[derive(Clone, Debug, Default)]
+pub struct KernelPrograms {
+    /// The kernel kind.
+    pub kind: &'static str,
+    /// The ops it computes, in arena order.
+    pub ops: Vec<&'static str>,
+    pub programs: Vec<Program>,
+}
+
+impl PlanPrograms {
+    /// Every program in execution order: the kernels', then the commits.
+    pub fn all(&self) -> impl Iterator<Item = &Program> {
+        self.kernels.iter().flat_map(|k| &k.programs).chain(&self.commits)
+    }
+
+    /// Bytes of the scratch slots and filled buffers that live outside the plan's buffers.
+    pub fn scratch_bytes(&self) -> u64 {
+        let slots: u64 = self.scratch_words.iter().map(|w| w.max(&1) * 4).sum();
+        let mut filled: Vec<(u32, usize)> = Vec::new();
+        for p in self.all() {
+            for b in &p.bindings {
+                if let Resource::Filled { value, words } = b.resource {
+                    if !filled.contains(&(value.to_bits(), words)) {
+                        filled.push((value.to_bits(), words));
+                    }
+                }
+            }
+        }
+        slots + filled.iter().map(|&(_, w)| w.max(1) as u64 * 4).sum::<u64>()
+    }
+
+    /// The WGSL of every kernel (or of kernel `only`), each program under a comment naming the
+    /// kernel, its kind and the ops it computes, its dispatch and what each binding holds.
+    pub fn listing(&self, only: Option<usize>) -> Result<String> {
+        let n = self.kernels.len();
+        if let Some(k) = only.filter(|&k| k >= n) {
+            return Err(err!(
+                Usage,
+                "there is no kernel {k}: the plan has {n} kernels, numbered from 0"
+            ));
+        }
+        let mut s = String::new();
+        for (i, k) in self.kernels.iter().enumerate() {
+            if only.is_some_and(|o| o != i) {
+                continue;
+            }
+            s.push_str(&format!("// kernel {i}: {} ({})\n", k.kind, k.ops.join(" ")));
+            if k.programs.is_empty() {
+                s.push_str("// nothing to compute\n\n");
+            }
+            for p in &k.programs {
+                s.push_str(&header(p));
+                s.push_str(&p.wgsl);
+                s.push('\n');
+            }
+        }
+        if only.is_none() {
+            for p in &self.commits {
+                s.push_str("// update\n");
+                s.push_str(&header(p));
+                s.push_str(&p.wgsl);
+                s.push('\n');
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// The comment above a program in a listing.
+fn header(p: &Program) -> String {
+    let grid = match p.grid {
+        Grid::Linear(n) => format!("{n} workgroups"),
+        Grid::Fixed([x, y, z]) => format!("{x}x{y}x{z} workgroups"),
+    };
+    let mut s =
+        format!("// dispatch `{}`: entry `{}`, {grid} of {}\n", p.label, p.entry, p.workgroup_size);
+    for b in &p.bindings {
+        let what = match &b.resource {
+            Resource::Buffer(i) => format!("buffer {i}"),
+            Resource::Status => "status".to_string(),
+            Resource::Meta => "meta (step counter)".to_string(),
+            Resource::Scratch { slot } => format!("scratch slot {slot}"),
+            Resource::Uniform(bytes) => format!("uniform of {} bytes", bytes.len()),
+            Resource::Filled { value, words } => format!("{words} x {value}"),
+        };
+        s.push_str(&format!("//   @binding({}) {}: {what}\n", b.at, b.name));
+    }
+    s
+}

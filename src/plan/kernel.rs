@@ -1,0 +1,81 @@
+//! Kernels, the unit of a plan: what each computes ([`KernelKind`], with the names reports and
+//! dispatch labels use) and which values it reads, writes and computes inside ([`Kernel`]).
+//! Fusion ([`super::fuse`]) makes them; codegen turns each kind into programs.
+
+use crate::graph::NodeId;
+
+/// What a kernel computes; codegen turns each kind into its programs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KernelKind {
+    /// Evaluates the expression of its output over the output's shape.
+    Elementwise,
+    /// A matmul whose result feeds the output's expression (the epilogue) in registers.
+    /// `register` is the node the epilogue sees as the accumulator: the matmul itself, or a
+    /// reshape of it (the matmul's rows and columns then map to the output's coordinates through
+    /// the linear index).
+    MatMul {
+        matmul: NodeId,
+        register: NodeId,
+    },
+    /// A reduction whose input may be an inlined expression (the prologue).
+    Reduce,
+    Softmax,
+    LogSoftmax,
+    /// `layer_norm`; with `with_stats` it also computes the `layer_norm_stats` node it reads
+    /// (one pass writing both), otherwise it reads the stats from their buffer.
+    LayerNorm {
+        with_stats: bool,
+    },
+    /// Stats only (when the normalized output is not needed in this plan).
+    LayerNormStats,
+    /// `layer_norm_grad_input`; with `weight_grad` it also computes that
+    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes.
+    LayerNormGradInput {
+        weight_grad: Option<NodeId>,
+    },
+    LayerNormGradWeight,
+    Embedding,
+    EmbeddingGrad,
+    CrossEntropy,
+    CrossEntropyGrad,
+    /// The part of a concat's output that inputs `parts` fill (all of them unless the adapter's
+    /// binding limit splits the concat into several kernels).
+    Concat {
+        parts: std::ops::Range<usize>,
+    },
+}
+
+impl KernelKind {
+    /// Short name, for labels and reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            KernelKind::Elementwise => "elementwise",
+            KernelKind::MatMul { .. } => "matmul",
+            KernelKind::Reduce => "reduce",
+            KernelKind::Softmax => "softmax",
+            KernelKind::LogSoftmax => "log_softmax",
+            KernelKind::LayerNorm { .. } => "layer_norm",
+            KernelKind::LayerNormStats => "layer_norm_stats",
+            KernelKind::LayerNormGradInput { .. } => "layer_norm_bw",
+            KernelKind::LayerNormGradWeight => "layer_norm_grad_weight",
+            KernelKind::Embedding => "embedding",
+            KernelKind::EmbeddingGrad => "embedding_grad",
+            KernelKind::CrossEntropy => "cross_entropy",
+            KernelKind::CrossEntropyGrad => "cross_entropy_grad",
+            KernelKind::Concat { .. } => "concat",
+        }
+    }
+}
+
+/// One kernel group: what fusion puts in one kernel, run as one dispatch (or a short fixed
+/// sequence of dispatches) of the programs codegen makes for its kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub kind: KernelKind,
+    /// The materialized values this kernel writes; the last one defines its iteration space.
+    pub outputs: Vec<NodeId>,
+    /// The materialized values it reads (buffers bound as inputs), in first-use order.
+    pub inputs: Vec<NodeId>,
+    /// Every graph node computed inside it, outputs included, in arena order.
+    pub fused: Vec<NodeId>,
+}

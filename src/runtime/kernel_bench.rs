@@ -1,0 +1,89 @@
+//! Throughput of the template kernels alone (`rumus bench --kernels`): codegen's programs on
+//! buffers of their own, timed in one submission.
+
+use super::device::{Dispatch, Gpu};
+use super::launch::prepare;
+use crate::codegen::layer_norm::{self, Backward, Forward};
+use crate::codegen::matmul::{self, MatmulSpec, MatmulTile};
+use crate::codegen::Resource;
+use crate::error::Result;
+use std::time::Instant;
+
+/// Time `all` in one submission after one warm-up run of `warm`; seconds.
+fn time(gpu: &Gpu, warm: &[&Dispatch], all: &[&Dispatch]) -> Result<f64> {
+    gpu.run(warm)?;
+    let start = Instant::now();
+    gpu.run(all)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Throughput of the matmul template with `tile` on `n × n × n` (contiguous, f32), in TFLOP/s:
+/// one warm-up submission, then `iters` dispatches in one compute pass and one submission,
+/// timed to completion.
+pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32, tile: MatmulTile) -> Result<f64> {
+    let spec = MatmulSpec::contiguous(1, n, n, n);
+    let len = n as usize * n as usize;
+    let data: Vec<f32> = (0..len).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
+    let a = gpu.upload_f32("bench a", &data)?;
+    let b = gpu.upload_f32("bench b", &data)?;
+    let c = gpu.storage("bench c", len)?;
+    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let p = matmul::program(&spec, tile, None, operands)?;
+    let d = prepare(gpu, &p, &[&a, &b, &c], &[])?;
+    let iters = iters.max(1);
+    let all: Vec<&Dispatch> = (0..iters).map(|_| &d).collect();
+    let secs = time(gpu, &[&d], &all)?;
+    Ok(spec.flops() * f64::from(iters) / secs / 1e12)
+}
+
+/// Effective bandwidth of layer-norm forward + backward on `[rows, d]` (f32), in GB/s counting
+/// 5·rows·d·4 bytes (read x, write y; read x, dy, write dx), as PyTorch's figure in BASELINES.md
+/// does: one warm-up submission, then `iters` (forward, backward) rounds in one submission.
+pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<f64> {
+    let n = rows * d;
+    let data: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
+    let ones = vec![1.0f32; d];
+    let buffers = [
+        gpu.upload_f32("bench x", &data)?,
+        gpu.upload_f32("bench dy", &data)?,
+        gpu.upload_f32("bench weight", &ones)?,
+        gpu.upload_f32("bench bias", &ones)?,
+        gpu.storage("bench y", n)?,
+        gpu.storage("bench dx", n)?,
+        gpu.storage("bench stats", rows * 2)?,
+        gpu.storage("bench dparams", 2 * d)?,
+        gpu.storage("bench scratch", layer_norm::scratch_len(rows, d))?,
+    ];
+    let [x, dy, w, b, y, dx, stats, dwb, scratch] =
+        [0, 1, 2, 3, 4, 5, 6, 7, 8].map(Resource::Buffer);
+    let fwd = layer_norm::forward(
+        rows,
+        d,
+        1e-5,
+        Forward { x: x.clone(), weight: w.clone(), bias: b, y, stats: stats.clone() },
+    )?;
+    let bwd = layer_norm::backward(
+        rows,
+        d,
+        Backward {
+            x,
+            weight: w,
+            stats,
+            dy,
+            dx,
+            partial: scratch,
+            dparams: dwb,
+            accumulate_dx: false,
+            accumulate_params: false,
+        },
+    )?;
+    let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();
+    let fwd = prepare(gpu, &fwd, &bound, &[])?;
+    let [rows_p, params_p] = bwd;
+    let bw_rows = prepare(gpu, &rows_p, &bound, &[])?;
+    let bw_params = prepare(gpu, &params_p, &bound, &[])?;
+    let iters = iters.max(1);
+    let all: Vec<&Dispatch> = (0..iters).flat_map(|_| [&fwd, &bw_rows, &bw_params]).collect();
+    let secs = time(gpu, &[&fwd, &bw_rows, &bw_params], &all)?;
+    Ok(5.0 * n as f64 * 4.0 * f64::from(iters) / secs / 1e9)
+}
