@@ -16,8 +16,10 @@
 //! ```
 
 use crate::error::{Result, Source};
-use crate::script::api::model::{self, ScriptTrainer};
-use crate::script::{ExitRequest, Host, HostOptions, Interrupt, Sandbox};
+use crate::script::{
+    load_checkpoint, save_checkpoint, ExitRequest, Host, HostOptions, Interrupt, Sandbox,
+    ScriptTrainer,
+};
 use crate::session::Trainer;
 use crate::tensor::Tensor;
 use crate::{err, Error};
@@ -145,13 +147,13 @@ impl Compiled {
 
     /// Save parameters, optimizer state and step count (atomically, safetensors).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        model::save(&self.trainer.trainer.borrow(), path.as_ref())
+        save_checkpoint(&self.trainer.trainer.borrow(), path.as_ref())
     }
 
     /// Load a checkpoint written by [`Compiled::save`]: every parameter must be in it (see
     /// [`Trainer::load_checkpoint`]).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
-        model::load(&mut self.trainer.trainer.borrow_mut(), path.as_ref(), true).map(drop)
+        load_checkpoint(&mut self.trainer.trainer.borrow_mut(), path.as_ref(), true).map(drop)
     }
 
     /// The underlying trainer (parameters by name, plan report, step count).

@@ -1,7 +1,8 @@
 //! rumus: an embeddable machine-learning engine.
 
-pub mod bench;
+pub mod backend;
 pub mod checkpoint;
+pub mod cli;
 pub mod codegen;
 pub mod cpu;
 pub mod data;

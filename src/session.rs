@@ -10,7 +10,8 @@
 //! [`Budget`] for its [`footprint`]: what the backend keeps for as long as it lives, and what
 //! each run needs for as long as the run lasts.
 
-use crate::cpu::{Buf, Executor, RunOptions};
+use crate::backend::{Backend, RunOptions};
+use crate::cpu::CpuBackend;
 use crate::err;
 use crate::error::{Error, Result};
 use crate::graph::optim::{is_host_input, STEP_STATE};
@@ -19,7 +20,7 @@ use crate::memory::{Budget, Charge};
 use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
-use crate::tensor::{fmt_shape, DType, Tensor, TensorData};
+use crate::tensor::{fmt_shape, DType, Tensor};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -28,93 +29,6 @@ pub type Dims = BTreeMap<String, usize>;
 
 /// Builds a model's forward graph for given dimensions.
 pub type GraphBuilder = Arc<dyn Fn(&Dims) -> Result<Graph> + Send + Sync>;
-
-/// A device that holds a graph's persistent values and evaluates it.
-pub trait Backend {
-    /// What runs the graph: `cpu`, or the GPU adapter's name.
-    fn device_name(&self) -> String;
-    /// Feed inputs, evaluate `want` (and, when `opts.training`, apply the graph's updates).
-    fn run(
-        &mut self,
-        feeds: &[(NodeId, &Tensor)],
-        want: &[NodeId],
-        opts: RunOptions,
-    ) -> Result<Vec<Tensor>>;
-    /// Current value of a parameter or state node.
-    fn read(&self, id: NodeId) -> Result<Tensor>;
-    /// Overwrite a parameter or state node.
-    fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()>;
-    /// A human-readable description of how the graph is executed.
-    fn plan_report(&self) -> String;
-}
-
-/// The CPU reference interpreter as a backend.
-pub struct CpuBackend {
-    graph: Graph,
-    /// The same graph without its updates, for evaluation runs.
-    eval_graph: Graph,
-    exec: Executor<f32>,
-}
-
-impl CpuBackend {
-    pub fn new(graph: Graph, seed: u64) -> Result<CpuBackend> {
-        let exec = Executor::new(&graph, seed)?;
-        let mut eval_graph = graph.clone();
-        eval_graph.updates.clear();
-        Ok(CpuBackend { graph, eval_graph, exec })
-    }
-}
-
-fn to_buf(t: &Tensor) -> Buf<f32> {
-    match t.data() {
-        TensorData::F32(v) => Buf::F(v.clone()),
-        TensorData::I32(v) => Buf::I(v.clone()),
-    }
-}
-
-fn from_buf(shape: &[usize], b: Buf<f32>) -> Result<Tensor> {
-    match b {
-        Buf::F(v) => Tensor::f32(shape, v),
-        Buf::I(v) => Tensor::i32(shape, v),
-    }
-}
-
-impl Backend for CpuBackend {
-    fn device_name(&self) -> String {
-        "cpu".to_string()
-    }
-
-    fn run(
-        &mut self,
-        feeds: &[(NodeId, &Tensor)],
-        want: &[NodeId],
-        opts: RunOptions,
-    ) -> Result<Vec<Tensor>> {
-        let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
-        let g = if opts.training { &self.graph } else { &self.eval_graph };
-        let out = self.exec.run(g, &bufs, want, opts)?;
-        want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
-    }
-
-    fn read(&self, id: NodeId) -> Result<Tensor> {
-        let data = self
-            .exec
-            .persistent(id)
-            .ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))?;
-        Tensor::f32(self.graph.shape(id), data.to_vec())
-    }
-
-    fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
-        let data =
-            value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
-        self.exec.set_persistent(&self.graph, id, data.to_vec())
-    }
-
-    fn plan_report(&self) -> String {
-        let n = self.graph.n_nodes();
-        format!("device cpu (reference interpreter): {n} ops, evaluated one by one, no fusion")
-    }
-}
 
 /// Which device a model is compiled for (see [`DeviceChoice`]).
 pub type Device = DeviceChoice;

@@ -15,13 +15,16 @@
 //! outputs on every run and for every thread count: every sum runs in a fixed order, and threads
 //! only ever split independent output rows.
 
+pub mod backend;
 pub mod exec;
 pub mod interp;
 pub mod matmul;
 pub mod nn;
 
+pub use crate::backend::RunOptions;
 pub use crate::graph::float::Float;
 pub use crate::rng::dropout_keep;
+pub use backend::CpuBackend;
 pub use exec::Executor;
 pub use matmul::{bench_matmul, matmul};
 
@@ -73,13 +76,4 @@ impl<T> Buf<T> {
             Buf::F(_) => None,
         }
     }
-}
-
-/// Options of one step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunOptions {
-    /// Training mode: dropout drops. When false, dropout is the identity.
-    pub training: bool,
-    /// The step number, mixed into dropout masks so each step draws a fresh mask.
-    pub step: u64,
 }

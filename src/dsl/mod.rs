@@ -77,7 +77,6 @@
 
 pub mod ast;
 mod bind;
-pub mod cli;
 pub mod parse;
 pub mod rms;
 pub mod scan;
@@ -87,7 +86,6 @@ pub mod lower;
 pub mod ops;
 pub mod resolve;
 
-pub use cli::cli_graph;
 pub use lower::{lower, Value};
 pub use resolve::{resolve, Module};
 

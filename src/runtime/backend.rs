@@ -3,13 +3,12 @@
 
 use super::device::Gpu;
 use super::exec::GpuPlan;
-use crate::cpu::RunOptions;
+use crate::backend::{Backend, RunOptions};
 use crate::err;
 use crate::error::Result;
 use crate::graph::init::init_values;
 use crate::graph::{Graph, NodeId, Op};
 use crate::plan::{plan, Limits, PlanOptions};
-use crate::session::Backend;
 use crate::tensor::{fmt_shape, Tensor};
 use std::collections::HashMap;
 

@@ -11,7 +11,7 @@
 //! A [`Host`] is one persistent script session: one rhai `Scope` plus the functions of every
 //! earlier evaluation, so a REPL line or a host call sees what came before.
 
-pub mod api;
+pub(crate) mod api;
 pub mod calls;
 pub mod convert;
 pub mod engine;
@@ -19,6 +19,7 @@ pub mod rms;
 pub mod runner;
 pub mod signal;
 
+pub use api::model::{load as load_checkpoint, save as save_checkpoint, ScriptTrainer};
 pub use engine::{Deadline, Interrupt, Sandbox};
 pub use rhai;
 

@@ -7,13 +7,14 @@
 //! adapter meets, so the plans are proven to fit any adapter on the software one CI has.
 
 use crate::common::gpu::both_or_skip;
+use rumus::backend::Backend;
+use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
 use rumus::graph::{training_graph, Graph, Init, OptimConfig, Optimizer, TrainGraph};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
 use rumus::runtime::Gpu;
-use rumus::session::{Backend, CpuBackend};
 use rumus::{DType, Tensor};
 
 fn gpt_step() -> TrainGraph {

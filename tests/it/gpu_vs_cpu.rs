@@ -12,12 +12,12 @@ use crate::common;
 
 use crate::common::gpu::{both_or_skip, or_skip};
 use common::{build, cases, feeds};
+use rumus::backend::Backend;
 use rumus::cpu::{Buf, Executor, RunOptions};
 use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
 use rumus::runtime::Gpu;
-use rumus::session::Backend;
 use rumus::Tensor;
 use std::collections::HashSet;
 

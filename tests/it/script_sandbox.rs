@@ -404,12 +404,12 @@ fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
     let file = dir.join("huge.rms");
     // 2^31 outputs of 2^9 inputs: a 4 TiB weight, far past half of any test machine's memory.
     std::fs::write(&file, "model huge(x: f32[B, 512]) { return linear(x, 2147483648) }\n").unwrap();
-    let spec = rumus::bench::ModelSpec {
+    let spec = rumus::cli::bench::ModelSpec {
         file: file.display().to_string(),
         model: None,
         sets: vec![("B".into(), "1".into())],
     };
-    let e = rumus::bench::bench_model(&spec, rumus::runtime::DeviceChoice::Cpu, 1, 0, false)
+    let e = rumus::cli::bench::bench_model(&spec, rumus::runtime::DeviceChoice::Cpu, 1, 0, false)
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Limit, "{e}");
     assert!(e.message.starts_with(&format!("benchmarking `{}` needs ", file.display())), "{e}");

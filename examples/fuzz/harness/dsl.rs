@@ -11,12 +11,14 @@
 use super::check::{self, Failure};
 use super::mutate::Mutator;
 use super::{repo_file, repo_files, Fuzz};
+use rumus::backend::Backend;
+use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
 use rumus::dsl::{self, Module};
 use rumus::graph::{training_graph, verify, Graph, Op, OptimConfig, Optimizer};
 use rumus::plan::{plan, PlanOptions};
 use rumus::rng::Rng;
-use rumus::session::{Backend, CpuBackend, TARGET_INPUT};
+use rumus::session::TARGET_INPUT;
 use rumus::tensor::{DType, Tensor};
 use rumus::{Error, Source};
 use std::sync::Arc;
@@ -191,7 +193,7 @@ fn train(mut g: Graph) -> Result<(), Error> {
         .map_err(|e| Error::invariant(format!("training graph fails verify: {}", e.message)))?;
     plan(&t.graph, &[t.loss], true, PlanOptions::default())?;
     if elements(&t.graph) <= MAX_RUN_ELEMENTS {
-        let feeds = rumus::bench::random_feeds(&t, 1)?;
+        let feeds = rumus::cli::bench::random_feeds(&t, 1)?;
         let feeds: Vec<_> = feeds.iter().map(|(id, v)| (*id, v)).collect();
         let mut cpu = CpuBackend::new(t.graph.clone(), 0)?;
         let out: Vec<Tensor> =

@@ -39,10 +39,6 @@ impl ScriptDataset {
         self.x.tensor().shape().first().copied().unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// A dataset read by a loader, whose charge covers its tensors and names.
     fn from_loaded(d: Dataset, mut charge: Charge) -> ScriptDataset {
         let (x, y, names) = d.into_parts();

@@ -11,8 +11,6 @@ pub mod tensor;
 use super::Ctx;
 use std::rc::Rc;
 
-pub use tensor::ScriptTensor;
-
 /// Register every type and function of the script API.
 pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     tensor::register(engine, ctx);

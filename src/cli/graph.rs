@@ -2,7 +2,7 @@
 //! `.rms`), instantiate one model (input dimensions left unset are 1), and render either its
 //! parameter list or its graph as Graphviz DOT.
 
-use super::{load, load_rms, lower};
+use crate::dsl::{load, load_rms, lower};
 use crate::err;
 use crate::error::{Result, Source};
 use crate::graph::{Graph, Init, Op};

@@ -6,7 +6,8 @@
 //! `shared/bench/BASELINES.md`. Hyperparameters come from the model's defaults, overridden by
 //! `--set name=value`.
 
-use crate::cpu::RunOptions;
+use crate::backend::{Backend, RunOptions};
+use crate::cpu::CpuBackend;
 use crate::dsl::{self, Value};
 use crate::err;
 use crate::error::{Result, Source};
@@ -17,7 +18,6 @@ use crate::plan::{plan, PlanOptions};
 use crate::rng::Rng;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
-use crate::session::{Backend, CpuBackend};
 use crate::tensor::{DType, Tensor};
 use serde_json::json;
 use std::time::Instant;

@@ -1,0 +1,36 @@
+//! The seam between a compiled model and the device that runs it: the [`Backend`] trait, which
+//! the CPU interpreter (`cpu::CpuBackend`) and the GPU (`runtime::backend::GpuBackend`)
+//! implement and `session` drives, and the per-step [`RunOptions`] both read. It sits below
+//! both backends, so neither imports the session that uses it.
+
+use crate::error::Result;
+use crate::graph::NodeId;
+use crate::tensor::Tensor;
+
+/// Options of one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Training mode: dropout drops. When false, dropout is the identity.
+    pub training: bool,
+    /// The step number, mixed into dropout masks so each step draws a fresh mask.
+    pub step: u64,
+}
+
+/// A device that holds a graph's persistent values and evaluates it.
+pub trait Backend {
+    /// What runs the graph: `cpu`, or the GPU adapter's name.
+    fn device_name(&self) -> String;
+    /// Feed inputs, evaluate `want` (and, when `opts.training`, apply the graph's updates).
+    fn run(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>>;
+    /// Current value of a parameter or state node.
+    fn read(&self, id: NodeId) -> Result<Tensor>;
+    /// Overwrite a parameter or state node.
+    fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()>;
+    /// A human-readable description of how the graph is executed.
+    fn plan_report(&self) -> String;
+}

@@ -1,0 +1,77 @@
+//! The CPU reference interpreter as a [`Backend`]: host tensors in and out of the
+//! [`Executor`], a second graph without updates for evaluation runs.
+
+use super::{Buf, Executor};
+use crate::backend::{Backend, RunOptions};
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId};
+use crate::tensor::{Tensor, TensorData};
+
+/// The CPU reference interpreter as a backend.
+pub struct CpuBackend {
+    graph: Graph,
+    /// The same graph without its updates, for evaluation runs.
+    eval_graph: Graph,
+    exec: Executor<f32>,
+}
+
+impl CpuBackend {
+    pub fn new(graph: Graph, seed: u64) -> Result<CpuBackend> {
+        let exec = Executor::new(&graph, seed)?;
+        let mut eval_graph = graph.clone();
+        eval_graph.updates.clear();
+        Ok(CpuBackend { graph, eval_graph, exec })
+    }
+}
+
+fn to_buf(t: &Tensor) -> Buf<f32> {
+    match t.data() {
+        TensorData::F32(v) => Buf::F(v.clone()),
+        TensorData::I32(v) => Buf::I(v.clone()),
+    }
+}
+
+fn from_buf(shape: &[usize], b: Buf<f32>) -> Result<Tensor> {
+    match b {
+        Buf::F(v) => Tensor::f32(shape, v),
+        Buf::I(v) => Tensor::i32(shape, v),
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device_name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn run(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+    ) -> Result<Vec<Tensor>> {
+        let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
+        let g = if opts.training { &self.graph } else { &self.eval_graph };
+        let out = self.exec.run(g, &bufs, want, opts)?;
+        want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
+    }
+
+    fn read(&self, id: NodeId) -> Result<Tensor> {
+        let data = self
+            .exec
+            .persistent(id)
+            .ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))?;
+        Tensor::f32(self.graph.shape(id), data.to_vec())
+    }
+
+    fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
+        let data =
+            value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
+        self.exec.set_persistent(&self.graph, id, data.to_vec())
+    }
+
+    fn plan_report(&self) -> String {
+        let n = self.graph.n_nodes();
+        format!("device cpu (reference interpreter): {n} ops, evaluated one by one, no fusion")
+    }
+}
