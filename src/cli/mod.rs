@@ -1,5 +1,5 @@
 //! The `rumus` command line: arguments parsed (every number through one range-checked helper,
-//! [`Flags::int`] or [`Flags::seconds`]), the library called, errors mapped to exit codes (0
+//! `Flags::int` or `Flags::seconds`), the library called, errors mapped to exit codes (0
 //! success, 1 script or runtime error, 2 usage or I/O error, 130 interrupted by Ctrl-C;
 //! `exit(n)` in a script exits `n`; a broken pipe on stdout is success).
 //!
