@@ -4,7 +4,7 @@
 //! `exit(n)` in a script exits `n`; a broken pipe on stdout is success).
 //!
 //! - [`graph`]: `rumus graph`, a model's parameters or its graph as DOT;
-//! - [`bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed.
+//! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed.
 
 pub mod bench;
 pub mod graph;

@@ -3,7 +3,7 @@
 //! `rumus::Engine`.
 //!
 //! - [`engine`]: the sandbox (limits, file policy, memory budget size, interrupt flag);
-//! - [`api`]: every type and function scripts see, registered per type in one place;
+//! - `api`: every type and function scripts see, registered per type in one place;
 //! - [`rms`]: `.rms` sources (rhai with model blocks) split, with positions kept;
 //! - [`convert`]: errors across the rhai boundary, positioned in the file they came from;
 //! - [`calls`]: a guard on calls too wide for rhai's call resolution.
