@@ -109,7 +109,10 @@ pub fn text_sequences(
     charge: &mut Charge,
 ) -> Result<Dataset> {
     if seq_len == 0 || stride == 0 {
-        return Err(err!(Usage, "seq_len and stride must be positive, got {seq_len} and {stride}"));
+        return Err(err!(
+            InvalidArgument,
+            "seq_len and stride must be positive, got {seq_len} and {stride}"
+        ));
     }
     let Some(room) = bytes.len().checked_sub(seq_len).and_then(|r| r.checked_sub(1)) else {
         return Err(err!(
@@ -226,7 +229,7 @@ impl Dataset {
     /// holds the remainder and is smaller when `batch_size` does not divide the length.
     pub fn batches(&self, batch_size: usize, seed: u64) -> Result<Batches<'_>> {
         if batch_size == 0 {
-            return Err(err!(Usage, "batch size must be positive"));
+            return Err(err!(InvalidArgument, "batch size must be positive"));
         }
         Ok(Batches { data: self, order: shuffled(self.len(), seed), next: 0, batch_size })
     }
@@ -269,7 +272,7 @@ impl ExactSizeIterator for Batches<'_> {}
 /// in `[0, 1]`.
 pub fn split_point(n: usize, fraction: f64) -> Result<usize> {
     if !(0.0..=1.0).contains(&fraction) {
-        return Err(err!(Usage, "split fraction must lie in [0, 1], got {fraction}"));
+        return Err(err!(InvalidArgument, "split fraction must lie in [0, 1], got {fraction}"));
     }
     Ok(((n as f64 * fraction).round() as usize).min(n))
 }

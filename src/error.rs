@@ -55,6 +55,9 @@ pub enum ErrorKind {
     Io,
     /// Bad command-line usage.
     Usage,
+    /// A value given to a function or option is outside what it accepts (a learning rate, a
+    /// probability, a batch size, a device name): the call is well-formed, the value is not.
+    InvalidArgument,
 }
 
 /// The error type of every rumus API.
@@ -64,6 +67,9 @@ pub struct Error {
     pub message: String,
     pub span: Option<Span>,
     pub source: Option<Arc<Source>>,
+    /// The operating system's error behind an `Io` error, kept so a caller can tell a closed
+    /// pipe from a full disk by [`std::io::ErrorKind`] rather than by the message's words.
+    pub cause: Option<Arc<std::io::Error>>,
 }
 
 /// `Result` with [`Error`].
@@ -75,7 +81,7 @@ impl Error {
     /// [`MAX_QUOTE_CHARS`] and the whole to [`MAX_MESSAGE_CHARS`], so a host that prints
     /// `message` itself is as safe as one that prints the error.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, message: tidy(&message.into()), span: None, source: None }
+        Error { kind, message: tidy(&message.into()), span: None, source: None, cause: None }
     }
 
     /// A `Shape` error.
@@ -88,9 +94,16 @@ impl Error {
         Error::new(ErrorKind::Invariant, message)
     }
 
-    /// An `Io` error: `path: err`.
-    pub fn io(path: impl fmt::Display, err: impl fmt::Display) -> Error {
-        Error::new(ErrorKind::Io, format!("{path}: {err}"))
+    /// An `Io` error: `path: err`, keeping `err` as its [`cause`](Error::cause).
+    pub fn io(path: impl fmt::Display, err: std::io::Error) -> Error {
+        let mut e = Error::new(ErrorKind::Io, format!("{path}: {err}"));
+        e.cause = Some(Arc::new(err));
+        e
+    }
+
+    /// The kind of the operating system's error behind this one, if there is one.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        self.cause.as_ref().map(|c| c.kind())
     }
 
     /// Attach a position, unless the error already has one (the innermost position wins). The
@@ -158,7 +171,11 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause.as_deref().map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// Whether `c` is shown escaped: control characters, and the invisible ones that can make text
 /// read differently from what it is (zero-width, bidirectional overrides, byte-order mark).
@@ -318,6 +335,14 @@ mod tests {
         let src = Source::new("a\rb.rms", "x");
         let e = err!(Parse, "bad").at(Span::new(0, 1)).in_source(&src);
         assert_eq!(e.to_string(), "a\\rb.rms:1:1: bad\n    x\n    ^");
+    }
+
+    #[test]
+    fn io_errors_keep_their_cause() {
+        let e = Error::io("out.txt", std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(e.io_kind(), Some(std::io::ErrorKind::BrokenPipe));
+        assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(err!(Io, "no cause").io_kind(), None);
     }
 
     #[test]

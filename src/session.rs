@@ -107,7 +107,7 @@ impl Schedule {
             Schedule::Cosine { min_lr, .. } => ("cosine: min_lr", min_lr),
         };
         if !(v.is_finite() && v >= 0.0) {
-            return Err(err!(Usage, "{what} must be a finite number >= 0, got {v}"));
+            return Err(err!(InvalidArgument, "{what} must be a finite number >= 0, got {v}"));
         }
         Ok(())
     }
@@ -179,7 +179,11 @@ impl Model {
     /// Instantiate, append loss, backward and optimizer, and place the result on a device.
     pub fn compile(&self, cfg: CompileConfig) -> Result<Trainer> {
         if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
-            return Err(err!(Usage, "learning rate must be a finite number >= 0, got {}", cfg.lr));
+            return Err(err!(
+                InvalidArgument,
+                "learning rate must be a finite number >= 0, got {}",
+                cfg.lr
+            ));
         }
         cfg.schedule.check()?;
         let mut g = self.instantiate(&cfg.dims)?;
@@ -369,7 +373,7 @@ impl Trainer {
         if batch == 0 {
             let shape =
                 inputs.first().map_or("no input".to_string(), |(_, t)| fmt_shape(t.shape()));
-            return Err(err!(Usage, "predict needs at least one example, got {shape}"));
+            return Err(err!(InvalidArgument, "predict needs at least one example, got {shape}"));
         }
         let mut dims = self.cfg.dims.clone();
         dims.insert("B".to_string(), batch);
@@ -582,7 +586,7 @@ fn resolve_feeds<'a>(
     for (_, n) in g.nodes() {
         if let Op::Input { name } = &n.op {
             if !is_host_input(name) && !inputs.iter().any(|(m, _)| m == name) {
-                return Err(err!(Usage, "input `{name}` was not fed"));
+                return Err(err!(InvalidArgument, "input `{name}` was not fed"));
             }
         }
     }

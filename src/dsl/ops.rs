@@ -200,9 +200,8 @@ const OTHERS: &[OpSig] = &[
         let x = a.tensor(0)?;
         let p = a.float(1)?;
         if !(0.0..1.0).contains(&p) {
-            return Err(
-                err!(Name, "dropout probability must be in [0, 1), got {p}").at(a.span_of(1))
-            );
+            return Err(err!(InvalidArgument, "dropout probability must be in [0, 1), got {p}")
+                .at(a.span_of(1)));
         }
         let seed = a.index(2)? as u64;
         a.g().dropout(x, p as f32, seed)

@@ -318,7 +318,9 @@ impl Graph {
         eps: f32,
     ) -> Result<NodeId> {
         if !(eps > 0.0 && eps.is_finite()) {
-            return Err(err!(Shape, "layer_norm: eps must be positive, got {eps}").at(self.span));
+            return Err(
+                err!(InvalidArgument, "layer_norm: eps must be positive, got {eps}").at(self.span)
+            );
         }
         self.check_ids("layer_norm", &[x, weight, bias])?;
         let d = self.shape(x).last().copied();

@@ -65,7 +65,7 @@ impl Optimizer {
             Optimizer::Sgd { momentum, weight_decay } => {
                 if !(0.0..1.0).contains(&momentum) {
                     return Err(err!(
-                        Shape,
+                        InvalidArgument,
                         "sgd: momentum must be in [0, 1), got {}",
                         show(momentum)
                     ));
@@ -80,7 +80,7 @@ impl Optimizer {
         let name = self.name();
         if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
             return Err(err!(
-                Shape,
+                InvalidArgument,
                 "{name}: betas must be in [0, 1), got ({}, {})",
                 show(b1),
                 show(b2)
@@ -90,7 +90,7 @@ impl Optimizer {
         let (eps32, wd32) = (eps as f32, wd as f32);
         if !(eps32 > 0.0 && eps32.is_finite() && wd32 >= 0.0 && wd32.is_finite()) {
             return Err(err!(
-                Shape,
+                InvalidArgument,
                 "{name}: eps must be positive and weight_decay >= 0, got {} and {}",
                 show(eps),
                 show(wd)
@@ -151,7 +151,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
     cfg.optimizer.check()?;
     if let Some(c) = cfg.clip_norm {
         if !(c > 0.0 && c.is_finite()) {
-            return Err(err!(Shape, "clip_norm must be positive, got {c}"));
+            return Err(err!(InvalidArgument, "clip_norm must be positive, got {c}"));
         }
     }
     let lr = g.input(LR_INPUT, &[], DType::F32)?;

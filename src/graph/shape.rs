@@ -4,7 +4,7 @@
 //! check a finished graph). Its errors name the op and the shapes involved.
 
 use super::ir::{Op, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::{checked_numel, fmt_shape, DType};
 
 /// NumPy broadcasting of two shapes.
@@ -388,9 +388,10 @@ fn infer_unchecked(
             let (x, d) = ins[0];
             need_f32(op, "input", d, x)?;
             if !(0.0..1.0).contains(p) {
-                return Err(Error::shape(format!(
-                    "dropout: probability must be in [0, 1), got {p}"
-                )));
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("dropout: probability must be in [0, 1), got {p}"),
+                ));
             }
             Ok((x.to_vec(), DType::F32))
         }

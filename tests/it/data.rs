@@ -265,7 +265,7 @@ fn split_is_deterministic_and_a_partition() {
     assert_eq!(d.split(0.0, 1).unwrap().0.len(), 0);
     assert_eq!(d.split(1.0, 1).unwrap().1.len(), 0);
     for bad in [-0.1, 1.5, f64::NAN] {
-        assert_eq!(d.split(bad, 1).unwrap_err().kind, ErrorKind::Usage);
+        assert_eq!(d.split(bad, 1).unwrap_err().kind, ErrorKind::InvalidArgument);
     }
 }
 
@@ -292,7 +292,7 @@ fn batches_cover_every_example_once_and_keep_the_last_partial_batch() {
     a.sort();
     b.sort();
     assert_eq!(a, b);
-    assert_eq!(d.batches(0, 1).unwrap_err().kind, ErrorKind::Usage);
+    assert_eq!(d.batches(0, 1).unwrap_err().kind, ErrorKind::InvalidArgument);
     assert_eq!(d.batches(5000, 1).unwrap().count(), 1);
 }
 
@@ -325,8 +325,8 @@ fn text_sequences_pair_each_window_with_the_next_bytes() {
     assert_eq!(text_sequences(b"abcd", 3, 1).unwrap().len(), 1);
     let e = text_sequences(b"abc", 3, 1).unwrap_err();
     assert_eq!(e.message, "text of 3 bytes is too short for one sequence of 3 bytes plus a target");
-    assert_eq!(text_sequences(b"abc", 0, 1).unwrap_err().kind, ErrorKind::Usage);
-    assert_eq!(text_sequences(b"abc", 1, 0).unwrap_err().kind, ErrorKind::Usage);
+    assert_eq!(text_sequences(b"abc", 0, 1).unwrap_err().kind, ErrorKind::InvalidArgument);
+    assert_eq!(text_sequences(b"abc", 1, 0).unwrap_err().kind, ErrorKind::InvalidArgument);
     let high = text_sequences(&[0, 255, 128], 2, 1).unwrap();
     assert_eq!(high.y().as_i32().unwrap(), &[255, 128]);
 }

@@ -335,3 +335,13 @@ fn an_unwritable_stderr_does_not_crash_a_run() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// A bad value passed by a script is the script's error (exit 1, InvalidArgument), not a bad
+/// command line (exit 2).
+#[test]
+fn a_bad_argument_in_a_script_is_a_script_error() {
+    let f = script("bad_arg.rms", "let m = tensor([1.0, 2.0]);\nlet d = device(\"tpu\");\n");
+    let (code, _, err) = rumus(&["run", &f]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("unknown device `tpu`"), "{err}");
+}

@@ -63,8 +63,11 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
                 *c.device.borrow_mut() = d.to_string();
                 Ok(())
             }
-            _ => Err(err!(Usage, "unknown device `{d}`: expected \"auto\", \"gpu\" or \"cpu\""))
-                .script(),
+            _ => Err(err!(
+                InvalidArgument,
+                "unknown device `{d}`: expected \"auto\", \"gpu\" or \"cpu\""
+            ))
+            .script(),
         }
     });
 }

@@ -126,5 +126,9 @@ pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
             _ => Ok(model::params_text(&g)),
         };
     }
-    Err(crate::err!(Usage, ":{what} needs a model or a trainer, got {}", value.type_name()))
+    Err(crate::err!(
+        InvalidArgument,
+        ":{what} needs a model or a trainer, got {}",
+        value.type_name()
+    ))
 }
