@@ -297,6 +297,7 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     use crate::runtime::kernel_bench::bench_matmul;
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
+        ("simt", MatmulTile::Simt),
         ("register8", MatmulTile::Register8),
         ("register", MatmulTile::Register),
         ("large", MatmulTile::Large),

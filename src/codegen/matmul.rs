@@ -5,11 +5,15 @@
 //! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. A product
 //! too small in M×N to fill a large GPU but long in K runs split-K: partial products over slices
 //! of K into scratch, then a generated kernel that sums the slices and applies the epilogue.
+//! A product large enough to fill the generated SIMT kernel (`matmul_simt.rs`) runs on it
+//! instead of the template ([`MatmulTile::choose`]); the dispatch label names the tile.
 
+use super::matmul_simt::{self, SIMT_TILE};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::templates::MATMUL;
 use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
 use super::writer::Wgsl;
+use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
 use crate::plan::fuse::is_last_two_swap;
@@ -122,6 +126,9 @@ pub enum MatmulTile {
     Register,
     /// 128×64 blocks, 8×4 per thread in registers (entry point `main_reg8`).
     Register8,
+    /// The generated fp32 SIMT kernel ([`super::matmul_simt`]): 128×256 blocks, 8×16 per
+    /// thread, slices double-buffered in workgroup memory, compiled without the loop guard.
+    Simt,
 }
 
 impl MatmulTile {
@@ -131,6 +138,10 @@ impl MatmulTile {
             MatmulTile::Large => (128, 128, 8, 8, 8),
             MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
             MatmulTile::Register8 => (128, 64, 8, 8, 4),
+            MatmulTile::Simt => {
+                let t = SIMT_TILE;
+                (t.bm, t.bn, t.bk, t.tm, t.tn)
+            }
         }
     }
 
@@ -139,30 +150,59 @@ impl MatmulTile {
         match self {
             MatmulTile::Register => "main_reg",
             MatmulTile::Register8 => "main_reg8",
-            MatmulTile::Large | MatmulTile::Small => "main",
+            MatmulTile::Large | MatmulTile::Small | MatmulTile::Simt => "main",
         }
     }
 
-    /// The tile for `spec`: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`) when
-    /// set, for benchmarking; otherwise the register tiles measured fastest on the H200: 8 x 4
-    /// per thread while that still gives two workgroups per multiprocessor of a big GPU, else
-    /// 4 x 4.
-    pub fn choose(spec: &MatmulSpec) -> MatmulTile {
+    /// The name reports use (`rumus plan`, dispatch labels, `rumus bench --kernels`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulTile::Large => "large",
+            MatmulTile::Small => "small",
+            MatmulTile::Register => "register",
+            MatmulTile::Register8 => "register8",
+            MatmulTile::Simt => "simt",
+        }
+    }
+
+    /// Whether the SIMT kernel can compute `spec` on `target`: one batch (batched products,
+    /// attention's, stay on the template), operands with a unit stride, and the kernel's
+    /// threads and workgroup memory within the device's limits.
+    pub fn simt_fits(spec: &MatmulSpec, target: &Target) -> bool {
+        let t = SIMT_TILE;
+        spec.batch == 1
+            && matmul_simt::accesses(spec).is_some()
+            && t.threads() <= target.max_invocations
+            && t.workgroup_bytes() <= target.max_workgroup_bytes
+    }
+
+    /// The tile for `spec` on `target`: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`,
+    /// `register8`, `simt` where it fits) when set, for benchmarking; otherwise the SIMT kernel
+    /// for products with at least `target.matmul.simt_min_workgroups` of its blocks, else the
+    /// register tiles measured fastest on the H200: 8 x 4 per thread while that still gives
+    /// two workgroups per multiprocessor of a big GPU, else 4 x 4.
+    pub fn choose(spec: &MatmulSpec, target: &Target) -> MatmulTile {
+        let simt = MatmulTile::simt_fits(spec, target);
         match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
-            Ok("large") => MatmulTile::Large,
-            Ok("small") => MatmulTile::Small,
-            Ok("register") => MatmulTile::Register,
-            Ok("register8") => MatmulTile::Register8,
-            _ => {
-                let blocks = u64::from(spec.m.div_ceil(128))
-                    * u64::from(spec.n.div_ceil(64))
-                    * u64::from(spec.batch);
-                if blocks >= 264 {
-                    MatmulTile::Register8
-                } else {
-                    MatmulTile::Register
-                }
-            }
+            Ok("large") => return MatmulTile::Large,
+            Ok("small") => return MatmulTile::Small,
+            Ok("register") => return MatmulTile::Register,
+            Ok("register8") => return MatmulTile::Register8,
+            Ok("simt") if simt => return MatmulTile::Simt,
+            _ => {}
+        }
+        let t = SIMT_TILE;
+        let simt_blocks = u64::from(spec.m.div_ceil(t.bm)) * u64::from(spec.n.div_ceil(t.bn));
+        if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
+            return MatmulTile::Simt;
+        }
+        let blocks = u64::from(spec.m.div_ceil(128))
+            * u64::from(spec.n.div_ceil(64))
+            * u64::from(spec.batch);
+        if blocks >= 264 {
+            MatmulTile::Register8
+        } else {
+            MatmulTile::Register
         }
     }
 }
@@ -191,15 +231,32 @@ pub fn program(
 ) -> Result<Program> {
     let (bm, bn, bk, tm, tn) = tile.shape();
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
-    let wgsl = MATMUL.fill(&[
-        ("BM", &bm.to_string()),
-        ("BN", &bn.to_string()),
-        ("BK", &bk.to_string()),
-        ("TM", &tm.to_string()),
-        ("TN", &tn.to_string()),
-        ("EPILOGUE_BINDINGS", decls),
-        ("EPILOGUE", body),
-    ])?;
+    let mut checks = ShaderChecks::ALL;
+    let wgsl = if tile == MatmulTile::Simt {
+        let Some(access) = matmul_simt::accesses(spec) else {
+            return Err(err!(
+                Invariant,
+                "the simt matmul needs operands with a unit stride, not {:?} and {:?}",
+                spec.a,
+                spec.b
+            ));
+        };
+        // Its own indices stay inside the operands and its loops end; an epilogue reading
+        // other buffers keeps the bounds checks (they cost nothing measurable here).
+        let extra = epilogue.is_some_and(|e| !e.extra.is_empty());
+        checks = ShaderChecks { bounds: extra, loop_bounding: false };
+        matmul_simt::generate(&SIMT_TILE, access, decls, body)
+    } else {
+        MATMUL.fill(&[
+            ("BM", &bm.to_string()),
+            ("BN", &bn.to_string()),
+            ("BK", &bk.to_string()),
+            ("TM", &tm.to_string()),
+            ("TN", &tn.to_string()),
+            ("EPILOGUE_BINDINGS", decls),
+            ("EPILOGUE", body),
+        ])?
+    };
     let s = spec;
     let params = Params {
         dims: [s.m, s.n, s.k, s.batch],
@@ -226,13 +283,13 @@ pub fn program(
         bindings.push(operand(4 + i as u32, &format!("e{i}"), Resource::Buffer(buffer), 0));
     }
     Ok(Program {
-        label: format!("matmul {}x{}x{} batch {}", s.m, s.n, s.k, s.batch),
+        label: format!("matmul {}x{}x{} batch {} {}", s.m, s.n, s.k, s.batch, tile.name()),
         wgsl,
         entry: tile.entry(),
         workgroup_size: (bm / tm) * (bn / tn),
         bindings,
         grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
-        checks: ShaderChecks::ALL,
+        checks,
     })
 }
 
@@ -285,16 +342,16 @@ pub fn lower(
     };
     let label = format!("{} #{}", k.kind.name(), out.index());
     if let Some(splits) = split_k(&spec) {
-        return split_k_programs(&spec, splits, [a, b, c], &epilogue, &label).map(Some);
+        return split_k_programs(&spec, splits, [a, b, c], &epilogue, &label, target).map(Some);
     }
-    let tile = MatmulTile::choose(&spec);
+    let tile = MatmulTile::choose(&spec, target);
     let (bm, bn, ..) = tile.shape();
     let max = target.max_workgroups_per_dimension as usize;
     if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
         return Ok(None); // the generated kernel splits any grid
     }
     let mut p = program(&spec, tile, Some(&epilogue), [a, b, c])?;
-    p.label = label;
+    p.label = format!("{label} {}", tile.name());
     Ok(Some(vec![p]))
 }
 
@@ -322,6 +379,7 @@ fn split_k_programs(
     [a, b, c]: [Resource; 3],
     epilogue: &MatmulEpilogue,
     label: &str,
+    target: &Target,
 ) -> Result<Vec<Program>> {
     let (m, n) = (spec.m, spec.n);
     let chunk = spec.k / splits;
@@ -335,8 +393,9 @@ fn split_k_programs(
         ..*spec
     };
     let parts = Resource::Scratch { slot: 0 };
-    let mut first = program(&partial, MatmulTile::choose(&partial), None, [a, b, parts.clone()])?;
-    first.label = format!("{label} split-k {splits}");
+    let tile = MatmulTile::choose(&partial, target);
+    let mut first = program(&partial, tile, None, [a, b, parts.clone()])?;
+    first.label = format!("{label} split-k {splits} {}", tile.name());
 
     let mut w = Wgsl::new();
     w.line("alias scalar = f32;");

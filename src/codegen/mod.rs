@@ -15,13 +15,16 @@ pub mod expr;
 mod gather;
 pub mod layer_norm;
 pub mod matmul;
+pub mod matmul_simt;
 pub mod program;
 mod rows;
 pub mod templates;
 pub mod wgsl;
 pub mod writer;
 
-pub use program::{Binding, Grid, PlanPrograms, Program, Resource, ShaderChecks, Target};
+pub use program::{
+    Binding, Grid, MatmulOptions, PlanPrograms, Program, Resource, ShaderChecks, Target,
+};
 
 use crate::err;
 use crate::error::Result;

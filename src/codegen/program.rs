@@ -88,16 +88,58 @@ impl ShaderChecks {
     pub const ALL: ShaderChecks = ShaderChecks { bounds: true, loop_bounding: true };
 }
 
-/// What [`super::compile`] needs to know of the device.
+/// What [`super::compile`] needs to know of the device, and the matmul choices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Target {
     /// Workgroups per grid axis (`max_compute_workgroups_per_dimension`).
     pub max_workgroups_per_dimension: u32,
+    /// Bytes of workgroup memory a kernel may declare (`max_compute_workgroup_storage_size`).
+    pub max_workgroup_bytes: u32,
+    /// Threads per workgroup (`max_compute_invocations_per_workgroup`).
+    pub max_invocations: u32,
+    pub matmul: MatmulOptions,
+}
+
+/// How codegen chooses matmul kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulOptions {
+    /// A product runs on the generated SIMT kernel (`codegen/matmul_simt.rs`) when its grid
+    /// has at least this many of that kernel's 128x256 blocks (and the device fits the
+    /// kernel); smaller products fill a large GPU better with the template's smaller tiles.
+    /// Tests lower it to run the SIMT kernel at sizes a software adapter computes quickly.
+    pub simt_min_workgroups: u32,
+}
+
+impl MatmulOptions {
+    /// The choices measured on the H200: the SIMT kernel from 64 blocks (a 4096x768 product
+    /// has 96; the template's tiles win on smaller and batched products).
+    pub const DEFAULT: MatmulOptions = MatmulOptions { simt_min_workgroups: 64 };
+}
+
+impl Default for MatmulOptions {
+    fn default() -> MatmulOptions {
+        MatmulOptions::DEFAULT
+    }
 }
 
 impl Target {
     /// WebGPU's default limits, which every adapter meets.
-    pub const WEBGPU_DEFAULT: Target = Target { max_workgroups_per_dimension: 65535 };
+    pub const WEBGPU_DEFAULT: Target = Target {
+        max_workgroups_per_dimension: 65535,
+        max_workgroup_bytes: 16384,
+        max_invocations: 256,
+        matmul: MatmulOptions::DEFAULT,
+    };
+
+    /// The limits of a device.
+    pub fn of(limits: &wgpu::Limits, matmul: MatmulOptions) -> Target {
+        Target {
+            max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_workgroup_bytes: limits.max_compute_workgroup_storage_size,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+            matmul,
+        }
+    }
 }
 
 /// The programs of a whole plan.

@@ -4,6 +4,7 @@
 use super::device::Gpu;
 use super::exec::GpuPlan;
 use crate::backend::{Backend, RunOptions};
+use crate::codegen::MatmulOptions;
 use crate::err;
 use crate::error::Result;
 use crate::graph::init::init_values;
@@ -23,6 +24,8 @@ pub struct GpuBackend {
     options: PlanOptions,
     /// Fill reused buffers with NaN before every step (for tests of the plan's reuse).
     pub poison: bool,
+    /// How codegen chooses matmul kernels for the plans compiled from now on.
+    pub matmul: MatmulOptions,
 }
 
 impl GpuBackend {
@@ -57,7 +60,15 @@ impl GpuBackend {
             };
             persistent.insert(id, buf);
         }
-        Ok(GpuBackend { gpu, graph, persistent, plans: HashMap::new(), options, poison: false })
+        Ok(GpuBackend {
+            gpu,
+            graph,
+            persistent,
+            plans: HashMap::new(),
+            options,
+            poison: false,
+            matmul: MatmulOptions::default(),
+        })
     }
 
     /// The plan for `want` (compiled on first use).
@@ -65,7 +76,7 @@ impl GpuBackend {
         let key = (want.to_vec(), training);
         if !self.plans.contains_key(&key) {
             let p = plan(&self.graph, want, training, self.options)?;
-            let compiled = GpuPlan::new(self.gpu, &self.graph, p, &self.persistent)?;
+            let compiled = GpuPlan::new(self.gpu, &self.graph, p, &self.persistent, self.matmul)?;
             self.plans.insert(key.clone(), compiled);
         }
         Ok(&self.plans[&key])

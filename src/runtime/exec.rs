@@ -10,7 +10,7 @@
 
 use super::device::{Dispatch, Gpu, STORAGE};
 use super::launch::{Launcher, Resources};
-use crate::codegen::{self, Target};
+use crate::codegen::{self, MatmulOptions, Target};
 use crate::cpu::nn::{check_index, check_label};
 use crate::err;
 use crate::error::{Error, Result};
@@ -52,12 +52,14 @@ fn host_tensor(g: &Graph, id: NodeId, words: Vec<u32>) -> Result<Tensor> {
 
 impl GpuPlan {
     /// Build everything a step needs. `persistent` supplies the buffers of inputs, parameters
-    /// and state that this plan shares with others; missing ones are created here.
+    /// and state that this plan shares with others; missing ones are created here. `matmul`
+    /// says how codegen chooses the matmul kernels.
     pub fn new(
         gpu: &Gpu,
         g: &Graph,
         plan: Plan,
         persistent: &HashMap<NodeId, wgpu::Buffer>,
+        matmul: MatmulOptions,
     ) -> Result<GpuPlan> {
         // The plan may have been built without this device's limits.
         let limits = crate::plan::Limits::of(&gpu.limits);
@@ -73,9 +75,7 @@ impl GpuPlan {
                 }
             }
         }
-        let target = Target {
-            max_workgroups_per_dimension: gpu.limits.max_compute_workgroups_per_dimension,
-        };
+        let target = Target::of(&gpu.limits, matmul);
         let programs = codegen::compile(g, &plan, &target)?;
         let meta = gpu.uniform("meta", &[0u8; 16])?;
         let status = match programs.status_words {

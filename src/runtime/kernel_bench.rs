@@ -1,11 +1,12 @@
-//! Throughput of the template kernels alone (`rumus bench --kernels`): codegen's programs on
+//! Throughput of the matmul and LayerNorm kernels alone (`rumus bench --kernels`): codegen's programs on
 //! buffers of their own, timed in one submission.
 
 use super::device::{Dispatch, Gpu};
 use super::launch::prepare;
 use crate::codegen::layer_norm::{self, Backward, Forward};
 use crate::codegen::matmul::{self, MatmulSpec, MatmulTile};
-use crate::codegen::Resource;
+use crate::codegen::{MatmulOptions, Resource, Target};
+use crate::err;
 use crate::error::Result;
 use std::time::Instant;
 
@@ -17,11 +18,15 @@ fn time(gpu: &Gpu, warm: &[&Dispatch], all: &[&Dispatch]) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// Throughput of the matmul template with `tile` on `n × n × n` (contiguous, f32), in TFLOP/s:
+/// Throughput of the matmul program with `tile` on `n × n × n` (contiguous, f32), in TFLOP/s:
 /// one warm-up submission, then `iters` dispatches in one compute pass and one submission,
 /// timed to completion.
 pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32, tile: MatmulTile) -> Result<f64> {
     let spec = MatmulSpec::contiguous(1, n, n, n);
+    let target = Target::of(&gpu.limits, MatmulOptions::default());
+    if tile == MatmulTile::Simt && !MatmulTile::simt_fits(&spec, &target) {
+        return Err(err!(Device, "the simt matmul does not fit this adapter's workgroup limits"));
+    }
     let len = n as usize * n as usize;
     let data: Vec<f32> = (0..len).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
     let a = gpu.upload_f32("bench a", &data)?;

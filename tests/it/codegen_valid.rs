@@ -6,7 +6,7 @@
 use crate::common;
 
 use rumus::codegen::wgsl::generate;
-use rumus::codegen::{compile, Resource, Target};
+use rumus::codegen::{compile, MatmulOptions, Resource, Target};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::limits::{guarded, storage_bindings};
@@ -50,8 +50,9 @@ fn formatted(src: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Validate every program of the plans of `g` for `wanted` (fused, unfused, and fused at
-/// WebGPU's default limits); returns the number of programs checked.
+/// Validate every program of the plans of `g` for `wanted` (fused, unfused, fused at WebGPU's
+/// default limits, and fused with the SIMT matmul wherever it applies); returns the number of
+/// programs checked.
 fn validate_plans(
     g: &Graph,
     wanted: &[rumus::graph::NodeId],
@@ -59,10 +60,23 @@ fn validate_plans(
     failures: &mut Vec<String>,
 ) -> usize {
     let mut n = 0;
-    for (fusion, limits) in [(true, None), (false, None), (true, Some(Limits::WEBGPU_DEFAULT))] {
+    // A large GPU's limits, with every product that can on the generated SIMT matmul.
+    let simt = Target {
+        max_workgroup_bytes: 49152,
+        max_invocations: 1024,
+        matmul: MatmulOptions { simt_min_workgroups: 1 },
+        ..Target::WEBGPU_DEFAULT
+    };
+    let configs = [
+        (true, None, Target::WEBGPU_DEFAULT),
+        (false, None, Target::WEBGPU_DEFAULT),
+        (true, Some(Limits::WEBGPU_DEFAULT), Target::WEBGPU_DEFAULT),
+        (true, None, simt),
+    ];
+    for (fusion, limits, target) in configs {
         let opts = PlanOptions { fusion, reuse: true, limits };
         let p = plan(g, wanted, train, opts).unwrap();
-        let programs = compile(g, &p, &Target::WEBGPU_DEFAULT).unwrap();
+        let programs = compile(g, &p, &target).unwrap();
         assert_eq!(programs.kernels.len(), p.kernels.len());
         for (k, kp) in p.kernels.iter().zip(&programs.kernels) {
             let counted =

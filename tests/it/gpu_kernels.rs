@@ -93,8 +93,10 @@ fn check_matmul(
     let Some((gpu, _turn)) = or_skip(name) else {
         return;
     };
-    let a = random(lens[0], 1);
-    let b = random(lens[1], 2);
+    // Elements outside an operand's extent are NaN: a kernel that reads one (even to multiply
+    // it by a zero-filled partner) puts NaN into C.
+    let a = outside_nan(random(lens[0], 1), &spec.a, spec.batch, spec.m, spec.k);
+    let b = outside_nan(random(lens[1], 2), &spec.b, spec.batch, spec.k, spec.n);
     let c_old = match c_fill {
         Some(v) => vec![v; lens[2]],
         None => random(lens[2], 3),
@@ -123,15 +125,40 @@ fn check_matmul(
     }
 }
 
+/// `data` with every element that operand `op` (`[batch, rows, cols]`) does not address set to NaN.
+fn outside_nan(mut data: Vec<f32>, op: &Operand, batch: u32, rows: u32, cols: u32) -> Vec<f32> {
+    let mut inside = vec![false; data.len()];
+    for bt in 0..batch {
+        for r in 0..rows {
+            for c in 0..cols {
+                inside[at(op, bt, r, c)] = true;
+            }
+        }
+    }
+    for (v, inside) in data.iter_mut().zip(inside) {
+        if !inside {
+            *v = f32::NAN;
+        }
+    }
+    data
+}
+
 fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
     let (bt, m, n, k) = (s.batch as usize, s.m as usize, s.n as usize, s.k as usize);
     [bt * m * k, bt * k * n, bt * m * n]
 }
 
+const ALL_TILES: [MatmulTile; 5] = [
+    MatmulTile::Large,
+    MatmulTile::Small,
+    MatmulTile::Register,
+    MatmulTile::Register8,
+    MatmulTile::Simt,
+];
+
 #[test]
 fn matmul_1x1x1() {
-    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register, MatmulTile::Register8]
-    {
+    for tile in ALL_TILES {
         let s = MatmulSpec::contiguous(1, 1, 1, 1);
         check_matmul("matmul_1x1x1", tile, s, contiguous_lens(&s), None);
     }
@@ -139,8 +166,7 @@ fn matmul_1x1x1() {
 
 #[test]
 fn matmul_17x33x9_both_tiles() {
-    for tile in [MatmulTile::Large, MatmulTile::Small, MatmulTile::Register, MatmulTile::Register8]
-    {
+    for tile in ALL_TILES {
         let s = MatmulSpec::contiguous(1, 17, 33, 9);
         check_matmul("matmul_17x33x9", tile, s, contiguous_lens(&s), None);
     }
@@ -170,6 +196,63 @@ fn matmul_compiled_without_runtime_checks_gives_the_same_product() {
     }
     assert_eq!(results[0], results[1]);
     assert_eq!(results[0], results[2]);
+}
+
+/// The generated SIMT kernel is compiled without naga's bounds checks, so it must keep every
+/// read inside its operands and every write inside C itself: at ragged M, N and K crossing its
+/// 128x256x8 blocks, for both layouts of each operand, aligned (`vec4` loads) or not, batched,
+/// with operands at offsets inside buffers whose other elements are NaN.
+#[test]
+fn matmul_simt_at_ragged_shapes_stays_inside_its_operands() {
+    // (case, batch, a transposed, b transposed, k, offset of A and B, trailing words of A
+    // and B, whether both operands are read as vec4s)
+    let cases = [
+        ("nn aligned", 1, false, false, 12, 0, 0, true),
+        ("tn unaligned", 1, true, false, 13, 3, 5, false),
+        ("nt aligned at offset", 1, false, true, 12, 8, 4, true),
+        ("tt batched", 2, true, true, 13, 1, 2, false),
+    ];
+    for (case, batch, ta, tb, k, offset, tail, vector) in cases {
+        let (m, n) = (130u32, 260u32);
+        let mut s = MatmulSpec::contiguous(batch, m, n, k);
+        if ta {
+            s.a = Operand::transposed(m, k);
+        }
+        if tb {
+            s.b = Operand::transposed(k, n);
+        }
+        s.a = s.a.at(offset);
+        s.b = s.b.at(offset);
+        let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+        let wgsl = matmul::program(&s, MatmulTile::Simt, None, operands).unwrap().wgsl;
+        let vec4_a = wgsl.contains("@binding(1) var<storage, read> a: array<vec4<f32>>;");
+        let vec4_b = wgsl.contains("@binding(2) var<storage, read> b: array<vec4<f32>>;");
+        assert_eq!((vec4_a, vec4_b), (vector, vector), "{case}: vector loads");
+        let bt = batch as usize;
+        let lens = [
+            offset as usize + bt * (m * k) as usize + tail,
+            offset as usize + bt * (k * n) as usize + tail,
+            bt * (m * n) as usize,
+        ];
+        check_matmul(&format!("matmul_simt {case}"), MatmulTile::Simt, s, lens, Some(f32::NAN));
+    }
+}
+
+/// The SIMT kernel is compiled trusted: without the loop guard, and without bounds checks
+/// unless its epilogue reads buffers of its own.
+#[test]
+fn matmul_simt_is_compiled_without_runtime_checks() {
+    let s = MatmulSpec::contiguous(1, 8, 8, 8);
+    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let p = matmul::program(&s, MatmulTile::Simt, None, operands.clone()).unwrap();
+    assert_eq!(p.checks, ShaderChecks { bounds: false, loop_bounding: false });
+    let epilogue = MatmulEpilogue {
+        decls: "@group(0) @binding(4) var<storage, read> bias: array<scalar>;".to_string(),
+        body: "return v + bias[j];".to_string(),
+        extra: vec![3],
+    };
+    let p = matmul::program(&s, MatmulTile::Simt, Some(&epilogue), operands).unwrap();
+    assert_eq!(p.checks, ShaderChecks { bounds: true, loop_bounding: false });
 }
 
 #[test]
@@ -277,6 +360,9 @@ fn matmul_epilogue_bias_relu() {
     let relu = |v: f64, j: u32| (v + f64::from(bias[j as usize])).max(0.0);
     let want = matmul_ref(&s, &a, &b, &zeros, relu);
     assert_close("matmul_epilogue_bias_relu", &got, &want, 1e-4);
+    let got =
+        run_matmul(gpu, MatmulTile::Simt, Some(&epilogue), &s, [&a, &b, &zeros], &[&bias_buf]);
+    assert_close("matmul_epilogue_bias_relu simt", &got, &want, 1e-4);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::common;
 use crate::common::gpu::{both_or_skip, or_skip};
 use common::{build, cases, feeds};
 use rumus::backend::Backend;
+use rumus::codegen::MatmulOptions;
 use rumus::cpu::{Buf, Executor, RunOptions};
 use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
@@ -48,15 +49,39 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
 fn every_case_matches_the_cpu_reference() {
     let (gpus, _turn) = both_or_skip("every_case_matches_the_cpu_reference");
     for gpu in gpus {
-        every_case_on(gpu);
+        every_case_on(gpu, "", MatmulOptions::default());
     }
 }
 
-fn every_case_on(gpu: &'static Gpu) {
+/// The matmul cases (forward, both backward products with their transposed operands, fused
+/// epilogues, split-K partials) again, with every product that the generated SIMT kernel can
+/// compute on it: its block threshold lowered to one block, so these small ragged shapes take
+/// it. On the adapter's own limits (WebGPU's default workgroup memory is too small for it).
+#[test]
+fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
+    let Some((gpu, _turn)) = or_skip("matmul_cases_match_the_cpu_on_the_simt_kernel") else {
+        return;
+    };
+    every_case_on(gpu, "matmul", MatmulOptions { simt_min_workgroups: 1 });
+    let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
+    let b = build(&c).unwrap();
+    let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+    backend.matmul = MatmulOptions { simt_min_workgroups: 1 };
+    let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
+    let plan = backend.plan_for(&want, true).unwrap();
+    let simt = plan.dispatch_labels().iter().filter(|l| l.ends_with(" simt")).count();
+    assert_eq!(simt, 3, "forward and both gradients: {:?}", plan.dispatch_labels());
+}
+
+/// Every case whose name starts with `only`, on `gpu`, with matmul kernels chosen by `matmul`.
+fn every_case_on(gpu: &'static Gpu, only: &str, matmul: MatmulOptions) {
     let max = gpu.limits.max_storage_buffers_per_shader_stage;
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     for (k, c) in cases().iter().enumerate() {
+        if !c.name.starts_with(only) {
+            continue;
+        }
         let b = build(c).unwrap();
         let f = feeds(c, &b, 2000 + k as u64);
         let mut want = vec![b.out];
@@ -69,6 +94,7 @@ fn every_case_on(gpu: &'static Gpu) {
             f.iter().map(|(id, buf)| to_tensor(b.g.shape(*id), buf)).collect();
         let gfeeds: Vec<_> = f.iter().zip(&tensors).map(|((id, _), t)| (*id, t)).collect();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        backend.matmul = matmul;
         let got = match backend.run(&gfeeds, &want, opts) {
             Ok(got) => got,
             Err(e) => {
