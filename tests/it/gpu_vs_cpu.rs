@@ -49,7 +49,7 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
 fn every_case_matches_the_cpu_reference() {
     let (gpus, _turn) = both_or_skip("every_case_matches_the_cpu_reference");
     for gpu in gpus {
-        every_case_on(gpu, "", MatmulOptions::default());
+        every_case_on(gpu, |_| true, MatmulOptions::default());
     }
 }
 
@@ -62,7 +62,11 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     let Some((gpu, _turn)) = or_skip("matmul_cases_match_the_cpu_on_the_simt_kernel") else {
         return;
     };
-    every_case_on(gpu, "matmul", MatmulOptions { simt_min_workgroups: 1 });
+    // Mesa's OpenGL adapter runs the 128x256 blocks very slowly (minutes for the whole list):
+    // there the plain product alone; every matmul case runs on the Vulkan adapters.
+    let gl = gpu.info.backend == wgpu::Backend::Gl;
+    let simt = MatmulOptions { simt_min_workgroups: 1 };
+    every_case_on(gpu, |name| if gl { name == "matmul" } else { name.starts_with("matmul") }, simt);
     let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
@@ -73,13 +77,13 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     assert_eq!(simt, 3, "forward and both gradients: {:?}", plan.dispatch_labels());
 }
 
-/// Every case whose name starts with `only`, on `gpu`, with matmul kernels chosen by `matmul`.
-fn every_case_on(gpu: &'static Gpu, only: &str, matmul: MatmulOptions) {
+/// Every case whose name `only` accepts, on `gpu`, with matmul kernels chosen by `matmul`.
+fn every_case_on(gpu: &'static Gpu, only: impl Fn(&str) -> bool, matmul: MatmulOptions) {
     let max = gpu.limits.max_storage_buffers_per_shader_stage;
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
     for (k, c) in cases().iter().enumerate() {
-        if !c.name.starts_with(only) {
+        if !only(&c.name) {
             continue;
         }
         let b = build(c).unwrap();
