@@ -63,9 +63,14 @@ pub enum ErrorKind {
 /// The error type of every rumus API.
 #[derive(Clone, Debug)]
 pub struct Error {
+    /// What went wrong, coarsely (decides the CLI exit code).
     pub kind: ErrorKind,
+    /// The message: lower case, no trailing period, stored escaped and clipped (see
+    /// [`Error::new`]).
     pub message: String,
+    /// Where in `source` the mistake is, when it has a place in source text.
     pub span: Option<Span>,
+    /// The source text `span` points into (only ever set together with `span`).
     pub source: Option<Arc<Source>>,
     /// The operating system's error behind an `Io` error, kept so a caller can tell a closed
     /// pipe from a full disk by [`std::io::ErrorKind`] rather than by the message's words.

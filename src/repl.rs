@@ -36,7 +36,12 @@ pub enum Outcome {
     More,
     /// The user asked to leave (`:quit`, or `exit(code)` in a script): the text to show, and
     /// the exit code.
-    Quit { output: String, code: u8 },
+    Quit {
+        /// The text to show.
+        output: String,
+        /// The process exit code.
+        code: u8,
+    },
 }
 
 /// A REPL session.
@@ -50,6 +55,7 @@ pub struct Repl {
 }
 
 impl Repl {
+    /// A session whose `print` output is collected into each input's output text.
     pub fn new(opts: HostOptions) -> Repl {
         let mut host = Host::new(opts);
         let out = Rc::new(RefCell::new(String::new()));

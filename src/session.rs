@@ -2,12 +2,12 @@
 //!
 //! A [`Model`] is a template: a function from named dimensions (the batch size `B`, ...) to a
 //! forward graph. [`Model::compile`] instantiates it, appends loss, backward and optimizer, and
-//! places the training graph on a [`Backend`]. The resulting [`Trainer`] runs training steps,
+//! places the training graph on a backend (GPU or CPU). The resulting [`Trainer`] runs training steps,
 //! predicts (instantiating forward graphs at other batch sizes as needed, with the trained
 //! parameters copied over), and reads and writes persistent values by name for checkpoints.
 //!
 //! Every graph placed on a backend is first charged to the compile configuration's memory
-//! [`Budget`] for its [`footprint`]: what the backend keeps for as long as it lives, and what
+//! budget for its [`footprint`]: what the backend keeps for as long as it lives, and what
 //! each run needs for as long as the run lasts.
 
 use crate::backend::{Backend, RunOptions};
@@ -30,7 +30,9 @@ pub type Dims = BTreeMap<String, usize>;
 /// Builds a model's forward graph for given dimensions.
 pub type GraphBuilder = Arc<dyn Fn(&Dims) -> Result<Graph> + Send + Sync>;
 
-/// Which device a model is compiled for (see [`DeviceChoice`]).
+/// Which device a model is compiled for: `Auto` (a hardware GPU adapter if there is one, else
+/// the CPU backend), `Gpu` (any wgpu adapter, software ones included; an error when there is
+/// none) or `Cpu` (the CPU reference backend). Parsed from `auto`, `gpu` or `cpu`.
 pub type Device = DeviceChoice;
 
 /// A graph on a backend, with what the backend keeps between runs charged to the budget, and
@@ -83,16 +85,22 @@ impl Placed {
 /// Learning rate as a function of the step.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Schedule {
+    /// The base rate at every step.
     Constant,
     /// Multiply by `gamma` every `every` steps.
     Step {
+        /// Steps between decays.
         every: u64,
+        /// Factor applied at each decay.
         gamma: f32,
     },
     /// Linear warm-up over `warmup` steps, then cosine decay to `min_lr` at step `total`.
     Cosine {
+        /// Steps of linear warm-up.
         warmup: u64,
+        /// The step at which the rate reaches `min_lr` (and stays there).
         total: u64,
+        /// The final rate.
         min_lr: f32,
     },
 }
@@ -135,22 +143,40 @@ impl Schedule {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Loss {
     /// Cross-entropy of output `output` (logits) against i32 labels fed as input `target`.
-    CrossEntropy { output: String, ignore_index: Option<i32> },
+    CrossEntropy {
+        /// The output holding the logits.
+        output: String,
+        /// A label that contributes nothing (PyTorch's `ignore_index`).
+        ignore_index: Option<i32>,
+    },
     /// Mean squared error of output `output` against f32 values fed as input `target`.
-    Mse { output: String },
+    Mse {
+        /// The output holding the predictions.
+        output: String,
+    },
     /// The model computes its own scalar loss as output `output`.
-    Output { output: String },
+    Output {
+        /// The scalar output that is the loss.
+        output: String,
+    },
 }
 
 /// Everything `compile` needs besides the model.
 #[derive(Clone, Debug)]
 pub struct CompileConfig {
+    /// Sizes of the model's named dimensions for the training graph (`B`: the batch).
     pub dims: Dims,
+    /// What the training step minimizes.
     pub loss: Loss,
+    /// The update rule and gradient clipping.
     pub optimizer: OptimConfig,
+    /// The base learning rate (a finite number >= 0).
     pub lr: f32,
+    /// How the learning rate changes with the step.
     pub schedule: Schedule,
+    /// Where the model runs.
     pub device: Device,
+    /// Seeds the random initializers of parameters and state.
     pub seed: u64,
     /// What the compiled model's buffers (host and device) are charged to.
     pub budget: Budget,
@@ -162,11 +188,13 @@ pub const TARGET_INPUT: &str = "target";
 /// A model template.
 #[derive(Clone)]
 pub struct Model {
+    /// The model's name, used in error messages.
     pub name: String,
     build: GraphBuilder,
 }
 
 impl Model {
+    /// A model called `name` whose forward graph `build` makes.
     pub fn new(name: &str, build: GraphBuilder) -> Model {
         Model { name: name.to_string(), build }
     }
@@ -329,14 +357,18 @@ impl Trainer {
         self.step
     }
 
+    /// `cpu`, or a description of the GPU adapter the model runs on.
     pub fn device_name(&self) -> String {
         self.placed.backend.device_name()
     }
 
+    /// The training graph (forward, loss, backward and optimizer update).
     pub fn graph(&self) -> &Graph {
         &self.train.graph
     }
 
+    /// A readable account of how the training step runs on its backend (kernels and buffers
+    /// on a GPU).
     pub fn plan_report(&self) -> String {
         self.placed.backend.plan_report()
     }

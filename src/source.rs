@@ -69,8 +69,8 @@ impl Source {
         Arc::new(Source { name: name.into(), text: text.into() })
     }
 
-    /// Read a source file, named by its path as given. Refuses files over
-    /// [`MAX_SOURCE_FILE_BYTES`] (before reading more than that), text that is not UTF-8 (at the
+    /// Read a source file, named by its path as given. Refuses files over 16 MiB
+    /// (`MAX_SOURCE_FILE_BYTES`, before reading more than that), text that is not UTF-8 (at the
     /// line and column of the first bad byte), and UTF-16/32 byte-order marks; skips a UTF-8
     /// byte-order mark.
     pub fn read(path: &Path) -> Result<Arc<Source>> {

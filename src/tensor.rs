@@ -7,11 +7,14 @@ use std::fmt;
 /// Element type of a graph value or host tensor: f32 for values, i32 for indices and labels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// 32-bit signed integer.
     I32,
 }
 
 impl DType {
+    /// `f32` or `i32`, as the model language spells it.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -34,7 +37,9 @@ impl fmt::Display for DType {
 /// The elements of a host tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {
+    /// f32 elements.
     F32(Vec<f32>),
+    /// i32 elements.
     I32(Vec<i32>),
 }
 
@@ -92,6 +97,8 @@ impl Tensor {
         Tensor::new(shape, TensorData::I32(data))
     }
 
+    /// A tensor of either dtype; errors when the element count is not the product of `shape`
+    /// or the shape is over [`MAX_ELEMENTS`] or [`MAX_RANK`].
     pub fn new(shape: &[usize], data: TensorData) -> Result<Tensor> {
         let n = checked_numel(shape)?;
         let len = match &data {
@@ -112,6 +119,7 @@ impl Tensor {
         Tensor { shape: vec![], data: TensorData::F32(vec![v]) }
     }
 
+    /// A tensor of zeros; errors when the shape is over [`MAX_ELEMENTS`] or [`MAX_RANK`].
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n = checked_numel(shape)?;
         let data = match dtype {
@@ -121,10 +129,12 @@ impl Tensor {
         Ok(Tensor { shape: shape.to_vec(), data })
     }
 
+    /// The dimensions, outermost first (`[]` for a scalar).
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         match self.data {
             TensorData::F32(_) => DType::F32,
@@ -132,6 +142,7 @@ impl Tensor {
         }
     }
 
+    /// Number of elements.
     pub fn numel(&self) -> usize {
         match &self.data {
             TensorData::F32(v) => v.len(),
@@ -144,14 +155,17 @@ impl Tensor {
         self.numel() as u64 * 4
     }
 
+    /// The elements.
     pub fn data(&self) -> &TensorData {
         &self.data
     }
 
+    /// The elements, taking the tensor apart.
     pub fn into_data(self) -> TensorData {
         self.data
     }
 
+    /// The elements of an f32 tensor (`None` for i32).
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {
             TensorData::F32(v) => Some(v),
@@ -159,6 +173,7 @@ impl Tensor {
         }
     }
 
+    /// The elements of an i32 tensor (`None` for f32).
     pub fn as_i32(&self) -> Option<&[i32]> {
         match &self.data {
             TensorData::I32(v) => Some(v),
@@ -166,6 +181,7 @@ impl Tensor {
         }
     }
 
+    /// The elements of an f32 tensor, mutable (`None` for i32).
     pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
         match &mut self.data {
             TensorData::F32(v) => Some(v),
@@ -173,6 +189,7 @@ impl Tensor {
         }
     }
 
+    /// The elements of an i32 tensor, mutable (`None` for f32).
     pub fn as_i32_mut(&mut self) -> Option<&mut [i32]> {
         match &mut self.data {
             TensorData::I32(v) => Some(v),

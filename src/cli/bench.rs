@@ -31,7 +31,9 @@ pub const MAX_CPU_MATMUL_SIZE: u64 = 1 << 16;
 /// Which model of which file, with which hyperparameters.
 #[derive(Clone, Debug, Default)]
 pub struct ModelSpec {
+    /// The model file (standalone or `.rms`).
     pub file: String,
+    /// The model to take (`None`: the file's first model).
     pub model: Option<String>,
     /// `name=value` overrides of hyperparameters and dimensions.
     pub sets: Vec<(String, String)>,
@@ -115,27 +117,44 @@ pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> 
 /// What `rumus bench` measures.
 #[derive(Clone, Debug)]
 pub struct BenchResult {
+    /// The model file.
     pub model: String,
+    /// The device that ran the steps (`cpu` or the GPU adapter).
     pub adapter: String,
+    /// Number of parameter elements.
     pub params: usize,
+    /// Steps timed.
     pub steps: usize,
+    /// Steps run before timing.
     pub warmup: usize,
+    /// Median wall time of a timed step, in milliseconds.
     pub step_ms_median: f64,
+    /// Fastest timed step, in milliseconds.
     pub step_ms_min: f64,
+    /// Time to build the training step and place it on the device, in milliseconds.
     pub compile_ms: f64,
+    /// Graph ops the plan computes.
     pub ops: usize,
+    /// Kernels of the plan.
     pub kernels: usize,
+    /// Compute dispatches per step (0 on the CPU backend, which reports the GPU plan).
     pub dispatches_per_step: usize,
+    /// Buffers of the plan.
     pub buffers: usize,
+    /// Bytes of the plan's shared buffers.
     pub planned_bytes: u64,
+    /// Planned, pinned and scratch bytes together: what the step holds on the device.
     pub device_bytes: u64,
+    /// Loss of the first step (warm-up included).
     pub first_loss: f32,
+    /// Loss of the last step.
     pub last_loss: f32,
     /// With profiling: milliseconds per kernel kind (summed over its dispatches), largest first.
     pub profile: Vec<(String, f64, usize)>,
 }
 
 impl BenchResult {
+    /// The figures as a JSON object (`rumus bench --json`).
     pub fn json(&self) -> serde_json::Value {
         json!({
             "model": self.model,
@@ -158,6 +177,7 @@ impl BenchResult {
         })
     }
 
+    /// The figures as lines of text.
     pub fn text(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(

@@ -97,32 +97,41 @@ impl Graph {
 
     // ---- elementwise ----
 
+    /// `op(x)`, elementwise.
     pub fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId> {
         self.add_node(Op::Unary(op), &[x], &[])
     }
 
+    /// `op(a, b)`, elementwise with NumPy broadcasting.
     pub fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.add_node(Op::Binary(op), &[a, b], &[])
     }
 
+    /// `a + b`, broadcasting.
     pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Add, a, b)
     }
+    /// `a - b`, broadcasting.
     pub fn sub(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Sub, a, b)
     }
+    /// `a * b`, broadcasting.
     pub fn mul(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Mul, a, b)
     }
+    /// `a / b`, broadcasting.
     pub fn div(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Div, a, b)
     }
+    /// `a` to the power `b`, broadcasting.
     pub fn pow(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Pow, a, b)
     }
+    /// The larger of `a` and `b`, elementwise, broadcasting.
     pub fn maximum(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Maximum, a, b)
     }
+    /// The smaller of `a` and `b`, elementwise, broadcasting.
     pub fn minimum(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
         self.binary(BinaryOp::Minimum, a, b)
     }
@@ -138,27 +147,35 @@ impl Graph {
         self.add_node(Op::Where, &[cond, a, b], &[])
     }
 
+    /// `-x`.
     pub fn neg(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Neg, x)
     }
+    /// `eˣ`.
     pub fn exp(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Exp, x)
     }
+    /// Natural logarithm.
     pub fn log(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Log, x)
     }
+    /// Square root.
     pub fn sqrt(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Sqrt, x)
     }
+    /// `x²`.
     pub fn square(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Square, x)
     }
+    /// `max(x, 0)`.
     pub fn relu(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Relu, x)
     }
+    /// Hyperbolic tangent.
     pub fn tanh(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::Tanh, x)
     }
+    /// GELU, tanh approximation (GPT-2's).
     pub fn gelu_tanh(&mut self, x: NodeId) -> Result<NodeId> {
         self.unary(UnaryOp::GeluTanh, x)
     }
@@ -181,12 +198,15 @@ impl Graph {
         self.add_node(Op::Reduce { op, axes: sorted, keepdim }, &[x], &[])
     }
 
+    /// Sum over `axes`; `keepdim` keeps them as size-1 axes.
     pub fn sum(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
         self.reduce(ReduceOp::Sum, x, axes, keepdim)
     }
+    /// Mean over `axes`; `keepdim` keeps them as size-1 axes.
     pub fn mean(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
         self.reduce(ReduceOp::Mean, x, axes, keepdim)
     }
+    /// Largest element over `axes`; `keepdim` keeps them as size-1 axes.
     pub fn max(&mut self, x: NodeId, axes: &[usize], keepdim: bool) -> Result<NodeId> {
         self.reduce(ReduceOp::Max, x, axes, keepdim)
     }
@@ -223,6 +243,8 @@ impl Graph {
 
     // ---- shape ----
 
+    /// The same elements in `shape`, which must have as many; `x` itself when the shape is
+    /// unchanged.
     pub fn reshape(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
         self.check_ids("reshape", &[x])?;
         if self.shape(x) == shape {
@@ -232,6 +254,7 @@ impl Graph {
         self.node_typed(Op::Reshape, &[x], shape, dtype)
     }
 
+    /// Reorder axes: output axis i is input axis `perm[i]` (`perm` a permutation of the axes).
     pub fn permute(&mut self, x: NodeId, perm: &[usize]) -> Result<NodeId> {
         self.add_node(Op::Permute { perm: perm.to_vec() }, &[x], &[])
     }
@@ -253,6 +276,7 @@ impl Graph {
         self.permute(x, &perm)
     }
 
+    /// Broadcast `x` to `shape` (NumPy rules); `x` itself when the shape is unchanged.
     pub fn broadcast_to(&mut self, x: NodeId, shape: &[usize]) -> Result<NodeId> {
         self.check_ids("broadcast_to", &[x])?;
         if self.shape(x) == shape {
@@ -262,10 +286,13 @@ impl Graph {
         self.node_typed(Op::BroadcastTo, &[x], shape, dtype)
     }
 
+    /// Elements `start..end` along `axis`.
     pub fn slice(&mut self, x: NodeId, axis: usize, start: usize, end: usize) -> Result<NodeId> {
         self.add_node(Op::Slice { axis, start, end }, &[x], &[])
     }
 
+    /// Join `xs` along `axis` (other dimensions equal); one input is returned as is, none is an
+    /// error.
     pub fn concat(&mut self, xs: &[NodeId], axis: usize) -> Result<NodeId> {
         if xs.is_empty() {
             return Err(err!(Shape, "concat: needs at least one input").at(self.span));
@@ -296,10 +323,12 @@ impl Graph {
 
     // ---- normalization and attention ----
 
+    /// Softmax over the last axis.
     pub fn softmax(&mut self, x: NodeId) -> Result<NodeId> {
         self.add_node(Op::Softmax, &[x], &[])
     }
 
+    /// Log-softmax over the last axis.
     pub fn log_softmax(&mut self, x: NodeId) -> Result<NodeId> {
         self.add_node(Op::LogSoftmax, &[x], &[])
     }
@@ -341,6 +370,7 @@ impl Graph {
 
     // ---- embedding, losses, regularization ----
 
+    /// Rows of `table [V, D]` gathered by the i32 indices `idx [...]`: `[..., D]`.
     pub fn embedding(&mut self, table: NodeId, idx: NodeId) -> Result<NodeId> {
         self.add_node(Op::Embedding, &[table, idx], &[])
     }
@@ -374,6 +404,8 @@ impl Graph {
         self.mean(d2, &axes, false)
     }
 
+    /// Zero each element with probability `p` and scale the rest by 1/(1-p) while training
+    /// (identity otherwise); the mask is a hash of `seed`, the step and the element's index.
     pub fn dropout(&mut self, x: NodeId, p: f32, seed: u64) -> Result<NodeId> {
         self.add_node(Op::Dropout { p, seed }, &[x], &[])
     }

@@ -248,46 +248,55 @@ impl BinaryOp {
 }
 
 unary_ops! {
+    /// -x.
     Neg "neg" language {
         cpu: |x| -x,
         wgsl: "(-{x})",
         grad: |g, x, y, dy| g.neg(dy)?
     }
+    /// eˣ.
     Exp "exp" language {
         cpu: |x| x.exp(),
         wgsl: "exp({x})",
         local: |g, x, y| y
     }
+    /// Natural logarithm.
     Log "log" language {
         cpu: |x| x.ln(),
         wgsl: "log({x})",
         grad: |g, x, y, dy| g.div(dy, x)?
     }
+    /// Square root.
     Sqrt "sqrt" language {
         cpu: |x| x.sqrt(),
         wgsl: "sqrt({x})",
         grad: |g, x, y, dy| { let two_y = g.scale(y, 2.0)?; g.div(dy, two_y)? }
     }
+    /// 1 / √x.
     Rsqrt "rsqrt" language {
         cpu: |x| T::one() / x.sqrt(),
         wgsl: "inverseSqrt({x})",
         local: |g, x, y| { let y2 = g.square(y)?; let y3 = g.mul(y2, y)?; g.scale(y3, -0.5)? }
     }
+    /// |x|.
     Abs "abs" language {
         cpu: |x| x.abs(),
         wgsl: "abs({x})",
         local: |g, x, y| g.unary(UnaryOp::Sign, x)?
     }
+    /// x².
     Square "square" language {
         cpu: |x| x * x,
         wgsl: "({x} * {x})",
         local: |g, x, y| g.scale(x, 2.0)?
     }
+    /// Hyperbolic tangent.
     Tanh "tanh" language {
         cpu: |x| x.tanh(),
         wgsl: "tanh_({x})",
         local: |g, x, y| { let y2 = g.square(y)?; let one = g.constant(1.0); g.sub(one, y2)? }
     }
+    /// σ(x) = 1 / (1 + e⁻ˣ).
     Sigmoid "sigmoid" language {
         cpu: |x| sigmoid(x),
         wgsl: "sigmoid({x})",
@@ -352,21 +361,25 @@ unary_ops! {
 }
 
 binary_ops! {
+    /// a + b.
     Add "add" language {
         cpu: |a, b| a + b,
         wgsl: "({a} + {b})",
         grad: |g, a, b, y, dy| (dy, dy)
     }
+    /// a - b.
     Sub "sub" language {
         cpu: |a, b| a - b,
         wgsl: "({a} - {b})",
         grad: |g, a, b, y, dy| (dy, g.neg(dy)?)
     }
+    /// a · b.
     Mul "mul" language {
         cpu: |a, b| a * b,
         wgsl: "({a} * {b})",
         grad: |g, a, b, y, dy| (g.mul(dy, b)?, g.mul(dy, a)?)
     }
+    /// a / b.
     Div "div" language {
         cpu: |a, b| a / b,
         wgsl: "({a} / {b})",

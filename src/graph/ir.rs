@@ -17,6 +17,7 @@ pub use super::elementwise::{BinaryOp, UnaryOp};
 pub struct NodeId(pub(crate) u32);
 
 impl NodeId {
+    /// The node's position in the arena (its creation order).
     pub fn index(self) -> usize {
         self.0 as usize
     }
@@ -27,16 +28,24 @@ impl NodeId {
 /// values were declared in.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Init {
+    /// Every element 0.
     Zeros,
+    /// Every element 1.
     Ones,
     /// Every element the same value.
     Fill(f32),
+    /// Normal distribution N(mean, std²).
     Normal {
+        /// The mean.
         mean: f32,
+        /// The standard deviation.
         std: f32,
     },
+    /// Uniform distribution U(low, high).
     Uniform {
+        /// The lower bound.
         low: f32,
+        /// The upper bound.
         high: f32,
     },
     /// Glorot/Xavier uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)).
@@ -48,8 +57,11 @@ pub enum Init {
 /// Reductions over chosen axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// The sum.
     Sum,
+    /// The arithmetic mean.
     Mean,
+    /// The largest element.
     Max,
 }
 
@@ -81,25 +93,33 @@ pub enum Op {
     // ---- sources ----
     /// A value fed by the host at every step.
     Input {
+        /// The name the host feeds it by.
         name: String,
     },
     /// A trainable persistent value.
     Parameter {
+        /// The dotted name (`fc1.weight`), as in checkpoints.
         name: String,
+        /// How it is initialized.
         init: Init,
     },
     /// A persistent value that is not trained: optimizer moments, the step count.
     State {
+        /// The dotted name (`optim.step`), as in checkpoints.
         name: String,
+        /// How it is initialized.
         init: Init,
     },
     /// A tensor of the node's shape with every element `value`.
     Constant {
+        /// The value of every element.
         value: f32,
     },
 
     // ---- elementwise ----
+    /// A unary op of the elementwise table.
     Unary(UnaryOp),
+    /// A binary op of the elementwise table, broadcasting (NumPy rules).
     Binary(BinaryOp),
     /// `where(cond, a, b)`: a where cond != 0, else b; broadcasting all three.
     Where,
@@ -107,8 +127,11 @@ pub enum Op {
     // ---- reductions ----
     /// Reduce over sorted, distinct `axes`; `keepdim` keeps them as size-1 axes.
     Reduce {
+        /// Which reduction.
         op: ReduceOp,
+        /// The axes reduced, sorted and distinct.
         axes: Vec<usize>,
+        /// Whether the reduced axes stay as size-1 axes.
         keepdim: bool,
     },
 
@@ -117,18 +140,23 @@ pub enum Op {
     Reshape,
     /// Output axis i is input axis `perm[i]`.
     Permute {
+        /// The input axis of each output axis.
         perm: Vec<usize>,
     },
     /// Broadcast to the node's shape (NumPy rules).
     BroadcastTo,
     /// Elements `start..end` along `axis`.
     Slice {
+        /// The axis sliced.
         axis: usize,
+        /// First index kept.
         start: usize,
+        /// One past the last index kept.
         end: usize,
     },
     /// Join inputs along `axis`.
     Concat {
+        /// The axis joined along.
         axis: usize,
     },
 
@@ -144,10 +172,12 @@ pub enum Op {
     /// On `[..., T, S]` scores: element (i, j) with j > i + (S - T) becomes `fill`
     /// (forward: -inf; its gradient uses the same op with 0).
     CausalMask {
+        /// The value masked elements become.
         fill: f32,
     },
     /// Per-row (last axis) mean and inverse standard deviation: `[..., D] -> [..., 2]`.
     LayerNormStats {
+        /// Added to the variance before the square root.
         eps: f32,
     },
     /// `(x [..., D], stats [..., 2], weight [D], bias [D])`: (x - mean) · rstd · weight + bias.
@@ -163,15 +193,18 @@ pub enum Op {
     Embedding,
     /// `(idx i32 [...], dy [..., D]) -> [vocab, D]`: dy scattered into rows, repeated indices summed.
     EmbeddingGrad {
+        /// Rows of the table (the output's first dimension).
         vocab: usize,
     },
     /// `(logits [..., C], labels i32 [...]) -> []`: mean negative log-likelihood over the labels
     /// that are not `ignore_index`.
     CrossEntropy {
+        /// A label that contributes nothing (PyTorch's `ignore_index`).
         ignore_index: Option<i32>,
     },
     /// `(logits, labels, dloss []) -> dlogits`: (softmax - onehot) · dloss / count.
     CrossEntropyGrad {
+        /// A label that contributes nothing (as in the forward op).
         ignore_index: Option<i32>,
     },
 
@@ -180,7 +213,9 @@ pub enum Op {
     /// hash of (seed, step, element index), so the gradient is the same op applied to dy.
     /// Identity when not training.
     Dropout {
+        /// Probability of zeroing an element, in `[0, 1)`.
         p: f32,
+        /// Seed of the mask hash.
         seed: u64,
     },
 }
@@ -188,17 +223,24 @@ pub enum Op {
 /// One node of the arena.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// What it computes.
     pub op: Op,
+    /// Its operands, all earlier nodes.
     pub inputs: Vec<NodeId>,
+    /// Its static shape.
     pub shape: Vec<usize>,
+    /// Its element type.
     pub dtype: DType,
+    /// The source expression it came from (none for nodes built from Rust).
     pub span: Span,
 }
 
 /// A persistent value (parameter or state) and the node whose value replaces it after a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Update {
+    /// The parameter or state value written.
     pub target: NodeId,
+    /// The node whose value it takes.
     pub value: NodeId,
 }
 
@@ -219,26 +261,32 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph.
     pub fn new() -> Graph {
         Graph::default()
     }
 
+    /// Number of nodes.
     pub fn n_nodes(&self) -> usize {
         self.nodes.len()
     }
 
+    /// The node `id` (panics on an id from another, larger graph).
     pub fn node(&self, id: NodeId) -> &Node {
         &self.nodes[id.index()]
     }
 
+    /// Every node with its id, in arena (topological) order.
     pub fn nodes(&self) -> impl ExactSizeIterator<Item = (NodeId, &Node)> {
         self.nodes.iter().enumerate().map(|(i, n)| (NodeId(i as u32), n))
     }
 
+    /// The shape of node `id`.
     pub fn shape(&self, id: NodeId) -> &[usize] {
         &self.nodes[id.index()].shape
     }
 
+    /// The element type of node `id`.
     pub fn dtype(&self, id: NodeId) -> DType {
         self.nodes[id.index()].dtype
     }
@@ -452,6 +500,7 @@ impl Op {
 }
 
 impl ReduceOp {
+    /// `sum`, `mean` or `max`, as the language spells it.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",

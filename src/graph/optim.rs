@@ -34,24 +34,51 @@ pub const STEP_STATE: &str = "optim.step";
 #[derive(Clone, Debug, PartialEq)]
 pub enum Optimizer {
     /// SGD with optional momentum and L2 weight decay (PyTorch's `SGD`, dampening 0).
-    Sgd { momentum: f64, weight_decay: f64 },
+    Sgd {
+        /// Momentum factor (0: plain SGD).
+        momentum: f64,
+        /// L2 penalty added to the gradient.
+        weight_decay: f64,
+    },
     /// Adam with L2 weight decay added to the gradient (PyTorch's `Adam`).
-    Adam { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    Adam {
+        /// Decay of the first-moment average.
+        beta1: f64,
+        /// Decay of the second-moment average.
+        beta2: f64,
+        /// Added to the denominator.
+        eps: f64,
+        /// L2 penalty added to the gradient.
+        weight_decay: f64,
+    },
     /// Adam with decoupled weight decay (PyTorch's `AdamW`).
-    AdamW { beta1: f64, beta2: f64, eps: f64, weight_decay: f64 },
+    AdamW {
+        /// Decay of the first-moment average.
+        beta1: f64,
+        /// Decay of the second-moment average.
+        beta2: f64,
+        /// Added to the denominator.
+        eps: f64,
+        /// Decoupled weight decay: each step multiplies parameters by `1 − lr · weight_decay`.
+        weight_decay: f64,
+    },
 }
 
 impl Optimizer {
+    /// Plain SGD: no momentum, no weight decay.
     pub fn sgd() -> Optimizer {
         Optimizer::Sgd { momentum: 0.0, weight_decay: 0.0 }
     }
+    /// Adam with PyTorch's defaults (betas 0.9 and 0.999, eps 1e-8, no weight decay).
     pub fn adam() -> Optimizer {
         Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
     }
+    /// AdamW with PyTorch's defaults (betas 0.9 and 0.999, eps 1e-8, weight decay 0.01).
     pub fn adamw() -> Optimizer {
         Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
     }
 
+    /// `sgd`, `adam` or `adamw`, as scripts spell it.
     pub fn name(&self) -> &'static str {
         match self {
             Optimizer::Sgd { .. } => "sgd",
@@ -103,6 +130,7 @@ impl Optimizer {
 /// An optimizer with optional clipping of the global gradient norm.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimConfig {
+    /// The update rule.
     pub optimizer: Optimizer,
     /// Scale all gradients by min(1, clip / ‖g‖) where ‖g‖ is the norm over every gradient.
     pub clip_norm: Option<f32>,
@@ -124,7 +152,9 @@ pub struct OptimNodes {
 /// The scalar inputs `1 − β₁ᵗ` and `√(1 − β₂ᵗ)` and the betas they are computed from.
 #[derive(Clone, Copy, Debug)]
 pub struct BiasCorrections {
+    /// The inputs fed `1 − β₁ᵗ` and `√(1 − β₂ᵗ)`.
     pub inputs: [NodeId; 2],
+    /// β₁ and β₂.
     pub betas: [f64; 2],
 }
 

@@ -10,11 +10,13 @@ use crate::error::Result;
 /// A graph whose one evaluation is a whole training step.
 #[derive(Clone, Debug)]
 pub struct TrainGraph {
+    /// Forward, backward and update nodes in one arena.
     pub graph: Graph,
     /// The scalar loss (also output `loss`).
     pub loss: NodeId,
     /// `(parameter, gradient)` pairs, in parameter order.
     pub grads: Vec<(NodeId, NodeId)>,
+    /// The nodes the host drives the optimizer through.
     pub optim: OptimNodes,
 }
 

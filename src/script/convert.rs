@@ -28,6 +28,7 @@ pub fn to_rhai(e: Error) -> Box<EvalAltResult> {
 
 /// `Result<T>` → `ScriptResult<T>`.
 pub trait IntoScript<T> {
+    /// The error wrapped for rhai ([`to_rhai`]).
     fn script(self) -> ScriptResult<T>;
 }
 
@@ -75,6 +76,7 @@ pub struct Opts<'a> {
 }
 
 impl<'a> Opts<'a> {
+    /// Read `map` for function `context`; an error when it has a key not in `known`.
     pub fn new(map: &'a Map, context: &'a str, known: &[&str]) -> ScriptResult<Opts<'a>> {
         if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
             return Err(script_err(format!(
@@ -130,11 +132,13 @@ impl<'a> Opts<'a> {
         }
     }
 
+    /// A boolean, when the key is there (an error when it is not a boolean).
     pub fn bool(&self, key: &str) -> ScriptResult<Option<bool>> {
         let Some(v) = self.get(key) else { return Ok(None) };
         v.as_bool().map(Some).map_err(|_| self.wrong(key, "true or false", v))
     }
 
+    /// A string, when the key is there (an error when it is not a string).
     pub fn string(&self, key: &str) -> ScriptResult<Option<String>> {
         let Some(v) = self.get(key) else { return Ok(None) };
         v.clone().into_string().map(Some).map_err(|_| self.wrong(key, "a string", v))

@@ -2,7 +2,7 @@
 //! limits on operations, wall time, call depth, expression depth, strings, arrays and maps, no
 //! module import, an interrupt flag polled while a script runs, a file-access policy that the API
 //! bindings consult before they touch a file, and the size of the session's memory budget
-//! ([`crate::memory`]), which they charge before they allocate.
+//! (`crate::memory`), which they charge before they allocate.
 //!
 //! Operations, the interrupt flag and the time limit are checked between script operations, so
 //! a native call (a training step, a large matmul) is stopped at its end, not in its middle.
@@ -39,7 +39,7 @@ pub struct Sandbox {
     pub max_map_size: usize,
     /// Most bytes that everything one session owns may hold at once: script tensors,
     /// datasets, compiled models (host and device buffers), evaluation copies and readers'
-    /// buffers, all counted against one [`Budget`](crate::memory::Budget). The default is half
+    /// buffers, all counted against one memory budget. The default is half
     /// of the machine's physical memory.
     pub memory_budget: u64,
     /// The folder relative paths in scripts are resolved against (the process's working
@@ -176,6 +176,7 @@ pub const BOUNDED_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct Interrupt(Arc<AtomicBool>);
 
 impl Interrupt {
+    /// A flag that is not set.
     pub fn new() -> Interrupt {
         Interrupt::default()
     }
@@ -185,6 +186,7 @@ impl Interrupt {
         self.0.store(true, Ordering::SeqCst);
     }
 
+    /// Whether a stop was asked for (and not reset since).
     pub fn is_set(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }

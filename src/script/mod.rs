@@ -35,6 +35,7 @@ use std::sync::Arc;
 /// How a [`Host`] is set up.
 #[derive(Clone, Debug)]
 pub struct HostOptions {
+    /// What the scripts may do (files, limits, memory).
     pub sandbox: Sandbox,
     /// `auto`, `gpu` or `cpu`: the default device of `compile`.
     pub device: String,
@@ -56,9 +57,21 @@ impl Default for HostOptions {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A training step finished: the trainer's step count after it, and its loss.
-    Step { step: u64, loss: f32 },
+    Step {
+        /// The trainer's step count after the step.
+        step: u64,
+        /// The step's loss.
+        loss: f32,
+    },
     /// A script called `log_metric(name, value)`.
-    Metric { step: u64, name: String, value: f64 },
+    Metric {
+        /// The step count of the last trainer that stepped.
+        step: u64,
+        /// The metric's name.
+        name: String,
+        /// Its value.
+        value: f64,
+    },
 }
 
 /// Where a script's `print` output and events go.
@@ -69,16 +82,20 @@ pub type EventSink = Box<dyn FnMut(&Event)>;
 /// What the bindings share: the sandbox, the memory budget, defaults, output sinks, defined
 /// models, and how the evaluation ended (an output error, an `exit(n)`).
 pub struct Ctx {
+    /// What the scripts may do.
     pub sandbox: Sandbox,
     /// What everything this session owns is charged to (sized by `sandbox.memory_budget`).
     pub budget: Budget,
+    /// The default device of `compile` (`auto`, `gpu` or `cpu`).
     pub device: RefCell<String>,
+    /// The default seed of `compile`, shuffling and random tensors.
     pub seed: Cell<u64>,
     /// The step count of the last trainer that stepped (for `log_metric`).
     pub last_step: Cell<u64>,
     /// Where `print` goes; `None`: standard output.
     print: RefCell<Option<PrintSink>>,
     events: RefCell<Option<EventSink>>,
+    /// The model blocks defined so far.
     pub models: RefCell<rms::Models>,
     /// The first output that could not be written (a full disk): it stops the script and is
     /// what the evaluation returns.
@@ -140,11 +157,14 @@ pub struct Host {
 /// end; the runner and the REPL turn the request into the process's exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExitRequest {
+    /// `exit()` (code 0) or `exit(code)`.
     Code(u8),
+    /// `exit(message)`: print the message, exit with code 1.
     Message(String),
 }
 
 impl Host {
+    /// A fresh session: the sandboxed engine with every binding registered, an empty scope.
     pub fn new(opts: HostOptions) -> Host {
         let interrupt = Interrupt::new();
         let deadline = Deadline::default();

@@ -16,6 +16,7 @@ pub struct Models {
 }
 
 impl Models {
+    /// The names, in definition order.
     pub fn names(&self) -> Vec<String> {
         self.names.clone()
     }

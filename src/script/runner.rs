@@ -14,7 +14,9 @@ use std::time::Instant;
 /// What `rumus run` was asked to do.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
+    /// The script to run.
     pub file: PathBuf,
+    /// The session's sandbox, default device and seed.
     pub host: HostOptions,
     /// Write every step's loss and every `log_metric` as one JSON object a line.
     pub metrics: Option<PathBuf>,

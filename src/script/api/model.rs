@@ -36,6 +36,7 @@ pub struct ScriptModel {
 /// A compiled model, shared by every script variable that holds it.
 #[derive(Clone)]
 pub struct ScriptTrainer {
+    /// The compiled model.
     pub trainer: Rc<RefCell<Trainer>>,
     /// The model's inputs in declaration order (not the target or the learning rate).
     pub inputs: Rc<Vec<String>>,
