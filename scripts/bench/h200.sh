@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Benchmarks on the H200 device machine, from the repository root, with the release binary and the
-# Vulkan loader packages in .gl/ carried over (recipe in shared/bench/BASELINES.md): every figure
-# BENCHMARKS.md records. OUT names the folder results go to.
+# Benchmarks on the H200 device machine, from the repository root, with the release binary and
+# the Vulkan loader packages in .gl/ carried over (BENCHMARKS.md says how to get them): every
+# figure BENCHMARKS.md records, PyTorch's included. OUT names the folder results go to.
 set -u
 for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -14,3 +14,4 @@ done
 for s in digits_mlp char_gpt; do
   timeout 200 $B run scripts/$s.rms --device gpu 2>&1 | grep -v XDG | tail -12 | tee $OUT/run-$s.txt
 done
+MODELS=mlp,gpt-small,gpt-medium python3 scripts/bench/torch_baselines.py eager eager-tf32 eager-bf16 2>&1 | tee $OUT/torch.txt

@@ -3,7 +3,7 @@
 //!
 //! The training step is the model's first output under cross-entropy against i32 targets (one
 //! per row of the output, labels in range) with AdamW (lr 1e-3, PyTorch's defaults), as in
-//! `shared/bench/BASELINES.md`. Hyperparameters come from the model's defaults, overridden by
+//! `scripts/bench/torch_baselines.py`, the PyTorch side. Hyperparameters come from the model's defaults, overridden by
 //! `--set name=value`.
 
 use crate::backend::{Backend, RunOptions};

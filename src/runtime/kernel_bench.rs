@@ -42,7 +42,8 @@ pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32, tile: MatmulTile) -> Result<f
 }
 
 /// Effective bandwidth of layer-norm forward + backward on `[rows, d]` (f32), in GB/s counting
-/// 5·rows·d·4 bytes (read x, write y; read x, dy, write dx), as PyTorch's figure in BASELINES.md
+/// 5·rows·d·4 bytes (read x, write y; read x, dy, write dx), as PyTorch's figure in
+/// `scripts/bench/torch_baselines.py`
 /// does: one warm-up submission, then `iters` (forward, backward) rounds in one submission.
 pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<f64> {
     let n = rows * d;
