@@ -94,6 +94,7 @@ impl GpuPlan {
             scratch: scratch.iter().collect(),
         };
         let mut launcher = Launcher::default();
+        launcher.compile_all(gpu, programs.all())?;
         let mut dispatches = Vec::new();
         for p in programs.all() {
             dispatches.push(launcher.prepare(gpu, p, &res)?);

@@ -5,7 +5,16 @@ use super::device::{Dispatch, Gpu};
 use crate::codegen::{Grid, Program, Resource, ShaderChecks};
 use crate::err;
 use crate::error::Result;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// The key a compiled pipeline is found by: the module's text, its entry and its checks.
+type PipelineKey = (String, &'static str, ShaderChecks);
+
+fn key(p: &Program) -> PipelineKey {
+    (p.wgsl.clone(), p.entry, p.checks)
+}
 
 /// The buffers a program's [`Resource`]s name.
 #[derive(Default)]
@@ -23,20 +32,60 @@ pub struct Resources<'a> {
 /// twelve layers compiles the pipelines of one.
 #[derive(Default)]
 pub struct Launcher {
-    pipelines: HashMap<(String, &'static str, ShaderChecks), wgpu::ComputePipeline>,
+    pipelines: HashMap<PipelineKey, wgpu::ComputePipeline>,
     filled: HashMap<(u32, usize), wgpu::Buffer>,
 }
 
 impl Launcher {
+    /// Compile the distinct modules among `programs` not compiled yet, on several threads: the
+    /// driver takes up to a second for each large kernel, and a plan has dozens. Mesa's OpenGL
+    /// backend shares one context between threads, so there they compile in turn. An error is
+    /// the first failing program's, in the order given.
+    pub fn compile_all<'p>(
+        &mut self,
+        gpu: &Gpu,
+        programs: impl IntoIterator<Item = &'p Program>,
+    ) -> Result<()> {
+        let mut seen = HashSet::new();
+        let todo: Vec<&Program> = programs
+            .into_iter()
+            .filter(|p| !self.pipelines.contains_key(&key(p)) && seen.insert(key(p)))
+            .collect();
+        let threads = match gpu.info.backend {
+            wgpu::Backend::Gl => 1,
+            _ => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+        };
+        let compiled: Vec<Mutex<Option<Result<wgpu::ComputePipeline>>>> =
+            todo.iter().map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..threads.min(todo.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(p) = todo.get(i) else { break };
+                    let pipeline = gpu.pipeline_with(&p.label, &p.wgsl, p.entry, p.checks);
+                    *compiled[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(pipeline);
+                });
+            }
+        });
+        for (p, slot) in todo.iter().zip(compiled) {
+            let pipeline = slot.into_inner().unwrap_or_else(|e| e.into_inner());
+            let pipeline = pipeline.ok_or_else(|| {
+                err!(Invariant, "pipeline `{}` was not compiled by any thread", p.label)
+            })??;
+            self.pipelines.insert(key(p), pipeline);
+        }
+        Ok(())
+    }
+
     /// The dispatch of `p` over `res`. An error when a buffer is missing or holds fewer
     /// elements than a binding needs, or a fixed grid exceeds the device's limit.
     pub fn prepare(&mut self, gpu: &Gpu, p: &Program, res: &Resources) -> Result<Dispatch> {
-        let key = (p.wgsl.clone(), p.entry, p.checks);
-        let pipeline = match self.pipelines.get(&key) {
+        let pipeline = match self.pipelines.get(&key(p)) {
             Some(pl) => pl.clone(),
             None => {
                 let pl = gpu.pipeline_with(&p.label, &p.wgsl, p.entry, p.checks)?;
-                self.pipelines.insert(key, pl.clone());
+                self.pipelines.insert(key(p), pl.clone());
                 pl
             }
         };

@@ -599,6 +599,35 @@ fn invalid_wgsl_is_an_error_with_the_compiler_message() {
     check_matmul("after invalid wgsl", MatmulTile::Small, s, contiguous_lens(&s), None);
 }
 
+/// Pipelines compile on several threads; a broken module is reported by name, the first in
+/// program order, however the threads interleave, and the good ones are compiled too.
+#[test]
+fn parallel_compilation_reports_the_first_broken_program() {
+    let Some((gpu, _turn)) = or_skip("parallel_compilation") else {
+        return;
+    };
+    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let good: Vec<_> = [(3, 1, 2), (5, 7, 3), (2, 2, 9)]
+        .iter()
+        .map(|&(m, n, k)| {
+            let s = MatmulSpec::contiguous(1, m, n, k);
+            matmul::program(&s, MatmulTile::Small, None, operands.clone()).unwrap()
+        })
+        .collect();
+    let mut broken = [good[0].clone(), good[1].clone()];
+    for (i, p) in broken.iter_mut().enumerate() {
+        p.label = format!("broken {i}");
+        p.wgsl = p.wgsl.replace("fn main", &format!("fn main_{i}"));
+        p.wgsl.push_str("\nfn oops() -> u32 { return undefined_name; }\n");
+    }
+    let order = [&good[0], &broken[0], &good[1], &broken[1], &good[2]];
+    let mut launcher = rumus::runtime::launch::Launcher::default();
+    let e = launcher.compile_all(gpu, order).unwrap_err();
+    assert_eq!(e.kind, rumus::ErrorKind::Device);
+    assert!(e.message.contains("`broken 0`"), "{}", e.message);
+    launcher.compile_all(gpu, [&good[0], &good[1], &good[2]]).unwrap();
+}
+
 #[test]
 fn benchmarks_report_a_positive_rate() {
     let Some((gpu, _turn)) = or_skip("benchmarks_report_a_positive_rate") else {
