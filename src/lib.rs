@@ -57,50 +57,22 @@ pub mod script;
 pub mod session;
 pub mod tensor;
 
-// Internal modules: public only for the integration tests (tests/it) and the fuzz driver
-// (examples/fuzz); not part of the API.
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod backend;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod checkpoint;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod codegen;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod cpu;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod data;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod dsl;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod files;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod memory;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod nn;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod num;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod plan;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod rng;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod runtime;
-#[doc(hidden)]
-#[allow(missing_docs)]
-pub mod source;
+/// Internal modules: public only for the integration tests (tests/it) and the fuzz driver
+/// (examples/fuzz); hidden from the documentation and not part of the API.
+macro_rules! internal {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[doc(hidden)]
+            #[allow(missing_docs)]
+            pub mod $name;
+        )*
+    };
+}
+
+internal!(
+    backend, checkpoint, codegen, cpu, data, dsl, files, memory, nn, num, plan, rng, runtime,
+    source,
+);
 
 pub use engine::Engine;
 pub use error::{Error, ErrorKind, Result, Source, Span};
