@@ -33,6 +33,19 @@ fn strided(w: &mut Wgsl, n: usize, body: &[&str]) {
     w.block(&format!("for (var j = lid; j < {n}u; j += {ROW_WG}u)"), body);
 }
 
+/// A row's maximum `m` and `total` = Σ exp(x - m) over `{x}[base + j]`, `j < n`, with `acc`
+/// already set to -inf: the two reductions softmax and cross-entropy share.
+fn row_max_and_total(w: &mut Wgsl, x: &str, n: usize) {
+    strided(w, n, &[&format!("acc = max_(acc, {x}[base + j]);")]);
+    tree(w, "max", ROW_WG);
+    w.line("let m = red[0];");
+    w.line("workgroupBarrier();");
+    w.line("acc = 0.0;");
+    strided(w, n, &[&format!("acc += exp({x}[base + j] - m);")]);
+    tree(w, "sum", ROW_WG);
+    w.line("let total = red[0];");
+}
+
 pub(super) fn reduce(
     g: &Graph,
     w: &mut Wgsl,
@@ -113,14 +126,7 @@ pub(super) fn softmax(
     w.block(&format!("if (row >= {rows}u)"), &["return;"]);
     w.line(&format!("let base = row * {d}u;"));
     w.line(&format!("var acc = {};", f32_lit(f32::NEG_INFINITY)));
-    strided(w, d, &[&format!("acc = max_(acc, {xn}[base + j]);")]);
-    tree(w, "max", ROW_WG);
-    w.line("let m = red[0];");
-    w.line("workgroupBarrier();");
-    w.line("acc = 0.0;");
-    strided(w, d, &[&format!("acc += exp({xn}[base + j] - m);")]);
-    tree(w, "sum", ROW_WG);
-    w.line("let total = red[0];");
+    row_max_and_total(w, &xn, d);
     strided(w, d, &[&format!("let v = {xn}[base + j];"), &format!("{yn}[base + j] = {write};")]);
     w.close();
     (rows as u32, ROW_WG)
@@ -208,14 +214,7 @@ pub(super) fn cross_entropy_grad(
     w.line(&format!("let label = {lab}[row];"));
     w.block(&format!("if (lid == 0u && !({ignore}) && !{ok})"), &["report(row);"]);
     w.line(&format!("acc = {};", f32_lit(f32::NEG_INFINITY)));
-    strided(w, c, &[&format!("acc = max_(acc, {ln}[base + j]);")]);
-    tree(w, "max", ROW_WG);
-    w.line("let m = red[0];");
-    w.line("workgroupBarrier();");
-    w.line("acc = 0.0;");
-    strided(w, c, &[&format!("acc += exp({ln}[base + j] - m);")]);
-    tree(w, "sum", ROW_WG);
-    w.line("let total = red[0];");
+    row_max_and_total(w, &ln, c);
     w.lines(&em.body);
     w.line(&format!("let scale = {dl} / count;"));
     w.open(&format!("for (var j = lid; j < {c}u; j += {ROW_WG}u)"));
