@@ -218,15 +218,11 @@ fn clean(s: &str, max: usize) -> String {
 
 /// A message as stored: escaped, quoted fragments and then the whole clipped.
 fn tidy(message: &str) -> String {
-    let quoted_long =
-        message.split('`').skip(1).step_by(2).any(|q| q.chars().nth(MAX_QUOTE_CHARS).is_some());
-    if !quoted_long {
-        return clean(message, MAX_MESSAGE_CHARS);
-    }
-    let mut parts: Vec<String> = Vec::new();
-    for (i, part) in message.split('`').enumerate() {
-        parts.push(if i % 2 == 1 { clean(part, MAX_QUOTE_CHARS) } else { part.to_string() });
-    }
+    let parts: Vec<String> = message
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { clean(part, MAX_QUOTE_CHARS) } else { part.to_string() })
+        .collect();
     clean(&parts.join("`"), MAX_MESSAGE_CHARS)
 }
 
