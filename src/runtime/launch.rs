@@ -47,9 +47,10 @@ impl Launcher {
         programs: impl IntoIterator<Item = &'p Program>,
     ) -> Result<()> {
         let mut seen = HashSet::new();
-        let todo: Vec<&Program> = programs
+        let todo: Vec<(&Program, PipelineKey)> = programs
             .into_iter()
-            .filter(|p| !self.pipelines.contains_key(&key(p)) && seen.insert(key(p)))
+            .map(|p| (p, key(p)))
+            .filter(|(_, k)| !self.pipelines.contains_key(k) && seen.insert(k.clone()))
             .collect();
         let threads = match gpu.info.backend {
             wgpu::Backend::Gl => 1,
@@ -62,18 +63,18 @@ impl Launcher {
             for _ in 0..threads.min(todo.len()) {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(p) = todo.get(i) else { break };
+                    let Some((p, _)) = todo.get(i) else { break };
                     let pipeline = gpu.pipeline_with(&p.label, &p.wgsl, p.entry, p.checks);
                     *compiled[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(pipeline);
                 });
             }
         });
-        for (p, slot) in todo.iter().zip(compiled) {
+        for ((p, k), slot) in todo.into_iter().zip(compiled) {
             let pipeline = slot.into_inner().unwrap_or_else(|e| e.into_inner());
             let pipeline = pipeline.ok_or_else(|| {
                 err!(Invariant, "pipeline `{}` was not compiled by any thread", p.label)
             })??;
-            self.pipelines.insert(key(p), pipeline);
+            self.pipelines.insert(k, pipeline);
         }
         Ok(())
     }
