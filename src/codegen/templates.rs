@@ -3,7 +3,7 @@
 //!
 //! A template is WGSL text in which generated code fills `{{NAME}}` placeholders. Every template
 //! carries a default for each of its placeholders, so it is valid WGSL once filled with them
-//! (`tests/wgsl_valid.rs` checks this for every file in `shaders/`).
+//! (`tests/it/wgsl_valid.rs` checks this for every file in `shaders/`).
 
 use crate::err;
 use crate::error::Result;
