@@ -13,6 +13,7 @@
 //! - errors that escape all scopes go to a non-panicking handler and are reported by
 //!   [`Gpu::take_uncaptured_errors`].
 
+use super::pipeline_cache::DiskCache;
 use crate::codegen::ShaderChecks;
 use crate::err;
 use crate::error::{Error, Result};
@@ -85,6 +86,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Errors no error scope caught, recorded by the non-panicking handler.
     uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Compiled pipelines kept on disk between runs, where the adapter can.
+    pipeline_cache: Option<DiskCache>,
 }
 
 /// One prepared compute dispatch: a pipeline, its bind group (group 0) and the workgroup grid.
@@ -187,7 +190,8 @@ impl Gpu {
     /// non-panicking uncaptured-error handler.
     pub fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
         let info = adapter.get_info();
-        let features = adapter.features() & wgpu::Features::SHADER_F16;
+        let features =
+            adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE);
         let desc = wgpu::DeviceDescriptor {
             label: Some("rumus"),
             required_features: features,
@@ -204,7 +208,8 @@ impl Gpu {
             }
         }));
         let limits = device.limits();
-        Ok(Gpu { info, device, queue, limits, uncaptured })
+        let pipeline_cache = DiskCache::open(&device, &info);
+        Ok(Gpu { info, device, queue, limits, uncaptured, pipeline_cache })
     }
 
     /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Cpu, Vulkan)`.
@@ -490,9 +495,22 @@ impl Gpu {
                 module: &module,
                 entry_point: Some(entry),
                 compilation_options: Default::default(),
-                cache: None,
+                cache: self.pipeline_cache.as_ref().map(|c| &c.cache),
             })
         })
+    }
+
+    /// Save the pipelines compiled so far to the on-disk cache, where there is one
+    /// ([`DiskCache`]); never fails.
+    pub fn save_pipeline_cache(&self) {
+        if let Some(c) = &self.pipeline_cache {
+            c.save();
+        }
+    }
+
+    /// The file compiled pipelines are kept in between runs, where there is one.
+    pub fn pipeline_cache_file(&self) -> Option<&std::path::Path> {
+        self.pipeline_cache.as_ref().map(DiskCache::path)
     }
 
     /// A bind group for group 0 of `pipeline` with `buffers[i]` (whole) at binding `i`.

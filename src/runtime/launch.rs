@@ -69,12 +69,16 @@ impl Launcher {
                 });
             }
         });
+        let compiled_any = !todo.is_empty();
         for ((p, k), slot) in todo.into_iter().zip(compiled) {
             let pipeline = slot.into_inner().unwrap_or_else(|e| e.into_inner());
             let pipeline = pipeline.ok_or_else(|| {
                 err!(Invariant, "pipeline `{}` was not compiled by any thread", p.label)
             })??;
             self.pipelines.insert(k, pipeline);
+        }
+        if compiled_any {
+            gpu.save_pipeline_cache();
         }
         Ok(())
     }

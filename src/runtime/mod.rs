@@ -1,5 +1,5 @@
 //! runtime: the wgpu side of rumus. Opens the device ([`device`]), turns codegen's programs
-//! into pipelines, bind groups and dispatches ([`launch`]), runs plans ([`exec`]) and times the
+//! into pipelines, bind groups and dispatches ([`launch`]) through a pipeline cache kept on disk ([`pipeline_cache`]), runs plans ([`exec`]) and times the
 //! template kernels alone ([`kernel_bench`]). It writes no WGSL and knows no kernel kind.
 
 pub mod backend;
@@ -8,6 +8,7 @@ pub mod device;
 pub mod exec;
 pub mod kernel_bench;
 pub mod launch;
+pub mod pipeline_cache;
 
 pub use device::{
     shared_gpu, split_workgroups, test_gpu, test_gpu_at_webgpu_limits, DeviceChoice, Dispatch, Gpu,

@@ -639,3 +639,53 @@ fn benchmarks_report_a_positive_rate() {
     eprintln!("lavapipe: matmul 33^3 {tflops:.6} TFLOP/s, layer norm 9x40 {gbs:.4} GB/s");
     assert!(tflops.is_finite() && tflops > 0.0 && gbs.is_finite() && gbs > 0.0);
 }
+
+/// Compiled pipelines are kept on disk between runs: a damaged or foreign file is dropped
+/// without harm, and what one run saves the next one loads. Adapters without
+/// `PIPELINE_CACHE` (OpenGL) keep no file at all.
+#[test]
+fn pipeline_cache_survives_a_damaged_file_and_round_trips() {
+    use rumus::runtime::pipeline_cache::DiskCache;
+    let Some((gpu, _turn)) = or_skip("pipeline_cache_survives_a_damaged_file_and_round_trips")
+    else {
+        return;
+    };
+    if !gpu.device.features().contains(wgpu::Features::PIPELINE_CACHE) {
+        assert!(gpu.pipeline_cache_file().is_none());
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("rumus-pipeline-cache-{}", std::process::id()));
+    let path = dir.join("cache.bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let wgsl = "@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n\
+                @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) i: vec3<u32>) {\n\
+                if i.x < arrayLength(&x) { x[i.x] = 2.0 * x[i.x]; } }";
+    let compile = |cache: &DiskCache| {
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("twice"),
+            source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+        });
+        let _ = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("twice"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: Some(&cache.cache),
+        });
+    };
+    for damaged in [&b""[..], b"RUMUSPC1 but not really", &[0xff; 4096]] {
+        std::fs::write(&path, damaged).unwrap();
+        let cache = DiskCache::at(&gpu.device, path.clone());
+        compile(&cache);
+        cache.save();
+        assert_eq!(gpu.take_uncaptured_errors(), Vec::<String>::new());
+    }
+    let saved = std::fs::read(&path).unwrap();
+    assert!(saved.starts_with(b"RUMUSPC1"), "the cache was not saved over the damaged file");
+    let reopened = DiskCache::at(&gpu.device, path.clone());
+    compile(&reopened);
+    reopened.save();
+    assert_eq!(std::fs::read(&path).unwrap().len(), saved.len(), "a warm cache grew");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
