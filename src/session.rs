@@ -11,6 +11,7 @@
 //! each run needs for as long as the run lasts.
 
 use crate::backend::{Backend, RunOptions};
+pub use crate::codegen::MatmulPrecision;
 use crate::cpu::CpuBackend;
 use crate::err;
 use crate::error::{Error, Result};
@@ -62,7 +63,11 @@ impl Placed {
         };
         let held = cfg.budget.charge(held, what)?;
         let backend: Box<dyn Backend> = match gpu {
-            Some(gpu) => Box::new(GpuBackend::new(gpu, graph, cfg.seed, PlanOptions::default())?),
+            Some(gpu) => {
+                let mut b = GpuBackend::new(gpu, graph, cfg.seed, PlanOptions::default())?;
+                b.matmul.precision = gpu.matmul_precision(cfg.matmul_precision);
+                Box::new(b)
+            }
             None => Box::new(CpuBackend::new(graph, cfg.seed)?),
         };
         Ok(Placed { backend, _held: held, per_run })
@@ -178,6 +183,10 @@ pub struct CompileConfig {
     pub device: Device,
     /// Seeds the random initializers of parameters and state.
     pub seed: u64,
+    /// How accurately a GPU computes matrix products (`None`: `high` where the adapter has
+    /// cooperative matrices, `highest` elsewhere; `high` or `medium` without them fall back to
+    /// `highest` with a notice). The CPU backend always computes in fp32.
+    pub matmul_precision: Option<MatmulPrecision>,
     /// What the compiled model's buffers (host and device) are charged to.
     pub budget: Budget,
 }

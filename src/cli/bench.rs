@@ -7,6 +7,7 @@
 //! `--set name=value`.
 
 use crate::backend::{Backend, RunOptions};
+use crate::codegen::MatmulPrecision;
 use crate::cpu::CpuBackend;
 use crate::dsl::{self, Value};
 use crate::err;
@@ -133,6 +134,8 @@ pub struct BenchResult {
     pub step_ms_min: f64,
     /// Time to build the training step and place it on the device, in milliseconds.
     pub compile_ms: f64,
+    /// The matmul precision the steps ran with (`highest` on the CPU backend).
+    pub matmul_precision: MatmulPrecision,
     /// Graph ops the plan computes.
     pub ops: usize,
     /// Kernels of the plan.
@@ -165,6 +168,7 @@ impl BenchResult {
             "step_ms_median": self.step_ms_median,
             "step_ms_min": self.step_ms_min,
             "compile_ms": self.compile_ms,
+            "matmul_precision": self.matmul_precision.to_string(),
             "ops": self.ops,
             "kernels": self.kernels,
             "dispatches_per_step": self.dispatches_per_step,
@@ -181,7 +185,7 @@ impl BenchResult {
     pub fn text(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\ncompile {:.1} ms  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
+            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\ncompile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
             self.model,
             self.params,
             self.adapter,
@@ -190,6 +194,7 @@ impl BenchResult {
             self.step_ms_min,
             self.warmup,
             self.compile_ms,
+            self.matmul_precision,
             self.ops,
             self.kernels,
             self.dispatches_per_step,
@@ -202,11 +207,12 @@ impl BenchResult {
     }
 }
 
-/// Compile the training step of `spec` on `device`, run `warmup` steps, then time `steps`
+/// Compile the training step of `spec` on `device` with matmul `precision` (`None`: the
+/// device's default; the CPU backend computes in fp32), run `warmup` steps, then time `steps`
 /// steps (each ends when its loss is back on the host, as PyTorch's loop synchronizes).
 pub fn bench_model(
     spec: &ModelSpec,
-    device: DeviceChoice,
+    (device, precision): (DeviceChoice, Option<MatmulPrecision>),
     steps: usize,
     warmup: usize,
     profile: bool,
@@ -231,9 +237,12 @@ pub fn bench_model(
     let mut gpu_backend = None;
     let mut cpu_backend = None;
     let mut report = None;
+    let mut mode = MatmulPrecision::Highest;
     match gpu {
         Some(gpu) => {
             let mut b = GpuBackend::new(gpu, t.graph.clone(), 0, PlanOptions::default())?;
+            b.matmul.precision = gpu.matmul_precision(precision);
+            mode = b.matmul.precision;
             let p = b.plan_for(&[t.loss], true)?;
             report = Some(PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes));
             gpu_backend = Some(b);
@@ -293,6 +302,7 @@ pub fn bench_model(
         step_ms_median: times[times.len() / 2],
         step_ms_min: times[0],
         compile_ms,
+        matmul_precision: mode,
         ops: r.ops,
         kernels: r.kernels,
         dispatches_per_step: r.dispatches,

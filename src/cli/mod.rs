@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod graph;
 
+use crate::codegen::MatmulPrecision;
 use crate::runtime::DeviceChoice;
 use crate::script::runner::{self, RunOptions};
 use crate::script::{HostOptions, Sandbox};
@@ -18,11 +19,12 @@ use std::time::Duration;
 
 const USAGE: &str = "usage:
   rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
-                 [--max-operations N] [--timeout SECS]
+                 [--max-operations N] [--timeout SECS] [--matmul-precision highest|high|medium]
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json | --wgsl [KERNEL]]
-  rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--profile] [--json]
+  rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D]
+                   [--matmul-precision MODE] [--profile] [--json]
   rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
   rumus bench --cpu-matmul [--size N]     the CPU backend's f32 matmul, GFLOP/s";
 
@@ -86,13 +88,15 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
                 flags.done()?;
                 return print_text(&bench::bench_cpu_matmul(n as usize, 5)?);
             }
+            let precision = matmul_precision(&mut flags)?;
             let steps = flags.int("--steps", 1, bench::MAX_STEPS)?.unwrap_or(40);
             let warmup = flags.int("--warmup", 0, bench::MAX_STEPS)?.unwrap_or(10);
             let json = flags.switch("--json");
             let profile = flags.switch("--profile");
             let spec = model_spec(&mut flags)?;
             flags.done()?;
-            let r = bench::bench_model(&spec, device, steps as usize, warmup as usize, profile)?;
+            let (steps, warmup) = (steps as usize, warmup as usize);
+            let r = bench::bench_model(&spec, (device, precision), steps, warmup, profile)?;
             print_text(&if json { format!("{}\n", r.json()) } else { r.text() })
         }
         "help" | "--help" | "-h" => print_text(&format!("{USAGE}\n")),
@@ -111,6 +115,7 @@ fn host_options(flags: &mut Flags) -> Result<HostOptions> {
     Ok(HostOptions {
         device: device(flags)?.to_string(),
         seed: flags.int("--seed", 0, u64::MAX)?.unwrap_or(0),
+        matmul_precision: matmul_precision(flags)?,
         sandbox,
     })
 }
@@ -121,6 +126,13 @@ fn device(flags: &mut Flags) -> Result<DeviceChoice> {
         Some(d) => d.parse().map_err(|e: Error| err!(Usage, "--device: {}", e.message)),
         None => DeviceChoice::from_env(),
     }
+}
+
+/// `--matmul-precision MODE`, named in its error; `None` without it (the device's default).
+fn matmul_precision(flags: &mut Flags) -> Result<Option<MatmulPrecision>> {
+    let parse =
+        |m: String| m.parse().map_err(|e: Error| err!(Usage, "--matmul-precision: {}", e.message));
+    flags.take("--matmul-precision")?.map(parse).transpose()
 }
 
 /// `--wgsl [KERNEL]` of `plan`: `None` without it, else the kernel number that follows it, if

@@ -6,6 +6,7 @@
 //!   gathers in `gather.rs`) and the matmul epilogue, written with [`writer`];
 //! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
+//! - [`precision`]: the matmul precision modes (`highest`, `high`, `medium`);
 //! - [`program`]: the program type and the programs of a whole plan.
 //!
 //! Adding a kernel kind is a change here: a function returning its programs, called from
@@ -16,12 +17,14 @@ mod gather;
 pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_simt;
+pub mod precision;
 pub mod program;
 mod rows;
 pub mod templates;
 pub mod wgsl;
 pub mod writer;
 
+pub use precision::MatmulPrecision;
 pub use program::{
     Binding, Grid, MatmulOptions, PlanPrograms, Program, Resource, ShaderChecks, Target,
 };

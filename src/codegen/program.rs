@@ -6,6 +6,7 @@
 //! identical source), a bind group and a dispatch, knowing nothing of what the kernel computes.
 //! A new kernel kind is a new function in codegen returning programs.
 
+use super::MatmulPrecision;
 use crate::err;
 use crate::error::Result;
 
@@ -97,6 +98,9 @@ pub struct Target {
     pub max_workgroup_bytes: u32,
     /// Threads per workgroup (`max_compute_invocations_per_workgroup`).
     pub max_invocations: u32,
+    /// The subgroup size of an adapter with 16x16x16 f16 x f16 -> f32 cooperative matrices
+    /// (which the `high` and `medium` kernels need); `None` without them.
+    pub cooperative: Option<u32>,
     pub matmul: MatmulOptions,
 }
 
@@ -108,12 +112,16 @@ pub struct MatmulOptions {
     /// kernel); smaller products fill a large GPU better with the template's smaller tiles.
     /// Tests lower it to run the SIMT kernel at sizes a software adapter computes quickly.
     pub simt_min_workgroups: u32,
+    /// The precision of every product: `high` and `medium` run on cooperative matrices where
+    /// the target has them (the session resolves the mode against the adapter first).
+    pub precision: MatmulPrecision,
 }
 
 impl MatmulOptions {
     /// The choices measured on the H200: the SIMT kernel from 64 blocks (a 4096x768 product
     /// has 96; the template's tiles win on smaller and batched products).
-    pub const DEFAULT: MatmulOptions = MatmulOptions { simt_min_workgroups: 64 };
+    pub const DEFAULT: MatmulOptions =
+        MatmulOptions { simt_min_workgroups: 64, precision: MatmulPrecision::Highest };
 }
 
 impl Default for MatmulOptions {
@@ -128,15 +136,28 @@ impl Target {
         max_workgroups_per_dimension: 65535,
         max_workgroup_bytes: 16384,
         max_invocations: 256,
+        cooperative: None,
         matmul: MatmulOptions::DEFAULT,
     };
 
-    /// The limits of a device.
-    pub fn of(limits: &wgpu::Limits, matmul: MatmulOptions) -> Target {
+    /// An adapter with cooperative matrices, as the H200 reports itself (48 KiB of workgroup
+    /// memory, 1024 threads per workgroup, subgroups of 32): what `rumus plan
+    /// --matmul-precision high` plans for, since a machine without one cannot show it.
+    pub const COOPERATIVE: Target = Target {
+        max_workgroups_per_dimension: 65535,
+        max_workgroup_bytes: 49152,
+        max_invocations: 1024,
+        cooperative: Some(32),
+        matmul: MatmulOptions::DEFAULT,
+    };
+
+    /// The limits of a device; `cooperative` as in [`Target::cooperative`].
+    pub fn of(limits: &wgpu::Limits, cooperative: Option<u32>, matmul: MatmulOptions) -> Target {
         Target {
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_workgroup_bytes: limits.max_compute_workgroup_storage_size,
             max_invocations: limits.max_compute_invocations_per_workgroup,
+            cooperative,
             matmul,
         }
     }

@@ -2,7 +2,8 @@
 //! (validation, out of memory, limits) into an [`Error`] of kind `Device` instead of a panic.
 //!
 //! Owns [`DeviceChoice`] (the `--device` / `RUMUS_DEVICE` setting), [`Gpu`] (adapter info, device,
-//! queue, limits) with its buffer / pipeline / readback helpers, [`Dispatch`] (one prepared
+//! queue, limits, cooperative matrices) with its buffer / pipeline / readback helpers, the
+//! matmul precision a device runs ([`Gpu::matmul_precision`]), [`Dispatch`] (one prepared
 //! compute dispatch), and [`test_gpu`], the one device shared by every test in a process.
 //!
 //! Rules every caller can rely on:
@@ -14,7 +15,7 @@
 //!   [`Gpu::take_uncaptured_errors`].
 
 use super::pipeline_cache::DiskCache;
-use crate::codegen::ShaderChecks;
+use crate::codegen::{MatmulOptions, MatmulPrecision, ShaderChecks, Target};
 use crate::err;
 use crate::error::{Error, Result};
 use std::fmt;
@@ -84,6 +85,10 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     /// The limits the device was created with (the adapter's own unless asked otherwise).
     pub limits: wgpu::Limits,
+    /// The subgroup size, when the device was opened with 16x16x16 f16 x f16 -> f32
+    /// cooperative matrices (and the adapter has one subgroup size): the `high` and `medium`
+    /// matmul kernels run only then.
+    pub cooperative: Option<u32>,
     /// Errors no error scope caught, recorded by the non-panicking handler.
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// Compiled pipelines kept on disk between runs, where the adapter can.
@@ -190,12 +195,23 @@ impl Gpu {
     /// non-panicking uncaptured-error handler.
     pub fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
         let info = adapter.get_info();
-        let features =
-            adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE);
+        let mut features = adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE);
+        let cooperative = cooperative_subgroup(&adapter);
+        if cooperative.is_some() {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("rumus"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features: if cooperative.is_some() {
+                // SAFETY: cooperative matrices are used only by codegen's matmul kernels, whose
+                // every module naga validates (`tests/it/codegen_valid.rs`) and which keep
+                // their operations in uniform control flow.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         };
         let (device, queue) = pollster::block_on(adapter.request_device(&desc))
@@ -209,7 +225,21 @@ impl Gpu {
         }));
         let limits = device.limits();
         let pipeline_cache = DiskCache::open(&device, &info);
-        Ok(Gpu { info, device, queue, limits, uncaptured, pipeline_cache })
+        Ok(Gpu { info, device, queue, limits, cooperative, uncaptured, pipeline_cache })
+    }
+
+    /// What codegen needs to know of this device, with the matmul choices `matmul`.
+    pub fn target(&self, matmul: MatmulOptions) -> Target {
+        Target::of(&self.limits, self.cooperative, matmul)
+    }
+
+    /// The matmul precision this device runs when `requested` (`None`: the default) is asked
+    /// for (see [`MatmulPrecision::resolve`]), announced on stderr in one line, once per
+    /// process and line.
+    pub fn matmul_precision(&self, requested: Option<MatmulPrecision>) -> MatmulPrecision {
+        let (mode, line) = precision_note(requested, self.cooperative.is_some(), &self.info.name);
+        note_once(&line);
+        mode
     }
 
     /// One line describing the adapter, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Cpu, Vulkan)`.
@@ -613,6 +643,55 @@ fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
     (device, backend)
 }
 
+/// The subgroup size of `adapter` when it offers cooperative matrices the matmul kernels can
+/// use: the feature with f16, a 16x16x16 configuration with f16 A and B and an f32
+/// accumulator, and a single subgroup size (the kernels' workgroups are whole subgroups).
+fn cooperative_subgroup(adapter: &wgpu::Adapter) -> Option<u32> {
+    use wgpu::wgt::CooperativeScalarType as T;
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    if !adapter.features().contains(needed) {
+        return None;
+    }
+    let f16 = adapter.cooperative_matrix_properties().iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == T::F16 && p.cr_type == T::F32
+    });
+    let info = adapter.get_info();
+    let size = info.subgroup_min_size;
+    (f16 && size > 0 && size == info.subgroup_max_size).then_some(size)
+}
+
+/// The mode [`MatmulPrecision::resolve`] gives and the one-line notice that announces it on
+/// adapter `adapter`.
+pub fn precision_note(
+    requested: Option<MatmulPrecision>,
+    cooperative: bool,
+    adapter: &str,
+) -> (MatmulPrecision, String) {
+    let (mode, fell_back) = MatmulPrecision::resolve(requested, cooperative);
+    let line = match (requested, fell_back) {
+        (Some(asked), true) => format!(
+            "note: matmul precision {asked} needs cooperative matrices, which `{adapter}` lacks; using {mode} (fp32)"
+        ),
+        _ if mode.is_cooperative() => {
+            format!("note: matmul precision {mode} (cooperative matrices on `{adapter}`)")
+        }
+        _ => format!("note: matmul precision {mode} (fp32)"),
+    };
+    (mode, line)
+}
+
+/// Write `line` to stderr the first time this process asks for it. Not `eprintln!`, which
+/// panics when stderr cannot be written (`2>/dev/full`).
+fn note_once(line: &str) {
+    use std::io::Write;
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.iter().any(|s| s == line) {
+        seen.push(line.to_string());
+        let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+    }
+}
+
 /// A wgpu error as one lower-case-led text, with its source chain (where naga's message lives).
 fn error_text(e: &wgpu::Error) -> String {
     let mut text = e.to_string();
@@ -634,19 +713,13 @@ static TEST_GPU_AT_WEBGPU_LIMITS: OnceLock<Result<Gpu>> = OnceLock::new();
 /// The process-wide device for `choice`, opened once: `None` means the CPU backend (`cpu`, or
 /// `auto` when the only adapter is a software one, with a one-line notice the first time).
 pub fn shared_gpu(choice: DeviceChoice) -> Result<Option<&'static Gpu>> {
-    static NOTICE: std::sync::Once = std::sync::Once::new();
     match choice {
         DeviceChoice::Cpu => Ok(None),
         DeviceChoice::Gpu => test_gpu().map(Some),
         DeviceChoice::Auto => match test_gpu() {
             Ok(gpu) if !gpu.is_software() => Ok(Some(gpu)),
             _ => {
-                // Not `eprintln!`, which panics when stderr cannot be written (`2>/dev/full`).
-                NOTICE.call_once(|| {
-                    use std::io::Write;
-                    let note = "note: no hardware GPU adapter found; using the CPU backend\n";
-                    let _ = std::io::stderr().write_all(note.as_bytes());
-                });
+                note_once("note: no hardware GPU adapter found; using the CPU backend");
                 Ok(None)
             }
         },
@@ -709,6 +782,26 @@ mod tests {
             );
         }
         assert_eq!(split_workgroups(70_000, 65535), [35_000, 2, 1]);
+    }
+
+    #[test]
+    fn precision_notes_say_the_mode_and_why() {
+        use MatmulPrecision::*;
+        let cases = [
+            (None, true, High, "note: matmul precision high (cooperative matrices on `gpu`)"),
+            (Some(Medium), true, Medium, "note: matmul precision medium (cooperative matrices on `gpu`)"),
+            (None, false, Highest, "note: matmul precision highest (fp32)"),
+            (Some(Highest), true, Highest, "note: matmul precision highest (fp32)"),
+            (
+                Some(High),
+                false,
+                Highest,
+                "note: matmul precision high needs cooperative matrices, which `gpu` lacks; using highest (fp32)",
+            ),
+        ];
+        for (requested, coop, mode, line) in cases {
+            assert_eq!(precision_note(requested, coop, "gpu"), (mode, line.to_string()));
+        }
     }
 
     #[test]

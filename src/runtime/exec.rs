@@ -10,7 +10,7 @@
 
 use super::device::{Dispatch, Gpu, STORAGE};
 use super::launch::{Launcher, Resources};
-use crate::codegen::{self, MatmulOptions, Target};
+use crate::codegen::{self, MatmulOptions};
 use crate::cpu::nn::{check_index, check_label};
 use crate::err;
 use crate::error::{Error, Result};
@@ -75,7 +75,7 @@ impl GpuPlan {
                 }
             }
         }
-        let target = Target::of(&gpu.limits, matmul);
+        let target = gpu.target(matmul);
         let programs = codegen::compile(g, &plan, &target)?;
         let meta = gpu.uniform("meta", &[0u8; 16])?;
         let status = match programs.status_words {

@@ -5,7 +5,7 @@ use super::device::{Dispatch, Gpu};
 use super::launch::prepare;
 use crate::codegen::layer_norm::{self, Backward, Forward};
 use crate::codegen::matmul::{self, MatmulSpec, MatmulTile};
-use crate::codegen::{MatmulOptions, Resource, Target};
+use crate::codegen::{MatmulOptions, Resource};
 use crate::err;
 use crate::error::Result;
 use std::time::Instant;
@@ -23,7 +23,7 @@ fn time(gpu: &Gpu, warm: &[&Dispatch], all: &[&Dispatch]) -> Result<f64> {
 /// timed to completion.
 pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32, tile: MatmulTile) -> Result<f64> {
     let spec = MatmulSpec::contiguous(1, n, n, n);
-    let target = Target::of(&gpu.limits, MatmulOptions::default());
+    let target = gpu.target(MatmulOptions::default());
     if tile == MatmulTile::Simt && !MatmulTile::simt_fits(&spec, &target) {
         return Err(err!(Device, "the simt matmul does not fit this adapter's workgroup limits"));
     }

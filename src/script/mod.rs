@@ -25,6 +25,7 @@ pub use rhai;
 
 use crate::error::{Error, Result, Source};
 use crate::memory::Budget;
+use crate::session::MatmulPrecision;
 use rhai::{Dynamic, Scope, AST};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -41,6 +42,8 @@ pub struct HostOptions {
     pub device: String,
     /// The default seed of `compile`, shuffling and random tensors.
     pub seed: u64,
+    /// The default `matmul_precision` of `compile` (`None`: the device's default).
+    pub matmul_precision: Option<MatmulPrecision>,
 }
 
 impl Default for HostOptions {
@@ -49,6 +52,7 @@ impl Default for HostOptions {
             sandbox: Sandbox::default(),
             device: std::env::var("RUMUS_DEVICE").unwrap_or_else(|_| "auto".into()),
             seed: 0,
+            matmul_precision: None,
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct Ctx {
     pub device: RefCell<String>,
     /// The default seed of `compile`, shuffling and random tensors.
     pub seed: Cell<u64>,
+    /// The default `matmul_precision` of `compile` (`None`: the device's default).
+    pub matmul_precision: Option<MatmulPrecision>,
     /// The step count of the last trainer that stepped (for `log_metric`).
     pub last_step: Cell<u64>,
     /// Where `print` goes; `None`: standard output.
@@ -173,6 +179,7 @@ impl Host {
             sandbox: opts.sandbox,
             device: RefCell::new(opts.device),
             seed: Cell::new(opts.seed),
+            matmul_precision: opts.matmul_precision,
             last_step: Cell::new(0),
             print: RefCell::new(None),
             events: RefCell::new(None),

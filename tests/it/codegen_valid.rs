@@ -64,7 +64,7 @@ fn validate_plans(
     let simt = Target {
         max_workgroup_bytes: 49152,
         max_invocations: 1024,
-        matmul: MatmulOptions { simt_min_workgroups: 1 },
+        matmul: MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT },
         ..Target::WEBGPU_DEFAULT
     };
     let configs = [

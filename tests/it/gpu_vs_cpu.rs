@@ -65,12 +65,12 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     // Mesa's OpenGL adapter runs the 128x256 blocks very slowly (minutes for the whole list):
     // there the plain product alone; every matmul case runs on the Vulkan adapters.
     let gl = gpu.info.backend == wgpu::Backend::Gl;
-    let simt = MatmulOptions { simt_min_workgroups: 1 };
+    let simt = MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT };
     every_case_on(gpu, |name| if gl { name == "matmul" } else { name.starts_with("matmul") }, simt);
     let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
-    backend.matmul = MatmulOptions { simt_min_workgroups: 1 };
+    backend.matmul = MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT };
     let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
     let plan = backend.plan_for(&want, true).unwrap();
     let simt = plan.dispatch_labels().iter().filter(|l| l.ends_with(" simt")).count();

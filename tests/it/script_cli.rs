@@ -345,3 +345,82 @@ fn a_bad_argument_in_a_script_is_a_script_error() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("unknown device `tpu`"), "{err}");
 }
+
+/// `--matmul-precision` of `run` and `bench`, and the `matmul_precision` compile option: a bad
+/// mode is an error listing the choices (a usage error on the command line, an error at the
+/// option's line in a script).
+#[test]
+fn a_bad_matmul_precision_lists_the_choices() {
+    let ok = script("ok.rms", "print(1 + 1);\n");
+    let choices = "unknown matmul precision `fast` (valid choices: highest, high, medium)";
+    let flag = format!("--matmul-precision: {choices}");
+    check(&["run", &ok, "--matmul-precision", "fast"], &[], (2, &flag));
+    check(&["bench", "scripts/bench/mlp.rms", "--matmul-precision", "fast"], &[], (2, &flag));
+    check(&["run", &ok, "--matmul-precision"], &[], (2, "--matmul-precision needs a value"));
+    let f = script(
+        "precision.rms",
+        "model m(x: f32[B, 2]) { return linear(x, 2) }\n\nlet t = m().compile(#{ device: \"cpu\", matmul_precision: \"fast\" });\n",
+    );
+    let located = format!("{f}:3:");
+    let (code, _, err) = rumus(&["run", &f]);
+    assert_eq!(code, 1, "{err}");
+    let first = err.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with(&located) && first.ends_with(&format!("compile: {choices}")),
+        "{err}"
+    );
+}
+
+/// The CPU backend computes in fp32 whatever mode is asked for, and `bench --json` says so;
+/// a mode given is accepted by `run` and by the compile option.
+#[test]
+fn matmul_precision_is_reported_by_bench_and_accepted_by_run() {
+    let (code, out, err) = rumus(&[
+        "bench",
+        "scripts/bench/mlp.rms",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--set",
+        "B=4",
+        "--matmul-precision",
+        "medium",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["matmul_precision"], "highest", "{v}");
+    let f = script(
+        "precision_ok.rms",
+        "model m(x: f32[B, 2]) { return linear(x, 2) }\nlet t = m().compile(#{ device: \"cpu\", matmul_precision: \"medium\" });\nprint(t.step);\n",
+    );
+    assert_eq!(rumus(&["run", &f, "--matmul-precision", "high"]), (0, "0\n".into(), String::new()));
+}
+
+/// On an adapter without cooperative matrices (lavapipe), `high` and `medium` fall back to
+/// `highest` with a one-line notice, not an error, and the default is `highest`.
+#[test]
+fn cooperative_modes_fall_back_to_highest_without_cooperative_matrices() {
+    let f = script(
+        "precision_gpu.rms",
+        "model m(x: f32[B, 2]) { return linear(x, 2) }\nlet t = m().compile(#{ batch: 2 });\nprint(t.step);\n",
+    );
+    for (mode, expected) in [
+        (Some("medium"), "note: matmul precision medium needs cooperative matrices, which `"),
+        (Some("high"), "note: matmul precision high needs cooperative matrices, which `"),
+        (None, "note: matmul precision highest (fp32)"),
+    ] {
+        let mut args = vec!["run", &f, "--device", "gpu"];
+        args.extend(mode.map(|m| ["--matmul-precision", m]).into_iter().flatten());
+        let (code, out, err) = rumus(&args);
+        assert_eq!((code, out.as_str()), (0, "0\n"), "{err}");
+        let note = err.lines().find(|l| l.starts_with("note: matmul precision")).unwrap_or("");
+        assert!(note.starts_with(expected), "{mode:?}: {err}");
+        if mode.is_some() {
+            assert!(note.ends_with("` lacks; using highest (fp32)"), "{err}");
+        }
+    }
+}

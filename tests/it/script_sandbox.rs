@@ -409,8 +409,14 @@ fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
         model: None,
         sets: vec![("B".into(), "1".into())],
     };
-    let e = rumus::cli::bench::bench_model(&spec, rumus::runtime::DeviceChoice::Cpu, 1, 0, false)
-        .unwrap_err();
+    let e = rumus::cli::bench::bench_model(
+        &spec,
+        (rumus::runtime::DeviceChoice::Cpu, None),
+        1,
+        0,
+        false,
+    )
+    .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Limit, "{e}");
     assert!(e.message.starts_with(&format!("benchmarking `{}` needs ", file.display())), "{e}");
 }

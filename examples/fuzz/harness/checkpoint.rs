@@ -98,8 +98,11 @@ impl Checkpoint {
             write_roots: vec![dir.clone()],
             ..Sandbox::default()
         };
-        let mut engine =
-            Engine::with_options(HostOptions { sandbox, device: "cpu".into(), seed: 0 });
+        let mut engine = Engine::with_options(HostOptions {
+            sandbox,
+            device: "cpu".into(),
+            ..HostOptions::default()
+        });
         engine.run(SETUP).unwrap_or_else(|e| panic!("checkpoint corpus setup: {e}"));
         let mut corpus = Vec::new();
         let mut models = Vec::new();

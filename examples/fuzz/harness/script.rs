@@ -279,7 +279,11 @@ impl Fuzz for Script {
     fn run(&mut self, input: &[u8]) -> Result<(), Failure> {
         let path = self.scratch.join("input.rms");
         std::fs::write(&path, input).expect("write the input to the scratch folder");
-        let opts = HostOptions { sandbox: self.sandbox.clone(), device: "cpu".into(), seed: 0 };
+        let opts = HostOptions {
+            sandbox: self.sandbox.clone(),
+            device: "cpu".into(),
+            ..HostOptions::default()
+        };
         let mut engine = Engine::with_options(opts);
         engine.on_print(|_| {});
         self.arm(Some(engine.host().interrupt().clone()));

@@ -16,7 +16,8 @@ use crate::error::Result;
 use crate::graph::optim::is_host_input;
 use crate::graph::{Graph, Op, OptimConfig, Optimizer};
 use crate::session::{
-    CompileConfig, Device, Dims, LoadReport, Loss, Model, Schedule, Trainer, TARGET_INPUT,
+    CompileConfig, Device, Dims, LoadReport, Loss, MatmulPrecision, Model, Schedule, Trainer,
+    TARGET_INPUT,
 };
 use crate::tensor::{Tensor, TensorData};
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
@@ -366,6 +367,7 @@ const COMPILE_KEYS: &[&str] = &[
     "clip",
     "device",
     "seed",
+    "matmul_precision",
 ];
 
 fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer> {
@@ -412,6 +414,13 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let clip_norm = o.f32("clip")?;
     let device = device(&o.string("device")?.unwrap_or_else(|| ctx.device.borrow().clone()))?;
     let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.get());
+    let matmul_precision = match o.string("matmul_precision")? {
+        Some(p) => Some(
+            p.parse::<MatmulPrecision>()
+                .map_err(|e| script_err(format!("compile: {}", e.message)))?,
+        ),
+        None => ctx.matmul_precision,
+    };
     let cfg = CompileConfig {
         dims,
         loss,
@@ -420,6 +429,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         schedule,
         device,
         seed,
+        matmul_precision,
         budget: ctx.budget.clone(),
     };
     let trainer = m.model.compile(cfg).script()?;
