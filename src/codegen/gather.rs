@@ -101,7 +101,17 @@ pub(super) fn concat(
     w.lines(&coords_code);
     w.line(&format!("var value = {};", if is_i32 { "0" } else { "0.0" }));
     let mut offset = 0;
+    let out_buffer = plan.value_of(out).map(|v| v.buffer);
     for &x in &node.inputs[parts] {
+        // An input placed at its part of the output (`plan::arena`) is there already.
+        let within = plan.value_of(x).and_then(|v| plan.buffers[v.buffer].within);
+        let at_its_part = (base + offset) as u64 * 4;
+        if axis == 0 && within.is_some_and(|w| Some(w.0) == out_buffer && w.1 == at_its_part) {
+            let (at, end) = (&coords[axis], offset + len(&x));
+            w.block(&format!("if ({at} >= {offset}u && {at} < {end}u)"), &["return;"]);
+            offset = end;
+            continue;
+        }
         let mut c = coords.clone();
         c[axis] = format!("({} - {offset}u)", coords[axis]);
         let mut sub = ExprEmitter::new(g, plan, names);

@@ -5,6 +5,13 @@
 //! lives in `State` nodes, so it is saved, restored and planned like any other persistent value.
 //! The learning rate is an `Input` scalar fed at every step, which makes schedules free.
 //!
+//! The update runs over flat arenas: the parameters, their gradients and each moment are joined
+//! (flattened, zero-padded so that each member starts at a multiple of [`ARENA_ALIGN`]) into
+//! one 1-D value per kind, the update rule is one elementwise computation over them (the global
+//! gradient norm one sum), and each member takes its slice of the result. The planner keeps
+//! each arena in one buffer with its members inside (`plan::arena`), so the join is free and
+//! the update is one kernel however many parameters there are.
+//!
 //! Hyperparameters are f64 and what PyTorch computes in Python floats is computed here in f64
 //! too: `1 − β` of the moment averages, and Adam's bias corrections `1 − β₁ᵗ` and `√(1 − β₂ᵗ)`,
 //! which the host feeds at every step like the learning rate ([`OptimNodes::host_feeds`])
@@ -190,30 +197,41 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
     let t = g.add(step, one)?;
     g.updates.push(Update { target: step, value: t });
 
-    let mut grads: Vec<NodeId> = params.iter().map(|&(_, d)| d).collect();
+    let names = params
+        .iter()
+        .map(|&(p, _)| match &g.node(p).op {
+            super::ir::Op::Parameter { name, .. } => Ok(name.clone()),
+            other => Err(err!(
+                Invariant,
+                "optimizer: node {} is a {}, not a parameter",
+                p.0,
+                other.name()
+            )),
+        })
+        .collect::<Result<Vec<String>>>()?;
+    g.set_span(crate::error::Span::NONE);
+    if params.is_empty() {
+        return Ok(OptimNodes { lr, step, grad_norm: None, bias_corrections: None });
+    }
+    // Every parameter, gradient and moment joined into one flat arena per kind, at the same
+    // offsets: the update is one elementwise computation over each.
+    let arena = Arena::new(g, params.iter().map(|&(p, _)| p));
+    let p_all: Vec<NodeId> = params.iter().map(|&(p, _)| p).collect();
+    let d_all: Vec<NodeId> = params.iter().map(|&(_, d)| d).collect();
+    let p = arena.join(g, &p_all)?;
+    let mut d = arena.join(g, &d_all)?;
     let mut grad_norm = None;
     if let Some(clip) = cfg.clip_norm {
-        let mut total = None;
-        for &d in &grads {
-            let sq = g.square(d)?;
-            let s = g.sum_all(sq)?;
-            total = Some(match total {
-                Some(acc) => g.add(acc, s)?,
-                None => s,
-            });
-        }
-        if let Some(total) = total {
-            let norm = g.sqrt(total)?;
-            let eps = g.constant(1e-6);
-            let denom = g.add(norm, eps)?;
-            let c = g.constant(clip);
-            let ratio = g.div(c, denom)?;
-            let scale = g.minimum(ratio, one)?;
-            for d in &mut grads {
-                *d = g.mul(*d, scale)?;
-            }
-            grad_norm = Some(norm);
-        }
+        let sq = g.square(d)?;
+        let total = g.sum_all(sq)?;
+        let norm = g.sqrt(total)?;
+        let eps = g.constant(1e-6);
+        let denom = g.add(norm, eps)?;
+        let c = g.constant(clip);
+        let ratio = g.div(c, denom)?;
+        let scale = g.minimum(ratio, one)?;
+        d = g.mul(d, scale)?;
+        grad_norm = Some(norm);
     }
 
     // Bias corrections 1 − β₁ᵗ and √(1 − β₂ᵗ), shared by every parameter, fed by the host.
@@ -225,67 +243,112 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         }
         Optimizer::Sgd { .. } => None,
     };
-
-    for (&(p, _), &d) in params.iter().zip(&grads) {
-        let name = match &g.node(p).op {
-            super::ir::Op::Parameter { name, .. } => name.clone(),
-            other => {
-                return Err(err!(
-                    Invariant,
-                    "optimizer: node {} is a {}, not a parameter",
-                    p.0,
-                    other.name()
-                ))
+    // One state per parameter (checkpoints name them), joined into an arena of its own.
+    let moment = |g: &mut Graph, prefix: &str| -> Result<(Vec<NodeId>, NodeId)> {
+        let states = (names.iter().zip(&p_all))
+            .map(|(name, &p)| {
+                let shape = g.shape(p).to_vec();
+                g.state(&format!("optim.{prefix}.{name}"), &shape, Init::Zeros)
+            })
+            .collect::<Result<Vec<NodeId>>>()?;
+        let joined = arena.join(g, &states)?;
+        Ok((states, joined))
+    };
+    let new_p = match cfg.optimizer {
+        Optimizer::Sgd { momentum, weight_decay } => {
+            let d = add_l2(g, d, p, weight_decay)?;
+            let dir = if momentum > 0.0 {
+                let (bufs, buf) = moment(g, "momentum")?;
+                let mb = g.scale(buf, momentum as f32)?;
+                let nb = g.add(mb, d)?;
+                arena.update(g, &bufs, nb)?;
+                nb
+            } else {
+                d
+            };
+            let step_size = g.mul(dir, lr)?;
+            g.sub(p, step_size)?
+        }
+        Optimizer::Adam { beta1, beta2, eps, weight_decay }
+        | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+            let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
+            let d = if decoupled { d } else { add_l2(g, d, p, weight_decay)? };
+            let (ms, m) = moment(g, "m")?;
+            let (vs, v) = moment(g, "v")?;
+            let new_m = ema(g, m, d, beta1)?;
+            let d2 = g.square(d)?;
+            let new_v = ema(g, v, d2, beta2)?;
+            arena.update(g, &ms, new_m)?;
+            arena.update(g, &vs, new_v)?;
+            let [bc1, bc2_sqrt] = bias_corrections.map_or([one; 2], |bc| bc.inputs);
+            // PyTorch: denom = √v / √(1 − β₂ᵗ) + eps; step = m / (1 − β₁ᵗ) / denom.
+            let m_hat = g.div(new_m, bc1)?;
+            let root = g.sqrt(new_v)?;
+            let root = g.div(root, bc2_sqrt)?;
+            let e = g.constant(eps as f32);
+            let denom = g.add(root, e)?;
+            let mut dir = g.div(m_hat, denom)?;
+            if decoupled && weight_decay > 0.0 {
+                let wp = g.scale(p, weight_decay as f32)?;
+                dir = g.add(dir, wp)?;
             }
-        };
-        let shape = g.shape(p).to_vec();
-        g.set_span(g.node(p).span);
-        let new_p = match cfg.optimizer {
-            Optimizer::Sgd { momentum, weight_decay } => {
-                let d = add_l2(g, d, p, weight_decay)?;
-                let dir = if momentum > 0.0 {
-                    let buf = g.state(&format!("optim.momentum.{name}"), &shape, Init::Zeros)?;
-                    let mb = g.scale(buf, momentum as f32)?;
-                    let nb = g.add(mb, d)?;
-                    g.updates.push(Update { target: buf, value: nb });
-                    nb
-                } else {
-                    d
-                };
-                let step_size = g.mul(dir, lr)?;
-                g.sub(p, step_size)?
-            }
-            Optimizer::Adam { beta1, beta2, eps, weight_decay }
-            | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
-                let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
-                let d = if decoupled { d } else { add_l2(g, d, p, weight_decay)? };
-                let m = g.state(&format!("optim.m.{name}"), &shape, Init::Zeros)?;
-                let v = g.state(&format!("optim.v.{name}"), &shape, Init::Zeros)?;
-                let new_m = ema(g, m, d, beta1)?;
-                let d2 = g.square(d)?;
-                let new_v = ema(g, v, d2, beta2)?;
-                g.updates.push(Update { target: m, value: new_m });
-                g.updates.push(Update { target: v, value: new_v });
-                let [bc1, bc2_sqrt] = bias_corrections.map_or([one; 2], |bc| bc.inputs);
-                // PyTorch: denom = √v / √(1 − β₂ᵗ) + eps; step = m / (1 − β₁ᵗ) / denom.
-                let m_hat = g.div(new_m, bc1)?;
-                let root = g.sqrt(new_v)?;
-                let root = g.div(root, bc2_sqrt)?;
-                let e = g.constant(eps as f32);
-                let denom = g.add(root, e)?;
-                let mut dir = g.div(m_hat, denom)?;
-                if decoupled && weight_decay > 0.0 {
-                    let wp = g.scale(p, weight_decay as f32)?;
-                    dir = g.add(dir, wp)?;
-                }
-                let step_size = g.mul(dir, lr)?;
-                g.sub(p, step_size)?
-            }
-        };
-        g.updates.push(Update { target: p, value: new_p });
-    }
-    g.set_span(crate::error::Span::NONE);
+            let step_size = g.mul(dir, lr)?;
+            g.sub(p, step_size)?
+        }
+    };
+    arena.update(g, &p_all, new_p)?;
     Ok(OptimNodes { lr, step, grad_norm, bias_corrections })
+}
+
+/// Elements between the starts of two members of a flat arena: 64 f32, 256 bytes, the largest
+/// storage-binding offset alignment WebGPU allows, so a device can bind each member alone.
+pub const ARENA_ALIGN: usize = 64;
+
+/// The layout of a flat arena: each member's offset and element count, and the length.
+struct Arena {
+    members: Vec<(usize, usize)>,
+    len: usize,
+}
+
+impl Arena {
+    /// Members of the shapes of `ids`, each at a multiple of [`ARENA_ALIGN`] (an empty member
+    /// takes one aligned slot too, so that no two start at the same offset).
+    fn new(g: &Graph, ids: impl Iterator<Item = NodeId>) -> Arena {
+        let mut members = Vec::new();
+        let mut len = 0;
+        for id in ids {
+            let n: usize = g.shape(id).iter().product();
+            members.push((len, n));
+            len += n.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+        }
+        Arena { members, len }
+    }
+
+    /// `xs` (one per member, of the member's size) flattened and joined, zeros between them.
+    fn join(&self, g: &mut Graph, xs: &[NodeId]) -> Result<NodeId> {
+        let mut parts = Vec::with_capacity(2 * xs.len());
+        for (i, &x) in xs.iter().enumerate() {
+            let (at, n) = self.members[i];
+            parts.push(g.reshape(x, &[n])?);
+            let next = self.members.get(i + 1).map_or(self.len, |m| m.0);
+            if next > at + n {
+                parts.push(g.full(&[next - at - n], 0.0)?);
+            }
+        }
+        g.concat(&parts, 0)
+    }
+
+    /// Record the update of every member of `targets` with its part of the flat `value`.
+    fn update(&self, g: &mut Graph, targets: &[NodeId], value: NodeId) -> Result<()> {
+        for (&t, &(at, n)) in targets.iter().zip(&self.members) {
+            let shape = g.shape(t).to_vec();
+            let part =
+                if at == 0 && n == self.len { value } else { g.slice(value, 0, at, at + n)? };
+            let value = g.reshape(part, &shape)?;
+            g.updates.push(Update { target: t, value });
+        }
+        Ok(())
+    }
 }
 
 /// g + wd·p (plain L2 regularization), or g itself when wd is 0.

@@ -6,6 +6,10 @@
 //! of their own for the whole plan. The others share buffers, assigned greedily by size: largest
 //! value first, each into the best-fitting buffer none of whose values' lifetimes overlap its
 //! own, so a buffer is reused only by values that are never live at the same time.
+//!
+//! A value placed inside a flat concat (`super::arena`) gets a buffer of its own that is a
+//! range of the concat's buffer (`BufferInfo::within`); the concat's lifetime covers its
+//! members', so nothing else takes that buffer while a member is alive.
 
 use super::fuse::Fusion;
 use crate::graph::{Graph, NodeId};
@@ -31,6 +35,9 @@ pub struct BufferInfo {
     pub bytes: u64,
     /// Holds one pinned value; never shared.
     pub pinned: bool,
+    /// A range of another buffer: (that buffer, offset in bytes). Such a buffer holds one
+    /// value, a member of the flat concat that owns the other buffer.
+    pub within: Option<(usize, u64)>,
 }
 
 /// One materialized value: the node that owns the buffer contents (views resolve to it).
@@ -62,7 +69,8 @@ pub fn assign(
     let mut lifetime: Vec<Option<Lifetime>> = vec![None; n];
     let mut pinned = vec![false; n];
     for (id, node) in g.nodes() {
-        if f.live[id.index()] && node.op.is_host_value() {
+        let arena = f.arenas.iter().any(|a| a.node == id);
+        if f.live[id.index()] && (node.op.is_host_value() || arena) {
             lifetime[id.index()] = Some(Lifetime { first: -1, last: -1 });
             pinned[id.index()] = true;
         }
@@ -82,6 +90,22 @@ pub fn assign(
             let i = owner(i);
             let lt = lifetime[i.index()].get_or_insert(Lifetime { first: k, last: k });
             lt.last = lt.last.max(k);
+        }
+    }
+    // A concat's buffer holds its members from the first write of any of them to the last
+    // read of any.
+    for i in 0..n {
+        if let (Some((c, _)), Some(m)) = (f.within[i], lifetime[i]) {
+            let lt = lifetime[c.index()].get_or_insert(m);
+            lt.first = lt.first.min(m.first);
+            lt.last = lt.last.max(m.last);
+        }
+    }
+    for i in 0..n {
+        if let Some((c, _)) = f.within[i] {
+            if lifetime[i].is_some() && pinned[i] {
+                pinned[c.index()] = true;
+            }
         }
     }
     let mut values: Vec<Value> = (0..n)
@@ -112,9 +136,12 @@ pub fn assign(
     order.sort_by_key(|&v| (std::cmp::Reverse(values[v].bytes), values[v].node));
     for v in order {
         let val = values[v];
+        if f.within[val.node.index()].is_some() {
+            continue; // a range of its concat's buffer, below
+        }
         if val.pinned || !reuse {
             values[v].buffer = buffers.len();
-            buffers.push(BufferInfo { bytes: val.bytes, pinned: val.pinned });
+            buffers.push(BufferInfo { bytes: val.bytes, pinned: val.pinned, within: None });
             occupied.push(vec![val.lifetime]);
             continue;
         }
@@ -131,7 +158,7 @@ pub fn assign(
             }
             None => {
                 shared.push(buffers.len());
-                buffers.push(BufferInfo { bytes: val.bytes, pinned: false });
+                buffers.push(BufferInfo { bytes: val.bytes, pinned: false, within: None });
                 occupied.push(Vec::new());
                 buffers.len() - 1
             }
@@ -140,5 +167,13 @@ pub fn assign(
         values[v].buffer = b;
     }
     values.sort_by_key(|v| v.node);
+    for v in 0..values.len() {
+        let Some((c, at)) = f.within[values[v].node.index()] else { continue };
+        let parent = values.binary_search_by_key(&c, |x| x.node).map(|p| values[p].buffer);
+        let Ok(parent) = parent else { continue }; // left for the plan checker
+        values[v].buffer = buffers.len();
+        let within = Some((parent, at as u64 * 4));
+        buffers.push(BufferInfo { bytes: values[v].bytes, pinned: values[v].pinned, within });
+    }
     (values, buffers)
 }

@@ -33,6 +33,11 @@ pub struct Fusion {
     pub alias: Vec<Option<NodeId>>,
     /// Kernels in execution order.
     pub kernels: Vec<Kernel>,
+    /// For a value placed inside a flat concat's buffer (see [`super::arena`]): the concat and
+    /// the offset in elements.
+    pub within: Vec<Option<(NodeId, usize)>>,
+    /// The host arenas: concats of persistent values, persistent themselves (no kernel).
+    pub arenas: Vec<super::arena::Arena>,
 }
 
 /// Ops evaluated in registers from the values of their inputs at (remapped) coordinates:
@@ -51,8 +56,9 @@ pub fn is_inlinable(op: &Op) -> bool {
 /// report).
 pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool, max_bindings: Option<u32>) -> Fusion {
     let mut forced = vec![false; g.n_nodes()];
+    let arenas = super::arena::host_arenas(g);
     loop {
-        let f = fuse_once(g, roots, fusion, &forced, max_bindings);
+        let f = fuse_once(g, roots, fusion, &forced, max_bindings, &arenas);
         let Some(max) = max_bindings else { return f };
         let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
         let mut changed = false;
@@ -77,6 +83,7 @@ fn fuse_once(
     fusion: bool,
     forced: &[bool],
     max_bindings: Option<u32>,
+    arenas: &[super::arena::Arena],
 ) -> Fusion {
     let n = g.n_nodes();
     let mut live = vec![false; n];
@@ -88,6 +95,17 @@ fn fuse_once(
             for x in &g.nodes[i].inputs {
                 live[x.index()] = true;
             }
+        }
+    }
+    // A persistent value of a host arena lives in the arena's buffer: the arena is part of
+    // every plan that uses one of its members.
+    let mut within = vec![None; n];
+    let mut is_arena = vec![false; n];
+    for a in arenas {
+        is_arena[a.node.index()] = true;
+        for &(m, at) in &a.members {
+            within[m.index()] = Some((a.node, at));
+            live[a.node.index()] |= live[m.index()];
         }
     }
     let mut is_root = vec![false; n];
@@ -159,6 +177,7 @@ fn fuse_once(
         }
         let kind = match &node.op {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => continue,
+            Op::Concat { .. } if is_arena[i] => continue, // persistent: no kernel
             Op::Reshape if alias[i].is_some() => continue,
             Op::LayerNormStats { .. } => {
                 // Folded into the layer_norm kernel that consumes it, when there is one.
@@ -273,7 +292,8 @@ fn fuse_once(
             alias[i] = None;
         }
     }
-    Fusion { live, materialized, alias, kernels }
+    let arenas = arenas.iter().filter(|a| live[a.node.index()]).cloned().collect();
+    Fusion { live, materialized, alias, kernels, within, arenas }
 }
 
 fn dedup_in_order(ids: &mut Vec<NodeId>) {

@@ -26,6 +26,17 @@ pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, Nod
             last_reader[owner(f, i).index()] = Some(k);
         }
     }
+    // A host arena is read wherever one of its members is read, and a kernel that writes the
+    // arena may not read a member (a range of the buffer it writes).
+    let mut members = vec![Vec::new(); g.n_nodes()];
+    for a in &f.arenas {
+        for &(m, _) in &a.members {
+            let at = last_reader[m.index()];
+            let c = &mut last_reader[a.node.index()];
+            *c = (*c).max(at);
+            members[a.node.index()].push(m);
+        }
+    }
     for &(target, value) in updates {
         let Some(&k) = producer.get(&value) else { continue };
         let kernel = &f.kernels[k];
@@ -36,7 +47,8 @@ pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, Nod
             continue;
         }
         let read_later = last_reader[target.index()].is_some_and(|last| last > k);
-        if read_later || !reads_elementwise(g, &kernel.fused, target) {
+        let reads_member = kernel.inputs.iter().any(|&i| members[target.index()].contains(&owner(f, i)));
+        if read_later || reads_member || !reads_elementwise(g, &kernel.fused, target) {
             continue;
         }
         f.alias[value.index()] = Some(target);

@@ -4,9 +4,9 @@
 //! (`max_storage_buffers_per_shader_stage`: 8 under WebGPU's defaults, 16 on Mesa's OpenGL
 //! adapter) and the bytes of one storage binding (`max_storage_buffer_binding_size`: 128 MiB under
 //! WebGPU's defaults). No kernel kind binds a number of buffers that grows with the model:
-//! - an expression that would read too many buffers (a sum over every parameter's squared norm
-//!   for gradient clipping, a long chain of additions) is split by materializing inlined
-//!   subexpressions that fit, largest first ([`split_point`]);
+//! - an expression that would read too many buffers (a long chain of additions) is split by
+//!   materializing inlined subexpressions that fit, largest first ([`split_point`]); the
+//!   optimizer reads flat arenas (`super::arena`), one buffer per kind however many parameters;
 //! - a concat of many inputs runs as several kernels, each writing the part of the output that
 //!   its inputs fill ([`concat_parts`]);
 //! - every other kind binds a fixed number of buffers ([`storage_bindings`]).
@@ -74,10 +74,12 @@ pub fn checked_operand(g: &Graph, k: &Kernel) -> Option<NodeId> {
 /// kernel of the plan checks its data: it then binds the status buffer and writes nothing when
 /// a check failed, so a step that reports an error leaves parameters and state as they were.
 pub fn guarded(g: &Graph, plan: &Plan, k: &Kernel) -> bool {
+    // In place into an update's target: a parameter or state, or a host arena of them.
+    let commits = |t: NodeId| {
+        g.node(t).op.is_persistent() || plan.updates.iter().any(|&(target, _)| target == t)
+    };
     k.kind == KernelKind::Elementwise
-        && k.outputs
-            .iter()
-            .any(|&o| plan.alias[o.index()].is_some_and(|t| g.node(t).op.is_persistent()))
+        && k.outputs.iter().any(|&o| plan.alias[o.index()].is_some_and(commits))
         && plan.kernels.iter().any(|k| checks_data(&k.kind))
 }
 

@@ -11,6 +11,7 @@
 //! The plan is device-neutral; `codegen` turns each kernel into WGSL and `runtime` executes it.
 
 pub mod alloc;
+pub mod arena;
 pub mod fuse;
 pub mod inplace;
 pub mod kernel;
@@ -76,12 +77,12 @@ impl Plan {
 
     /// Bytes of the shared (reusable) buffers.
     pub fn planned_bytes(&self) -> u64 {
-        self.buffers.iter().filter(|b| !b.pinned).map(|b| b.bytes).sum()
+        self.buffers.iter().filter(|b| !b.pinned && b.within.is_none()).map(|b| b.bytes).sum()
     }
 
     /// Bytes of the pinned buffers (inputs, parameters, state, results).
     pub fn pinned_bytes(&self) -> u64 {
-        self.buffers.iter().filter(|b| b.pinned).map(|b| b.bytes).sum()
+        self.buffers.iter().filter(|b| b.pinned && b.within.is_none()).map(|b| b.bytes).sum()
     }
 }
 
@@ -89,12 +90,15 @@ impl Plan {
 pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Result<Plan> {
     let updates: Vec<(NodeId, NodeId)> =
         if train { g.updates.iter().map(|u| (u.target, u.value)).collect() } else { Vec::new() };
+    // The members of a host arena updated from one flat value: the arena takes that value.
+    let updates = arena::fold_updates(g, &arena::host_arenas(g), &updates);
     let mut roots = wanted.to_vec();
     roots.extend(updates.iter().map(|&(_, v)| v));
     let max_bindings = opts.limits.map(|l| l.max_storage_buffers);
     let mut f = fuse::fuse(g, &roots, opts.fusion, max_bindings); // kernels in arena order
     if opts.reuse {
         inplace::write_updates_in_place(g, &mut f, &updates); // new values into their targets
+        arena::place_members(g, &mut f, &roots); // gradients written into their arena
     }
     // Pinned: what the host reads, what is written back, and what checking kernels check.
     let mut pinned = roots.clone();

@@ -15,8 +15,42 @@ use std::collections::HashSet;
 /// - every value a kernel reads is a source or was written by an earlier kernel;
 /// - every value a kernel reads or writes has a buffer (views through their owner);
 /// - no kernel binds more storage buffers than `max_storage_buffers` (when given), counted as
-///   [`storage_bindings`] counts them.
+///   [`storage_bindings`] counts them;
+/// - a buffer that is a range of another lies inside it, and no kernel binds two ranges of one
+///   buffer when it writes either (wgpu refuses a buffer bound both read-only and writable).
 pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
+    for (i, b) in plan.buffers.iter().enumerate() {
+        let Some((parent, offset)) = b.within else { continue };
+        let fits = plan.buffers.get(parent).is_some_and(|p| {
+            p.within.is_none() && offset.checked_add(b.bytes).is_some_and(|end| end <= p.bytes)
+        });
+        if !fits {
+            return Err(err!(
+                Invariant,
+                "plan: buffer {i} ({} bytes at {offset}) does not lie inside buffer {parent}",
+                b.bytes
+            ));
+        }
+    }
+    let root = |slot: usize| plan.buffers.get(slot).and_then(|b| b.within).map_or(slot, |w| w.0);
+    for (k, kernel) in plan.kernels.iter().enumerate() {
+        let mut bound: Vec<(usize, usize, bool)> = Vec::new(); // (root, slot, written)
+        let uses = kernel.inputs.iter().map(|&i| (i, false));
+        for (id, write) in uses.chain(kernel.outputs.iter().map(|&o| (o, true))) {
+            let Some(v) = plan.value_of(id) else { continue };
+            bound.push((root(v.buffer), v.buffer, write));
+        }
+        for &(r, slot, write) in &bound {
+            let clash = bound.iter().any(|&(r2, s2, w2)| r2 == r && s2 != slot && (write || w2));
+            if clash {
+                return Err(err!(
+                    Invariant,
+                    "plan: kernel {k} ({}) binds two ranges of buffer {r} and writes one",
+                    kernel.kind.name()
+                ));
+            }
+        }
+    }
     for v in &plan.values {
         let Some(b) = plan.buffers.get(v.buffer) else {
             return Err(err!(Invariant, "plan: value of node {} has no buffer", v.node.index()));

@@ -9,6 +9,7 @@ use crate::err;
 use crate::error::Result;
 use crate::graph::init::init_values;
 use crate::graph::{Graph, NodeId, Op};
+use crate::plan::arena::host_arenas;
 use crate::plan::{plan, Limits, PlanOptions};
 use crate::tensor::{fmt_shape, Tensor};
 use std::collections::HashMap;
@@ -17,8 +18,11 @@ use std::collections::HashMap;
 pub struct GpuBackend {
     gpu: &'static Gpu,
     graph: Graph,
-    /// Buffers of inputs, parameters and state, shared by every plan of this graph.
+    /// Buffers of inputs, parameters and state, shared by every plan of this graph: a host
+    /// arena (`plan::arena`) has one buffer, and each of its members is a range of it.
     persistent: HashMap<NodeId, wgpu::Buffer>,
+    /// The members of host arenas: (arena node, offset in bytes).
+    placed: HashMap<NodeId, (NodeId, u64)>,
     /// Compiled plans by (wanted values, training).
     plans: HashMap<(Vec<NodeId>, bool), GpuPlan>,
     options: PlanOptions,
@@ -38,8 +42,24 @@ impl GpuBackend {
     ) -> Result<GpuBackend> {
         let options = PlanOptions { limits: Some(Limits::of(&gpu.limits)), ..options };
         let mut persistent = HashMap::new();
+        let mut placed = HashMap::new();
+        for a in host_arenas(&graph) {
+            let len = graph.shape(a.node)[0];
+            let bytes = (len as u64).saturating_mul(4);
+            gpu.check_buffer_size("a parameter or state arena", bytes, super::device::STORAGE)?;
+            let mut values = vec![0f32; len];
+            for &(m, at) in &a.members {
+                let node = graph.node(m);
+                if let Op::Parameter { name, init } | Op::State { name, init } = &node.op {
+                    let init = init_values(init, &node.shape, seed, name);
+                    values[at..at + init.len()].copy_from_slice(&init);
+                }
+                placed.insert(m, (a.node, at as u64 * 4));
+            }
+            persistent.insert(a.node, gpu.upload_f32("arena", &values)?);
+        }
         for (id, node) in graph.nodes() {
-            if !node.op.is_host_value() {
+            if !node.op.is_host_value() || placed.contains_key(&id) {
                 continue;
             }
             let len: usize = node.shape.iter().product();
@@ -64,6 +84,7 @@ impl GpuBackend {
             gpu,
             graph,
             persistent,
+            placed,
             plans: HashMap::new(),
             options,
             poison: false,
@@ -82,10 +103,12 @@ impl GpuBackend {
         Ok(&self.plans[&key])
     }
 
-    fn persistent_buffer(&self, id: NodeId) -> Result<&wgpu::Buffer> {
-        self.persistent
-            .get(&id)
-            .ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))
+    /// The buffer of a persistent value and the offset in bytes it starts at.
+    fn persistent_buffer(&self, id: NodeId) -> Result<(&wgpu::Buffer, u64)> {
+        let (owner, offset) = self.placed.get(&id).copied().unwrap_or((id, 0));
+        let buf = self.persistent.get(&owner);
+        let buf = buf.ok_or_else(|| err!(Invariant, "node {} is not persistent", id.index()))?;
+        Ok((buf, offset))
     }
 }
 
@@ -107,9 +130,10 @@ impl Backend for GpuBackend {
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
-        let buf = self.persistent_buffer(id)?;
+        let (buf, offset) = self.persistent_buffer(id)?;
         let n: usize = self.graph.shape(id).iter().product();
-        Tensor::f32(self.graph.shape(id), self.gpu.read_f32_range(buf, 0..n)?)
+        let start = (offset / 4) as usize;
+        Tensor::f32(self.graph.shape(id), self.gpu.read_f32_range(buf, start..start + n)?)
     }
 
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
@@ -123,8 +147,8 @@ impl Backend for GpuBackend {
                 fmt_shape(value.shape())
             ));
         }
-        let buf = self.persistent_buffer(id)?;
-        self.gpu.write(buf, 0, &value.to_le_bytes())
+        let (buf, offset) = self.persistent_buffer(id)?;
+        self.gpu.write(buf, offset, &value.to_le_bytes())
     }
 
     fn plan_report(&self) -> String {

@@ -9,7 +9,7 @@
 //! reference gives, and the step's updates are not applied.
 
 use super::device::{Dispatch, Gpu, STORAGE};
-use super::launch::{Launcher, Resources};
+use super::launch::{Launcher, Range, Resources};
 use crate::codegen::{self, MatmulOptions};
 use crate::cpu::nn::{check_index, check_label};
 use crate::err;
@@ -23,8 +23,8 @@ use std::collections::HashMap;
 /// A plan with its pipelines, bind groups and buffers, ready to run.
 pub struct GpuPlan {
     pub plan: Plan,
-    /// One wgpu buffer per plan buffer.
-    buffers: Vec<wgpu::Buffer>,
+    /// One wgpu buffer range per plan buffer: (buffer, offset, bytes).
+    buffers: Vec<(wgpu::Buffer, u64, u64)>,
     /// Every dispatch of a step, in order (a kernel may need more than one, or none).
     dispatches: Vec<Dispatch>,
     /// For each kernel, how many dispatches it encodes (for reports).
@@ -65,16 +65,34 @@ impl GpuPlan {
         let limits = crate::plan::Limits::of(&gpu.limits);
         crate::plan::limits::check_binding_bytes(g, &plan, limits.max_binding_bytes)?;
         crate::plan::verify::verify(g, &plan, Some(limits.max_storage_buffers))?;
-        let mut buffers = Vec::with_capacity(plan.buffers.len());
+        if gpu.limits.min_storage_buffer_offset_alignment as usize > 4 * crate::plan::arena::ALIGN {
+            return Err(err!(
+                Device,
+                "the adapter aligns storage bindings to {} bytes, more than the 256 WebGPU allows",
+                gpu.limits.min_storage_buffer_offset_alignment
+            ));
+        }
+        let mut buffers: Vec<Option<(wgpu::Buffer, u64, u64)>> = vec![None; plan.buffers.len()];
         for (b, info) in plan.buffers.iter().enumerate() {
+            if info.within.is_some() {
+                continue;
+            }
             let owner = plan.values.iter().find(|v| v.buffer == b && v.pinned).map(|v| v.node);
-            match owner.and_then(|id| persistent.get(&id)) {
-                Some(buf) => buffers.push(buf.clone()),
-                None => {
-                    buffers.push(gpu.buffer(&format!("plan buffer {b}"), info.bytes, STORAGE)?)
-                }
+            let buf = match owner.and_then(|id| persistent.get(&id)) {
+                Some(buf) => buf.clone(),
+                None => gpu.buffer(&format!("plan buffer {b}"), info.bytes, STORAGE)?,
+            };
+            buffers[b] = Some((buf, 0, info.bytes));
+        }
+        for (b, info) in plan.buffers.iter().enumerate() {
+            if let Some((parent, offset)) = info.within {
+                let Some((buf, _, _)) = buffers.get(parent).cloned().flatten() else {
+                    return Err(err!(Invariant, "plan buffer {b} lies in a missing buffer"));
+                };
+                buffers[b] = Some((buf, offset, info.bytes));
             }
         }
+        let buffers: Vec<(wgpu::Buffer, u64, u64)> = buffers.into_iter().flatten().collect();
         let target = gpu.target(matmul);
         let programs = codegen::compile(g, &plan, &target)?;
         let meta = gpu.uniform("meta", &[0u8; 16])?;
@@ -88,7 +106,10 @@ impl GpuPlan {
             .map(|&w| gpu.storage("scratch", w.max(1) as usize))
             .collect::<Result<Vec<_>>>()?;
         let res = Resources {
-            buffers: buffers.iter().collect(),
+            buffers: buffers
+                .iter()
+                .map(|(buffer, offset, bytes)| Range { buffer, offset: *offset, bytes: *bytes })
+                .collect(),
             status: status.as_ref().map(|(b, _)| b),
             meta: Some(&meta),
             scratch: scratch.iter().collect(),
@@ -111,16 +132,16 @@ impl GpuPlan {
         })
     }
 
-    /// The buffer holding node `id` (following views).
-    pub fn buffer_of(&self, id: NodeId) -> Option<&wgpu::Buffer> {
-        self.plan.value_of(id).map(|v| &self.buffers[v.buffer])
+    /// The buffer holding node `id` (following views), and the offset in bytes it starts at.
+    pub fn buffer_of(&self, id: NodeId) -> Option<(&wgpu::Buffer, u64)> {
+        self.plan.value_of(id).map(|v| (&self.buffers[v.buffer].0, self.buffers[v.buffer].1))
     }
 
     pub fn n_dispatches(&self) -> usize {
         self.dispatches.len()
     }
 
-    fn buf(&self, id: NodeId) -> Result<&wgpu::Buffer> {
+    fn buf(&self, id: NodeId) -> Result<(&wgpu::Buffer, u64)> {
         self.buffer_of(id)
             .ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
     }
@@ -150,8 +171,8 @@ impl GpuPlan {
                     fmt_shape(t.shape())
                 ));
             }
-            if let Some(buf) = self.buffer_of(*id) {
-                gpu.write(buf, 0, &t.to_le_bytes())?;
+            if let Some((buf, offset)) = self.buffer_of(*id) {
+                gpu.write(buf, offset, &t.to_le_bytes())?;
             }
         }
         let mut meta = [0u8; 16];
@@ -159,8 +180,8 @@ impl GpuPlan {
         gpu.write(&self.meta, 0, &meta)?;
         if poison {
             for (b, info) in self.plan.buffers.iter().enumerate() {
-                if !info.pinned {
-                    gpu.write(&self.buffers[b], 0, &vec![0xff; info.bytes as usize])?;
+                if !info.pinned && info.within.is_none() {
+                    gpu.write(&self.buffers[b].0, 0, &vec![0xff; info.bytes as usize])?;
                 }
             }
         }
@@ -173,11 +194,14 @@ impl GpuPlan {
         let all: Vec<&Dispatch> = self.dispatches.iter().collect();
         gpu.encode(&mut enc, &all);
         for &(from, to, bytes) in &self.copies {
-            enc.copy_buffer_to_buffer(&self.buffers[from], 0, &self.buffers[to], 0, bytes);
+            let ((src, src_at, _), (dst, dst_at, _)) = (&self.buffers[from], &self.buffers[to]);
+            enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, bytes);
         }
         let mut parts = Vec::with_capacity(read.len() + 1);
         for &id in read {
-            parts.push((self.buf(id)?, 0..g.shape(id).iter().product::<usize>()));
+            let (buf, offset) = self.buf(id)?;
+            let start = (offset / 4) as usize;
+            parts.push((buf, start..start + g.shape(id).iter().product::<usize>()));
         }
         if let Some((status, n)) = &self.status {
             parts.push((status, 0..*n));
@@ -249,8 +273,10 @@ impl GpuPlan {
     /// Read the current contents of a node's buffer.
     pub fn read(&self, gpu: &Gpu, g: &Graph, id: NodeId) -> Result<Tensor> {
         let n: usize = g.shape(id).iter().product();
+        let (buf, offset) = self.buf(id)?;
+        let start = (offset / 4) as usize;
         let words: Vec<u32> =
-            gpu.read_i32_range(self.buf(id)?, 0..n)?.into_iter().map(|w| w as u32).collect();
+            gpu.read_i32_range(buf, start..start + n)?.into_iter().map(|w| w as u32).collect();
         host_tensor(g, id, words)
     }
 

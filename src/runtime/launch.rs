@@ -16,11 +16,27 @@ fn key(p: &Program) -> PipelineKey {
     (p.wgsl.clone(), p.entry, p.checks)
 }
 
+/// A range of a buffer, bound at its offset (a plan buffer may be a range of another).
+#[derive(Clone, Copy)]
+pub struct Range<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// Bytes from the buffer's start (a multiple of the device's storage offset alignment).
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+impl<'a> Range<'a> {
+    /// The whole buffer.
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Range<'a> {
+        Range { buffer, offset: 0, bytes: buffer.size() }
+    }
+}
+
 /// The buffers a program's [`Resource`]s name.
 #[derive(Default)]
 pub struct Resources<'a> {
     /// `Resource::Buffer(i)` is `buffers[i]`.
-    pub buffers: Vec<&'a wgpu::Buffer>,
+    pub buffers: Vec<Range<'a>>,
     pub status: Option<&'a wgpu::Buffer>,
     pub meta: Option<&'a wgpu::Buffer>,
     /// `Resource::Scratch { slot }` is `scratch[slot]`.
@@ -119,13 +135,13 @@ impl Launcher {
         for b in &p.bindings {
             let buf = match &b.resource {
                 Resource::Buffer(i) => res.buffers.get(*i).copied(),
-                Resource::Status => res.status,
-                Resource::Meta => res.meta,
-                Resource::Scratch { slot } => res.scratch.get(*slot).copied(),
-                Resource::Uniform(_) | Resource::Filled { .. } => own.next(),
+                Resource::Status => res.status.map(Range::whole),
+                Resource::Meta => res.meta.map(Range::whole),
+                Resource::Scratch { slot } => res.scratch.get(*slot).copied().map(Range::whole),
+                Resource::Uniform(_) | Resource::Filled { .. } => own.next().map(Range::whole),
             };
             let buf = buf.ok_or_else(|| missing(format!("{:?}", b.resource)))?;
-            let have = buf.size() / 4;
+            let have = buf.bytes / 4;
             if b.words > have {
                 return Err(err!(
                     Device,
@@ -137,7 +153,7 @@ impl Launcher {
             }
             bound.push((b.at, buf));
         }
-        let bind_group = gpu.bind_group_at(&p.label, &pipeline, &bound)?;
+        let bind_group = bind_group(gpu, &p.label, &pipeline, &bound)?;
         let workgroups = match p.grid {
             Grid::Linear(n) => gpu.dispatch_dims(n),
             Grid::Fixed(grid) => {
@@ -149,6 +165,34 @@ impl Launcher {
     }
 }
 
+/// A bind group of group 0 of `pipeline` binding each range at its binding.
+fn bind_group(
+    gpu: &Gpu,
+    label: &str,
+    pipeline: &wgpu::ComputePipeline,
+    bound: &[(u32, Range)],
+) -> Result<wgpu::BindGroup> {
+    let entries: Vec<wgpu::BindGroupEntry> = bound
+        .iter()
+        .map(|&(binding, r)| wgpu::BindGroupEntry {
+            binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: r.buffer,
+                offset: r.offset,
+                size: std::num::NonZeroU64::new(r.bytes),
+            }),
+        })
+        .collect();
+    gpu.scoped(&format!("cannot bind buffers of `{label}`"), || {
+        let layout = pipeline.get_bind_group_layout(0);
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &layout,
+            entries: &entries,
+        })
+    })
+}
+
 /// The dispatch of a stand-alone program over `buffers` (its `Resource::Buffer(i)`) and
 /// `scratch`: for kernel tests and benchmarks.
 pub fn prepare(
@@ -157,7 +201,7 @@ pub fn prepare(
     buffers: &[&wgpu::Buffer],
     scratch: &[&wgpu::Buffer],
 ) -> Result<Dispatch> {
-    let res =
-        Resources { buffers: buffers.to_vec(), scratch: scratch.to_vec(), ..Resources::default() };
+    let buffers = buffers.iter().map(|&b| Range::whole(b)).collect();
+    let res = Resources { buffers, scratch: scratch.to_vec(), ..Resources::default() };
     Launcher::default().prepare(gpu, p, &res)
 }

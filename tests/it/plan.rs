@@ -145,7 +145,8 @@ fn rumus_plan_json_for_the_gpt_benchmark() {
     {
         n(k);
     }
-    assert!(n("dispatches") * 3 <= n("ops"), "{v}");
+    // The optimizer is a handful of ops over flat arenas, so the ratio counts the step's own.
+    assert!(n("dispatches") * 2 <= n("ops"), "{v}");
     assert!(n("planned_bytes") * 2 <= n("naive_bytes"), "{v}");
     let out = run(&["plan", "scripts/xor.rms", "--set", "B=4"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -172,7 +173,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("// kernel ")).collect();
-    assert_eq!(headers.len(), 23, "{headers:?}");
+    assert_eq!(headers.len(), 15, "{headers:?}");
     assert_eq!(headers[0], "// kernel 0: matmul (matmul add relu)");
     assert_eq!(headers[2], "// kernel 2: cross_entropy (cross_entropy)");
     // Split into modules at the dispatch headers; each module validates.
@@ -187,7 +188,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
             m.push('\n');
         }
     }
-    assert_eq!(modules.len(), 23, "one dispatch per kernel of this plan");
+    assert_eq!(modules.len(), 15, "one dispatch per kernel of this plan");
     for m in &modules {
         let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
@@ -205,7 +206,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(text.contains(&one), "kernel 2 alone is printed as in the whole listing");
 
     for (args, message) in [
-        (&["--wgsl", "23"][..], "there is no kernel 23: the plan has 23 kernels, numbered from 0"),
+        (&["--wgsl", "15"][..], "there is no kernel 15: the plan has 15 kernels, numbered from 0"),
         (
             &["--wgsl", "99999999999999999999999"],
             "--wgsl: there is no kernel 99999999999999999999999",
@@ -228,14 +229,15 @@ fn limited(max_storage_buffers: u32) -> Option<Limits> {
     Some(Limits { max_storage_buffers, ..Limits::WEBGPU_DEFAULT })
 }
 
-/// Clipping sums a squared norm per parameter into one scalar: unsplit, that one kernel binds a
-/// buffer per parameter (55 for this model). Planned for any limit from WebGPU's 8 up, every
-/// kernel fits, fused or not.
+/// Clipping summed a squared norm per parameter into one scalar, a kernel binding a buffer per
+/// parameter (55 for this model); over the gradient arena the norm binds one, so even unsplit
+/// no kernel binds more than WebGPU's 8. Planned for any limit from 8 up, every kernel fits,
+/// fused or not.
 #[test]
 fn a_clipped_model_with_many_parameters_fits_any_binding_limit() {
     let t = gpt_step(4);
     let unbounded = train_plan(&t, true, true);
-    assert!(most_bindings(&t.graph, &unbounded) > 16, "the model no longer needs splitting");
+    assert!(most_bindings(&t.graph, &unbounded) <= 8, "a kernel binds a buffer per parameter");
     for fusion in [true, false] {
         for max in [8, 9, 12, 16] {
             let opts = PlanOptions { fusion, reuse: true, limits: limited(max) };
@@ -306,6 +308,56 @@ fn a_200_layer_gpt_plans_with_every_update_in_place() {
             .map(|&(target, _)| target.index())
             .collect();
         assert_eq!(not_in_place, [0usize; 0], "{layers} layers");
-        assert_eq!(p.updates.len(), 3 * t.graph.parameters().len() + 1, "{layers} layers");
+        // The step count, and Adam's flat arenas of parameters and moments.
+        assert_eq!(p.updates.len(), 4, "{layers} layers");
+    }
+}
+
+/// Flat arenas: every parameter lives in one buffer, every gradient is written into one, and
+/// each moment has one; the optimizer update with clipping is a fixed handful of kernels, and no
+/// kernel binds a buffer per parameter (clipping's norm bound 31 on a GPT and failed on adapters
+/// that allow 16), however deep the model.
+#[test]
+fn parameters_gradients_and_moments_live_in_one_buffer_each() {
+    for layers in [1, 12] {
+        let t = gpt_step(layers);
+        let g = &t.graph;
+        let p = train_plan(&t, true, true);
+        let root = |id: rumus::graph::NodeId| {
+            let v = p.value_of(id).unwrap();
+            p.buffers[v.buffer].within.map_or(v.buffer, |w| w.0)
+        };
+        let distinct = |ids: Vec<rumus::graph::NodeId>| {
+            let mut r: Vec<usize> = ids.into_iter().map(root).collect();
+            r.sort_unstable();
+            r.dedup();
+            r.len()
+        };
+        let states = |prefix: &str| {
+            let ids = g.nodes().filter(|(_, n)| match &n.op {
+                rumus::graph::Op::State { name, .. } => name.starts_with(prefix),
+                _ => false,
+            });
+            ids.map(|(id, _)| id).collect::<Vec<_>>()
+        };
+        let params: Vec<_> = t.grads.iter().map(|&(p, _)| p).collect();
+        let grads: Vec<_> = t.grads.iter().map(|&(_, d)| d).collect();
+        assert_eq!(states("optim.m.").len(), params.len());
+        for (what, ids) in [
+            ("parameters", params),
+            ("gradients", grads),
+            ("m", states("optim.m.")),
+            ("v", states("optim.v.")),
+        ] {
+            assert_eq!(distinct(ids), 1, "{what} of {layers} layers live in several buffers");
+        }
+        let buffer = |id| p.value_of(id).map_or(usize::MAX, |v| v.buffer);
+        let most = p.kernels.iter().map(|k| storage_bindings(g, k, &buffer, false)).max();
+        assert!(most.unwrap() <= 8, "{layers} layers: a kernel binds {most:?} buffers");
+        // After the backward pass: the gradients' padding, the norm, the clipping scale, m, v
+        // and the parameters.
+        let last_concat =
+            p.kernels.iter().rposition(|k| matches!(k.kind, KernelKind::Concat { .. }));
+        assert_eq!(p.kernels.len() - last_concat.unwrap(), 6, "{layers} layers");
     }
 }

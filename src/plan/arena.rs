@@ -1,0 +1,233 @@
+//! Flat arenas: values placed inside the buffer of a concat that joins them, so that the concat
+//! costs nothing and one kernel can run over all of them.
+//!
+//! The optimizer (`graph::optim`) joins the parameters, their gradients and each moment into
+//! flat 1-D concats (an *arena* per kind), every member at an offset that is a multiple of
+//! [`ALIGN`] elements (zero constants pad the gaps), and runs its update over the arenas. The
+//! plan then places members where the concat would copy them:
+//! - a concat of persistent values (a *host arena*, [`host_arenas`]) is itself persistent: the
+//!   backend allocates one buffer for it and each member lives at its offset in it, for every
+//!   plan of the graph. Its update, when every member's new value is the matching slice of one
+//!   flat value, is that one value ([`fold_updates`]);
+//! - a concat of values computed by kernels (the gradient arena) has each member written by its
+//!   own kernel straight into its place ([`place_members`]); the concat kernel writes only the
+//!   padding.
+//!
+//! A member is bound at its offset (a binding offset, hence the alignment: 256 bytes is the
+//! largest `min_storage_buffer_offset_alignment` WebGPU allows), so kernels need not know.
+
+use super::fuse::Fusion;
+use super::kernel::KernelKind;
+use crate::graph::{Graph, NodeId, Op};
+use crate::tensor::DType;
+use std::collections::HashMap;
+
+/// Elements between the starts of two arena members: 64 f32 = 256 bytes.
+pub use crate::graph::optim::ARENA_ALIGN as ALIGN;
+
+/// A host arena: a flat concat of persistent values (and zero padding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arena {
+    /// The concat node.
+    pub node: NodeId,
+    /// Each persistent member with its offset in elements.
+    pub members: Vec<(NodeId, usize)>,
+}
+
+/// The inputs of a flat concat with their offsets (elements), `None` for zero constants;
+/// `None` when `c` is not a 1-D f32 concat or an input is neither a zero constant nor at an
+/// aligned offset.
+fn flat_inputs(g: &Graph, c: NodeId) -> Option<Vec<(usize, Option<NodeId>)>> {
+    let node = g.node(c);
+    if !matches!(node.op, Op::Concat { axis: 0 }) || node.shape.len() != 1 {
+        return None;
+    }
+    let mut at = 0;
+    let mut out = Vec::with_capacity(node.inputs.len());
+    for &x in &node.inputs {
+        let n = g.shape(x)[0];
+        match g.node(x).op {
+            Op::Constant { value: 0.0 } => out.push((at, None)),
+            _ => {
+                if at % ALIGN != 0 || g.dtype(x) != DType::F32 {
+                    return None;
+                }
+                out.push((at, Some(x)));
+            }
+        }
+        at += n;
+    }
+    Some(out)
+}
+
+/// Every host arena of `g`: a 1-D concat (axis 0) whose inputs are zero constants and
+/// persistent values (through reshapes) at offsets that are multiples of [`ALIGN`], each value
+/// in no earlier arena. The layout depends on the graph alone, so every plan of a graph and its
+/// backend agree on it.
+pub fn host_arenas(g: &Graph) -> Vec<Arena> {
+    let mut taken = vec![false; g.n_nodes()];
+    let mut out = Vec::new();
+    for (id, _) in g.nodes() {
+        let Some(inputs) = flat_inputs(g, id) else { continue };
+        let members: Option<Vec<(NodeId, usize)>> = inputs
+            .iter()
+            .filter_map(|&(at, x)| x.map(|x| (viewed(g, x), at)))
+            .map(|(s, at)| {
+                let ok = g.node(s).op.is_persistent() && !taken[s.index()];
+                ok.then_some((s, at))
+            })
+            .collect();
+        let Some(members) = members.filter(|m| !m.is_empty()) else { continue };
+        let mut distinct: Vec<NodeId> = members.iter().map(|m| m.0).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != members.len() {
+            continue;
+        }
+        for &(s, _) in &members {
+            taken[s.index()] = true;
+        }
+        out.push(Arena { node: id, members });
+    }
+    out
+}
+
+/// What a chain of reshapes starting at `x` reads.
+fn viewed(g: &Graph, mut x: NodeId) -> NodeId {
+    while matches!(g.node(x).op, Op::Reshape) {
+        x = g.node(x).inputs[0];
+    }
+    x
+}
+
+/// Replace the updates of every member of a host arena by one update of the arena, when each
+/// member's new value is (a reshape of) the slice of one flat value `W` at the member's own
+/// offset: the arena takes `W`.
+pub fn fold_updates(
+    g: &Graph,
+    arenas: &[Arena],
+    updates: &[(NodeId, NodeId)],
+) -> Vec<(NodeId, NodeId)> {
+    let index: HashMap<NodeId, usize> =
+        updates.iter().enumerate().map(|(i, &(t, _))| (t, i)).collect();
+    let mut drop = vec![false; updates.len()];
+    let mut folded = Vec::new();
+    for a in arenas {
+        let len = g.shape(a.node)[0];
+        let mut source = None;
+        let mut ok = true;
+        for &(m, at) in &a.members {
+            let n: usize = g.shape(m).iter().product();
+            let slice_of = index.get(&m).and_then(|&i| {
+                let v = viewed(g, updates[i].1);
+                match g.node(v).op {
+                    Op::Slice { axis: 0, start, end } if start == at && end == at + n => {
+                        Some(g.node(v).inputs[0])
+                    }
+                    _ => None,
+                }
+            });
+            match slice_of {
+                Some(w) if g.shape(w) == [len] && source.is_none_or(|s| s == w) => {
+                    source = Some(w)
+                }
+                _ => ok = false,
+            }
+        }
+        if let (true, Some(w)) = (ok, source) {
+            for &(m, _) in &a.members {
+                drop[index[&m]] = true;
+            }
+            folded.push((a.node, w));
+        }
+    }
+    let mut out: Vec<(NodeId, NodeId)> =
+        updates.iter().zip(&drop).filter(|(_, &d)| !d).map(|(&u, _)| u).collect();
+    out.extend(folded);
+    out
+}
+
+/// Place the members of the flat concats that kernels compute (the gradient arena) in the
+/// concat's buffer: each member (the value a concat input views) that a kernel writes, that
+/// lives in no other buffer arrangement (not a source, view, root or update written in place)
+/// and whose kernels bind nothing else of the concat's buffer, is written at its offset, and
+/// the concat kernel stops reading it. `pinned` are the plan's roots.
+pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
+    let owner = |f: &Fusion, id: NodeId| f.alias[id.index()].unwrap_or(id);
+    let mut writers: HashMap<NodeId, Vec<usize>> = HashMap::new();
+    let mut readers: HashMap<NodeId, Vec<usize>> = HashMap::new();
+    for (k, kernel) in f.kernels.iter().enumerate() {
+        for &o in &kernel.outputs {
+            writers.entry(owner(f, o)).or_default().push(k);
+        }
+        for &i in &kernel.inputs {
+            readers.entry(owner(f, i)).or_default().push(k);
+        }
+    }
+    let concats: Vec<NodeId> = f
+        .kernels
+        .iter()
+        .filter(|k| matches!(k.kind, KernelKind::Concat { .. }))
+        .map(|k| k.outputs[0])
+        .collect();
+    let mut seen = Vec::new();
+    for c in concats {
+        if seen.contains(&c) || f.within[c.index()].is_some() {
+            continue;
+        }
+        seen.push(c);
+        let Some(inputs) = flat_inputs(g, c) else { continue };
+        // The values living in c's buffer so far: c and the members placed.
+        let mut inside = vec![c];
+        for (at, src) in inputs {
+            let Some(m) = src.map(|s| owner(f, s)) else { continue };
+            let placeable = f.materialized[m.index()]
+                && !g.node(m).op.is_host_value()
+                && f.alias[m.index()].is_none()
+                && f.within[m.index()].is_none()
+                && !inside.contains(&m)
+                && !pinned.contains(&m)
+                && g.dtype(m) == DType::F32
+                && writers.get(&m).is_some_and(|w| w.len() == 1);
+            if !placeable {
+                continue;
+            }
+            // No kernel may read one place of c's buffer and write another: m's writer reads
+            // nothing inside c, and m's readers (but c's own kernels) write nothing inside.
+            let is_inside = |x: &NodeId| inside.contains(&owner(f, *x));
+            let writer = &f.kernels[writers[&m][0]];
+            let mut conflict =
+                writer.inputs.iter().any(is_inside) || writer.outputs.iter().any(is_inside);
+            for &k in readers.get(&m).into_iter().flatten() {
+                let kernel = &f.kernels[k];
+                let own = matches!(kernel.kind, KernelKind::Concat { .. })
+                    && kernel.outputs[0] == c;
+                conflict |= !own && kernel.outputs.iter().any(is_inside);
+            }
+            if conflict {
+                continue;
+            }
+            f.within[m.index()] = Some((c, at));
+            inside.push(m);
+        }
+        // The concat kernels stop reading an input every use of which is placed.
+        let node = g.node(c);
+        let mut at = 0;
+        let mut still_read = Vec::new();
+        for &x in &node.inputs {
+            if f.within[owner(f, x).index()] != Some((c, at)) {
+                still_read.push(owner(f, x));
+            }
+            at += g.shape(x)[0];
+        }
+        for kernel in &mut f.kernels {
+            if matches!(kernel.kind, KernelKind::Concat { .. }) && kernel.outputs[0] == c {
+                kernel.inputs.retain(|&x| still_read.contains(&owner_of(&f.alias, x)));
+            }
+        }
+    }
+}
+
+fn owner_of(alias: &[Option<NodeId>], id: NodeId) -> NodeId {
+    alias[id.index()].unwrap_or(id)
+}
