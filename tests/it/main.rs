@@ -27,6 +27,7 @@ mod script_api;
 mod script_checkpoint;
 mod script_cli;
 mod script_embed;
+mod script_evaluate;
 mod script_sandbox;
 mod script_writes;
 mod scripts_run;
