@@ -141,3 +141,72 @@ fn evaluate_rejects_what_it_cannot_score() {
         assert!(out.starts_with(&format!("error: {expected}")), "{code}:\n{out}");
     }
 }
+
+#[test]
+fn a_learning_rate_set_from_the_script_takes_effect_at_the_next_step() {
+    let code = "
+let make = |dev, lr| m().compile(#{ batch: 4, device: dev, seed: 1, optimizer: sgd(#{ lr: lr }) });
+let a = make.call(DEV, 0.5);
+let b = make.call(DEV, 0.05);
+a.lr = 0.05;
+print(a.lr == b.lr);
+let same = true;
+for i in 0..3 { same = same && a.train_step(x4, y4) == b.train_step(x4, y4); }
+print(same && a.param(\"fc1.weight\") == b.param(\"fc1.weight\"));
+a.lr = 0;
+let w = a.param(\"fc1.weight\");
+a.train_step(x4, y4);
+print(a.param(\"fc1.weight\") == w && a.lr == 0.0);
+a.lr = 0.05;
+a.train_step(x4, y4);
+print(a.param(\"fc1.weight\") != w);
+";
+    for dev in devices("a learning rate set on the gpu") {
+        let out = run_on(dev, &format!("{MLP}const DEV = \"{dev}\";\n{code}"));
+        assert_eq!(out, "true\ntrue\ntrue\ntrue\n", "{dev}");
+    }
+}
+
+/// A plateau schedule written in the script: halve the rate when the held-out loss has not
+/// improved for two evaluations.
+#[test]
+fn a_plateau_schedule_in_a_script_halves_the_rate() {
+    let code = "
+let net = m().compile(#{ batch: 4, seed: 1, optimizer: sgd(#{ lr: 0.1 }) });
+let best = 1e9;
+let bad = 0;
+let rates = [];
+for epoch in 0..8 {
+    // A held-out set that training never sees, so the loss stops improving at some point.
+    net.train_step(x4, y4);
+    let loss = net.evaluate(d).loss;
+    if loss < best - 1e-4 { best = loss; bad = 0; } else { bad += 1; }
+    if bad >= 2 { net.lr = net.lr * 0.5; bad = 0; }
+    rates.push(net.lr);
+}
+print(rates[0] == 0.10000000149011612 && rates[-1] < rates[0]);
+let halvings = true;
+for i in 1..rates.len() {
+    halvings = halvings && (rates[i] == rates[i - 1] || (rates[i] - rates[i - 1] * 0.5).abs() < 1e-9);
+}
+print(halvings);
+";
+    check(&format!("{MLP}\n{code}"), "true\ntrue\n");
+}
+
+#[test]
+fn a_learning_rate_that_cannot_be_used_is_an_error() {
+    let cases = [
+        ("let n = m().compile(#{ optimizer: sgd() }); n.lr = -1.0;", "learning rate must be a finite number >= 0, got -1"),
+        ("let n = m().compile(); n.lr = 0.0 / 0.0;", "learning rate must be a finite number >= 0, got NaN"),
+        ("let n = m().compile(); n.lr = 1e300;", "lr: "),
+        (
+            "let n = m().compile(#{ schedule: cosine(#{ total: 10 }) }); n.lr = 0.1;",
+            "the learning rate follows the model's schedule; compile without `schedule` to set it from the script",
+        ),
+    ];
+    for (code, expected) in cases {
+        let out = run_on("cpu", &format!("{MLP}\n{code}"));
+        assert!(out.starts_with(&format!("error: {expected}")), "{code}:\n{out}");
+    }
+}

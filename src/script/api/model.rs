@@ -4,7 +4,7 @@
 //! checkpoints. Optimizers and schedules are maps built by `sgd`, `adam`, `adamw`, `step_lr`
 //! and `cosine`, so scripts can print and tweak them.
 
-use super::super::convert::{script_err, to_usize, IntoScript, Opts, ScriptResult};
+use super::super::convert::{script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::{Ctx, Event};
 use super::tensor::ScriptTensor;
 use crate::checkpoint;
@@ -183,6 +183,8 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     });
     engine.register_get("step", |t: &mut ScriptTrainer| t.trainer.borrow().step() as INT);
     engine.register_get("lr", |t: &mut ScriptTrainer| t.trainer.borrow().current_lr() as FLOAT);
+    engine.register_set("lr", |t: &mut ScriptTrainer, lr: FLOAT| set_lr(t, lr));
+    engine.register_set("lr", |t: &mut ScriptTrainer, lr: INT| set_lr(t, lr as FLOAT));
     engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
     engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
     engine.register_fn("params", |t: &mut ScriptTrainer| -> Array {
@@ -226,6 +228,12 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         m.insert("unexpected".into(), names(report.unexpected));
         Ok::<_, Box<rhai::EvalAltResult>>(m)
     });
+}
+
+/// `net.lr = value`: the base learning rate from the next step on.
+fn set_lr(t: &ScriptTrainer, lr: FLOAT) -> ScriptResult<()> {
+    let lr = to_f32(lr, "lr")?;
+    t.trainer.borrow_mut().set_lr(lr).script()
 }
 
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
