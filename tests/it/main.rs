@@ -33,4 +33,5 @@ mod script_writes;
 mod scripts_run;
 mod shape_errors;
 mod train_mlp;
+mod tying;
 mod wgsl_valid;
