@@ -392,6 +392,26 @@ impl Trainer {
         self.cfg.schedule.lr_at(self.cfg.lr, self.step)
     }
 
+    /// Set the base learning rate from the next step on: the rate is an input of the compiled
+    /// step, fed every step, so nothing is recompiled. An error unless `lr` is a finite number
+    /// >= 0, or when the model was compiled with a schedule (which owns the rate).
+    pub fn set_lr(&mut self, lr: f32) -> Result<()> {
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(err!(
+                InvalidArgument,
+                "learning rate must be a finite number >= 0, got {lr}"
+            ));
+        }
+        if self.cfg.schedule != Schedule::Constant {
+            return Err(err!(
+                InvalidArgument,
+                "the learning rate follows the model's schedule; compile without `schedule` to set it from the script"
+            ));
+        }
+        self.cfg.lr = lr;
+        Ok(())
+    }
+
     /// One training step: feeds the named inputs (and `target`), returns the loss.
     pub fn train_step(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
         let g = &self.train.graph;

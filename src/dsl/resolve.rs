@@ -290,7 +290,8 @@ impl Checker<'_> {
                 if later.contains(&n.as_str()) {
                     return Err(err!(Name, "`{n}` is used before it is bound").at(e.span));
                 }
-                if env.contains_key(n) {
+                // A dotted name is a parameter, known only once the model is lowered.
+                if env.contains_key(n) || n.contains('.') {
                     Ok(())
                 } else if INITS.iter().any(|(i, _)| i == n) {
                     Err(err!(Name, "initializer `{n}` can only follow `param NAME[...] =`")

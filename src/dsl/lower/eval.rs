@@ -7,7 +7,7 @@ use crate::dsl::ast::*;
 use crate::dsl::ops;
 use crate::err;
 use crate::error::{Result, Span};
-use crate::graph::{Init, NodeId};
+use crate::graph::{Init, NodeId, Op};
 use crate::tensor::checked_numel;
 
 /// The `return` of a body: its expressions with their values, and its span.
@@ -114,6 +114,19 @@ impl Lowerer<'_> {
         Ok(id)
     }
 
+    /// A dotted name: the parameter of that full name, declared earlier in the model. Using
+    /// it again shares the one parameter (weight tying); autodiff sums the gradients of its uses.
+    fn param_ref(&self, name: &str, span: Span) -> Result<NodeId> {
+        match self.g.persistent_named(name) {
+            Some(id) if matches!(self.g.node(id).op, Op::Parameter { .. }) => Ok(id),
+            _ => Err(err!(
+                Name,
+                "no parameter `{name}` declared before this point; a dotted name refers to a parameter by its full name, as `rumus graph --params` lists it"
+            )
+            .at(span)),
+        }
+    }
+
     fn init(&mut self, e: &Expr, frame: &mut Frame) -> Result<Init> {
         let bad =
             |s: Span| err!(Name, "bad initializer; expected one of {}", ops::init_usage()).at(s);
@@ -156,6 +169,7 @@ impl Lowerer<'_> {
             ExprKind::Int(v) => Value::Int(*v),
             ExprKind::Float(v) => Value::Float(*v),
             ExprKind::Bool(v) => Value::Bool(*v),
+            ExprKind::Name(n) if n.contains('.') => Value::Tensor(self.param_ref(n, span)?),
             ExprKind::Name(n) => match frame.env.get(n) {
                 Some(v) => v.clone(),
                 None => return Err(err!(Name, "unknown name `{n}`").at(span)),

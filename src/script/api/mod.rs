@@ -3,6 +3,7 @@
 //! script error (a [`Carried`](super::convert::Carried) rumus error), never panics.
 
 pub mod data;
+pub mod evaluate;
 pub mod io;
 pub mod math;
 pub mod model;
@@ -17,6 +18,7 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     math::register(engine, ctx);
     data::register(engine, ctx);
     model::register(engine, ctx);
+    evaluate::register(engine, ctx);
     io::register(engine, ctx);
 }
 
@@ -64,7 +66,7 @@ pub const NAMES: &[&str] = &[
     "cosine",
     "train_step",
     "predict",
-    "eval",
+    "evaluate",
     "accuracy",
     "step",
     "lr",

@@ -4,9 +4,8 @@
 //! checkpoints. Optimizers and schedules are maps built by `sgd`, `adam`, `adamw`, `step_lr`
 //! and `cosine`, so scripts can print and tweak them.
 
-use super::super::convert::{script_err, to_usize, IntoScript, Opts, ScriptResult};
+use super::super::convert::{script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::{Ctx, Event};
-use super::data::ScriptDataset;
 use super::tensor::ScriptTensor;
 use crate::checkpoint;
 use crate::dsl::ast::{DimPat, SigParam};
@@ -19,7 +18,7 @@ use crate::session::{
     CompileConfig, Device, Dims, LoadReport, Loss, MatmulPrecision, Model, Schedule, Trainer,
     TARGET_INPUT,
 };
-use crate::tensor::{Tensor, TensorData};
+use crate::tensor::Tensor;
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -43,6 +42,10 @@ pub struct ScriptTrainer {
     pub inputs: Rc<Vec<String>>,
     /// The output the loss reads (and `predict(x)` returns).
     pub output: Rc<String>,
+    /// What the training step minimizes (and `evaluate` reports).
+    pub loss: Rc<Loss>,
+    /// The batch size the model was compiled for (`evaluate`'s default).
+    pub batch: usize,
 }
 
 /// A model function for each model of `module`, registered in `engine`.
@@ -179,19 +182,10 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("predict", move |t: &mut ScriptTrainer, feeds: Map| {
         outputs_map(&c, predict(t, tensors_of(&feeds)?)?)
     });
-    let c = ctx.clone();
-    engine.register_fn("eval", move |t: &mut ScriptTrainer, x: ScriptTensor| {
-        let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x)];
-        outputs_map(&c, predict(t, feeds)?)
-    });
-    engine.register_fn("accuracy", |t: &mut ScriptTrainer, d: ScriptDataset| {
-        accuracy(t, d.x.tensor(), d.y.tensor())
-    });
-    engine.register_fn("accuracy", |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
-        accuracy(t, x.tensor(), y.tensor())
-    });
     engine.register_get("step", |t: &mut ScriptTrainer| t.trainer.borrow().step() as INT);
     engine.register_get("lr", |t: &mut ScriptTrainer| t.trainer.borrow().current_lr() as FLOAT);
+    engine.register_set("lr", |t: &mut ScriptTrainer, lr: FLOAT| set_lr(t, lr));
+    engine.register_set("lr", |t: &mut ScriptTrainer, lr: INT| set_lr(t, lr as FLOAT));
     engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
     engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
     engine.register_fn("params", |t: &mut ScriptTrainer| -> Array {
@@ -237,6 +231,12 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     });
 }
 
+/// `net.lr = value`: the base learning rate from the next step on.
+fn set_lr(t: &ScriptTrainer, lr: FLOAT) -> ScriptResult<()> {
+    let lr = to_f32(lr, "lr")?;
+    t.trainer.borrow_mut().set_lr(lr).script()
+}
+
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
     let tr = t.trainer.borrow();
     format!("trainer on {} at step {}", tr.device_name(), tr.step())
@@ -277,53 +277,6 @@ fn predict(
 ) -> ScriptResult<Vec<(String, Tensor)>> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
     t.trainer.borrow_mut().predict(&feeds).script()
-}
-
-/// Fraction of rows whose largest output matches the label; NaN when any row of outputs holds
-/// NaN or +inf, or is all -inf.
-fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
-    let input = t.inputs.first().cloned().unwrap_or_default();
-    let out = t.trainer.borrow_mut().predict(&[(input.as_str(), x)]).script()?;
-    let logits = out
-        .into_iter()
-        .find(|(n, _)| *n == *t.output)
-        .map(|(_, v)| v)
-        .ok_or_else(|| script_err("the model has no output to score"))?;
-    // The outputs are held while they are scored, like any other tensor the script sees.
-    let budget = t.trainer.borrow().budget().clone();
-    let _held = budget.charge(logits.bytes(), "the outputs being scored").script()?;
-    let _labels = budget.charge(y.bytes(), "the labels being scored").script()?;
-    let labels: Vec<f32> = match y.data() {
-        TensorData::F32(v) => v.clone(),
-        TensorData::I32(v) => v.iter().map(|&l| l as f32).collect(),
-    };
-    let Some(&classes) = logits.shape().last() else {
-        return Err(script_err("accuracy: the output has no class axis"));
-    };
-    let v = logits.as_f32().ok_or_else(|| script_err("accuracy: the output is not f32"))?;
-    if classes == 0 || v.len() / classes != labels.len() {
-        return Err(script_err(format!(
-            "accuracy: {} rows of output for {} labels",
-            v.len() / classes.max(1),
-            labels.len()
-        )));
-    }
-    let mut correct = 0usize;
-    for (row, &label) in v.chunks(classes).zip(&labels) {
-        // A row with NaN or +inf, or all -inf, predicts nothing: the score is NaN, never a
-        // count that treats the first class as the prediction.
-        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
-        if row.iter().any(|x| x.is_nan()) || !row[best].is_finite() {
-            return Ok(FLOAT::NAN);
-        }
-        if !(label.fract() == 0.0 && (0.0..classes as f32).contains(&label)) {
-            return Err(script_err(format!(
-                "accuracy: label {label} is not a class index in 0..{classes}"
-            )));
-        }
-        correct += usize::from(best as f32 == label);
-    }
-    Ok(correct as FLOAT / labels.len().max(1) as FLOAT)
 }
 
 /// Write every persistent value (parameters, optimizer state, step count) atomically. The host
@@ -384,7 +337,8 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             dims.insert(k.to_string(), to_usize(n, &format!("compile: dimension `{k}`"))?);
         }
     }
-    dims.insert("B".into(), o.usize("batch", 1)?.unwrap_or(1));
+    let batch = o.usize("batch", 1)?.unwrap_or(1);
+    dims.insert("B".into(), batch);
     let probe = m.model.instantiate(&dims).script()?;
     let output = match o.string("output")? {
         Some(out) => out,
@@ -423,7 +377,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     };
     let cfg = CompileConfig {
         dims,
-        loss,
+        loss: loss.clone(),
         optimizer: OptimConfig { optimizer, clip_norm },
         lr,
         schedule,
@@ -437,6 +391,8 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         trainer: Rc::new(RefCell::new(trainer)),
         inputs: Rc::new(inputs),
         output: Rc::new(output),
+        loss: Rc::new(loss),
+        batch,
     })
 }
 
