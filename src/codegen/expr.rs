@@ -291,6 +291,10 @@ impl<'a> ExprEmitter<'a> {
             | Op::LayerNorm
             | Op::LayerNormGradInput
             | Op::LayerNormGradWeight
+            | Op::AttentionStats
+            | Op::Attention
+            | Op::AttentionGradKv
+            | Op::AttentionGradQ
             | Op::Embedding
             | Op::EmbeddingGrad { .. }
             | Op::CrossEntropy { .. }

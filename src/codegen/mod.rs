@@ -91,6 +91,12 @@ fn kernel(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Pro
         | KernelKind::LayerNormStats
         | KernelKind::LayerNormGradInput { .. }
         | KernelKind::LayerNormGradWeight => return layer_norm::lower(g, plan, k),
+        KernelKind::Attention { .. }
+        | KernelKind::AttentionStats
+        | KernelKind::AttentionGradKv
+        | KernelKind::AttentionGradQ => {
+            return Err(err!(Device, "attention: this build has no GPU kernel for it yet"))
+        }
         _ => {}
     }
     Ok(wgsl::generate(g, plan, k).into_iter().collect())

@@ -6,7 +6,7 @@
 //! state. Shapes are trusted (the graph was verified), element types are checked and a mismatch
 //! is an `Invariant` error, never a panic.
 
-use super::{matmul, nn, Buf, Float, RunOptions};
+use super::{attention, matmul, nn, Buf, Float, RunOptions};
 use crate::err;
 use crate::error::Result;
 use crate::graph::shape::infer;
@@ -130,6 +130,16 @@ pub fn eval<T: Float>(
         Op::LayerNormGradInput => Buf::F(nn::layer_norm_grad_input(f(0)?, f(1)?, f(2)?, f(3)?)),
         Op::LayerNormGradWeight => {
             Buf::F(nn::layer_norm_grad_weight(f(0)?, f(1)?, f(2)?, last(out)))
+        }
+        Op::AttentionStats => Buf::F(attention::attention_stats(f(0)?, f(1)?, shapes[0])),
+        Op::Attention => Buf::F(attention::attention(f(0)?, f(1)?, f(2)?, f(3)?, shapes[0])),
+        Op::AttentionGradKv => {
+            let ins = [f(0)?, f(1)?, f(2)?, f(3)?, f(4)?, f(5)?];
+            Buf::F(attention::attention_grad_kv(ins, shapes[0]))
+        }
+        Op::AttentionGradQ => {
+            let ins = [f(0)?, f(1)?, f(2)?, f(3)?, f(4)?, f(5)?];
+            Buf::F(attention::attention_grad_q(ins, shapes[0]))
         }
         Op::Embedding => Buf::F(nn::embedding(f(0)?, shapes[0], int(1)?)?),
         Op::EmbeddingGrad { vocab } => {

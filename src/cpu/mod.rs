@@ -7,7 +7,8 @@
 //! - the forward of every op, one function per op family: [`interp`] for elementwise ops (each
 //!   row's value from the op table, `graph::elementwise`, run in [`Float`]: f32 or f64),
 //!   reduction and shape ops, [`nn`] for softmax, layer norm, embedding, cross-entropy and
-//!   dropout, each gradient-helper op next to the op it differentiates;
+//!   dropout, each gradient-helper op next to the op it differentiates; [`attention`] for causal
+//!   attention and its gradients;
 //! - batched matrix multiplication, cache-blocked and parallel over rows ([`mod@matmul`]);
 //! - the [`Executor`], which holds parameters and state between steps and runs a graph.
 //!
@@ -15,6 +16,7 @@
 //! outputs on every run and for every thread count: every sum runs in a fixed order, and threads
 //! only ever split independent output rows.
 
+pub mod attention;
 pub mod backend;
 pub mod exec;
 pub mod interp;

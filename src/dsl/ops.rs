@@ -184,6 +184,10 @@ const OTHERS: &[OpSig] = &[
             a.g().layer_norm(x, w, b, eps)
         },
     ),
+    row("attention", &[p("q", Tensor), p("k", Tensor), p("v", Tensor)], |a| {
+        let (q, k, v) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+        a.g().attention(q, k, v)
+    }),
     row("embedding", &[p("weight", Tensor), p("idx", Tensor)], |a| {
         let (w, i) = (a.tensor(0)?, a.tensor(1)?);
         a.g().embedding(w, i)
@@ -293,7 +297,7 @@ mod tests {
             names.join(" "),
             "add sub mul div pow maximum minimum neg exp log sqrt rsqrt abs square tanh sigmoid \
              relu gelu gelu_tanh silu softplus where sum mean max reshape permute transpose broadcast_to \
-             slice concat matmul softmax log_softmax causal_mask layer_norm embedding \
+             slice concat matmul softmax log_softmax causal_mask layer_norm attention embedding \
              cross_entropy mse dropout"
         );
         let mut unique = names.clone();

@@ -216,6 +216,21 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
             let db = g.reshape(db, &[d])?;
             vec![Some(dx), None, Some(dw), Some(db)]
         }
+        Op::AttentionStats => vec![None, None],
+        Op::Attention => {
+            // FlashAttention-2: delta = Σ_d dy·y per row; dk, dv in one pass, dq in another.
+            let last = node.shape.len() - 1;
+            let dyy = g.mul(dy, id)?;
+            let delta = g.sum(dyy, &[last], false)?;
+            let ins = [x[0], x[1], x[2], x[3], dy, delta];
+            let dkv = g.add_node(Op::AttentionGradKv, &ins, &[])?;
+            let dq = g.add_node(Op::AttentionGradQ, &ins, &[])?;
+            let dk = g.slice(dkv, 0, 0, 1)?;
+            let dk = g.reshape(dk, &node.shape)?;
+            let dv = g.slice(dkv, 0, 1, 2)?;
+            let dv = g.reshape(dv, &node.shape)?;
+            vec![Some(dq), Some(dk), Some(dv), None]
+        }
         Op::Embedding => {
             let vocab = g.shape(x[0])[0];
             vec![Some(g.add_node(Op::EmbeddingGrad { vocab }, &[x[1], dy], &[])?), None]
@@ -233,6 +248,8 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         }
         Op::LayerNormGradInput
         | Op::LayerNormGradWeight
+        | Op::AttentionGradKv
+        | Op::AttentionGradQ
         | Op::EmbeddingGrad { .. }
         | Op::CrossEntropyGrad { .. } => return Err(no_gradient(&node)),
     })

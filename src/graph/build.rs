@@ -3,7 +3,7 @@
 //! mistake is an `Err` that names the op and the shapes, positioned at the current span.
 
 use super::ir::{BinaryOp, Graph, Init, NodeId, Op, ReduceOp, UnaryOp};
-use super::shape::{broadcasts_to, infer};
+use super::shape::{attention_qkv, broadcasts_to, infer};
 use crate::err;
 use crate::error::{Error, Result};
 use crate::tensor::{checked_numel, fmt_shape, DType};
@@ -366,6 +366,17 @@ impl Graph {
         }
         let stats = self.add_node(Op::LayerNormStats { eps }, &[x], &[])?;
         self.add_node(Op::LayerNorm, &[x, stats, weight, bias], &[])
+    }
+
+    /// Causal attention of `q`, `k`, `v` `[B, H, T, Dh]` with scale `1/sqrt(Dh)`: computes the
+    /// per-row log-sum-exp node, then the output `[B, H, T, Dh]`.
+    pub fn attention(&mut self, q: NodeId, k: NodeId, v: NodeId) -> Result<NodeId> {
+        self.check_ids("attention", &[q, k, v])?;
+        let ins: Vec<(&[usize], DType)> =
+            [q, k, v].iter().map(|&n| (self.shape(n), self.dtype(n))).collect();
+        attention_qkv(&Op::Attention, &ins).map_err(|e| e.at(self.span))?;
+        let stats = self.add_node(Op::AttentionStats, &[q, k], &[])?;
+        self.add_node(Op::Attention, &[q, k, v, stats], &[])
     }
 
     // ---- embedding, losses, regularization ----

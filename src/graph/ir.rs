@@ -83,7 +83,7 @@ pub enum OpClass {
     /// `slice`, and `concat`.
     Layout,
     /// Ops with a kernel of their own: softmax, log-softmax, layer norm and its gradients,
-    /// embedding and cross-entropy, forward and backward.
+    /// attention and its gradients, embedding and cross-entropy, forward and backward.
     Special,
 }
 
@@ -187,6 +187,19 @@ pub enum Op {
     /// `(x, stats, dy) -> [2, D]`: row 0 is dweight = Σ_rows dy · xhat, row 1 is
     /// dbias = Σ_rows dy (one pass computes both).
     LayerNormGradWeight,
+
+    /// `(q, k) -> [B, H, T]`: per query row, the log-sum-exp of its causal scores
+    /// `q_i·k_j / sqrt(Dh)` over the keys `j <= i` (q, k `[B, H, T, Dh]`). Differentiated together
+    /// with the `attention` that consumes it.
+    AttentionStats,
+    /// `(q, k, v, stats) -> [B, H, T, Dh]`: causal attention `softmax(q kᵀ / sqrt(Dh)) v`, the
+    /// probabilities `e^(s_ij − stats_i)` for `j <= i`.
+    Attention,
+    /// `(q, k, v, stats, dy, delta) -> [2, B, H, T, Dh]`: dk (row 0) and dv (row 1) of
+    /// `attention`, with `delta = Σ_d dy·y` per query row (FlashAttention-2's `D`).
+    AttentionGradKv,
+    /// `(q, k, v, stats, dy, delta) -> [B, H, T, Dh]`: dq of `attention`.
+    AttentionGradQ,
 
     // ---- embedding and losses ----
     /// `(table [V, D], idx i32 [...]) -> [..., D]`: rows gathered by index.
@@ -377,6 +390,10 @@ impl Op {
             Op::LayerNorm => "layer_norm",
             Op::LayerNormGradInput => "layer_norm_grad_input",
             Op::LayerNormGradWeight => "layer_norm_grad_weight",
+            Op::AttentionStats => "attention_stats",
+            Op::Attention => "attention",
+            Op::AttentionGradKv => "attention_grad_kv",
+            Op::AttentionGradQ => "attention_grad_q",
             Op::Embedding => "embedding",
             Op::EmbeddingGrad { .. } => "embedding_grad",
             Op::CrossEntropy { .. } => "cross_entropy",
@@ -409,6 +426,10 @@ impl Op {
             | Op::LayerNorm
             | Op::LayerNormGradInput
             | Op::LayerNormGradWeight
+            | Op::AttentionStats
+            | Op::Attention
+            | Op::AttentionGradKv
+            | Op::AttentionGradQ
             | Op::Embedding
             | Op::EmbeddingGrad { .. }
             | Op::CrossEntropy { .. }
@@ -437,8 +458,8 @@ impl Op {
     }
 
     /// Whether gradients flow through the op. Sources, the elementwise table's gradient helpers
-    /// and the other gradient ops are not differentiable; `layer_norm_stats` is differentiated
-    /// together with the `layer_norm` that consumes it.
+    /// and the other gradient ops are not differentiable; `layer_norm_stats` and
+    /// `attention_stats` are differentiated together with the op that consumes them.
     pub fn is_differentiable(&self) -> bool {
         match self {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } | Op::Constant { .. } => {
@@ -448,6 +469,8 @@ impl Op {
             Op::Binary(b) => b.is_differentiable(),
             Op::LayerNormGradInput
             | Op::LayerNormGradWeight
+            | Op::AttentionGradKv
+            | Op::AttentionGradQ
             | Op::EmbeddingGrad { .. }
             | Op::CrossEntropyGrad { .. } => false,
             _ => true,
@@ -484,6 +507,10 @@ impl Op {
             Op::LayerNorm,
             Op::LayerNormGradInput,
             Op::LayerNormGradWeight,
+            Op::AttentionStats,
+            Op::Attention,
+            Op::AttentionGradKv,
+            Op::AttentionGradQ,
             Op::Embedding,
             Op::EmbeddingGrad { vocab: 0 },
             Op::CrossEntropy { ignore_index: None },
@@ -536,11 +563,15 @@ mod tests {
             | Op::LayerNorm
             | Op::LayerNormGradInput
             | Op::LayerNormGradWeight
+            | Op::AttentionStats
+            | Op::Attention
+            | Op::AttentionGradKv
+            | Op::AttentionGradQ
             | Op::Embedding
             | Op::EmbeddingGrad { .. }
             | Op::CrossEntropy { .. }
             | Op::CrossEntropyGrad { .. }
-            | Op::Dropout { .. } => 23,
+            | Op::Dropout { .. } => 27,
             Op::Unary(_) => UnaryOp::ALL.len(),
             Op::Binary(_) => BinaryOp::ALL.len(),
             Op::Reduce { .. } => 3,
@@ -585,6 +616,10 @@ mod tests {
             "layer_norm",
             "layer_norm_grad_input",
             "layer_norm_grad_weight",
+            "attention_stats",
+            "attention",
+            "attention_grad_kv",
+            "attention_grad_q",
             "embedding",
             "embedding_grad",
             "cross_entropy",
@@ -604,7 +639,7 @@ mod tests {
         let samples = Op::samples();
         let names: std::collections::HashSet<&str> = samples.iter().map(|o| o.name()).collect();
         assert_eq!(names.len(), samples.len(), "two samples share a name");
-        assert_eq!(samples.len(), 23 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3);
+        assert_eq!(samples.len(), 27 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3);
         assert!(samples.iter().all(|o| kind_count(o) > 0));
     }
 }

@@ -40,6 +40,33 @@ fn need_f32(op: &Op, what: &str, dtype: DType, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
+/// The shape `[B, H, T, Dh]` that the attention operands `ins` (q, k, then v) share: f32, rank
+/// 4, one shape, `Dh >= 1`.
+pub(crate) fn attention_qkv<'a>(op: &Op, ins: &[(&'a [usize], DType)]) -> Result<&'a [usize]> {
+    const NAMES: [&str; 3] = ["q", "k", "v"];
+    for ((s, d), what) in ins.iter().zip(NAMES) {
+        need_f32(op, what, *d, s)?;
+    }
+    let q = ins[0].0;
+    if q.len() != 4 || ins.iter().any(|(s, _)| *s != q) {
+        let got: Vec<String> = ins.iter().map(|(s, _)| fmt_shape(s)).collect();
+        return Err(Error::shape(format!(
+            "{}: {} must be [B, H, T, Dh], all of one shape, got {}",
+            op.name(),
+            NAMES[..ins.len()].join(", "),
+            got.join(", ")
+        )));
+    }
+    if q[3] == 0 {
+        return Err(Error::shape(format!(
+            "{}: the head dimension (last axis) must be at least 1, got {}",
+            op.name(),
+            fmt_shape(q)
+        )));
+    }
+    Ok(q)
+}
+
 fn need_i32(op: &Op, what: &str, dtype: DType, shape: &[usize]) -> Result<()> {
     if dtype != DType::I32 {
         return Err(Error::shape(format!(
@@ -91,9 +118,11 @@ fn infer_unchecked(
         | Op::MatMul
         | Op::Embedding
         | Op::EmbeddingGrad { .. }
-        | Op::CrossEntropy { .. } => 2,
+        | Op::CrossEntropy { .. }
+        | Op::AttentionStats => 2,
         Op::Where | Op::LayerNormGradWeight | Op::CrossEntropyGrad { .. } => 3,
-        Op::LayerNorm | Op::LayerNormGradInput => 4,
+        Op::LayerNorm | Op::LayerNormGradInput | Op::Attention => 4,
+        Op::AttentionGradKv | Op::AttentionGradQ => 6,
         Op::Concat { .. } => ins.len().max(1),
     };
     if ins.len() != arity {
@@ -331,6 +360,26 @@ fn infer_unchecked(
                     Ok((vec![2, dim], DType::F32))
                 }
             }
+        }
+        Op::AttentionStats => Ok((attention_qkv(op, &ins[..2])?[..3].to_vec(), DType::F32)),
+        Op::Attention | Op::AttentionGradKv | Op::AttentionGradQ => {
+            let q = attention_qkv(op, &ins[..3])?;
+            for (s, d) in &ins[3..] {
+                need_f32(op, "input", *d, s)?;
+            }
+            let bad =
+                |what: &str| Error::shape(format!("{name}: {what} (shapes {})", shapes(", ")));
+            if ins[3].0 != &q[..3] {
+                return Err(bad("stats must be [B, H, T]"));
+            }
+            if ins.len() == 6 && (ins[4].0 != q || ins[5].0 != &q[..3]) {
+                return Err(bad("dy must be shaped like q and delta [B, H, T]"));
+            }
+            let mut out = q.to_vec();
+            if *op == Op::AttentionGradKv {
+                out.insert(0, 2);
+            }
+            Ok((out, DType::F32))
         }
         Op::Embedding => {
             let ((table, dt), (idx, di)) = (ins[0], ins[1]);

@@ -188,6 +188,17 @@ fn fuse_once(
                 }
             }
             Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion },
+            Op::AttentionStats => {
+                // Folded into the attention kernel that consumes it, as layer_norm_stats.
+                let at = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::Attention));
+                match at {
+                    Some(&at) if fusion && materialized[at.index()] => continue,
+                    _ => KernelKind::AttentionStats,
+                }
+            }
+            Op::Attention => KernelKind::Attention { with_stats: fusion },
+            Op::AttentionGradKv => KernelKind::AttentionGradKv,
+            Op::AttentionGradQ => KernelKind::AttentionGradQ,
             Op::MatMul => KernelKind::MatMul { matmul: id, register: id },
             Op::Reduce { .. } => KernelKind::Reduce,
             Op::Softmax => KernelKind::Softmax,
@@ -272,8 +283,15 @@ fn fuse_once(
             outputs.insert(0, w);
             fused.push(w);
         }
-        if kind == (KernelKind::LayerNorm { with_stats: true }) {
-            let stats = node.inputs[1];
+        // The stats a layer_norm or attention kernel computes: an output, not an input (and
+        // the operands the stats read are read by the op itself).
+        let stats_input = match kind {
+            KernelKind::LayerNorm { with_stats: true } => Some(1),
+            KernelKind::Attention { with_stats: true } => Some(3),
+            _ => None,
+        };
+        if let Some(s) = stats_input {
+            let stats = node.inputs[s];
             outputs.insert(0, stats);
             fused.push(stats);
             inputs.retain(|&x| x != stats);

@@ -34,6 +34,15 @@ pub enum KernelKind {
         weight_grad: Option<NodeId>,
     },
     LayerNormGradWeight,
+    /// `attention`; with `with_stats` it also computes the `attention_stats` node it reads (one
+    /// pass writing both), otherwise it reads nothing of the stats buffer.
+    Attention {
+        with_stats: bool,
+    },
+    /// Stats only (when the attention output is not needed in this plan, or fusion is off).
+    AttentionStats,
+    AttentionGradKv,
+    AttentionGradQ,
     Embedding,
     EmbeddingGrad,
     CrossEntropy,
@@ -58,6 +67,10 @@ impl KernelKind {
             KernelKind::LayerNormStats => "layer_norm_stats",
             KernelKind::LayerNormGradInput { .. } => "layer_norm_bw",
             KernelKind::LayerNormGradWeight => "layer_norm_grad_weight",
+            KernelKind::Attention { .. } => "attention",
+            KernelKind::AttentionStats => "attention_stats",
+            KernelKind::AttentionGradKv => "attention_bw_kv",
+            KernelKind::AttentionGradQ => "attention_bw_q",
             KernelKind::Embedding => "embedding",
             KernelKind::EmbeddingGrad => "embedding_grad",
             KernelKind::CrossEntropy => "cross_entropy",

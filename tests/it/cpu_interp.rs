@@ -455,6 +455,40 @@ fn softmax_and_log_softmax_rows() {
     check(Op::Softmax, &[f(&[2], &[1000.0, 1000.0])], &[2], &[0.5, 0.5]);
 }
 
+/// `attention(q, k, v)` equals the unfused `softmax(causal_mask(q kᵀ / sqrt(Dh))) v`, in f64,
+/// at sequence lengths 1, 5 and 33 with several heads.
+#[test]
+fn attention_equals_the_materialized_softmax() {
+    for shape in [[1, 2, 1, 3], [2, 3, 5, 4], [1, 1, 33, 8]] {
+        let mut g = Graph::new();
+        let (q, k, v) = (
+            g.input("q", &shape, DType::F32).unwrap(),
+            g.input("k", &shape, DType::F32).unwrap(),
+            g.input("v", &shape, DType::F32).unwrap(),
+        );
+        let fused = g.attention(q, k, v).unwrap();
+        let kt = g.transpose(k, 2, 3).unwrap();
+        let s = g.matmul(q, kt).unwrap();
+        let s = g.scale(s, 1.0 / (shape[3] as f32).sqrt()).unwrap();
+        let s = g.causal_mask(s).unwrap();
+        let p = g.softmax(s).unwrap();
+        let plain = g.matmul(p, v).unwrap();
+        let n: usize = shape.iter().product();
+        let mut rng = rumus::rng::Rng::new(3);
+        let feeds: Vec<(NodeId, Buf<f64>)> = [q, k, v]
+            .iter()
+            .map(|&x| (x, Buf::F((0..n).map(|_| rng.normal()).collect())))
+            .collect();
+        let mut exec = Executor::<f64>::new(&g, 0).unwrap();
+        let out = exec.run(&g, &feeds, &[fused, plain], RunOptions::default()).unwrap();
+        let (Buf::F(a), Buf::F(b)) = (&out[0], &out[1]) else { panic!("float outputs") };
+        for (x, y) in a.iter().zip(b) {
+            // 1/sqrt(Dh) is rounded to f32 in the unfused graph's constant.
+            assert!((x - y).abs() < 1e-6, "{shape:?}: {x} vs {y}");
+        }
+    }
+}
+
 #[test]
 fn causal_mask_hides_the_future() {
     // T = 2 queries over S = 3 keys: query i sees keys j <= i + 1.

@@ -725,6 +725,34 @@ m.rms:2:23: softmax: only the last axis is supported
 }
 
 #[test]
+fn attention_of_wrong_ranks_or_shapes() {
+    check(
+        "model m(x: f32[2, 3, 8]) {\n    return attention(x, x, x)\n}\n",
+        r#"
+m.rms:2:12: attention: q, k, v must be [B, H, T, Dh], all of one shape, got [2, 3, 8], [2, 3, 8], [2, 3, 8]
+        return attention(x, x, x)
+               ^^^^^^^^^^^^^^^^^^
+"#,
+    );
+    check(
+        "model m(q: f32[1, 2, 4, 8], v: f32[1, 2, 4, 6]) {\n    y = relu(q)\n    return attention(y, q, v)\n}\n",
+        r#"
+m.rms:3:12: attention: q, k, v must be [B, H, T, Dh], all of one shape, got [1, 2, 4, 8], [1, 2, 4, 8], [1, 2, 4, 6]
+        return attention(y, q, v)
+               ^^^^^^^^^^^^^^^^^^
+"#,
+    );
+    check(
+        "model m(q: f32[1, 2, 4, 8]) {\n    return attention(q, q)\n}\n",
+        r#"
+m.rms:2:12: `attention(q, k, v)` is missing argument `v`
+        return attention(q, q)
+               ^^^^^^^^^^^^^^^
+"#,
+    );
+}
+
+#[test]
 fn heads_do_not_divide() {
     check(
         "model m(x: f32[2, 3, 8]) {\n    return causal_self_attention(x, 3)\n}\n",

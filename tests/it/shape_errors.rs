@@ -29,6 +29,16 @@ fn a_rejected_layer_norm_leaves_no_stats_node_behind() {
 }
 
 #[test]
+fn a_rejected_attention_leaves_no_stats_node_behind() {
+    let mut g = Graph::new();
+    let q = g.input("q", &[1, 1, 2, 3], DType::F32).unwrap();
+    let v = g.input("v", &[1, 1, 2, 4], DType::F32).unwrap();
+    let before = g.n_nodes();
+    assert!(g.attention(q, q, v).is_err());
+    assert_eq!(g.n_nodes(), before);
+}
+
+#[test]
 fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
     let cases: &[(Build, &str)] = &[
         (|g, [x, y, _]| g.add(x, y), "add: shapes [2, 3] and [4] do not broadcast"),
@@ -90,6 +100,34 @@ fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
             "layer_norm: weight and bias must be [3], the last axis of x (shapes [2, 3], [4], [4])",
         ),
         (|g, [x, _, _]| g.layer_norm(x, x, x, 0.0), "layer_norm: eps must be positive, got 0"),
+        (
+            |g, [x, _, _]| g.attention(x, x, x),
+            "attention: q, k, v must be [B, H, T, Dh], all of one shape, got [2, 3], [2, 3], [2, 3]",
+        ),
+        (
+            |g, [x, y, _]| {
+                let q = g.reshape(x, &[1, 2, 3, 1])?;
+                let k = g.reshape(y, &[1, 1, 4, 1])?;
+                g.attention(q, k, q)
+            },
+            "attention: q, k, v must be [B, H, T, Dh], all of one shape, got [1, 2, 3, 1], [1, 1, 4, 1], [1, 2, 3, 1]",
+        ),
+        (
+            |g, [x, _, i]| {
+                let q = g.reshape(x, &[1, 1, 2, 3])?;
+                let v = g.reshape(i, &[1, 1, 2, 1])?;
+                g.attention(q, q, v)
+            },
+            "attention: v must be f32, got i32[1, 1, 2, 1]",
+        ),
+        (
+            |g, [x, _, _]| {
+                let q = g.reshape(x, &[2, 3, 1, 1])?;
+                let q = g.slice(q, 3, 0, 0)?;
+                g.attention(q, q, q)
+            },
+            "attention: the head dimension (last axis) must be at least 1, got [2, 3, 1, 0]",
+        ),
         (|g, [x, _, _]| g.embedding(x, x), "embedding: indices must be i32, got f32[2, 3]"),
         (|g, [_, y, i]| g.embedding(y, i), "embedding: table must be [vocab, dim], got [4]"),
         (

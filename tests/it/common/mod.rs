@@ -178,6 +178,29 @@ pub fn cases() -> Vec<Case> {
     cs
 }
 
+/// Causal attention at sequence lengths 1, 7 and 64 (ragged against any block size), and an
+/// empty batch. T = 300 is in [`attention_long`] (its gradient check samples elements).
+pub fn attention_cases() -> Vec<Case> {
+    use Dom::*;
+    let mut cs = Vec::new();
+    for shape in [[2, 2, 1, 3], [2, 1, 7, 4], [1, 1, 64, 4], [0, 2, 3, 4]] {
+        let s: &[usize] = &shape;
+        cs.push(case(&format!("attention {shape:?}"), &[(s, Any), (s, Any), (s, Any)], |g, x| {
+            g.attention(x[0], x[1], x[2])
+        }));
+    }
+    cs
+}
+
+/// Causal attention at T = 300 with one head of width 2: cheap enough for the CPU, more key
+/// blocks than any kernel's block.
+pub fn attention_long() -> Case {
+    let s: &[usize] = &[1, 1, 300, 2];
+    case("attention [1, 1, 300, 2]", &[(s, Dom::Any), (s, Dom::Any), (s, Dom::Any)], |g, x| {
+        g.attention(x[0], x[1], x[2])
+    })
+}
+
 /// Every op with a dimension of size 0: no element to compute, or reductions over nothing (a
 /// sum of nothing is 0, a mean of nothing NaN, as on the CPU).
 pub fn zero_size_cases() -> Vec<Case> {
