@@ -7,8 +7,9 @@
 //!
 //! The update runs over flat arenas: the parameters, their gradients and each moment are joined
 //! (flattened, zero-padded so that each member starts at a multiple of [`ARENA_ALIGN`]) into
-//! one 1-D value per kind, the update rule is one elementwise computation over them (the global
-//! gradient norm one sum), and each member takes its slice of the result. The planner keeps
+//! one 1-D value per kind (another past [`ARENA_MAX`] elements), the update rule is one
+//! elementwise computation over them (the global gradient norm one sum per arena), and each
+//! member takes its slice of the result. The planner keeps
 //! each arena in one buffer with its members inside (`plan::arena`), so the join is free and
 //! the update is one kernel however many parameters there are.
 //!
@@ -213,24 +214,36 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
     if params.is_empty() {
         return Ok(OptimNodes { lr, step, grad_norm: None, bias_corrections: None });
     }
-    // Every parameter, gradient and moment joined into one flat arena per kind, at the same
-    // offsets: the update is one elementwise computation over each.
-    let arena = Arena::new(g, params.iter().map(|&(p, _)| p));
-    let p_all: Vec<NodeId> = params.iter().map(|&(p, _)| p).collect();
-    let d_all: Vec<NodeId> = params.iter().map(|&(_, d)| d).collect();
-    let p = arena.join(g, &p_all)?;
-    let mut d = arena.join(g, &d_all)?;
+    // Every parameter, gradient and moment joined into one flat arena per kind (or a few, for
+    // a large model), at the same offsets: the update is one elementwise computation over each.
+    let mut chunks: Vec<(Arena, Vec<usize>, NodeId, NodeId)> = Vec::new();
+    for members in Arena::chunks(g, params.iter().map(|&(p, _)| p)) {
+        let arena = Arena::new(g, members.iter().map(|&i| params[i].0));
+        let p = arena.join(g, &members.iter().map(|&i| params[i].0).collect::<Vec<_>>())?;
+        let d = arena.join(g, &members.iter().map(|&i| params[i].1).collect::<Vec<_>>())?;
+        chunks.push((arena, members, p, d));
+    }
     let mut grad_norm = None;
     if let Some(clip) = cfg.clip_norm {
-        let sq = g.square(d)?;
-        let total = g.sum_all(sq)?;
+        let mut total = None;
+        for &(_, _, _, d) in &chunks {
+            let sq = g.square(d)?;
+            let s = g.sum_all(sq)?;
+            total = Some(match total {
+                Some(acc) => g.add(acc, s)?,
+                None => s,
+            });
+        }
+        let total = total.ok_or_else(|| err!(Invariant, "optimizer: no arena to clip"))?;
         let norm = g.sqrt(total)?;
         let eps = g.constant(1e-6);
         let denom = g.add(norm, eps)?;
         let c = g.constant(clip);
         let ratio = g.div(c, denom)?;
         let scale = g.minimum(ratio, one)?;
-        d = g.mul(d, scale)?;
+        for chunk in &mut chunks {
+            chunk.3 = g.mul(chunk.3, scale)?;
+        }
         grad_norm = Some(norm);
     }
 
@@ -243,18 +256,40 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         }
         Optimizer::Sgd { .. } => None,
     };
-    // One state per parameter (checkpoints name them), joined into an arena of its own.
-    let moment = |g: &mut Graph, prefix: &str| -> Result<(Vec<NodeId>, NodeId)> {
-        let states = (names.iter().zip(&p_all))
-            .map(|(name, &p)| {
-                let shape = g.shape(p).to_vec();
-                g.state(&format!("optim.{prefix}.{name}"), &shape, Init::Zeros)
-            })
-            .collect::<Result<Vec<NodeId>>>()?;
-        let joined = arena.join(g, &states)?;
-        Ok((states, joined))
-    };
-    let new_p = match cfg.optimizer {
+    for (arena, members, p, d) in &chunks {
+        let targets: Vec<NodeId> = members.iter().map(|&i| params[i].0).collect();
+        // One state per parameter (checkpoints name them), joined into an arena of its own.
+        let moment = |g: &mut Graph, prefix: &str| -> Result<(Vec<NodeId>, NodeId)> {
+            let states = members
+                .iter()
+                .map(|&i| {
+                    let shape = g.shape(params[i].0).to_vec();
+                    g.state(&format!("optim.{prefix}.{}", names[i]), &shape, Init::Zeros)
+                })
+                .collect::<Result<Vec<NodeId>>>()?;
+            let joined = arena.join(g, &states)?;
+            Ok((states, joined))
+        };
+        let new_p = update_rule(g, cfg, *p, *d, lr, one, bias_corrections, arena, moment)?;
+        arena.update(g, &targets, new_p)?;
+    }
+    Ok(OptimNodes { lr, step, grad_norm, bias_corrections })
+}
+
+/// The new flat parameters `p` given their flat gradient `d`, recording the moments' updates.
+#[allow(clippy::too_many_arguments)]
+fn update_rule(
+    g: &mut Graph,
+    cfg: &OptimConfig,
+    p: NodeId,
+    d: NodeId,
+    lr: NodeId,
+    one: NodeId,
+    bias_corrections: Option<BiasCorrections>,
+    arena: &Arena,
+    moment: impl Fn(&mut Graph, &str) -> Result<(Vec<NodeId>, NodeId)>,
+) -> Result<NodeId> {
+    Ok(match cfg.optimizer {
         Optimizer::Sgd { momentum, weight_decay } => {
             let d = add_l2(g, d, p, weight_decay)?;
             let dir = if momentum > 0.0 {
@@ -295,9 +330,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             let step_size = g.mul(dir, lr)?;
             g.sub(p, step_size)?
         }
-    };
-    arena.update(g, &p_all, new_p)?;
-    Ok(OptimNodes { lr, step, grad_norm, bias_corrections })
+    })
 }
 
 /// Elements between the starts of two members of a flat arena: 64 f32, 256 bytes, the largest
@@ -310,7 +343,32 @@ struct Arena {
     len: usize,
 }
 
+/// Elements an arena holds before the next parameter starts another: 2^25 (128 MiB, WebGPU's
+/// default limit of one storage binding), so that an arena fits a binding whenever its members
+/// do, and no arena is larger than its largest member and this.
+pub const ARENA_MAX: usize = 1 << 25;
+
 impl Arena {
+    /// Indices of `ids` in runs whose padded sizes add up to at most [`ARENA_MAX`] (a member
+    /// larger than that alone).
+    fn chunks(g: &Graph, ids: impl Iterator<Item = NodeId>) -> Vec<Vec<usize>> {
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        let mut len = 0;
+        for (i, id) in ids.enumerate() {
+            let n: usize = g.shape(id).iter().product();
+            let size = n.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+            match out.last_mut() {
+                Some(run) if len + size <= ARENA_MAX => run.push(i),
+                _ => {
+                    out.push(vec![i]);
+                    len = 0;
+                }
+            }
+            len += size;
+        }
+        out
+    }
+
     /// Members of the shapes of `ids`, each at a multiple of [`ARENA_ALIGN`] (an empty member
     /// takes one aligned slot too, so that no two start at the same offset).
     fn new(g: &Graph, ids: impl Iterator<Item = NodeId>) -> Arena {

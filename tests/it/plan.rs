@@ -361,3 +361,24 @@ fn parameters_gradients_and_moments_live_in_one_buffer_each() {
         assert_eq!(p.kernels.len() - last_concat.unwrap(), 6, "{layers} layers");
     }
 }
+
+/// An arena holds at most 2^25 elements (WebGPU's default storage binding, 128 MiB), so that
+/// it fits a binding whenever its members do: three parameters of 2^24 elements make two
+/// arenas per kind, and the step plans within WebGPU's default limits.
+#[test]
+fn arenas_hold_at_most_one_default_binding() {
+    let mut g = Graph::new();
+    let mut y = g.input("x", &[1, 1 << 12], DType::F32).unwrap();
+    for i in 0..3 {
+        let init = rumus::graph::Init::Zeros;
+        let w = g.parameter(&format!("w{i}"), &[1 << 12, 1 << 12], init).unwrap();
+        y = g.matmul(y, w).unwrap();
+    }
+    let loss = g.sum_all(y).unwrap();
+    let cfg = OptimConfig { optimizer: Optimizer::adam(), clip_norm: Some(1.0) };
+    let t = training_graph(g, loss, &cfg).unwrap();
+    let opts = PlanOptions { limits: Some(Limits::WEBGPU_DEFAULT), ..PlanOptions::default() };
+    let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
+    // The step count, then parameters, m and v of each of the two arenas.
+    assert_eq!(p.updates.len(), 1 + 3 * 2);
+}

@@ -215,7 +215,7 @@ fn resource_sized_options_are_checked_against_memory_before_allocating() {
         assert!(err.contains(expected), "{err}");
         let (code, _, err) = rumus(&["bench", &huge, "--set", "B=1", "--device", device]);
         assert_eq!(code, 1, "{err}");
-        let expected = format!("benchmarking `{huge}` needs 2.0 TiB, more than the whole ");
+        let expected = format!("benchmarking `{huge}` needs 2.3 TiB, more than the whole ");
         // (`auto` may print adapter notes first.)
         assert!(err.contains(&expected) && err.ends_with(" memory budget\n"), "{err}");
     }
