@@ -23,8 +23,8 @@ pub fn layer_norm(g: &mut Graph, name: &str, x: NodeId) -> Result<NodeId> {
     g.layer_norm(x, w, b, 1e-5)
 }
 
-/// Causal multi-head self-attention over `x [B, T, D]`: one `qkv` linear, scaled dot-product
-/// scores with a causal mask, softmax, and a `proj` linear.
+/// Causal multi-head self-attention over `x [B, T, D]`: one `qkv` linear, the fused causal
+/// `attention` op over the heads, and a `proj` linear.
 pub fn causal_self_attention(g: &mut Graph, name: &str, x: NodeId, heads: usize) -> Result<NodeId> {
     let s = g.shape(x).to_vec();
     let (b, t, d) = (s[0], s[1], s[2]);
@@ -36,12 +36,7 @@ pub fn causal_self_attention(g: &mut Graph, name: &str, x: NodeId, heads: usize)
         let part = g.reshape(part, &[b, t, heads, hd])?;
         split.push(g.permute(part, &[0, 2, 1, 3])?); // [B, H, T, hd]
     }
-    let kt = g.transpose(split[1], 2, 3)?;
-    let scores = g.matmul(split[0], kt)?;
-    let scores = g.scale(scores, 1.0 / (hd as f32).sqrt())?;
-    let masked = g.causal_mask(scores)?;
-    let att = g.softmax(masked)?;
-    let y = g.matmul(att, split[2])?; // [B, H, T, hd]
+    let y = g.attention(split[0], split[1], split[2])?; // [B, H, T, hd]
     let y = g.permute(y, &[0, 2, 1, 3])?;
     let y = g.reshape(y, &[b, t, d])?;
     linear(g, &format!("{name}.proj"), y, d)

@@ -7,11 +7,13 @@
 //! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
 //! - [`precision`]: the matmul precision modes (`highest`, `high`, `medium`);
+//! - [`attention`]: the FlashAttention-2 forward and backward kernels, generated;
 //! - [`program`]: the program type and the programs of a whole plan.
 //!
 //! Adding a kernel kind is a change here: a function returning its programs, called from
 //! [`compile`].
 
+pub mod attention;
 pub mod expr;
 mod gather;
 pub mod layer_norm;
@@ -94,9 +96,7 @@ fn kernel(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Pro
         KernelKind::Attention { .. }
         | KernelKind::AttentionStats
         | KernelKind::AttentionGradKv
-        | KernelKind::AttentionGradQ => {
-            return Err(err!(Device, "attention: this build has no GPU kernel for it yet"))
-        }
+        | KernelKind::AttentionGradQ => return attention::lower(g, plan, k, target),
         _ => {}
     }
     Ok(wgsl::generate(g, plan, k).into_iter().collect())

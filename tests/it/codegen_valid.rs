@@ -129,11 +129,39 @@ fn generated_modules_of_a_gpt_training_step_validate() {
 #[test]
 fn generated_modules_of_every_op_case_validate() {
     let mut failures = Vec::new();
-    for c in common::cases() {
+    let mut cases = common::cases();
+    cases.extend(common::attention_cases());
+    cases.push(common::attention_long());
+    for c in cases {
         let b = common::build(&c).unwrap();
         let mut want = vec![b.out];
         want.extend(b.grads.iter().map(|&(_, d)| d));
         validate_plans(&b.g, &want, false, &mut failures);
     }
     assert!(failures.is_empty(), "{} invalid modules; first:\n{}", failures.len(), failures[0]);
+}
+
+/// Attention beyond what the kernels take is a plan error naming the limit, not a panic or a
+/// device error at run time: a head dimension above 128, and more elements than a 32-bit
+/// index of dK and dV reaches.
+#[test]
+fn attention_beyond_the_kernels_is_an_error() {
+    let table: &[(&[usize], &str)] = &[
+        (
+            &[1, 1, 2, 129],
+            "attention: head dimension 129 is above 128, the largest the GPU kernels take; use more heads",
+        ),
+        (
+            &[1024, 1024, 1024, 1],
+            "attention: q of shape [1024, 1024, 1024, 1] has more than 2^30 elements, too many for the GPU kernels; use a smaller batch",
+        ),
+    ];
+    for &(shape, expected) in table {
+        let mut g = Graph::new();
+        let q = g.input("q", shape, DType::F32).unwrap();
+        let y = g.attention(q, q, q).unwrap();
+        let p = plan(&g, &[y], false, PlanOptions::default()).unwrap();
+        let e = compile(&g, &p, &Target::WEBGPU_DEFAULT).unwrap_err();
+        assert_eq!(e.message, expected);
+    }
 }

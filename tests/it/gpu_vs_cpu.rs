@@ -11,7 +11,7 @@
 use crate::common;
 
 use crate::common::gpu::{both_or_skip, or_skip};
-use common::{build, cases, feeds};
+use common::{attention_cases, attention_long, build, cases, feeds, Case};
 use rumus::backend::Backend;
 use rumus::codegen::MatmulOptions;
 use rumus::cpu::{Buf, Executor, RunOptions};
@@ -28,6 +28,8 @@ fn tolerance(case: &str) -> (f64, f64) {
     match op {
         // exp/log/pow chains and erf-based GELU amplify f32 rounding a little more.
         "exp" | "pow" | "gelu" | "log_softmax" | "cross_entropy" | "layer_norm" => (2e-4, 2e-3),
+        // Sums over up to 300 keys of exponentials, in a different order than the CPU's.
+        "attention" => (2e-4, 2e-3),
         _ => (1e-4, 1e-3),
     }
 }
@@ -49,7 +51,20 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
 fn every_case_matches_the_cpu_reference() {
     let (gpus, _turn) = both_or_skip("every_case_matches_the_cpu_reference");
     for gpu in gpus {
-        every_case_on(gpu, |_| true, MatmulOptions::default());
+        every_case_on(gpu, cases(), |_| true, MatmulOptions::default());
+    }
+}
+
+/// Causal attention, forward and backward (dq, dk, dv), at T = 1, 7, 64 and 300: ragged against
+/// every block size, several blocks of keys and queries, and an empty batch. On the adapter's
+/// own limits and on WebGPU's defaults (smaller blocks: 16 KiB of workgroup memory).
+#[test]
+fn attention_matches_the_cpu_reference() {
+    let (gpus, _turn) = both_or_skip("attention_matches_the_cpu_reference");
+    for gpu in gpus {
+        let mut cs = attention_cases();
+        cs.push(attention_long());
+        every_case_on(gpu, cs, |_| true, MatmulOptions::default());
     }
 }
 
@@ -66,7 +81,8 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     // there the plain product alone; every matmul case runs on the Vulkan adapters.
     let gl = gpu.info.backend == wgpu::Backend::Gl;
     let simt = MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT };
-    every_case_on(gpu, |name| if gl { name == "matmul" } else { name.starts_with("matmul") }, simt);
+    let only = |name: &str| if gl { name == "matmul" } else { name.starts_with("matmul") };
+    every_case_on(gpu, cases(), only, simt);
     let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
@@ -77,12 +93,18 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     assert_eq!(simt, 3, "forward and both gradients: {:?}", plan.dispatch_labels());
 }
 
-/// Every case whose name `only` accepts, on `gpu`, with matmul kernels chosen by `matmul`.
-fn every_case_on(gpu: &'static Gpu, only: impl Fn(&str) -> bool, matmul: MatmulOptions) {
+/// Every case of `cases` whose name `only` accepts, on `gpu`, with matmul kernels chosen by
+/// `matmul`.
+fn every_case_on(
+    gpu: &'static Gpu,
+    cases: Vec<Case>,
+    only: impl Fn(&str) -> bool,
+    matmul: MatmulOptions,
+) {
     let max = gpu.limits.max_storage_buffers_per_shader_stage;
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
-    for (k, c) in cases().iter().enumerate() {
+    for (k, c) in cases.iter().enumerate() {
         if !only(&c.name) {
             continue;
         }
@@ -137,15 +159,13 @@ fn every_case_on(gpu: &'static Gpu, only: impl Fn(&str) -> bool, matmul: MatmulO
 #[test]
 fn every_op_runs_on_the_gpu() {
     let mut seen = HashSet::new();
-    for c in cases() {
+    for c in cases().into_iter().chain(attention_cases()) {
         let b = build(&c).unwrap();
         seen.extend(b.g.nodes().map(|(_, n)| n.op.name()));
     }
     let missing: Vec<&str> = Op::samples()
         .iter()
         .filter(|op| !matches!(op, Op::Parameter { .. } | Op::State { .. }))
-        // The GPU kernels of attention come in the next commit.
-        .filter(|op| !op.name().starts_with("attention"))
         .map(|op| op.name())
         .filter(|name| !seen.contains(name))
         .collect();

@@ -8,6 +8,7 @@ mod common;
 #[path = "../../examples/fuzz/harness/mod.rs"]
 mod harness;
 
+mod attention_gpt;
 mod checkpoint;
 mod codegen_valid;
 mod cpu_interp;

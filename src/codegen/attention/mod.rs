@@ -1,0 +1,355 @@
+//! Attention programs: a FlashAttention-2 forward and backward for the plan's four attention
+//! kernel kinds, generated in WGSL (nothing of size `T x T` exists in any pass).
+//!
+//! - `attention` (with or without its stats) and `attention_stats`: the forward kernel, per
+//!   block of query rows an online softmax over the key blocks at or left of the diagonal,
+//!   writing the output and each row's log-sum-exp (the one not wanted goes to scratch);
+//! - `attention_bw_kv`: dK and dV per block of key rows, looping over the query blocks that see
+//!   it, recomputing the probabilities from the saved log-sum-exp;
+//! - `attention_bw_q`: dQ per block of query rows, looping over its key blocks. Each output
+//!   element is written by one workgroup: no float atomics.
+//!
+//! `delta = Σ_d dy·y` (FlashAttention-2's `D`) is an ordinary reduction of the graph, planned
+//! before the two backward kernels.
+//!
+//! This module owns the problem ([`Shape`], the [`Strided`] layout of each tensor in its
+//! buffer), the choice of blocks that fit the device ([`configure`]) and the programs; the
+//! fp32 kernels are written by [`simt`]. Precision modes with cooperative matrices plug in at
+//! [`Precision`]: `configure` is where a mode picks its kernels.
+
+mod simt;
+
+use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId};
+use crate::plan::{Kernel, KernelKind, Plan};
+
+/// The largest head dimension the kernels take.
+pub const MAX_DH: usize = 128;
+
+/// One attention problem: q, k, v `[b, h, t, dh]`, causal, scale `1/sqrt(dh)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub b: u32,
+    pub h: u32,
+    pub t: u32,
+    pub dh: u32,
+}
+
+impl Shape {
+    /// The shape of `[b, h, t, dh]`, or why the kernels cannot take it.
+    pub fn of(dims: &[usize]) -> Result<Shape> {
+        let &[b, h, t, dh] = dims else {
+            return Err(err!(Invariant, "attention operand of rank {}", dims.len()));
+        };
+        if dh > MAX_DH {
+            return Err(err!(
+                Shape,
+                "attention: head dimension {dh} is above {MAX_DH}, the largest the GPU kernels take; use more heads"
+            ));
+        }
+        let numel = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+        // Two per element: dK and dV share one buffer.
+        if numel.is_none_or(|n| n > (i32::MAX as u64) / 2) {
+            return Err(err!(
+                Shape,
+                "attention: q of shape [{b}, {h}, {t}, {dh}] has more than 2^30 elements, too many for the GPU kernels; use a smaller batch"
+            ));
+        }
+        Ok(Shape { b: b as u32, h: h as u32, t: t as u32, dh: dh as u32 })
+    }
+
+    /// Elements of one of q, k, v, the output.
+    pub fn numel(&self) -> u64 {
+        self.heads() as u64 * self.t as u64 * self.dh as u64
+    }
+
+    /// Heads over the batch, `b·h`.
+    pub fn heads(&self) -> u32 {
+        self.b * self.h
+    }
+
+    /// Query rows over every head, `b·h·t` (the stats' length).
+    pub fn rows(&self) -> u64 {
+        self.heads() as u64 * self.t as u64
+    }
+}
+
+/// Where the elements of one `[b, h, t, dh]` tensor are in its buffer: element `(b, h, i, d)`
+/// at `offset + b·sb + h·sh + i·st + d` (the head dimension is contiguous). dK and dV are two
+/// layouts in one buffer; a permuted or sliced operand is a layout, not a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Strided {
+    pub offset: u32,
+    pub sb: u32,
+    pub sh: u32,
+    pub st: u32,
+}
+
+impl Strided {
+    /// `[b, h, t, dh]` row-major from element `offset`.
+    pub fn contiguous(s: &Shape, offset: u32) -> Strided {
+        Strided { offset, sb: s.h * s.t * s.dh, sh: s.t * s.dh, st: s.dh }
+    }
+}
+
+/// How the block products are computed: PyTorch's matmul precision names. Only `Highest` (IEEE
+/// fp32 on the SIMT cores) has kernels so far; the cooperative-matrix modes (`high`, `medium`)
+/// will be chosen in [`configure`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    Highest,
+}
+
+/// The blocks of one kernel: `br` query rows and `bc` key rows per step, `threads` invocations
+/// per workgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Blocks {
+    pub br: u32,
+    pub bc: u32,
+    pub threads: u32,
+}
+
+/// The three kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pass {
+    Forward,
+    BackwardKv,
+    BackwardQ,
+}
+
+impl Pass {
+    fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "attention",
+            Pass::BackwardKv => "attention_bw_kv",
+            Pass::BackwardQ => "attention_bw_q",
+        }
+    }
+}
+
+/// The tensors the kernels bind, with their WGSL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tensor {
+    Q,
+    K,
+    V,
+    O,
+    DO,
+    DQ,
+    /// dK and dV: one buffer, two layouts.
+    DKV,
+    /// Per-row log-sum-exp `[b, h, t]`.
+    Lse,
+    /// Per-row `Σ_d dO·O` `[b, h, t]`.
+    Delta,
+}
+
+impl Tensor {
+    fn name(self) -> &'static str {
+        match self {
+            Tensor::Q => "q",
+            Tensor::K => "k",
+            Tensor::V => "v",
+            Tensor::O => "o",
+            Tensor::DO => "d_o",
+            Tensor::DQ => "dq",
+            Tensor::DKV => "dkv",
+            Tensor::Lse => "lse",
+            Tensor::Delta => "delta",
+        }
+    }
+}
+
+/// The layouts of the `[b, h, t, dh]` tensors (the stats and delta are contiguous `[b, h, t]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Layouts {
+    pub q: Strided,
+    pub k: Strided,
+    pub v: Strided,
+    pub o: Strided,
+    pub d_o: Strided,
+    pub dq: Strided,
+    pub dk: Strided,
+    pub dv: Strided,
+}
+
+impl Layouts {
+    /// Every tensor contiguous; dV after dK in their buffer.
+    pub fn contiguous(s: &Shape) -> Layouts {
+        let c = Strided::contiguous(s, 0);
+        let dv = Strided::contiguous(s, s.numel() as u32);
+        Layouts { q: c, k: c, v: c, o: c, d_o: c, dq: c, dk: c, dv }
+    }
+}
+
+/// Everything the kernels of one attention problem are generated from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Config {
+    pub shape: Shape,
+    pub layouts: Layouts,
+    pub precision: Precision,
+    pub forward: Blocks,
+    pub backward_kv: Blocks,
+    pub backward_q: Blocks,
+}
+
+impl Config {
+    fn blocks(&self, pass: Pass) -> Blocks {
+        match pass {
+            Pass::Forward => self.forward,
+            Pass::BackwardKv => self.backward_kv,
+            Pass::BackwardQ => self.backward_q,
+        }
+    }
+}
+
+/// A generated kernel before it meets the plan's buffers.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub wgsl: String,
+    pub threads: u32,
+    pub workgroup_bytes: u32,
+    /// Workgroups: blocks per head times heads (a linear grid).
+    pub workgroups: u32,
+    /// Storage bindings in binding order, and whether each is written.
+    pub bindings: Vec<(Tensor, bool)>,
+}
+
+/// For each kernel, the first blocks of the preference list (largest first, none much larger
+/// than T) whose kernel fits `target`'s invocations and workgroup memory.
+pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &Target) -> Result<Config> {
+    let Precision::Highest = precision;
+    let cap = shape.t.next_power_of_two().max(4);
+    let mut cfg = Config {
+        shape,
+        layouts,
+        precision,
+        forward: simt::CANDIDATES[0],
+        backward_kv: simt::CANDIDATES[0],
+        backward_q: simt::CANDIDATES[0],
+    };
+    for pass in [Pass::Forward, Pass::BackwardKv, Pass::BackwardQ] {
+        let fits = simt::CANDIDATES.iter().filter(|b| b.br <= cap && b.bc <= cap).find(|&&b| {
+            b.threads <= target.max_invocations
+                && simt::workgroup_bytes(&shape, &b, pass) <= target.max_workgroup_bytes
+        });
+        let Some(&b) = fits else {
+            return Err(err!(
+                Device,
+                "attention: no block size of the {} kernel fits this device ({} bytes of workgroup memory, {} invocations); head dimension {} needs more",
+                pass.name(),
+                target.max_workgroup_bytes,
+                target.max_invocations,
+                shape.dh
+            ));
+        };
+        match pass {
+            Pass::Forward => cfg.forward = b,
+            Pass::BackwardKv => cfg.backward_kv = b,
+            Pass::BackwardQ => cfg.backward_q = b,
+        }
+    }
+    Ok(cfg)
+}
+
+/// The program of one kernel of `cfg` over `resources` (one per binding of the kernel).
+fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> Program {
+    let gen = simt::generate(cfg, pass);
+    let s = &cfg.shape;
+    let b = cfg.blocks(pass);
+    let words = |t: Tensor| match t {
+        Tensor::Lse | Tensor::Delta => s.rows(),
+        Tensor::DKV => 2 * s.numel(),
+        _ => s.numel(),
+    };
+    let bindings = gen
+        .bindings
+        .iter()
+        .enumerate()
+        .map(|(at, &(t, _))| Binding {
+            at: at as u32,
+            name: t.name().to_string(),
+            resource: buffer(t),
+            words: words(t),
+        })
+        .collect();
+    Program {
+        label: format!(
+            "{} [{}, {}, {}, {}] {}x{}/{}",
+            pass.name(),
+            s.b,
+            s.h,
+            s.t,
+            s.dh,
+            b.br,
+            b.bc,
+            b.threads
+        ),
+        wgsl: gen.wgsl,
+        entry: "main",
+        workgroup_size: gen.threads,
+        bindings,
+        grid: Grid::Linear(gen.workgroups),
+        // Every global index is guarded (rows below T, columns below Dh) and every loop has a
+        // bound fixed at codegen or by the workgroup id: naga's loop guard only costs time.
+        checks: ShaderChecks { bounds: true, loop_bounding: false },
+    }
+}
+
+/// The programs of an attention kernel of `plan` (any of its four kinds).
+pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Program>> {
+    let buffer = |id: NodeId| {
+        plan.value_of(id)
+            .map(|v| Resource::Buffer(v.buffer))
+            .ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
+    };
+    let out = *k.outputs.last().ok_or_else(|| err!(Invariant, "a kernel writes no value"))?;
+    let node = g.node(out);
+    let input = |i: usize| {
+        let id = node.inputs.get(i).copied();
+        id.ok_or_else(|| err!(Invariant, "{} has no input {i}", node.op.name())).and_then(buffer)
+    };
+    let q = node.inputs.first().ok_or_else(|| err!(Invariant, "attention without operands"))?;
+    let shape = Shape::of(g.shape(*q))?;
+    if shape.rows() == 0 {
+        return Ok(Vec::new()); // no query row: nothing to compute
+    }
+    let cfg = configure(shape, Layouts::contiguous(&shape), Precision::Highest, target)?;
+    let (q, kk) = (input(0)?, input(1)?);
+    // The stats alone need no values: k stands in for v, whose output goes to scratch.
+    let v = if k.kind == KernelKind::AttentionStats { kk.clone() } else { input(2)? };
+    let (o, lse) = match k.kind {
+        KernelKind::Attention { with_stats: true } => (buffer(out)?, input(3)?),
+        KernelKind::Attention { with_stats: false } => (buffer(out)?, Resource::Scratch { slot: 0 }),
+        KernelKind::AttentionStats => (Resource::Scratch { slot: 0 }, buffer(out)?),
+        KernelKind::AttentionGradKv | KernelKind::AttentionGradQ => {
+            let (lse, d_o, delta, grad) = (input(3)?, input(4)?, input(5)?, buffer(out)?);
+            let pass = if k.kind == KernelKind::AttentionGradKv {
+                Pass::BackwardKv
+            } else {
+                Pass::BackwardQ
+            };
+            let resource = |t: Tensor| match t {
+                Tensor::Q => q.clone(),
+                Tensor::K => kk.clone(),
+                Tensor::V => v.clone(),
+                Tensor::Lse => lse.clone(),
+                Tensor::DO => d_o.clone(),
+                Tensor::Delta => delta.clone(),
+                _ => grad.clone(),
+            };
+            return Ok(vec![program(&cfg, pass, &resource)]);
+        }
+        _ => return Err(err!(Invariant, "kernel `{}` is not an attention kernel", k.kind.name())),
+    };
+    let resource = |t: Tensor| match t {
+        Tensor::Q => q.clone(),
+        Tensor::K => kk.clone(),
+        Tensor::V => v.clone(),
+        Tensor::Lse => lse.clone(),
+        _ => o.clone(),
+    };
+    Ok(vec![program(&cfg, Pass::Forward, &resource)])
+}
