@@ -132,7 +132,11 @@ pub struct BenchResult {
     pub step_ms_median: f64,
     /// Fastest timed step, in milliseconds.
     pub step_ms_min: f64,
-    /// Time to build the training step and place it on the device, in milliseconds.
+    /// Time to read the model, build its training step, open the device and place the
+    /// initial parameters there, in milliseconds.
+    pub setup_ms: f64,
+    /// Time to plan the step and create its pipelines (from the pipeline cache when warm), in
+    /// milliseconds.
     pub compile_ms: f64,
     /// The matmul precision the steps ran with (`highest` on the CPU backend).
     pub matmul_precision: MatmulPrecision,
@@ -152,6 +156,8 @@ pub struct BenchResult {
     pub first_loss: f32,
     /// Loss of the last step.
     pub last_loss: f32,
+    /// Loss of every step, warm-up included, in order.
+    pub losses: Vec<f32>,
     /// With profiling: milliseconds per kernel kind (summed over its dispatches), largest first.
     pub profile: Vec<(String, f64, usize)>,
 }
@@ -167,6 +173,7 @@ impl BenchResult {
             "warmup": self.warmup,
             "step_ms_median": self.step_ms_median,
             "step_ms_min": self.step_ms_min,
+            "setup_ms": self.setup_ms,
             "compile_ms": self.compile_ms,
             "matmul_precision": self.matmul_precision.to_string(),
             "ops": self.ops,
@@ -177,6 +184,7 @@ impl BenchResult {
             "device_bytes": self.device_bytes,
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,
+            "losses": self.losses,
             "profile_ms": self.profile.iter().map(|(k, ms, n)| json!({"kind": k, "ms": ms, "dispatches": n})).collect::<Vec<_>>(),
         })
     }
@@ -185,7 +193,7 @@ impl BenchResult {
     pub fn text(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\ncompile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
+            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\nsetup {:.1} ms  compile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
             self.model,
             self.params,
             self.adapter,
@@ -193,6 +201,7 @@ impl BenchResult {
             self.steps,
             self.step_ms_min,
             self.warmup,
+            self.setup_ms,
             self.compile_ms,
             self.matmul_precision,
             self.ops,
@@ -238,23 +247,28 @@ pub fn bench_model(
     let mut cpu_backend = None;
     let mut report = None;
     let mut mode = MatmulPrecision::Highest;
+    let setup_ms;
     match gpu {
         Some(gpu) => {
             let mut b = GpuBackend::new(gpu, t.graph.clone(), 0, PlanOptions::default())?;
             b.matmul.precision = gpu.matmul_precision(precision);
             mode = b.matmul.precision;
+            setup_ms = start.elapsed().as_secs_f64() * 1e3;
             let p = b.plan_for(&[t.loss], true)?;
             report = Some(PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes));
             gpu_backend = Some(b);
         }
-        None => cpu_backend = Some(CpuBackend::new(t.graph.clone(), 0)?),
+        None => {
+            cpu_backend = Some(CpuBackend::new(t.graph.clone(), 0)?);
+            setup_ms = start.elapsed().as_secs_f64() * 1e3;
+        }
     }
     let backend: &mut dyn Backend = match (&mut gpu_backend, &mut cpu_backend) {
         (Some(b), _) => b,
         (None, Some(b)) => b,
         (None, None) => return Err(err!(Invariant, "no backend")),
     };
-    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3 - setup_ms;
     let feeds = random_feeds(&t, 1)?;
     let refs: Vec<(NodeId, &Tensor)> = feeds.iter().map(|(id, t)| (*id, t)).collect();
     let mut times = Vec::with_capacity(steps);
@@ -301,6 +315,7 @@ pub fn bench_model(
         warmup,
         step_ms_median: times[times.len() / 2],
         step_ms_min: times[0],
+        setup_ms,
         compile_ms,
         matmul_precision: mode,
         ops: r.ops,
@@ -314,6 +329,7 @@ pub fn bench_model(
             .saturating_add(r.scratch_bytes),
         first_loss: losses[0],
         last_loss: *losses.last().unwrap_or(&f32::NAN),
+        losses,
         profile: by_kind,
     })
 }
