@@ -14,7 +14,7 @@
 //!
 //! This module owns the problem ([`Shape`], the [`Strided`] layout of each tensor in its
 //! buffer), the choice of blocks that fit the device ([`configure`]) and the programs; the
-//! fp32 kernels are written by [`simt`]. Precision modes with cooperative matrices plug in at
+//! fp32 kernels are written by `simt.rs`. Precision modes with cooperative matrices plug in at
 //! [`Precision`]: `configure` is where a mode picks its kernels.
 
 mod simt;
