@@ -7,7 +7,7 @@
 //! `--set name=value`.
 
 use crate::backend::{Backend, RunOptions};
-use crate::codegen::MatmulPrecision;
+use crate::codegen::{MatmulOptions, MatmulPrecision, Target};
 use crate::cpu::CpuBackend;
 use crate::dsl::{self, Value};
 use crate::err;
@@ -76,20 +76,61 @@ fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
     g.cross_entropy(out, target, None)
 }
 
-/// `rumus plan`: the plan of the training step, as text (kernels listed) or JSON.
-pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<String> {
+/// The device `rumus plan` plans for: WebGPU's default limits, or with `high` or `medium` an
+/// adapter with cooperative matrices (the H200's limits), which a machine without one cannot
+/// show otherwise.
+pub fn plan_target(precision: Option<MatmulPrecision>) -> Target {
+    match precision {
+        Some(p) if p.is_cooperative() => Target {
+            matmul: MatmulOptions { precision: p, ..MatmulOptions::DEFAULT },
+            ..Target::COOPERATIVE
+        },
+        _ => Target::WEBGPU_DEFAULT,
+    }
+}
+
+/// `rumus plan`: the plan of the training step, as text (kernels listed, matmul kernels with
+/// the kernel their product runs on) or JSON, for [`plan_target`].
+pub fn plan_command(
+    spec: &ModelSpec,
+    fusion: bool,
+    as_json: bool,
+    precision: Option<MatmulPrecision>,
+) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    let r = PlanReport::new(&t.graph, &p, p.kernels.len(), 0);
-    Ok(if as_json { format!("{}\n", r.json()) } else { r.text() })
+    let target = plan_target(precision);
+    let programs = crate::codegen::compile(&t.graph, &p, &target)?;
+    let dispatches = programs.all().count();
+    let mut r = PlanReport::new(&t.graph, &p, dispatches, programs.scratch_bytes());
+    let mut matmuls = Vec::new();
+    for (i, k) in programs.kernels.iter().enumerate() {
+        if let (Some(tile), Some(line)) = (k.matmul, r.kernel_lines.get_mut(i)) {
+            line.push_str(&format!("  [{tile}]"));
+            matmuls.push(json!({"kernel": i, "tile": tile}));
+        }
+    }
+    let mode = target.matmul.precision;
+    if as_json {
+        let mut v = r.json();
+        v["matmul_precision"] = json!(mode.to_string());
+        v["matmul_kernels"] = json!(matmuls);
+        return Ok(format!("{v}\n"));
+    }
+    Ok(format!("matmul precision {mode}\n{}", r.text()))
 }
 
 /// `rumus plan --wgsl`: the WGSL of every kernel of the training step's plan, or of kernel
-/// `kernel` (numbered as `rumus plan` lists them), for a device at WebGPU's default limits.
-pub fn plan_wgsl(spec: &ModelSpec, fusion: bool, kernel: Option<usize>) -> Result<String> {
+/// `kernel` (numbered as `rumus plan` lists them), for [`plan_target`].
+pub fn plan_wgsl(
+    spec: &ModelSpec,
+    fusion: bool,
+    kernel: Option<usize>,
+    precision: Option<MatmulPrecision>,
+) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    crate::codegen::compile(&t.graph, &p, &crate::codegen::Target::WEBGPU_DEFAULT)?.listing(kernel)
+    crate::codegen::compile(&t.graph, &p, &plan_target(precision))?.listing(kernel)
 }
 
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'

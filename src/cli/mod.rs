@@ -23,6 +23,7 @@ const USAGE: &str = "usage:
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json | --wgsl [KERNEL]]
+                  [--matmul-precision MODE]  (high, medium: as on an adapter with cooperative matrices)
   rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D]
                    [--matmul-precision MODE] [--profile] [--json]
   rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
@@ -68,13 +69,14 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
         }
         "plan" => {
             let wgsl = wgsl_flag(&mut flags)?;
+            let precision = matmul_precision(&mut flags)?;
             let spec = model_spec(&mut flags)?;
             let (unfused, json) = (flags.switch("--unfused"), flags.switch("--json"));
             flags.done()?;
             match wgsl {
                 Some(_) if json => Err(err!(Usage, "--json and --wgsl cannot be combined")),
-                Some(kernel) => print_text(&bench::plan_wgsl(&spec, !unfused, kernel)?),
-                None => print_text(&bench::plan_command(&spec, !unfused, json)?),
+                Some(kernel) => print_text(&bench::plan_wgsl(&spec, !unfused, kernel, precision)?),
+                None => print_text(&bench::plan_command(&spec, !unfused, json, precision)?),
             }
         }
         "bench" => {

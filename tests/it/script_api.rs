@@ -228,7 +228,8 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
         ("m().compile(#{ seed: -1 })", "compile: `seed` must be an integer >= 0, got -1".into()),
         (
             "m().compile(#{ matmul_precision: \"tf32\" })",
-            "compile: unknown matmul precision `tf32` (valid choices: highest, high, medium)".into(),
+            "compile: unknown matmul precision `tf32` (valid choices: highest, high, medium)"
+                .into(),
         ),
         ("m().compile(#{ lr: 1e39 })", format!("compile: `lr`: 1e39 {f32_range}")),
         ("m().compile(#{ clip: -1e40 })", format!("compile: `clip`: -1e40 {f32_range}")),
