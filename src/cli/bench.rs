@@ -78,15 +78,15 @@ fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
 
 /// The device `rumus plan` plans for: WebGPU's default limits, or with `high` or `medium` an
 /// adapter with cooperative matrices (the H200's limits), which a machine without one cannot
-/// show otherwise.
-pub fn plan_target(precision: Option<MatmulPrecision>) -> Target {
-    match precision {
-        Some(p) if p.is_cooperative() => Target {
-            matmul: MatmulOptions { precision: p, ..MatmulOptions::DEFAULT },
-            ..Target::COOPERATIVE
-        },
-        _ => Target::WEBGPU_DEFAULT,
-    }
+/// show otherwise; the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when set.
+pub fn plan_target(precision: Option<MatmulPrecision>) -> Result<Target> {
+    let options = MatmulOptions::from_env()?;
+    Ok(match precision {
+        Some(p) if p.is_cooperative() => {
+            Target { matmul: MatmulOptions { precision: p, ..options }, ..Target::COOPERATIVE }
+        }
+        _ => Target { matmul: options, ..Target::WEBGPU_DEFAULT },
+    })
 }
 
 /// `rumus plan`: the plan of the training step, as text (kernels listed, matmul kernels with
@@ -99,7 +99,7 @@ pub fn plan_command(
 ) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    let target = plan_target(precision);
+    let target = plan_target(precision)?;
     let programs = crate::codegen::compile(&t.graph, &p, &target)?;
     let dispatches = programs.all().count();
     let mut r = PlanReport::new(&t.graph, &p, dispatches, programs.scratch_bytes());
@@ -130,7 +130,7 @@ pub fn plan_wgsl(
 ) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    crate::codegen::compile(&t.graph, &p, &plan_target(precision))?.listing(kernel)
+    crate::codegen::compile(&t.graph, &p, &plan_target(precision)?)?.listing(kernel)
 }
 
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'
@@ -359,13 +359,23 @@ pub fn bench_model(
     })
 }
 
-/// Kernel throughput on the GPU: fp32 matmul at `n` (TFLOP/s) and LayerNorm forward+backward
-/// at `rows × d` (GB/s).
-pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Result<String> {
+/// Kernel throughput on the GPU: the matmul of precision mode `precision` (`None`: the
+/// device's default) at `n` (TFLOP/s, with its error against an f64 reference on sampled
+/// elements), every fp32 matmul tile at `n`, and LayerNorm forward+backward at `rows × d`
+/// (GB/s).
+pub fn bench_kernels(
+    (device, precision): (DeviceChoice, Option<MatmulPrecision>),
+    n: u32,
+    rows: usize,
+    d: usize,
+) -> Result<String> {
     let gpu = shared_gpu(device)?
         .ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
     use crate::codegen::matmul::MatmulTile;
-    use crate::runtime::kernel_bench::bench_matmul;
+    use crate::runtime::kernel_bench::{bench_matmul, bench_matmul_mode};
+    let options =
+        MatmulOptions { precision: gpu.matmul_precision(precision), ..MatmulOptions::from_env()? };
+    let mode = bench_matmul_mode(gpu, n, 20, options)?;
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
         ("simt", MatmulTile::Simt),
@@ -379,7 +389,19 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     let gbps = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, d, 20)?;
     Ok(format!(
         "{}\n",
-        json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops_by_tile": tiles, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})
+        json!({
+            "adapter": gpu.describe(),
+            "matmul_n": n,
+            "matmul_precision": options.precision.to_string(),
+            "matmul_kernel": mode.tile,
+            "matmul_tflops": mode.tflops,
+            "matmul_error_median": mode.error_median,
+            "matmul_error_max": mode.error_max,
+            "matmul_tflops_by_tile": tiles,
+            "layer_norm_rows": rows,
+            "layer_norm_d": d,
+            "layer_norm_gbps": gbps,
+        })
     ))
 }
 

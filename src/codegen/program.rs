@@ -137,6 +137,23 @@ impl MatmulOptions {
     };
 }
 
+impl MatmulOptions {
+    /// The defaults with the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when it is set (for
+    /// trying tiles without a rebuild; see [`CoopTile::parse`]), an error naming the variable
+    /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; a device that
+    /// cannot run it keeps the fp32 kernels, as `rumus plan` shows).
+    pub fn from_env() -> Result<MatmulOptions> {
+        let coop_tile = match std::env::var("RUMUS_MATMUL_COOP_TILE") {
+            Ok(v) if !v.trim().is_empty() => {
+                let tile = CoopTile::parse(&v).and_then(|t| t.check(32).map(|()| t));
+                Some(tile.map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?)
+            }
+            _ => None,
+        };
+        Ok(MatmulOptions { coop_tile, ..MatmulOptions::DEFAULT })
+    }
+}
+
 impl Default for MatmulOptions {
     fn default() -> MatmulOptions {
         MatmulOptions::DEFAULT

@@ -11,7 +11,8 @@ use crate::common::gpu::or_skip;
 use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
-use rumus::codegen::Resource;
+use rumus::codegen::{MatmulOptions, MatmulPrecision, Resource};
+use rumus::runtime::kernel_bench::bench_matmul_mode;
 use rumus::runtime::launch::{Launcher, Resources};
 use rumus::runtime::Gpu;
 
@@ -155,5 +156,30 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
             let unscaled = worst_error(gpu, &mut launcher, mode, &spec, scales, false);
             assert!(unscaled > 1e-2, "{mode:?} {scales:?}: unscaled error {unscaled:e}");
         }
+    }
+}
+
+/// `rumus bench --kernels --matmul-precision MODE` measures the mode's kernel and checks it
+/// against an f64 reference on sampled elements: here at a small ragged size, emulated.
+#[test]
+fn the_kernel_benchmark_reports_each_mode_with_its_error() {
+    let Some((gpu, _turn)) = or_skip("the_kernel_benchmark_reports_each_mode_with_its_error")
+    else {
+        return;
+    };
+    for (precision, tile, tol) in [
+        (MatmulPrecision::Highest, "register", 1e-6),
+        (MatmulPrecision::High, "coop-high", 1e-5),
+        (MatmulPrecision::Medium, "coop-medium", 2e-3),
+    ] {
+        let options = MatmulOptions {
+            precision,
+            coop_tile: Some(TILE),
+            emulate_coop: true,
+            ..MatmulOptions::DEFAULT
+        };
+        let r = bench_matmul_mode(gpu, 40, 1, options).unwrap();
+        assert_eq!(r.tile, tile);
+        assert!(r.tflops > 0.0 && r.error_max <= tol && r.error_median <= r.error_max, "{r:?}");
     }
 }
