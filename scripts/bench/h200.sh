@@ -7,9 +7,12 @@ for f in .gl/*.deb; do dpkg -x "$f" / ; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 B=./target/release/rumus
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-$B bench --kernels --device gpu 2>&1 | tee $OUT/kernels.json
-for m in mlp gpt-small gpt-medium; do
-  timeout 240 $B bench scripts/bench/$m.rms --device gpu --json 2>&1 | tail -1 | tee $OUT/bench-$m.json
+for mode in highest high medium; do
+  $B bench --kernels --device gpu --matmul-precision $mode 2>&1 | tee $OUT/kernels-$mode.json
+  for m in mlp gpt-small gpt-medium; do
+    timeout 240 $B bench scripts/bench/$m.rms --device gpu --matmul-precision $mode --json 2>&1 \
+      | tail -1 | tee $OUT/bench-$m-$mode.json
+  done
 done
 for s in digits_mlp char_gpt; do
   timeout 200 $B run scripts/$s.rms --device gpu 2>&1 | grep -v XDG | tail -12 | tee $OUT/run-$s.txt

@@ -7,7 +7,7 @@
 //! `--set name=value`.
 
 use crate::backend::{Backend, RunOptions};
-use crate::codegen::MatmulPrecision;
+use crate::codegen::{MatmulOptions, MatmulPrecision, Target};
 use crate::cpu::CpuBackend;
 use crate::dsl::{self, Value};
 use crate::err;
@@ -76,20 +76,61 @@ fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
     g.cross_entropy(out, target, None)
 }
 
-/// `rumus plan`: the plan of the training step, as text (kernels listed) or JSON.
-pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<String> {
+/// The device `rumus plan` plans for: WebGPU's default limits, or with `high` or `medium` an
+/// adapter with cooperative matrices (the H200's limits), which a machine without one cannot
+/// show otherwise; the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when set.
+pub fn plan_target(precision: Option<MatmulPrecision>) -> Result<Target> {
+    let options = MatmulOptions::from_env()?;
+    Ok(match precision {
+        Some(p) if p.is_cooperative() => {
+            Target { matmul: MatmulOptions { precision: p, ..options }, ..Target::COOPERATIVE }
+        }
+        _ => Target { matmul: options, ..Target::WEBGPU_DEFAULT },
+    })
+}
+
+/// `rumus plan`: the plan of the training step, as text (kernels listed, matmul kernels with
+/// the kernel their product runs on) or JSON, for [`plan_target`].
+pub fn plan_command(
+    spec: &ModelSpec,
+    fusion: bool,
+    as_json: bool,
+    precision: Option<MatmulPrecision>,
+) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    let r = PlanReport::new(&t.graph, &p, p.kernels.len(), 0);
-    Ok(if as_json { format!("{}\n", r.json()) } else { r.text() })
+    let target = plan_target(precision)?;
+    let programs = crate::codegen::compile(&t.graph, &p, &target)?;
+    let dispatches = programs.all().count();
+    let mut r = PlanReport::new(&t.graph, &p, dispatches, programs.scratch_bytes());
+    let mut matmuls = Vec::new();
+    for (i, k) in programs.kernels.iter().enumerate() {
+        if let (Some(tile), Some(line)) = (k.matmul, r.kernel_lines.get_mut(i)) {
+            line.push_str(&format!("  [{tile}]"));
+            matmuls.push(json!({"kernel": i, "tile": tile}));
+        }
+    }
+    let mode = target.matmul.precision;
+    if as_json {
+        let mut v = r.json();
+        v["matmul_precision"] = json!(mode.to_string());
+        v["matmul_kernels"] = json!(matmuls);
+        return Ok(format!("{v}\n"));
+    }
+    Ok(format!("matmul precision {mode}\n{}", r.text()))
 }
 
 /// `rumus plan --wgsl`: the WGSL of every kernel of the training step's plan, or of kernel
-/// `kernel` (numbered as `rumus plan` lists them), for a device at WebGPU's default limits.
-pub fn plan_wgsl(spec: &ModelSpec, fusion: bool, kernel: Option<usize>) -> Result<String> {
+/// `kernel` (numbered as `rumus plan` lists them), for [`plan_target`].
+pub fn plan_wgsl(
+    spec: &ModelSpec,
+    fusion: bool,
+    kernel: Option<usize>,
+    precision: Option<MatmulPrecision>,
+) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    crate::codegen::compile(&t.graph, &p, &crate::codegen::Target::WEBGPU_DEFAULT)?.listing(kernel)
+    crate::codegen::compile(&t.graph, &p, &plan_target(precision)?)?.listing(kernel)
 }
 
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'
@@ -334,13 +375,23 @@ pub fn bench_model(
     })
 }
 
-/// Kernel throughput on the GPU: fp32 matmul at `n` (TFLOP/s) and LayerNorm forward+backward
-/// at `rows × d` (GB/s).
-pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Result<String> {
+/// Kernel throughput on the GPU: the matmul of precision mode `precision` (`None`: the
+/// device's default) at `n` (TFLOP/s, with its error against an f64 reference on sampled
+/// elements), every fp32 matmul tile at `n`, and LayerNorm forward+backward at `rows × d`
+/// (GB/s).
+pub fn bench_kernels(
+    (device, precision): (DeviceChoice, Option<MatmulPrecision>),
+    n: u32,
+    rows: usize,
+    d: usize,
+) -> Result<String> {
     let gpu = shared_gpu(device)?
         .ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
     use crate::codegen::matmul::MatmulTile;
-    use crate::runtime::kernel_bench::bench_matmul;
+    use crate::runtime::kernel_bench::{bench_matmul, bench_matmul_mode};
+    let options =
+        MatmulOptions { precision: gpu.matmul_precision(precision), ..MatmulOptions::from_env()? };
+    let mode = bench_matmul_mode(gpu, n, 20, options)?;
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
         ("simt", MatmulTile::Simt),
@@ -354,7 +405,19 @@ pub fn bench_kernels(device: DeviceChoice, n: u32, rows: usize, d: usize) -> Res
     let gbps = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, d, 20)?;
     Ok(format!(
         "{}\n",
-        json!({"adapter": gpu.describe(), "matmul_n": n, "matmul_tflops_by_tile": tiles, "layer_norm_rows": rows, "layer_norm_d": d, "layer_norm_gbps": gbps})
+        json!({
+            "adapter": gpu.describe(),
+            "matmul_n": n,
+            "matmul_precision": options.precision.to_string(),
+            "matmul_kernel": mode.tile,
+            "matmul_tflops": mode.tflops,
+            "matmul_error_median": mode.error_median,
+            "matmul_error_max": mode.error_max,
+            "matmul_tflops_by_tile": tiles,
+            "layer_norm_rows": rows,
+            "layer_norm_d": d,
+            "layer_norm_gbps": gbps,
+        })
     ))
 }
 

@@ -23,9 +23,12 @@ const USAGE: &str = "usage:
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json | --wgsl [KERNEL]]
+                  [--matmul-precision MODE]  (high, medium: as on an adapter with cooperative matrices)
   rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D]
                    [--matmul-precision MODE] [--profile] [--json]
-  rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
+  rumus bench --kernels [--device D] [--matmul-precision MODE]
+                                          matmul 4096 (the mode's kernel, its error, every
+                                          fp32 tile) and LayerNorm fwd+bwd 32768 x 1024
   rumus bench --cpu-matmul [--size N]     the CPU backend's f32 matmul, GFLOP/s";
 
 /// The exit code of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
@@ -68,27 +71,29 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
         }
         "plan" => {
             let wgsl = wgsl_flag(&mut flags)?;
+            let precision = matmul_precision(&mut flags)?;
             let spec = model_spec(&mut flags)?;
             let (unfused, json) = (flags.switch("--unfused"), flags.switch("--json"));
             flags.done()?;
             match wgsl {
                 Some(_) if json => Err(err!(Usage, "--json and --wgsl cannot be combined")),
-                Some(kernel) => print_text(&bench::plan_wgsl(&spec, !unfused, kernel)?),
-                None => print_text(&bench::plan_command(&spec, !unfused, json)?),
+                Some(kernel) => print_text(&bench::plan_wgsl(&spec, !unfused, kernel, precision)?),
+                None => print_text(&bench::plan_command(&spec, !unfused, json, precision)?),
             }
         }
         "bench" => {
             let device = device(&mut flags)?;
+            let precision = matmul_precision(&mut flags)?;
             if flags.switch("--kernels") {
                 flags.done()?;
-                return print_text(&bench::bench_kernels(device, 4096, 32768, 1024)?);
+                let r = bench::bench_kernels((device, precision), 4096, 32768, 1024)?;
+                return print_text(&r);
             }
             if flags.switch("--cpu-matmul") {
                 let n = flags.int("--size", 1, bench::MAX_CPU_MATMUL_SIZE)?.unwrap_or(512);
                 flags.done()?;
                 return print_text(&bench::bench_cpu_matmul(n as usize, 5)?);
             }
-            let precision = matmul_precision(&mut flags)?;
             let steps = flags.int("--steps", 1, bench::MAX_STEPS)?.unwrap_or(40);
             let warmup = flags.int("--warmup", 0, bench::MAX_STEPS)?.unwrap_or(10);
             let json = flags.switch("--json");

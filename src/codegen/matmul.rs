@@ -6,9 +6,15 @@
 //! too small in M×N to fill a large GPU but long in K runs split-K: partial products over slices
 //! of K into scratch, then a generated kernel that sums the slices and applies the epilogue.
 //! A product large enough to fill the generated SIMT kernel (`matmul_simt.rs`) runs on it
-//! instead of the template ([`MatmulTile::choose`]); the dispatch label names the tile.
+//! instead of the template; in the `high` and `medium` precision modes every product whose
+//! operands have a unit stride runs on a cooperative-matrix kernel (`matmul_coop.rs`) after the
+//! range pre-pass (`maxabs.rs`) where the device has them ([`MatmulTile::choose`]). Dispatch
+//! labels end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
+//! product got.
 
+use super::matmul_coop::{self, CoopKernel, CoopMode, HIGH_TILE, MEDIUM_TILE};
 use super::matmul_simt::{self, SIMT_TILE};
+use super::maxabs;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::templates::MATMUL;
 use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
@@ -18,6 +24,10 @@ use crate::error::Result;
 use crate::graph::{Graph, NodeId};
 use crate::plan::fuse::is_last_two_swap;
 use crate::plan::{Kernel, Plan};
+use super::MatmulPrecision;
+
+/// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0).
+pub const RANGE_SLOT: usize = 1;
 
 /// How one matrix operand sits in its buffer: element `[b, r, c]` is at
 /// `offset + b * batch_stride + r * row_stride + c * col_stride`.
@@ -63,7 +73,7 @@ impl Operand {
 
     /// Elements a buffer must hold for this operand (one past the largest index touched; 0 when
     /// the operand is empty).
-    fn words(&self, batch: u32, rows: u32, cols: u32) -> u64 {
+    pub(super) fn words(&self, batch: u32, rows: u32, cols: u32) -> u64 {
         if batch == 0 || rows == 0 || cols == 0 {
             return 0;
         }
@@ -129,12 +139,16 @@ pub enum MatmulTile {
     /// The generated fp32 SIMT kernel ([`super::matmul_simt`]): 128×256 blocks, 8×16 per
     /// thread, slices double-buffered in workgroup memory, compiled without the loop guard.
     Simt,
+    /// A cooperative-matrix kernel (`high` or `medium`, [`super::matmul_coop`]), after the
+    /// range pre-pass.
+    Coop(CoopKernel),
 }
 
 impl MatmulTile {
-    /// `(BM, BN, BK, TM, TN)`.
+    /// `(BM, BN, BK, TM, TN)`; a cooperative tile has no per-thread tile (TM and TN are 0).
     pub fn shape(self) -> (u32, u32, u32, u32, u32) {
         match self {
+            MatmulTile::Coop(k) => (k.tile.bm, k.tile.bn, k.tile.bk, 0, 0),
             MatmulTile::Large => (128, 128, 8, 8, 8),
             MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
             MatmulTile::Register8 => (128, 64, 8, 8, 4),
@@ -150,7 +164,9 @@ impl MatmulTile {
         match self {
             MatmulTile::Register => "main_reg",
             MatmulTile::Register8 => "main_reg8",
-            MatmulTile::Large | MatmulTile::Small | MatmulTile::Simt => "main",
+            MatmulTile::Large | MatmulTile::Small | MatmulTile::Simt | MatmulTile::Coop(_) => {
+                "main"
+            }
         }
     }
 
@@ -162,7 +178,40 @@ impl MatmulTile {
             MatmulTile::Register => "register",
             MatmulTile::Register8 => "register8",
             MatmulTile::Simt => "simt",
+            MatmulTile::Coop(k) => k.name(),
         }
+    }
+
+    /// Rows and columns of C one workgroup computes.
+    pub fn block(self) -> (u32, u32) {
+        let (bm, bn, ..) = self.shape();
+        (bm, bn)
+    }
+
+    /// The cooperative kernel for `spec` on `target`, when the precision is `high` or `medium`
+    /// and the target has cooperative matrices (or emulates them), both operands have a unit
+    /// stride, the tile splits evenly and fits the device's threads and workgroup memory, and
+    /// the `range` buffer fits beside the `bound` storage buffers the product binds; `None`
+    /// otherwise (an fp32 kernel computes it).
+    pub fn coop_for(spec: &MatmulSpec, target: &Target, bound: usize) -> Option<CoopKernel> {
+        let o = &target.matmul;
+        let (mode, tile) = match o.precision {
+            MatmulPrecision::Highest => return None,
+            MatmulPrecision::High => (CoopMode::High, HIGH_TILE),
+            MatmulPrecision::Medium => (CoopMode::Medium, MEDIUM_TILE),
+        };
+        let (subgroup, emulate) = match (target.cooperative, o.emulate_coop) {
+            (_, true) => (32, true),
+            (Some(sg), false) => (sg, false),
+            (None, false) => return None,
+        };
+        let k = CoopKernel { mode, tile: o.coop_tile.unwrap_or(tile), subgroup, emulate };
+        let access = matmul_simt::accesses(spec)?;
+        let fits = k.tile.check(subgroup).is_ok()
+            && k.threads() <= target.max_invocations
+            && k.workgroup_bytes(access) <= target.max_workgroup_bytes
+            && bound < target.max_storage_buffers as usize;
+        fits.then_some(k)
     }
 
     /// Whether the SIMT kernel can compute `spec` on `target`: one batch (batched products,
@@ -180,8 +229,13 @@ impl MatmulTile {
     /// `register8`, `simt` where it fits) when set, for benchmarking; otherwise the SIMT kernel
     /// for products with at least `target.matmul.simt_min_workgroups` of its blocks, else the
     /// register tiles measured fastest on the H200: 8 x 4 per thread while that still gives
-    /// two workgroups per multiprocessor of a big GPU, else 4 x 4.
-    pub fn choose(spec: &MatmulSpec, target: &Target) -> MatmulTile {
+    /// two workgroups per multiprocessor of a big GPU, else 4 x 4. In the `high` and `medium`
+    /// modes, the cooperative kernel wherever [`MatmulTile::coop_for`] gives one (`bound`: the
+    /// storage buffers the product binds).
+    pub fn choose(spec: &MatmulSpec, target: &Target, bound: usize) -> MatmulTile {
+        if let Some(k) = MatmulTile::coop_for(spec, target, bound) {
+            return MatmulTile::Coop(k);
+        }
         let simt = MatmulTile::simt_fits(spec, target);
         match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
             Ok("large") => return MatmulTile::Large,
@@ -229,6 +283,13 @@ pub fn program(
     epilogue: Option<&MatmulEpilogue>,
     [a, b, c]: [Resource; 3],
 ) -> Result<Program> {
+    if let MatmulTile::Coop(k) = tile {
+        return Err(err!(
+            Invariant,
+            "the {} matmul is three programs (range pre-pass and product): use `programs`",
+            k.name()
+        ));
+    }
     let (bm, bn, bk, tm, tn) = tile.shape();
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
     let mut checks = ShaderChecks::ALL;
@@ -258,6 +319,78 @@ pub fn program(
         ])?
     };
     let s = spec;
+    Ok(Program {
+        label: format!("matmul {}x{}x{} batch {} {}", s.m, s.n, s.k, s.batch, tile.name()),
+        wgsl,
+        entry: tile.entry(),
+        workgroup_size: (bm / tm) * (bn / tn),
+        bindings: bindings(spec, epilogue, [a, b, c]),
+        grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
+        checks,
+    })
+}
+
+/// The programs of `spec` on `tile`, labelled `label` and the tile's name: one for a template
+/// or SIMT tile, and for a cooperative tile the two dispatches of the range pre-pass (into
+/// scratch slot [`RANGE_SLOT`]) and the product. Bindings as in [`program`].
+pub fn programs(
+    label: &str,
+    spec: &MatmulSpec,
+    tile: MatmulTile,
+    epilogue: Option<&MatmulEpilogue>,
+    [a, b, c]: [Resource; 3],
+) -> Result<Vec<Program>> {
+    let label = format!("{label} {}", tile.name());
+    let MatmulTile::Coop(k) = tile else {
+        let mut p = program(spec, tile, epilogue, [a, b, c])?;
+        p.label = label;
+        return Ok(vec![p]);
+    };
+    let Some(access) = matmul_simt::accesses(spec) else {
+        return Err(err!(
+            Invariant,
+            "the {} matmul needs operands with a unit stride, not {:?} and {:?}",
+            k.name(),
+            spec.a,
+            spec.b
+        ));
+    };
+    k.tile.check(k.subgroup)?;
+    let range = Resource::Scratch { slot: RANGE_SLOT };
+    let operands = [a.clone(), b.clone(), range.clone()];
+    let [main, finish] = maxabs::programs(spec, access, operands, &format!("{label} range"));
+    let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
+    let mut bindings = bindings(spec, epilogue, [a, b, c]);
+    bindings.push(Binding {
+        at: maxabs::RANGE_BINDING,
+        name: "range".into(),
+        resource: range,
+        words: maxabs::RANGE_WORDS,
+    });
+    let (bm, bn) = tile.block();
+    let s = spec;
+    let product = Program {
+        label,
+        wgsl: matmul_coop::generate(&k, access, decls, body),
+        entry: "main",
+        workgroup_size: k.threads(),
+        bindings,
+        grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
+        // As the SIMT kernel's: its own indices stay inside the operands, its loops end.
+        checks: ShaderChecks {
+            bounds: epilogue.is_some_and(|e| !e.extra.is_empty()),
+            loop_bounding: false,
+        },
+    };
+    Ok(vec![main, finish, product])
+}
+
+/// The `Params` uniform, A, B and C (bindings 0 to 3) and the epilogue's buffers (4 on).
+fn bindings(
+    s: &MatmulSpec,
+    epilogue: Option<&MatmulEpilogue>,
+    [a, b, c]: [Resource; 3],
+) -> Vec<Binding> {
     let params = Params {
         dims: [s.m, s.n, s.k, s.batch],
         a: [s.a.offset, s.a.batch_stride, s.a.row_stride, s.a.col_stride],
@@ -282,27 +415,20 @@ pub fn program(
     for (i, &buffer) in epilogue.map_or(&[][..], |e| &e.extra).iter().enumerate() {
         bindings.push(operand(4 + i as u32, &format!("e{i}"), Resource::Buffer(buffer), 0));
     }
-    Ok(Program {
-        label: format!("matmul {}x{}x{} batch {} {}", s.m, s.n, s.k, s.batch, tile.name()),
-        wgsl,
-        entry: tile.entry(),
-        workgroup_size: (bm / tm) * (bn / tn),
-        bindings,
-        grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
-        checks,
-    })
+    bindings
 }
 
-/// The programs of matmul kernel `k` on the template, with its epilogue generated, when the
-/// operands can be described by strides (contiguous buffers, optionally transposed, batch equal
-/// or broadcast) and the grid fits `target`; `None` when the generated kernel must do it.
+/// The programs of matmul kernel `k` with its epilogue generated, and the name of the tile its
+/// product runs on (`empty` for a product with nothing to write), when the operands can be described by strides (contiguous buffers, optionally
+/// transposed, batch equal or broadcast) and the grid fits `target`; `None` when the generated
+/// kernel must do it.
 pub fn lower(
     g: &Graph,
     plan: &Plan,
     k: &Kernel,
     (mm, register): (NodeId, NodeId),
     target: &Target,
-) -> Result<Option<Vec<Program>>> {
+) -> Result<Option<(Vec<Program>, &'static str)>> {
     let Some(out) = k.outputs.last().copied() else { return Ok(None) };
     let Some(epilogue) = matmul_epilogue(g, plan, k, register) else {
         return Ok(None);
@@ -313,7 +439,7 @@ pub fn lower(
     let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
     let batch: usize = so[..r - 2].iter().product();
     if m * n * batch == 0 {
-        return Ok(Some(Vec::new())); // an empty product: nothing to write
+        return Ok(Some((Vec::new(), "empty"))); // an empty product: nothing to write
     }
     let fits = |v: usize| u32::try_from(v).is_ok();
     if ![m, n, kk, batch, m * n * batch].iter().all(|&v| fits(v)) {
@@ -342,17 +468,17 @@ pub fn lower(
     };
     let label = format!("{} #{}", k.kind.name(), out.index());
     if let Some(splits) = split_k(&spec) {
-        return split_k_programs(&spec, splits, [a, b, c], &epilogue, &label, target).map(Some);
+        let (programs, tile) =
+            split_k_programs(&spec, splits, [a, b, c], &epilogue, &label, target)?;
+        return Ok(Some((programs, tile.name())));
     }
-    let tile = MatmulTile::choose(&spec, target);
-    let (bm, bn, ..) = tile.shape();
+    let tile = MatmulTile::choose(&spec, target, 3 + epilogue.extra.len());
+    let (bm, bn) = tile.block();
     let max = target.max_workgroups_per_dimension as usize;
     if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
         return Ok(None); // the generated kernel splits any grid
     }
-    let mut p = program(&spec, tile, Some(&epilogue), [a, b, c])?;
-    p.label = format!("{label} {}", tile.name());
-    Ok(Some(vec![p]))
+    Ok(Some((programs(&label, &spec, tile, Some(&epilogue), [a, b, c])?, tile.name())))
 }
 
 /// Slices of K for a product whose M×N tiles cannot fill a large GPU (fewer than two 64×64
@@ -380,7 +506,7 @@ fn split_k_programs(
     epilogue: &MatmulEpilogue,
     label: &str,
     target: &Target,
-) -> Result<Vec<Program>> {
+) -> Result<(Vec<Program>, MatmulTile)> {
     let (m, n) = (spec.m, spec.n);
     let chunk = spec.k / splits;
     let mn = u64::from(m) * u64::from(n);
@@ -393,9 +519,9 @@ fn split_k_programs(
         ..*spec
     };
     let parts = Resource::Scratch { slot: 0 };
-    let tile = MatmulTile::choose(&partial, target);
-    let mut first = program(&partial, tile, None, [a, b, parts.clone()])?;
-    first.label = format!("{label} split-k {splits} {}", tile.name());
+    let tile = MatmulTile::choose(&partial, target, 3);
+    let mut out =
+        programs(&format!("{label} split-k {splits}"), &partial, tile, None, [a, b, parts.clone()])?;
 
     let mut w = Wgsl::new();
     w.line("alias scalar = f32;");
@@ -426,7 +552,7 @@ fn split_k_programs(
         let (at, name) = (4 + i as u32, format!("e{i}"));
         bindings.push(Binding { at, name, resource: Resource::Buffer(buffer), words: 0 });
     }
-    let second = Program {
+    out.push(Program {
         label: format!("{label} split-k sum"),
         wgsl: w.finish(),
         entry: "main",
@@ -434,8 +560,8 @@ fn split_k_programs(
         bindings,
         grid: Grid::Linear(mn.div_ceil(u64::from(WG)) as u32),
         checks: ShaderChecks::ALL,
-    };
-    Ok(vec![first, second])
+    });
+    Ok((out, tile))
 }
 
 /// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:

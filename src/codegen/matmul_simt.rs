@@ -96,7 +96,7 @@ pub fn accesses(spec: &MatmulSpec) -> Option<[Access; 2]> {
 
 /// The two operands.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Side {
+pub(super) enum Side {
     A,
     B,
 }
@@ -104,10 +104,11 @@ enum Side {
 /// How a `bk`-deep slice of one operand is cut into quads: the slice is `outer x contig`
 /// elements, `contig` along the operand's unit-stride axis; quad `g` covers
 /// `(g / (contig / 4), 4 * (g % (contig / 4)) + 0..4)`. Origins and extents are WGSL names.
-struct Slice {
-    x: &'static str,
-    outer: u32,
-    contig: u32,
+/// Shared with the cooperative kernels (`matmul_coop.rs`).
+pub(super) struct Slice {
+    pub x: &'static str,
+    pub outer: u32,
+    pub contig: u32,
     outer_origin: &'static str,
     contig_origin: &'static str,
     outer_total: &'static str,
@@ -118,12 +119,13 @@ struct Slice {
     stride: &'static str,
 }
 
-fn slice(t: &SimtTile, side: Side, access: Access) -> Slice {
+/// The slice of `side` for a `bm x bn` block and slices `bk` deep, read as `access` says.
+pub(super) fn slice((bm, bn, bk): (u32, u32, u32), side: Side, access: Access) -> Slice {
     let (x, outer, contig, oo, co, ot, ct, kc, stride) = match (side, access.row_major) {
-        (Side::A, true) => ("a", t.bm, t.bk, "row0", "k0", "M", "K", true, "p.a_si"),
-        (Side::A, false) => ("a", t.bk, t.bm, "k0", "row0", "K", "M", false, "p.a_sk"),
-        (Side::B, true) => ("b", t.bk, t.bn, "k0", "col0", "K", "N", false, "p.b_sk"),
-        (Side::B, false) => ("b", t.bn, t.bk, "col0", "k0", "N", "K", true, "p.b_sj"),
+        (Side::A, true) => ("a", bm, bk, "row0", "k0", "M", "K", true, "p.a_si"),
+        (Side::A, false) => ("a", bk, bm, "k0", "row0", "K", "M", false, "p.a_sk"),
+        (Side::B, true) => ("b", bk, bn, "k0", "col0", "K", "N", false, "p.b_sk"),
+        (Side::B, false) => ("b", bn, bk, "col0", "k0", "N", "K", true, "p.b_sj"),
     };
     Slice {
         x,
@@ -146,8 +148,8 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
     let (tx, ty) = (t.bn / t.tn, t.bm / t.tm);
     let (as4, bs4) = ((t.bm + PAD) / 4, (t.bn + PAD) / 4);
     let (stage_a, stage_b) = (t.bk * as4, t.bk * bs4);
-    let sa = slice(t, Side::A, access[0]);
-    let sb = slice(t, Side::B, access[1]);
+    let sa = slice((t.bm, t.bn, t.bk), Side::A, access[0]);
+    let sb = slice((t.bm, t.bn, t.bk), Side::B, access[1]);
     let la = sa.outer * sa.contig / 4 / threads;
     let lb = sb.outer * sb.contig / 4 / threads;
 
@@ -158,37 +160,12 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
         t.bm, t.bn, t.bk, t.tm, t.tn, t.stages
     ));
     w.blank();
-    w.open("struct Params");
-    w.line("m: u32, n: u32, k: u32, batch: u32,");
-    w.line("a_off: u32, a_sb: u32, a_si: u32, a_sk: u32,");
-    w.line("b_off: u32, b_sb: u32, b_sk: u32, b_sj: u32,");
-    w.line("c_off: u32, c_sb: u32, c_si: u32, c_sj: u32,");
-    w.line("alpha: f32, beta: f32, pad0: u32, pad1: u32,");
-    w.close();
-    w.blank();
-    w.line("@group(0) @binding(0) var<uniform> p: Params;");
-    for (at, s, acc) in [(1, &sa, access[0]), (2, &sb, access[1])] {
-        let ty = if acc.vector { "vec4<f32>" } else { "f32" };
-        w.line(&format!("@group(0) @binding({at}) var<storage, read> {}: array<{ty}>;", s.x));
-    }
-    w.line("@group(0) @binding(3) var<storage, read_write> c: array<f32>;");
-    w.lines(decls);
+    params_and_operands(&mut w, access, decls);
     w.blank();
     w.line(&format!("var<workgroup> sa: array<vec4<f32>, {}>;", t.stages * stage_a));
     w.line(&format!("var<workgroup> sb: array<vec4<f32>, {}>;", t.stages * stage_b));
     w.blank();
-    w.open("fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar");
-    w.lines(body);
-    w.close();
-    w.blank();
-    w.line("// Element (i, j) of C, i < M and j < N: the epilogue, then beta (C unread when 0).");
-    w.open("fn store_c(v: f32, batch: u32, i: u32, j: u32)");
-    w.line("let idx = p.c_off + batch * p.c_sb + i * p.c_si + j * p.c_sj;");
-    w.line("var y = epilogue(p.alpha * v, batch, i, j);");
-    w.block("if (p.beta != 0.0)", &["y += p.beta * c[idx];"]);
-    w.line("c[idx] = y;");
-    w.close();
-    w.blank();
+    epilogue_and_store(&mut w, body);
     for (s, acc) in [(&sa, access[0]), (&sb, access[1])] {
         quad_fn(&mut w, s, acc.vector);
     }
@@ -292,6 +269,42 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
     w.finish()
 }
 
+/// The `Params` uniform (binding 0, `shaders/matmul.wgsl`'s), A and B (1 and 2, `vec4<f32>`
+/// views with vector loads), C (3) and the epilogue's declarations (from 4 on).
+pub(super) fn params_and_operands(w: &mut Wgsl, access: [Access; 2], decls: &str) {
+    w.open("struct Params");
+    w.line("m: u32, n: u32, k: u32, batch: u32,");
+    w.line("a_off: u32, a_sb: u32, a_si: u32, a_sk: u32,");
+    w.line("b_off: u32, b_sb: u32, b_sk: u32, b_sj: u32,");
+    w.line("c_off: u32, c_sb: u32, c_si: u32, c_sj: u32,");
+    w.line("alpha: f32, beta: f32, pad0: u32, pad1: u32,");
+    w.close();
+    w.blank();
+    w.line("@group(0) @binding(0) var<uniform> p: Params;");
+    for (at, x, acc) in [(1, "a", access[0]), (2, "b", access[1])] {
+        let ty = if acc.vector { "vec4<f32>" } else { "f32" };
+        w.line(&format!("@group(0) @binding({at}) var<storage, read> {x}: array<{ty}>;"));
+    }
+    w.line("@group(0) @binding(3) var<storage, read_write> c: array<f32>;");
+    w.lines(decls);
+}
+
+/// `fn epilogue(v, batch, i, j)` with `body`, and `fn store_c`, the one writer of C.
+pub(super) fn epilogue_and_store(w: &mut Wgsl, body: &str) {
+    w.open("fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar");
+    w.lines(body);
+    w.close();
+    w.blank();
+    w.line("// Element (i, j) of C, i < M and j < N: the epilogue, then beta (C unread when 0).");
+    w.open("fn store_c(v: f32, batch: u32, i: u32, j: u32)");
+    w.line("let idx = p.c_off + batch * p.c_sb + i * p.c_si + j * p.c_sj;");
+    w.line("var y = epilogue(p.alpha * v, batch, i, j);");
+    w.block("if (p.beta != 0.0)", &["y += p.beta * c[idx];"]);
+    w.line("c[idx] = y;");
+    w.close();
+    w.blank();
+}
+
 /// Whether tile `t` splits evenly: sizes multiples of 4, whole thread tiles, and the quads of
 /// each slice a multiple of the thread count in either layout.
 pub fn tile_fits(t: &SimtTile) -> bool {
@@ -308,7 +321,7 @@ pub fn tile_fits(t: &SimtTile) -> bool {
 
 /// `fn quad_a(base, o, c, on, cn) -> vec4<f32>`: elements `(o, c..c+4)` along the operand's
 /// contiguous axis, zero where `o >= on` or the index is `>= cn`: the only global reads.
-fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool) {
+pub(super) fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool) {
     let x = s.x;
     let stride = s.stride;
     let read = |e: &str| {
@@ -369,7 +382,7 @@ fn stage_fn(w: &mut Wgsl, s: &Slice, stride: u32, reg: &str, per_thread: u32, th
 }
 
 /// Lines loading this thread's quads of the slice at `k0` into `{reg}{l}`.
-fn load_quads(w: &mut Wgsl, s: &Slice, reg: &str, per_thread: u32, threads: u32) {
+pub(super) fn load_quads(w: &mut Wgsl, s: &Slice, reg: &str, per_thread: u32, threads: u32) {
     let per_row = s.contig / 4;
     for l in 0..per_thread {
         w.line(&format!(
@@ -385,6 +398,6 @@ fn load_quads(w: &mut Wgsl, s: &Slice, reg: &str, per_thread: u32, threads: u32)
 }
 
 /// `pa0, pa1, ...`
-fn regs(reg: &str, n: u32) -> String {
+pub(super) fn regs(reg: &str, n: u32) -> String {
     (0..n).map(|l| format!("{reg}{l}")).collect::<Vec<_>>().join(", ")
 }

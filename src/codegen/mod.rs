@@ -18,7 +18,9 @@ pub mod expr;
 mod gather;
 pub mod layer_norm;
 pub mod matmul;
+pub mod matmul_coop;
 pub mod matmul_simt;
+pub mod maxabs;
 pub mod precision;
 pub mod program;
 mod rows;
@@ -52,8 +54,8 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
             .filter(|&&id| !matches!(g.node(id).op, Op::Constant { .. }))
             .map(|&id| g.node(id).op.name())
             .collect();
-        let programs = kernel(g, plan, k, target)?;
-        out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs });
+        let (programs, matmul) = kernel(g, plan, k, target)?;
+        out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs, matmul });
     }
     for &(dst, value) in &plan.updates {
         let (Some(t), Some(v)) = (plan.value_of(dst), plan.value_of(value)) else {
@@ -81,23 +83,33 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
     Ok(out)
 }
 
-/// The programs of one kernel, in dispatch order.
-fn kernel(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Program>> {
+/// The programs of one kernel, in dispatch order, and for a matmul kernel the name of the
+/// matmul kernel its product runs on (`generated`: the generated elementwise kernel).
+fn kernel(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    target: &Target,
+) -> Result<(Vec<Program>, Option<&'static str>)> {
+    let mut matmul_kernel = None;
     match &k.kind {
         KernelKind::MatMul { matmul, register } => {
-            if let Some(programs) = matmul::lower(g, plan, k, (*matmul, *register), target)? {
-                return Ok(programs);
+            if let Some((programs, tile)) =
+                matmul::lower(g, plan, k, (*matmul, *register), target)?
+            {
+                return Ok((programs, Some(tile)));
             }
+            matmul_kernel = Some("generated");
         }
         KernelKind::LayerNorm { .. }
         | KernelKind::LayerNormStats
         | KernelKind::LayerNormGradInput { .. }
-        | KernelKind::LayerNormGradWeight => return layer_norm::lower(g, plan, k),
+        | KernelKind::LayerNormGradWeight => return Ok((layer_norm::lower(g, plan, k)?, None)),
         KernelKind::Attention { .. }
         | KernelKind::AttentionStats
         | KernelKind::AttentionGradKv
-        | KernelKind::AttentionGradQ => return attention::lower(g, plan, k, target),
+        | KernelKind::AttentionGradQ => return Ok((attention::lower(g, plan, k, target)?, None)),
         _ => {}
     }
-    Ok(wgsl::generate(g, plan, k).into_iter().collect())
+    Ok((wgsl::generate(g, plan, k).into_iter().collect(), matmul_kernel))
 }

@@ -6,6 +6,7 @@
 //! identical source), a bind group and a dispatch, knowing nothing of what the kernel computes.
 //! A new kernel kind is a new function in codegen returning programs.
 
+use super::matmul_coop::CoopTile;
 use super::MatmulPrecision;
 use crate::err;
 use crate::error::Result;
@@ -98,6 +99,8 @@ pub struct Target {
     pub max_workgroup_bytes: u32,
     /// Threads per workgroup (`max_compute_invocations_per_workgroup`).
     pub max_invocations: u32,
+    /// Storage buffers a kernel may bind (`max_storage_buffers_per_shader_stage`).
+    pub max_storage_buffers: u32,
     /// The subgroup size of an adapter with 16x16x16 f16 x f16 -> f32 cooperative matrices
     /// (which the `high` and `medium` kernels need); `None` without them.
     pub cooperative: Option<u32>,
@@ -115,13 +118,40 @@ pub struct MatmulOptions {
     /// The precision of every product: `high` and `medium` run on cooperative matrices where
     /// the target has them (the session resolves the mode against the adapter first).
     pub precision: MatmulPrecision,
+    /// The tile of the cooperative kernels (`None`: each mode's tile measured fastest on the
+    /// H200; `RUMUS_MATMUL_COOP_TILE` overrides both).
+    pub coop_tile: Option<CoopTile>,
+    /// Run the cooperative modes with their operations emulated in plain WGSL, on any adapter
+    /// (for tests on adapters without cooperative matrices).
+    pub emulate_coop: bool,
 }
 
 impl MatmulOptions {
     /// The choices measured on the H200: the SIMT kernel from 64 blocks (a 4096x768 product
     /// has 96; the template's tiles win on smaller and batched products).
-    pub const DEFAULT: MatmulOptions =
-        MatmulOptions { simt_min_workgroups: 64, precision: MatmulPrecision::Highest };
+    pub const DEFAULT: MatmulOptions = MatmulOptions {
+        simt_min_workgroups: 64,
+        precision: MatmulPrecision::Highest,
+        coop_tile: None,
+        emulate_coop: false,
+    };
+}
+
+impl MatmulOptions {
+    /// The defaults with the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when it is set (for
+    /// trying tiles without a rebuild; see [`CoopTile::parse`]), an error naming the variable
+    /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; a device that
+    /// cannot run it keeps the fp32 kernels, as `rumus plan` shows).
+    pub fn from_env() -> Result<MatmulOptions> {
+        let coop_tile = match std::env::var("RUMUS_MATMUL_COOP_TILE") {
+            Ok(v) if !v.trim().is_empty() => {
+                let tile = CoopTile::parse(&v).and_then(|t| t.check(32).map(|()| t));
+                Some(tile.map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?)
+            }
+            _ => None,
+        };
+        Ok(MatmulOptions { coop_tile, ..MatmulOptions::DEFAULT })
+    }
 }
 
 impl Default for MatmulOptions {
@@ -136,6 +166,7 @@ impl Target {
         max_workgroups_per_dimension: 65535,
         max_workgroup_bytes: 16384,
         max_invocations: 256,
+        max_storage_buffers: 8,
         cooperative: None,
         matmul: MatmulOptions::DEFAULT,
     };
@@ -147,6 +178,7 @@ impl Target {
         max_workgroups_per_dimension: 65535,
         max_workgroup_bytes: 49152,
         max_invocations: 1024,
+        max_storage_buffers: 64,
         cooperative: Some(32),
         matmul: MatmulOptions::DEFAULT,
     };
@@ -157,6 +189,7 @@ impl Target {
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_workgroup_bytes: limits.max_compute_workgroup_storage_size,
             max_invocations: limits.max_compute_invocations_per_workgroup,
+            max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
             cooperative,
             matmul,
         }
@@ -189,6 +222,10 @@ pub struct KernelPrograms {
     /// The ops it computes, in arena order.
     pub ops: Vec<&'static str>,
     pub programs: Vec<Program>,
+    /// For a matmul kernel, the matmul kernel its product runs on (a tile name: `simt`,
+    /// `register8`, `coop-high`, ...; `generated` for the generated fallback, `empty` for a
+    /// product with nothing to write).
+    pub matmul: Option<&'static str>,
 }
 
 impl PlanPrograms {

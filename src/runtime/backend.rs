@@ -88,7 +88,7 @@ impl GpuBackend {
             plans: HashMap::new(),
             options,
             poison: false,
-            matmul: MatmulOptions::default(),
+            matmul: MatmulOptions::from_env()?,
         })
     }
 

@@ -1,14 +1,88 @@
 //! Throughput of the matmul and LayerNorm kernels alone (`rumus bench --kernels`): codegen's programs on
-//! buffers of their own, timed in one submission.
+//! buffers of their own, timed in one submission; the matmul of a precision mode also checked
+//! against an f64 reference on sampled elements.
 
 use super::device::{Dispatch, Gpu};
 use super::launch::prepare;
 use crate::codegen::layer_norm::{self, Backward, Forward};
-use crate::codegen::matmul::{self, MatmulSpec, MatmulTile};
+use crate::codegen::matmul::{self, MatmulSpec, MatmulTile, RANGE_SLOT};
+use crate::codegen::maxabs::RANGE_WORDS;
 use crate::codegen::{MatmulOptions, Resource};
 use crate::err;
 use crate::error::Result;
+use crate::rng::Rng;
 use std::time::Instant;
+
+/// What [`bench_matmul_mode`] measures.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulBench {
+    /// The kernel the product ran on (`simt`, `coop-high`, ...).
+    pub tile: String,
+    pub tflops: f64,
+    /// Median and largest of `|c - ref| / Σ_k |a_ik b_kj|` over the sampled elements.
+    pub error_median: f64,
+    pub error_max: f64,
+}
+
+/// Elements of C checked against the f64 reference.
+const SAMPLES: usize = 256;
+
+/// The product `n × n × n` (normal random operands) on the kernel codegen chooses with
+/// `options` (the precision mode, its tile, emulation), range pre-pass included: TFLOP/s over
+/// `iters` products in one submission after one warm-up, and its error on sampled elements
+/// against an f64 reference computed on the CPU.
+pub fn bench_matmul_mode(
+    gpu: &Gpu,
+    n: u32,
+    iters: u32,
+    options: MatmulOptions,
+) -> Result<MatmulBench> {
+    let spec = MatmulSpec::contiguous(1, n, n, n);
+    let tile = MatmulTile::choose(&spec, &gpu.target(options), 3);
+    let len = n as usize * n as usize;
+    let mut rng = Rng::new(11);
+    let a: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
+    let b: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
+    let buffers =
+        [gpu.upload_f32("bench a", &a)?, gpu.upload_f32("bench b", &b)?, gpu.storage("bench c", len)?];
+    // The range exponents in their scratch slot, the other slots unused.
+    let scratch = (0..=RANGE_SLOT)
+        .map(|slot| gpu.storage("bench scratch", if slot == RANGE_SLOT { RANGE_WORDS } else { 1 } as usize))
+        .collect::<Result<Vec<_>>>()?;
+    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let programs = matmul::programs("bench", &spec, tile, None, operands)?;
+    let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();
+    let dispatches = programs
+        .iter()
+        .map(|p| prepare(gpu, p, &bound, &scratch.iter().collect::<Vec<_>>()))
+        .collect::<Result<Vec<_>>>()?;
+    let one: Vec<&Dispatch> = dispatches.iter().collect();
+    let iters = iters.max(1);
+    let all: Vec<&Dispatch> = (0..iters).flat_map(|_| one.iter().copied()).collect();
+    let secs = time(gpu, &one, &all)?;
+    let c = gpu.read_f32(&buffers[2])?;
+    let nn = n as usize;
+    let mut errors: Vec<f64> = (0..SAMPLES.min(len))
+        .map(|_| {
+            let (i, j) = (rng.below(u64::from(n)) as usize, rng.below(u64::from(n)) as usize);
+            let (mut dot, mut size) = (0.0f64, 0.0f64);
+            for k in 0..nn {
+                let p = f64::from(a[i * nn + k]) * f64::from(b[k * nn + j]);
+                dot += p;
+                size += p.abs();
+            }
+            let err = (f64::from(c[i * nn + j]) - dot).abs() / size.max(f64::MIN_POSITIVE);
+            if err.is_nan() { f64::INFINITY } else { err }
+        })
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    Ok(MatmulBench {
+        tile: tile.name().to_string(),
+        tflops: spec.flops() * f64::from(iters) / secs / 1e12,
+        error_median: errors.get(errors.len() / 2).copied().unwrap_or(0.0),
+        error_max: errors.last().copied().unwrap_or(0.0),
+    })
+}
 
 /// Time `all` in one submission after one warm-up run of `warm`; seconds.
 fn time(gpu: &Gpu, warm: &[&Dispatch], all: &[&Dispatch]) -> Result<f64> {

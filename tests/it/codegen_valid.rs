@@ -1,27 +1,36 @@
 //! Every WGSL module codegen emits for a plan passes naga's parser and validator (CPU only):
 //! the programs of every kernel kind (generated, and templates filled with their generated
-//! parts) of the fused and unfused plans of a GPT training step and of every op-table case, and
-//! none binds more storage buffers than the planner counted for its kernel.
+//! parts) of the fused and unfused plans of a GPT training step and of every op-table case, in
+//! every matmul precision mode (the cooperative-matrix modules validated with naga's
+//! cooperative-matrix and f16 capabilities, on a faked cooperative adapter, no hardware
+//! needed), and none binds more storage buffers than the planner counted for its kernel (plus
+//! the range buffer of a cooperative product, which codegen checks against the device).
 
 use crate::common;
 
+use rumus::codegen::matmul::RANGE_SLOT;
 use rumus::codegen::wgsl::generate;
-use rumus::codegen::{compile, MatmulOptions, Resource, Target};
+use rumus::codegen::{compile, MatmulOptions, MatmulPrecision, Resource, Target};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::limits::{guarded, storage_bindings};
 use rumus::plan::{plan, KernelKind, Limits, PlanOptions};
 use rumus::DType;
 
+/// Parse and validate `src`; a module that enables f16 (the cooperative kernels, emulated or
+/// not) with the capabilities a cooperative adapter gives it, every other one with none.
 fn validate(label: &str, src: &str) -> Result<(), String> {
+    use naga::valid::Capabilities;
     let module = naga::front::wgsl::parse_str(src)
         .map_err(|e| format!("{label}: parse: {}\n{src}", e.emit_to_string(src)))?;
-    naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::default(),
-    )
-    .validate(&module)
-    .map_err(|e| format!("{label}: validate: {e:?}\n{src}"))?;
+    let caps = if src.starts_with("enable f16;") {
+        Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
+    } else {
+        Capabilities::default()
+    };
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .map_err(|e| format!("{label}: validate: {e:?}\n{src}"))?;
     Ok(())
 }
 
@@ -67,12 +76,18 @@ fn validate_plans(
         matmul: MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT },
         ..Target::WEBGPU_DEFAULT
     };
-    let configs = [
+    let mut configs = vec![
         (true, None, Target::WEBGPU_DEFAULT),
         (false, None, Target::WEBGPU_DEFAULT),
         (true, Some(Limits::WEBGPU_DEFAULT), Target::WEBGPU_DEFAULT),
         (true, None, simt),
     ];
+    for precision in [MatmulPrecision::High, MatmulPrecision::Medium] {
+        for emulate_coop in [false, true] {
+            let matmul = MatmulOptions { precision, emulate_coop, ..MatmulOptions::DEFAULT };
+            configs.push((true, None, Target { matmul, ..Target::COOPERATIVE }));
+        }
+    }
     for (fusion, limits, target) in configs {
         let opts = PlanOptions { fusion, reuse: true, limits };
         let p = plan(g, wanted, train, opts).unwrap();
@@ -91,6 +106,7 @@ fn validate_plans(
                     .bindings
                     .iter()
                     .filter(|b| !matches!(b.resource, Resource::Uniform(_) | Resource::Meta))
+                    .filter(|b| b.resource != Resource::Scratch { slot: RANGE_SLOT })
                     .count();
                 if storage > counted {
                     failures.push(format!("{}: binds {storage}, counted {counted}", prog.label));
@@ -163,5 +179,42 @@ fn attention_beyond_the_kernels_is_an_error() {
         let p = plan(&g, &[y], false, PlanOptions::default()).unwrap();
         let e = compile(&g, &p, &Target::WEBGPU_DEFAULT).unwrap_err();
         assert_eq!(e.message, expected);
+    }
+}
+
+/// Which kernel each product of a GPT training step gets per precision mode, on a faked
+/// cooperative adapter (`Target::COOPERATIVE`, what `rumus plan --matmul-precision` plans for)
+/// and on one without cooperative matrices, where `high` and `medium` keep the fp32 kernels.
+#[test]
+fn each_mode_gives_every_product_its_kernel() {
+    let mut g = Graph::new();
+    let c = GptConfig { vocab: 64, d: 32, heads: 2, layers: 1, ctx: 16 };
+    let logits = nn::gpt(&mut g, c, 4).unwrap();
+    let target = g.input("target", &[4, 16], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: None };
+    let t = training_graph(g, loss, &cfg).unwrap();
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+    let kernels = |precision, coop: bool| {
+        let matmul = MatmulOptions { precision, ..MatmulOptions::DEFAULT };
+        let base = if coop { Target::COOPERATIVE } else { Target::WEBGPU_DEFAULT };
+        let programs = compile(&t.graph, &p, &Target { matmul, ..base }).unwrap();
+        let mut tiles: Vec<&str> = programs.kernels.iter().filter_map(|k| k.matmul).collect();
+        tiles.sort_unstable();
+        tiles.dedup();
+        tiles
+    };
+    use MatmulPrecision::*;
+    // The products of this small model are too small for the fp32 SIMT kernel.
+    let fp32 = vec!["register"];
+    for (precision, coop, expected) in [
+        (Highest, true, fp32.clone()),
+        (High, true, vec!["coop-high"]),
+        (Medium, true, vec!["coop-medium"]),
+        (Highest, false, fp32.clone()),
+        (High, false, fp32.clone()),
+        (Medium, false, fp32),
+    ] {
+        assert_eq!(kernels(precision, coop), expected, "{precision} cooperative: {coop}");
     }
 }

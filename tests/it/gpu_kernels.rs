@@ -11,7 +11,7 @@ use rumus::rng::Rng;
 use rumus::runtime::launch::prepare;
 use rumus::runtime::Gpu;
 
-fn random(n: usize, seed: u64) -> Vec<f32> {
+pub(crate) fn random(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng::new(seed);
     (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
 }
@@ -29,12 +29,12 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
 // matmul
 
 /// Element `[b, r, c]` of an operand, as the kernel addresses it.
-fn at(op: &Operand, b: u32, r: u32, c: u32) -> usize {
+pub(crate) fn at(op: &Operand, b: u32, r: u32, c: u32) -> usize {
     (op.offset + b * op.batch_stride + r * op.row_stride + c * op.col_stride) as usize
 }
 
 /// The reference: `C = epilogue(alpha A B, j) + beta C_old` in f64.
-fn matmul_ref(
+pub(crate) fn matmul_ref(
     s: &MatmulSpec,
     a: &[f32],
     b: &[f32],
@@ -126,7 +126,13 @@ fn check_matmul(
 }
 
 /// `data` with every element that operand `op` (`[batch, rows, cols]`) does not address set to NaN.
-fn outside_nan(mut data: Vec<f32>, op: &Operand, batch: u32, rows: u32, cols: u32) -> Vec<f32> {
+pub(crate) fn outside_nan(
+    mut data: Vec<f32>,
+    op: &Operand,
+    batch: u32,
+    rows: u32,
+    cols: u32,
+) -> Vec<f32> {
     let mut inside = vec![false; data.len()];
     for bt in 0..batch {
         for r in 0..rows {

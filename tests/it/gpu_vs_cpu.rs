@@ -13,7 +13,8 @@ use crate::common;
 use crate::common::gpu::{both_or_skip, or_skip};
 use common::{attention_cases, attention_long, build, cases, feeds, Case};
 use rumus::backend::Backend;
-use rumus::codegen::MatmulOptions;
+use rumus::codegen::matmul_coop::CoopTile;
+use rumus::codegen::{MatmulOptions, MatmulPrecision};
 use rumus::cpu::{Buf, Executor, RunOptions};
 use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
@@ -93,6 +94,42 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     assert_eq!(simt, 3, "forward and both gradients: {:?}", plan.dispatch_labels());
 }
 
+/// The matmul cases again in the `high` and `medium` modes, with the cooperative operations
+/// emulated in plain WGSL (a small tile, so these ragged shapes span several blocks): every
+/// product of the plan (forward, both gradients, batched products, split-K partials, fused
+/// epilogues) takes a cooperative kernel after its range pre-pass. `medium` rounds operands to
+/// f16 once, so its tolerance is wider.
+#[test]
+fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
+    let Some((gpu, _turn)) = or_skip("matmul_cases_match_the_cpu_in_the_cooperative_modes") else {
+        return;
+    };
+    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
+    for precision in [MatmulPrecision::High, MatmulPrecision::Medium] {
+        let coop = MatmulOptions {
+            precision,
+            coop_tile: Some(tile),
+            emulate_coop: true,
+            ..MatmulOptions::DEFAULT
+        };
+        // Software adapters compile each emulated module slowly: one case per kind of product.
+        let some =
+            ["matmul", "matmul batched broadcast", "matmul long k", "matmul empty k then relu"];
+        every_case_on(gpu, cases(), |name| some.contains(&name), coop);
+        let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
+        let b = build(&c).unwrap();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        backend.matmul = coop;
+        let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
+        let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
+        let name = format!(" coop-{precision}");
+        let products = labels.iter().filter(|l| l.ends_with(&name)).count();
+        assert_eq!(products, 3, "forward and both gradients: {labels:?}");
+        let ranges = labels.iter().filter(|l| l.ends_with(&format!("{name} range"))).count();
+        assert_eq!(ranges, 3, "a range pre-pass before each: {labels:?}");
+    }
+}
+
 /// Every case of `cases` whose name `only` accepts, on `gpu`, with matmul kernels chosen by
 /// `matmul`.
 fn every_case_on(
@@ -129,6 +166,11 @@ fn every_case_on(
             }
         };
         let (atol, rtol) = tolerance(&c.name);
+        let wider = match matmul.precision {
+            MatmulPrecision::Medium => 20.0,
+            MatmulPrecision::High | MatmulPrecision::Highest => 1.0,
+        };
+        let (atol, rtol) = (atol * wider, rtol * wider);
         'values: for (w, (e, g)) in want.iter().zip(expected.iter().zip(&got)) {
             let Buf::F(e) = e else { continue };
             let g = g.to_f32_vec();

@@ -18,6 +18,7 @@ mod dsl_errors;
 mod dsl_fuzz;
 mod dsl_gpt;
 mod fuzz_smoke;
+mod gpu_coop;
 mod gpu_kernels;
 mod gpu_plan;
 mod gpu_vs_cpu;

@@ -382,3 +382,54 @@ fn arenas_hold_at_most_one_default_binding() {
     // The step count, then parameters, m and v of each of the two arenas.
     assert_eq!(p.updates.len(), 1 + 3 * 2);
 }
+
+/// `rumus plan --matmul-precision MODE` plans for an adapter with cooperative matrices and
+/// names each matmul kernel's kernel (text and JSON); `RUMUS_MATMUL_COOP_TILE` sets the
+/// cooperative tile (shown in the WGSL), and a tile that does not parse is a usage error naming
+/// the variable.
+#[test]
+fn rumus_plan_names_each_products_kernel_per_mode() {
+    let run = |args: &[&str], tile: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"));
+        cmd.args(["plan", "scripts/bench/gpt-small.rms"]).args(args);
+        if let Some(t) = tile {
+            cmd.env("RUMUS_MATMUL_COOP_TILE", t);
+        }
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+    };
+    for (mode, kernel) in [("medium", "coop-medium"), ("high", "coop-high")] {
+        let out = run(&["--matmul-precision", mode, "--json"], None);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["matmul_precision"], mode);
+        let kernels = v["matmul_kernels"].as_array().unwrap();
+        assert!(!kernels.is_empty() && kernels.iter().all(|k| k["tile"] == kernel), "{v}");
+        let out = run(&["--matmul-precision", mode], None);
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.starts_with(&format!("matmul precision {mode}\n")), "{text}");
+        assert!(text.contains(&format!("  [{kernel}]\n")), "{text}");
+    }
+    let out = run(&["--json"], None);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["matmul_precision"], "highest");
+    assert!(v["matmul_kernels"].as_array().unwrap().iter().all(|k| k["tile"] != "coop-high"));
+
+    let out = run(&["--matmul-precision", "medium", "--wgsl", "3"], Some("64x64x32w2x2"));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("// coop-medium matmul 64x64x32 w2x2, subgroups of 32"), "{text}");
+    for (tile, message) in [
+        (
+            "64x64",
+            "cooperative tile `64x64` is not of the form BMxBNxBKwWMxWN[s2], e.g. 128x128x64w2x4",
+        ),
+        (
+            "64x64x24w2x2",
+            "cooperative tile 64x64x24 w2x2: the slice depth must be a positive multiple of 16",
+        ),
+    ] {
+        let out = run(&["--matmul-precision", "medium"], Some(tile));
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end(), format!("RUMUS_MATMUL_COOP_TILE: {message}"));
+    }
+}

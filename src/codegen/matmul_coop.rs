@@ -1,0 +1,629 @@
+//! The `medium` and `high` matmul kernels: f16 products with f32 accumulation on 16x16x16
+//! cooperative matrices (`enable wgpu_cooperative_matrix;`, tensor cores on NVIDIA).
+//!
+//! A workgroup of `wm x wn` subgroups computes `bm x bn` of C; subgroup `(wr, wc)` owns
+//! `fm x fn` accumulator fragments. K goes in slices of `bk`: each thread loads its quads of the
+//! next slice into `vec4<f32>` registers while the current slice is multiplied, then converts
+//! them to f16 and stores them into workgroup memory laid out like the operand
+//! (`[outer][contig]`, rows padded by 8 halves, as `vec4<f16>`), so fragments load row-major
+//! (`coopLoadT`) for a row-major operand and column-major (`coopLoad`) for a transposed one.
+//! Elements outside the matrices are staged as zeros (the quads of `matmul_simt.rs`), so every
+//! cooperative operation runs for every slice in uniform control flow, whatever M, N and K are.
+//!
+//! `high` stages each element `x` as `hi = f16(x rounded to 11 significant bits by masking)`
+//! and `lo = f16(x - hi)` and sums hi·hi + hi·lo + lo·hi (Ootomo and Yokota, arXiv 2203.03341);
+//! the mask, not `x - f32(f16(x))`, because the H200's driver folded that to zero.
+//!
+//! Range: each operand is multiplied while staging by `2^e`, `e` from its max-abs (the
+//! [`super::maxabs`] pre-pass, in the `range` buffer), so its largest element lands in
+//! `[2^14, 2^15)`; the result is multiplied by `2^-ea · 2^-eb` before the epilogue (exact).
+//! Without it f16 turns elements beyond 65504 into infinities and flushes those below 6e-8.
+//!
+//! Fragments reach C through a per-subgroup 16x16 f32 scratch in workgroup memory (there is no
+//! per-element access to a fragment): `coopStoreT`, barrier, each invocation applies the
+//! epilogue to its share and stores it with bounds checks.
+//!
+//! Emulated ([`CoopKernel::emulate`]), fragments become `vec2<u32>(offset, stride)` references
+//! into the staging memory and the cooperative operations plain functions with the same
+//! meaning, so the rest of the kernel runs (slowly) on adapters without cooperative matrices:
+//! the GPU-vs-CPU tests on lavapipe.
+//!
+//! Ported from the issue-11 prototype, correct at every shape it was run on on the H200
+//! (`medium` 128x128x64 w2x4 and `high` 64x128x32 w2x4 were its fastest tiles).
+
+use super::matmul_simt::{
+    epilogue_and_store, load_quads, params_and_operands, quad_fn, regs, slice, Access, Side,
+    Slice,
+};
+use super::maxabs::{EXPONENTS, RANGE_BINDING};
+use super::writer::Wgsl;
+use crate::err;
+use crate::error::Result;
+
+/// Which cooperative mode a kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CoopMode {
+    /// Split-f16: three products per 16-deep step.
+    High,
+    /// One f16 product.
+    Medium,
+}
+
+/// Tile of a cooperative kernel: a workgroup computes `bm x bn` of C with `wm x wn` subgroups,
+/// each owning `(bm / wm / 16) x (bn / wn / 16)` fragments of 16x16; K in slices of `bk`
+/// (`stages` 1: one staging buffer and two barriers per slice; 2: double buffer and one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopTile {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub wm: u32,
+    pub wn: u32,
+    pub stages: u32,
+}
+
+/// The tiles measured fastest on the H200 (issue-11 prototype, 2026-11-30).
+pub const MEDIUM_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 64, wm: 2, wn: 4, stages: 1 };
+/// See [`MEDIUM_TILE`].
+pub const HIGH_TILE: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 2, wn: 4, stages: 1 };
+
+/// Halves of padding after each staged row.
+const PAD: u32 = 8;
+
+impl CoopTile {
+    /// Parse `BMxBNxBK` followed by `wWMxWN` (e.g. `128x128x64w2x4`, spaces allowed), optionally
+    /// `s2` for two stages: the form `RUMUS_MATMUL_COOP_TILE` takes.
+    pub fn parse(s: &str) -> Result<CoopTile> {
+        let bad = || {
+            err!(
+                InvalidArgument,
+                "cooperative tile `{s}` is not of the form BMxBNxBKwWMxWN[s2], e.g. 128x128x64w2x4"
+            )
+        };
+        let t: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        let (t, stages) = match t.split_once('s') {
+            Some((t, st)) => (t.to_string(), st.parse::<u32>().map_err(|_| bad())?),
+            None => (t, 1),
+        };
+        let (block, warps) = t.split_once('w').ok_or_else(bad)?;
+        let nums = |p: &str| -> Result<Vec<u32>> {
+            p.split('x').map(|v| v.parse::<u32>().map_err(|_| bad())).collect()
+        };
+        match (nums(block)?.as_slice(), nums(warps)?.as_slice()) {
+            (&[bm, bn, bk], &[wm, wn]) => Ok(CoopTile { bm, bn, bk, wm, wn, stages }),
+            _ => Err(bad()),
+        }
+    }
+
+    /// `128x128x64 w2x4` (with ` s2` for two stages).
+    pub fn name(&self) -> String {
+        let s = if self.stages == 2 { " s2" } else { "" };
+        format!("{}x{}x{} w{}x{}{s}", self.bm, self.bn, self.bk, self.wm, self.wn)
+    }
+
+    /// An error unless the tile splits evenly for subgroups of `sg`: whole 16x16 fragments per
+    /// subgroup, slices a multiple of 16 deep, the quads of each slice a multiple of the
+    /// threads, 1 or 2 stages.
+    pub fn check(&self, sg: u32) -> Result<()> {
+        let t = self;
+        let name = t.name();
+        if t.stages != 1 && t.stages != 2 {
+            return Err(err!(InvalidArgument, "cooperative tile {name}: stages must be 1 or 2"));
+        }
+        if [t.bm, t.bn, t.bk].iter().any(|&d| d > 1024) || t.wm > 64 || t.wn > 64 {
+            return Err(err!(
+                InvalidArgument,
+                "cooperative tile {name}: blocks above 1024 or more than 64x64 subgroups fit no device"
+            ));
+        }
+        let frags = t.wm > 0
+            && t.wn > 0
+            && t.bm.is_multiple_of(16 * t.wm)
+            && t.bn.is_multiple_of(16 * t.wn);
+        if !frags || t.bm == 0 || t.bn == 0 {
+            return Err(err!(
+                InvalidArgument,
+                "cooperative tile {name}: the block does not split into {}x{} subgroups of whole 16x16 fragments",
+                t.wm,
+                t.wn
+            ));
+        }
+        if t.bk == 0 || !t.bk.is_multiple_of(16) {
+            return Err(err!(
+                InvalidArgument,
+                "cooperative tile {name}: the slice depth must be a positive multiple of 16"
+            ));
+        }
+        if sg == 0 || !256u32.is_multiple_of(sg) {
+            return Err(err!(
+                InvalidArgument,
+                "subgroups of {sg} do not divide a 16x16 fragment's 256 elements"
+            ));
+        }
+        let threads = t.wm * t.wn * sg;
+        for (x, quads) in [("a", t.bm * t.bk / 4), ("b", t.bk * t.bn / 4)] {
+            if !quads.is_multiple_of(threads) {
+                return Err(err!(
+                    InvalidArgument,
+                    "cooperative tile {name}: the {quads} quads of a slice of {x} do not divide among {threads} threads"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One cooperative kernel: mode, tile, the subgroup size it is written for, and whether the
+/// cooperative operations are emulated in plain WGSL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopKernel {
+    pub mode: CoopMode,
+    pub tile: CoopTile,
+    /// Invocations per subgroup (32 on NVIDIA; emulated subgroups are virtual, 32 as well).
+    pub subgroup: u32,
+    pub emulate: bool,
+}
+
+impl CoopKernel {
+    /// Threads per workgroup.
+    pub fn threads(&self) -> u32 {
+        self.tile.wm * self.tile.wn * self.subgroup
+    }
+
+    /// Bytes of workgroup memory the kernel declares (staging for hi and lo parts with `high`,
+    /// plus a 16x16 f32 scratch per subgroup), for an operand layout `access`.
+    pub fn workgroup_bytes(&self, access: [Access; 2]) -> u32 {
+        let t = &self.tile;
+        let (a, b) = stage_halves(t, access);
+        let copies = if self.mode == CoopMode::High { 2 } else { 1 };
+        t.stages * copies * (a + b) * 2 + t.wm * t.wn * 256 * 4
+    }
+
+    /// The name reports use: `coop-high`, `coop-medium`.
+    pub fn name(&self) -> &'static str {
+        match self.mode {
+            CoopMode::High => "coop-high",
+            CoopMode::Medium => "coop-medium",
+        }
+    }
+}
+
+/// Halves of one stage of the A and the B staging buffers.
+fn stage_halves(t: &CoopTile, access: [Access; 2]) -> (u32, u32) {
+    let sa = slice((t.bm, t.bn, t.bk), Side::A, access[0]);
+    let sb = slice((t.bm, t.bn, t.bk), Side::B, access[1]);
+    (sa.outer * (sa.contig + PAD), sb.outer * (sb.contig + PAD))
+}
+
+/// One staging buffer: its WGSL name and whether fragments read it row-major.
+struct Buf {
+    name: &'static str,
+    row_major: bool,
+}
+
+/// The WGSL of kernel `k` reading A and B as `access` says, with the epilogue's declarations
+/// (`@binding(4)` on) and body. The tile must pass [`CoopTile::check`].
+pub fn generate(k: &CoopKernel, access: [Access; 2], decls: &str, body: &str) -> String {
+    Gen::new(k, access).module(decls, body)
+}
+
+struct Gen<'a> {
+    k: &'a CoopKernel,
+    t: CoopTile,
+    sg: u32,
+    threads: u32,
+    fm: u32,
+    fnn: u32,
+    high: bool,
+    access: [Access; 2],
+    sa: Slice,
+    sb: Slice,
+    /// Halves per staged row of A and of B, and per stage.
+    a_row: u32,
+    b_row: u32,
+    stage_a: u32,
+    stage_b: u32,
+}
+
+impl<'a> Gen<'a> {
+    fn new(k: &'a CoopKernel, access: [Access; 2]) -> Gen<'a> {
+        let t = k.tile;
+        let sa = slice((t.bm, t.bn, t.bk), Side::A, access[0]);
+        let sb = slice((t.bm, t.bn, t.bk), Side::B, access[1]);
+        let (a_row, b_row) = (sa.contig + PAD, sb.contig + PAD);
+        Gen {
+            k,
+            t,
+            sg: k.subgroup,
+            threads: k.threads(),
+            fm: t.bm / t.wm / 16,
+            fnn: t.bn / t.wn / 16,
+            high: k.mode == CoopMode::High,
+            access,
+            stage_a: sa.outer * a_row,
+            stage_b: sb.outer * b_row,
+            a_row,
+            b_row,
+            sa,
+            sb,
+        }
+    }
+
+    /// Elements of an accumulator fragment each invocation holds when emulating.
+    fn per_lane(&self) -> u32 {
+        256 / self.sg
+    }
+
+    fn per_thread(&self, s: &Slice) -> u32 {
+        s.outer * s.contig / 4 / self.threads
+    }
+
+    fn bufs(&self) -> (Vec<Buf>, Vec<Buf>) {
+        let (ra, rb) = (self.access[0].row_major, self.access[1].row_major);
+        let mut a = vec![Buf { name: "sa", row_major: ra }];
+        let mut b = vec![Buf { name: "sb", row_major: rb }];
+        if self.high {
+            a.push(Buf { name: "sal", row_major: ra });
+            b.push(Buf { name: "sbl", row_major: rb });
+        }
+        (a, b)
+    }
+
+    fn module(&self, decls: &str, body: &str) -> String {
+        let (t, k) = (&self.t, self.k);
+        let mut w = Wgsl::new();
+        w.line("enable f16;");
+        if !k.emulate {
+            w.line("enable wgpu_cooperative_matrix;");
+        }
+        w.line("alias scalar = f32;");
+        let emulated = if k.emulate { ", emulated" } else { "" };
+        w.line(&format!(
+            "// {} matmul {}, subgroups of {}{emulated} (codegen/matmul_coop.rs)",
+            k.name(),
+            t.name(),
+            self.sg
+        ));
+        w.blank();
+        params_and_operands(&mut w, self.access, decls);
+        w.line(&format!(
+            "@group(0) @binding({RANGE_BINDING}) var<storage, read> range: array<u32>;"
+        ));
+        w.blank();
+        let (abufs, bbufs) = self.bufs();
+        for buf in &abufs {
+            let n = t.stages * self.stage_a / 4;
+            w.line(&format!("var<workgroup> {}: array<vec4<f16>, {n}>;", buf.name));
+        }
+        for buf in &bbufs {
+            let n = t.stages * self.stage_b / 4;
+            w.line(&format!("var<workgroup> {}: array<vec4<f16>, {n}>;", buf.name));
+        }
+        w.line(&format!("var<workgroup> scratch: array<f32, {}>;", t.wm * t.wn * 256));
+        w.blank();
+        epilogue_and_store(&mut w, body);
+        for (s, acc) in [(&self.sa, self.access[0]), (&self.sb, self.access[1])] {
+            quad_fn(&mut w, s, acc.vector);
+        }
+        if self.high {
+            w.line("// x rounded to 11 significant bits (exact in f16 within its normal range).");
+            w.open("fn split_hi(x: vec4<f32>) -> vec4<f32>");
+            w.line("let bits = (bitcast<vec4<u32>>(x) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u);");
+            w.line("return bitcast<vec4<f32>>(bits);");
+            w.close();
+            w.blank();
+        }
+        self.stage_fn(&mut w, &self.sa, self.a_row, &abufs);
+        self.stage_fn(&mut w, &self.sb, self.b_row, &bbufs);
+        if k.emulate {
+            self.emulation(&mut w, &abufs, &bbufs);
+        }
+        self.main(&mut w, &abufs, &bbufs);
+        w.finish()
+    }
+
+    /// `fn stage_a(t, base, sc, pa0, ...)`: this thread's quads scaled by `sc`, converted to
+    /// f16 (hi and lo with `high`) and stored at `base` (in halves) of the staging buffers.
+    fn stage_fn(&self, w: &mut Wgsl, s: &Slice, row: u32, bufs: &[Buf]) {
+        let x = s.x;
+        let per_row = s.contig / 4;
+        let n = self.per_thread(s);
+        let params: Vec<String> = (0..n).map(|l| format!("p{x}{l}: vec4<f32>")).collect();
+        w.open(&format!("fn stage_{x}(t: u32, base: u32, sc: f32, {})", params.join(", ")));
+        for l in 0..n {
+            let g = format!("(t + {}u)", l * self.threads);
+            w.line(&format!(
+                "let h{l} = base + ({g} / {per_row}u) * {row}u + 4u * ({g} % {per_row}u);"
+            ));
+            w.line(&format!("let v{l} = p{x}{l} * sc;"));
+            if self.high {
+                w.line(&format!("let hi{l} = split_hi(v{l});"));
+                w.line(&format!("{}[h{l} / 4u] = vec4<f16>(hi{l});", bufs[0].name));
+                w.line(&format!("{}[h{l} / 4u] = vec4<f16>(v{l} - hi{l});", bufs[1].name));
+            } else {
+                w.line(&format!("{}[h{l} / 4u] = vec4<f16>(v{l});", bufs[0].name));
+            }
+        }
+        w.close();
+        w.blank();
+    }
+
+    /// Plain-WGSL stand-ins for the cooperative operations (see the module docs).
+    fn emulation(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
+        let e = self.per_lane();
+        // Element (r, c) of a fragment at vec4 index f.x with a stride of f.y vec4s.
+        for buf in abufs.iter().chain(bbufs) {
+            w.open(&format!("fn emu_{}(f: vec2<u32>, r: u32, c: u32) -> f32", buf.name));
+            if buf.row_major {
+                w.line("let h = f.x * 4u + r * f.y * 4u + c;");
+            } else {
+                w.line("let h = f.x * 4u + c * f.y * 4u + r;");
+            }
+            w.line(&format!("return f32({}[h / 4u][h % 4u]);", buf.name));
+            w.close();
+            w.blank();
+        }
+        for ab in abufs {
+            for bb in bbufs {
+                if ab.name == "sal" && bb.name == "sbl" {
+                    continue;
+                }
+                w.open(&format!(
+                    "fn emu_mma_{}_{}(fa: vec2<u32>, fb: vec2<u32>, acc: array<f32, {e}>, lane: u32) -> array<f32, {e}>",
+                    ab.name, bb.name
+                ));
+                w.line("var out = acc;");
+                w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
+                w.line(&format!("let flat = q * {}u + lane;", self.sg));
+                w.line("var s = out[q];");
+                w.block(
+                    "for (var kk = 0u; kk < 16u; kk++)",
+                    &[&format!(
+                        "s += emu_{}(fa, flat / 16u, kk) * emu_{}(fb, kk, flat % 16u);",
+                        ab.name, bb.name
+                    )],
+                );
+                w.line("out[q] = s;");
+                w.close();
+                w.line("return out;");
+                w.close();
+                w.blank();
+            }
+        }
+        w.open(&format!("fn emu_store(v: array<f32, {e}>, base: u32, stride: u32, lane: u32)"));
+        w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
+        w.line(&format!("let flat = q * {}u + lane;", self.sg));
+        w.line("scratch[base + (flat / 16u) * stride + flat % 16u] = v[q];");
+        w.close();
+        w.close();
+        w.blank();
+    }
+
+    fn load_frag(&self, w: &mut Wgsl, var: &str, buf: &Buf, idx: &str, stride: &str, role: &str) {
+        if self.k.emulate {
+            w.line(&format!("let {var} = vec2<u32>({idx}, {stride});"));
+        } else {
+            let f = if buf.row_major { "coopLoadT" } else { "coopLoad" };
+            w.line(&format!(
+                "let {var} = {f}<coop_mat16x16<f16, {role}>>(&{}[{idx}], {stride});",
+                buf.name
+            ));
+        }
+    }
+
+    fn mma(&self, w: &mut Wgsl, acc: &str, fa: &str, fb: &str, (ab, bb): (&Buf, &Buf)) {
+        if self.k.emulate {
+            w.line(&format!("{acc} = emu_mma_{}_{}({fa}, {fb}, {acc}, lane);", ab.name, bb.name));
+        } else {
+            w.line(&format!("{acc} = coopMultiplyAdd({fa}, {fb}, {acc});"));
+        }
+    }
+
+    /// One 16-deep step of the current slice at depth `kk * 16`: fragment loads and products.
+    fn kstep(&self, w: &mut Wgsl, kk: u32, abufs: &[Buf], bbufs: &[Buf]) {
+        let k16 = format!("{}u", kk * 16);
+        // A fragment fi at (row a_sub + 16 fi, k 16 kk); B fragment fj at (k 16 kk, col b_sub + 16 fj).
+        for fi in 0..self.fm {
+            let m = format!("(a_sub + {}u)", fi * 16);
+            let (o, c) = if self.access[0].row_major { (&m, &k16) } else { (&k16, &m) };
+            w.line(&format!("let ia{fi}_{kk} = (cur_a + {o} * {}u + {c}) / 4u;", self.a_row));
+        }
+        for fj in 0..self.fnn {
+            let n = format!("(b_sub + {}u)", fj * 16);
+            let (o, c) = if self.access[1].row_major { (&k16, &n) } else { (&n, &k16) };
+            w.line(&format!("let ib{fj}_{kk} = (cur_b + {o} * {}u + {c}) / 4u;", self.b_row));
+        }
+        let fa = |fi: u32, part: &str| format!("fa{part}{fi}_{kk}");
+        let fb = |fj: u32, part: &str| format!("fb{part}{fj}_{kk}");
+        for fi in 0..self.fm {
+            self.load_frag(w, &fa(fi, ""), &abufs[0], &format!("ia{fi}_{kk}"), "a_stride", "A");
+        }
+        for fj in 0..self.fnn {
+            self.load_frag(w, &fb(fj, ""), &bbufs[0], &format!("ib{fj}_{kk}"), "b_stride", "B");
+        }
+        if self.high {
+            for fj in 0..self.fnn {
+                let idx = format!("ib{fj}_{kk}");
+                self.load_frag(w, &fb(fj, "l"), &bbufs[1], &idx, "b_stride", "B");
+            }
+        }
+        for fi in 0..self.fm {
+            for fj in 0..self.fnn {
+                let acc = format!("acc{fi}_{fj}");
+                self.mma(w, &acc, &fa(fi, ""), &fb(fj, ""), (&abufs[0], &bbufs[0]));
+                if self.high {
+                    self.mma(w, &acc, &fa(fi, ""), &fb(fj, "l"), (&abufs[0], &bbufs[1]));
+                }
+            }
+        }
+        if self.high {
+            for fi in 0..self.fm {
+                let idx = format!("ia{fi}_{kk}");
+                self.load_frag(w, &fa(fi, "l"), &abufs[1], &idx, "a_stride", "A");
+            }
+            for fi in 0..self.fm {
+                for fj in 0..self.fnn {
+                    let acc = format!("acc{fi}_{fj}");
+                    self.mma(w, &acc, &fa(fi, "l"), &fb(fj, ""), (&abufs[1], &bbufs[0]));
+                }
+            }
+        }
+    }
+
+    fn main(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
+        let t = self.t;
+        let threads = self.threads;
+        let (la, lb) = (self.per_thread(&self.sa), self.per_thread(&self.sb));
+        w.line(&format!("@compute @workgroup_size({threads})"));
+        w.open(
+            "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32)",
+        );
+        w.line("let M = p.m;");
+        w.line("let N = p.n;");
+        w.line("let K = p.k;");
+        w.line("let batch = wid.z;");
+        w.line(&format!("let row0 = wid.y * {}u;", t.bm));
+        w.line(&format!("let col0 = wid.x * {}u;", t.bn));
+        w.line("let a_base = p.a_off + batch * p.a_sb;");
+        w.line("let b_base = p.b_off + batch * p.b_sb;");
+        w.line(&format!("let warp = t / {}u;", self.sg));
+        w.line(&format!("let lane = t % {}u;", self.sg));
+        w.line(&format!("let wr = warp / {}u;", t.wn));
+        w.line(&format!("let wc = warp % {}u;", t.wn));
+        w.line(&format!("let ea = bitcast<i32>(range[{EXPONENTS}u]);"));
+        w.line(&format!("let eb = bitcast<i32>(range[{}u]);", EXPONENTS + 1));
+        w.line("let sca = ldexp(1.0, ea);");
+        w.line("let scb = ldexp(1.0, eb);");
+        for l in 0..la {
+            w.line(&format!("var pa{l}: vec4<f32>;"));
+        }
+        for l in 0..lb {
+            w.line(&format!("var pb{l}: vec4<f32>;"));
+        }
+        for fi in 0..self.fm {
+            for fj in 0..self.fnn {
+                if self.k.emulate {
+                    w.line(&format!("var acc{fi}_{fj} = array<f32, {}>();", self.per_lane()));
+                } else {
+                    w.line(&format!("var acc{fi}_{fj} = coop_mat16x16<f32, C>();"));
+                }
+            }
+        }
+        let stage = |w: &mut Wgsl, at_a: &str, at_b: &str| {
+            w.line(&format!("stage_a(t, {at_a}, sca, {});", regs("pa", la)));
+            w.line(&format!("stage_b(t, {at_b}, scb, {});", regs("pb", lb)));
+        };
+        w.line("var k0 = 0u;");
+        load_quads(w, &self.sa, "pa", la, threads);
+        load_quads(w, &self.sb, "pb", lb, threads);
+        stage(w, "0u", "0u");
+        w.line("workgroupBarrier();");
+        // Fragment origins of this subgroup, in halves within a stage; strides in vec4s.
+        w.line(&format!("let a_sub = wr * {}u;", self.fm * 16));
+        w.line(&format!("let b_sub = wc * {}u;", self.fnn * 16));
+        w.line(&format!("let a_stride = {}u;", self.a_row / 4));
+        w.line(&format!("let b_stride = {}u;", self.b_row / 4));
+        w.line(&format!("let n_slices = (K + {}u) / {}u;", t.bk - 1, t.bk));
+        w.open("for (var s = 0u; s < n_slices; s++)");
+        if t.stages == 2 {
+            w.line(&format!("let cur_a = (s & 1u) * {}u;", self.stage_a));
+            w.line(&format!("let cur_b = (s & 1u) * {}u;", self.stage_b));
+        } else {
+            w.line("let cur_a = 0u;");
+            w.line("let cur_b = 0u;");
+        }
+        w.line("let has_next = s + 1u < n_slices;");
+        w.open("if (has_next)");
+        w.line(&format!("k0 = (s + 1u) * {}u;", t.bk));
+        load_quads(w, &self.sa, "pa", la, threads);
+        load_quads(w, &self.sb, "pb", lb, threads);
+        w.close();
+        for kk in 0..t.bk / 16 {
+            self.kstep(w, kk, abufs, bbufs);
+        }
+        if t.stages == 2 {
+            w.open("if (has_next)");
+            let (na, nb) = (format!("{}u - cur_a", self.stage_a), format!("{}u - cur_b", self.stage_b));
+            stage(w, &na, &nb);
+            w.close();
+            w.line("workgroupBarrier();");
+        } else {
+            w.line("workgroupBarrier();");
+            w.open("if (has_next)");
+            stage(w, "0u", "0u");
+            w.close();
+            w.line("workgroupBarrier();");
+        }
+        w.close();
+        // Epilogue: one fragment per subgroup at a time through the scratch.
+        w.line("let so = warp * 256u;");
+        w.line("let ss = 16u;");
+        for fi in 0..self.fm {
+            for fj in 0..self.fnn {
+                if self.k.emulate {
+                    w.line(&format!("emu_store(acc{fi}_{fj}, so, ss, lane);"));
+                } else {
+                    w.line(&format!("coopStoreT(acc{fi}_{fj}, &scratch[so], ss);"));
+                }
+                w.line("workgroupBarrier();");
+                for q in 0..self.per_lane() {
+                    let flat = format!("({}u + lane)", q * self.sg);
+                    let (i, j) = (format!("i{fi}_{fj}_{q}"), format!("j{fi}_{fj}_{q}"));
+                    w.line(&format!("let {i} = row0 + a_sub + {}u + {flat} / 16u;", fi * 16));
+                    w.line(&format!("let {j} = col0 + b_sub + {}u + {flat} % 16u;", fj * 16));
+                    w.block(
+                        &format!("if ({i} < M && {j} < N)"),
+                        &[&format!(
+                            "store_c(ldexp(ldexp(scratch[so + {flat}], -ea), -eb), batch, {i}, {j});"
+                        )],
+                    );
+                }
+                w.line("workgroupBarrier();");
+            }
+        }
+        w.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_parse_and_bad_ones_say_why() {
+        assert_eq!(CoopTile::parse("128x128x64w2x4").unwrap(), MEDIUM_TILE);
+        assert_eq!(CoopTile::parse(" 64x128x32 w2x4 ").unwrap(), HIGH_TILE);
+        assert_eq!(CoopTile::parse("64x128x32w2x4s2").unwrap(), CoopTile { stages: 2, ..HIGH_TILE });
+        let form = "is not of the form BMxBNxBKwWMxWN[s2], e.g. 128x128x64w2x4";
+        for bad in ["", "128x128x64", "128x128w2x4", "axbxcwdxe", "1x2x3w4x5sX"] {
+            let e = CoopTile::parse(bad).unwrap_err();
+            assert_eq!(e.message, format!("cooperative tile `{bad}` {form}"));
+        }
+        let check = |t: CoopTile, expected: &str| {
+            assert_eq!(t.check(32).unwrap_err().message, expected);
+        };
+        MEDIUM_TILE.check(32).unwrap();
+        HIGH_TILE.check(32).unwrap();
+        check(
+            CoopTile { wm: 3, ..MEDIUM_TILE },
+            "cooperative tile 128x128x64 w3x4: the block does not split into 3x4 subgroups of whole 16x16 fragments",
+        );
+        check(
+            CoopTile { bk: 24, ..MEDIUM_TILE },
+            "cooperative tile 128x128x24 w2x4: the slice depth must be a positive multiple of 16",
+        );
+        check(CoopTile { stages: 3, ..MEDIUM_TILE }, "cooperative tile 128x128x64 w2x4: stages must be 1 or 2");
+        check(
+            CoopTile { wm: u32::MAX, ..MEDIUM_TILE },
+            "cooperative tile 128x128x64 w4294967295x4: blocks above 1024 or more than 64x64 subgroups fit no device",
+        );
+        check(
+            CoopTile { bm: 16, bn: 64, bk: 16, wm: 1, wn: 4, stages: 1 },
+            "cooperative tile 16x64x16 w1x4: the 64 quads of a slice of a do not divide among 128 threads",
+        );
+        assert_eq!(
+            MEDIUM_TILE.check(0).unwrap_err().message,
+            "subgroups of 0 do not divide a 16x16 fragment's 256 elements"
+        );
+    }
+}
