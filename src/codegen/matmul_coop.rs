@@ -25,8 +25,9 @@
 //!
 //! Emulated ([`CoopKernel::emulate`]), fragments become `vec2<u32>(offset, stride)` references
 //! into the staging memory and the cooperative operations plain functions with the same
-//! meaning, so the rest of the kernel runs (slowly) on adapters without cooperative matrices:
-//! the GPU-vs-CPU tests on lavapipe.
+//! meaning, and staged values are rounded to f16 through `pack2x16float` and kept as f32, so
+//! the rest of the kernel runs (slowly) on adapters without cooperative matrices or f16: the
+//! GPU-vs-CPU tests on lavapipe and on Mesa's OpenGL adapter.
 //!
 //! Ported from the issue-11 prototype, correct at every shape it was run on on the H200
 //! (`medium` 128x128x64 w2x4 and `high` 64x128x32 w2x4 were its fastest tiles).
@@ -176,7 +177,8 @@ impl CoopKernel {
         let t = &self.tile;
         let (a, b) = stage_halves(t, access);
         let copies = if self.mode == CoopMode::High { 2 } else { 1 };
-        t.stages * copies * (a + b) * 2 + t.wm * t.wn * 256 * 4
+        let bytes = if self.emulate { 4 } else { 2 };
+        t.stages * copies * (a + b) * bytes + t.wm * t.wn * 256 * 4
     }
 
     /// The name reports use: `coop-high`, `coop-medium`.
@@ -272,8 +274,8 @@ impl<'a> Gen<'a> {
     fn module(&self, decls: &str, body: &str) -> String {
         let (t, k) = (&self.t, self.k);
         let mut w = Wgsl::new();
-        w.line("enable f16;");
         if !k.emulate {
+            w.line("enable f16;");
             w.line("enable wgpu_cooperative_matrix;");
         }
         w.line("alias scalar = f32;");
@@ -291,19 +293,29 @@ impl<'a> Gen<'a> {
         ));
         w.blank();
         let (abufs, bbufs) = self.bufs();
+        let elem = if k.emulate { "vec4<f32>" } else { "vec4<f16>" };
         for buf in &abufs {
             let n = t.stages * self.stage_a / 4;
-            w.line(&format!("var<workgroup> {}: array<vec4<f16>, {n}>;", buf.name));
+            w.line(&format!("var<workgroup> {}: array<{elem}, {n}>;", buf.name));
         }
         for buf in &bbufs {
             let n = t.stages * self.stage_b / 4;
-            w.line(&format!("var<workgroup> {}: array<vec4<f16>, {n}>;", buf.name));
+            w.line(&format!("var<workgroup> {}: array<{elem}, {n}>;", buf.name));
         }
         w.line(&format!("var<workgroup> scratch: array<f32, {}>;", t.wm * t.wn * 256));
         w.blank();
         epilogue_and_store(&mut w, body);
         for (s, acc) in [(&self.sa, self.access[0]), (&self.sb, self.access[1])] {
             quad_fn(&mut w, s, acc.vector);
+        }
+        if k.emulate {
+            w.line("// x rounded to f16 and back (the staged values of the emulated kernel).");
+            w.open("fn f16r(x: vec4<f32>) -> vec4<f32>");
+            w.line("let lo = unpack2x16float(pack2x16float(x.xy));");
+            w.line("let hi = unpack2x16float(pack2x16float(x.zw));");
+            w.line("return vec4<f32>(lo, hi);");
+            w.close();
+            w.blank();
         }
         if self.high {
             w.line("// x rounded to 11 significant bits (exact in f16 within its normal range).");
@@ -336,12 +348,13 @@ impl<'a> Gen<'a> {
                 "let h{l} = base + ({g} / {per_row}u) * {row}u + 4u * ({g} % {per_row}u);"
             ));
             w.line(&format!("let v{l} = p{x}{l} * sc;"));
+            let half = if self.k.emulate { "f16r" } else { "vec4<f16>" };
             if self.high {
                 w.line(&format!("let hi{l} = split_hi(v{l});"));
-                w.line(&format!("{}[h{l} / 4u] = vec4<f16>(hi{l});", bufs[0].name));
-                w.line(&format!("{}[h{l} / 4u] = vec4<f16>(v{l} - hi{l});", bufs[1].name));
+                w.line(&format!("{}[h{l} / 4u] = {half}(hi{l});", bufs[0].name));
+                w.line(&format!("{}[h{l} / 4u] = {half}(v{l} - hi{l});", bufs[1].name));
             } else {
-                w.line(&format!("{}[h{l} / 4u] = vec4<f16>(v{l});", bufs[0].name));
+                w.line(&format!("{}[h{l} / 4u] = {half}(v{l});", bufs[0].name));
             }
         }
         w.close();
@@ -359,7 +372,7 @@ impl<'a> Gen<'a> {
             } else {
                 w.line("let h = f.x * 4u + c * f.y * 4u + r;");
             }
-            w.line(&format!("return f32({}[h / 4u][h % 4u]);", buf.name));
+            w.line(&format!("return {}[h / 4u][h % 4u];", buf.name));
             w.close();
             w.blank();
         }

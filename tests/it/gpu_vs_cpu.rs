@@ -94,11 +94,11 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     assert_eq!(simt, 3, "forward and both gradients: {:?}", plan.dispatch_labels());
 }
 
-/// The matmul cases again in the `high` and `medium` modes, with the cooperative operations
-/// emulated in plain WGSL (a small tile, so these ragged shapes span several blocks): every
-/// product of the plan (forward, both gradients, batched products, split-K partials, fused
-/// epilogues) takes a cooperative kernel after its range pre-pass. `medium` rounds operands to
-/// f16 once, so its tolerance is wider.
+/// One matmul case per kind of product again in the `high` and `medium` modes, with the
+/// cooperative operations emulated in plain WGSL (a small tile, so these ragged shapes span
+/// several blocks): every product of the plan (forward and both gradients of a plain, a
+/// batched-broadcast and a split-K product, and a fused epilogue) takes a cooperative kernel
+/// after its range pre-pass. `medium` rounds operands to f16 once, so its tolerance is wider.
 #[test]
 fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
     let Some((gpu, _turn)) = or_skip("matmul_cases_match_the_cpu_in_the_cooperative_modes") else {
@@ -112,10 +112,12 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
             emulate_coop: true,
             ..MatmulOptions::DEFAULT
         };
-        // Software adapters compile each emulated module slowly: one case per kind of product.
+        // Software adapters compile and run each emulated module slowly: one case per kind of
+        // product, and on Mesa's OpenGL adapter the plain product alone.
+        let gl = gpu.info.backend == wgpu::Backend::Gl;
         let some =
             ["matmul", "matmul batched broadcast", "matmul long k", "matmul empty k then relu"];
-        every_case_on(gpu, cases(), |name| some.contains(&name), coop);
+        every_case_on(gpu, cases(), |name| some.contains(&name) && (!gl || name == "matmul"), coop);
         let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
         let b = build(&c).unwrap();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
