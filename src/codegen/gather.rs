@@ -2,7 +2,7 @@
 //! (all of its inputs, or a run of them).
 
 use super::expr::{decompose, linear_index, ExprEmitter};
-use super::wgsl::{open_main, thread_index, Binder, WG};
+use super::wgsl::{open_main, thread_index, Binder, Ctx, WG};
 use super::writer::Wgsl;
 use crate::graph::{Graph, NodeId, Op};
 use crate::plan::Plan;
@@ -51,7 +51,18 @@ pub(super) fn embedding(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -
 
 /// The table gradient of embedding: thread `i` sums output element `i` over the indices that
 /// name its row (a gather, no atomics), and checks index `i`.
-pub(super) fn embedding_grad(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -> (u32, u32) {
+/// Dispatches of embedding gradient `out`.
+pub(super) fn embedding_grad_stages(_g: &Graph, _out: NodeId) -> usize {
+    1
+}
+
+pub(super) fn embedding_grad(
+    g: &Graph,
+    w: &mut Wgsl,
+    binder: &Binder,
+    _ctx: &mut Ctx,
+    out: NodeId,
+) -> (u32, u32) {
     let node = g.node(out);
     let (idx, dy) = (node.inputs[0], node.inputs[1]);
     let n_idx: usize = g.shape(idx).iter().product();

@@ -27,6 +27,7 @@ pub mod writer;
 pub use precision::MatmulPrecision;
 pub use program::{
     Binding, Grid, MatmulOptions, PlanPrograms, Program, Resource, ShaderChecks, Target,
+    REDUCE_CHUNK,
 };
 
 use crate::err;
@@ -99,5 +100,5 @@ fn kernel(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Pro
         }
         _ => {}
     }
-    Ok(wgsl::generate(g, plan, k).into_iter().collect())
+    Ok(wgsl::generate(g, plan, k, target))
 }

@@ -169,6 +169,41 @@ fn gpu_training_matches_the_cpu_reference() {
     }
 }
 
+/// Reductions forced into two stages (a first-stage workgroup sums 5 elements, so the gradient
+/// norm and every sum of the steps take several workgroups and a second dispatch; cross-entropy
+/// always does): the steps match the CPU reference as above, and two runs from the same start
+/// give the same bits (fixed reduction order, no atomics).
+#[test]
+fn two_stage_reductions_match_the_cpu_and_repeat_bit_for_bit() {
+    let (gpus, _turn) = both_or_skip("two_stage_reductions_match_the_cpu_and_repeat_bit_for_bit");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for gpu in gpus {
+        for (name, t) in steps(gpu) {
+            let two_stage = || {
+                let mut b = gpu_backend(gpu, &t, true, true);
+                b.reduce_chunk = 5;
+                b
+            };
+            let mut first = two_stage();
+            let labels = first.plan_for(&[t.loss], true).unwrap().dispatch_labels().join(", ");
+            assert!(labels.contains("reduce") && labels.contains("stage 1"), "{name}: {labels}");
+            let (gl, gv) = train(&mut first, &t, 3);
+            let (al, av) = train(&mut two_stage(), &t, 3);
+            assert_eq!(bits(&gl), bits(&al), "{name}: losses differ between two runs");
+            assert!(bits(&gv) == bits(&av), "{name}: values differ between two runs");
+            let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 3);
+            let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
+            println!(
+                "{name}: two stages vs cpu, max relative error: losses {el:.2e}, values {ev:.2e}"
+            );
+            assert!(
+                el < 1e-4 && ev < 2e-2,
+                "{name}: gpu losses {gl:?} cpu {cl:?}; values differ by {ev:.2e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn too_much_memory_is_an_error_and_the_device_still_works() {
     let (gpus, _turn) = both_or_skip("too_much_memory_is_an_error_and_the_device_still_works");

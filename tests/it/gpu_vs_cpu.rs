@@ -49,7 +49,18 @@ fn to_tensor(shape: &[usize], b: &Buf<f64>) -> Tensor {
 fn every_case_matches_the_cpu_reference() {
     let (gpus, _turn) = both_or_skip("every_case_matches_the_cpu_reference");
     for gpu in gpus {
-        every_case_on(gpu, |_| true, MatmulOptions::default());
+        every_case_on(gpu, |_| true, |_| {});
+    }
+}
+
+/// The cases with reductions (and every case's `Σ out · r`) with reductions forced into two
+/// stages: a first-stage workgroup sums 3 elements, so partials are ragged and several.
+#[test]
+fn reductions_in_two_stages_match_the_cpu_reference() {
+    let (gpus, _turn) = both_or_skip("reductions_in_two_stages_match_the_cpu_reference");
+    let reduces = ["sum", "mean", "max", "mse", "dropout", "cross_entropy", "embedding"];
+    for gpu in gpus {
+        every_case_on(gpu, |n| reduces.iter().any(|r| n.starts_with(r)), |b| b.reduce_chunk = 3);
     }
 }
 
@@ -66,7 +77,8 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     // there the plain product alone; every matmul case runs on the Vulkan adapters.
     let gl = gpu.info.backend == wgpu::Backend::Gl;
     let simt = MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT };
-    every_case_on(gpu, |name| if gl { name == "matmul" } else { name.starts_with("matmul") }, simt);
+    let only = |name: &str| if gl { name == "matmul" } else { name.starts_with("matmul") };
+    every_case_on(gpu, only, |b| b.matmul = simt);
     let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
@@ -77,8 +89,13 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     assert_eq!(simt, 3, "forward and both gradients: {:?}", plan.dispatch_labels());
 }
 
-/// Every case whose name `only` accepts, on `gpu`, with matmul kernels chosen by `matmul`.
-fn every_case_on(gpu: &'static Gpu, only: impl Fn(&str) -> bool, matmul: MatmulOptions) {
+/// Every case whose name `only` accepts, on `gpu`, with the backend's kernel choices set by
+/// `configure`.
+fn every_case_on(
+    gpu: &'static Gpu,
+    only: impl Fn(&str) -> bool,
+    configure: impl Fn(&mut GpuBackend),
+) {
     let max = gpu.limits.max_storage_buffers_per_shader_stage;
     let mut failures = Vec::new();
     let mut worst = 0.0f64;
@@ -98,7 +115,7 @@ fn every_case_on(gpu: &'static Gpu, only: impl Fn(&str) -> bool, matmul: MatmulO
             f.iter().map(|(id, buf)| to_tensor(b.g.shape(*id), buf)).collect();
         let gfeeds: Vec<_> = f.iter().zip(&tensors).map(|((id, _), t)| (*id, t)).collect();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
-        backend.matmul = matmul;
+        configure(&mut backend);
         let got = match backend.run(&gfeeds, &want, opts) {
             Ok(got) => got,
             Err(e) => {
