@@ -3,7 +3,8 @@
 //! knowing what they compute.
 //!
 //! - [`wgsl`]: the generated kernels (elementwise, update copies; row kernels in `rows.rs`,
-//!   gathers in `gather.rs`) and the matmul epilogue, written with [`writer`];
+//!   gathers in `gather.rs`, embedding backward's sort in `embedding_grad.rs`) and the matmul
+//!   epilogue, written with [`writer`];
 //! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
 //! - [`precision`]: the matmul precision modes (`highest`, `high`, `medium`);
@@ -12,6 +13,7 @@
 //! Adding a kernel kind is a change here: a function returning its programs, called from
 //! [`compile`].
 
+mod embedding_grad;
 pub mod expr;
 mod gather;
 pub mod layer_norm;

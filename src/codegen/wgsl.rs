@@ -3,8 +3,8 @@
 //!
 //! Elementwise kernels and guarded update copies are generated here, as are the epilogues that
 //! the matmul template runs ([`matmul_epilogue`]); the row kernels (reductions, softmax,
-//! cross-entropy) are in `rows.rs` and the gathers (embedding, concat) in `gather.rs`. Every
-//! generated kernel starts from [`generate`].
+//! cross-entropy) are in `rows.rs`, the gathers (embedding, concat) in `gather.rs` and embedding
+//! backward in `embedding_grad.rs`. Every generated kernel starts from [`generate`].
 //!
 //! Bindings: every buffer a kernel touches is bound once, in the order of first use
 //! (`@binding(i)`, named `b{i}`), read-only unless the kernel writes it; then the plan's status
@@ -18,7 +18,8 @@
 //! parameters and state as they were, as on the CPU.
 
 use super::expr::{decompose, ExprEmitter, HASH32_WGSL, MATH_WGSL};
-use super::gather::{concat, embedding, embedding_grad, embedding_grad_stages};
+use super::embedding_grad::{embedding_grad, embedding_grad_stages};
+use super::gather::{concat, embedding};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::rows::{
     cross_entropy, cross_entropy_grad, cross_entropy_grad_stages, reduce, reduce_stages, softmax,
@@ -203,16 +204,23 @@ pub(super) struct Ctx {
     pub stage: usize,
     /// The target's `reduce_chunk`: elements a workgroup of a reduction's first stage takes.
     pub chunk: usize,
-    /// Scratch slots the dispatch binds, with the words it touches, in binding order.
-    scratch: Vec<(usize, u64)>,
+    /// Scratch slots the dispatch binds, with the words it touches and their element type, in
+    /// binding order.
+    scratch: Vec<(usize, u64, &'static str)>,
 }
 
 impl Ctx {
-    /// The WGSL name (`s{slot}`) of scratch slot `slot`, bound with at least `words` words.
+    /// The WGSL name (`s{slot}`) of scratch slot `slot` as `f32`s, bound with at least `words`
+    /// words.
     pub fn scratch(&mut self, slot: usize, words: usize) -> String {
-        match self.scratch.iter_mut().find(|(s, _)| *s == slot) {
+        self.scratch_of(slot, words, "f32")
+    }
+
+    /// [`Ctx::scratch`] with elements of type `ty` (`u32`: sort keys, counts, positions).
+    pub fn scratch_of(&mut self, slot: usize, words: usize, ty: &'static str) -> String {
+        match self.scratch.iter_mut().find(|(s, _, _)| *s == slot) {
             Some(e) => e.1 = e.1.max(words as u64),
-            None => self.scratch.push((slot, words as u64)),
+            None => self.scratch.push((slot, words as u64, ty)),
         }
         format!("s{slot}")
     }
@@ -343,11 +351,11 @@ fn generate_binding(
             words: 0,
         });
     }
-    for &(slot, words) in &ctx.scratch {
+    // A scratch slot the code names but does not index (a term of size 1) is not bound.
+    let scratch = ctx.scratch.iter().filter(|(slot, _, _)| body.contains(&format!("s{slot}[")));
+    for &(slot, words, ty) in scratch {
         let at = bindings.len();
-        h.line(&format!(
-            "@group(0) @binding({at}) var<storage, read_write> s{slot}: array<f32>;"
-        ));
+        h.line(&format!("@group(0) @binding({at}) var<storage, read_write> s{slot}: array<{ty}>;"));
         bindings.push(Binding {
             at: at as u32,
             name: format!("s{slot}"),

@@ -95,7 +95,8 @@ pub fn guarded(g: &Graph, plan: &Plan, k: &Kernel) -> bool {
 ///   (`guarded`), plus the scratch its dispatches share: a two-stage reduction's first stage
 ///   binds its partials instead of its output, the second only the two; cross-entropy's
 ///   second dispatch binds the output and the rows' losses; its gradient with an ignored
-///   label also binds the count.
+///   label also binds the count; embedding backward's sort binds up to five scratch buffers
+///   (keys and positions in and out, and the block counts).
 pub fn storage_bindings(
     g: &Graph,
     k: &Kernel,
@@ -123,7 +124,7 @@ pub fn storage_bindings(
             let own = distinct(k.inputs.iter().chain(&k.outputs).copied().collect());
             let out = *k.outputs.last().expect("a kernel writes a value");
             let scratch = match g.node(out).op {
-                Op::CrossEntropyGrad { ignore_index: Some(_) } => 1,
+                Op::CrossEntropyGrad { ignore_index: Some(_) } | Op::EmbeddingGrad { .. } => 1,
                 _ => 0,
             };
             own + usize::from(checks_data(kind) || guarded) + scratch
