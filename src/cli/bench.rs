@@ -76,11 +76,13 @@ fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
     g.cross_entropy(out, target, None)
 }
 
-/// `rumus plan`: the plan of the training step, as text (kernels listed) or JSON.
+/// `rumus plan`: the plan of the training step, as text (kernels listed) or JSON, with the
+/// dispatches and scratch bytes of its programs for a device at WebGPU's default limits.
 pub fn plan_command(spec: &ModelSpec, fusion: bool, as_json: bool) -> Result<String> {
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    let r = PlanReport::new(&t.graph, &p, p.kernels.len(), 0);
+    let programs = crate::codegen::compile(&t.graph, &p, &crate::codegen::Target::WEBGPU_DEFAULT)?;
+    let r = PlanReport::new(&t.graph, &p, programs.all().count(), programs.scratch_bytes());
     Ok(if as_json { format!("{}\n", r.json()) } else { r.text() })
 }
 
@@ -132,6 +134,9 @@ pub struct BenchResult {
     pub step_ms_median: f64,
     /// Fastest timed step, in milliseconds.
     pub step_ms_min: f64,
+    /// The first step after compiling (warm-up or timed), in milliseconds: it includes any
+    /// work the driver leaves to first use.
+    pub first_step_ms: f64,
     /// Time to build the training step and place it on the device, in milliseconds.
     pub compile_ms: f64,
     /// The matmul precision the steps ran with (`highest` on the CPU backend).
@@ -167,6 +172,7 @@ impl BenchResult {
             "warmup": self.warmup,
             "step_ms_median": self.step_ms_median,
             "step_ms_min": self.step_ms_min,
+            "first_step_ms": self.first_step_ms,
             "compile_ms": self.compile_ms,
             "matmul_precision": self.matmul_precision.to_string(),
             "ops": self.ops,
@@ -185,7 +191,7 @@ impl BenchResult {
     pub fn text(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\ncompile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
+            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up; first {:.3})\ncompile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
             self.model,
             self.params,
             self.adapter,
@@ -193,6 +199,7 @@ impl BenchResult {
             self.steps,
             self.step_ms_min,
             self.warmup,
+            self.first_step_ms,
             self.compile_ms,
             self.matmul_precision,
             self.ops,
@@ -259,12 +266,17 @@ pub fn bench_model(
     let refs: Vec<(NodeId, &Tensor)> = feeds.iter().map(|(id, t)| (*id, t)).collect();
     let mut times = Vec::with_capacity(steps);
     let mut losses = Vec::new();
+    let mut first_step_ms = f64::NAN;
     for step in 0..warmup + steps {
         let t0 = Instant::now();
         let out =
             backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if step == 0 {
+            first_step_ms = ms;
+        }
         if step >= warmup {
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
+            times.push(ms);
         }
         let loss = out.first().and_then(|t| t.as_f32()).and_then(|v| v.first().copied());
         losses.push(loss.unwrap_or(f32::NAN));
@@ -301,6 +313,7 @@ pub fn bench_model(
         warmup,
         step_ms_median: times[times.len() / 2],
         step_ms_min: times[0],
+        first_step_ms,
         compile_ms,
         matmul_precision: mode,
         ops: r.ops,

@@ -6,7 +6,7 @@
 //! WebGPU's default limits (8 storage buffers per stage, 128 MiB per binding), which every
 //! adapter meets, so the plans are proven to fit any adapter on the software one CI has.
 
-use crate::common::gpu::both_or_skip;
+use crate::common::gpu::{both_or_skip, or_skip};
 use rumus::backend::Backend;
 use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
@@ -326,5 +326,39 @@ fn a_gpt_over_one_token_matches_the_cpu_reference() {
         let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 2);
         let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
         assert!(el < 1e-4 && ev < 2e-2, "losses {gl:?} vs {cl:?}; values differ by {ev:.2e}");
+    }
+}
+
+/// `rumus bench --json` times the first step after compiling (`first_step_ms`) and dispatches
+/// as many programs a step as `rumus plan --json` counts for the model's plan (a cross-entropy
+/// and its reductions in two stages, an embedding's backward sort).
+#[test]
+fn bench_json_reports_the_first_step_and_the_plans_dispatches() {
+    let Some((_gpu, _turn)) = or_skip("bench_json_reports_the_first_step_and_the_plans_dispatches")
+    else {
+        return;
+    };
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let models: [&[&str]; 2] = [
+        &["scripts/xor.rms", "--set", "B=4"],
+        &["scripts/bigram.rms", "--set", "B=2", "--set", "T=3", "--set", "vocab=300"],
+    ];
+    for model in models {
+        let plan = run(&[&["plan"], model, &["--json"]].concat());
+        let bench =
+            run(&[&["bench"], model, &["--json", "--device", "gpu", "--steps", "2"]].concat());
+        let first = bench["first_step_ms"].as_f64().unwrap_or(-1.0);
+        assert!(first > 0.0, "{model:?}: {bench}");
+        let dispatches = bench["dispatches_per_step"].as_u64();
+        assert!(dispatches.is_some_and(|d| d > 0), "{model:?}: {bench}");
+        assert_eq!(dispatches, plan["dispatches"].as_u64(), "{model:?}: {bench} vs {plan}");
     }
 }
