@@ -173,6 +173,9 @@ pub struct BenchResult {
     pub step_ms_median: f64,
     /// Fastest timed step, in milliseconds.
     pub step_ms_min: f64,
+    /// The first step after compiling (warm-up or timed), in milliseconds: it includes any
+    /// work the driver leaves to first use.
+    pub first_step_ms: f64,
     /// Time to read the model, build its training step, open the device and place the
     /// initial parameters there, in milliseconds.
     pub setup_ms: f64,
@@ -215,6 +218,7 @@ impl BenchResult {
             "step_ms_median": self.step_ms_median,
             "step_ms_min": self.step_ms_min,
             "setup_ms": self.setup_ms,
+            "first_step_ms": self.first_step_ms,
             "compile_ms": self.compile_ms,
             "matmul_precision": self.matmul_precision.to_string(),
             "ops": self.ops,
@@ -234,7 +238,7 @@ impl BenchResult {
     pub fn text(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up)\nsetup {:.1} ms  compile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
+            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up; first {:.3})\nsetup {:.1} ms  compile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
             self.model,
             self.params,
             self.adapter,
@@ -242,6 +246,7 @@ impl BenchResult {
             self.steps,
             self.step_ms_min,
             self.warmup,
+            self.first_step_ms,
             self.setup_ms,
             self.compile_ms,
             self.matmul_precision,
@@ -314,12 +319,17 @@ pub fn bench_model(
     let refs: Vec<(NodeId, &Tensor)> = feeds.iter().map(|(id, t)| (*id, t)).collect();
     let mut times = Vec::with_capacity(steps);
     let mut losses = Vec::new();
+    let mut first_step_ms = f64::NAN;
     for step in 0..warmup + steps {
         let t0 = Instant::now();
         let out =
             backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if step == 0 {
+            first_step_ms = ms;
+        }
         if step >= warmup {
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
+            times.push(ms);
         }
         let loss = out.first().and_then(|t| t.as_f32()).and_then(|v| v.first().copied());
         losses.push(loss.unwrap_or(f32::NAN));
@@ -357,6 +367,7 @@ pub fn bench_model(
         step_ms_median: times[times.len() / 2],
         step_ms_min: times[0],
         setup_ms,
+        first_step_ms,
         compile_ms,
         matmul_precision: mode,
         ops: r.ops,

@@ -1,5 +1,5 @@
-//! Generated gathers: embedding forward and backward (checking their indices), and concat
-//! (all of its inputs, or a run of them).
+//! Generated gathers: embedding forward (checking its indices), and concat (all of its inputs,
+//! or a run of them). Embedding backward is in `embedding_grad.rs`.
 
 use super::expr::{decompose, linear_index, ExprEmitter};
 use super::wgsl::{open_main, thread_index, Binder, WG};
@@ -18,7 +18,7 @@ pub(super) fn in_range(idx: &str, rows: usize) -> String {
 }
 
 /// `if (i < n_idx) { let r = x[i]; if (!ok) { report(i); } }`: thread `i` checks index `i`.
-fn check_index(w: &mut Wgsl, x: &str, n_idx: usize, ok: &str) {
+pub(super) fn check_index(w: &mut Wgsl, x: &str, n_idx: usize, ok: &str) {
     w.open(&format!("if (i < {n_idx}u)"));
     w.line(&format!("let r = {x}[i];"));
     w.block(&format!("if (!{ok})"), &["report(i);"]);
@@ -43,34 +43,6 @@ pub(super) fn embedding(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -
         w.line(&format!("let r = {x}[i / {d}u];"));
         w.line(&format!("let row = select(0u, u32(r), {ok});"));
         w.line(&format!("{yn}[i] = {tn}[row * {d}u + i % {d}u];"));
-        w.close();
-    }
-    w.close();
-    ((n_out.max(n_idx) as u32).div_ceil(WG), WG)
-}
-
-/// The table gradient of embedding: thread `i` sums output element `i` over the indices that
-/// name its row (a gather, no atomics), and checks index `i`.
-pub(super) fn embedding_grad(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -> (u32, u32) {
-    let node = g.node(out);
-    let (idx, dy) = (node.inputs[0], node.inputs[1]);
-    let n_idx: usize = g.shape(idx).iter().product();
-    let (vocab, d) = (g.shape(out)[0], g.shape(out)[1]);
-    let n_out = vocab * d;
-    let (x, dn, yn) = (binder.name(idx), binder.name(dy), binder.name(out));
-    let ok = in_range("r", vocab);
-    open_main(w, WG);
-    w.line(&format!("let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
-    check_index(w, &x, n_idx, &ok);
-    if n_out > 0 {
-        w.open(&format!("if (i < {n_out}u)"));
-        w.line(&format!("let v = i32(i / {d}u);"));
-        w.line(&format!("let col = i % {d}u;"));
-        w.line("var acc = 0.0;");
-        w.open(&format!("for (var n = 0u; n < {n_idx}u; n++)"));
-        w.block(&format!("if ({x}[n] == v)"), &[&format!("acc += {dn}[n * {d}u + col];")]);
-        w.close();
-        w.line(&format!("{yn}[i] = acc;"));
         w.close();
     }
     w.close();

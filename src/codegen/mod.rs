@@ -3,7 +3,8 @@
 //! knowing what they compute.
 //!
 //! - [`wgsl`]: the generated kernels (elementwise, update copies; row kernels in `rows.rs`,
-//!   gathers in `gather.rs`) and the matmul epilogue, written with [`writer`];
+//!   gathers in `gather.rs`, embedding backward's sort in `embedding_grad.rs`) and the matmul
+//!   epilogue, written with [`writer`];
 //! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
 //! - [`precision`]: the matmul precision modes (`highest`, `high`, `medium`);
@@ -14,6 +15,7 @@
 //! [`compile`].
 
 pub mod attention;
+mod embedding_grad;
 pub mod expr;
 mod gather;
 pub mod layer_norm;
@@ -31,6 +33,7 @@ pub mod writer;
 pub use precision::MatmulPrecision;
 pub use program::{
     Binding, Grid, MatmulOptions, PlanPrograms, Program, Resource, ShaderChecks, Target,
+    REDUCE_CHUNK,
 };
 
 use crate::err;
@@ -111,5 +114,5 @@ fn kernel(
         | KernelKind::AttentionGradQ => return Ok((attention::lower(g, plan, k, target)?, None)),
         _ => {}
     }
-    Ok((wgsl::generate(g, plan, k).into_iter().collect(), matmul_kernel))
+    Ok((wgsl::generate(g, plan, k, target), matmul_kernel))
 }

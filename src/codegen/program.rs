@@ -105,7 +105,15 @@ pub struct Target {
     /// (which the `high` and `medium` kernels need); `None` without them.
     pub cooperative: Option<u32>,
     pub matmul: MatmulOptions,
+    /// Elements (at least) that one workgroup of a reduction's first stage sums: a reduction
+    /// over more than this per output element runs in two stages, many workgroups writing
+    /// partials and a second dispatch summing them in a fixed order. Tests lower it to run
+    /// the two stages at sizes a software adapter computes quickly.
+    pub reduce_chunk: u32,
 }
+
+/// The default [`Target::reduce_chunk`]: 16 elements a thread of a 256-thread workgroup.
+pub const REDUCE_CHUNK: u32 = 4096;
 
 /// How codegen chooses matmul kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +177,7 @@ impl Target {
         max_storage_buffers: 8,
         cooperative: None,
         matmul: MatmulOptions::DEFAULT,
+        reduce_chunk: REDUCE_CHUNK,
     };
 
     /// An adapter with cooperative matrices, as the H200 reports itself (48 KiB of workgroup
@@ -181,6 +190,7 @@ impl Target {
         max_storage_buffers: 64,
         cooperative: Some(32),
         matmul: MatmulOptions::DEFAULT,
+        reduce_chunk: REDUCE_CHUNK,
     };
 
     /// The limits of a device; `cooperative` as in [`Target::cooperative`].
@@ -192,6 +202,7 @@ impl Target {
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
             cooperative,
             matmul,
+            reduce_chunk: REDUCE_CHUNK,
         }
     }
 }

@@ -1,10 +1,16 @@
 //! Generated row kernels: a workgroup per output row, reduced across its threads in workgroup
 //! memory: reductions (with their prologue expression), softmax and log-softmax,
-//! cross-entropy forward (one workgroup) and backward (checking their labels).
+//! cross-entropy forward and backward (checking their labels).
+//!
+//! Sums over the whole GPU take two dispatches: a reduction over more than
+//! [`Target::reduce_chunk`](super::Target::reduce_chunk) elements per output element has many
+//! workgroups write partials into scratch and a second dispatch combine them; cross-entropy
+//! writes each row's loss and count from a workgroup per row and one workgroup sums them. Every
+//! sum is in a fixed order (no atomics), so a step gives the same bits every run.
 
 use super::expr::{decompose, f32_lit, ExprEmitter};
 use super::gather::in_range;
-use super::wgsl::{open_main, thread_index, Binder, CE_WG, ROW_WG, WG};
+use super::wgsl::{open_main, thread_index, Binder, Ctx, ROW_WG, SUM_WG, WG};
 use super::writer::Wgsl;
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 
@@ -46,11 +52,48 @@ fn row_max_and_total(w: &mut Wgsl, x: &str, n: usize) {
     w.line("let total = red[0];");
 }
 
+/// Most partials per output element of a two-stage reduction (a larger reduction takes more
+/// than `reduce_chunk` elements a workgroup).
+const MAX_PARTS: usize = 1024;
+
+/// The reduction's (output elements, elements reduced into each).
+fn reduce_sizes(g: &Graph, out: NodeId) -> (usize, usize) {
+    let node = g.node(out);
+    let Op::Reduce { axes, .. } = &node.op else { unreachable!("reduce kernel") };
+    let xs = g.shape(node.inputs[0]);
+    let n_red: usize = axes.iter().map(|&d| xs[d]).product();
+    (g.shape(out).iter().product(), n_red)
+}
+
+/// (partials per output element, elements each partial sums) of a two-stage reduction over
+/// `n_red` elements per output element, or `None` for one stage.
+fn parts(n_red: usize, chunk: usize) -> Option<(usize, usize)> {
+    if n_red <= chunk {
+        return None;
+    }
+    let len = chunk.max(n_red.div_ceil(MAX_PARTS));
+    Some((n_red.div_ceil(len), len))
+}
+
+/// Dispatches of reduce kernel `out`: two when each output element sums more than `chunk`.
+pub(super) fn reduce_stages(g: &Graph, out: NodeId, chunk: usize) -> usize {
+    let (_, n_red) = reduce_sizes(g, out);
+    if parts(n_red, chunk).is_some() {
+        2
+    } else {
+        1
+    }
+}
+
+/// A reduction: a workgroup per output element, or in two stages ([`parts`]): workgroup
+/// `o * P + p` reduces part `p` of output element `o` into scratch, then workgroup `o` combines
+/// its `P` partials in order.
 pub(super) fn reduce(
     g: &Graph,
     w: &mut Wgsl,
     em: &mut ExprEmitter,
     binder: &Binder,
+    ctx: &mut Ctx,
     out: NodeId,
 ) -> (u32, u32) {
     let node = g.node(out);
@@ -60,8 +103,7 @@ pub(super) fn reduce(
     let kept: Vec<usize> = (0..xs.len()).filter(|d| !axes.contains(d)).collect();
     let kept_shape: Vec<usize> = kept.iter().map(|&d| xs[d]).collect();
     let red_shape: Vec<usize> = axes.iter().map(|&d| xs[d]).collect();
-    let n_out: usize = kept_shape.iter().product();
-    let n_red: usize = red_shape.iter().product();
+    let (n_out, n_red) = reduce_sizes(g, out);
     let on = binder.name(out);
     if n_red == 0 {
         // Over nothing: the sum is 0 and the mean 0 / 0 (max of nothing is refused by shape
@@ -73,6 +115,31 @@ pub(super) fn reduce(
         w.close();
         return ((n_out as u32).div_ceil(WG), WG);
     }
+    let (init, combine, op_name) = match op {
+        ReduceOp::Max => (f32_lit(f32::NEG_INFINITY), "acc = max_(acc, v);", "max"),
+        _ => ("0.0".to_string(), "acc += v;", "sum"),
+    };
+    let finish = match op {
+        ReduceOp::Mean => format!(" / {}", f32_lit(n_red as f32)),
+        _ => String::new(),
+    };
+    let split = parts(n_red, ctx.chunk);
+    if let (Some((p, _)), 1) = (split, ctx.stage) {
+        // The second stage: output element `o` combines its partials in order.
+        let s = ctx.scratch(0, n_out * p);
+        open_row_main(w, SUM_WG);
+        w.line("let o = wid.x + wid.y * nwg.x;");
+        w.block(&format!("if (o >= {n_out}u)"), &["return;"]);
+        w.line(&format!("var acc = {init};"));
+        w.open(&format!("for (var q = lid; q < {p}u; q += {SUM_WG}u)"));
+        w.line(&format!("let v = {s}[o * {p}u + q];"));
+        w.line(combine);
+        w.close();
+        tree(w, op_name, SUM_WG);
+        w.block("if (lid == 0u)", &[&format!("{on}[o] = red[0]{finish};")]);
+        w.close();
+        return (n_out as u32, SUM_WG);
+    }
     let (out_code, out_coords) = decompose(&kept_shape, "o", "k");
     let (red_code, red_coords) = decompose(&red_shape, "j", "q");
     let mut coords = vec![String::new(); xs.len()];
@@ -83,29 +150,38 @@ pub(super) fn reduce(
         coords[d] = c.clone();
     }
     let value = em.emit(x, &coords);
-    let (init, combine, op_name) = match op {
-        ReduceOp::Max => (f32_lit(f32::NEG_INFINITY), "acc = max_(acc, v);", "max"),
-        _ => ("0.0".to_string(), "acc += v;", "sum"),
+    let (wg, groups, from, to, write) = match split {
+        None => (ROW_WG, n_out, "0u".to_string(), format!("{n_red}u"), format!("{on}[o] = red[0]{finish};")),
+        Some((p, len)) => {
+            let s = ctx.scratch(0, n_out * p);
+            (
+                SUM_WG,
+                n_out * p,
+                format!("part * {len}u"),
+                format!("min(part * {len}u + {len}u, {n_red}u)"),
+                format!("{s}[t] = red[0];"),
+            )
+        }
     };
-    let finish = match op {
-        ReduceOp::Mean => format!(" / {}", f32_lit(n_red as f32)),
-        _ => String::new(),
+    open_row_main(w, wg);
+    w.line("let t = wid.x + wid.y * nwg.x;");
+    w.block(&format!("if (t >= {groups}u)"), &["return;"]);
+    match split {
+        None => w.line("let o = t;"),
+        Some((p, _)) => w.line(&format!("let o = t / {p}u;")).line(&format!("let part = t % {p}u;")),
     };
-    open_row_main(w, ROW_WG);
-    w.line("let o = wid.x + wid.y * nwg.x;");
-    w.block(&format!("if (o >= {n_out}u)"), &["return;"]);
     w.lines(&out_code);
     w.line(&format!("var acc = {init};"));
-    w.open(&format!("for (var j = lid; j < {n_red}u; j += {ROW_WG}u)"));
+    w.open(&format!("for (var j = {from} + lid; j < {to}; j += {wg}u)"));
     w.lines(&red_code);
     w.lines(&em.body);
     w.line(&format!("let v = {value};"));
     w.line(combine);
     w.close();
-    tree(w, op_name, ROW_WG);
-    w.block("if (lid == 0u)", &[&format!("{on}[o] = red[0]{finish};")]);
+    tree(w, op_name, wg);
+    w.block("if (lid == 0u)", &[&write]);
     w.close();
-    (n_out as u32, ROW_WG)
+    (groups as u32, wg)
 }
 
 pub(super) fn softmax(
@@ -132,7 +208,16 @@ pub(super) fn softmax(
     (rows as u32, ROW_WG)
 }
 
-pub(super) fn cross_entropy(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -> (u32, u32) {
+/// Cross-entropy in two dispatches: a workgroup per row writes the row's loss and its count
+/// (0 or 1) into scratch (`[loss of each row, count of each row]`), checking its label; then
+/// one workgroup sums both in order and writes their quotient.
+pub(super) fn cross_entropy(
+    g: &Graph,
+    w: &mut Wgsl,
+    binder: &Binder,
+    ctx: &mut Ctx,
+    out: NodeId,
+) -> (u32, u32) {
     let node = g.node(out);
     let Op::CrossEntropy { ignore_index } = node.op else { unreachable!("cross_entropy kernel") };
     let (logits, labels) = (node.inputs[0], node.inputs[1]);
@@ -141,46 +226,65 @@ pub(super) fn cross_entropy(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeI
     let (ln, lab) = (binder.name(logits), binder.name(labels));
     let ignore = ignore_index.map_or("false".to_string(), |v| format!("label == {v}"));
     let ok = in_range("label", c);
-    // One workgroup (the mean needs every row): each thread takes rows, then the workgroup
-    // sums losses and counts.
-    open_row_main(w, CE_WG);
+    let s = ctx.scratch(0, 2 * rows);
+    if ctx.stage == 1 {
+        open_row_main(w, SUM_WG);
+        w.line("var acc = 0.0;");
+        w.block(&format!("for (var r = lid; r < {rows}u; r += {SUM_WG}u)"), &[&format!("acc += {s}[r];")]);
+        tree(w, "sum", SUM_WG);
+        w.line("let total = red[0];");
+        w.line("workgroupBarrier();");
+        w.line("acc = 0.0;");
+        w.block(
+            &format!("for (var r = lid; r < {rows}u; r += {SUM_WG}u)"),
+            &[&format!("acc += {s}[{rows}u + r];")],
+        );
+        tree(w, "sum", SUM_WG);
+        w.block("if (lid == 0u)", &[&format!("{}[0] = total / max(red[0], 1.0);", binder.name(out))]);
+        w.close();
+        return (1, SUM_WG);
+    }
+    open_row_main(w, ROW_WG);
+    w.line("let row = wid.x + wid.y * nwg.x;");
+    w.block(&format!("if (row >= {rows}u)"), &["return;"]);
+    w.line(&format!("let base = row * {c}u;"));
+    w.line(&format!("var acc = {};", f32_lit(f32::NEG_INFINITY)));
+    row_max_and_total(w, &ln, c);
+    w.open("if (lid == 0u)");
+    w.line(&format!("let label = {lab}[row];"));
     w.line("var loss = 0.0;");
     w.line("var count = 0.0;");
-    w.open(&format!("for (var r = lid; r < {rows}u; r += {CE_WG}u)"));
-    w.line(&format!("let label = {lab}[r];"));
-    w.block(&format!("if ({ignore})"), &["continue;"]);
-    w.block(&format!("if (!{ok})"), &["report(r);", "continue;"]);
-    w.line(&format!("let base = r * {c}u;"));
-    w.line(&format!("var m = {};", f32_lit(f32::NEG_INFINITY)));
-    w.block(
-        &format!("for (var j = 0u; j < {c}u; j++)"),
-        &[&format!("m = max_(m, {ln}[base + j]);")],
-    );
-    w.line("var s = 0.0;");
-    w.block(
-        &format!("for (var j = 0u; j < {c}u; j++)"),
-        &[&format!("s += exp({ln}[base + j] - m);")],
-    );
-    w.line("let t = u32(label);");
-    w.line(&format!("loss += m + log(s) - {ln}[base + t];"));
-    w.line("count += 1.0;");
+    w.open(&format!("if (!({ignore}))"));
+    w.open(&format!("if ({ok})"));
+    w.line(&format!("loss = m + log(total) - {ln}[base + u32(label)];"));
+    w.line("count = 1.0;");
     w.close();
-    w.line("var acc = loss;");
-    tree(w, "sum", CE_WG);
-    w.line("let total = red[0];");
-    w.line("workgroupBarrier();");
-    w.line("acc = count;");
-    tree(w, "sum", CE_WG);
-    w.block("if (lid == 0u)", &[&format!("{}[0] = total / max(red[0], 1.0);", binder.name(out))]);
+    w.block(&format!("if (!{ok})"), &["report(row);"]);
     w.close();
-    (1, CE_WG)
+    w.line(&format!("{s}[row] = loss;"));
+    w.line(&format!("{s}[{rows}u + row] = count;"));
+    w.close();
+    w.close();
+    (rows as u32, ROW_WG)
 }
 
+/// Dispatches of cross-entropy gradient `out`: with an ignored label, a first one counts the
+/// rows that are not ignored.
+pub(super) fn cross_entropy_grad_stages(g: &Graph, out: NodeId) -> usize {
+    match g.node(out).op {
+        Op::CrossEntropyGrad { ignore_index: Some(_) } => 2,
+        _ => 1,
+    }
+}
+
+/// The logits' gradient: a workgroup per row (after a dispatch counting the rows not ignored,
+/// into scratch, when a label is ignored).
 pub(super) fn cross_entropy_grad(
     g: &Graph,
     w: &mut Wgsl,
     em: &mut ExprEmitter,
     binder: &Binder,
+    ctx: &mut Ctx,
     out: NodeId,
 ) -> (u32, u32) {
     let node = g.node(out);
@@ -192,28 +296,32 @@ pub(super) fn cross_entropy_grad(
     let rows: usize = g.shape(labels).iter().product();
     let (ln, lab, dn) = (binder.name(logits), binder.name(labels), binder.name(out));
     let ok = in_range("label", c);
-    let dl = em.emit(dloss, &[]);
     let ignore = ignore_index.map_or("false".to_string(), |v| format!("label == {v}"));
+    if let (Some(v), 0) = (ignore_index, ctx.stage) {
+        let s = ctx.scratch(0, 1);
+        open_row_main(w, SUM_WG);
+        w.line("var acc = 0.0;");
+        w.open(&format!("for (var r = lid; r < {rows}u; r += {SUM_WG}u)"));
+        w.block(&format!("if ({lab}[r] != {v})"), &["acc += 1.0;"]);
+        w.close();
+        tree(w, "sum", SUM_WG);
+        w.block("if (lid == 0u)", &[&format!("{s}[0] = red[0];")]);
+        w.close();
+        return (1, SUM_WG);
+    }
+    let count = match ignore_index {
+        None => f32_lit(rows as f32),
+        Some(_) => format!("max({}[0], 1.0)", ctx.scratch(0, 1)),
+    };
+    let dl = em.emit(dloss, &[]);
     open_row_main(w, ROW_WG);
     w.line("let row = wid.x + wid.y * nwg.x;");
     w.block(&format!("if (row >= {rows}u)"), &["return;"]);
-    w.line("var acc = 0.0;");
-    match ignore_index {
-        None => w.line(&format!("let count = {};", f32_lit(rows as f32))),
-        Some(v) => {
-            w.line("acc = 0.0;");
-            w.open(&format!("for (var r = lid; r < {rows}u; r += {ROW_WG}u)"));
-            w.block(&format!("if ({lab}[r] != {v})"), &["acc += 1.0;"]);
-            w.close();
-            tree(w, "sum", ROW_WG);
-            w.line("let count = max(red[0], 1.0);")
-        }
-    };
-    w.line("workgroupBarrier();");
+    w.line(&format!("let count = {count};"));
     w.line(&format!("let base = row * {c}u;"));
     w.line(&format!("let label = {lab}[row];"));
     w.block(&format!("if (lid == 0u && !({ignore}) && !{ok})"), &["report(row);"]);
-    w.line(&format!("acc = {};", f32_lit(f32::NEG_INFINITY)));
+    w.line(&format!("var acc = {};", f32_lit(f32::NEG_INFINITY)));
     row_max_and_total(w, &ln, c);
     w.lines(&em.body);
     w.line(&format!("let scale = {dl} / count;"));

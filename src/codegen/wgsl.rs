@@ -3,8 +3,8 @@
 //!
 //! Elementwise kernels and guarded update copies are generated here, as are the epilogues that
 //! the matmul template runs ([`matmul_epilogue`]); the row kernels (reductions, softmax,
-//! cross-entropy) are in `rows.rs` and the gathers (embedding, concat) in `gather.rs`. Every
-//! generated kernel starts from [`generate`].
+//! cross-entropy) are in `rows.rs`, the gathers (embedding, concat) in `gather.rs` and embedding
+//! backward in `embedding_grad.rs`. Every generated kernel starts from [`generate`].
 //!
 //! Bindings: every buffer a kernel touches is bound once, in the order of first use
 //! (`@binding(i)`, named `b{i}`), read-only unless the kernel writes it; then the plan's status
@@ -18,9 +18,12 @@
 //! parameters and state as they were, as on the CPU.
 
 use super::expr::{decompose, ExprEmitter, HASH32_WGSL, MATH_WGSL};
-use super::gather::{concat, embedding, embedding_grad};
-use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
-use super::rows::{cross_entropy, cross_entropy_grad, reduce, softmax};
+use super::embedding_grad::{embedding_grad, embedding_grad_stages};
+use super::gather::{concat, embedding};
+use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
+use super::rows::{
+    cross_entropy, cross_entropy_grad, cross_entropy_grad_stages, reduce, reduce_stages, softmax,
+};
 use super::writer::Wgsl;
 use crate::graph::{Graph, NodeId, Op};
 use crate::plan::limits::{checks_data, guarded};
@@ -31,8 +34,9 @@ use crate::tensor::DType;
 pub const WG: u32 = 256;
 /// Threads per workgroup of generated row kernels (softmax, reductions, cross-entropy).
 pub const ROW_WG: u32 = 64;
-/// Threads of the one workgroup of the cross-entropy forward kernel.
-pub const CE_WG: u32 = 256;
+/// Threads per workgroup of the stages of a two-stage reduction and of the one workgroup that
+/// finishes a cross-entropy (sums its rows' losses) or counts its labels.
+pub const SUM_WG: u32 = 256;
 
 /// The arguments of every generated entry point.
 pub const MAIN_ARGS: &str = "@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32";
@@ -193,12 +197,64 @@ fn uses_dropout(g: &Graph, k: &Kernel) -> bool {
     k.fused.iter().any(|&id| matches!(g.node(id).op, Op::Dropout { .. }))
 }
 
-/// The program of generated kernel `k` (any kind but LayerNorm's, which use templates), or
-/// `None` when it has nothing to compute or check (a zero-size value). Only buffers the code
-/// reads or writes are bound (an automatic pipeline layout leaves out the others): a kernel
-/// over zero-size values may touch none of its inputs.
-pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> Option<Program> {
-    let all = generate_binding(g, plan, k, None);
+/// What a dispatch of a generated kernel binds beyond the plan's buffers, and which of the
+/// kernel's dispatches it is.
+pub(super) struct Ctx {
+    /// Which of the kernel's dispatches is being written, from 0 ([`stages`] of them).
+    pub stage: usize,
+    /// The target's `reduce_chunk`: elements a workgroup of a reduction's first stage takes.
+    pub chunk: usize,
+    /// Scratch slots the dispatch binds, with the words it touches and their element type, in
+    /// binding order.
+    scratch: Vec<(usize, u64, &'static str)>,
+}
+
+impl Ctx {
+    /// The WGSL name (`s{slot}`) of scratch slot `slot` as `f32`s, bound with at least `words`
+    /// words.
+    pub fn scratch(&mut self, slot: usize, words: usize) -> String {
+        self.scratch_of(slot, words, "f32")
+    }
+
+    /// [`Ctx::scratch`] with elements of type `ty` (`u32`: sort keys, counts, positions).
+    pub fn scratch_of(&mut self, slot: usize, words: usize, ty: &'static str) -> String {
+        match self.scratch.iter_mut().find(|(s, _, _)| *s == slot) {
+            Some(e) => e.1 = e.1.max(words as u64),
+            None => self.scratch.push((slot, words as u64, ty)),
+        }
+        format!("s{slot}")
+    }
+}
+
+/// How many dispatches generated kernel `k` takes on `target` (one, or a reduction's stages).
+fn stages(g: &Graph, k: &Kernel, target: &Target) -> usize {
+    let out = *k.outputs.last().expect("a kernel writes a value");
+    let chunk = target.reduce_chunk as usize;
+    match &k.kind {
+        KernelKind::Reduce => reduce_stages(g, out, chunk),
+        KernelKind::CrossEntropy => 2,
+        KernelKind::CrossEntropyGrad => cross_entropy_grad_stages(g, out),
+        KernelKind::EmbeddingGrad => embedding_grad_stages(g, out),
+        _ => 1,
+    }
+}
+
+/// The programs of generated kernel `k` (any kind but LayerNorm's, which use templates), in
+/// dispatch order, leaving out dispatches with nothing to compute or check (a zero-size value).
+/// Only buffers the code reads or writes are bound (an automatic pipeline layout leaves out
+/// the others): a kernel over zero-size values may touch none of its inputs.
+pub fn generate(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Vec<Program> {
+    (0..stages(g, k, target)).filter_map(|stage| generate_stage(g, plan, k, target, stage)).collect()
+}
+
+fn generate_stage(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    target: &Target,
+    stage: usize,
+) -> Option<Program> {
+    let all = generate_binding(g, plan, k, target, stage, None);
     let used: Vec<usize> = all
         .bindings
         .iter()
@@ -212,55 +268,54 @@ pub fn generate(g: &Graph, plan: &Plan, k: &Kernel) -> Option<Program> {
     let p = if used.len() == n_buffers.count() {
         all
     } else {
-        generate_binding(g, plan, k, Some(&used))
+        generate_binding(g, plan, k, target, stage, Some(&used))
     };
     (p.grid != Grid::Linear(0)).then_some(p)
 }
 
-fn generate_binding(g: &Graph, plan: &Plan, k: &Kernel, only: Option<&[usize]>) -> Program {
+fn generate_binding(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    target: &Target,
+    stage: usize,
+    only: Option<&[usize]>,
+) -> Program {
     let binder = Binder::new(plan, k, only);
     let names = |b: usize| name_of(&binder.list, b);
     let out = *k.outputs.last().expect("a kernel writes a value");
     let mut em = ExprEmitter::new(g, plan, &names);
     em.root = Some(out);
-    let uses_meta = uses_dropout(g, k);
     let status = status_use(g, plan, k);
+    let mut ctx = Ctx { stage, chunk: target.reduce_chunk.max(1) as usize, scratch: Vec::new() };
+    // The body first: the declarations after it bind only what it uses.
     let mut w = Wgsl::new();
-    w.line("alias scalar = f32;");
-    w.blank();
-    binder.declare(&mut w, g, k);
-    let mut at = binder.list.len();
-    if let Some(status) = status {
-        status_decl(&mut w, status, at);
-        at += 1;
-    }
-    if uses_meta {
-        w.open("struct Meta");
-        w.lines("step: u32,\npad0: u32,\npad1: u32,\npad2: u32,");
-        w.close();
-        w.line(&format!("@group(0) @binding({at}) var<uniform> rumus_meta: Meta;"));
-        w.lines(HASH32_WGSL);
-    }
-    w.blank();
-    w.lines(MATH_WGSL);
-    w.blank();
     let (workgroups, wg) = match &k.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
             elementwise(g, &mut w, &mut em, &binder, k, status == Some(StatusUse::Guard))
         }
-        KernelKind::Reduce => reduce(g, &mut w, &mut em, &binder, out),
+        KernelKind::Reduce => reduce(g, &mut w, &mut em, &binder, &mut ctx, out),
         KernelKind::Softmax | KernelKind::LogSoftmax => {
             softmax(g, &mut w, &binder, out, k.kind == KernelKind::LogSoftmax)
         }
-        KernelKind::CrossEntropy => cross_entropy(g, &mut w, &binder, out),
-        KernelKind::CrossEntropyGrad => cross_entropy_grad(g, &mut w, &mut em, &binder, out),
+        KernelKind::CrossEntropy => cross_entropy(g, &mut w, &binder, &mut ctx, out),
+        KernelKind::CrossEntropyGrad => {
+            cross_entropy_grad(g, &mut w, &mut em, &binder, &mut ctx, out)
+        }
         KernelKind::Embedding => embedding(g, &mut w, &binder, out),
-        KernelKind::EmbeddingGrad => embedding_grad(g, &mut w, &binder, out),
+        KernelKind::EmbeddingGrad => embedding_grad(g, &mut w, &binder, &mut ctx, out),
         KernelKind::Concat { parts } => {
             concat(g, plan, &mut w, &binder, &names, out, parts.clone())
         }
         other => unreachable!("{other:?} kernels use the templates in shaders/"),
     };
+    let body = w.finish();
+    let status = status.filter(|_| body.contains("report(") || body.contains("rumus_status"));
+    let uses_meta = body.contains("rumus_meta");
+    let mut h = Wgsl::new();
+    h.line("alias scalar = f32;");
+    h.blank();
+    binder.declare(&mut h, g, k);
     let mut bindings: Vec<Binding> = binder
         .list
         .iter()
@@ -272,27 +327,49 @@ fn generate_binding(g: &Graph, plan: &Plan, k: &Kernel, only: Option<&[usize]>) 
             words: 0,
         })
         .collect();
-    if status.is_some() {
-        let at = bindings.len() as u32;
+    if let Some(status) = status {
+        let at = bindings.len();
+        status_decl(&mut h, status, at);
         bindings.push(Binding {
-            at,
+            at: at as u32,
             name: "rumus_status".into(),
             resource: Resource::Status,
             words: 0,
         });
     }
     if uses_meta {
-        let at = bindings.len() as u32;
+        let at = bindings.len();
+        h.open("struct Meta");
+        h.lines("step: u32,\npad0: u32,\npad1: u32,\npad2: u32,");
+        h.close();
+        h.line(&format!("@group(0) @binding({at}) var<uniform> rumus_meta: Meta;"));
+        h.lines(HASH32_WGSL);
         bindings.push(Binding {
-            at,
+            at: at as u32,
             name: "rumus_meta".into(),
             resource: Resource::Meta,
             words: 0,
         });
     }
+    // A scratch slot the code names but does not index (a term of size 1) is not bound.
+    let scratch = ctx.scratch.iter().filter(|(slot, _, _)| body.contains(&format!("s{slot}[")));
+    for &(slot, words, ty) in scratch {
+        let at = bindings.len();
+        h.line(&format!("@group(0) @binding({at}) var<storage, read_write> s{slot}: array<{ty}>;"));
+        bindings.push(Binding {
+            at: at as u32,
+            name: format!("s{slot}"),
+            resource: Resource::Scratch { slot },
+            words,
+        });
+    }
+    h.blank();
+    h.lines(MATH_WGSL);
+    h.blank();
+    let stage_name = if stages(g, k, target) > 1 { format!(" stage {stage}") } else { String::new() };
     Program {
-        label: format!("{} #{}", k.kind.name(), out.index()),
-        wgsl: w.finish(),
+        label: format!("{} #{}{stage_name}", k.kind.name(), out.index()),
+        wgsl: format!("{}{body}", h.finish()),
         entry: "main",
         workgroup_size: wg,
         bindings,

@@ -92,7 +92,11 @@ pub fn guarded(g: &Graph, plan: &Plan, k: &Kernel) -> bool {
 ///   the gradient (7) backward;
 /// - a generated kernel binds each of its buffers once, plus the status buffer when it checks
 ///   its data ([`checks_data`]) or commits an update that a failed check must hold back
-///   (`guarded`).
+///   (`guarded`), plus the scratch its dispatches share: a two-stage reduction's first stage
+///   binds its partials instead of its output, the second only the two; cross-entropy's
+///   second dispatch binds the output and the rows' losses; its gradient with an ignored
+///   label also binds the count; embedding backward's sort binds up to five scratch buffers
+///   (keys and positions in and out, and the block counts).
 pub fn storage_bindings(
     g: &Graph,
     k: &Kernel,
@@ -118,7 +122,12 @@ pub fn storage_bindings(
         KernelKind::AttentionGradKv | KernelKind::AttentionGradQ => 7,
         kind => {
             let own = distinct(k.inputs.iter().chain(&k.outputs).copied().collect());
-            own + usize::from(checks_data(kind) || guarded)
+            let out = *k.outputs.last().expect("a kernel writes a value");
+            let scratch = match g.node(out).op {
+                Op::CrossEntropyGrad { ignore_index: Some(_) } | Op::EmbeddingGrad { .. } => 1,
+                _ => 0,
+            };
+            own + usize::from(checks_data(kind) || guarded) + scratch
         }
     }
 }

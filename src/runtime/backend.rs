@@ -30,6 +30,11 @@ pub struct GpuBackend {
     pub poison: bool,
     /// How codegen chooses matmul kernels for the plans compiled from now on.
     pub matmul: MatmulOptions,
+    /// Elements a workgroup of a reduction's first stage takes ([`Target::reduce_chunk`]), for
+    /// the plans compiled from now on.
+    ///
+    /// [`Target::reduce_chunk`]: crate::codegen::Target::reduce_chunk
+    pub reduce_chunk: u32,
 }
 
 impl GpuBackend {
@@ -89,6 +94,7 @@ impl GpuBackend {
             options,
             poison: false,
             matmul: MatmulOptions::from_env()?,
+            reduce_chunk: crate::codegen::REDUCE_CHUNK,
         })
     }
 
@@ -97,7 +103,14 @@ impl GpuBackend {
         let key = (want.to_vec(), training);
         if !self.plans.contains_key(&key) {
             let p = plan(&self.graph, want, training, self.options)?;
-            let compiled = GpuPlan::new(self.gpu, &self.graph, p, &self.persistent, self.matmul)?;
+            let compiled = GpuPlan::new(
+                self.gpu,
+                &self.graph,
+                p,
+                &self.persistent,
+                self.matmul,
+                self.reduce_chunk,
+            )?;
             self.plans.insert(key.clone(), compiled);
         }
         Ok(&self.plans[&key])

@@ -53,13 +53,15 @@ fn host_tensor(g: &Graph, id: NodeId, words: Vec<u32>) -> Result<Tensor> {
 impl GpuPlan {
     /// Build everything a step needs. `persistent` supplies the buffers of inputs, parameters
     /// and state that this plan shares with others; missing ones are created here. `matmul`
-    /// says how codegen chooses the matmul kernels.
+    /// says how codegen chooses the matmul kernels, `reduce_chunk` when a reduction takes two
+    /// stages ([`codegen::Target::reduce_chunk`]).
     pub fn new(
         gpu: &Gpu,
         g: &Graph,
         plan: Plan,
         persistent: &HashMap<NodeId, wgpu::Buffer>,
         matmul: MatmulOptions,
+        reduce_chunk: u32,
     ) -> Result<GpuPlan> {
         // The plan may have been built without this device's limits.
         let limits = crate::plan::Limits::of(&gpu.limits);
@@ -93,7 +95,7 @@ impl GpuPlan {
             }
         }
         let buffers: Vec<(wgpu::Buffer, u64, u64)> = buffers.into_iter().flatten().collect();
-        let target = gpu.target(matmul);
+        let target = codegen::Target { reduce_chunk, ..gpu.target(matmul) };
         let programs = codegen::compile(g, &plan, &target)?;
         let meta = gpu.uniform("meta", &[0u8; 16])?;
         let status = match programs.status_words {

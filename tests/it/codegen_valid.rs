@@ -69,11 +69,13 @@ fn validate_plans(
     failures: &mut Vec<String>,
 ) -> usize {
     let mut n = 0;
-    // A large GPU's limits, with every product that can on the generated SIMT matmul.
+    // A large GPU's limits, with every product that can on the generated SIMT matmul and every
+    // reduction over more than 3 elements in two stages.
     let simt = Target {
         max_workgroup_bytes: 49152,
         max_invocations: 1024,
         matmul: MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT },
+        reduce_chunk: 3,
         ..Target::WEBGPU_DEFAULT
     };
     let mut configs = vec![
@@ -98,8 +100,8 @@ fn validate_plans(
                 storage_bindings(g, k, &|id| p.value_of(id).unwrap().buffer, guarded(g, &p, k));
             // A matmul runs the template when it can; its generated fallback must be valid too.
             let fallback = match k.kind {
-                KernelKind::MatMul { .. } => generate(g, &p, k),
-                _ => None,
+                KernelKind::MatMul { .. } => generate(g, &p, k, &target),
+                _ => Vec::new(),
             };
             for prog in kp.programs.iter().chain(&fallback) {
                 let storage = prog

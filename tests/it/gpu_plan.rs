@@ -6,7 +6,7 @@
 //! WebGPU's default limits (8 storage buffers per stage, 128 MiB per binding), which every
 //! adapter meets, so the plans are proven to fit any adapter on the software one CI has.
 
-use crate::common::gpu::both_or_skip;
+use crate::common::gpu::{both_or_skip, or_skip};
 use rumus::backend::Backend;
 use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
@@ -169,6 +169,41 @@ fn gpu_training_matches_the_cpu_reference() {
     }
 }
 
+/// Reductions forced into two stages (a first-stage workgroup sums 5 elements, so the gradient
+/// norm and every sum of the steps take several workgroups and a second dispatch; cross-entropy
+/// always does): the steps match the CPU reference as above, and two runs from the same start
+/// give the same bits (fixed reduction order, no atomics).
+#[test]
+fn two_stage_reductions_match_the_cpu_and_repeat_bit_for_bit() {
+    let (gpus, _turn) = both_or_skip("two_stage_reductions_match_the_cpu_and_repeat_bit_for_bit");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for gpu in gpus {
+        for (name, t) in steps(gpu) {
+            let two_stage = || {
+                let mut b = gpu_backend(gpu, &t, true, true);
+                b.reduce_chunk = 5;
+                b
+            };
+            let mut first = two_stage();
+            let labels = first.plan_for(&[t.loss], true).unwrap().dispatch_labels().join(", ");
+            assert!(labels.contains("reduce") && labels.contains("stage 1"), "{name}: {labels}");
+            let (gl, gv) = train(&mut first, &t, 3);
+            let (al, av) = train(&mut two_stage(), &t, 3);
+            assert_eq!(bits(&gl), bits(&al), "{name}: losses differ between two runs");
+            assert!(bits(&gv) == bits(&av), "{name}: values differ between two runs");
+            let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 3);
+            let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
+            println!(
+                "{name}: two stages vs cpu, max relative error: losses {el:.2e}, values {ev:.2e}"
+            );
+            assert!(
+                el < 1e-4 && ev < 2e-2,
+                "{name}: gpu losses {gl:?} cpu {cl:?}; values differ by {ev:.2e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn too_much_memory_is_an_error_and_the_device_still_works() {
     let (gpus, _turn) = both_or_skip("too_much_memory_is_an_error_and_the_device_still_works");
@@ -303,5 +338,39 @@ fn a_gpt_over_one_token_matches_the_cpu_reference() {
         let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 2);
         let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
         assert!(el < 1e-4 && ev < 2e-2, "losses {gl:?} vs {cl:?}; values differ by {ev:.2e}");
+    }
+}
+
+/// `rumus bench --json` times the first step after compiling (`first_step_ms`) and dispatches
+/// as many programs a step as `rumus plan --json` counts for the model's plan (a cross-entropy
+/// and its reductions in two stages, an embedding's backward sort).
+#[test]
+fn bench_json_reports_the_first_step_and_the_plans_dispatches() {
+    let Some((_gpu, _turn)) = or_skip("bench_json_reports_the_first_step_and_the_plans_dispatches")
+    else {
+        return;
+    };
+    let run = |args: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let models: [&[&str]; 2] = [
+        &["scripts/xor.rms", "--set", "B=4"],
+        &["scripts/bigram.rms", "--set", "B=2", "--set", "T=3", "--set", "vocab=300"],
+    ];
+    for model in models {
+        let plan = run(&[&["plan"], model, &["--json"]].concat());
+        let bench =
+            run(&[&["bench"], model, &["--json", "--device", "gpu", "--steps", "2"]].concat());
+        let first = bench["first_step_ms"].as_f64().unwrap_or(-1.0);
+        assert!(first > 0.0, "{model:?}: {bench}");
+        let dispatches = bench["dispatches_per_step"].as_u64();
+        assert!(dispatches.is_some_and(|d| d > 0), "{model:?}: {bench}");
+        assert_eq!(dispatches, plan["dispatches"].as_u64(), "{model:?}: {bench} vs {plan}");
     }
 }

@@ -188,7 +188,8 @@ fn rumus_plan_wgsl_prints_each_kernel() {
             m.push('\n');
         }
     }
-    assert_eq!(modules.len(), 15, "one dispatch per kernel of this plan");
+    // One dispatch per kernel, two for cross-entropy (rows, then their sum).
+    assert_eq!(modules.len(), 16, "one dispatch per kernel of this plan, two for cross-entropy");
     for m in &modules {
         let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
