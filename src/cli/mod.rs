@@ -4,6 +4,7 @@
 //! `exit(n)` in a script exits `n`; a broken pipe on stdout is success).
 //!
 //! - [`graph`]: `rumus graph`, a model's parameters or its graph as DOT;
+//! - `rumus plot`: a metrics log's curves as SVG (`crate::plot`);
 //! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed.
 
 pub mod bench;
@@ -17,10 +18,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const USAGE: &str = "usage:
-  rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
-                 [--max-operations N] [--timeout SECS]
+  rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--plot FILE.svg]
+                 [--log-every N] [--max-operations N] [--timeout SECS]
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
+  rumus plot METRICS.jsonl -o FILE.svg    the loss and every logged metric against the step
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json | --wgsl [KERNEL]]
   rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D] [--profile] [--json]
   rumus bench --kernels [--device D]      fp32 matmul 4096 and LayerNorm fwd+bwd 32768 x 1024
@@ -40,6 +42,7 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
             let opts = RunOptions {
                 host: host_options(&mut flags)?,
                 metrics: flags.take("--metrics")?.map(PathBuf::from),
+                plot: flags.take("--plot")?.map(PathBuf::from),
                 log_every: flags.int("--log-every", 0, u64::MAX)?.unwrap_or(100),
                 file: PathBuf::from(flags.positional()?),
             };
@@ -63,6 +66,15 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
             let file = flags.positional()?;
             flags.done()?;
             print_text(&graph::cli_graph(&file, model.as_deref(), params)?)
+        }
+        "plot" => {
+            let out = match (flags.take("-o")?, flags.take("--output")?) {
+                (Some(o), None) | (None, Some(o)) => PathBuf::from(o),
+                _ => return Err(err!(Usage, "plot needs one output file: -o FILE.svg")),
+            };
+            let log = flags.positional()?;
+            flags.done()?;
+            crate::plot::plot_log(std::path::Path::new(&log), &out).map(|()| 0)
         }
         "plan" => {
             let wgsl = wgsl_flag(&mut flags)?;
