@@ -24,6 +24,7 @@ mod gradcheck;
 mod plan;
 mod repl;
 mod script_api;
+mod script_api_doc;
 mod script_checkpoint;
 mod script_cli;
 mod script_embed;
