@@ -84,7 +84,9 @@ impl Default for CsvOptions {
 
 /// Read a CSV file, plain or gzip-compressed (told apart by the gzip magic bytes, not the name).
 ///
-/// Fields are separated by commas and trimmed; quoting is not supported. Blank lines are skipped.
+/// Fields are separated by commas (split by the `csv` crate: a quoted field may hold commas,
+/// line breaks and `""` for a quote; CRLF line ends are fine) and trimmed. Blank lines are
+/// skipped.
 /// Every data line must have as many fields as the first, and every feature must be a finite
 /// number. `charge` grows before each buffer does; on return it holds at least the bytes of the
 /// dataset's tensors and class names.
@@ -330,12 +332,15 @@ fn parse_csv(
     let mut seen_first = false;
     let mut total = 0u64;
     let mut raw = Vec::new();
-    for line_no in 1usize.. {
-        let n = read_line(&mut reader, &mut raw, charge)
+    let mut lines_read = 0usize;
+    loop {
+        let line_no = lines_read + 1;
+        let n = read_record(&mut reader, &mut raw, charge)
             .map_err(|e| Error::new(e.kind, format!("{name}:{line_no}: {}", e.message)))?;
         if n == 0 {
             break;
         }
+        lines_read += raw.iter().filter(|&&b| b == b'\n').count().max(1);
         total += n as u64;
         if total > opts.max_bytes {
             return Err(err!(Limit, "{name}: more than {} bytes of text", opts.max_bytes));
@@ -346,7 +351,8 @@ fn parse_csv(
         if line.is_empty() {
             continue;
         }
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let record = split_fields(line).map_err(at)?;
+        let fields: Vec<&str> = record.iter().collect();
         if !seen_first {
             seen_first = true;
             let is_header = match opts.header {
@@ -437,8 +443,42 @@ fn parse_csv(
 
 /// Read one line (up to and including `\n`) into `raw`, charging its buffer as it grows; 0 at
 /// the end of the input.
-fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) -> Result<usize> {
+/// One record into `raw`: a line, or several while a quoted field spans line breaks (an odd
+/// number of `"` so far; an escaped quote `""` counts twice). Returns its length (0 at the end).
+fn read_record(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) -> Result<usize> {
     raw.clear();
+    loop {
+        let start = raw.len();
+        if read_line(reader, raw, charge)? == start {
+            return match raw.iter().filter(|&&b| b == b'"').count() % 2 {
+                0 => Ok(raw.len()),
+                _ => Err(err!(Io, "a quoted field is not closed before the end of the file")),
+            };
+        }
+        if raw.iter().filter(|&&b| b == b'"').count() % 2 == 0 {
+            return Ok(raw.len());
+        }
+    }
+}
+
+/// The fields of one record, split by the `csv` crate: quoted fields may hold commas, line
+/// breaks and escaped quotes (`""`); every field is trimmed.
+fn split_fields(record: &str) -> std::result::Result<csv::StringRecord, String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .trim(csv::Trim::All)
+        .buffer_capacity(record.len().max(64))
+        .from_reader(record.as_bytes());
+    let mut fields = csv::StringRecord::new();
+    match reader.read_record(&mut fields) {
+        Ok(_) => Ok(fields),
+        Err(e) => Err(format!("cannot split the line into fields: {e}")),
+    }
+}
+
+/// Append one line (with its `\n`, if any) to `raw`; returns the new length.
+fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) -> Result<usize> {
     loop {
         let buf = reader.fill_buf().map_err(|e| err!(Io, "{e}"))?;
         if buf.is_empty() {

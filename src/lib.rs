@@ -70,7 +70,7 @@ macro_rules! internal {
 }
 
 internal!(
-    backend, checkpoint, codegen, cpu, data, dsl, files, memory, nn, num, plan, rng, runtime,
+    backend, checkpoint, codegen, cpu, data, dsl, files, memory, nn, num, plan, plot, rng, runtime,
     source,
 );
 

@@ -4,6 +4,7 @@
 //! `exit(n)` in a script exits `n`; a broken pipe on stdout is success).
 //!
 //! - [`graph`]: `rumus graph`, a model's parameters or its graph as DOT;
+//! - `rumus plot`: a metrics log's curves as SVG (`crate::plot`);
 //! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed.
 
 pub mod bench;
@@ -18,10 +19,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const USAGE: &str = "usage:
-  rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--log-every N]
-                 [--max-operations N] [--timeout SECS] [--matmul-precision highest|high|medium]
+  rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--plot FILE.svg]
+                 [--log-every N] [--max-operations N] [--timeout SECS]
+                 [--matmul-precision highest|high|medium]
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
+  rumus plot METRICS.jsonl -o FILE.svg    the loss and every logged metric against the step
   rumus plan FILE [--model NAME] [--set NAME=VALUE]... [--unfused] [--json | --wgsl [KERNEL]]
                   [--matmul-precision MODE]  (high, medium: as on an adapter with cooperative matrices)
   rumus bench FILE [--model NAME] [--set NAME=VALUE]... [--steps N] [--warmup N] [--device D]
@@ -45,6 +48,7 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
             let opts = RunOptions {
                 host: host_options(&mut flags)?,
                 metrics: flags.take("--metrics")?.map(PathBuf::from),
+                plot: flags.take("--plot")?.map(PathBuf::from),
                 log_every: flags.int("--log-every", 0, u64::MAX)?.unwrap_or(100),
                 file: PathBuf::from(flags.positional()?),
             };
@@ -68,6 +72,15 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
             let file = flags.positional()?;
             flags.done()?;
             print_text(&graph::cli_graph(&file, model.as_deref(), params)?)
+        }
+        "plot" => {
+            let out = match (flags.take("-o")?, flags.take("--output")?) {
+                (Some(o), None) | (None, Some(o)) => PathBuf::from(o),
+                _ => return Err(err!(Usage, "plot needs one output file: -o FILE.svg")),
+            };
+            let log = flags.positional()?;
+            flags.done()?;
+            crate::plot::plot_log(std::path::Path::new(&log), &out).map(|()| 0)
         }
         "plan" => {
             let wgsl = wgsl_flag(&mut flags)?;

@@ -33,6 +33,12 @@ use std::io::Write;
 use std::rc::Rc;
 use std::sync::Arc;
 
+/// The names of the script API's functions (the entries of docs/script-api.md), as the REPL
+/// completes them.
+pub fn api_names() -> &'static [&'static str] {
+    api::NAMES
+}
+
 /// How a [`Host`] is set up.
 #[derive(Clone, Debug)]
 pub struct HostOptions {
@@ -66,6 +72,10 @@ pub enum Event {
         step: u64,
         /// The step's loss.
         loss: f32,
+        /// The learning rate the step used.
+        lr: f32,
+        /// The epoch the script last declared with `epoch(n)`, if any.
+        epoch: Option<u64>,
     },
     /// A script called `log_metric(name, value)`.
     Metric {
@@ -75,7 +85,22 @@ pub enum Event {
         name: String,
         /// Its value.
         value: f64,
+        /// The epoch the script last declared with `epoch(n)`, if any.
+        epoch: Option<u64>,
     },
+    /// A script declared how long it trains: `progress(#{ steps })` or `progress(#{ epochs })`.
+    Total(Total),
+    /// A script called `epoch(n)`: epoch `n` (counted from 0) starts.
+    Epoch(u64),
+}
+
+/// How long a script says it trains, for a progress bar with an estimate of the time left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Total {
+    /// This many training steps in all.
+    Steps(u64),
+    /// This many epochs in all (the script calls `epoch(n)` as each starts).
+    Epochs(u64),
 }
 
 /// Where a script's `print` output and events go.
@@ -98,6 +123,8 @@ pub struct Ctx {
     pub matmul_precision: Option<MatmulPrecision>,
     /// The step count of the last trainer that stepped (for `log_metric`).
     pub last_step: Cell<u64>,
+    /// The epoch the script last declared with `epoch(n)` (for metrics and progress).
+    pub epoch: Cell<Option<u64>>,
     /// Where `print` goes; `None`: standard output.
     print: RefCell<Option<PrintSink>>,
     events: RefCell<Option<EventSink>>,
@@ -181,6 +208,7 @@ impl Host {
             seed: Cell::new(opts.seed),
             matmul_precision: opts.matmul_precision,
             last_step: Cell::new(0),
+            epoch: Cell::new(None),
             print: RefCell::new(None),
             events: RefCell::new(None),
             models: RefCell::new(rms::Models::default()),

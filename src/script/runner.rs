@@ -1,9 +1,13 @@
-//! `rumus run FILE`: evaluate a `.rms` file in a fresh session, with a progress line for training
-//! steps (redrawn in place on a terminal, a plain line every `log_every` steps otherwise) and an
-//! optional metrics log of JSON lines.
+//! `rumus run FILE`: evaluate a `.rms` file in a fresh session, with progress for training
+//! steps (an `indicatif` bar on a terminal, with the total and an estimate of the time left once
+//! the script declares its length with `progress(#{ steps | epochs })`; a plain line every
+//! `log_every` steps otherwise) and an optional metrics log of JSON lines, each with the
+//! seconds since the run started (`time`), the step's `lr` and the script's `epoch`.
 
-use super::{Event, ExitRequest, Host, HostOptions, Interrupt};
+use super::{Event, ExitRequest, Host, HostOptions, Interrupt, Total};
 use crate::error::{Error, Result};
+use crate::plot::Curves;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::{IsTerminal, Write};
@@ -22,6 +26,8 @@ pub struct RunOptions {
     pub metrics: Option<PathBuf>,
     /// Plain progress output: one line every this many steps (0: none).
     pub log_every: u64,
+    /// At the end, draw the loss and every logged metric against the step into this SVG file.
+    pub plot: Option<PathBuf>,
 }
 
 /// Run a script file to the end. Returns the exit code the script asked for with `exit`
@@ -46,6 +52,7 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         opts.metrics.as_deref(),
         host.interrupt().clone(),
     )?));
+    progress.borrow_mut().curves = opts.plot.as_ref().map(|_| Curves::default());
     let p = progress.clone();
     host.on_event(move |e| p.borrow_mut().event(e));
     let p = progress.clone();
@@ -58,6 +65,12 @@ pub fn run(opts: RunOptions) -> Result<u8> {
     }
     if progress.broken_pipe {
         return Ok(0); // the reader went away: not a failure
+    }
+    if let (Some(path), Some(curves)) = (&opts.plot, &progress.curves) {
+        // A failed run still draws what it logged; its own error is what it reports.
+        if result.is_ok() || !curves.names().is_empty() {
+            curves.write_svg(path)?;
+        }
     }
     result.map(drop)?;
     Ok(match host.exit_request() {
@@ -78,14 +91,15 @@ fn stderr(s: &str) {
 
 /// Progress display and metrics log.
 struct Progress {
-    tty: bool,
     log_every: u64,
     metrics: Option<(PathBuf, File)>,
     start: Instant,
     first_step: Option<u64>,
-    /// A progress line is drawn and must be cleared before other output.
-    drawn: bool,
-    last_draw: Option<Instant>,
+    /// Drawn on a terminal only (hidden otherwise).
+    bar: ProgressBar,
+    total: Option<Total>,
+    /// The points for `--plot`, when it was given.
+    curves: Option<Curves>,
     /// Stops the script when output fails.
     interrupt: Interrupt,
     broken_pipe: bool,
@@ -101,14 +115,21 @@ impl Progress {
             }
             None => None,
         };
+        let target = if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr_with_hz(10)
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        let bar = ProgressBar::with_draw_target(None, target);
+        bar.set_style(ProgressStyle::with_template("step {pos}  {msg}").expect("a valid template"));
         Ok(Progress {
-            tty: std::io::stderr().is_terminal(),
             log_every,
             metrics,
             start: Instant::now(),
             first_step: None,
-            drawn: false,
-            last_draw: None,
+            bar,
+            total: None,
+            curves: None,
             interrupt,
             broken_pipe: false,
             failed: None,
@@ -122,42 +143,72 @@ impl Progress {
     }
 
     fn event(&mut self, e: &Event) {
+        let time = self.start.elapsed().as_secs_f64();
+        match (e, &mut self.curves) {
+            (Event::Step { step, loss, .. }, Some(c)) => c.push("loss", *step as f64, *loss as f64),
+            (Event::Metric { step, name, value, .. }, Some(c)) => {
+                c.push(name, *step as f64, *value)
+            }
+            _ => {}
+        }
         if let Some((path, f)) = &mut self.metrics {
             let line = match e {
-                Event::Step { step, loss } => serde_json::json!({ "step": step, "loss": loss }),
-                Event::Metric { step, name, value } => {
-                    serde_json::json!({ "step": step, "metric": name, "value": value })
-                }
+                Event::Step { step, loss, lr, epoch } => Some(serde_json::json!({
+                    "step": step, "loss": loss, "lr": lr, "epoch": epoch, "time": time
+                })),
+                Event::Metric { step, name, value, epoch } => Some(serde_json::json!({
+                    "step": step, "metric": name, "value": value, "epoch": epoch, "time": time
+                })),
+                Event::Total(_) | Event::Epoch(_) => None,
             };
-            if let Err(err) = writeln!(f, "{line}") {
+            if let Some(Err(err)) = line.map(|l| writeln!(f, "{l}")) {
                 let err = Error::io(path.display(), err);
                 self.fail(err);
             }
         }
-        let Event::Step { step, loss } = *e else {
-            return;
-        };
+        match *e {
+            Event::Total(total) => {
+                self.total = Some(total);
+                let (len, what) = match total {
+                    Total::Steps(n) => (n, "step"),
+                    Total::Epochs(n) => (n, "epoch"),
+                };
+                self.bar.set_length(len);
+                let template = format!("{what} {{pos}}/{{len}} {{wide_bar}} {{msg}} eta {{eta}}");
+                self.bar
+                    .set_style(ProgressStyle::with_template(&template).expect("a valid template"));
+                self.bar.reset_eta();
+            }
+            Event::Epoch(n) => {
+                if let Some(Total::Epochs(_)) = self.total {
+                    self.bar.set_position(n);
+                }
+            }
+            Event::Step { step, loss, .. } => self.step(step, loss),
+            Event::Metric { .. } => {}
+        }
+    }
+
+    fn step(&mut self, step: u64, loss: f32) {
         // Steps of a second model start again from 1: rates are per model, never negative.
         let first = *self.first_step.get_or_insert(step.saturating_sub(1));
         let secs = self.start.elapsed().as_secs_f64().max(1e-9);
         let rate = step.saturating_sub(first) as f64 / secs;
-        if self.tty {
-            // Redraw at most 10 times a second.
-            if self.last_draw.is_some_and(|t| t.elapsed().as_millis() < 100) {
-                return;
-            }
-            self.last_draw = Some(Instant::now());
-            stderr(&format!("\r\x1b[2Kstep {step}  loss {loss:.4}  {rate:.1} steps/s"));
-            self.drawn = true;
-        } else if self.log_every > 0 && step % self.log_every == 0 {
+        if !matches!(self.total, Some(Total::Epochs(_))) {
+            self.bar.set_position(step);
+        }
+        self.bar.set_message(format!("loss {loss:.4}  {rate:.1} steps/s"));
+        if self.bar.is_hidden() && self.log_every > 0 && step.is_multiple_of(self.log_every) {
             stderr(&format!("step {step} loss {loss:.4} ({rate:.1} steps/s)\n"));
         }
     }
 
     fn print(&mut self, s: &str) {
-        self.clear();
-        let mut out = std::io::stdout().lock();
-        match writeln!(out, "{s}").and_then(|()| out.flush()) {
+        let result = self.bar.suspend(|| {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{s}").and_then(|()| out.flush())
+        });
+        match result {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                 self.broken_pipe = true;
@@ -167,16 +218,8 @@ impl Progress {
         }
     }
 
-    fn clear(&mut self) {
-        if self.drawn {
-            stderr("\r\x1b[2K");
-            self.drawn = false;
-            self.last_draw = None;
-        }
-    }
-
     fn finish(&mut self) {
-        self.clear();
+        self.bar.finish_and_clear();
         if let Some((path, f)) = &mut self.metrics {
             if let Err(e) = f.flush() {
                 let e = Error::io(path.display(), e);

@@ -149,6 +149,12 @@ fn malformed_csv_errors_name_file_and_line() {
             &labelled(3),
             ":1: label_col 3 is out of range for 3 fields (it counts from 0)",
         ),
+        (
+            "unclosed_quote",
+            b"1,2,0\n3,\"4,1\n5,6,1\n",
+            &l2,
+            ":2: a quoted field is not closed before the end of the file",
+        ),
         ("header_only", b"a,b,c\n", &l2, ": no data rows"),
         ("empty", b"", &l2, ": no data rows"),
         ("only_labels", b"0\n1\n", &labelled(0), ": no feature columns"),
@@ -215,6 +221,29 @@ fn features_scaled_past_f32_range_are_an_error() {
     }
     let d = read_csv(&data_file("blobs.csv"), &scaled(1e30)).unwrap();
     assert!(d.x().to_f32_vec().iter().all(|v| v.is_finite()));
+}
+
+/// Fields are split as CSV defines them (the `csv` crate): quoted fields hold commas, line
+/// breaks and escaped quotes, CRLF ends lines. Splitting on every comma used to cut
+/// `"big, red"` in two.
+#[test]
+fn quoted_fields_and_crlf_line_ends_split_as_csv_does() {
+    let dir = scratch("quoted");
+    let path = dir.join("q.csv");
+    let text = "\"width\",\"height, cm\",kind\r\n\
+                1,\"2\",\"big, red\"\r\n\
+                3,\" 4 \",\"say \"\"hi\"\"\"\r\n\
+                5,6,\"two\r\nlines\"\r\n\
+                7,8,\"big, red\"\r\n";
+    std::fs::write(&path, text).unwrap();
+    let d = read_csv(&path, &labelled(2)).unwrap();
+    assert_eq!(d.x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+    assert_eq!(d.classes(), &["big, red", "say \"hi\"", "two\r\nlines"]);
+    assert_eq!(d.y().as_i32().unwrap(), &[0, 1, 2, 0]);
+    // A line number after a record that spans two lines counts both.
+    std::fs::write(&path, "1,\"a\nb\"\n2,x,y\n").unwrap();
+    let e = read_csv(&path, &labelled(1)).unwrap_err();
+    assert_eq!(e.message, format!("{}:3: expected 2 fields, found 3", path.display()));
 }
 
 #[test]

@@ -26,6 +26,7 @@ mod gradcheck;
 mod plan;
 mod repl;
 mod script_api;
+mod script_api_doc;
 mod script_checkpoint;
 mod script_cli;
 mod script_embed;

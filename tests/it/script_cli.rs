@@ -80,16 +80,99 @@ fn broken_pipe_is_success() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// The metrics log as JSON values, each line's `time` checked (seconds since the run started,
+/// in order) and removed, since it differs from run to run.
+fn metrics_without_time(log: &str) -> Vec<serde_json::Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(log);
+    let mut last = 0.0;
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let t = v.as_object_mut().unwrap().remove("time").and_then(|t| t.as_f64());
+            let t = t.unwrap_or_else(|| panic!("no time in {l}"));
+            assert!(t >= last, "{l}");
+            last = t;
+            v
+        })
+        .collect()
+}
+
 #[test]
 fn metrics_log_is_json_lines() {
     let f = script("metrics.rms", "log_metric(\"acc\", 0.5);\nlog_metric(\"n\", 3);\n");
     let log = "target/script_cli/metrics.jsonl";
     assert_eq!(rumus(&["run", &f, "--metrics", log]).0, 0);
-    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(log))
-        .unwrap();
+    let expected = serde_json::json!([
+        { "metric": "acc", "step": 0, "value": 0.5, "epoch": null },
+        { "metric": "n", "step": 0, "value": 3.0, "epoch": null },
+    ]);
+    assert_eq!(serde_json::Value::Array(metrics_without_time(log)), expected);
+}
+
+const TRAIN: &str = "model m(x: f32[B, 1]) { return linear(x, 1) as fc }
+let net = m().compile(#{ batch: 2, loss: \"mse\", optimizer: sgd(#{ lr: 0.5 }), device: \"cpu\" });
+let x = tensor([[1], [2]]);
+let y = tensor([[2], [4]]);
+progress(#{ epochs: 2 });
+for e in 0..2 {
+    epoch(e);
+    net.train_step(x, y);
+    net.lr = 0.25;
+    log_metric(\"held_out\", 1.0 / (e + 1));
+}
+";
+
+/// Step lines carry the step's learning rate and the epoch the script declared.
+#[test]
+fn metrics_lines_carry_time_lr_and_epoch() {
+    let f = script("train_metrics.rms", TRAIN);
+    let log = "target/script_cli/train_metrics.jsonl";
+    assert_eq!(rumus(&["run", &f, "--metrics", log]).0, 0);
+    let lines = metrics_without_time(log);
+    let steps: Vec<_> = lines.iter().filter(|v| v.get("loss").is_some()).collect();
+    assert_eq!(steps.len(), 2);
+    let pick = |v: &serde_json::Value| (v["step"].clone(), v["lr"].clone(), v["epoch"].clone());
+    assert_eq!(pick(steps[0]), (1.into(), 0.5.into(), 0.into()));
+    assert_eq!(pick(steps[1]), (2.into(), 0.25.into(), 1.into()));
+    let held: Vec<_> = lines.iter().filter(|v| v.get("metric").is_some()).collect();
+    assert_eq!(pick(held[1]).2, serde_json::Value::from(1));
+}
+
+/// `rumus plot` draws a metrics log; `rumus run --plot` draws the run's own curves.
+#[test]
+fn plot_writes_an_svg_of_every_curve() {
+    let f = script("plot.rms", TRAIN);
+    let (log, svg, direct) = (
+        "target/script_cli/plot.jsonl",
+        "target/script_cli/plot.svg",
+        "target/script_cli/plot_run.svg",
+    );
+    assert_eq!(rumus(&["run", &f, "--metrics", log, "--plot", direct]).0, 0);
+    assert_eq!(rumus(&["plot", log, "-o", svg]), (0, String::new(), String::new()));
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in [svg, direct] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"), "{file}");
+        // Panel titles and the axis name are `<text>` elements; each curve is a polyline.
+        for label in ["loss", "held_out", "step"] {
+            assert!(text.contains(&format!(">\n{label}\n</text>")), "{file} lacks {label}");
+        }
+        assert_eq!(text.matches("stroke=\"#0000FF\" stroke-width=\"2\"").count(), 2, "{file}");
+    }
+    let bad = script("bad.jsonl", "{\"step\": 1, \"loss\": 2}\nnot json\n");
+    let (code, _, err) = rumus(&["plot", &bad, "-o", svg]);
+    assert_eq!(code, 2);
+    assert!(err.starts_with(&format!("{bad}:2: not a JSON line: ")), "{err}");
+    let empty = script("empty.jsonl", "");
     assert_eq!(
-        text,
-        "{\"metric\":\"acc\",\"step\":0,\"value\":0.5}\n{\"metric\":\"n\",\"step\":0,\"value\":3.0}\n"
+        rumus(&["plot", &empty, "-o", svg]),
+        (1, String::new(), "nothing to plot: no steps and no metrics\n".into())
+    );
+    assert_eq!(
+        rumus(&["plot", log]),
+        (2, String::new(), "plot needs one output file: -o FILE.svg\n".into())
     );
 }
 

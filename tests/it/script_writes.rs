@@ -128,6 +128,7 @@ fn a_full_disk_stops_the_script_with_an_error() {
         host: HostOptions { device: "cpu".into(), ..HostOptions::default() },
         metrics: Some("/dev/full".into()),
         log_every: 0,
+        plot: None,
     };
     let e = runner::run(opts).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Io);
@@ -170,6 +171,7 @@ fn exit_ends_the_script_and_its_status_reaches_the_host() {
     let (_, rel) = scratch("exit");
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join(&rel).join("exit.rms");
     std::fs::write(&file, "exit(3);\n").unwrap();
-    let opts = RunOptions { file, host: HostOptions::default(), metrics: None, log_every: 0 };
+    let opts =
+        RunOptions { file, host: HostOptions::default(), metrics: None, log_every: 0, plot: None };
     assert_eq!(runner::run(opts).unwrap(), 3);
 }

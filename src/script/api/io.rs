@@ -1,13 +1,14 @@
 //! Files, metrics and session defaults: `read_text`/`write_text` under the sandbox's file
 //! policy (writes through [`crate::files::write_atomic`]), `log_metric` for the metrics log,
+//! `progress(#{ steps | epochs })` and `epoch(n)` for the progress bar and the metrics' epoch,
 //! `seed` and `device` for the defaults of `compile`.
 
-use super::super::convert::{script_err, to_u64, IntoScript, ScriptResult};
-use super::super::{Ctx, Event};
+use super::super::convert::{script_err, to_u64, IntoScript, Opts, ScriptResult};
+use super::super::{Ctx, Event, Total};
 use crate::err;
 use crate::error::Error;
 use crate::memory::read_all;
-use rhai::{Engine, FLOAT, INT};
+use rhai::{Engine, Map, FLOAT, INT};
 use std::io::Read;
 use std::rc::Rc;
 
@@ -33,16 +34,27 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         crate::files::write_atomic(&p, text.as_bytes()).script()
     });
     let c = ctx.clone();
-    engine.register_fn("log_metric", move |name: &str, value: FLOAT| {
-        c.emit(Event::Metric { step: c.last_step.get(), name: name.to_string(), value });
+    engine.register_fn("log_metric", move |name: &str, value: FLOAT| metric(&c, name, value));
+    let c = ctx.clone();
+    engine
+        .register_fn("log_metric", move |name: &str, value: INT| metric(&c, name, value as FLOAT));
+    let c = ctx.clone();
+    engine.register_fn("progress", move |opts: Map| -> ScriptResult<()> {
+        let o = Opts::new(&opts, "progress", &["steps", "epochs"])?;
+        let total = match (o.u64("steps", 1)?, o.u64("epochs", 1)?) {
+            (Some(n), None) => Total::Steps(n),
+            (None, Some(n)) => Total::Epochs(n),
+            _ => return Err(script_err("progress needs one of `steps` or `epochs`")),
+        };
+        c.emit(Event::Total(total));
+        Ok(())
     });
     let c = ctx.clone();
-    engine.register_fn("log_metric", move |name: &str, value: INT| {
-        c.emit(Event::Metric {
-            step: c.last_step.get(),
-            name: name.to_string(),
-            value: value as FLOAT,
-        });
+    engine.register_fn("epoch", move |n: INT| -> ScriptResult<()> {
+        let n = to_u64(n, "epoch")?;
+        c.epoch.set(Some(n));
+        c.emit(Event::Epoch(n));
+        Ok(())
     });
     let c = ctx.clone();
     engine.register_fn("seed", move || -> ScriptResult<INT> {
@@ -70,4 +82,10 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
             .script(),
         }
     });
+}
+
+/// `log_metric(name, value)`: an event at the last trainer's step and the current epoch.
+fn metric(ctx: &Ctx, name: &str, value: FLOAT) {
+    let (step, epoch) = (ctx.last_step.get(), ctx.epoch.get());
+    ctx.emit(Event::Metric { step, name: name.to_string(), value, epoch });
 }

@@ -22,7 +22,9 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     io::register(engine, ctx);
 }
 
-/// Names of the API's functions, for REPL completion and `:help`.
+/// Names of the API's functions, for REPL completion and `:help`: the entries of
+/// docs/script-api.md, in its order (`tests/it/script_api_doc.rs` checks both against the
+/// registered functions).
 pub const NAMES: &[&str] = &[
     "tensor",
     "zeros",
@@ -40,24 +42,27 @@ pub const NAMES: &[&str] = &[
     "reshape",
     "to_f32",
     "to_i32",
+    "pow",
+    "exp",
+    "ln",
+    "sqrt",
+    "abs",
+    "relu",
     "sum",
     "mean",
     "max",
     "min",
     "argmax",
     "sample",
-    "exp",
-    "ln",
-    "sqrt",
-    "abs",
-    "relu",
-    "pow",
     "csv",
     "text",
     "dataset",
     "split",
     "shuffle",
     "batches",
+    "x",
+    "y",
+    "classes",
     "compile",
     "sgd",
     "adam",
@@ -70,6 +75,7 @@ pub const NAMES: &[&str] = &[
     "accuracy",
     "step",
     "lr",
+    "device",
     "plan",
     "params",
     "param",
@@ -79,8 +85,10 @@ pub const NAMES: &[&str] = &[
     "read_text",
     "write_text",
     "log_metric",
+    "progress",
+    "epoch",
     "seed",
-    "device",
+    "exit",
     "print",
 ];
 

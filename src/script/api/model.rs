@@ -265,9 +265,10 @@ fn train_step(
 ) -> ScriptResult<FLOAT> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
     let mut tr = t.trainer.borrow_mut();
+    let lr = tr.current_lr();
     let loss = tr.train_step(&feeds).script()?;
     ctx.last_step.set(tr.step());
-    ctx.emit(Event::Step { step: tr.step(), loss });
+    ctx.emit(Event::Step { step: tr.step(), loss, lr, epoch: ctx.epoch.get() });
     Ok(loss as FLOAT)
 }
 

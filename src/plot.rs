@@ -1,0 +1,125 @@
+//! Loss curves: the loss and every logged metric against the step, one panel each, drawn with
+//! `plotters` as SVG. Only its SVG backend is built, with no font feature: text goes into the
+//! SVG as `<text>` for the viewer to render, so nothing depends on the system's fonts.
+//!
+//! The points come from a metrics log (`rumus run --metrics`, JSON lines: `{"step", "loss"}`
+//! for a training step, `{"step", "metric", "value"}` for `log_metric`) or from the run itself
+//! (`rumus run --plot`).
+
+use crate::err;
+use crate::error::{Error, Result};
+use plotters::prelude::*;
+use std::path::Path;
+
+/// Named series of `(step, value)` points, in the order they first appeared ("loss" first).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Curves {
+    series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+/// Most bytes of a metrics log `rumus plot` reads.
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+
+impl Curves {
+    /// Add a point to series `name`; non-finite values are left out (a NaN loss has no place
+    /// on the axis).
+    pub fn push(&mut self, name: &str, step: f64, value: f64) {
+        if !(step.is_finite() && value.is_finite()) {
+            return;
+        }
+        match self.series.iter_mut().find(|(n, _)| n == name) {
+            Some((_, points)) => points.push((step, value)),
+            None if name == "loss" => self.series.insert(0, (name.into(), vec![(step, value)])),
+            None => self.series.push((name.into(), vec![(step, value)])),
+        }
+    }
+
+    /// The series' names, in drawing order.
+    pub fn names(&self) -> Vec<&str> {
+        self.series.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    /// The points of a metrics log's text (`name` is the file, for errors `file:line: ...`).
+    /// Lines that are neither a step nor a metric are skipped; a line that is not JSON is an
+    /// error.
+    pub fn from_log(name: &str, text: &str) -> Result<Curves> {
+        let mut curves = Curves::default();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .map_err(|e| err!(Io, "{name}:{}: not a JSON line: {e}", i + 1))?;
+            let num = |key: &str| v.get(key).and_then(serde_json::Value::as_f64);
+            let Some(step) = num("step") else { continue };
+            if let Some(loss) = num("loss") {
+                curves.push("loss", step, loss);
+            }
+            if let (Some(metric), Some(value)) =
+                (v.get("metric").and_then(serde_json::Value::as_str), num("value"))
+            {
+                curves.push(metric, step, value);
+            }
+        }
+        Ok(curves)
+    }
+
+    /// The curves as an SVG document: one panel per series, against the step.
+    pub fn svg(&self) -> Result<String> {
+        if self.series.is_empty() {
+            return Err(err!(InvalidArgument, "nothing to plot: no steps and no metrics"));
+        }
+        let mut svg = String::new();
+        let height = 280 * self.series.len() as u32;
+        {
+            let root = SVGBackend::with_string(&mut svg, (900, height)).into_drawing_area();
+            root.fill(&WHITE).map_err(draw_err)?;
+            let panels = root.split_evenly((self.series.len(), 1));
+            for ((name, points), panel) in self.series.iter().zip(&panels) {
+                let (x0, x1) = padded(points.iter().map(|p| p.0), 0.0);
+                let (y0, y1) = padded(points.iter().map(|p| p.1), 0.05);
+                let mut chart = ChartBuilder::on(panel)
+                    .caption(name, ("sans-serif", 20))
+                    .margin(12)
+                    .x_label_area_size(36)
+                    .y_label_area_size(64)
+                    .build_cartesian_2d(x0..x1, y0..y1)
+                    .map_err(draw_err)?;
+                let whole = |x: &f64| format!("{x:.0}");
+                let mesh = chart.configure_mesh().x_desc("step").x_label_formatter(&whole).draw();
+                mesh.map_err(draw_err)?;
+                let line = LineSeries::new(points.iter().copied(), BLUE.stroke_width(2));
+                chart.draw_series(line).map_err(draw_err)?;
+            }
+            root.present().map_err(draw_err)?;
+        }
+        Ok(svg)
+    }
+
+    /// Write the SVG to `path` (atomically).
+    pub fn write_svg(&self, path: &Path) -> Result<()> {
+        crate::files::write_atomic(path, self.svg()?.as_bytes())
+    }
+}
+
+/// `rumus plot LOG -o OUT`: read a metrics log and write its curves as SVG.
+pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
+    let name = log.display().to_string();
+    let mut charge = crate::memory::Budget::new(MAX_LOG_BYTES).empty();
+    let file = std::fs::File::open(log).map_err(|e| Error::io(&name, e))?;
+    let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;
+    let text = String::from_utf8(bytes).map_err(|_| err!(Io, "{name}: not valid UTF-8 text"))?;
+    Curves::from_log(&name, &text)?.write_svg(out)
+}
+
+/// The range of `values`, widened by `pad` of its span on each side (and to a span of 1 when
+/// every value is the same).
+fn padded(values: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+    if hi > lo {
+        (lo - pad * (hi - lo), hi + pad * (hi - lo))
+    } else {
+        (lo - 0.5, lo + 0.5)
+    }
+}
+
+fn draw_err(e: impl std::fmt::Display) -> Error {
+    err!(Io, "drawing the plot failed: {e}")
+}
