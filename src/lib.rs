@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod dist;
 pub mod engine;
 pub mod error;
 pub mod graph;
