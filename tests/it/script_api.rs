@@ -1,24 +1,11 @@
 //! The script API, as data: each case is a script and what it prints (or the error it gives).
 
-use rumus::error::Source;
-use rumus::script::{Host, HostOptions};
-use std::cell::RefCell;
-use std::rc::Rc;
+use crate::common::script::printed;
+use rumus::script::HostOptions;
 
 /// Run `code` in a fresh session; return its printed lines, then `error: ...` if it failed.
 fn run(code: &str) -> String {
-    let mut h = Host::new(HostOptions::default());
-    let out = Rc::new(RefCell::new(String::new()));
-    let o = out.clone();
-    h.on_print(move |s| {
-        o.borrow_mut().push_str(s);
-        o.borrow_mut().push('\n');
-    });
-    if let Err(e) = h.eval(&Source::new("t.rms", code)) {
-        out.borrow_mut().push_str(&format!("error: {}\n", e.message));
-    }
-    let s = out.borrow().clone();
-    s
+    printed(HostOptions::default(), code)
 }
 
 fn check(code: &str, expected: &str) {

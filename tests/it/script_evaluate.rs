@@ -2,25 +2,12 @@
 //! mean loss over every example, batches of any size, nothing about the model changed) and a
 //! learning rate set from the script, on the CPU backend and on the GPU.
 
-use rumus::error::Source;
-use rumus::script::{Host, HostOptions};
-use std::cell::RefCell;
-use std::rc::Rc;
+use crate::common::script::printed;
+use rumus::script::HostOptions;
 
 /// Run `code` on `device` in a fresh session; its printed lines, then `error: ...` if it failed.
 fn run_on(device: &str, code: &str) -> String {
-    let mut h = Host::new(HostOptions { device: device.into(), ..HostOptions::default() });
-    let out = Rc::new(RefCell::new(String::new()));
-    let o = out.clone();
-    h.on_print(move |s| {
-        o.borrow_mut().push_str(s);
-        o.borrow_mut().push('\n');
-    });
-    if let Err(e) = h.eval(&Source::new("t.rms", code)) {
-        out.borrow_mut().push_str(&format!("error: {}\n", e.message));
-    }
-    let s = out.borrow().clone();
-    s
+    printed(HostOptions { device: device.into(), ..HostOptions::default() }, code)
 }
 
 fn check(code: &str, expected: &str) {

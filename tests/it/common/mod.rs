@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod script;
 
 use rumus::cpu::Buf;
 use rumus::graph::{BinaryOp, Graph, NodeId, UnaryOp};
