@@ -33,7 +33,7 @@
 //! (`medium` 128x128x64 w2x4 and `high` 64x128x32 w2x4 were its fastest tiles).
 
 use super::matmul_simt::{
-    epilogue_and_store, load_quads, params_and_operands, quad_fn, regs, slice, Access, Side,
+    block_entry, epilogue_and_store, load_quads, params_and_operands, quad_fn, regs, slice, Access, Side,
     Slice,
 };
 use super::maxabs::{EXPONENTS, RANGE_BINDING};
@@ -487,18 +487,7 @@ impl<'a> Gen<'a> {
         let t = self.t;
         let threads = self.threads;
         let (la, lb) = (self.per_thread(&self.sa), self.per_thread(&self.sb));
-        w.line(&format!("@compute @workgroup_size({threads})"));
-        w.open(
-            "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32)",
-        );
-        w.line("let M = p.m;");
-        w.line("let N = p.n;");
-        w.line("let K = p.k;");
-        w.line("let batch = wid.z;");
-        w.line(&format!("let row0 = wid.y * {}u;", t.bm));
-        w.line(&format!("let col0 = wid.x * {}u;", t.bn));
-        w.line("let a_base = p.a_off + batch * p.a_sb;");
-        w.line("let b_base = p.b_off + batch * p.b_sb;");
+        block_entry(w, threads, (t.bm, t.bn));
         w.line(&format!("let warp = t / {}u;", self.sg));
         w.line(&format!("let lane = t % {}u;", self.sg));
         w.line(&format!("let wr = warp / {}u;", t.wn));

@@ -173,18 +173,7 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
         stage_fn(&mut w, s, stride, reg, per_thread, threads);
     }
 
-    w.line(&format!("@compute @workgroup_size({threads})"));
-    w.open(
-        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32)",
-    );
-    w.line("let M = p.m;");
-    w.line("let N = p.n;");
-    w.line("let K = p.k;");
-    w.line("let batch = wid.z;");
-    w.line(&format!("let row0 = wid.y * {}u;", t.bm));
-    w.line(&format!("let col0 = wid.x * {}u;", t.bn));
-    w.line("let a_base = p.a_off + batch * p.a_sb;");
-    w.line("let b_base = p.b_off + batch * p.b_sb;");
+    block_entry(&mut w, threads, (t.bm, t.bn));
     w.line(&format!("let tx = t % {tx}u;"));
     w.line(&format!("let ty = t / {tx}u;"));
     for l in 0..la {
@@ -290,6 +279,24 @@ pub(super) fn params_and_operands(w: &mut Wgsl, access: [Access; 2], decls: &str
 }
 
 /// `fn epilogue(v, batch, i, j)` with `body`, and `fn store_c`, the one writer of C.
+/// The entry point of a block kernel of `threads` invocations over `bm x bn` blocks of C, opened
+/// (the caller closes it), with what every block reads first: the sizes, its batch, the first
+/// row and column of its block, and its operands' batch offsets.
+pub(super) fn block_entry(w: &mut Wgsl, threads: u32, (bm, bn): (u32, u32)) {
+    w.line(&format!("@compute @workgroup_size({threads})"));
+    w.open(
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32)",
+    );
+    w.line("let M = p.m;");
+    w.line("let N = p.n;");
+    w.line("let K = p.k;");
+    w.line("let batch = wid.z;");
+    w.line(&format!("let row0 = wid.y * {bm}u;"));
+    w.line(&format!("let col0 = wid.x * {bn}u;"));
+    w.line("let a_base = p.a_off + batch * p.a_sb;");
+    w.line("let b_base = p.b_off + batch * p.b_sb;");
+}
+
 pub(super) fn epilogue_and_store(w: &mut Wgsl, body: &str) {
     w.open("fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar");
     w.lines(body);
