@@ -1,6 +1,7 @@
 //! `rumus run FILE`: evaluate a `.rms` file in a fresh session, with a progress line for training
 //! steps (redrawn in place on a terminal, a plain line every `log_every` steps otherwise) and an
-//! optional metrics log of JSON lines.
+//! optional metrics log of JSON lines. In a data-parallel job only rank 0 shows progress and
+//! writes the metrics log.
 
 use super::{Event, ExitRequest, Host, HostOptions, Interrupt};
 use crate::error::{Error, Result};
@@ -39,15 +40,18 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
     let source = crate::error::Source::read(&opts.file)?;
+    let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());
     let progress = Rc::new(RefCell::new(Progress::new(
         opts.log_every,
-        opts.metrics.as_deref(),
+        opts.metrics.as_deref().filter(|_| rank0),
         host.interrupt().clone(),
     )?));
-    let p = progress.clone();
-    host.on_event(move |e| p.borrow_mut().event(e));
+    if rank0 {
+        let p = progress.clone();
+        host.on_event(move |e| p.borrow_mut().event(e));
+    }
     let p = progress.clone();
     host.on_print(move |s| p.borrow_mut().print(s));
     let result = host.eval(&source);

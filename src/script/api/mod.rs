@@ -79,6 +79,7 @@ pub const NAMES: &[&str] = &[
     "log_metric",
     "seed",
     "device",
+    "world_size",
     "print",
 ];
 
