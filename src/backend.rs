@@ -1,11 +1,14 @@
 //! The seam between a compiled model and the device that runs it: the [`Backend`] trait, which
 //! the CPU interpreter (`cpu::CpuBackend`) and the GPU (`runtime::backend::GpuBackend`)
-//! implement and `session` drives, and the per-step [`RunOptions`] both read. It sits below
-//! both backends, so neither imports the session that uses it.
+//! implement and `session` drives, the per-step [`RunOptions`] both read, and the
+//! [`GradSync`] of data-parallel training. It sits below both backends, so neither imports the
+//! session that uses it.
 
+use crate::dist::Communicator;
 use crate::error::Result;
 use crate::graph::NodeId;
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 /// Options of one step.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -14,6 +17,20 @@ pub struct RunOptions {
     pub training: bool,
     /// The step number, mixed into dropout masks so each step draws a fresh mask.
     pub step: u64,
+}
+
+/// Data-parallel training's step between backward and update: once every node before arena
+/// index `before` (the first optimizer node) is evaluated, `values` (the loss, then each
+/// computed gradient) are replaced by their mean over the ranks of `comm`, in one collective
+/// over all of them packed together.
+#[derive(Clone, Debug)]
+pub struct GradSync {
+    /// The ranks that average.
+    pub comm: Arc<dyn Communicator>,
+    /// The arena index of the first node that runs after the average.
+    pub before: usize,
+    /// The values averaged, in order.
+    pub values: Vec<NodeId>,
 }
 
 /// A device that holds a graph's persistent values and evaluates it.

@@ -279,6 +279,37 @@ pub fn split_point(n: usize, fraction: f64) -> Result<usize> {
     Ok(((n as f64 * fraction).round() as usize).min(n))
 }
 
+/// The rows of each batch one rank of a data-parallel job takes from `order`: the order is cut
+/// into global batches of `size × ranks` rows and rank `rank` takes the `rank`-th `size` rows of
+/// each, so `ranks` ranks at batch `size` together see exactly the batches one process sees at
+/// batch `size × ranks`, and every rank gets as many batches. A shorter last global batch is
+/// dropped, or with `keep_last` cut into `ranks` near-equal parts (a rank whose part is empty
+/// gets no batch from it). One rank (`ranks` 1) takes every batch whole.
+pub fn rank_batches(
+    order: &[usize],
+    size: usize,
+    rank: usize,
+    ranks: usize,
+    keep_last: bool,
+) -> Vec<&[usize]> {
+    let global = size.saturating_mul(ranks).max(1);
+    let mut out = Vec::new();
+    for rows in order.chunks(global) {
+        let m = rows.len();
+        let share = if m == global {
+            &rows[rank * size..(rank + 1) * size]
+        } else if keep_last {
+            &rows[rank * m / ranks..(rank + 1) * m / ranks]
+        } else {
+            continue;
+        };
+        if !share.is_empty() {
+            out.push(share);
+        }
+    }
+    out
+}
+
 /// `0..n` shuffled by `seed`.
 pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();

@@ -9,10 +9,17 @@
 //! Every graph placed on a backend is first charged to the compile configuration's memory
 //! budget for its [`footprint`]: what the backend keeps for as long as it lives, and what
 //! each run needs for as long as the run lasts.
+//!
+//! Data-parallel training (a [`CompileConfig::comm`] of more than one rank): every rank
+//! compiles the same model, rank 0's parameters and state are broadcast to the others after
+//! compile and after each checkpoint load, and each training step averages the loss and the
+//! gradients across ranks between backward and update ([`GradSync`]; the CPU backend only, for
+//! now), so every rank applies the same update and returns the same loss.
 
-use crate::backend::{Backend, RunOptions};
+use crate::backend::{Backend, GradSync, RunOptions};
 pub use crate::codegen::MatmulPrecision;
 use crate::cpu::CpuBackend;
+use crate::dist::Communicator;
 use crate::err;
 use crate::error::{Error, Result};
 use crate::graph::optim::{is_host_input, STEP_STATE};
@@ -48,15 +55,25 @@ impl Placed {
     /// Place `graph` on the device of `cfg`, charging its [`footprint`] (named `what`) first: on
     /// a GPU every buffer lives as long as the backend; the CPU interpreter frees a run's
     /// intermediate values when the run ends, so those are charged per run.
+    /// Training runs average across ranks when `sync` is given (the CPU backend only).
     fn new(
         cfg: &CompileConfig,
         graph: Graph,
         want: &[NodeId],
         training: bool,
         what: &str,
+        sync: Option<GradSync>,
     ) -> Result<Placed> {
         let f = footprint(&graph, want, training);
         let gpu = shared_gpu(cfg.device)?;
+        if let (Some(_), Some(s)) = (gpu, &sync) {
+            return Err(err!(
+                InvalidArgument,
+                "data-parallel training ({} ranks) runs on the cpu backend only for now; \
+                 compile with device: \"cpu\" or run with --device cpu",
+                s.comm.world_size()
+            ));
+        }
         let (held, per_run) = match gpu {
             Some(_) => (f.persistent.saturating_add(f.peak), f.readback),
             None => (f.persistent, f.peak),
@@ -68,7 +85,13 @@ impl Placed {
                 b.matmul.precision = gpu.matmul_precision(cfg.matmul_precision);
                 Box::new(b)
             }
-            None => Box::new(CpuBackend::new(graph, cfg.seed)?),
+            None => {
+                let cpu = CpuBackend::new(graph, cfg.seed)?;
+                Box::new(match sync {
+                    Some(sync) => cpu.with_grad_sync(sync),
+                    None => cpu,
+                })
+            }
         };
         Ok(Placed { backend, _held: held, per_run })
     }
@@ -189,6 +212,8 @@ pub struct CompileConfig {
     pub matmul_precision: Option<MatmulPrecision>,
     /// What the compiled model's buffers (host and device) are charged to.
     pub budget: Budget,
+    /// The ranks of a data-parallel job ([`crate::dist::single`] for one process).
+    pub comm: Arc<dyn Communicator>,
 }
 
 /// Name of the input a compiled model's targets are fed through.
@@ -227,8 +252,9 @@ impl Model {
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
         let what = format!("model `{}` compiled for training", self.name);
-        let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what)?;
-        Ok(Trainer {
+        let sync = (cfg.comm.world_size() > 1).then(|| grad_sync(&train, &cfg.comm));
+        let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what, sync)?;
+        let mut trainer = Trainer {
             model: self.clone(),
             cfg,
             train,
@@ -236,8 +262,23 @@ impl Model {
             evals: BTreeMap::new(),
             step: 0,
             generation: 0,
-        })
+        };
+        trainer.broadcast_state()?;
+        Ok(trainer)
     }
+}
+
+/// What a data-parallel training step averages: the loss and every gradient the backward pass
+/// computes (a gradient that is a constant, the same on every rank, is left out), each once.
+fn grad_sync(train: &TrainGraph, comm: &Arc<dyn Communicator>) -> GradSync {
+    let g = &train.graph;
+    let mut values = vec![train.loss];
+    for &(_, d) in &train.grads {
+        if !g.node(d).op.is_host_value() && !values.contains(&d) {
+            values.push(d);
+        }
+    }
+    GradSync { comm: comm.clone(), before: train.update_start, values }
 }
 
 /// What a backend holds for a graph, in bytes (see [`footprint`]).
@@ -444,10 +485,10 @@ impl Trainer {
             let graph = self.model.instantiate(&dims)?;
             let want: Vec<NodeId> = graph.outputs.iter().map(|&(_, id)| id).collect();
             // Copies at batch sizes used before are dropped when they are what stands in the way.
-            let placed = match Placed::new(&self.cfg, graph.clone(), &want, false, &what) {
+            let placed = match Placed::new(&self.cfg, graph.clone(), &want, false, &what, None) {
                 Err(e) if e.kind == crate::ErrorKind::Limit && !self.evals.is_empty() => {
                     self.evals.clear();
-                    Placed::new(&self.cfg, graph.clone(), &want, false, &what)?
+                    Placed::new(&self.cfg, graph.clone(), &want, false, &what, None)?
                 }
                 p => p?,
             };
@@ -601,7 +642,39 @@ impl Trainer {
         let known: Vec<(&str, &Tensor)> =
             tensors.iter().copied().filter(|(n, _)| g.persistent_named(n).is_some()).collect();
         self.load_state(&known)?;
+        self.broadcast_state()?;
         Ok(LoadReport { missing, unexpected })
+    }
+
+    /// Data-parallel training: make every parameter and state value rank 0's, in one broadcast
+    /// of all of them packed together (nothing to do for one process).
+    fn broadcast_state(&mut self) -> Result<()> {
+        if self.cfg.comm.world_size() == 1 {
+            return Ok(());
+        }
+        let g = &self.train.graph;
+        let ids: Vec<NodeId> =
+            g.nodes().filter(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).collect();
+        let bytes: u64 = ids.iter().map(|&id| bytes_of(g, id)).sum();
+        let _copies = self.cfg.budget.charge(2 * bytes, "broadcasting the model from rank 0")?;
+        let mut packed = Vec::new();
+        for &id in &ids {
+            let t = self.placed.backend.read(id)?;
+            let v = t
+                .as_f32()
+                .ok_or_else(|| err!(Invariant, "persistent value {} is not f32", id.0))?;
+            packed.extend_from_slice(v);
+        }
+        self.cfg.comm.broadcast(&mut packed)?;
+        self.generation += 1;
+        let mut rest = &packed[..];
+        for id in ids {
+            let shape = g.shape(id);
+            let (head, tail) = rest.split_at(shape.iter().product::<usize>().min(rest.len()));
+            self.placed.backend.write(id, &Tensor::f32(shape, head.to_vec())?)?;
+            rest = tail;
+        }
+        Ok(())
     }
 }
 

@@ -5,12 +5,18 @@
 //!
 //! - [`graph`]: `rumus graph`, a model's parameters or its graph as DOT;
 //! - `rumus plot`: a metrics log's curves as SVG (`crate::plot`);
-//! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed.
+//! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed;
+//! - [`launch`]: `rumus launch -n N`, `rumus run` on N ranks through `mpirun`.
+//!
+//! `rumus run` joins the data-parallel job it was started in ([`crate::dist::World`]); a rank
+//! whose run fails ends every rank of the job with its error, prefixed with its rank.
 
 pub mod bench;
 pub mod graph;
+pub mod launch;
 
 use crate::codegen::MatmulPrecision;
+use crate::dist::World;
 use crate::runtime::DeviceChoice;
 use crate::script::runner::{self, RunOptions};
 use crate::script::{HostOptions, Sandbox};
@@ -22,6 +28,7 @@ const USAGE: &str = "usage:
   rumus run FILE [--device auto|gpu|cpu] [--seed N] [--metrics FILE] [--plot FILE.svg]
                  [--log-every N] [--max-operations N] [--timeout SECS]
                  [--matmul-precision highest|high|medium]
+  rumus launch -n N FILE [run options]    `rumus run` on N ranks through mpirun (feature mpi)
   rumus repl [--batch] [--device auto|gpu|cpu] [--seed N] [--max-operations N] [--timeout SECS]
   rumus graph FILE [--model NAME] [--params]
   rumus plot METRICS.jsonl -o FILE.svg    the loss and every logged metric against the step
@@ -45,15 +52,27 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
     let mut flags = Flags { args: rest.iter().cloned().map(Some).collect() };
     match command.as_str() {
         "run" => {
-            let opts = RunOptions {
-                host: host_options(&mut flags)?,
-                metrics: flags.take("--metrics")?.map(PathBuf::from),
-                plot: flags.take("--plot")?.map(PathBuf::from),
-                log_every: flags.int("--log-every", 0, u64::MAX)?.unwrap_or(100),
-                file: PathBuf::from(flags.positional()?),
+            let world = World::init()?;
+            let mut run = || {
+                let mut opts = RunOptions {
+                    host: host_options(&mut flags)?,
+                    metrics: flags.take("--metrics")?.map(PathBuf::from),
+                    plot: flags.take("--plot")?.map(PathBuf::from),
+                    log_every: flags.int("--log-every", 0, u64::MAX)?.unwrap_or(100),
+                    file: PathBuf::from(flags.positional()?),
+                };
+                flags.done()?;
+                opts.host.comm = world.comm().clone();
+                runner::run(opts).map(i32::from)
             };
-            flags.done()?;
-            runner::run(opts).map(i32::from)
+            end_rank(&world, run())
+        }
+        "launch" => {
+            let n = flags.int("-n", 1, launch::MAX_RANKS)?;
+            let n = n.ok_or_else(|| err!(Usage, "launch needs -n N, the number of ranks"))?;
+            let file = flags.positional()?;
+            let rest: Vec<String> = flags.args.iter().flatten().cloned().collect();
+            launch::launch(n, &file, &rest)
         }
         "repl" => {
             let batch = flags.switch("--batch");
@@ -135,6 +154,7 @@ fn host_options(flags: &mut Flags) -> Result<HostOptions> {
         seed: flags.int("--seed", 0, u64::MAX)?.unwrap_or(0),
         matmul_precision: matmul_precision(flags)?,
         sandbox,
+        comm: crate::dist::single(),
     })
 }
 
@@ -208,10 +228,31 @@ pub fn exit_code(r: Result<i32>) -> i32 {
     };
     // If stderr fails too there is nowhere left to report it; the exit code still tells.
     let _ = writeln!(std::io::stderr().lock(), "{e}");
+    error_code(&e)
+}
+
+/// The exit code of an error: 2 for usage and I/O errors, 130 when interrupted, else 1.
+fn error_code(e: &Error) -> i32 {
     match e.kind {
         ErrorKind::Usage | ErrorKind::Io => 2,
         ErrorKind::Interrupted => EXIT_INTERRUPTED,
         _ => 1,
+    }
+}
+
+/// In a job of several ranks, a rank that fails (an error, or a script's nonzero `exit`) ends
+/// every rank at once with its message prefixed by `rank R: `, instead of leaving the others
+/// waiting for it in a collective. A job of one returns `r` as it is.
+fn end_rank(world: &World, r: Result<i32>) -> Result<i32> {
+    let comm = world.comm();
+    if comm.world_size() == 1 {
+        return r;
+    }
+    let rank = comm.rank();
+    match r {
+        Ok(0) => Ok(0),
+        Ok(code) => comm.abort(&format!("rank {rank}: the script exited with code {code}"), code),
+        Err(e) => comm.abort(&format!("rank {rank}: {e}"), error_code(&e)),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The CPU reference interpreter as a [`Backend`]: host tensors in and out of the
-//! [`Executor`], a second graph without updates for evaluation runs.
+//! [`Executor`], a second graph without updates for evaluation runs, and data-parallel
+//! training's [`GradSync`] as the executor's host step between backward and update.
 
-use super::{Buf, Executor};
-use crate::backend::{Backend, RunOptions};
+use super::{Buf, Executor, HostStep};
+use crate::backend::{Backend, GradSync, RunOptions};
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
@@ -14,6 +15,8 @@ pub struct CpuBackend {
     /// The same graph without its updates, for evaluation runs.
     eval_graph: Graph,
     exec: Executor<f32>,
+    /// The average across ranks inside each training run (data-parallel training).
+    sync: Option<GradSync>,
 }
 
 impl CpuBackend {
@@ -21,7 +24,13 @@ impl CpuBackend {
         let exec = Executor::new(&graph, seed)?;
         let mut eval_graph = graph.clone();
         eval_graph.updates.clear();
-        Ok(CpuBackend { graph, eval_graph, exec })
+        Ok(CpuBackend { graph, eval_graph, exec, sync: None })
+    }
+
+    /// Average `sync.values` across ranks inside every training run.
+    pub fn with_grad_sync(mut self, sync: GradSync) -> CpuBackend {
+        self.sync = Some(sync);
+        self
     }
 }
 
@@ -52,7 +61,14 @@ impl Backend for CpuBackend {
     ) -> Result<Vec<Tensor>> {
         let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
         let g = if opts.training { &self.graph } else { &self.eval_graph };
-        let out = self.exec.run(g, &bufs, want, opts)?;
+        let mut average = |d: &mut [f32]| self.sync.as_ref().map_or(Ok(()), |s| s.comm.all_reduce_mean(d));
+        let host_step = match &self.sync {
+            Some(s) if opts.training => {
+                Some(HostStep { before: s.before, values: &s.values, step: &mut average })
+            }
+            _ => None,
+        };
+        let out = self.exec.run_with(g, &bufs, want, opts, host_step)?;
         want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
     }
 

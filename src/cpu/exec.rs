@@ -14,6 +14,19 @@ use crate::graph::init::init_values;
 use crate::graph::{verify, Graph, NodeId, Op};
 use crate::tensor::fmt_shape;
 
+/// A host step inside a run: once every node before arena index `before` is evaluated and
+/// before any node from it on, the f32 values of `values` are packed into one slice in order,
+/// `step` rewrites the slice, and the values are unpacked from it. Data-parallel training
+/// averages the loss and the gradients across ranks here, between backward and update.
+pub struct HostStep<'a, T> {
+    /// The arena index the step runs before.
+    pub before: usize,
+    /// The values it reads and rewrites (computed, f32 nodes before `before`).
+    pub values: &'a [NodeId],
+    /// What it does to them.
+    pub step: &'a mut dyn FnMut(&mut [T]) -> Result<()>,
+}
+
 /// Runs graphs on the CPU in `T` (f32 or f64), holding the graph's parameters and state.
 #[derive(Clone, Debug)]
 pub struct Executor<T: Float> {
@@ -84,6 +97,18 @@ impl<T: Float> Executor<T> {
         want: &[NodeId],
         opts: RunOptions,
     ) -> Result<Vec<Buf<T>>> {
+        self.run_with(g, feeds, want, opts, None)
+    }
+
+    /// [`Executor::run`] with a [`HostStep`] inside it.
+    pub fn run_with(
+        &mut self,
+        g: &Graph,
+        feeds: &[(NodeId, Buf<T>)],
+        want: &[NodeId],
+        opts: RunOptions,
+        mut host_step: Option<HostStep<'_, T>>,
+    ) -> Result<Vec<Buf<T>>> {
         verify(g)?;
         let n = g.n_nodes();
         if let Some(w) = want.iter().find(|w| w.index() >= n) {
@@ -97,6 +122,14 @@ impl<T: Float> Executor<T> {
         }
         for u in &g.updates {
             keep[u.value.index()] = true;
+        }
+        if let Some(h) = &host_step {
+            for &v in h.values {
+                if v.index() >= h.before.min(n) {
+                    return Err(err!(Invariant, "host step reads node {}, computed after it", v.0));
+                }
+                keep[v.index()] = true;
+            }
         }
         let mut needed = keep.clone();
         for i in (0..n).rev() {
@@ -125,6 +158,9 @@ impl<T: Float> Executor<T> {
         let mut computed: Vec<Option<Buf<T>>> = vec![None; n];
         for (id, node) in g.nodes() {
             let i = id.index();
+            if host_step.as_ref().is_some_and(|h| h.before == i) {
+                run_host_step(host_step.take(), &mut computed)?;
+            }
             if !needed[i] || node.op.is_host_value() {
                 continue;
             }
@@ -145,6 +181,7 @@ impl<T: Float> Executor<T> {
             }
         }
 
+        run_host_step(host_step, &mut computed)?; // when it runs after the last node
         let outputs = want
             .iter()
             .map(|&w| Ok(to_buf(self.view(g, w, &fed, &computed)?)))
@@ -202,6 +239,31 @@ impl<T: Float> Executor<T> {
         }
         self.values[id.index()] = Some(data);
     }
+}
+
+/// Pack the step's values, run it, unpack them (nothing when there is no step).
+fn run_host_step<T: Float>(
+    host_step: Option<HostStep<'_, T>>,
+    computed: &mut [Option<Buf<T>>],
+) -> Result<()> {
+    let Some(h) = host_step else { return Ok(()) };
+    let mut packed = Vec::new();
+    for &v in h.values {
+        match &computed[v.index()] {
+            Some(Buf::F(x)) => packed.extend_from_slice(x),
+            _ => return Err(err!(Invariant, "host step reads node {}, which has no f32 value", v.0)),
+        }
+    }
+    (h.step)(&mut packed)?;
+    let mut rest = &packed[..];
+    for &v in h.values {
+        if let Some(Buf::F(x)) = &mut computed[v.index()] {
+            let (head, tail) = rest.split_at(x.len());
+            x.copy_from_slice(head);
+            rest = tail;
+        }
+    }
+    Ok(())
 }
 
 /// Match feeds to Input nodes: each feed must name an input, at most once, with that input's

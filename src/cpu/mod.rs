@@ -27,7 +27,7 @@ pub use crate::backend::RunOptions;
 pub use crate::graph::float::Float;
 pub use crate::rng::dropout_keep;
 pub use backend::CpuBackend;
-pub use exec::Executor;
+pub use exec::{Executor, HostStep};
 pub use matmul::{bench_matmul, matmul};
 
 use crate::tensor::DType;

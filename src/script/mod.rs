@@ -23,6 +23,7 @@ pub use api::model::{load as load_checkpoint, save as save_checkpoint, ScriptTra
 pub use engine::{Deadline, Interrupt, Sandbox};
 pub use rhai;
 
+use crate::dist::Communicator;
 use crate::error::{Error, Result, Source};
 use crate::memory::Budget;
 use crate::session::MatmulPrecision;
@@ -50,6 +51,8 @@ pub struct HostOptions {
     pub seed: u64,
     /// The default `matmul_precision` of `compile` (`None`: the device's default).
     pub matmul_precision: Option<MatmulPrecision>,
+    /// The ranks of a data-parallel job this session is one of ([`crate::dist::single`]: none).
+    pub comm: Arc<dyn Communicator>,
 }
 
 impl Default for HostOptions {
@@ -59,6 +62,7 @@ impl Default for HostOptions {
             device: std::env::var("RUMUS_DEVICE").unwrap_or_else(|_| "auto".into()),
             seed: 0,
             matmul_precision: None,
+            comm: crate::dist::single(),
         }
     }
 }
@@ -121,6 +125,8 @@ pub struct Ctx {
     pub seed: Cell<u64>,
     /// The default `matmul_precision` of `compile` (`None`: the device's default).
     pub matmul_precision: Option<MatmulPrecision>,
+    /// The ranks of the data-parallel job this session is one of.
+    pub comm: Arc<dyn Communicator>,
     /// The step count of the last trainer that stepped (for `log_metric`).
     pub last_step: Cell<u64>,
     /// The epoch the script last declared with `epoch(n)` (for metrics and progress).
@@ -137,8 +143,12 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// Send text to the print sink (standard output unless a host set one).
+    /// Send text to the print sink (standard output unless a host set one); in a data-parallel
+    /// job, only rank 0's.
     pub fn print(&self, s: &str) {
+        if self.comm.rank() != 0 {
+            return;
+        }
         let Ok(mut p) = self.print.try_borrow_mut() else { return };
         match p.as_mut() {
             Some(sink) => sink(s),
@@ -207,6 +217,7 @@ impl Host {
             device: RefCell::new(opts.device),
             seed: Cell::new(opts.seed),
             matmul_precision: opts.matmul_precision,
+            comm: opts.comm,
             last_step: Cell::new(0),
             epoch: Cell::new(None),
             print: RefCell::new(None),

@@ -3,6 +3,7 @@
 //! the script declares its length with `progress(#{ steps | epochs })`; a plain line every
 //! `log_every` steps otherwise) and an optional metrics log of JSON lines, each with the
 //! seconds since the run started (`time`), the step's `lr` and the script's `epoch`.
+//! In a data-parallel job only rank 0 shows progress and writes the metrics log.
 
 use super::{Event, ExitRequest, Host, HostOptions, Interrupt, Total};
 use crate::error::{Error, Result};
@@ -45,16 +46,19 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
     let source = crate::error::Source::read(&opts.file)?;
+    let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());
     let progress = Rc::new(RefCell::new(Progress::new(
         opts.log_every,
-        opts.metrics.as_deref(),
+        opts.metrics.as_deref().filter(|_| rank0),
         host.interrupt().clone(),
     )?));
-    progress.borrow_mut().curves = opts.plot.as_ref().map(|_| Curves::default());
-    let p = progress.clone();
-    host.on_event(move |e| p.borrow_mut().event(e));
+    progress.borrow_mut().curves = opts.plot.as_ref().filter(|_| rank0).map(|_| Curves::default());
+    if rank0 {
+        let p = progress.clone();
+        host.on_event(move |e| p.borrow_mut().event(e));
+    }
     let p = progress.clone();
     host.on_print(move |s| p.borrow_mut().print(s));
     let result = host.eval(&source);

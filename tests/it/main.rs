@@ -13,6 +13,7 @@ mod checkpoint;
 mod codegen_valid;
 mod cpu_interp;
 mod data;
+mod dist;
 mod dsl_cli;
 mod dsl_errors;
 mod dsl_fuzz;
@@ -23,6 +24,8 @@ mod gpu_kernels;
 mod gpu_plan;
 mod gpu_vs_cpu;
 mod gradcheck;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod plan;
 mod repl;
 mod script_api;

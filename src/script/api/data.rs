@@ -1,6 +1,7 @@
 //! Datasets in scripts: `csv(path, #{ ... })` (plain or gzip), `text(path, #{ seq_len, stride })`
-//! (bytes into next-byte sequences), `dataset(x, y)`; `split`, `shuffle`, `batches`. Paths go
-//! through the sandbox's file policy; sizes through its memory budget.
+//! (bytes into next-byte sequences), `dataset(x, y)`; `split`, `shuffle`, `batches` (each
+//! rank of a data-parallel job its share of every batch). Paths go through the sandbox's file
+//! policy; sizes through its memory budget.
 
 use super::super::convert::{script_err, to_u64, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::Ctx;
@@ -149,6 +150,8 @@ pub fn describe(d: &ScriptDataset) -> String {
 }
 
 /// Shuffled batches; only full ones unless `keep_last` (compiled models have a fixed batch).
+/// In a data-parallel job each rank takes its share of each global batch of `size × ranks`
+/// ([`data::rank_batches`]).
 fn batches(
     ctx: &Ctx,
     d: &ScriptDataset,
@@ -161,11 +164,9 @@ fn batches(
         return Err(script_err("batch size must be positive"));
     }
     let (order, _held) = d.order(ctx, seed)?;
+    let (rank, ranks) = (ctx.comm.rank(), ctx.comm.world_size());
     let mut out = Array::new();
-    for rows in order.chunks(size) {
-        if !keep_last && rows.len() != size {
-            continue;
-        }
+    for rows in data::rank_batches(&order, size, rank, ranks, keep_last) {
         let b = d.select(ctx, rows)?;
         out.push(Dynamic::from(ScriptBatch { x: b.x, y: b.y }));
     }

@@ -1,7 +1,8 @@
 //! Files, metrics and session defaults: `read_text`/`write_text` under the sandbox's file
 //! policy (writes through [`crate::files::write_atomic`]), `log_metric` for the metrics log,
 //! `progress(#{ steps | epochs })` and `epoch(n)` for the progress bar and the metrics' epoch,
-//! `seed` and `device` for the defaults of `compile`.
+//! `seed` and `device` for the defaults of `compile`, `rank()` and `world_size()` of a
+//! data-parallel job.
 
 use super::super::convert::{script_err, to_u64, IntoScript, Opts, ScriptResult};
 use super::super::{Ctx, Event, Total};
@@ -66,6 +67,10 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         c.seed.set(to_u64(s, "seed")?);
         Ok(())
     });
+    let c = ctx.clone();
+    engine.register_fn("rank", move || c.comm.rank() as INT);
+    let c = ctx.clone();
+    engine.register_fn("world_size", move || c.comm.world_size() as INT);
     let c = ctx.clone();
     engine.register_fn("device", move || c.device.borrow().clone());
     let c = ctx.clone();

@@ -89,6 +89,7 @@ pub const NAMES: &[&str] = &[
     "epoch",
     "seed",
     "exit",
+    "world_size",
     "print",
 ];
 

@@ -210,7 +210,11 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("save", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_write(path).script()?;
-        save(&t.trainer.borrow(), &p).script()
+        // Rank 0 writes; the others go on once it has (a broadcast from rank 0 waits for it).
+        if c.comm.rank() == 0 {
+            save(&t.trainer.borrow(), &p).script()?;
+        }
+        c.comm.broadcast(&mut [0.0]).script()
     });
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str| {
@@ -386,6 +390,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         seed,
         matmul_precision,
         budget: ctx.budget.clone(),
+        comm: ctx.comm.clone(),
     };
     let trainer = m.model.compile(cfg).script()?;
     Ok(ScriptTrainer {

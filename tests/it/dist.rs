@@ -1,0 +1,215 @@
+//! Data-parallel training without MPI: each rank's share of the batches (as data), and two ranks
+//! on two threads of this process, joined by an in-process [`Communicator`], training exactly
+//! as one process does at the doubled batch. `tests/it/mpi.rs` runs the same script under
+//! `mpirun` (feature `mpi`).
+
+use rumus::data::rank_batches;
+use rumus::dist::Communicator;
+use rumus::error::Source;
+use rumus::script::{Host, HostOptions, ScriptTrainer};
+use rumus::Tensor;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::{Arc, Barrier, Mutex};
+
+/// A model trained for 20 steps on the CPU backend at a global batch of 16 (per rank:
+/// `16 / world_size()`), printing each step's loss; every rank starts from its own seed, so
+/// equal results need the broadcast from rank 0.
+pub const TRAIN_SCRIPT: &str = r#"
+model net(x: f32[B, 2]) {
+    h = relu(linear(x, 16) as fc1)
+    return linear(h, 3) as fc2
+}
+let d = csv("scripts/data/blobs.csv", #{ label_col: 2 });
+let b = 16 / world_size();
+let m = net().compile(#{
+    batch: b, loss: "cross_entropy", optimizer: adam(#{ lr: 0.02 }), device: "cpu",
+    seed: 5 + rank(),
+});
+let step = 0;
+for epoch in 0..3 {
+    for batch in d.batches(b, epoch) {
+        if step < 20 { print(m.train_step(batch.x, batch.y)); }
+        step += 1;
+    }
+}
+"#;
+
+/// Losses printed one a line, parsed.
+pub fn losses(out: &str) -> Vec<f64> {
+    out.lines().map(|l| l.trim().parse().unwrap_or(f64::NAN)).collect()
+}
+
+/// Whether every loss of `a` equals `b`'s within `rel` relative (and there are 20 of each).
+pub fn assert_same_losses(a: &[f64], b: &[f64], rel: f64) {
+    assert_eq!((a.len(), b.len()), (20, 20), "{a:?} vs {b:?}");
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= rel * y.abs(), "step {step}: {x} vs {y}\n{a:?}\n{b:?}");
+    }
+}
+
+#[test]
+fn rank_batches_take_their_share_of_each_global_batch() {
+    let order: Vec<usize> = (0..10).collect();
+    // (size, rank, ranks, keep_last) -> the batches.
+    type Case = ((usize, usize, usize, bool), &'static [&'static [usize]]);
+    let cases: &[Case] = &[
+        ((3, 0, 1, false), &[&[0, 1, 2], &[3, 4, 5], &[6, 7, 8]]),
+        ((3, 0, 1, true), &[&[0, 1, 2], &[3, 4, 5], &[6, 7, 8], &[9]]),
+        ((2, 0, 2, false), &[&[0, 1], &[4, 5]]),
+        ((2, 1, 2, false), &[&[2, 3], &[6, 7]]),
+        ((2, 0, 2, true), &[&[0, 1], &[4, 5], &[8]]),
+        ((2, 1, 2, true), &[&[2, 3], &[6, 7], &[9]]),
+        ((4, 2, 3, false), &[]),
+        ((3, 0, 3, true), &[&[0, 1, 2]]),
+        ((3, 2, 3, true), &[&[6, 7, 8], &[9]]),
+    ];
+    for &((size, rank, ranks, keep), want) in cases {
+        let got = rank_batches(&order, size, rank, ranks, keep);
+        assert_eq!(got, want, "size {size}, rank {rank} of {ranks}, keep_last {keep}");
+    }
+}
+
+/// Ranks on threads of one process: sums in rank order, so every rank gets the same bits.
+#[derive(Debug)]
+struct ThreadComm {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    ranks: usize,
+    barrier: Barrier,
+    slots: Mutex<Vec<Vec<f32>>>,
+}
+
+impl ThreadComm {
+    fn world(ranks: usize) -> Vec<ThreadComm> {
+        let shared = Arc::new(Shared {
+            ranks,
+            barrier: Barrier::new(ranks),
+            slots: Mutex::new(vec![Vec::new(); ranks]),
+        });
+        (0..ranks).map(|rank| ThreadComm { rank, shared: shared.clone() }).collect()
+    }
+}
+
+impl Communicator for ThreadComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.ranks
+    }
+    fn local_rank(&self) -> usize {
+        self.rank
+    }
+    fn all_reduce_mean(&self, data: &mut [f32]) -> rumus::Result<()> {
+        self.shared.slots.lock().unwrap()[self.rank] = data.to_vec();
+        self.shared.barrier.wait();
+        {
+            let slots = self.shared.slots.lock().unwrap();
+            for (i, x) in data.iter_mut().enumerate() {
+                let sum = slots.iter().map(|s| s[i]).reduce(|a, b| a + b).unwrap_or(0.0);
+                *x = sum / self.shared.ranks as f32;
+            }
+        }
+        self.shared.barrier.wait();
+        Ok(())
+    }
+    fn broadcast(&self, data: &mut [f32]) -> rumus::Result<()> {
+        if self.rank == 0 {
+            self.shared.slots.lock().unwrap()[0] = data.to_vec();
+        }
+        self.shared.barrier.wait();
+        data.copy_from_slice(&self.shared.slots.lock().unwrap()[0]);
+        self.shared.barrier.wait();
+        Ok(())
+    }
+    fn abort(&self, message: &str, _: i32) -> ! {
+        panic!("rank {} aborted: {message}", self.rank)
+    }
+}
+
+/// Run `code` as one rank of `comm`: what it printed (an error as `error: ...`) and the
+/// parameters of its trainer `m`.
+fn run_rank(comm: Arc<dyn Communicator>, code: &str) -> (String, Vec<(String, Tensor)>) {
+    let mut h = Host::new(HostOptions { comm, device: "cpu".into(), ..HostOptions::default() });
+    let out = Rc::new(RefCell::new(String::new()));
+    let o = out.clone();
+    h.on_print(move |s| o.borrow_mut().push_str(&format!("{s}\n")));
+    if let Err(e) = h.eval(&Source::new("t.rms", code)) {
+        out.borrow_mut().push_str(&format!("error: {}\n", e.message));
+    }
+    let params = h
+        .get("m")
+        .and_then(|m| m.try_cast::<ScriptTrainer>())
+        .map(|m| m.trainer.borrow().parameters().unwrap())
+        .unwrap_or_default();
+    let printed = out.borrow().clone();
+    (printed, params)
+}
+
+#[test]
+fn two_ranks_train_as_one_process_at_the_doubled_batch() {
+    let (single, single_params) = run_rank(rumus::dist::single(), TRAIN_SCRIPT);
+    let threads: Vec<_> = ThreadComm::world(2)
+        .into_iter()
+        .map(|c| std::thread::spawn(move || run_rank(Arc::new(c), TRAIN_SCRIPT)))
+        .collect();
+    let ranks: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_same_losses(&losses(&ranks[0].0), &losses(&single), 1e-6);
+    assert_eq!(ranks[1].0, "", "only rank 0 prints");
+    // Every rank applied the same updates to the same (broadcast) parameters.
+    assert_eq!(ranks[0].1, ranks[1].1);
+    assert_eq!(ranks[0].1.len(), single_params.len());
+}
+
+#[test]
+fn a_job_of_one_is_rank_zero_of_one() {
+    let (out, _) = run_rank(rumus::dist::single(), "print(rank()); print(world_size());");
+    assert_eq!(out, "0\n1\n");
+    let threads: Vec<_> = ThreadComm::world(2)
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                run_rank(Arc::new(c), "if rank() == 0 { print(`${rank()} of ${world_size()}`) }")
+            })
+        })
+        .collect();
+    let outs: Vec<String> = threads.into_iter().map(|t| t.join().unwrap().0).collect();
+    assert_eq!(outs, ["0 of 2\n", ""]);
+}
+
+#[test]
+fn data_parallel_training_on_a_gpu_is_refused_for_now() {
+    let code = r#"
+        model net(x: f32[B, 2]) { return linear(x, 3) as fc }
+        net().compile(#{ batch: 2, loss: "cross_entropy", device: "gpu" });
+    "#;
+    let threads: Vec<_> = ThreadComm::world(2)
+        .into_iter()
+        .map(|c| std::thread::spawn(move || run_rank(Arc::new(c), code).0))
+        .collect();
+    let outs: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Rank 0 prints; without any adapter the error is that there is none.
+    let refused = "error: data-parallel training (2 ranks) runs on the cpu backend only for now; \
+                   compile with device: \"cpu\" or run with --device cpu\n";
+    assert!(outs[0] == refused || outs[0].contains("adapter"), "{}", outs[0]);
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn launch_without_the_mpi_feature_says_how_to_build_it() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["launch", "-n", "2", "x.rms"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "this rumus was built without the `mpi` feature; build it with \
+         `cargo build --release --features mpi` to launch ranks\n"
+    );
+}
