@@ -6,7 +6,7 @@
 
 use crate::dist::Communicator;
 use crate::error::Result;
-use crate::graph::NodeId;
+use crate::graph::{NodeId, TrainGraph};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -31,6 +31,22 @@ pub struct GradSync {
     pub before: usize,
     /// The values averaged, in order.
     pub values: Vec<NodeId>,
+}
+
+impl GradSync {
+    /// What a data-parallel training step of `train` averages over `comm`: the loss and every
+    /// gradient the backward pass computes (a gradient that is a constant, the same on every
+    /// rank, is left out), each once.
+    pub fn of(train: &TrainGraph, comm: &Arc<dyn Communicator>) -> GradSync {
+        let g = &train.graph;
+        let mut values = vec![train.loss];
+        for &(_, d) in &train.grads {
+            if !g.node(d).op.is_host_value() && !values.contains(&d) {
+                values.push(d);
+            }
+        }
+        GradSync { comm: comm.clone(), before: train.update_start, values }
+    }
 }
 
 /// A device that holds a graph's persistent values and evaluates it.

@@ -66,14 +66,6 @@ impl Placed {
     ) -> Result<Placed> {
         let f = footprint(&graph, want, training);
         let gpu = shared_gpu(cfg.device)?;
-        if let (Some(_), Some(s)) = (gpu, &sync) {
-            return Err(err!(
-                InvalidArgument,
-                "data-parallel training ({} ranks) runs on the cpu backend only for now; \
-                 compile with device: \"cpu\" or run with --device cpu",
-                s.comm.world_size()
-            ));
-        }
         let (held, per_run) = match gpu {
             Some(_) => (f.persistent.saturating_add(f.peak), f.readback),
             None => (f.persistent, f.peak),
@@ -83,6 +75,7 @@ impl Placed {
             Some(gpu) => {
                 let mut b = GpuBackend::new(gpu, graph, cfg.seed, PlanOptions::default())?;
                 b.matmul.precision = gpu.matmul_precision(cfg.matmul_precision);
+                b.sync = sync;
                 Box::new(b)
             }
             None => {
@@ -252,7 +245,7 @@ impl Model {
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph(g, loss, &cfg.optimizer)?;
         let what = format!("model `{}` compiled for training", self.name);
-        let sync = (cfg.comm.world_size() > 1).then(|| grad_sync(&train, &cfg.comm));
+        let sync = (cfg.comm.world_size() > 1).then(|| GradSync::of(&train, &cfg.comm));
         let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what, sync)?;
         let mut trainer = Trainer {
             model: self.clone(),
@@ -266,19 +259,6 @@ impl Model {
         trainer.broadcast_state()?;
         Ok(trainer)
     }
-}
-
-/// What a data-parallel training step averages: the loss and every gradient the backward pass
-/// computes (a gradient that is a constant, the same on every rank, is left out), each once.
-fn grad_sync(train: &TrainGraph, comm: &Arc<dyn Communicator>) -> GradSync {
-    let g = &train.graph;
-    let mut values = vec![train.loss];
-    for &(_, d) in &train.grads {
-        if !g.node(d).op.is_host_value() && !values.contains(&d) {
-            values.push(d);
-        }
-    }
-    GradSync { comm: comm.clone(), before: train.update_start, values }
 }
 
 /// What a backend holds for a graph, in bytes (see [`footprint`]).

@@ -6,9 +6,10 @@
 //! `scripts/bench/torch_baselines.py`, the PyTorch side. Hyperparameters come from the model's defaults, overridden by
 //! `--set name=value`.
 
-use crate::backend::{Backend, RunOptions};
+use crate::backend::{Backend, GradSync, RunOptions};
 use crate::codegen::{MatmulOptions, MatmulPrecision, Target};
 use crate::cpu::CpuBackend;
+use crate::dist::Communicator;
 use crate::dsl::{self, Value};
 use crate::err;
 use crate::error::{Result, Source};
@@ -21,6 +22,7 @@ use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
 use crate::tensor::{DType, Tensor};
 use serde_json::json;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Most steps (timed or warm-up) one benchmark runs.
@@ -204,6 +206,22 @@ pub struct BenchResult {
     pub losses: Vec<f32>,
     /// With profiling: milliseconds per kernel kind (summed over its dispatches), largest first.
     pub profile: Vec<(String, f64, usize)>,
+    /// Ranks of the data-parallel job (1 for a process on its own).
+    pub ranks: usize,
+    /// Each rank's median step, in milliseconds.
+    pub step_ms_per_rank: Vec<f64>,
+    /// Median time of a step's collectives on this rank, in milliseconds (0 with one rank).
+    pub all_reduce_ms: f64,
+    /// Median time a step waited for the gradients' staging copies on this rank, in
+    /// milliseconds: the part of the transfers the backward pass did not cover.
+    pub exchange_wait_ms: f64,
+    /// Median time a step spent copying gradients out of mapped staging memory (rank 0), ms.
+    pub exchange_read_ms: f64,
+    /// Median time a step spent handing the averages to the queue (rank 0), ms.
+    pub exchange_write_ms: f64,
+    /// Training samples (rows of the first input) per second for the whole job, at the
+    /// slowest rank's median step.
+    pub samples_per_s: f64,
 }
 
 impl BenchResult {
@@ -230,6 +248,13 @@ impl BenchResult {
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,
             "losses": self.losses,
+            "ranks": self.ranks,
+            "step_ms_per_rank": self.step_ms_per_rank,
+            "all_reduce_ms": self.all_reduce_ms,
+            "exchange_wait_ms": self.exchange_wait_ms,
+            "exchange_read_ms": self.exchange_read_ms,
+            "exchange_write_ms": self.exchange_write_ms,
+            "samples_per_s": self.samples_per_s,
             "profile_ms": self.profile.iter().map(|(k, ms, n)| json!({"kind": k, "ms": ms, "dispatches": n})).collect::<Vec<_>>(),
         })
     }
@@ -258,19 +283,43 @@ impl BenchResult {
             mib(self.device_bytes),
             self.first_loss,
             self.last_loss
-        ) + self.profile.iter().map(|(k, ms, n)| format!("  {k:<22} {ms:>9.3} ms in {n} dispatches\n")).collect::<String>().as_str()
+        ) + self.job_text().as_str() + self.profile.iter().map(|(k, ms, n)| format!("  {k:<22} {ms:>9.3} ms in {n} dispatches\n")).collect::<String>().as_str()
+    }
+}
+
+impl BenchResult {
+    /// The data-parallel figures as text (a line per job of several ranks, else nothing).
+    fn job_text(&self) -> String {
+        if self.ranks == 1 {
+            return format!("{:.1} samples/s\n", self.samples_per_s);
+        }
+        let per_rank: Vec<String> =
+            self.step_ms_per_rank.iter().map(|ms| format!("{ms:.3}")).collect();
+        format!(
+            "{} ranks: {:.1} samples/s; step ms per rank [{}]; rank 0: all-reduce {:.3} ms, waiting for staging {:.3} ms, reading it {:.3} ms, writing back {:.3} ms\n",
+            self.ranks,
+            self.samples_per_s,
+            per_rank.join(", "),
+            self.all_reduce_ms,
+            self.exchange_wait_ms,
+            self.exchange_read_ms,
+            self.exchange_write_ms
+        )
     }
 }
 
 /// Compile the training step of `spec` on `device` with matmul `precision` (`None`: the
 /// device's default; the CPU backend computes in fp32), run `warmup` steps, then time `steps`
-/// steps (each ends when its loss is back on the host, as PyTorch's loop synchronizes).
+/// steps (each ends when its loss is back on the host, as PyTorch's loop synchronizes). In a
+/// data-parallel job (`comm` of several ranks) every rank runs the same steps on its own device
+/// with the gradients averaged across ranks, as training does.
 pub fn bench_model(
     spec: &ModelSpec,
     (device, precision): (DeviceChoice, Option<MatmulPrecision>),
     steps: usize,
     warmup: usize,
     profile: bool,
+    comm: &Arc<dyn Communicator>,
 ) -> Result<BenchResult> {
     let max = MAX_STEPS as usize;
     if !(1..=max).contains(&steps) || warmup > max {
@@ -293,49 +342,88 @@ pub fn bench_model(
     let mut cpu_backend = None;
     let mut report = None;
     let mut mode = MatmulPrecision::Highest;
+    let sync = (comm.world_size() > 1).then(|| GradSync::of(&t, comm));
     let setup_ms;
     match gpu {
         Some(gpu) => {
             let mut b = GpuBackend::new(gpu, t.graph.clone(), 0, PlanOptions::default())?;
             b.matmul.precision = gpu.matmul_precision(precision);
             mode = b.matmul.precision;
+            b.sync = sync;
             setup_ms = start.elapsed().as_secs_f64() * 1e3;
             let p = b.plan_for(&[t.loss], true)?;
             report = Some(PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes));
             gpu_backend = Some(b);
         }
         None => {
-            cpu_backend = Some(CpuBackend::new(t.graph.clone(), 0)?);
+            let b = CpuBackend::new(t.graph.clone(), 0)?;
+            cpu_backend = Some(match sync {
+                Some(sync) => b.with_grad_sync(sync),
+                None => b,
+            });
             setup_ms = start.elapsed().as_secs_f64() * 1e3;
         }
     }
-    let backend: &mut dyn Backend = match (&mut gpu_backend, &mut cpu_backend) {
-        (Some(b), _) => b,
-        (None, Some(b)) => b,
-        (None, None) => return Err(err!(Invariant, "no backend")),
-    };
+    if gpu_backend.is_none() && cpu_backend.is_none() {
+        return Err(err!(Invariant, "no backend"));
+    }
     let compile_ms = start.elapsed().as_secs_f64() * 1e3 - setup_ms;
     let feeds = random_feeds(&t, 1)?;
     let refs: Vec<(NodeId, &Tensor)> = feeds.iter().map(|(id, t)| (*id, t)).collect();
     let mut times = Vec::with_capacity(steps);
     let mut losses = Vec::new();
     let mut first_step_ms = f64::NAN;
+    let (mut all_reduce, mut waits, mut reads, mut writes) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for step in 0..warmup + steps {
         let t0 = Instant::now();
-        let out =
-            backend.run(&refs, &[t.loss], RunOptions { training: true, step: step as u64 })?;
+        let opts = RunOptions { training: true, step: step as u64 };
+        let out = match (&mut gpu_backend, &mut cpu_backend) {
+            (Some(b), _) => b.run(&refs, &[t.loss], opts)?,
+            (None, Some(b)) => b.run(&refs, &[t.loss], opts)?,
+            (None, None) => Vec::new(),
+        };
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         if step == 0 {
             first_step_ms = ms;
         }
         if step >= warmup {
             times.push(ms);
+            let plan = gpu_backend.as_mut().map(|b| b.plan_for(&[t.loss], true)).transpose()?;
+            if let Some(ex) = plan.and_then(|p| p.exchange.as_ref()) {
+                let last = ex.last.get();
+                all_reduce.push(last.all_reduce * 1e3);
+                waits.push(last.wait * 1e3);
+                reads.push(last.read * 1e3);
+                writes.push(last.write * 1e3);
+            }
         }
         let loss = out.first().and_then(|t| t.as_f32()).and_then(|v| v.first().copied());
         losses.push(loss.unwrap_or(f32::NAN));
     }
     times.sort_by(f64::total_cmp);
-    let adapter = backend.device_name();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let step_ms_median = times[times.len() / 2];
+    // Each rank's median, gathered as a mean over ranks of vectors with one rank's slot set.
+    let ranks = comm.world_size();
+    let mut per_rank = vec![0f32; ranks];
+    per_rank[comm.rank()] = (step_ms_median * ranks as f64) as f32;
+    comm.all_reduce_mean(&mut per_rank)?;
+    let step_ms_per_rank: Vec<f64> = per_rank.iter().map(|&ms| f64::from(ms)).collect();
+    let slowest = step_ms_per_rank.iter().copied().fold(step_ms_median, f64::max);
+    let first_input = t.graph.nodes().find_map(|(id, n)| match &n.op {
+        Op::Input { name } if !is_host_input(name) => Some(id),
+        _ => None,
+    });
+    let rows = first_input.and_then(|id| t.graph.shape(id).first().copied()).unwrap_or(1);
+    let samples_per_s = (rows * ranks) as f64 / (slowest / 1e3);
+    let adapter = match (&gpu_backend, &cpu_backend) {
+        (Some(b), _) => b.device_name(),
+        _ => "cpu".to_string(),
+    };
     let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
     if let (true, Some(gpu), Some(b)) = (profile, gpu, gpu_backend.as_mut()) {
         for (label, ms) in b.plan_for(&[t.loss], true)?.profile(gpu, 5)? {
@@ -364,7 +452,7 @@ pub fn bench_model(
         params,
         steps,
         warmup,
-        step_ms_median: times[times.len() / 2],
+        step_ms_median,
         step_ms_min: times[0],
         setup_ms,
         first_step_ms,
@@ -383,6 +471,13 @@ pub fn bench_model(
         last_loss: *losses.last().unwrap_or(&f32::NAN),
         losses,
         profile: by_kind,
+        ranks,
+        step_ms_per_rank,
+        all_reduce_ms: median(&mut all_reduce),
+        exchange_wait_ms: median(&mut waits),
+        exchange_read_ms: median(&mut reads),
+        exchange_write_ms: median(&mut writes),
+        samples_per_s,
     })
 }
 

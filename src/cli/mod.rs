@@ -53,6 +53,7 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
     match command.as_str() {
         "run" => {
             let world = World::init()?;
+            crate::runtime::device::use_local_rank(world.comm().local_rank());
             let mut run = || {
                 let mut opts = RunOptions {
                     host: host_options(&mut flags)?,
@@ -133,8 +134,23 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
             let spec = model_spec(&mut flags)?;
             flags.done()?;
             let (steps, warmup) = (steps as usize, warmup as usize);
-            let r = bench::bench_model(&spec, (device, precision), steps, warmup, profile)?;
-            print_text(&if json { format!("{}\n", r.json()) } else { r.text() })
+            let world = World::init()?;
+            crate::runtime::device::use_local_rank(world.comm().local_rank());
+            let bench = || {
+                let r = bench::bench_model(
+                    &spec,
+                    (device, precision),
+                    steps,
+                    warmup,
+                    profile,
+                    world.comm(),
+                )?;
+                match world.comm().rank() {
+                    0 => print_text(&if json { format!("{}\n", r.json()) } else { r.text() }),
+                    _ => Ok(0),
+                }
+            };
+            end_rank(&world, bench())
         }
         "help" | "--help" | "-h" => print_text(&format!("{USAGE}\n")),
         other => Err(err!(Usage, "unknown command `{other}`; `rumus help` lists the commands")),

@@ -29,6 +29,12 @@ pub trait Communicator: Debug + Send + Sync {
     /// Replace `data` by its element-wise mean over every rank. Every rank passes the same
     /// length; every rank gets the same bits.
     fn all_reduce_mean(&self, data: &mut [f32]) -> Result<()>;
+    /// Write into `recv` the element-wise mean over every rank of `send` (the same length).
+    /// The default copies and averages in place; a communicator may read `send` directly.
+    fn all_reduce_mean_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        recv.copy_from_slice(send);
+        self.all_reduce_mean(recv)
+    }
     /// Replace `data` on every rank by rank 0's. Every rank passes the same length.
     fn broadcast(&self, data: &mut [f32]) -> Result<()>;
     /// Print `message` to stderr and end every rank of the job with exit code `code`.

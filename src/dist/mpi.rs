@@ -75,6 +75,15 @@ impl Communicator for Mpi {
         }
         Ok(())
     }
+    fn all_reduce_mean_into(&self, send: &[f32], recv: &mut [f32]) -> Result<()> {
+        let world = self.world()?;
+        let n = self.size as f32;
+        for (send, recv) in send.chunks(BUCKET).zip(recv.chunks_mut(BUCKET)) {
+            world.all_reduce_into(send, recv, SystemOperation::sum());
+            recv.iter_mut().for_each(|x| *x /= n);
+        }
+        Ok(())
+    }
     fn broadcast(&self, data: &mut [f32]) -> Result<()> {
         let world = self.world()?;
         let root = world.process_at_rank(0);

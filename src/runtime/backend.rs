@@ -3,7 +3,7 @@
 
 use super::device::Gpu;
 use super::exec::GpuPlan;
-use crate::backend::{Backend, RunOptions};
+use crate::backend::{Backend, GradSync, RunOptions};
 use crate::codegen::MatmulOptions;
 use crate::err;
 use crate::error::Result;
@@ -35,6 +35,8 @@ pub struct GpuBackend {
     ///
     /// [`Target::reduce_chunk`]: crate::codegen::Target::reduce_chunk
     pub reduce_chunk: u32,
+    /// Data-parallel training: average the gradients across ranks in every training step.
+    pub sync: Option<GradSync>,
 }
 
 impl GpuBackend {
@@ -95,6 +97,7 @@ impl GpuBackend {
             poison: false,
             matmul: MatmulOptions::from_env()?,
             reduce_chunk: crate::codegen::REDUCE_CHUNK,
+            sync: None,
         })
     }
 
@@ -110,6 +113,7 @@ impl GpuBackend {
                 &self.persistent,
                 self.matmul,
                 self.reduce_chunk,
+                self.sync.as_ref().filter(|_| training),
             )?;
             self.plans.insert(key.clone(), compiled);
         }

@@ -20,6 +20,7 @@ use crate::err;
 use crate::error::{Error, Result};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Which device runs the plans: the `--device` flag and the `RUMUS_DEVICE` variable.
@@ -167,10 +168,18 @@ impl Gpu {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let best = adapters
+        let mut usable: Vec<wgpu::Adapter> = adapters
             .into_iter()
             .filter(|a| !hardware_only || a.get_info().device_type != wgpu::DeviceType::Cpu)
-            .min_by_key(|a| adapter_rank(&a.get_info()));
+            .collect();
+        // Among the adapters of the best kind, the process with local rank r takes the r-th
+        // (wrapping), so the ranks of a data-parallel job on one machine take a GPU each.
+        let top = usable.iter().map(|a| adapter_rank(&a.get_info())).min();
+        usable.retain(|a| Some(adapter_rank(&a.get_info())) == top);
+        let best = match usable.len() {
+            0 => None,
+            n => Some(usable.swap_remove(LOCAL_RANK.load(Ordering::Relaxed) % n)),
+        };
         match best {
             Some(adapter) => {
                 let limits = limits(adapter.limits());
@@ -487,6 +496,32 @@ impl Gpu {
         Ok(parts)
     }
 
+    /// Map each of `bufs` for its mode, blocking until submission `index` (the last that uses
+    /// them) is done.
+    pub fn map_after(
+        &self,
+        bufs: &[(&wgpu::Buffer, wgpu::MapMode)],
+        index: wgpu::SubmissionIndex,
+    ) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (buf, mode) in bufs {
+            let tx = tx.clone();
+            buf.map_async(*mode, .., move |r| {
+                let _ = tx.send(r);
+            });
+        }
+        let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
+        self.device.poll(wait).map_err(|e| err!(Device, "waiting for the device failed: {e}"))?;
+        for _ in bufs {
+            match rx.try_recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(err!(Device, "cannot map a staging buffer: {e}")),
+                Err(_) => return Err(err!(Device, "a staging buffer was not mapped in time")),
+            }
+        }
+        Ok(())
+    }
+
     /// Compile `wgsl` and create a compute pipeline for `entry` with an automatic layout (bind
     /// group 0 then holds exactly the bindings the entry point uses). Invalid WGSL is an `Err`
     /// carrying naga's message.
@@ -708,6 +743,16 @@ fn error_text(e: &wgpu::Error) -> String {
 }
 
 static TEST_GPU: OnceLock<Result<Gpu>> = OnceLock::new();
+
+/// This process's rank among the ranks of its job on this machine (see [`use_local_rank`]).
+static LOCAL_RANK: AtomicUsize = AtomicUsize::new(0);
+
+/// Open devices from now on on the adapter of local rank `rank`: the `rank`-th (wrapping) of the
+/// adapters of the best kind, in the order the driver lists them. A data-parallel job calls it
+/// before anything opens a device; a process on its own keeps rank 0, the first adapter.
+pub fn use_local_rank(rank: usize) {
+    LOCAL_RANK.store(rank, Ordering::Relaxed);
+}
 static TEST_GPU_AT_WEBGPU_LIMITS: OnceLock<Result<Gpu>> = OnceLock::new();
 
 /// The process-wide device for `choice`, opened once: `None` means the CPU backend (`cpu`, or

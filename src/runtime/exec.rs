@@ -9,7 +9,9 @@
 //! reference gives, and the step's updates are not applied.
 
 use super::device::{Dispatch, Gpu, STORAGE};
+use super::exchange::Exchange;
 use super::launch::{Launcher, Range, Resources};
+use crate::backend::GradSync;
 use crate::codegen::{self, MatmulOptions};
 use crate::cpu::nn::{check_index, check_label};
 use crate::err;
@@ -39,6 +41,8 @@ pub struct GpuPlan {
     /// The status buffer checking kernels report into (see `codegen::wgsl`), when the plan
     /// has checking kernels, and its length in words.
     status: Option<(wgpu::Buffer, usize)>,
+    /// Data-parallel training's average of the gradients across ranks, inside every step.
+    pub exchange: Option<Exchange>,
 }
 
 /// Shape and dtype of a node, for host tensors read back.
@@ -62,6 +66,7 @@ impl GpuPlan {
         persistent: &HashMap<NodeId, wgpu::Buffer>,
         matmul: MatmulOptions,
         reduce_chunk: u32,
+        sync: Option<&GradSync>,
     ) -> Result<GpuPlan> {
         // The plan may have been built without this device's limits.
         let limits = crate::plan::Limits::of(&gpu.limits);
@@ -122,10 +127,25 @@ impl GpuPlan {
         for p in programs.all() {
             dispatches.push(launcher.prepare(gpu, p, &res)?);
         }
+        let dispatches_per_kernel: Vec<usize> =
+            programs.kernels.iter().map(|k| k.programs.len()).collect();
+        let exchange = match sync {
+            Some(sync) => {
+                let starts: Vec<usize> = std::iter::once(0)
+                    .chain(dispatches_per_kernel.iter().scan(0, |at, &n| {
+                        *at += n;
+                        Some(*at)
+                    }))
+                    .collect();
+                Some(Exchange::new(gpu, g, &plan, sync, &starts)?)
+            }
+            None => None,
+        };
         Ok(GpuPlan {
             plan,
             dispatches,
-            dispatches_per_kernel: programs.kernels.iter().map(|k| k.programs.len()).collect(),
+            dispatches_per_kernel,
+            exchange,
             meta,
             scratch_bytes: programs.scratch_bytes(),
             copies: programs.copies,
@@ -192,9 +212,14 @@ impl GpuPlan {
             words[0] = 0;
             gpu.write(status, 0, bytemuck::cast_slice(&words))?;
         }
+        let mut first = 0;
+        if let Some(ex) = &self.exchange {
+            ex.run_backward(gpu, &self.dispatches, &self.buffers)?;
+            first = ex.update_at;
+        }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let all: Vec<&Dispatch> = self.dispatches.iter().collect();
-        gpu.encode(&mut enc, &all);
+        let rest: Vec<&Dispatch> = self.dispatches[first..].iter().collect();
+        gpu.encode(&mut enc, &rest);
         for &(from, to, bytes) in &self.copies {
             let ((src, src_at, _), (dst, dst_at, _)) = (&self.buffers[from], &self.buffers[to]);
             enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, bytes);

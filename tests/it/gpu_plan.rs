@@ -343,7 +343,8 @@ fn a_gpt_over_one_token_matches_the_cpu_reference() {
 
 /// `rumus bench --json` times the first step after compiling (`first_step_ms`) and dispatches
 /// as many programs a step as `rumus plan --json` counts for the model's plan (a cross-entropy
-/// and its reductions in two stages, an embedding's backward sort).
+/// and its reductions in two stages, an embedding's backward sort), and the job's figures of a
+/// process on its own.
 #[test]
 fn bench_json_reports_the_first_step_and_the_plans_dispatches() {
     let Some((_gpu, _turn)) = or_skip("bench_json_reports_the_first_step_and_the_plans_dispatches")
@@ -372,5 +373,16 @@ fn bench_json_reports_the_first_step_and_the_plans_dispatches() {
         let dispatches = bench["dispatches_per_step"].as_u64();
         assert!(dispatches.is_some_and(|d| d > 0), "{model:?}: {bench}");
         assert_eq!(dispatches, plan["dispatches"].as_u64(), "{model:?}: {bench} vs {plan}");
+        // A process on its own is a job of one rank: samples a second are rows over the step.
+        assert_eq!(bench["ranks"], 1, "{model:?}: {bench}");
+        let step = bench["step_ms_median"].as_f64().unwrap_or(0.0);
+        assert_eq!(
+            bench["step_ms_per_rank"][0].as_f64().map(|ms| (ms - step).abs() < 1e-3 * step),
+            Some(true)
+        );
+        let rows = if model[0] == "scripts/xor.rms" { 4.0 } else { 2.0 };
+        let samples = bench["samples_per_s"].as_f64().unwrap_or(0.0);
+        assert!((samples - rows * 1e3 / step).abs() <= 1e-3 * samples, "{model:?}: {bench}");
+        assert_eq!(bench["all_reduce_ms"], 0.0, "{model:?}: {bench}");
     }
 }

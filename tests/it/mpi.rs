@@ -55,9 +55,11 @@ fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
 
 const RUMUS: &str = env!("CARGO_BIN_EXE_rumus");
 
-#[test]
-fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
-    let f = script("train.rms", TRAIN_SCRIPT);
+/// `TRAIN_SCRIPT` on `device` as one process and as two ranks under `mpirun`: the losses agree
+/// within `rel`.
+fn mpirun_matches_one_process(device: &str, rel: f64) {
+    let text = TRAIN_SCRIPT.replace(r#"device: "cpu""#, &format!(r#"device: "{device}""#));
+    let f = script(&format!("train_{device}.rms"), &text);
     let single = Command::new(RUMUS)
         .args(["run", &f])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -66,7 +68,19 @@ fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
     assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
     let (code, out, err) = finish(mpirun(RUMUS, &["run", &f]), Duration::from_secs(300));
     assert_eq!(code, 0, "{err}");
-    assert_same_losses(&losses(&out), &losses(&String::from_utf8_lossy(&single.stdout)), 1e-6);
+    assert_same_losses(&losses(&out), &losses(&String::from_utf8_lossy(&single.stdout)), rel);
+}
+
+#[test]
+fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
+    mpirun_matches_one_process("cpu", 1e-6);
+}
+
+#[test]
+fn two_ranks_on_gpus_under_mpirun_train_as_one_process_at_the_doubled_batch() {
+    // Each rank opens its own device (here both the one software adapter) and averages its
+    // gradients through host memory with MPI.
+    mpirun_matches_one_process("gpu", 1e-5);
 }
 
 #[test]

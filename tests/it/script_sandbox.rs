@@ -415,6 +415,7 @@ fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
         1,
         0,
         false,
+        &rumus::dist::single(),
     )
     .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Limit, "{e}");
