@@ -517,6 +517,7 @@ pub fn bench_kernels(
             "matmul_precision": options.precision.to_string(),
             "matmul_kernel": mode.tile,
             "matmul_tflops": mode.tflops,
+            "matmul_product_tflops": mode.product_tflops,
             "matmul_error_median": mode.error_median,
             "matmul_error_max": mode.error_max,
             "matmul_tflops_by_tile": tiles,

@@ -8,13 +8,14 @@
 //! A product large enough to fill the generated SIMT kernel (`matmul_simt.rs`) runs on it
 //! instead of the template; in the `high` and `medium` precision modes every product whose
 //! operands have a unit stride runs on a cooperative-matrix kernel (`matmul_coop.rs`) after the
-//! range pre-pass (`maxabs.rs`) where the device has them ([`MatmulTile::choose`]). Dispatch
+//! range pre-pass (`maxabs.rs`) and the conversion of its operands to f16 (`coop_convert.rs`)
+//! where the device has them ([`MatmulTile::choose`]). Dispatch
 //! labels end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
 //! product got.
 
 use super::matmul_coop::{self, CoopKernel, CoopMode, HIGH_TILE, MEDIUM_TILE};
 use super::matmul_simt::{self, SIMT_TILE};
-use super::maxabs;
+use super::{coop_convert, maxabs};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::templates::MATMUL;
 use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
@@ -28,6 +29,10 @@ use super::MatmulPrecision;
 
 /// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0).
 pub const RANGE_SLOT: usize = 1;
+/// The scratch slot of the cooperative kernels' f16 workspace ([`super::coop_convert`]): like
+/// every scratch slot it lives only within one kernel's dispatches and is shared by every
+/// product of the plan, sized for the largest.
+pub const WORKSPACE_SLOT: usize = 2;
 
 /// How one matrix operand sits in its buffer: element `[b, r, c]` is at
 /// `offset + b * batch_stride + r * row_stride + c * col_stride`.
@@ -140,7 +145,7 @@ pub enum MatmulTile {
     /// thread, slices double-buffered in workgroup memory, compiled without the loop guard.
     Simt,
     /// A cooperative-matrix kernel (`high` or `medium`, [`super::matmul_coop`]), after the
-    /// range pre-pass.
+    /// range pre-pass and the conversion to f16.
     Coop(CoopKernel),
 }
 
@@ -189,11 +194,12 @@ impl MatmulTile {
     }
 
     /// The cooperative kernel for `spec` on `target`, when the precision is `high` or `medium`
-    /// and the target has cooperative matrices (or emulates them), both operands have a unit
-    /// stride, the tile splits evenly and fits the device's threads and workgroup memory, and
-    /// the `range` buffer fits beside the `bound` storage buffers the product binds; `None`
-    /// otherwise (an fp32 kernel computes it).
-    pub fn coop_for(spec: &MatmulSpec, target: &Target, bound: usize) -> Option<CoopKernel> {
+    /// and the target has cooperative matrices (or emulates them), the product is not empty
+    /// (K included), both operands have a unit stride, the tile splits evenly and fits the
+    /// device's threads and workgroup memory, and the f16 workspace's halves can be indexed
+    /// by a u32; `None` otherwise (an fp32 kernel computes it). The product binds no more
+    /// storage buffers than an fp32 one: the workspace and the exponents instead of A and B.
+    pub fn coop_for(spec: &MatmulSpec, target: &Target) -> Option<CoopKernel> {
         let o = &target.matmul;
         let (mode, tile) = match o.precision {
             MatmulPrecision::Highest => return None,
@@ -207,10 +213,12 @@ impl MatmulTile {
         };
         let k = CoopKernel { mode, tile: o.coop_tile.unwrap_or(tile), subgroup, emulate };
         let access = matmul_simt::accesses(spec)?;
-        let fits = k.tile.check(subgroup).is_ok()
+        let s = spec;
+        let fits = [s.batch, s.m, s.n, s.k].iter().all(|&d| d > 0)
+            && k.tile.check(subgroup).is_ok()
             && k.threads() <= target.max_invocations
             && k.workgroup_bytes(access) <= target.max_workgroup_bytes
-            && bound < target.max_storage_buffers as usize;
+            && coop_convert::workspace_halves(&k, access, s) <= u64::from(u32::MAX);
         fits.then_some(k)
     }
 
@@ -230,10 +238,9 @@ impl MatmulTile {
     /// for products with at least `target.matmul.simt_min_workgroups` of its blocks, else the
     /// register tiles measured fastest on the H200: 8 x 4 per thread while that still gives
     /// two workgroups per multiprocessor of a big GPU, else 4 x 4. In the `high` and `medium`
-    /// modes, the cooperative kernel wherever [`MatmulTile::coop_for`] gives one (`bound`: the
-    /// storage buffers the product binds).
-    pub fn choose(spec: &MatmulSpec, target: &Target, bound: usize) -> MatmulTile {
-        if let Some(k) = MatmulTile::coop_for(spec, target, bound) {
+    /// modes, the cooperative kernel wherever [`MatmulTile::coop_for`] gives one.
+    pub fn choose(spec: &MatmulSpec, target: &Target) -> MatmulTile {
+        if let Some(k) = MatmulTile::coop_for(spec, target) {
             return MatmulTile::Coop(k);
         }
         let simt = MatmulTile::simt_fits(spec, target);
@@ -286,7 +293,7 @@ pub fn program(
     if let MatmulTile::Coop(k) = tile {
         return Err(err!(
             Invariant,
-            "the {} matmul is three programs (range pre-pass and product): use `programs`",
+            "the {} matmul is four programs (range pre-pass, conversion and product): use `programs`",
             k.name()
         ));
     }
@@ -331,8 +338,9 @@ pub fn program(
 }
 
 /// The programs of `spec` on `tile`, labelled `label` and the tile's name: one for a template
-/// or SIMT tile, and for a cooperative tile the two dispatches of the range pre-pass (into
-/// scratch slot [`RANGE_SLOT`]) and the product. Bindings as in [`program`].
+/// or SIMT tile, and for a cooperative tile four: the two dispatches of the range pre-pass
+/// (into scratch slot [`RANGE_SLOT`]), the conversion of A and B to f16 (into scratch slot
+/// [`WORKSPACE_SLOT`]) and the product. Bindings as in [`program`].
 pub fn programs(
     label: &str,
     spec: &MatmulSpec,
@@ -357,16 +365,24 @@ pub fn programs(
     };
     k.tile.check(k.subgroup)?;
     let range = Resource::Scratch { slot: RANGE_SLOT };
+    let ws = Resource::Scratch { slot: WORKSPACE_SLOT };
     let operands = [a.clone(), b.clone(), range.clone()];
     let [main, finish] = maxabs::programs(spec, access, operands, &format!("{label} range"));
+    let convert = coop_convert::program(
+        spec,
+        &k,
+        access,
+        [params_uniform(spec), a, b, ws.clone(), range.clone()],
+        &format!("{label} convert"),
+    );
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
-    let mut bindings = bindings(spec, epilogue, [a, b, c]);
-    bindings.push(Binding {
-        at: maxabs::RANGE_BINDING,
-        name: "range".into(),
-        resource: range,
-        words: maxabs::RANGE_WORDS,
-    });
+    let bind = |at, name: &str, resource, words| Binding { at, name: name.into(), resource, words };
+    let c_words = spec.c.words(spec.batch, spec.m, spec.n);
+    let mut bindings = vec![bind(0, "p", params_uniform(spec), 0), bind(3, "c", c, c_words)];
+    bindings.extend(epilogue_bindings(epilogue));
+    let ws_words = coop_convert::workspace_words(&k, access, spec);
+    bindings.push(bind(coop_convert::WORKSPACE_BINDING, "ws", ws, ws_words));
+    bindings.push(bind(maxabs::RANGE_BINDING, "range", range, maxabs::RANGE_WORDS));
     let (bm, bn) = tile.block();
     let s = spec;
     let product = Program {
@@ -376,21 +392,17 @@ pub fn programs(
         workgroup_size: k.threads(),
         bindings,
         grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
-        // As the SIMT kernel's: its own indices stay inside the operands, its loops end.
+        // Its reads stay inside the workspace's padded planes, its loops end.
         checks: ShaderChecks {
             bounds: epilogue.is_some_and(|e| !e.extra.is_empty()),
             loop_bounding: false,
         },
     };
-    Ok(vec![main, finish, product])
+    Ok(vec![main, finish, convert, product])
 }
 
-/// The `Params` uniform, A, B and C (bindings 0 to 3) and the epilogue's buffers (4 on).
-fn bindings(
-    s: &MatmulSpec,
-    epilogue: Option<&MatmulEpilogue>,
-    [a, b, c]: [Resource; 3],
-) -> Vec<Binding> {
+/// The `Params` uniform of `s` (`shaders/matmul.wgsl`'s, read by every matmul kernel).
+fn params_uniform(s: &MatmulSpec) -> Resource {
     let params = Params {
         dims: [s.m, s.n, s.k, s.batch],
         a: [s.a.offset, s.a.batch_stride, s.a.row_stride, s.a.col_stride],
@@ -400,6 +412,15 @@ fn bindings(
         beta: s.beta,
         pad: [0; 2],
     };
+    Resource::Uniform(bytemuck::bytes_of(&params).to_vec())
+}
+
+/// The `Params` uniform, A, B and C (bindings 0 to 3) and the epilogue's buffers (4 on).
+fn bindings(
+    s: &MatmulSpec,
+    epilogue: Option<&MatmulEpilogue>,
+    [a, b, c]: [Resource; 3],
+) -> Vec<Binding> {
     let operand = |at: u32, name: &str, resource: Resource, words: u64| Binding {
         at,
         name: name.to_string(),
@@ -407,15 +428,25 @@ fn bindings(
         words,
     };
     let mut bindings = vec![
-        operand(0, "p", Resource::Uniform(bytemuck::bytes_of(&params).to_vec()), 0),
+        operand(0, "p", params_uniform(s), 0),
         operand(1, "a", a, s.a.words(s.batch, s.m, s.k)),
         operand(2, "b", b, s.b.words(s.batch, s.k, s.n)),
         operand(3, "c", c, s.c.words(s.batch, s.m, s.n)),
     ];
-    for (i, &buffer) in epilogue.map_or(&[][..], |e| &e.extra).iter().enumerate() {
-        bindings.push(operand(4 + i as u32, &format!("e{i}"), Resource::Buffer(buffer), 0));
-    }
+    bindings.extend(epilogue_bindings(epilogue));
     bindings
+}
+
+/// The epilogue's buffers (bindings 4 on).
+fn epilogue_bindings(epilogue: Option<&MatmulEpilogue>) -> Vec<Binding> {
+    let extra = epilogue.map_or(&[][..], |e| &e.extra);
+    let bind = |(i, &buffer): (usize, &usize)| Binding {
+        at: 4 + i as u32,
+        name: format!("e{i}"),
+        resource: Resource::Buffer(buffer),
+        words: 0,
+    };
+    extra.iter().enumerate().map(bind).collect()
 }
 
 /// The programs of matmul kernel `k` with its epilogue generated, and the name of the tile its
@@ -472,7 +503,7 @@ pub fn lower(
             split_k_programs(&spec, splits, [a, b, c], &epilogue, &label, target)?;
         return Ok(Some((programs, tile.name())));
     }
-    let tile = MatmulTile::choose(&spec, target, 3 + epilogue.extra.len());
+    let tile = MatmulTile::choose(&spec, target);
     let (bm, bn) = tile.block();
     let max = target.max_workgroups_per_dimension as usize;
     if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
@@ -519,7 +550,7 @@ fn split_k_programs(
         ..*spec
     };
     let parts = Resource::Scratch { slot: 0 };
-    let tile = MatmulTile::choose(&partial, target, 3);
+    let tile = MatmulTile::choose(&partial, target);
     let mut out =
         programs(&format!("{label} split-k {splits}"), &partial, tile, None, [a, b, parts.clone()])?;
 
@@ -548,10 +579,7 @@ fn split_k_programs(
         Binding { at: 0, name: "parts".into(), resource: parts, words: mn * u64::from(splits) },
         Binding { at: 1, name: "c".into(), resource: c, words: mn },
     ];
-    for (i, &buffer) in epilogue.extra.iter().enumerate() {
-        let (at, name) = (4 + i as u32, format!("e{i}"));
-        bindings.push(Binding { at, name, resource: Resource::Buffer(buffer), words: 0 });
-    }
+    bindings.extend(epilogue_bindings(Some(epilogue)));
     out.push(Program {
         label: format!("{label} split-k sum"),
         wgsl: w.finish(),

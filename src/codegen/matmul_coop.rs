@@ -1,41 +1,45 @@
 //! The `medium` and `high` matmul kernels: f16 products with f32 accumulation on 16x16x16
 //! cooperative matrices (`enable wgpu_cooperative_matrix;`, tensor cores on NVIDIA).
 //!
+//! A product is four dispatches: the range pre-pass ([`super::maxabs`], two), the conversion
+//! ([`super::coop_convert`]), which writes both operands scaled to f16 (`high`: hi and lo
+//! parts) into a workspace of zero-padded planes, and the product here, which reads only f16.
+//!
 //! A workgroup of `wm x wn` subgroups computes `bm x bn` of C; subgroup `(wr, wc)` owns
-//! `fm x fn` accumulator fragments. K goes in slices of `bk`: each thread loads its quads of the
-//! next slice into `vec4<f32>` registers while the current slice is multiplied, then converts
-//! them to f16 and stores them into workgroup memory laid out like the operand
+//! `fm x fn` accumulator fragments. K goes in slices of `bk`: each thread loads its 16-byte
+//! units (8 halves) of the next slice from the workspace into registers while the current
+//! slice is multiplied, then stores them into workgroup memory laid out like the operand
 //! (`[outer][contig]`, rows padded by 8 halves, as `vec4<f16>`), so fragments load row-major
 //! (`coopLoadT`) for a row-major operand and column-major (`coopLoad`) for a transposed one.
-//! Elements outside the matrices are staged as zeros (the quads of `matmul_simt.rs`), so every
-//! cooperative operation runs for every slice in uniform control flow, whatever M, N and K are.
+//! The planes are padded to whole tiles with zeros, so every load is inside the workspace and
+//! every cooperative operation runs for every slice in uniform control flow, whatever M, N and
+//! K are. The 16-deep steps of a slice are a loop (the driver unrolls it).
 //!
-//! `high` stages each element `x` as `hi = f16(x rounded to 11 significant bits by masking)`
-//! and `lo = f16(x - hi)` and sums hi·hi + hi·lo + lo·hi (Ootomo and Yokota, arXiv 2203.03341);
-//! the mask, not `x - f32(f16(x))`, because the H200's driver folded that to zero.
+//! `high` sums hi·hi + hi·lo + lo·hi (Ootomo and Yokota, arXiv 2203.03341), `hi` the element
+//! rounded to 11 significant bits by masking and `lo` the rest; the mask, not
+//! `x - f32(f16(x))`, because the H200's driver folded that to zero.
 //!
-//! Range: each operand is multiplied while staging by `2^e`, `e` from its max-abs (the
-//! [`super::maxabs`] pre-pass, in the `range` buffer), so its largest element lands in
-//! `[2^14, 2^15)`; the result is multiplied by `2^-ea · 2^-eb` before the epilogue (exact).
-//! Without it f16 turns elements beyond 65504 into infinities and flushes those below 6e-8.
+//! Range: the conversion multiplies each operand by `2^e`, `e` from its max-abs, so its largest
+//! element lands in `[2^14, 2^15)`; the product multiplies the result by `2^-ea · 2^-eb`
+//! before the epilogue (exact). Without it f16 turns elements beyond 65504 into infinities and
+//! flushes those below 6e-8.
 //!
 //! Fragments reach C through a per-subgroup 16x16 f32 scratch in workgroup memory (there is no
 //! per-element access to a fragment): `coopStoreT`, barrier, each invocation applies the
 //! epilogue to its share and stores it with bounds checks.
 //!
-//! Emulated ([`CoopKernel::emulate`]), fragments become `vec2<u32>(offset, stride)` references
+//! Emulated ([`CoopKernel::emulate`]), the workspace holds halves packed by `pack2x16float`,
+//! staged values are unpacked to f32, fragments become `vec2<u32>(offset, stride)` references
 //! into the staging memory and the cooperative operations plain functions with the same
-//! meaning, and staged values are rounded to f16 through `pack2x16float` and kept as f32, so
-//! the rest of the kernel runs (slowly) on adapters without cooperative matrices or f16: the
-//! GPU-vs-CPU tests on lavapipe and on Mesa's OpenGL adapter.
+//! meaning, so the same four dispatches run (slowly) on adapters without cooperative matrices
+//! or f16: the GPU-vs-CPU tests on lavapipe and on Mesa's OpenGL adapter.
 //!
-//! Ported from the issue-11 prototype, correct at every shape it was run on on the H200
-//! (`medium` 128x128x64 w2x4 and `high` 64x128x32 w2x4 were its fastest tiles).
+//! Ported from the issue-11 prototype (round 2, pre-converted operands), correct at every shape
+//! it was run on on the H200 (`medium` 128x128x64 w2x4 and `high` 128x128x32 w4x2 were its
+//! fastest tiles).
 
-use super::matmul_simt::{
-    block_entry, epilogue_and_store, load_quads, params_and_operands, quad_fn, regs, slice, Access, Side,
-    Slice,
-};
+use super::coop_convert::{layout, workspace_decl};
+use super::matmul_simt::{block_entry, epilogue_and_store, params, slice, Access, Side, Slice};
 use super::maxabs::{EXPONENTS, RANGE_BINDING};
 use super::writer::Wgsl;
 use crate::err;
@@ -63,10 +67,11 @@ pub struct CoopTile {
     pub stages: u32,
 }
 
-/// The tiles measured fastest on the H200 (issue-11 prototype, 2026-11-30).
+/// The tiles measured fastest on the H200 with pre-converted operands (issue-11 prototype,
+/// round 2, 2026-11-30).
 pub const MEDIUM_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 64, wm: 2, wn: 4, stages: 1 };
 /// See [`MEDIUM_TILE`].
-pub const HIGH_TILE: CoopTile = CoopTile { bm: 64, bn: 128, bk: 32, wm: 2, wn: 4, stages: 1 };
+pub const HIGH_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 4, wn: 2, stages: 1 };
 
 /// Halves of padding after each staged row.
 const PAD: u32 = 8;
@@ -103,8 +108,8 @@ impl CoopTile {
     }
 
     /// An error unless the tile splits evenly for subgroups of `sg`: whole 16x16 fragments per
-    /// subgroup, slices a multiple of 16 deep, the quads of each slice a multiple of the
-    /// threads, 1 or 2 stages.
+    /// subgroup, slices a multiple of 16 deep, the 16-byte units (8 halves) of each slice a
+    /// multiple of the threads, 1 or 2 stages.
     pub fn check(&self, sg: u32) -> Result<()> {
         let t = self;
         let name = t.name();
@@ -142,11 +147,11 @@ impl CoopTile {
             ));
         }
         let threads = t.wm * t.wn * sg;
-        for (x, quads) in [("a", t.bm * t.bk / 4), ("b", t.bk * t.bn / 4)] {
-            if !quads.is_multiple_of(threads) {
+        for (x, units) in [("a", t.bm * t.bk / 8), ("b", t.bk * t.bn / 8)] {
+            if !units.is_multiple_of(threads) {
                 return Err(err!(
                     InvalidArgument,
-                    "cooperative tile {name}: the {quads} quads of a slice of {x} do not divide among {threads} threads"
+                    "cooperative tile {name}: the {units} 8-half units of a slice of {x} do not divide among {threads} threads"
                 ));
             }
         }
@@ -203,10 +208,22 @@ struct Buf {
     row_major: bool,
 }
 
-/// The WGSL of kernel `k` reading A and B as `access` says, with the epilogue's declarations
-/// (`@binding(4)` on) and body. The tile must pass [`CoopTile::check`].
+/// The WGSL of kernel `k` reading the f16 planes of A and B (laid out as `access` says) from
+/// the workspace of [`super::coop_convert`], with the epilogue's declarations (`@binding(4)`
+/// on) and body. The tile must pass [`CoopTile::check`].
 pub fn generate(k: &CoopKernel, access: [Access; 2], decls: &str, body: &str) -> String {
     Gen::new(k, access).module(decls, body)
+}
+
+/// `fn split_hi(x: vec4<f32>) -> vec4<f32>`: x rounded to 11 significant bits by masking
+/// (exact in f16 within its normal range).
+pub(super) fn split_hi_fn(w: &mut Wgsl) {
+    w.line("// x rounded to 11 significant bits (exact in f16 within its normal range).");
+    w.open("fn split_hi(x: vec4<f32>) -> vec4<f32>");
+    w.line("let bits = (bitcast<vec4<u32>>(x) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u);");
+    w.line("return bitcast<vec4<f32>>(bits);");
+    w.close();
+    w.blank();
 }
 
 struct Gen<'a> {
@@ -256,8 +273,37 @@ impl<'a> Gen<'a> {
         256 / self.sg
     }
 
+    /// Units (8 halves) of a slice each thread loads.
     fn per_thread(&self, s: &Slice) -> u32 {
-        s.outer * s.contig / 4 / self.threads
+        s.outer * s.contig / 8 / self.threads
+    }
+
+    /// The parts of an operand: `""` (hi, or the only one) and `"l"` (lo) with `high`.
+    fn parts(&self) -> &'static [&'static str] {
+        if self.high {
+            &["", "l"]
+        } else {
+            &[""]
+        }
+    }
+
+    /// The prefetch registers of `n` units of operand `x`: per part, one `vec4<u32>` of packed
+    /// halves when emulating, two `vec4<f16>` otherwise; with their types when `typed`.
+    fn regs(&self, x: &str, n: u32, typed: bool) -> Vec<String> {
+        let mut v = Vec::new();
+        for l in 0..n {
+            for part in self.parts() {
+                if self.k.emulate {
+                    let ty = if typed { ": vec4<u32>" } else { "" };
+                    v.push(format!("q{x}{part}{l}{ty}"));
+                } else {
+                    let ty = if typed { ": vec4<f16>" } else { "" };
+                    v.push(format!("q{x}{part}{l}_0{ty}"));
+                    v.push(format!("q{x}{part}{l}_1{ty}"));
+                }
+            }
+        }
+        v
     }
 
     fn bufs(&self) -> (Vec<Buf>, Vec<Buf>) {
@@ -287,7 +333,10 @@ impl<'a> Gen<'a> {
             self.sg
         ));
         w.blank();
-        params_and_operands(&mut w, self.access, decls);
+        params(&mut w);
+        w.line("@group(0) @binding(3) var<storage, read_write> c: array<f32>;");
+        w.lines(decls);
+        w.line(&workspace_decl(k.emulate, "read"));
         w.line(&format!(
             "@group(0) @binding({RANGE_BINDING}) var<storage, read> range: array<u32>;"
         ));
@@ -305,26 +354,6 @@ impl<'a> Gen<'a> {
         w.line(&format!("var<workgroup> scratch: array<f32, {}>;", t.wm * t.wn * 256));
         w.blank();
         epilogue_and_store(&mut w, body);
-        for (s, acc) in [(&self.sa, self.access[0]), (&self.sb, self.access[1])] {
-            quad_fn(&mut w, s, acc.vector);
-        }
-        if k.emulate {
-            w.line("// x rounded to f16 and back (the staged values of the emulated kernel).");
-            w.open("fn f16r(x: vec4<f32>) -> vec4<f32>");
-            w.line("let lo = unpack2x16float(pack2x16float(x.xy));");
-            w.line("let hi = unpack2x16float(pack2x16float(x.zw));");
-            w.line("return vec4<f32>(lo, hi);");
-            w.close();
-            w.blank();
-        }
-        if self.high {
-            w.line("// x rounded to 11 significant bits (exact in f16 within its normal range).");
-            w.open("fn split_hi(x: vec4<f32>) -> vec4<f32>");
-            w.line("let bits = (bitcast<vec4<u32>>(x) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u);");
-            w.line("return bitcast<vec4<f32>>(bits);");
-            w.close();
-            w.blank();
-        }
         self.stage_fn(&mut w, &self.sa, self.a_row, &abufs);
         self.stage_fn(&mut w, &self.sb, self.b_row, &bbufs);
         if k.emulate {
@@ -334,31 +363,61 @@ impl<'a> Gen<'a> {
         w.finish()
     }
 
-    /// `fn stage_a(t, base, sc, pa0, ...)`: this thread's quads scaled by `sc`, converted to
-    /// f16 (hi and lo with `high`) and stored at `base` (in halves) of the staging buffers.
+    /// `fn stage_a(t, base, qa0_0, ...)`: this thread's units (hi, and lo with `high`) stored
+    /// at `base` (in halves) of the staging buffers; emulated, unpacked to f32.
     fn stage_fn(&self, w: &mut Wgsl, s: &Slice, row: u32, bufs: &[Buf]) {
         let x = s.x;
-        let per_row = s.contig / 4;
+        let per_row = s.contig / 8;
         let n = self.per_thread(s);
-        let params: Vec<String> = (0..n).map(|l| format!("p{x}{l}: vec4<f32>")).collect();
-        w.open(&format!("fn stage_{x}(t: u32, base: u32, sc: f32, {})", params.join(", ")));
+        let params = self.regs(x, n, true).join(", ");
+        w.open(&format!("fn stage_{x}(t: u32, base: u32, {params})"));
         for l in 0..n {
             let g = format!("(t + {}u)", l * self.threads);
             w.line(&format!(
-                "let h{l} = base + ({g} / {per_row}u) * {row}u + 4u * ({g} % {per_row}u);"
+                "let h{l} = (base + ({g} / {per_row}u) * {row}u + 8u * ({g} % {per_row}u)) / 4u;"
             ));
-            w.line(&format!("let v{l} = p{x}{l} * sc;"));
-            let half = if self.k.emulate { "f16r" } else { "vec4<f16>" };
-            if self.high {
-                w.line(&format!("let hi{l} = split_hi(v{l});"));
-                w.line(&format!("{}[h{l} / 4u] = {half}(hi{l});", bufs[0].name));
-                w.line(&format!("{}[h{l} / 4u] = {half}(v{l} - hi{l});", bufs[1].name));
-            } else {
-                w.line(&format!("{}[h{l} / 4u] = {half}(v{l});", bufs[0].name));
+            for (part, buf) in self.parts().iter().zip(bufs) {
+                let q = format!("q{x}{part}{l}");
+                let name = buf.name;
+                if self.k.emulate {
+                    let unpack = |a: &str, b: &str| {
+                        format!("vec4<f32>(unpack2x16float({q}.{a}), unpack2x16float({q}.{b}))")
+                    };
+                    w.line(&format!("{name}[h{l}] = {};", unpack("x", "y")));
+                    w.line(&format!("{name}[h{l} + 1u] = {};", unpack("z", "w")));
+                } else {
+                    w.line(&format!("{name}[h{l}] = {q}_0;"));
+                    w.line(&format!("{name}[h{l} + 1u] = {q}_1;"));
+                }
             }
         }
         w.close();
         w.blank();
+    }
+
+    /// Lines loading this thread's units of the slice at `k0` from the workspace into the
+    /// prefetch registers.
+    fn prefetch(&self, w: &mut Wgsl) {
+        for s in [&self.sa, &self.sb] {
+            let x = s.x;
+            let per_row = s.contig / 8;
+            for l in 0..self.per_thread(s) {
+                let g = format!("(t + {}u)", l * self.threads);
+                w.line(&format!(
+                    "let i{x}{l} = {x}_ws + ({} + {g} / {per_row}u) * {x}_cp8 + {} / 8u + {g} % {per_row}u;",
+                    s.outer_origin, s.contig_origin
+                ));
+                for part in self.parts() {
+                    let at = if part.is_empty() { format!("i{x}{l}") } else { format!("lo_ws + i{x}{l}") };
+                    if self.k.emulate {
+                        w.line(&format!("q{x}{part}{l} = ws[{at}];"));
+                    } else {
+                        w.line(&format!("q{x}{part}{l}_0 = ws[2u * ({at})];"));
+                        w.line(&format!("q{x}{part}{l}_1 = ws[2u * ({at}) + 1u];"));
+                    }
+                }
+            }
+        }
     }
 
     /// Plain-WGSL stand-ins for the cooperative operations (see the module docs).
@@ -432,55 +491,40 @@ impl<'a> Gen<'a> {
         }
     }
 
-    /// One 16-deep step of the current slice at depth `kk * 16`: fragment loads and products.
-    fn kstep(&self, w: &mut Wgsl, kk: u32, abufs: &[Buf], bbufs: &[Buf]) {
-        let k16 = format!("{}u", kk * 16);
-        // A fragment fi at (row a_sub + 16 fi, k 16 kk); B fragment fj at (k 16 kk, col b_sub + 16 fj).
-        for fi in 0..self.fm {
-            let m = format!("(a_sub + {}u)", fi * 16);
-            let (o, c) = if self.access[0].row_major { (&m, &k16) } else { (&k16, &m) };
-            w.line(&format!("let ia{fi}_{kk} = (cur_a + {o} * {}u + {c}) / 4u;", self.a_row));
-        }
+    /// The 16-deep steps of the current slice as a loop (`kk`; the driver chooses the
+    /// unrolling: faster on the H200 than steps unrolled here). Each step loads the B
+    /// fragments (hi, and lo with `high`), then one A fragment at a time, used for its row of
+    /// products and dropped, so fewer fragments are live at once.
+    fn ksteps(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
+        w.open(&format!("for (var kk = 0u; kk < {}u; kk++)", self.t.bk / 16));
+        w.line("let k16 = kk * 16u;");
+        // B fragment fj at (k16, col b_sub + 16 fj); A fragment fi at (row a_sub + 16 fi, k16).
         for fj in 0..self.fnn {
             let n = format!("(b_sub + {}u)", fj * 16);
-            let (o, c) = if self.access[1].row_major { (&k16, &n) } else { (&n, &k16) };
-            w.line(&format!("let ib{fj}_{kk} = (cur_b + {o} * {}u + {c}) / 4u;", self.b_row));
-        }
-        let fa = |fi: u32, part: &str| format!("fa{part}{fi}_{kk}");
-        let fb = |fj: u32, part: &str| format!("fb{part}{fj}_{kk}");
-        for fi in 0..self.fm {
-            self.load_frag(w, &fa(fi, ""), &abufs[0], &format!("ia{fi}_{kk}"), "a_stride", "A");
-        }
-        for fj in 0..self.fnn {
-            self.load_frag(w, &fb(fj, ""), &bbufs[0], &format!("ib{fj}_{kk}"), "b_stride", "B");
-        }
-        if self.high {
-            for fj in 0..self.fnn {
-                let idx = format!("ib{fj}_{kk}");
-                self.load_frag(w, &fb(fj, "l"), &bbufs[1], &idx, "b_stride", "B");
+            let (o, c) = if self.access[1].row_major { ("k16", n.as_str()) } else { (n.as_str(), "k16") };
+            w.line(&format!("let ib{fj} = (cur_b + {o} * {}u + {c}) / 4u;", self.b_row));
+            for (part, buf) in self.parts().iter().zip(bbufs) {
+                self.load_frag(w, &format!("fb{part}{fj}"), buf, &format!("ib{fj}"), "b_stride", "B");
             }
         }
         for fi in 0..self.fm {
+            let m = format!("(a_sub + {}u)", fi * 16);
+            let (o, c) = if self.access[0].row_major { (m.as_str(), "k16") } else { ("k16", m.as_str()) };
+            w.line(&format!("let ia{fi} = (cur_a + {o} * {}u + {c}) / 4u;", self.a_row));
+            for (part, buf) in self.parts().iter().zip(abufs) {
+                self.load_frag(w, &format!("fa{part}{fi}"), buf, &format!("ia{fi}"), "a_stride", "A");
+            }
             for fj in 0..self.fnn {
                 let acc = format!("acc{fi}_{fj}");
-                self.mma(w, &acc, &fa(fi, ""), &fb(fj, ""), (&abufs[0], &bbufs[0]));
+                let (fa, fb) = (format!("fa{fi}"), format!("fb{fj}"));
+                self.mma(w, &acc, &fa, &fb, (&abufs[0], &bbufs[0]));
                 if self.high {
-                    self.mma(w, &acc, &fa(fi, ""), &fb(fj, "l"), (&abufs[0], &bbufs[1]));
+                    self.mma(w, &acc, &fa, &format!("fbl{fj}"), (&abufs[0], &bbufs[1]));
+                    self.mma(w, &acc, &format!("fal{fi}"), &fb, (&abufs[1], &bbufs[0]));
                 }
             }
         }
-        if self.high {
-            for fi in 0..self.fm {
-                let idx = format!("ia{fi}_{kk}");
-                self.load_frag(w, &fa(fi, "l"), &abufs[1], &idx, "a_stride", "A");
-            }
-            for fi in 0..self.fm {
-                for fj in 0..self.fnn {
-                    let acc = format!("acc{fi}_{fj}");
-                    self.mma(w, &acc, &fa(fi, "l"), &fb(fj, ""), (&abufs[1], &bbufs[0]));
-                }
-            }
-        }
+        w.close();
     }
 
     fn main(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
@@ -492,20 +536,17 @@ impl<'a> Gen<'a> {
         w.line(&format!("let lane = t % {}u;", self.sg));
         w.line(&format!("let wr = warp / {}u;", t.wn));
         w.line(&format!("let wc = warp % {}u;", t.wn));
-        w.line(&format!("let ea = bitcast<i32>(range[{EXPONENTS}u]);"));
-        w.line(&format!("let eb = bitcast<i32>(range[{}u]);", EXPONENTS + 1));
-        w.line("let sca = ldexp(1.0, ea);");
-        w.line("let scb = ldexp(1.0, eb);");
-        // The inverse scales, once: 2^-e is an exact normal f32 for |e| <= 126 (the pre-pass
-        // clamps), so two multiplies undo the scaling exactly, and an ldexp per element cost
-        // the H200 a quarter of the product's speed (prototype, round 2).
-        w.line("let una = ldexp(1.0, -ea);");
-        w.line("let unb = ldexp(1.0, -eb);");
-        for l in 0..la {
-            w.line(&format!("var pa{l}: vec4<f32>;"));
+        // Where this block's batch of each plane starts, in units.
+        layout(w, &t, self.access);
+        w.line("let a_cp8 = a_cp / 8u;");
+        w.line("let b_cp8 = b_cp / 8u;");
+        w.line("let a_ws = batch * a_ps;");
+        w.line("let b_ws = ua + batch * b_ps;");
+        if self.high {
+            w.line("let lo_ws = ua + ub;");
         }
-        for l in 0..lb {
-            w.line(&format!("var pb{l}: vec4<f32>;"));
+        for reg in self.regs("a", la, true).iter().chain(&self.regs("b", lb, true)) {
+            w.line(&format!("var {reg};"));
         }
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
@@ -517,12 +558,11 @@ impl<'a> Gen<'a> {
             }
         }
         let stage = |w: &mut Wgsl, at_a: &str, at_b: &str| {
-            w.line(&format!("stage_a(t, {at_a}, sca, {});", regs("pa", la)));
-            w.line(&format!("stage_b(t, {at_b}, scb, {});", regs("pb", lb)));
+            w.line(&format!("stage_a(t, {at_a}, {});", self.regs("a", la, false).join(", ")));
+            w.line(&format!("stage_b(t, {at_b}, {});", self.regs("b", lb, false).join(", ")));
         };
         w.line("var k0 = 0u;");
-        load_quads(w, &self.sa, "pa", la, threads);
-        load_quads(w, &self.sb, "pb", lb, threads);
+        self.prefetch(w);
         stage(w, "0u", "0u");
         w.line("workgroupBarrier();");
         // Fragment origins of this subgroup, in halves within a stage; strides in vec4s.
@@ -542,12 +582,9 @@ impl<'a> Gen<'a> {
         w.line("let has_next = s + 1u < n_slices;");
         w.open("if (has_next)");
         w.line(&format!("k0 = (s + 1u) * {}u;", t.bk));
-        load_quads(w, &self.sa, "pa", la, threads);
-        load_quads(w, &self.sb, "pb", lb, threads);
+        self.prefetch(w);
         w.close();
-        for kk in 0..t.bk / 16 {
-            self.kstep(w, kk, abufs, bbufs);
-        }
+        self.ksteps(w, abufs, bbufs);
         if t.stages == 2 {
             w.open("if (has_next)");
             let (na, nb) = (format!("{}u - cur_a", self.stage_a), format!("{}u - cur_b", self.stage_b));
@@ -562,6 +599,12 @@ impl<'a> Gen<'a> {
             w.line("workgroupBarrier();");
         }
         w.close();
+        // The inverse scales, read after the loop so they hold no registers during it (two
+        // more live registers cost the H200 30 %), computed once: 2^-e is an exact normal f32
+        // for |e| <= 126 (the pre-pass clamps), so two multiplies undo the scaling exactly,
+        // where an ldexp per element cost a quarter of the product's speed (prototype, round 2).
+        w.line(&format!("let una = ldexp(1.0, -bitcast<i32>(range[{EXPONENTS}u]));"));
+        w.line(&format!("let unb = ldexp(1.0, -bitcast<i32>(range[{}u]));", EXPONENTS + 1));
         // Epilogue: one fragment per subgroup at a time through the scratch.
         w.line("let so = warp * 256u;");
         w.line("let ss = 16u;");
@@ -599,8 +642,8 @@ mod tests {
     #[test]
     fn tiles_parse_and_bad_ones_say_why() {
         assert_eq!(CoopTile::parse("128x128x64w2x4").unwrap(), MEDIUM_TILE);
-        assert_eq!(CoopTile::parse(" 64x128x32 w2x4 ").unwrap(), HIGH_TILE);
-        assert_eq!(CoopTile::parse("64x128x32w2x4s2").unwrap(), CoopTile { stages: 2, ..HIGH_TILE });
+        assert_eq!(CoopTile::parse(" 128x128x32 w4x2 ").unwrap(), HIGH_TILE);
+        assert_eq!(CoopTile::parse("128x128x32w4x2s2").unwrap(), CoopTile { stages: 2, ..HIGH_TILE });
         let form = "is not of the form BMxBNxBKwWMxWN[s2], e.g. 128x128x64w2x4";
         for bad in ["", "128x128x64", "128x128w2x4", "axbxcwdxe", "1x2x3w4x5sX"] {
             let e = CoopTile::parse(bad).unwrap_err();
@@ -626,7 +669,7 @@ mod tests {
         );
         check(
             CoopTile { bm: 16, bn: 64, bk: 16, wm: 1, wn: 4, stages: 1 },
-            "cooperative tile 16x64x16 w1x4: the 64 quads of a slice of a do not divide among 128 threads",
+            "cooperative tile 16x64x16 w1x4: the 32 8-half units of a slice of a do not divide among 128 threads",
         );
         assert_eq!(
             MEDIUM_TILE.check(0).unwrap_err().message,

@@ -109,10 +109,10 @@ pub(super) struct Slice {
     pub x: &'static str,
     pub outer: u32,
     pub contig: u32,
-    outer_origin: &'static str,
-    contig_origin: &'static str,
-    outer_total: &'static str,
-    contig_total: &'static str,
+    pub outer_origin: &'static str,
+    pub contig_origin: &'static str,
+    pub outer_total: &'static str,
+    pub contig_total: &'static str,
     /// The contiguous axis is K (the slice is transposed while staging).
     contig_is_k: bool,
     /// The non-unit stride in `Params`.
@@ -261,6 +261,14 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
 /// The `Params` uniform (binding 0, `shaders/matmul.wgsl`'s), A and B (1 and 2, `vec4<f32>`
 /// views with vector loads), C (3) and the epilogue's declarations (from 4 on).
 pub(super) fn params_and_operands(w: &mut Wgsl, access: [Access; 2], decls: &str) {
+    params(w);
+    operands(w, access);
+    w.line("@group(0) @binding(3) var<storage, read_write> c: array<f32>;");
+    w.lines(decls);
+}
+
+/// The `Params` struct and uniform (binding 0).
+pub(super) fn params(w: &mut Wgsl) {
     w.open("struct Params");
     w.line("m: u32, n: u32, k: u32, batch: u32,");
     w.line("a_off: u32, a_sb: u32, a_si: u32, a_sk: u32,");
@@ -270,12 +278,14 @@ pub(super) fn params_and_operands(w: &mut Wgsl, access: [Access; 2], decls: &str
     w.close();
     w.blank();
     w.line("@group(0) @binding(0) var<uniform> p: Params;");
+}
+
+/// A and B (bindings 1 and 2; `vec4<f32>` views with vector loads).
+pub(super) fn operands(w: &mut Wgsl, access: [Access; 2]) {
     for (at, x, acc) in [(1, "a", access[0]), (2, "b", access[1])] {
         let ty = if acc.vector { "vec4<f32>" } else { "f32" };
         w.line(&format!("@group(0) @binding({at}) var<storage, read> {x}: array<{ty}>;"));
     }
-    w.line("@group(0) @binding(3) var<storage, read_write> c: array<f32>;");
-    w.lines(decls);
 }
 
 /// `fn epilogue(v, batch, i, j)` with `body`, and `fn store_c`, the one writer of C.

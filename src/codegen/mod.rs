@@ -15,6 +15,7 @@
 //! [`compile`].
 
 pub mod attention;
+pub mod coop_convert;
 mod embedding_grad;
 pub mod expr;
 mod gather;
@@ -73,16 +74,7 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
             out.copies.push((v.buffer, t.buffer, t.bytes));
         }
     }
-    let mut scratch_words: Vec<u64> = Vec::new();
-    for b in out.all().flat_map(|p| &p.bindings) {
-        if let Resource::Scratch { slot } = b.resource {
-            if scratch_words.len() <= slot {
-                scratch_words.resize(slot + 1, 0);
-            }
-            scratch_words[slot] = scratch_words[slot].max(b.words);
-        }
-    }
-    out.scratch_words = scratch_words;
+    out.scratch_words = program::scratch_words(out.all());
     Ok(out)
 }
 

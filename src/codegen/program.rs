@@ -298,6 +298,20 @@ impl PlanPrograms {
     }
 }
 
+/// Words of each scratch slot `programs` bind: the largest any of them binds.
+pub fn scratch_words<'a>(programs: impl Iterator<Item = &'a Program>) -> Vec<u64> {
+    let mut words: Vec<u64> = Vec::new();
+    for b in programs.flat_map(|p| &p.bindings) {
+        if let Resource::Scratch { slot } = b.resource {
+            if words.len() <= slot {
+                words.resize(slot + 1, 0);
+            }
+            words[slot] = words[slot].max(b.words);
+        }
+    }
+    words
+}
+
 /// The comment above a program in a listing.
 fn header(p: &Program) -> String {
     let grid = match p.grid {

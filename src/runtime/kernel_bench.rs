@@ -5,8 +5,8 @@
 use super::device::{Dispatch, Gpu};
 use super::launch::prepare;
 use crate::codegen::layer_norm::{self, Backward, Forward};
-use crate::codegen::matmul::{self, MatmulSpec, MatmulTile, RANGE_SLOT};
-use crate::codegen::maxabs::RANGE_WORDS;
+use crate::codegen::matmul::{self, MatmulSpec, MatmulTile};
+use crate::codegen::program::scratch_words;
 use crate::codegen::{MatmulOptions, Resource};
 use crate::err;
 use crate::error::Result;
@@ -18,7 +18,12 @@ use std::time::Instant;
 pub struct MatmulBench {
     /// The kernel the product ran on (`simt`, `coop-high`, ...).
     pub tile: String,
+    /// Every dispatch of the product counted (a cooperative kernel's range pre-pass and
+    /// conversion included).
     pub tflops: f64,
+    /// The product's last dispatch alone, repeated on operands already prepared (the same as
+    /// `tflops` for a kernel of one dispatch).
+    pub product_tflops: f64,
     /// Median and largest of `|c - ref| / Σ_k |a_ik b_kj|` over the sampled elements.
     pub error_median: f64,
     pub error_max: f64,
@@ -28,9 +33,10 @@ pub struct MatmulBench {
 const SAMPLES: usize = 256;
 
 /// The product `n × n × n` (normal random operands) on the kernel codegen chooses with
-/// `options` (the precision mode, its tile, emulation), range pre-pass included: TFLOP/s over
-/// `iters` products in one submission after one warm-up, and its error on sampled elements
-/// against an f64 reference computed on the CPU.
+/// `options` (the precision mode, its tile, emulation): TFLOP/s over `iters` products in one
+/// submission after one warm-up, all its dispatches (pre-passes included) and the product's
+/// dispatch alone, and its error on sampled elements against an f64 reference computed on the
+/// CPU.
 pub fn bench_matmul_mode(
     gpu: &Gpu,
     n: u32,
@@ -38,19 +44,19 @@ pub fn bench_matmul_mode(
     options: MatmulOptions,
 ) -> Result<MatmulBench> {
     let spec = MatmulSpec::contiguous(1, n, n, n);
-    let tile = MatmulTile::choose(&spec, &gpu.target(options), 3);
+    let tile = MatmulTile::choose(&spec, &gpu.target(options));
     let len = n as usize * n as usize;
     let mut rng = Rng::new(11);
     let a: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
     let b: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
     let buffers =
         [gpu.upload_f32("bench a", &a)?, gpu.upload_f32("bench b", &b)?, gpu.storage("bench c", len)?];
-    // The range exponents in their scratch slot, the other slots unused.
-    let scratch = (0..=RANGE_SLOT)
-        .map(|slot| gpu.storage("bench scratch", if slot == RANGE_SLOT { RANGE_WORDS } else { 1 } as usize))
-        .collect::<Result<Vec<_>>>()?;
     let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
     let programs = matmul::programs("bench", &spec, tile, None, operands)?;
+    let scratch = scratch_words(programs.iter())
+        .iter()
+        .map(|&w| gpu.storage("bench scratch", w.max(1) as usize))
+        .collect::<Result<Vec<_>>>()?;
     let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();
     let dispatches = programs
         .iter()
@@ -61,6 +67,11 @@ pub fn bench_matmul_mode(
     let all: Vec<&Dispatch> = (0..iters).flat_map(|_| one.iter().copied()).collect();
     let secs = time(gpu, &one, &all)?;
     let c = gpu.read_f32(&buffers[2])?;
+    let Some(&product) = one.last() else {
+        return Err(err!(Invariant, "the matmul benchmark has no dispatch"));
+    };
+    let alone: Vec<&Dispatch> = (0..iters).map(|_| product).collect();
+    let product_secs = time(gpu, &[product], &alone)?;
     let nn = n as usize;
     let mut errors: Vec<f64> = (0..SAMPLES.min(len))
         .map(|_| {
@@ -79,6 +90,7 @@ pub fn bench_matmul_mode(
     Ok(MatmulBench {
         tile: tile.name().to_string(),
         tflops: spec.flops() * f64::from(iters) / secs / 1e12,
+        product_tflops: spec.flops() * f64::from(iters) / product_secs / 1e12,
         error_median: errors.get(errors.len() / 2).copied().unwrap_or(0.0),
         error_max: errors.last().copied().unwrap_or(0.0),
     })

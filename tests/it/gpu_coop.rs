@@ -9,8 +9,9 @@
 
 use crate::common::gpu::or_skip;
 use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
-use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand};
+use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, RANGE_SLOT};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
+use rumus::codegen::program::scratch_words;
 use rumus::codegen::{MatmulOptions, MatmulPrecision, Resource};
 use rumus::runtime::kernel_bench::bench_matmul_mode;
 use rumus::runtime::launch::{Launcher, Range, Resources};
@@ -24,7 +25,8 @@ fn kernel(mode: CoopMode) -> CoopKernel {
 }
 
 /// Largest error of `spec` in `mode` with A scaled by `sa` and B by `sb`; with `scaled` false
-/// the pre-pass is skipped and the exponents are 0 (what the kernel computes without scaling).
+/// the range pre-pass is skipped and the exponents are 0 (what the conversion and the product
+/// compute without scaling).
 fn worst_error(
     gpu: &Gpu,
     launcher: &mut Launcher,
@@ -62,15 +64,23 @@ fn worst_error(
         gpu.upload_f32("b", &b).unwrap(),
         gpu.upload_f32("c", &c_old).unwrap(),
     ];
-    let unused = gpu.storage("scratch 0", 1).unwrap();
-    let range = gpu.upload_i32("range", &[0; 1024]).unwrap();
     let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
     let tile = MatmulTile::Coop(kernel(mode));
     let programs = matmul::programs("test", s, tile, None, operands).unwrap();
-    assert_eq!(programs.len(), 3, "range pre-pass, finish, product");
+    assert_eq!(programs.len(), 4, "range pre-pass, finish, conversion, product");
+    // Every scratch slot NaN first: the conversion must write all the product reads. The
+    // range slot zeroed: exponents 0 when the pre-pass is skipped.
+    let scratch: Vec<_> = scratch_words(programs.iter())
+        .iter()
+        .enumerate()
+        .map(|(slot, &w)| {
+            let fill = if slot == RANGE_SLOT { 0.0 } else { f32::NAN };
+            gpu.upload_f32("scratch", &vec![fill; w.max(1) as usize]).unwrap()
+        })
+        .collect();
     let res = Resources {
         buffers: buffers.iter().map(Range::whole).collect(),
-        scratch: vec![&unused, &range],
+        scratch: scratch.iter().collect(),
         ..Resources::default()
     };
     let dispatches: Vec<_> = programs

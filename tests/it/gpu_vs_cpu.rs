@@ -118,7 +118,8 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
 /// cooperative operations emulated in plain WGSL (a small tile, so these ragged shapes span
 /// several blocks): every product of the plan (forward and both gradients of a plain, a
 /// batched-broadcast and a split-K product, and a fused epilogue) takes a cooperative kernel
-/// after its range pre-pass. `medium` rounds operands to f16 once, so its tolerance is wider.
+/// after its range pre-pass and its conversion to f16. `medium` rounds operands to f16 once,
+/// so its tolerance is wider.
 #[test]
 fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
     let Some((gpu, _turn)) = or_skip("matmul_cases_match_the_cpu_in_the_cooperative_modes") else {
@@ -152,8 +153,14 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
         let name = format!(" coop-{precision}");
         let products = labels.iter().filter(|l| l.ends_with(&name)).count();
         assert_eq!(products, 3, "forward and both gradients: {labels:?}");
-        let ranges = labels.iter().filter(|l| l.ends_with(&format!("{name} range"))).count();
-        assert_eq!(ranges, 3, "a range pre-pass before each: {labels:?}");
+        // Before each product, in this order: the range pre-pass, its finish, the conversion.
+        for (i, l) in labels.iter().enumerate().filter(|(_, l)| l.ends_with(&name)) {
+            let before = &labels[i.saturating_sub(3)..i];
+            assert_eq!(before.len(), 3, "{l}: {labels:?}");
+            let want = [" range", " range finish", " convert"].map(|s| format!("{name}{s}"));
+            let ok = before.iter().zip(&want).all(|(l, w)| l.ends_with(w.as_str()));
+            assert!(ok, "{l}: {before:?}");
+        }
     }
 }
 

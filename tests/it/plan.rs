@@ -384,6 +384,50 @@ fn arenas_hold_at_most_one_default_binding() {
     assert_eq!(p.updates.len(), 1 + 3 * 2);
 }
 
+/// In the cooperative modes `rumus plan --wgsl` lists each product's four programs in
+/// dispatch order (range pre-pass, its finish, the conversion to f16, the product) and
+/// `rumus plan --json` counts exactly the dispatches listed (what `rumus bench` reports as
+/// `dispatches_per_step` for the same plan).
+#[test]
+fn rumus_plan_lists_and_counts_the_cooperative_products_dispatches() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(["plan", "scripts/bench/gpt-small.rms"])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let mut counts = Vec::new();
+    for mode in ["highest", "medium", "high"] {
+        let v: serde_json::Value =
+            serde_json::from_str(&run(&["--matmul-precision", mode, "--json"])).unwrap();
+        let listing = run(&["--matmul-precision", mode, "--wgsl"]);
+        let labels: Vec<&str> = listing
+            .lines()
+            .filter_map(|l| l.strip_prefix("// dispatch `"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        assert_eq!(v["dispatches"].as_u64(), Some(labels.len() as u64), "{mode}");
+        let product = format!(" coop-{mode}");
+        let products: Vec<usize> =
+            (0..labels.len()).filter(|&i| labels[i].ends_with(&product)).collect();
+        assert_eq!(products.is_empty(), mode == "highest", "{mode}: {labels:?}");
+        for i in products {
+            let want = ["range", "range finish", "convert"].map(|s| format!("{product} {s}"));
+            let before = &labels[i.saturating_sub(3)..i];
+            let ok = before.len() == 3 && before.iter().zip(&want).all(|(l, w)| l.ends_with(w));
+            assert!(ok, "{mode}: {} after {before:?}", labels[i]);
+        }
+        counts.push(labels.len());
+    }
+    // Both cooperative modes plan the same products, each with its pre-passes.
+    assert_eq!(counts[1], counts[2]);
+    assert!(counts[1] > counts[0], "{counts:?}");
+}
+
 /// `rumus plan --matmul-precision MODE` plans for an adapter with cooperative matrices and
 /// names each matmul kernel's kernel (text and JSON); `RUMUS_MATMUL_COOP_TILE` sets the
 /// cooperative tile (shown in the WGSL), and a tile that does not parse is a usage error naming
