@@ -18,7 +18,9 @@
 //! files. This module frames the bytes itself (header length cap, bounds, UTF-8: the crate's
 //! own `read_metadata` adds offsets without an overflow check, which panics in a debug build on
 //! a hostile file), refuses duplicate header keys (which the crate would silently collapse),
-//! names the tensor in each message, and keeps F32 and I32 elements bit for bit. Files written before rumus used the crate are the same format and load as they
+//! names the tensor in each message, and converts elements: F32 and I32 are kept bit for bit,
+//! F16, BF16 and F64 are converted to f32 (F64 values outside f32's range are an error, not an
+//! infinity; NaN and infinities stay what they are). Files written before rumus used the crate are the same format and load as they
 //! are.
 //!
 //! This module owns the byte format only. Which names a model expects is the model's business;
@@ -41,6 +43,7 @@ use std::fmt;
 use std::fs;
 use std::path::Path;
 
+
 /// Largest header accepted, as in the reference implementation (100 MB).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
@@ -48,13 +51,13 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 pub const METADATA_KEY: &str = "__metadata__";
 
 /// The file dtypes rumus reads, as a message lists them.
-const READABLE: &str = "F32 and I32";
+const READABLE: &str = "F32, I32, and F16, BF16 and F64 converted to f32";
 
 /// A loaded checkpoint.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
     /// The tensors in file order: sorted by their data offsets (ties, which only zero-sized
-    /// tensors can have, broken by name).
+    /// tensors can have, broken by name). F16, BF16 and F64 tensors are converted to f32.
     pub tensors: Vec<(String, Tensor)>,
     /// The `__metadata__` entries (empty when the file has none).
     pub metadata: BTreeMap<String, String>,
@@ -296,7 +299,7 @@ fn entry(name: &str, value: Value) -> Result<TensorInfo> {
     })?;
     let numel = checked_numel(&info.shape)
         .map_err(|e| err!(Checkpoint, "tensor `{name}`: {}", e.message))?;
-    let n_bytes = numel * width; // at most 4 × MAX_ELEMENTS
+    let n_bytes = numel * width; // at most 8 × MAX_ELEMENTS
     let (begin, end) = info.data_offsets;
     if begin > end {
         return Err(err!(
@@ -318,13 +321,16 @@ fn entry(name: &str, value: Value) -> Result<TensorInfo> {
 /// Bytes per element of the file dtypes rumus reads.
 fn element_bytes(dtype: Dtype) -> Option<usize> {
     match dtype {
+        Dtype::F16 | Dtype::BF16 => Some(2),
         Dtype::F32 | Dtype::I32 => Some(4),
+        Dtype::F64 => Some(8),
         _ => None,
     }
 }
 
 /// The elements of `raw` (little-endian, its length a multiple of the dtype's width) as f32
-/// or i32, bit for bit.
+/// or i32. F32 and I32 keep their bits; F16 and BF16 widen exactly; F64 rounds, and a finite
+/// value beyond f32's range is an error naming its index.
 fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String> {
     fn each<const N: usize, T>(raw: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
         raw.chunks_exact(N)
@@ -338,6 +344,15 @@ fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String>
     Ok(match dtype {
         Dtype::F32 => TensorData::F32(each(raw, f32::from_le_bytes)),
         Dtype::I32 => TensorData::I32(each(raw, i32::from_le_bytes)),
+        Dtype::F16 => TensorData::F32(each(raw, |b| half::f16::from_le_bytes(b).to_f32())),
+        Dtype::BF16 => TensorData::F32(each(raw, |b| half::bf16::from_le_bytes(b).to_f32())),
+        Dtype::F64 => TensorData::F32(
+            each(raw, f64::from_le_bytes)
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| crate::num::f32_of(v).map_err(|m| format!("element {i}: {m}")))
+                .collect::<std::result::Result<_, _>>()?,
+        ),
         other => return Err(format!("dtype {other} is not supported (rumus reads {READABLE})")),
     })
 }

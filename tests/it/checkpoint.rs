@@ -279,7 +279,7 @@ fn malformed_files_each_get_their_own_message() {
         (
             "unsupported dtype",
             file(r#"{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}"#, &f8),
-            "tensor `a`: dtype I64 is not supported (rumus reads F32 and I32)",
+            "tensor `a`: dtype I64 is not supported (rumus reads F32, I32, and F16, BF16 and F64 converted to f32)",
         ),
         (
             "dtype too wide for its bytes",
@@ -489,4 +489,90 @@ fn loads_a_file_written_by_the_reference_implementation() {
     assert_eq!(c.get("z").unwrap().shape(), &[0, 3]);
     assert_eq!(c.get("b").unwrap().as_i32().unwrap(), &[5, -1]);
     assert_eq!(c.metadata, meta(&[("format", "pt")]));
+}
+
+/// A one-tensor file of `dtype` holding `raw` as a tensor of shape `[n]`.
+fn one(dtype: &str, n: usize, raw: &[u8]) -> Vec<u8> {
+    let header =
+        format!(r#"{{"t":{{"dtype":"{dtype}","shape":[{n}],"data_offsets":[0,{}]}}}}"#, raw.len());
+    file(&header, raw)
+}
+
+#[test]
+fn f16_bf16_and_f64_tensors_load_as_f32() {
+    let f16 = |bits: &[u16]| bits.iter().flat_map(|b| b.to_le_bytes()).collect::<Vec<u8>>();
+    let f64s = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let cases: Vec<(&str, Vec<u8>, Vec<f32>)> = vec![
+        (
+            // 1, -2, 0.5, the smallest subnormal (2^-24), the largest (65504), -0, infinity.
+            "F16",
+            f16(&[0x3c00, 0xc000, 0x3800, 0x0001, 0x7bff, 0x8000, 0x7c00]),
+            vec![1.0, -2.0, 0.5, 5.960_464_5e-8, 65504.0, -0.0, f32::INFINITY],
+        ),
+        (
+            // 1, -2, 3.140625, the largest (about 3.39e38), the smallest subnormal (2^-133).
+            "BF16",
+            f16(&[0x3f80, 0xc000, 0x4049, 0x7f7f, 0x0001]),
+            vec![1.0, -2.0, 3.140_625, f32::from_bits(0x7f7f_0000), f32::from_bits(0x0001_0000)],
+        ),
+        (
+            // Rounded to the nearest f32; below f32's range rounds to zero, as every float does.
+            "F64",
+            f64s(&[1.0, -2.5, 0.1, 1e-50, f64::NEG_INFINITY, f32::MAX as f64]),
+            vec![1.0, -2.5, 0.1, 0.0, f32::NEG_INFINITY, f32::MAX],
+        ),
+    ];
+    for (dtype, raw, expected) in cases {
+        let width = if dtype == "F64" { 8 } else { 2 };
+        let c = from_bytes(&one(dtype, raw.len() / width, &raw)).unwrap();
+        let t = c.get("t").unwrap();
+        assert_eq!(t.dtype(), DType::F32, "{dtype}");
+        let bits: Vec<u32> = t.as_f32().unwrap().iter().map(|x| x.to_bits()).collect();
+        let want: Vec<u32> = expected.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(bits, want, "{dtype}");
+    }
+    // NaN stays NaN (a checkpoint is data; a model decides what it accepts).
+    for (dtype, raw) in [("F16", vec![0x00, 0x7e]), ("BF16", vec![0xc0, 0x7f])] {
+        assert!(from_bytes(&one(dtype, 1, &raw)).unwrap().get("t").unwrap().as_f32().unwrap()[0]
+            .is_nan());
+    }
+    assert!(from_bytes(&one("F64", 1, &f64s(&[f64::NAN])))
+        .unwrap()
+        .get("t")
+        .unwrap()
+        .as_f32()
+        .unwrap()[0]
+        .is_nan());
+}
+
+#[test]
+fn converted_dtypes_are_checked_like_the_others() {
+    let f64s = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    check(&[
+        (
+            "an F64 value beyond f32's range",
+            one("F64", 3, &f64s(&[0.0, 1.0, -1e300])),
+            "tensor `t`: element 2: -1e300 is outside the range of f32 (about ±3.4e38)",
+        ),
+        (
+            "F16 data one byte short",
+            file(r#"{"t":{"dtype":"F16","shape":[2],"data_offsets":[0,3]}}"#, &[0; 3]),
+            "tensor `t`: shape [2] of F16 needs 4 bytes, data_offsets [0, 3] hold 3",
+        ),
+        (
+            "BF16 read as if 4 bytes wide",
+            file(r#"{"t":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}}"#, &[0; 8]),
+            "tensor `t`: shape [2] of BF16 needs 4 bytes, data_offsets [0, 8] hold 8",
+        ),
+        (
+            "F64 with the element count of an F32",
+            file(r#"{"t":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}}"#, &[0; 8]),
+            "tensor `t`: shape [2] of F64 needs 16 bytes, data_offsets [0, 8] hold 8",
+        ),
+        (
+            "F64 with 2^40 elements",
+            file(r#"{"t":{"dtype":"F64","shape":[1099511627777],"data_offsets":[0,8]}}"#, &[0; 8]),
+            "tensor `t`: shape [1099511627777] has more than 2^40 elements, the most one value may hold",
+        ),
+    ]);
 }
