@@ -43,6 +43,8 @@ use std::fmt;
 use std::fs;
 use std::path::Path;
 
+pub mod torch;
+
 
 /// Largest header accepted, as in the reference implementation (100 MB).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
