@@ -391,6 +391,28 @@ fn malformed_files_each_get_their_own_message() {
 }
 
 #[test]
+fn a_header_that_overflows_the_crates_own_reader_is_an_error() {
+    // safetensors 0.8.0's `SafeTensors::deserialize` panics on this file in a debug build
+    // ("attempt to add with overflow" in `read_metadata`: the tensors end at 2^64 - 8, plus
+    // the 8-byte length), which is why this module frames the bytes itself.
+    let s: u64 = (1 << 61) - 1;
+    let entries: Vec<String> = (0..8u64)
+        .map(|i| {
+            format!(
+                r#""t{i}":{{"dtype":"BOOL","shape":[{s}],"data_offsets":[{},{}]}}"#,
+                i * s,
+                (i + 1) * s
+            )
+        })
+        .collect();
+    check(&[(
+        "eight BOOL tensors ending at 2^64 - 8",
+        file(&format!("{{{}}}", entries.join(",")), &[]),
+        "tensor `t0`: dtype BOOL is not supported (rumus reads F32, I32, and F16, BF16 and F64 converted to f32)",
+    )]);
+}
+
+#[test]
 fn valid_hand_written_files_load() {
     // Header order differs from data order; whitespace padding; empty tensors at shared offsets.
     let bytes = file(
