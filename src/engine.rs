@@ -153,7 +153,7 @@ impl Compiled {
     /// Load a checkpoint written by [`Compiled::save`]: every parameter must be in it (see
     /// [`Trainer::load_checkpoint`]).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
-        load_checkpoint(&mut self.trainer.trainer.borrow_mut(), path.as_ref(), true).map(drop)
+        load_checkpoint(&mut self.trainer.trainer.borrow_mut(), path.as_ref(), true, None).map(drop)
     }
 
     /// The underlying trainer (parameters by name, plan report, step count).

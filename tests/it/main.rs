@@ -10,6 +10,7 @@ mod harness;
 
 mod attention_gpt;
 mod checkpoint;
+mod checkpoint_torch;
 mod codegen_valid;
 mod cpu_interp;
 mod data;

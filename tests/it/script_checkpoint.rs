@@ -224,3 +224,20 @@ fn predict_sees_weights_written_by_load_and_set_param_at_the_same_step() {
     // Both at step 3: the evaluation copy is re-synced because the weights changed, not the step.
     assert_eq!(out.to_string(), "[3, 3, false, true, false]");
 }
+
+#[test]
+fn a_checkpoint_saved_before_the_safetensors_crate_loads_into_its_model() {
+    // The fixture is `m.save(..)` of this model, by rumus 16fb9e2, after one step.
+    let mut e = Engine::new();
+    e.run(
+        "model tiny(x: f32[B, 2]) {\n return linear(x, 1) as out\n}\n\
+         let m = tiny().compile(#{ batch: 2, loss: \"mse\", optimizer: adam(#{ lr: 0.1 }) });\n\
+         m.load(\"tests/fixtures/rumus_before_safetensors_crate.safetensors\");",
+    )
+    .unwrap();
+    assert_eq!(e.compiled("m").unwrap().trainer().step(), 1);
+    // The fixture's last 8 bytes, as f32 printed in full.
+    let same =
+        e.eval("m.param(\"out.weight\") == tensor([[0.12241476029157639], [0.27652624249458313]])");
+    assert!(same.unwrap().as_bool().unwrap());
+}

@@ -7,7 +7,7 @@
 use super::super::convert::{script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::{Ctx, Event};
 use super::tensor::ScriptTensor;
-use crate::checkpoint;
+use crate::checkpoint::{self, torch};
 use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
 
@@ -219,13 +219,13 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_read(path).script()?;
-        load(&mut t.trainer.borrow_mut(), &p, true).script().map(drop)
+        load(&mut t.trainer.borrow_mut(), &p, true, None).script().map(drop)
     });
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str, opts: Map| {
-        let strict = Opts::new(&opts, "load", &["strict"])?.bool("strict")?.unwrap_or(true);
+        let (strict, from) = load_options(&opts)?;
         let p = c.sandbox.check_read(path).script()?;
-        let report = load(&mut t.trainer.borrow_mut(), &p, strict).script()?;
+        let report = load(&mut t.trainer.borrow_mut(), &p, strict, from.as_ref()).script()?;
         let names =
             |v: Vec<String>| Dynamic::from_array(v.into_iter().map(Dynamic::from).collect());
         let mut m = Map::new();
@@ -302,15 +302,83 @@ pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
     checkpoint::save(path, &refs, &meta)
 }
 
-/// Load a checkpoint written by [`save`] (or parameters only, from elsewhere); see
+/// Load a checkpoint written by [`save`] (or parameters only, from elsewhere), or with `torch`
+/// a PyTorch state dict mapped onto the model's names ([`torch::map`]); see
 /// [`Trainer::load_checkpoint`] for what `strict` requires. Errors start with the path.
-pub fn load(t: &mut Trainer, path: &std::path::Path, strict: bool) -> Result<LoadReport> {
+pub fn load(
+    t: &mut Trainer,
+    path: &std::path::Path,
+    strict: bool,
+    torch: Option<&torch::Options>,
+) -> Result<LoadReport> {
     let mut held = t.budget().empty();
     let ckpt = checkpoint::load(path, &mut held)?;
-    let values: Vec<(&str, &Tensor)> = ckpt.tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let at_path =
         |e: crate::Error| crate::Error::new(e.kind, format!("{}: {}", path.display(), e.message));
+    let tensors = match torch {
+        None => ckpt.tensors,
+        Some(opts) => torch::map(ckpt, &torch::targets(t.graph()), opts).map_err(at_path)?,
+    };
+    let values: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
     t.load_checkpoint(&values, strict).map_err(at_path)
+}
+
+/// `load`'s options: `strict`, and for `from: "pytorch"` how the state dict maps (`rename`,
+/// `transpose`; see [`torch`]).
+fn load_options(opts: &Map) -> ScriptResult<(bool, Option<torch::Options>)> {
+    let o = Opts::new(opts, "load", &["strict", "from", "rename", "transpose"])?;
+    let strict = o.bool("strict")?.unwrap_or(true);
+    let bad = |e: crate::Error| script_err(format!("load: {}", e.message));
+    match o.string("from")?.as_deref() {
+        None | Some("rumus") => {
+            if let Some(k) = ["rename", "transpose"].into_iter().find(|k| o.get(k).is_some()) {
+                return Err(script_err(format!(
+                    "load: `{k}` applies to PyTorch state dicts: add `from: \"pytorch\"`"
+                )));
+            }
+            Ok((strict, None))
+        }
+        Some("pytorch") => {
+            let mut rename = Vec::new();
+            for (from, to) in o.map("rename")?.unwrap_or_default() {
+                let targets = strings(&to).ok_or_else(|| {
+                    script_err(format!(
+                        "load: rename `{from}` must map to a name or a list of names, got {}",
+                        to.type_name()
+                    ))
+                })?;
+                rename.push(torch::Rename::new(&from, &targets).map_err(bad)?);
+            }
+            let transpose = match o.get("transpose") {
+                None => torch::Transpose::Linear,
+                Some(v) if v.as_bool() == Ok(true) => torch::Transpose::Linear,
+                Some(v) if v.as_bool() == Ok(false) => torch::Transpose::Never,
+                Some(v) => {
+                    let patterns = strings(v).filter(|_| v.is_array()).ok_or_else(|| {
+                        script_err(format!(
+                            "load: `transpose` must be true, false or a list of name patterns, got {}",
+                            v.type_name()
+                        ))
+                    })?;
+                    let patterns = patterns.iter().map(|p| torch::Pattern::parse(p));
+                    torch::Transpose::Only(patterns.collect::<Result<_>>().map_err(bad)?)
+                }
+            };
+            Ok((strict, Some(torch::Options { rename, transpose })))
+        }
+        Some(other) => Err(script_err(format!(
+            "load: unknown `from` \"{other}\": expected \"rumus\" or \"pytorch\""
+        ))),
+    }
+}
+
+/// A string, or an array of strings, as a list.
+fn strings(v: &Dynamic) -> Option<Vec<String>> {
+    if let Ok(s) = v.clone().into_string() {
+        return Some(vec![s]);
+    }
+    let a = v.read_lock::<Array>()?;
+    a.iter().map(|x| x.clone().into_string().ok()).collect()
 }
 
 const COMPILE_KEYS: &[&str] = &[

@@ -1,0 +1,410 @@
+//! Checkpoints: named tensors in the safetensors format, read and written through the
+//! `safetensors` crate (Hugging Face's reference implementation), saved atomically.
+//!
+//! A file is
+//!
+//! ```text
+//! [8 bytes: header length N, little-endian u64]
+//! [N bytes: JSON object, UTF-8, padded with spaces to a multiple of 8]
+//! [data: the tensors' raw little-endian bytes, back to back]
+//! ```
+//!
+//! and the header maps each tensor name to `{"dtype": ..., "shape": [...], "data_offsets":
+//! [begin, end]}` (offsets relative to the start of the data), plus an optional
+//! `"__metadata__"` object of string to string.
+//!
+//! The crate's types parse each header entry (`TensorInfo`, `Dtype`) and its `Metadata`
+//! validation checks that the tensors fill the data back to back; its `serialize` writes the
+//! files. This module frames the bytes itself (header length cap, bounds, UTF-8: the crate's
+//! own `read_metadata` adds offsets without an overflow check, which panics in a debug build on
+//! a hostile file), refuses duplicate header keys (which the crate would silently collapse),
+//! names the tensor in each message, and converts elements: F32 and I32 are kept bit for bit,
+//! F16, BF16 and F64 are converted to f32 (F64 values outside f32's range are an error, not an
+//! infinity; NaN and infinities stay what they are). Files written before rumus used the crate are the same format and load as they
+//! are.
+//!
+//! This module owns the byte format only. Which names a model expects is the model's business;
+//! it states them to [`check_against`] or [`crate::session::Trainer::load_checkpoint`]. Loading
+//! never panics on any file content: every malformed case is an
+//! [`ErrorKind::Checkpoint`](crate::ErrorKind::Checkpoint) error with its own message.
+
+use crate::err;
+use crate::error::{Error, Result};
+use crate::memory::{read_all, Charge};
+use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensorError, View};
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::fs;
+use std::path::Path;
+
+pub mod torch;
+
+
+/// Largest header accepted, as in the reference implementation (100 MB).
+pub const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// The header key that holds free-form string metadata.
+pub const METADATA_KEY: &str = "__metadata__";
+
+/// The file dtypes rumus reads, as a message lists them.
+const READABLE: &str = "F32, I32, and F16, BF16 and F64 converted to f32";
+
+/// A loaded checkpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    /// The tensors in file order: sorted by their data offsets (ties, which only zero-sized
+    /// tensors can have, broken by name). F16, BF16 and F64 tensors are converted to f32.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The `__metadata__` entries (empty when the file has none).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Checkpoint {
+    /// The tensor called `name`, if there is one.
+    pub fn get(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+/// Write `tensors` and `metadata` to `path` atomically ([`crate::files::write_atomic`]): a
+/// crash leaves either the old file or the new one, never half of one.
+pub fn save(
+    path: &Path,
+    tensors: &[(&str, &Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    crate::files::write_atomic(path, &to_bytes(tensors, metadata)?)
+}
+
+/// The bytes of a checkpoint file holding `tensors` and `metadata`, laid out by the
+/// `safetensors` crate (tensors sorted by dtype, then name; `__metadata__` entries in the
+/// order of a hash map). Errors on duplicate or reserved names.
+pub fn to_bytes(
+    tensors: &[(&str, &Tensor)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let mut names = BTreeSet::new();
+    for &(name, _) in tensors {
+        if name == METADATA_KEY {
+            return Err(err!(Checkpoint, "`{METADATA_KEY}` is reserved and cannot name a tensor"));
+        }
+        if !names.insert(name) {
+            return Err(err!(Checkpoint, "duplicate tensor name `{name}`"));
+        }
+    }
+    let views = tensors.iter().map(|&(name, t)| (name, HostView(t)));
+    let info: Option<HashMap<String, String>> =
+        (!metadata.is_empty()).then(|| metadata.clone().into_iter().collect());
+    safetensors::serialize(views, info)
+        .map_err(|e| err!(Checkpoint, "cannot write the checkpoint: {e}"))
+}
+
+/// Read and validate the checkpoint at `path`. Messages of malformed files start with the path.
+/// The file's bytes and then its tensors (as f32 or i32) are charged to `charge` before they
+/// are held; on return it holds the tensors' bytes, for as long as the caller keeps them.
+pub fn load(path: &Path, charge: &mut Charge) -> Result<Checkpoint> {
+    let name = path.display().to_string();
+    let at_path = |e: Error| err!(Checkpoint, "{name}: {}", e.message);
+    let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
+    let bytes = read_all(file, charge, &name)?;
+    let layout = Layout::parse(&bytes).map_err(at_path)?;
+    charge.grow(layout.host_bytes(), format!("the tensors of {name}"))?;
+    let ckpt = layout.tensors().map_err(at_path)?;
+    drop(bytes);
+    charge.resize(ckpt.tensors.iter().map(|(_, t)| t.bytes()).sum(), &name)?;
+    Ok(ckpt)
+}
+
+/// Parse and validate the bytes of a checkpoint file.
+pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
+    Layout::parse(bytes)?.tensors()
+}
+
+/// Names as a message lists them: `` `a`, `b`, `c` ``, the first eight and a count of the rest.
+pub fn name_list(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        s.push(format!("and {} more", names.len() - SHOWN));
+    }
+    s.join(", ")
+}
+/// Check that `ckpt` holds exactly the `expected` tensors, each with its shape and dtype. One
+/// error lists every missing name, every unexpected name and every mismatch.
+pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) -> Result<()> {
+    let mut problems = Vec::new();
+    let missing: Vec<String> = expected
+        .iter()
+        .filter(|(name, _, _)| ckpt.get(name).is_none())
+        .map(|(name, _, _)| name.to_string())
+        .collect();
+    if !missing.is_empty() {
+        problems.push(format!("missing {}", name_list(&missing)));
+    }
+    let unexpected: Vec<String> = ckpt
+        .tensors
+        .iter()
+        .filter(|(name, _)| !expected.iter().any(|(e, _, _)| e == name))
+        .map(|(name, _)| name.clone())
+        .collect();
+    if !unexpected.is_empty() {
+        problems.push(format!("unexpected {}", name_list(&unexpected)));
+    }
+    for &(name, shape, dtype) in expected {
+        let Some(t) = ckpt.get(name) else { continue };
+        if t.shape() != shape || t.dtype() != dtype {
+            problems.push(format!(
+                "`{name}` is {} {}, expected {} {}",
+                t.dtype(),
+                fmt_shape(t.shape()),
+                dtype,
+                fmt_shape(shape)
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(err!(Checkpoint, "checkpoint does not match the model: {}", problems.join("; ")))
+    }
+}
+
+/// A checked file: its tensors' header entries in data order, its metadata and its data.
+struct Layout<'a> {
+    infos: Vec<(String, TensorInfo)>,
+    metadata: BTreeMap<String, String>,
+    data: &'a [u8],
+}
+
+impl<'a> Layout<'a> {
+    /// Frame the bytes, parse the header and check every entry against the data.
+    fn parse(bytes: &'a [u8]) -> Result<Layout<'a>> {
+        let (len_bytes, rest) = bytes.split_first_chunk::<8>().ok_or_else(|| {
+            err!(
+                Checkpoint,
+                "file is {} bytes, too short for the 8-byte header length",
+                bytes.len()
+            )
+        })?;
+        let header_len = u64::from_le_bytes(*len_bytes);
+        if header_len > MAX_HEADER_LEN {
+            return Err(err!(
+                Checkpoint,
+                "header length {header_len} is over the limit of {MAX_HEADER_LEN} bytes"
+            ));
+        }
+        // At most 100 MB, so it fits in usize.
+        let header_len = header_len as usize;
+        let (header, data) = rest.split_at_checked(header_len).ok_or_else(|| {
+            err!(
+                Checkpoint,
+                "header length {header_len} runs past the end of the file ({} bytes after the length)",
+                rest.len()
+            )
+        })?;
+        let header = std::str::from_utf8(header).map_err(|e| {
+            err!(Checkpoint, "header is not valid UTF-8 (at byte {})", e.valid_up_to())
+        })?;
+        if !header.trim_start().starts_with('{') {
+            return Err(err!(Checkpoint, "header is not a JSON object"));
+        }
+        let Entries(entries) = serde_json::from_str(header)
+            .map_err(|e| err!(Checkpoint, "header is not valid JSON: {e}"))?;
+
+        let mut keys = BTreeSet::new();
+        let mut metadata = BTreeMap::new();
+        let mut infos = Vec::new();
+        for (name, value) in entries {
+            if !keys.insert(name.clone()) {
+                return Err(err!(Checkpoint, "duplicate key `{name}` in header"));
+            }
+            if name == METADATA_KEY {
+                metadata = serde_json::from_value(value)
+                    .map_err(|e| err!(Checkpoint, "`{METADATA_KEY}`: {e}"))?;
+            } else {
+                let info = entry(&name, value)?;
+                infos.push((name, info));
+            }
+        }
+        infos.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+        // The crate's check that the tensors fill the data back to back from byte 0.
+        let checked = Metadata::new(None, infos.clone()).map_err(|e| match e {
+            SafeTensorError::InvalidOffset(name) => {
+                let (begin, end) = infos
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or((0, 0), |(_, i)| i.data_offsets);
+                err!(
+                    Checkpoint,
+                    "tensor `{name}`: data_offsets [{begin}, {end}] leave a gap or overlap \
+                     another tensor (tensors must fill the data back to back from byte 0)"
+                )
+            }
+            other => err!(Checkpoint, "not a valid safetensors file: {other}"),
+        })?;
+        let used = checked.data_len();
+        if used != data.len() {
+            return Err(err!(
+                Checkpoint,
+                "the tensors use {used} bytes of data but the file holds {} (truncated or \
+                 padded: the file is damaged)",
+                data.len()
+            ));
+        }
+        Ok(Layout { infos, metadata, data })
+    }
+
+    /// Bytes the tensors take once read (every element as 4 bytes).
+    fn host_bytes(&self) -> u64 {
+        self.infos.iter().map(|(_, i)| i.shape.iter().product::<usize>() as u64 * 4).sum()
+    }
+
+    /// The tensors, converted.
+    fn tensors(self) -> Result<Checkpoint> {
+        let data = self.data;
+        let tensors = self
+            .infos
+            .into_iter()
+            .map(|(name, info)| {
+                let (begin, end) = info.data_offsets;
+                let raw = data.get(begin..end).ok_or_else(|| {
+                    err!(Checkpoint, "tensor `{name}`: data_offsets [{begin}, {end}] out of range")
+                })?;
+                let elements = elements(info.dtype, raw)
+                    .map_err(|m| err!(Checkpoint, "tensor `{name}`: {m}"))?;
+                let tensor = Tensor::new(&info.shape, elements)
+                    .map_err(|e| err!(Checkpoint, "tensor `{name}`: {}", e.message))?;
+                Ok((name, tensor))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Checkpoint { tensors, metadata: self.metadata })
+    }
+}
+
+/// One header entry, parsed by the crate's `TensorInfo` and checked on its own: a dtype rumus
+/// reads, at most `MAX_ELEMENTS` elements, offsets in order and as many bytes as the shape needs.
+fn entry(name: &str, value: Value) -> Result<TensorInfo> {
+    if !value.is_object() {
+        return Err(err!(Checkpoint, "tensor `{name}`: entry is not a JSON object"));
+    }
+    let info: TensorInfo =
+        serde_json::from_value(value).map_err(|e| err!(Checkpoint, "tensor `{name}`: {e}"))?;
+    let dtype = info.dtype;
+    let width = element_bytes(dtype).ok_or_else(|| {
+        err!(Checkpoint, "tensor `{name}`: dtype {dtype} is not supported (rumus reads {READABLE})")
+    })?;
+    let numel = checked_numel(&info.shape)
+        .map_err(|e| err!(Checkpoint, "tensor `{name}`: {}", e.message))?;
+    let n_bytes = numel * width; // at most 8 × MAX_ELEMENTS
+    let (begin, end) = info.data_offsets;
+    if begin > end {
+        return Err(err!(
+            Checkpoint,
+            "tensor `{name}`: data_offsets [{begin}, {end}] are reversed"
+        ));
+    }
+    if n_bytes != end - begin {
+        return Err(err!(
+            Checkpoint,
+            "tensor `{name}`: shape {} of {dtype} needs {n_bytes} bytes, data_offsets [{begin}, {end}] hold {}",
+            fmt_shape(&info.shape),
+            end - begin
+        ));
+    }
+    Ok(info)
+}
+
+/// Bytes per element of the file dtypes rumus reads.
+fn element_bytes(dtype: Dtype) -> Option<usize> {
+    match dtype {
+        Dtype::F16 | Dtype::BF16 => Some(2),
+        Dtype::F32 | Dtype::I32 => Some(4),
+        Dtype::F64 => Some(8),
+        _ => None,
+    }
+}
+
+/// The elements of `raw` (little-endian, its length a multiple of the dtype's width) as f32
+/// or i32. F32 and I32 keep their bits; F16 and BF16 widen exactly; F64 rounds, and a finite
+/// value beyond f32's range is an error naming its index.
+fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String> {
+    fn each<const N: usize, T>(raw: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        raw.chunks_exact(N)
+            .map(|b| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(b);
+                f(a)
+            })
+            .collect()
+    }
+    Ok(match dtype {
+        Dtype::F32 => TensorData::F32(each(raw, f32::from_le_bytes)),
+        Dtype::I32 => TensorData::I32(each(raw, i32::from_le_bytes)),
+        Dtype::F16 => TensorData::F32(each(raw, |b| half::f16::from_le_bytes(b).to_f32())),
+        Dtype::BF16 => TensorData::F32(each(raw, |b| half::bf16::from_le_bytes(b).to_f32())),
+        Dtype::F64 => TensorData::F32(
+            each(raw, f64::from_le_bytes)
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| crate::num::f32_of(v).map_err(|m| format!("element {i}: {m}")))
+                .collect::<std::result::Result<_, _>>()?,
+        ),
+        other => return Err(format!("dtype {other} is not supported (rumus reads {READABLE})")),
+    })
+}
+
+/// A host tensor as the crate's writer sees it.
+struct HostView<'a>(&'a Tensor);
+
+impl View for HostView<'_> {
+    fn dtype(&self) -> Dtype {
+        match self.0.dtype() {
+            DType::F32 => Dtype::F32,
+            DType::I32 => Dtype::I32,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.0.shape()
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(self.0.to_le_bytes())
+    }
+
+    fn data_len(&self) -> usize {
+        self.0.numel() * self.0.dtype().size()
+    }
+}
+
+/// The header's top-level entries in file order, duplicates kept (a JSON map would drop them).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(EntriesVisitor)
+    }
+}

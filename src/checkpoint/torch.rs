@@ -1,0 +1,281 @@
+//! PyTorch and Hugging Face state dicts onto a model's names: what `load(path, #{ from:
+//! "pytorch" })` does between reading the file and loading the values.
+//!
+//! A state dict saved by `safetensors.torch.save_file(model.state_dict(), path)` differs from a
+//! rumus checkpoint in three ways, and [`map`] undoes each:
+//!
+//! - Names. [`Rename`] rules rewrite them: a rule's pattern matches the first whole dotted
+//!   segments of a tensor's name (`*` matches any one segment) and those segments are replaced
+//!   by the target, with each `*` filled in order; the rest of the name (`.weight`) is kept.
+//!   When several rules match, the one with the most segments wins. Names no rule matches are
+//!   kept as they are.
+//! - Layout. `nn.Linear` stores its weight `[out, in]`; a rumus linear weight is `[in, out]`
+//!   (`x @ weight`). A tensor landing on a linear weight (a 2-D parameter the model uses as the
+//!   right operand of `@`) is transposed, unless [`Transpose`] says otherwise (Hugging Face's
+//!   GPT-2 stores its `Conv1D` weights `[in, out]` already).
+//! - Tying. A rule may name several targets (one tensor used for two of our names), and several
+//!   tensors may land on one name (PyTorch keeps both `wte.weight` and a tied `lm_head.weight`)
+//!   when they hold the same values.
+//!
+//! Every tensor that lands on a parameter with the wrong shape is named in one error, with the
+//! shape expected in the file's layout and the shape found.
+
+use super::Checkpoint;
+use crate::err;
+use crate::error::Result;
+use crate::graph::{Graph, NodeId, Op};
+use crate::tensor::{fmt_shape, Tensor, TensorData};
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A dotted name pattern: its segments, `*` matching any one segment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pattern(Vec<String>);
+
+impl Pattern {
+    /// Parse `text`: dotted segments, none empty; `""` is the pattern of no segments (a rename
+    /// target that drops the matched prefix).
+    pub fn parse(text: &str) -> Result<Pattern> {
+        if text.is_empty() {
+            return Ok(Pattern(Vec::new()));
+        }
+        let segments: Vec<String> = text.split('.').map(str::to_string).collect();
+        if segments.iter().any(String::is_empty) {
+            return Err(err!(
+                InvalidArgument,
+                "name pattern `{text}` has an empty segment: write dotted names like `h.*.ln_1`"
+            ));
+        }
+        Ok(Pattern(segments))
+    }
+
+    fn stars(&self) -> usize {
+        self.0.iter().filter(|s| *s == "*").count()
+    }
+
+    /// The segments `*` matched, when this pattern matches the first segments of `name`.
+    fn match_prefix<'n>(&self, name: &[&'n str]) -> Option<Vec<&'n str>> {
+        if self.0.len() > name.len() {
+            return None;
+        }
+        let mut caps = Vec::new();
+        for (p, &n) in self.0.iter().zip(name) {
+            if p == "*" {
+                caps.push(n);
+            } else if p != n {
+                return None;
+            }
+        }
+        Some(caps)
+    }
+
+    /// This pattern's segments with each `*` replaced by the next capture.
+    fn fill<'a>(&'a self, caps: &[&'a str]) -> Vec<&'a str> {
+        let mut caps = caps.iter();
+        self.0.iter().map(|s| if s == "*" { caps.next().copied().unwrap_or("*") } else { s }).collect()
+    }
+}
+
+impl std::fmt::Display for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join("."))
+    }
+}
+
+/// One rename rule: names starting with `from` get the segments of each of `to` instead.
+#[derive(Clone, Debug)]
+pub struct Rename {
+    from: Pattern,
+    to: Vec<Pattern>,
+}
+
+impl Rename {
+    /// A rule from `from` to each of `to`; every target must use as many `*` as `from`.
+    pub fn new(from: &str, to: &[String]) -> Result<Rename> {
+        let from = Pattern::parse(from)?;
+        if from.0.is_empty() {
+            return Err(err!(InvalidArgument, "rename: an empty pattern matches nothing"));
+        }
+        let to = to.iter().map(|t| Pattern::parse(t)).collect::<Result<Vec<_>>>()?;
+        if to.is_empty() {
+            return Err(err!(InvalidArgument, "rename: `{from}` has no target"));
+        }
+        for t in &to {
+            if t.stars() != from.stars() {
+                return Err(err!(
+                    InvalidArgument,
+                    "rename: `{from}` has {} `*` but its target `{t}` has {}: give each the same",
+                    from.stars(),
+                    t.stars()
+                ));
+            }
+        }
+        Ok(Rename { from, to })
+    }
+}
+
+/// Which tensors landing on our names are transposed from `[out, in]`.
+#[derive(Clone, Debug)]
+pub enum Transpose {
+    /// Those landing on a linear weight (the default).
+    Linear,
+    /// None (`transpose: false`).
+    Never,
+    /// The 2-D tensors landing on names these patterns match (their first segments).
+    Only(Vec<Pattern>),
+}
+
+/// How a state dict maps onto a model.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The rename rules.
+    pub rename: Vec<Rename>,
+    /// Which tensors are transposed.
+    pub transpose: Transpose,
+}
+
+/// A parameter a tensor may land on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Target {
+    /// Its dotted name.
+    pub name: String,
+    /// Its shape (rumus's layout).
+    pub shape: Vec<usize>,
+    /// Whether it is a linear weight: 2-D and the right operand of a matmul.
+    pub linear: bool,
+}
+
+/// The parameters of `g` as targets.
+pub fn targets(g: &Graph) -> Vec<Target> {
+    let right_operands: BTreeSet<NodeId> = g
+        .nodes()
+        .filter(|(_, n)| n.op == Op::MatMul)
+        .filter_map(|(_, n)| n.inputs.get(1).copied())
+        .collect();
+    g.parameters()
+        .into_iter()
+        .map(|(id, name)| Target {
+            name: name.to_string(),
+            shape: g.shape(id).to_vec(),
+            linear: g.shape(id).len() == 2 && right_operands.contains(&id),
+        })
+        .collect()
+}
+
+/// The tensors of `ckpt` under our names, each in our layout (see the module documentation).
+/// A tensor whose name matches no target keeps its (renamed) name, so that the load reports it.
+pub fn map(ckpt: Checkpoint, targets: &[Target], opts: &Options) -> Result<Vec<(String, Tensor)>> {
+    let mut out: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (source, tensor) in ckpt.tensors {
+        for name in rename(&opts.rename, &source)? {
+            let target = targets.iter().find(|t| t.name == name);
+            let flip = tensor.shape().len() == 2
+                && match &opts.transpose {
+                    Transpose::Linear => target.is_some_and(|t| t.linear),
+                    Transpose::Never => false,
+                    Transpose::Only(patterns) => {
+                        let segs: Vec<&str> = name.split('.').collect();
+                        patterns.iter().any(|p| p.match_prefix(&segs).is_some())
+                    }
+                };
+            if let Some(t) = target {
+                let mut expected = t.shape.clone();
+                if flip {
+                    expected.reverse();
+                }
+                if tensor.shape() != expected {
+                    let hint = if tensor.shape().iter().rev().eq(expected.iter()) {
+                        " (its transpose fits: see the `transpose` option)"
+                    } else {
+                        ""
+                    };
+                    problems.push(format!(
+                        "`{source}` for `{name}`: expected {}, found {}{hint}",
+                        fmt_shape(&expected),
+                        fmt_shape(tensor.shape())
+                    ));
+                    continue;
+                }
+            }
+            let value = if flip { transposed(&tensor)? } else { tensor.clone() };
+            match out.entry(name) {
+                Entry::Vacant(e) => {
+                    e.insert((source.clone(), value));
+                }
+                Entry::Occupied(e) => {
+                    let (first, held) = e.get();
+                    if held.to_le_bytes() != value.to_le_bytes() || held.shape() != value.shape() {
+                        problems.push(format!(
+                            "`{first}` and `{source}` both land on `{}` but hold different values",
+                            e.key()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(err!(
+            Checkpoint,
+            "the state dict does not fit the model: {}",
+            problems.join("; ")
+        ));
+    }
+    Ok(out.into_iter().map(|(name, (_, t))| (name, t)).collect())
+}
+
+/// The names `source` lands on under `rules`.
+fn rename(rules: &[Rename], source: &str) -> Result<Vec<String>> {
+    let segs: Vec<&str> = source.split('.').collect();
+    let mut best: Option<(&Rename, Vec<&str>)> = None;
+    for rule in rules {
+        let Some(caps) = rule.from.match_prefix(&segs) else { continue };
+        match &best {
+            Some((b, _)) if b.from.0.len() > rule.from.0.len() => {}
+            Some((b, _)) if b.from.0.len() == rule.from.0.len() => {
+                return Err(err!(
+                    InvalidArgument,
+                    "rename: `{}` and `{}` both match `{source}`: make one of them longer",
+                    b.from,
+                    rule.from
+                ));
+            }
+            _ => best = Some((rule, caps)),
+        }
+    }
+    let Some((rule, caps)) = best else {
+        return Ok(vec![source.to_string()]);
+    };
+    let rest = &segs[rule.from.0.len()..];
+    rule.to
+        .iter()
+        .map(|to| {
+            let mut name = to.fill(&caps);
+            name.extend_from_slice(rest);
+            if name.is_empty() {
+                return Err(err!(
+                    InvalidArgument,
+                    "rename: `{}` → `{to}` leaves `{source}` with no name",
+                    rule.from
+                ));
+            }
+            Ok(name.join("."))
+        })
+        .collect()
+}
+
+/// A 2-D tensor `[r, c]` as `[c, r]`.
+fn transposed(t: &Tensor) -> Result<Tensor> {
+    let &[r, c] = t.shape() else {
+        return Ok(t.clone());
+    };
+    fn flip<T: Copy>(v: &[T], r: usize, c: usize) -> Vec<T> {
+        (0..c).flat_map(|j| (0..r).map(move |i| v[i * c + j])).collect()
+    }
+    let data = match t.data() {
+        TensorData::F32(v) => TensorData::F32(flip(v, r, c)),
+        TensorData::I32(v) => TensorData::I32(flip(v, r, c)),
+    };
+    Tensor::new(&[c, r], data)
+}
