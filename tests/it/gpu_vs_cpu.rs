@@ -482,3 +482,44 @@ fn a_batch_beyond_one_grid_axis_is_split() {
     let got = backend.run(&[(a, &ta), (b, &tb)], &[y], opts).unwrap()[0].to_f32_vec();
     assert!(got == *want, "the split grid computed other values");
 }
+
+/// An evaluation (not training) on the GPU gives what the CPU gives: dropout is the identity
+/// (it dropped on the GPU before the step uniform carried the mode) and batch norm reads its
+/// running statistics (`training_select`).
+#[test]
+fn evaluation_mode_matches_the_cpu_reference() {
+    let Some((gpu, _turn)) = or_skip("evaluation_mode_matches_the_cpu_reference") else {
+        return;
+    };
+    let wanted = |n: &str| n.starts_with("dropout") || n.starts_with("batch_norm");
+    let mut ran = 0;
+    for (k, c) in cases().into_iter().enumerate().filter(|(_, c)| wanted(&c.name)) {
+        let b = build(&c).unwrap();
+        let f = feeds(&c, &b, 4000 + k as u64);
+        let opts = RunOptions { training: false, step: 5 };
+        let mut eval = b.g.clone();
+        eval.updates.clear();
+        let mut cpu = Executor::<f64>::new(&eval, 0).unwrap();
+        let Buf::F(want) = cpu.run(&eval, &f, &[b.out], opts).unwrap().remove(0) else {
+            panic!("{}: f32 output", c.name)
+        };
+        if c.name.starts_with("dropout") {
+            let Buf::F(x) = &f[0].1 else { panic!() };
+            assert_eq!(&want, x, "{}: the identity on the cpu", c.name);
+        }
+        let tensors: Vec<Tensor> =
+            f.iter().map(|(id, buf)| to_tensor(b.g.shape(*id), buf)).collect();
+        let gfeeds: Vec<_> = f.iter().zip(&tensors).map(|((id, _), t)| (*id, t)).collect();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        let got = backend.run(&gfeeds, &[b.out], opts).unwrap().remove(0).to_f32_vec();
+        for (i, (&w, &g)) in want.iter().zip(&got).enumerate() {
+            assert!(
+                (w - g as f64).abs() <= 1e-4 + 1e-3 * w.abs(),
+                "{} element {i}: gpu {g} cpu {w}",
+                c.name
+            );
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 5, "dropout and batch_norm cases");
+}

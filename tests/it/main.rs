@@ -11,6 +11,7 @@ mod harness;
 mod attention_gpt;
 mod checkpoint;
 mod codegen_valid;
+mod conv;
 mod cpu_interp;
 mod data;
 mod dist;
