@@ -16,6 +16,7 @@ mod cpu_interp;
 mod data;
 mod dist;
 mod dsl_cli;
+mod dsl_conv;
 mod dsl_errors;
 mod dsl_fuzz;
 mod dsl_gpt;
