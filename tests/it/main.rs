@@ -10,6 +10,7 @@ mod harness;
 
 mod attention_gpt;
 mod checkpoint;
+mod cnn;
 mod codegen_valid;
 mod conv;
 mod cpu_interp;
