@@ -523,3 +523,33 @@ fn evaluation_mode_matches_the_cpu_reference() {
     }
     assert_eq!(ran, 5, "dropout and batch_norm cases");
 }
+
+/// Convolutions run on the matmul kernels, so the precision modes reach them: two conv cases
+/// (grouped, and strided with padding) in the `high` mode with the cooperative operations
+/// emulated, every product of the plan (forward, the weight's and the input's gradients) on a
+/// cooperative kernel.
+#[test]
+fn conv_cases_match_the_cpu_in_the_cooperative_modes() {
+    let Some((gpu, _turn)) = or_skip("conv_cases_match_the_cpu_in_the_cooperative_modes") else {
+        return;
+    };
+    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
+    let coop = MatmulOptions {
+        precision: MatmulPrecision::High,
+        coop_tile: Some(tile),
+        emulate_coop: true,
+        ..MatmulOptions::DEFAULT
+    };
+    let some = ["conv2d groups 2", "conv2d stride 2 padding 1"];
+    every_case_on(gpu, cases(), |name| some.contains(&name), |b| b.matmul = coop);
+    for name in some {
+        let c = cases().into_iter().find(|c| c.name == name).unwrap();
+        let b = build(&c).unwrap();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        backend.matmul = coop;
+        let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
+        let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
+        let products = labels.iter().filter(|l| l.ends_with(" coop-high")).count();
+        assert_eq!(products, 3, "{name}: forward and both gradients: {labels:?}");
+    }
+}
