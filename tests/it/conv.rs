@@ -198,6 +198,11 @@ fn shapes_that_do_not_fit_are_errors() {
             "conv2d: `stride` must be at least 1, got 0x1"),
         (&[1, 1, 4, 4], &[1, 1, 3, 3], |g, x, w| g.conv2d(x, w, Some(w), Conv2d::default()),
             "conv2d: `bias` must be [1] (one per output channel), got [1, 1, 3, 3]"),
+        // One axis fails while the other's padding is near usize::MAX: the message saturates.
+        (&[1, 1, 4, 4], &[1, 1, 5, 3], |g, x, w| g.conv2d(x, w, None, Conv2d { padding: [0, 1 << 63], ..Conv2d::default() }),
+            "conv2d: `kernel` 5x3 with `dilation` 1 is larger than the padded input 4x18446744073709551615 (input 4x4, `padding` 0x9223372036854775808)"),
+        (&[1, 1, 4, 4], &[1, 1, 3, 3], |g, x, w| g.conv2d(x, w, None, Conv2d { padding: [1 << 63, 0], ..Conv2d::default() }),
+            "conv2d: `padding` 9223372036854775808x0 or `kernel` 3 with `dilation` 1 is too large"),
         (&[1, 1, 4, 4], &[1], |g, x, _| g.max_pool2d(x, [2, 2], [2, 2], [2, 0]),
             "max_pool2d: `padding` 2x0 must be at most half of `kernel` 2"),
         (&[1, 1, 2, 2], &[1], |g, x, _| g.avg_pool2d(x, [3, 3], [1, 1], [0, 0]),
