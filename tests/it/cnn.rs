@@ -9,7 +9,7 @@ model bn(x: f32[B, 2]) {
     return batch_norm(x, momentum = 1.0) as bn
 }
 let x = tensor([[1.0, 10.0], [3.0, 30.0]]);
-fn make() { bn().compile(#{ batch: 2, loss: "mse", optimizer: sgd(#{ lr: 0.0 }), device: "cpu" }) }
+fn make() { bn().compile(#{ batch: 2, loss: "mse", optimizer: sgd(#{ lr: 0.0 }), device: DEVICE }) }
 "#;
 
 fn dir() -> std::path::PathBuf {
@@ -28,9 +28,23 @@ fn floats(v: rumus::script::rhai::Dynamic) -> Vec<f64> {
 /// them to a fresh model.
 #[test]
 fn evaluation_uses_the_running_statistics() {
+    running_statistics_on("cpu");
+}
+
+/// The same on the GPU: the step's updates write the running statistics there, and the
+/// evaluation plan reads them through `training_select`.
+#[test]
+fn evaluation_uses_the_running_statistics_on_the_gpu() {
+    let Some((_gpu, _turn)) = crate::common::gpu::or_skip("running_statistics_on_the_gpu") else {
+        return;
+    };
+    running_statistics_on("gpu");
+}
+
+fn running_statistics_on(device: &str) {
     let mut e = Engine::new();
-    e.run(BN).unwrap();
-    let path = dir().join("bn.safetensors");
+    e.run(&BN.replace("DEVICE", &format!("\"{device}\""))).unwrap();
+    let path = dir().join(format!("bn_{device}.safetensors"));
     let p = path.display();
     let one = "tensor([[4.0, 40.0]])";
     let before =
@@ -62,7 +76,7 @@ fn evaluation_uses_the_running_statistics() {
 #[test]
 fn a_checkpoint_without_running_statistics_is_refused() {
     let mut e = Engine::new();
-    e.run(BN).unwrap();
+    e.run(&BN.replace("DEVICE", "\"cpu\"")).unwrap();
     let full = dir().join("bn_full.safetensors");
     let part = dir().join("bn_part.safetensors");
     e.run(&format!("make().save(\"{}\");", full.display())).unwrap();
