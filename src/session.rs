@@ -448,7 +448,7 @@ impl Trainer {
         Ok(loss)
     }
 
-    /// Evaluate the model's outputs (dropout off) on inputs whose leading dimension is any
+    /// Evaluate the model's outputs (dropout off, batch norm on its running statistics) on inputs whose leading dimension is any
     /// batch size; other named dimensions are those the model was compiled with.
     pub fn predict(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
         let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(0);
@@ -474,25 +474,28 @@ impl Trainer {
             };
             self.evals.insert(key.clone(), EvalGraph { graph, placed, synced: None });
         }
-        // Copy the parameters over when anything wrote them since the last copy.
+        // Copy the parameters (and the model's state, batch norm's running statistics) over
+        // when anything wrote them since the last copy.
         let e = self.evals.get_mut(&key).expect("inserted above");
         if e.synced != Some(self.generation) {
-            // One parameter at a time goes through the host: a copy read, a copy written.
-            let largest = self
-                .train
+            let pairs: Vec<(NodeId, NodeId)> = e
                 .graph
-                .parameters()
-                .iter()
-                .map(|&(id, _)| bytes_of(&self.train.graph, id))
-                .max();
+                .nodes()
+                .filter_map(|(to, n)| match &n.op {
+                    Op::Parameter { name, .. } | Op::State { name, .. } => {
+                        self.train.graph.persistent_named(name).map(|from| (from, to))
+                    }
+                    _ => None,
+                })
+                .collect();
+            // One value at a time goes through the host: a copy read, a copy written.
+            let largest = pairs.iter().map(|&(from, _)| bytes_of(&self.train.graph, from)).max();
             let _copies = self
                 .cfg
                 .budget
                 .charge(2 * largest.unwrap_or(0), "copying parameters to an evaluation graph")?;
-            for (id, name) in self.train.graph.parameters() {
-                if let Some(to) = e.graph.persistent_named(name) {
-                    e.placed.backend.write(to, &self.placed.backend.read(id)?)?;
-                }
+            for (from, to) in pairs {
+                e.placed.backend.write(to, &self.placed.backend.read(from)?)?;
             }
             e.synced = Some(self.generation);
         }
@@ -575,8 +578,8 @@ impl Trainer {
         Ok(())
     }
 
-    /// Load persistent values from a checkpoint's tensors. Strict: every parameter must be
-    /// there, the optimizer state entirely or not at all, and nothing else (like PyTorch's
+    /// Load persistent values from a checkpoint's tensors. Strict: every parameter and the
+    /// model's state (running statistics) must be there, the optimizer state entirely or not at all, and nothing else (like PyTorch's
     /// `strict=True`). Not strict: what matches is loaded and the rest is reported. A tensor
     /// whose shape differs is an error either way, and nothing is written when there is one.
     pub fn load_checkpoint(
@@ -586,15 +589,17 @@ impl Trainer {
     ) -> Result<LoadReport> {
         let g = &self.train.graph;
         let has = |name: &str| tensors.iter().any(|(n, _)| *n == name);
-        let states: Vec<&str> = g
-            .nodes()
-            .filter_map(|(_, n)| match &n.op {
-                Op::State { name, .. } => Some(name.as_str()),
-                _ => None,
-            })
-            .collect();
+        // The model's own state (batch norm's running statistics) is needed like its
+        // parameters; the optimizer's (made after `update_start`) entirely or not at all.
+        let (mut model_states, mut states) = (Vec::new(), Vec::new());
+        for (id, n) in g.nodes() {
+            if let Op::State { name, .. } = &n.op {
+                let forward = id.index() < self.train.update_start;
+                if forward { &mut model_states } else { &mut states }.push(name.as_str());
+            }
+        }
         let any_state = states.iter().any(|s| has(s));
-        let params = g.parameters().into_iter().map(|(_, n)| n);
+        let params = g.parameters().into_iter().map(|(_, n)| n).chain(model_states);
         let missing: Vec<String> = params
             .chain(states.iter().copied().filter(|_| any_state))
             .filter(|n| !has(n))

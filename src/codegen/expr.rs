@@ -5,7 +5,7 @@
 //! through broadcasting and the index-remapping views (`broadcast_to`, `permute`, `slice`).
 //! Shapes are static, so every size and stride is a literal.
 
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId, Op, Window};
 use crate::plan::Plan;
 use crate::tensor::DType;
 use std::fmt::Write;
@@ -197,6 +197,88 @@ impl<'a> ExprEmitter<'a> {
         })
     }
 
+    /// `let` statements decomposing `idx` over `shape`, with fresh names.
+    fn coords_of(&mut self, shape: &[usize], idx: &str) -> Vec<String> {
+        self.next += 1;
+        let (code, names) = decompose(shape, &format!("({idx})"), &format!("r{}_", self.next));
+        self.body.push_str(&code);
+        names
+    }
+
+    /// A `let` binding of `e`; its name.
+    fn bind(&mut self, e: &str) -> String {
+        let v = self.fresh();
+        let _ = writeln!(self.body, "    let {v} = {e};");
+        v
+    }
+
+    /// `unfold` at `coords` (row, column): the input element the window position reads, or
+    /// `fill` in the padding (the read clamped inside the input and not used).
+    fn emit_unfold(
+        &mut self,
+        id: NodeId,
+        x: NodeId,
+        w: &Window,
+        fill: f32,
+        coords: &[String],
+    ) -> String {
+        let xs = self.g.shape(x).to_vec();
+        let [n, c, h, wd] = xs[..] else { return self.load(id, coords) };
+        let [ho, wo] = w.output("unfold", [h, wd]).unwrap_or([0, 0]);
+        let rc = self.coords_of(&[c, w.kernel[0], w.kernel[1]], &coords[0]);
+        let lc = self.coords_of(&[n, ho, wo], &coords[1]);
+        let mut at = Vec::new();
+        let mut inside = Vec::new();
+        for (axis, size) in [(0, h), (1, wd)] {
+            let p = self.bind(&format!(
+                "i32({} * {}u + {} * {}u) - {}",
+                lc[1 + axis],
+                w.stride[axis],
+                rc[1 + axis],
+                w.dilation[axis],
+                w.padding[axis]
+            ));
+            inside.push(format!("{p} >= 0 && {p} < {size}"));
+            at.push(format!("min(u32(max({p}, 0)), {}u)", size.max(1) - 1));
+        }
+        let xc = vec![lc[0].clone(), rc[0].clone(), at[0].clone(), at[1].clone()];
+        let v = self.emit(x, &xc);
+        self.bind(&format!("select({}, {v}, {} && {})", f32_lit(fill), inside[0], inside[1]))
+    }
+
+    /// `fold` at `coords` (n, c, y, x): the sum, in window order, of the column entries that
+    /// `unfold` copied this element to.
+    fn emit_fold(&mut self, id: NodeId, cols: NodeId, w: &Window, coords: &[String]) -> String {
+        let shape = self.g.shape(id).to_vec();
+        let [_, _, h, wd] = shape[..] else { return self.load(id, coords) };
+        let [ho, wo] = w.output("fold", [h, wd]).unwrap_or([0, 0]);
+        // Per window row i (column j): whether an output row (column) reads this element there,
+        // and which.
+        let mut hits: [Vec<(String, String)>; 2] = [Vec::new(), Vec::new()];
+        for (axis, size) in [(0, ho), (1, wo)] {
+            for i in 0..w.kernel[axis] {
+                let off = w.padding[axis] as i64 - (i * w.dilation[axis]) as i64;
+                let t = self.bind(&format!("i32({}) + {off}", coords[2 + axis]));
+                let s = w.stride[axis];
+                let ok = self.bind(&format!("{t} >= 0 && {t} % {s} == 0 && {t} / {s} < {size}"));
+                let o = self.bind(&format!("min(u32(max({t}, 0)) / {s}u, {}u)", size.max(1) - 1));
+                hits[axis].push((ok, o));
+            }
+        }
+        let k = w.size();
+        let acc = self.fresh();
+        let _ = writeln!(self.body, "    var {acc} = 0.0;");
+        for (i, (oki, oh)) in hits[0].clone().into_iter().enumerate() {
+            for (j, (okj, ow)) in hits[1].clone().into_iter().enumerate() {
+                let row = format!("({} * {k}u + {}u)", coords[1], i * w.kernel[1] + j);
+                let col = format!("({} * {}u + {oh} * {wo}u + {ow})", coords[0], ho * wo);
+                let v = self.emit(cols, &[row, col]);
+                let _ = writeln!(self.body, "    {acc} += select(0.0, {v}, {oki} && {okj});");
+            }
+        }
+        acc
+    }
+
     /// The raw i32 WGSL expression of an i32 node at `coords` (i32 values are only ever
     /// materialized or viewed, never computed elementwise).
     pub fn emit_i32(&mut self, id: NodeId, coords: &[String]) -> String {
@@ -275,7 +357,22 @@ impl<'a> ExprEmitter<'a> {
                     f32_lit(1.0 / 16_777_216.0),
                     f32_lit(*p)
                 );
-                format!("select(0.0, {x} * {}, {keep})", f32_lit(1.0 / (1.0 - p)))
+                // The identity in an evaluation, as on the CPU.
+                let dropped = format!("select(0.0, {x} * {}, {keep})", f32_lit(1.0 / (1.0 - p)));
+                format!("select({x}, {dropped}, rumus_meta.training != 0u)")
+            }
+            Op::TrainingSelect => {
+                let a = operand(self, 0);
+                let b = operand(self, 1);
+                format!("select({b}, {a}, rumus_meta.training != 0u)")
+            }
+            Op::Unfold { window, fill } => {
+                let (x, w) = (ins[0], *window);
+                return self.emit_unfold(id, x, &w, *fill, coords);
+            }
+            Op::Fold { window } => {
+                let (cols, w) = (ins[0], *window);
+                return self.emit_fold(id, cols, &w, coords);
             }
             Op::Constant { value } => f32_lit(*value),
             // Fusion inlines elementwise ops, constants and views only

@@ -340,7 +340,7 @@ fn generate_binding(
     if uses_meta {
         let at = bindings.len();
         h.open("struct Meta");
-        h.lines("step: u32,\npad0: u32,\npad1: u32,\npad2: u32,");
+        h.lines("step: u32,\ntraining: u32,\npad1: u32,\npad2: u32,");
         h.close();
         h.line(&format!("@group(0) @binding({at}) var<uniform> rumus_meta: Meta;"));
         h.lines(HASH32_WGSL);

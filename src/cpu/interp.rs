@@ -6,7 +6,7 @@
 //! state. Shapes are trusted (the graph was verified), element types are checked and a mismatch
 //! is an `Invariant` error, never a panic.
 
-use super::{attention, matmul, nn, Buf, Float, RunOptions};
+use super::{attention, conv, matmul, nn, Buf, Float, RunOptions};
 use crate::err;
 use crate::error::Result;
 use crate::graph::shape::infer;
@@ -152,6 +152,11 @@ pub fn eval<T: Float>(
             Buf::F(nn::cross_entropy_grad(f(0)?, last(shapes[0]), int(1)?, f(2)?, *ignore_index)?)
         }
         Op::Dropout { p, seed } => Buf::F(nn::dropout(f(0)?, *p, *seed, opts)),
+        Op::TrainingSelect => Buf::F(f(if opts.training { 0 } else { 1 })?.to_vec()),
+        Op::Unfold { window, fill } => {
+            Buf::F(conv::unfold(f(0)?, shapes[0], window, out, T::from_f64(*fill as f64)))
+        }
+        Op::Fold { window } => Buf::F(conv::fold(f(0)?, window, out)),
     };
     if v.len() != numel(out) {
         return Err(err!(

@@ -18,6 +18,7 @@
 
 pub mod attention;
 pub mod backend;
+pub mod conv;
 pub mod exec;
 pub mod interp;
 pub mod matmul;

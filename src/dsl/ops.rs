@@ -7,7 +7,7 @@
 use super::lower::Args;
 use crate::err;
 use crate::error::Result;
-use crate::graph::{BinaryOp, NodeId, ReduceOp, UnaryOp};
+use crate::graph::{BatchNorm, BinaryOp, Conv2d, NodeId, ReduceOp, UnaryOp};
 
 /// What a parameter of an op accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,7 +210,77 @@ const OTHERS: &[OpSig] = &[
         let seed = a.index(2)? as u64;
         a.g().dropout(x, p as f32, seed)
     }),
+    row(
+        "conv2d",
+        &[
+            p("x", Tensor),
+            p("weight", Tensor),
+            d("bias", Tensor, Default::Int(0)),
+            d("stride", Ints, Default::Int(1)),
+            d("padding", Ints, Default::Int(0)),
+            d("dilation", Ints, Default::Int(1)),
+            d("groups", Int, Default::Int(1)),
+        ],
+        |a| {
+            let (x, w) = (a.tensor(0)?, a.tensor(1)?);
+            let bias = a.optional_tensor(2)?;
+            let (stride, padding, dilation) = (a.pair(3, 1)?, a.pair(4, 0)?, a.pair(5, 1)?);
+            let groups = a.index(6)?;
+            if groups == 0 {
+                return Err(err!(Shape, "conv2d: `groups` must be at least 1, got 0")
+                    .at(a.span_of(6)));
+            }
+            a.g().conv2d(x, w, bias, Conv2d { stride, padding, dilation, groups })
+        },
+    ),
+    row("max_pool2d", POOL, |a| pool(a, true)),
+    row("avg_pool2d", POOL, |a| pool(a, false)),
+    row("flatten", &[p("x", Tensor), d("start", Int, Default::Int(1))], |a| {
+        let x = a.tensor(0)?;
+        let start = a.axis(1, a.shape_of(x).len())?;
+        a.g().flatten(x, start)
+    }),
+    row(
+        "batch_norm",
+        &[
+            p("x", Tensor),
+            p("weight", Tensor),
+            p("bias", Tensor),
+            d("momentum", Float, Default::Float(0.1)),
+            d("eps", Float, Default::Float(1e-5)),
+        ],
+        |a| {
+            let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+            let (momentum, eps) = (a.f32(3)?, a.f32(4)?);
+            if !(0.0..=1.0).contains(&momentum) {
+                return Err(err!(InvalidArgument, "batch_norm: `momentum` must be in [0, 1], got {momentum}")
+                    .at(a.span_of(3)));
+            }
+            if !(eps.is_finite() && eps > 0.0) {
+                return Err(err!(InvalidArgument, "batch_norm: `eps` must be a finite number > 0, got {eps}")
+                    .at(a.span_of(4)));
+            }
+            let c = a.shape_of(x).get(1).copied().unwrap_or(0);
+            let prefix = a.prefix().to_string();
+            let running = a.g().batch_norm_state(&prefix, c)?;
+            a.g().batch_norm(x, w, b, running, BatchNorm { momentum, eps })
+        },
+    ),
 ];
+
+const POOL: &[OpParam] =
+    &[p("x", Tensor), p("kernel", Ints), p("stride", Ints), d("padding", Ints, Default::Int(0))];
+
+/// `max_pool2d` or `avg_pool2d`.
+fn pool(a: &mut Args, max: bool) -> Result<NodeId> {
+    let x = a.tensor(0)?;
+    let (kernel, stride, padding) = (a.pair(1, 1)?, a.pair(2, 1)?, a.pair(3, 0)?);
+    if max {
+        a.g().max_pool2d(x, kernel, stride, padding)
+    } else {
+        a.g().avg_pool2d(x, kernel, stride, padding)
+    }
+}
 
 fn reduce(a: &mut Args, op: ReduceOp) -> Result<NodeId> {
     let x = a.tensor(0)?;
@@ -298,7 +368,7 @@ mod tests {
             "add sub mul div pow maximum minimum neg exp log sqrt rsqrt abs square tanh sigmoid \
              relu gelu gelu_tanh silu softplus where sum mean max reshape permute transpose broadcast_to \
              slice concat matmul softmax log_softmax causal_mask layer_norm attention embedding \
-             cross_entropy mse dropout"
+             cross_entropy mse dropout conv2d max_pool2d avg_pool2d flatten batch_norm"
         );
         let mut unique = names.clone();
         unique.sort();

@@ -246,6 +246,18 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         Op::Dropout { p, seed } => {
             vec![Some(g.add_node(Op::Dropout { p: *p, seed: *seed }, &[dy], &[])?)]
         }
+        Op::TrainingSelect => {
+            let zero = g.full(&node.shape, 0.0)?;
+            let da = g.add_node(Op::TrainingSelect, &[dy, zero], &[])?;
+            let db = g.add_node(Op::TrainingSelect, &[zero, dy], &[])?;
+            vec![Some(da), Some(db)]
+        }
+        // unfold and fold are each other's adjoints.
+        Op::Unfold { window, .. } => {
+            let xs = shape_of(g, 0);
+            vec![Some(g.add_node(Op::Fold { window: *window }, &[dy], &xs)?)]
+        }
+        Op::Fold { window } => vec![Some(g.unfold(dy, *window, 0.0)?)],
         Op::LayerNormGradInput
         | Op::LayerNormGradWeight
         | Op::AttentionGradKv

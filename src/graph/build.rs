@@ -39,7 +39,7 @@ impl Graph {
     }
 
     /// An error unless every id names a node of this graph (ids from another graph, say).
-    fn check_ids(&self, op: &str, ids: &[NodeId]) -> Result<()> {
+    pub(super) fn check_ids(&self, op: &str, ids: &[NodeId]) -> Result<()> {
         match ids.iter().find(|id| id.index() >= self.nodes.len()) {
             Some(bad) => {
                 Err(err!(Invariant, "{op}: input {} is not a node of this graph", bad.0)

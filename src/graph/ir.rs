@@ -6,6 +6,7 @@
 //! *updates*: pairs (persistent value, new value) that the executor writes back after a step
 //! (parameters after an optimizer update, optimizer moments, the step count).
 
+pub use super::conv::Window;
 use crate::error::Span;
 use crate::tensor::DType;
 use std::collections::BTreeMap;
@@ -73,7 +74,8 @@ pub enum OpClass {
     Source,
     /// Each output element computed from the input elements at the same (broadcast) index: the
     /// elementwise table's unary and binary ops, `where`, and `causal_mask` and `dropout`, which
-    /// also read the element's position.
+    /// also read the element's position, and `training_select`, which also reads the mode; or
+    /// from a few input elements at remapped coordinates: `unfold` and `fold`.
     Elementwise,
     /// Folds axes: `sum`, `mean`, `max`.
     Reduce,
@@ -230,6 +232,25 @@ pub enum Op {
         p: f32,
         /// Seed of the mask hash.
         seed: u64,
+    },
+    /// `(a, b)` of one shape: `a` in a training step, `b` in an evaluation (batch norm's
+    /// batch statistics, or its running ones).
+    TrainingSelect,
+
+    // ---- convolution ----
+    /// im2col, `[N, C, H, W] -> [C·kh·kw, N·Ho·Wo]`: row `(c, i, j)`, column `(n, oh, ow)` holds
+    /// `x[n, c, oh·sh − ph + i·dh, ow·sw − pw + j·dw]`, or `fill` in the padding.
+    Unfold {
+        /// The window's geometry.
+        window: Window,
+        /// The value read in the padding (0, or -inf for max pooling).
+        fill: f32,
+    },
+    /// col2im, the adjoint of `unfold`: `[C·kh·kw, N·Ho·Wo] -> [N, C, H, W]` (the node's
+    /// shape), each element the sum of the entries `unfold` copied it to, in window order.
+    Fold {
+        /// The window's geometry.
+        window: Window,
     },
 }
 
@@ -399,6 +420,9 @@ impl Op {
             Op::CrossEntropy { .. } => "cross_entropy",
             Op::CrossEntropyGrad { .. } => "cross_entropy_grad",
             Op::Dropout { .. } => "dropout",
+            Op::TrainingSelect => "training_select",
+            Op::Unfold { .. } => "unfold",
+            Op::Fold { .. } => "fold",
         }
     }
 
@@ -412,7 +436,10 @@ impl Op {
             | Op::Binary(_)
             | Op::Where
             | Op::CausalMask { .. }
-            | Op::Dropout { .. } => OpClass::Elementwise,
+            | Op::Dropout { .. }
+            | Op::TrainingSelect
+            | Op::Unfold { .. }
+            | Op::Fold { .. } => OpClass::Elementwise,
             Op::Reduce { .. } => OpClass::Reduce,
             Op::MatMul => OpClass::MatMul,
             Op::Reshape
@@ -516,6 +543,9 @@ impl Op {
             Op::CrossEntropy { ignore_index: None },
             Op::CrossEntropyGrad { ignore_index: None },
             Op::Dropout { p: 0.0, seed: 0 },
+            Op::TrainingSelect,
+            Op::Unfold { window: Window::SAMPLE, fill: 0.0 },
+            Op::Fold { window: Window::SAMPLE },
         ]);
         ops
     }
@@ -571,7 +601,10 @@ mod tests {
             | Op::EmbeddingGrad { .. }
             | Op::CrossEntropy { .. }
             | Op::CrossEntropyGrad { .. }
-            | Op::Dropout { .. } => 27,
+            | Op::Dropout { .. }
+            | Op::TrainingSelect
+            | Op::Unfold { .. }
+            | Op::Fold { .. } => 30,
             Op::Unary(_) => UnaryOp::ALL.len(),
             Op::Binary(_) => BinaryOp::ALL.len(),
             Op::Reduce { .. } => 3,
@@ -604,7 +637,14 @@ mod tests {
         assert_eq!(of(OpClass::Source), ["input", "param", "state", "constant"]);
         let mut elementwise: Vec<&str> = UnaryOp::ALL.iter().map(|u| u.name()).collect();
         elementwise.extend(BinaryOp::ALL.iter().map(|b| b.name()));
-        elementwise.extend(["where", "causal_mask", "dropout"]);
+        elementwise.extend([
+            "where",
+            "causal_mask",
+            "dropout",
+            "training_select",
+            "unfold",
+            "fold",
+        ]);
         assert_eq!(of(OpClass::Elementwise), elementwise);
         assert_eq!(of(OpClass::Reduce), ["sum", "mean", "max"]);
         assert_eq!(of(OpClass::MatMul), ["matmul"]);
@@ -639,7 +679,7 @@ mod tests {
         let samples = Op::samples();
         let names: std::collections::HashSet<&str> = samples.iter().map(|o| o.name()).collect();
         assert_eq!(names.len(), samples.len(), "two samples share a name");
-        assert_eq!(samples.len(), 27 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3);
+        assert_eq!(samples.len(), 30 + UnaryOp::ALL.len() + BinaryOp::ALL.len() + 3);
         assert!(samples.iter().all(|o| kind_count(o) > 0));
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod autodiff;
 pub mod build;
+pub mod conv;
 pub mod elementwise;
 pub mod float;
 pub mod init;
@@ -13,6 +14,7 @@ pub mod shape;
 pub mod train;
 pub mod verify;
 
+pub use conv::{BatchNorm, Conv2d, Window};
 pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, OpClass, ReduceOp, UnaryOp, Update};
 pub use optim::{OptimConfig, Optimizer};
 pub use train::{training_graph, TrainGraph};

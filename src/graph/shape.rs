@@ -113,13 +113,16 @@ fn infer_unchecked(
         | Op::LogSoftmax
         | Op::CausalMask { .. }
         | Op::LayerNormStats { .. }
-        | Op::Dropout { .. } => 1,
+        | Op::Dropout { .. }
+        | Op::Unfold { .. }
+        | Op::Fold { .. } => 1,
         Op::Binary(_)
         | Op::MatMul
         | Op::Embedding
         | Op::EmbeddingGrad { .. }
         | Op::CrossEntropy { .. }
-        | Op::AttentionStats => 2,
+        | Op::AttentionStats
+        | Op::TrainingSelect => 2,
         Op::Where | Op::LayerNormGradWeight | Op::CrossEntropyGrad { .. } => 3,
         Op::LayerNorm | Op::LayerNormGradInput | Op::Attention => 4,
         Op::AttentionGradKv | Op::AttentionGradQ => 6,
@@ -302,6 +305,37 @@ fn infer_unchecked(
                 )));
             }
             Ok((x.to_vec(), DType::F32))
+        }
+        Op::TrainingSelect => {
+            let ((a, da), (b, db)) = (ins[0], ins[1]);
+            need_f32(op, "a", da, a)?;
+            need_f32(op, "b", db, b)?;
+            if a != b {
+                return Err(Error::shape(format!(
+                    "{name}: a and b must have one shape, got {}",
+                    shapes(", ")
+                )));
+            }
+            Ok((a.to_vec(), DType::F32))
+        }
+        Op::Unfold { window, .. } => {
+            let (x, d) = ins[0];
+            need_f32(op, "input", d, x)?;
+            Ok((super::conv::unfold_shape(name, window, x)?, DType::F32))
+        }
+        Op::Fold { window } => {
+            let (cols, d) = ins[0];
+            need_f32(op, "input", d, cols)?;
+            let want = super::conv::unfold_shape(name, window, target)?;
+            if cols != want {
+                return Err(Error::shape(format!(
+                    "{name}: columns {} do not unfold from {} (that gives {})",
+                    fmt_shape(cols),
+                    fmt_shape(target),
+                    fmt_shape(&want)
+                )));
+            }
+            Ok((target.to_vec(), DType::F32))
         }
         Op::CausalMask { .. } => {
             let (x, d) = ins[0];

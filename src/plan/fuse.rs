@@ -267,6 +267,9 @@ fn fuse_once(
             | Op::Where
             | Op::CausalMask { .. }
             | Op::Dropout { .. }
+            | Op::TrainingSelect
+            | Op::Unfold { .. }
+            | Op::Fold { .. }
             | Op::Reshape
             | Op::Permute { .. }
             | Op::BroadcastTo

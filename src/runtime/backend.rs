@@ -143,7 +143,7 @@ impl Backend for GpuBackend {
         let (gpu, poison) = (self.gpu, self.poison);
         self.plan_for(want, opts.training)?;
         let p = &self.plans[&(want.to_vec(), opts.training)];
-        p.step(gpu, &self.graph, feeds, opts.step, want, poison)
+        p.step(gpu, &self.graph, feeds, opts, want, poison)
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {

@@ -20,6 +20,7 @@ use crate::graph::{Graph, NodeId, Op};
 use crate::plan::limits::{checked_operand, checks_data};
 use crate::plan::Plan;
 use crate::tensor::{fmt_shape, DType, Tensor};
+use crate::backend::RunOptions;
 use std::collections::HashMap;
 
 /// A plan with its pipelines, bind groups and buffers, ready to run.
@@ -31,7 +32,8 @@ pub struct GpuPlan {
     dispatches: Vec<Dispatch>,
     /// For each kernel, how many dispatches it encodes (for reports).
     pub dispatches_per_kernel: Vec<usize>,
-    /// Holds the step counter that dropout masks read.
+    /// Holds the step counter that dropout masks read and whether the step trains (dropout
+    /// and `training_select` read it).
     meta: wgpu::Buffer,
     /// Bytes of the scratch and filled buffers programs use outside the plan's buffers.
     pub scratch_bytes: u64,
@@ -168,7 +170,7 @@ impl GpuPlan {
             .ok_or_else(|| err!(Invariant, "node {} has no buffer in this plan", id.index()))
     }
 
-    /// Run one step: write `feeds` and the step counter, encode every dispatch (optionally
+    /// Run one step: write `feeds`, the step counter and the mode, encode every dispatch (optionally
     /// after filling every reused buffer with NaN), apply the updates, submit once, and read
     /// back `read`.
     pub fn step(
@@ -176,7 +178,7 @@ impl GpuPlan {
         gpu: &Gpu,
         g: &Graph,
         feeds: &[(NodeId, &Tensor)],
-        step: u64,
+        opts: RunOptions,
         read: &[NodeId],
         poison: bool,
     ) -> Result<Vec<Tensor>> {
@@ -198,7 +200,8 @@ impl GpuPlan {
             }
         }
         let mut meta = [0u8; 16];
-        meta[..4].copy_from_slice(&(step as u32).to_le_bytes());
+        meta[..4].copy_from_slice(&(opts.step as u32).to_le_bytes());
+        meta[4..8].copy_from_slice(&u32::from(opts.training).to_le_bytes());
         gpu.write(&self.meta, 0, &meta)?;
         if poison {
             for (b, info) in self.plan.buffers.iter().enumerate() {

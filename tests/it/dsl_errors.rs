@@ -417,7 +417,7 @@ fn inexact_division() {
     check(
         "model m(x: f32[2, 8], heads = 3) {\n    param w[8 / heads] = zeros\n    return w\n}\n",
         r#"
-m.rms:2:13: `8 / 3` is not a whole number
+m.rms:2:13: `8 / heads` is `8 / 3`, not a whole number
         param w[8 / heads] = zeros
                 ^^^^^^^^^
 "#,
@@ -757,7 +757,7 @@ fn heads_do_not_divide() {
     check(
         "model m(x: f32[2, 3, 8]) {\n    return causal_self_attention(x, 3)\n}\n",
         r#"
-m.rms:2:12: in `causal_self_attention`: `8 / 3` is not a whole number
+m.rms:2:12: in `causal_self_attention`: `D / heads` is `8 / 3`, not a whole number
         return causal_self_attention(x, 3)
                ^^^^^^^^^^^^^^^^^^^^^^^^^^^
 "#,

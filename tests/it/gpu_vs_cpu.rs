@@ -489,3 +489,74 @@ fn a_batch_beyond_one_grid_axis_is_split() {
     let got = backend.run(&[(a, &ta), (b, &tb)], &[y], opts).unwrap()[0].to_f32_vec();
     assert!(got == *want, "the split grid computed other values");
 }
+
+/// An evaluation (not training) on the GPU gives what the CPU gives: dropout is the identity
+/// (it dropped on the GPU before the step uniform carried the mode) and batch norm reads its
+/// running statistics (`training_select`).
+#[test]
+fn evaluation_mode_matches_the_cpu_reference() {
+    let Some((gpu, _turn)) = or_skip("evaluation_mode_matches_the_cpu_reference") else {
+        return;
+    };
+    let wanted = |n: &str| n.starts_with("dropout") || n.starts_with("batch_norm");
+    let mut ran = 0;
+    for (k, c) in cases().into_iter().enumerate().filter(|(_, c)| wanted(&c.name)) {
+        let b = build(&c).unwrap();
+        let f = feeds(&c, &b, 4000 + k as u64);
+        let opts = RunOptions { training: false, step: 5 };
+        let mut eval = b.g.clone();
+        eval.updates.clear();
+        let mut cpu = Executor::<f64>::new(&eval, 0).unwrap();
+        let Buf::F(want) = cpu.run(&eval, &f, &[b.out], opts).unwrap().remove(0) else {
+            panic!("{}: f32 output", c.name)
+        };
+        if c.name.starts_with("dropout") {
+            let Buf::F(x) = &f[0].1 else { panic!() };
+            assert_eq!(&want, x, "{}: the identity on the cpu", c.name);
+        }
+        let tensors: Vec<Tensor> =
+            f.iter().map(|(id, buf)| to_tensor(b.g.shape(*id), buf)).collect();
+        let gfeeds: Vec<_> = f.iter().zip(&tensors).map(|((id, _), t)| (*id, t)).collect();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        let got = backend.run(&gfeeds, &[b.out], opts).unwrap().remove(0).to_f32_vec();
+        for (i, (&w, &g)) in want.iter().zip(&got).enumerate() {
+            assert!(
+                (w - g as f64).abs() <= 1e-4 + 1e-3 * w.abs(),
+                "{} element {i}: gpu {g} cpu {w}",
+                c.name
+            );
+        }
+        ran += 1;
+    }
+    assert_eq!(ran, 5, "dropout and batch_norm cases");
+}
+
+/// Convolutions run on the matmul kernels, so the precision modes reach them: two conv cases
+/// (grouped, and strided with padding) in the `high` mode with the cooperative operations
+/// emulated, every product of the plan (forward, the weight's and the input's gradients) on a
+/// cooperative kernel.
+#[test]
+fn conv_cases_match_the_cpu_in_the_cooperative_modes() {
+    let Some((gpu, _turn)) = or_skip("conv_cases_match_the_cpu_in_the_cooperative_modes") else {
+        return;
+    };
+    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
+    let coop = MatmulOptions {
+        precision: MatmulPrecision::High,
+        coop_tile: Some(tile),
+        emulate_coop: true,
+        ..MatmulOptions::DEFAULT
+    };
+    let some = ["conv2d groups 2", "conv2d stride 2 padding 1"];
+    every_case_on(gpu, cases(), |name| some.contains(&name), |b| b.matmul = coop);
+    for name in some {
+        let c = cases().into_iter().find(|c| c.name == name).unwrap();
+        let b = build(&c).unwrap();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        backend.matmul = coop;
+        let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
+        let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
+        let products = labels.iter().filter(|l| l.ends_with(" coop-high")).count();
+        assert_eq!(products, 3, "{name}: forward and both gradients: {labels:?}");
+    }
+}

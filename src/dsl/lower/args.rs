@@ -16,6 +16,7 @@ impl Lowerer<'_> {
         sig: &OpSig,
         slots: Vec<Option<(Value, Span)>>,
         span: Span,
+        prefix: &str,
     ) -> Result<Value> {
         let args: Vec<Option<(Value, Span)>> = sig
             .params
@@ -36,7 +37,7 @@ impl Lowerer<'_> {
                 return Ok(Value::Float(r));
             }
         }
-        let mut a = Args { lw: self, args, sig, span };
+        let mut a = Args { lw: self, args, sig, span, prefix };
         let id = match sig.lower {
             Lowering::Unary(op) => a.tensor(0).and_then(|x| a.g().unary(op, x)),
             Lowering::Binary(op) => {
@@ -64,6 +65,8 @@ pub(crate) struct Args<'a, 'm> {
     args: Vec<Option<(Value, Span)>>,
     sig: &'a OpSig,
     span: Span,
+    /// The dotted scope of the call (`bn1.`), for the state values an op declares.
+    prefix: &'a str,
 }
 
 impl Args<'_, '_> {
@@ -71,6 +74,11 @@ impl Args<'_, '_> {
     pub(crate) fn g(&mut self) -> &mut Graph {
         self.lw.g.set_span(self.span);
         &mut self.lw.g
+    }
+
+    /// The call's dotted scope (`""` at a model's root, else ending in `.`).
+    pub(crate) fn prefix(&self) -> &str {
+        self.prefix
     }
 
     /// The shape of a node.
@@ -140,6 +148,45 @@ impl Args<'_, '_> {
             err!(Shape, "{}: expected a non-negative integer, got {v}", self.sig.name)
                 .at(self.span_of(i))
         })
+    }
+
+    /// Two non-negative integers (height, width): `n` for `[n, n]`, or `[h, w]`; at least
+    /// `min` each.
+    pub(crate) fn pair(&self, i: usize, min: usize) -> Result<[usize; 2]> {
+        let ints: Vec<i64> = match self.get(i).map(|a| &a.0) {
+            Some(Value::Int(v)) => vec![*v, *v],
+            Some(Value::List(vs)) if vs.len() == 2 => vs
+                .iter()
+                .map(|v| match v {
+                    Value::Int(x) => Ok(*x),
+                    _ => Err(self.wrong(i, "an integer or a list of two")),
+                })
+                .collect::<Result<_>>()?,
+            _ => return Err(self.wrong(i, "an integer or a list of two")),
+        };
+        let pname = self.sig.params.get(i).map_or("?", |p| p.name);
+        let mut out = [0; 2];
+        for (o, v) in out.iter_mut().zip(&ints) {
+            *o = usize::try_from(*v).ok().filter(|&v| v >= min && v <= MAX_DIM as usize).ok_or_else(|| {
+                err!(
+                    Shape,
+                    "{}: `{pname}` must be between {min} and {MAX_DIM}, got {v}",
+                    self.sig.name
+                )
+                .at(self.span_of(i))
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// A tensor, or none for the number 0 (an absent bias).
+    pub(crate) fn optional_tensor(&mut self, i: usize) -> Result<Option<NodeId>> {
+        match self.get(i).map(|a| &a.0) {
+            Some(Value::Int(0)) => Ok(None),
+            Some(Value::Float(v)) if *v == 0.0 => Ok(None),
+            Some(Value::Tensor(t)) => Ok(Some(*t)),
+            _ => Err(self.wrong(i, "a tensor, or 0 for none")),
+        }
     }
 
     /// A static number.

@@ -39,7 +39,7 @@ impl Lowerer<'_> {
             );
         };
         let slots = bind(sig.params, args, || format!("`{}`", sig.usage()), self.span(span))?;
-        self.op(&sig, slots, self.span(span))
+        self.op(&sig, slots, self.span(span), &frame.prefix)
     }
 
     fn block_call(
@@ -81,7 +81,11 @@ impl Lowerer<'_> {
         self.outer_span = saved;
         r.map_err(|mut e| {
             if is_std {
-                e.message = format!("in `{}`: {}", item.name.name, e.message);
+                // An op's message already starts with its name (`conv2d: ...`).
+                let name = &item.name.name;
+                if !e.message.starts_with(&format!("{name}: ")) {
+                    e.message = format!("in `{name}`: {}", e.message);
+                }
                 e.span = Some(call_span);
             }
             e

@@ -192,9 +192,14 @@ impl Lowerer<'_> {
                 }
                 other => return Err(err!(Name, "cannot negate {}", other.kind()).at(span)),
             },
-            ExprKind::Binary(op, a, b) => {
-                let a = self.expr(a, frame)?;
-                let b = self.expr(b, frame)?;
+            ExprKind::Binary(op, ea, eb) => {
+                let a = self.expr(ea, frame)?;
+                let b = self.expr(eb, frame)?;
+                if let (BinOp::Div, Value::Int(x), Value::Int(y)) = (op, &a, &b) {
+                    if x.checked_rem(*y).is_some_and(|r| r != 0) {
+                        return Err(inexact(ea, eb, *x, *y).at(span));
+                    }
+                }
                 self.binary(*op, a, b, span)?
             }
             ExprKind::Param(decl) => Value::Tensor(self.param(decl, frame)?),
@@ -270,5 +275,22 @@ impl Lowerer<'_> {
             Value::Int(_) | Value::Float(_) => Ok(self.g.constant(f32_at(num(v), span)?)),
             other => Err(err!(Name, "expected a tensor, got {}", other.kind()).at(span)),
         }
+    }
+}
+
+/// The error of an inexact division, naming the values divided when they are names: "`D /
+/// heads` is `8 / 3`, not a whole number" (inside a standard-library block the position is the
+/// caller's, so the names are what points at the argument).
+fn inexact(a: &Expr, b: &Expr, x: i64, y: i64) -> crate::error::Error {
+    let text = |e: &Expr| match &e.kind {
+        ExprKind::Name(n) => Some(n.clone()),
+        ExprKind::Int(v) => Some(v.to_string()),
+        _ => None,
+    };
+    match (text(a), text(b)) {
+        (Some(ta), Some(tb)) if format!("{ta} / {tb}") != format!("{x} / {y}") => {
+            err!(Name, "`{ta} / {tb}` is `{x} / {y}`, not a whole number")
+        }
+        _ => err!(Name, "`{x} / {y}` is not a whole number"),
     }
 }

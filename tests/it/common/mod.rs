@@ -3,6 +3,7 @@
 //! by the gradient checks (CPU, f64) and by the GPU-vs-CPU comparison.
 #![allow(dead_code)]
 
+pub mod conv;
 pub mod gpu;
 pub mod script;
 
@@ -174,6 +175,7 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("mse", &[(&[3, 2], Any), (&[3, 2], Any)], |g, x| g.mse(x[0], x[1])));
     cs.push(case("dropout", &[(&[4, 5], Any)], |g, x| g.dropout(x[0], 0.3, 7)));
     cs.push(case("dropout size-1", &[(&[1, 1, 3], Any)], |g, x| g.dropout(x[0], 0.5, 1)));
+    cs.extend(conv::cases());
     cs.extend(zero_size_cases());
     cs.extend(degenerate_cases());
     cs
