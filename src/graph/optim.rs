@@ -19,6 +19,8 @@
 //! rather than the device raising β to the power t in f32 (which drifts by up to 3e-5 a step).
 
 use super::ir::{Graph, Init, NodeId, Update};
+use super::param_groups;
+pub use super::param_groups::ParamGroup;
 use crate::err;
 use crate::error::Result;
 use crate::num::show;
@@ -95,6 +97,15 @@ impl Optimizer {
         }
     }
 
+    /// The weight decay the optimizer applies to parameters no group claims.
+    pub fn weight_decay(&self) -> f64 {
+        match *self {
+            Optimizer::Sgd { weight_decay, .. }
+            | Optimizer::Adam { weight_decay, .. }
+            | Optimizer::AdamW { weight_decay, .. } => weight_decay,
+        }
+    }
+
     fn check(&self) -> Result<()> {
         let (b1, b2, eps, wd) = match *self {
             Optimizer::Sgd { momentum, weight_decay } => {
@@ -135,13 +146,23 @@ impl Optimizer {
     }
 }
 
-/// An optimizer with optional clipping of the global gradient norm.
+/// An optimizer with optional clipping of the global gradient norm and parameter groups.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimConfig {
     /// The update rule.
     pub optimizer: Optimizer,
     /// Scale all gradients by min(1, clip / ‖g‖) where ‖g‖ is the norm over every gradient.
     pub clip_norm: Option<f32>,
+    /// Weight decay and learning-rate scale by parameter name; the first group that matches a
+    /// parameter gives its hyperparameters, the optimizer's apply to the rest.
+    pub groups: Vec<ParamGroup>,
+}
+
+impl OptimConfig {
+    /// `optimizer` alone: no clipping, no parameter groups.
+    pub fn new(optimizer: Optimizer) -> OptimConfig {
+        OptimConfig { optimizer, clip_norm: None, groups: Vec::new() }
+    }
 }
 
 /// Nodes the host needs to drive the optimizer.
@@ -210,24 +231,34 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             )),
         })
         .collect::<Result<Vec<String>>>()?;
+    let groups = param_groups::assign(cfg.optimizer.name(), &cfg.groups, &names)?;
     g.set_span(crate::error::Span::NONE);
     if params.is_empty() {
         return Ok(OptimNodes { lr, step, grad_norm: None, bias_corrections: None });
     }
-    // Every parameter, gradient and moment joined into one flat arena per kind (or a few, for
-    // a large model), at the same offsets: the update is one elementwise computation over each.
-    let mut chunks: Vec<(Arena, Vec<usize>, NodeId, NodeId)> = Vec::new();
-    for members in Arena::chunks(g, params.iter().map(|&(p, _)| p)) {
-        let arena = Arena::new(g, members.iter().map(|&i| params[i].0));
-        let p = arena.join(g, &members.iter().map(|&i| params[i].0).collect::<Vec<_>>())?;
-        let d = arena.join(g, &members.iter().map(|&i| params[i].1).collect::<Vec<_>>())?;
-        chunks.push((arena, members, p, d));
+    // Every parameter, gradient and moment joined into one flat arena per kind and parameter
+    // group (or a few, for a large model), at the same offsets: the update is one elementwise
+    // computation over each, with the group's hyperparameters as constants.
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for (group, members) in by_group(&groups) {
+        let (wd, scale) = match group.map(|i| &cfg.groups[i]) {
+            Some(pg) => (pg.weight_decay.unwrap_or(cfg.optimizer.weight_decay()), pg.lr_scale),
+            None => (cfg.optimizer.weight_decay(), 1.0),
+        };
+        let lr = if scale == 1.0 { lr } else { g.scale(lr, scale as f32)? };
+        for run in Arena::chunks(g, members.iter().map(|&i| params[i].0)) {
+            let members: Vec<usize> = run.into_iter().map(|j| members[j]).collect();
+            let arena = Arena::new(g, members.iter().map(|&i| params[i].0));
+            let p = arena.join(g, &members.iter().map(|&i| params[i].0).collect::<Vec<_>>())?;
+            let d = arena.join(g, &members.iter().map(|&i| params[i].1).collect::<Vec<_>>())?;
+            chunks.push(Chunk { arena, members, p, d, wd, lr });
+        }
     }
     let mut grad_norm = None;
     if let Some(clip) = cfg.clip_norm {
         let mut total = None;
-        for &(_, _, _, d) in &chunks {
-            let sq = g.square(d)?;
+        for chunk in &chunks {
+            let sq = g.square(chunk.d)?;
             let s = g.sum_all(sq)?;
             total = Some(match total {
                 Some(acc) => g.add(acc, s)?,
@@ -242,7 +273,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         let ratio = g.div(c, denom)?;
         let scale = g.minimum(ratio, one)?;
         for chunk in &mut chunks {
-            chunk.3 = g.mul(chunk.3, scale)?;
+            chunk.d = g.mul(chunk.d, scale)?;
         }
         grad_norm = Some(norm);
     }
@@ -256,7 +287,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         }
         Optimizer::Sgd { .. } => None,
     };
-    for (arena, members, p, d) in &chunks {
+    for Chunk { arena, members, p, d, wd, lr } in &chunks {
         let targets: Vec<NodeId> = members.iter().map(|&i| params[i].0).collect();
         // One state per parameter (checkpoints name them), joined into an arena of its own.
         let moment = |g: &mut Graph, prefix: &str| -> Result<(Vec<NodeId>, NodeId)> {
@@ -270,27 +301,59 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             let joined = arena.join(g, &states)?;
             Ok((states, joined))
         };
-        let new_p = update_rule(g, cfg, *p, *d, lr, one, bias_corrections, arena, moment)?;
+        let hyper = Hyper { wd: *wd, lr: *lr, one, bias_corrections };
+        let new_p = update_rule(g, cfg, *p, *d, &hyper, arena, moment)?;
         arena.update(g, &targets, new_p)?;
     }
     Ok(OptimNodes { lr, step, grad_norm, bias_corrections })
 }
 
+/// One flat arena of parameters of one group: the layout, the parameters' indices, the joined
+/// parameters and gradients, and the group's weight decay and learning rate.
+struct Chunk {
+    arena: Arena,
+    members: Vec<usize>,
+    p: NodeId,
+    d: NodeId,
+    wd: f64,
+    lr: NodeId,
+}
+
+/// The parameters' indices by group (`None`: no group), the groups in the order their first
+/// parameter comes.
+fn by_group(groups: &[Option<usize>]) -> Vec<(Option<usize>, Vec<usize>)> {
+    let mut out: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
+    for (i, &group) in groups.iter().enumerate() {
+        match out.iter_mut().find(|(k, _)| *k == group) {
+            Some((_, members)) => members.push(i),
+            None => out.push((group, vec![i])),
+        }
+    }
+    out
+}
+
+/// What an arena's update reads besides its values: the group's weight decay and learning
+/// rate, the constant 1, and Adam's bias corrections.
+struct Hyper {
+    wd: f64,
+    lr: NodeId,
+    one: NodeId,
+    bias_corrections: Option<BiasCorrections>,
+}
+
 /// The new flat parameters `p` given their flat gradient `d`, recording the moments' updates.
-#[allow(clippy::too_many_arguments)]
 fn update_rule(
     g: &mut Graph,
     cfg: &OptimConfig,
     p: NodeId,
     d: NodeId,
-    lr: NodeId,
-    one: NodeId,
-    bias_corrections: Option<BiasCorrections>,
+    h: &Hyper,
     arena: &Arena,
     moment: impl Fn(&mut Graph, &str) -> Result<(Vec<NodeId>, NodeId)>,
 ) -> Result<NodeId> {
+    let (lr, one, weight_decay) = (h.lr, h.one, h.wd);
     Ok(match cfg.optimizer {
-        Optimizer::Sgd { momentum, weight_decay } => {
+        Optimizer::Sgd { momentum, .. } => {
             let d = add_l2(g, d, p, weight_decay)?;
             let dir = if momentum > 0.0 {
                 let (bufs, buf) = moment(g, "momentum")?;
@@ -304,8 +367,7 @@ fn update_rule(
             let step_size = g.mul(dir, lr)?;
             g.sub(p, step_size)?
         }
-        Optimizer::Adam { beta1, beta2, eps, weight_decay }
-        | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+        Optimizer::Adam { beta1, beta2, eps, .. } | Optimizer::AdamW { beta1, beta2, eps, .. } => {
             let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
             let d = if decoupled { d } else { add_l2(g, d, p, weight_decay)? };
             let (ms, m) = moment(g, "m")?;
@@ -315,7 +377,7 @@ fn update_rule(
             let new_v = ema(g, v, d2, beta2)?;
             arena.update(g, &ms, new_m)?;
             arena.update(g, &vs, new_v)?;
-            let [bc1, bc2_sqrt] = bias_corrections.map_or([one; 2], |bc| bc.inputs);
+            let [bc1, bc2_sqrt] = h.bias_corrections.map_or([one; 2], |bc| bc.inputs);
             // PyTorch: denom = √v / √(1 − β₂ᵗ) + eps; step = m / (1 − β₁ᵗ) / denom.
             let m_hat = g.div(new_m, bc1)?;
             let root = g.sqrt(new_v)?;

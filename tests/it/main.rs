@@ -26,6 +26,7 @@ mod gpu_vs_cpu;
 mod gradcheck;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod param_groups;
 mod plan;
 mod repl;
 mod script_api;
