@@ -6,7 +6,9 @@
 //! the inputs, encodes every dispatch into one compute pass, copies updated persistent values
 //! into place, and reads back the values asked for with the plan's status in the same
 //! submission. A failed check (an index or label out of range) comes back as the error the CPU
-//! reference gives, and the step's updates are not applied.
+//! reference gives, and the step's updates are not applied. A micro-batch run of gradient
+//! accumulation encodes only the dispatches of the plan's [`crate::plan::MicroBatch`] kernels
+//! and applies only its updates.
 
 use super::device::{Dispatch, Gpu, STORAGE};
 use super::launch::{Launcher, Range, Resources};
@@ -39,6 +41,9 @@ pub struct GpuPlan {
     /// The status buffer checking kernels report into (see `codegen::wgsl`), when the plan
     /// has checking kernels, and its length in words.
     status: Option<(wgpu::Buffer, usize)>,
+    /// A micro-batch run's dispatches (indices into `dispatches`: its kernels', then its
+    /// updates' commits) and copies (indices into `copies`), when the plan has one.
+    micro: Option<(Vec<usize>, Vec<usize>)>,
 }
 
 /// Shape and dtype of a node, for host tensors read back.
@@ -122,6 +127,7 @@ impl GpuPlan {
         for p in programs.all() {
             dispatches.push(launcher.prepare(gpu, p, &res)?);
         }
+        let micro = programs.micro_batch(&plan);
         Ok(GpuPlan {
             plan,
             dispatches,
@@ -130,6 +136,7 @@ impl GpuPlan {
             scratch_bytes: programs.scratch_bytes(),
             copies: programs.copies,
             status,
+            micro,
             buffers,
         })
     }
@@ -160,6 +167,49 @@ impl GpuPlan {
         read: &[NodeId],
         poison: bool,
     ) -> Result<Vec<Tensor>> {
+        self.run(gpu, g, feeds, step, read, poison, false)
+    }
+
+    /// [`GpuPlan::step`] as a micro-batch run of gradient accumulation: only the plan's
+    /// micro-batch kernels and updates. An error when the plan has no micro-batch run.
+    pub fn micro_batch(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        feeds: &[(NodeId, &Tensor)],
+        step: u64,
+        read: &[NodeId],
+        poison: bool,
+    ) -> Result<Vec<Tensor>> {
+        self.run(gpu, g, feeds, step, read, poison, true)
+    }
+
+    /// The dispatches of a micro-batch run, when the plan has one.
+    pub fn n_micro_dispatches(&self) -> Option<usize> {
+        self.micro.as_ref().map(|(d, _)| d.len())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        feeds: &[(NodeId, &Tensor)],
+        step: u64,
+        read: &[NodeId],
+        poison: bool,
+        micro: bool,
+    ) -> Result<Vec<Tensor>> {
+        let (all, copies): (Vec<&Dispatch>, Vec<_>) = match (micro, &self.micro) {
+            (false, _) => (self.dispatches.iter().collect(), self.copies.iter().collect()),
+            (true, Some((d, c))) => (
+                d.iter().map(|&i| &self.dispatches[i]).collect(),
+                c.iter().map(|&i| &self.copies[i]).collect(),
+            ),
+            (true, None) => {
+                return Err(err!(Invariant, "a micro-batch run of a plan that accumulates nothing"))
+            }
+        };
         for (id, t) in feeds {
             let want = g.shape(*id);
             if t.shape() != want || t.dtype() != g.dtype(*id) {
@@ -193,9 +243,8 @@ impl GpuPlan {
             gpu.write(status, 0, bytemuck::cast_slice(&words))?;
         }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let all: Vec<&Dispatch> = self.dispatches.iter().collect();
         gpu.encode(&mut enc, &all);
-        for &(from, to, bytes) in &self.copies {
+        for &&(from, to, bytes) in &copies {
             let ((src, src_at, _), (dst, dst_at, _)) = (&self.buffers[from], &self.buffers[to]);
             enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, bytes);
         }

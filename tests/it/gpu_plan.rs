@@ -330,6 +330,7 @@ fn a_gpt_over_one_token_matches_the_cpu_reference() {
                 },
                 clip_norm: Some(0.5),
                 groups: Vec::new(),
+                accumulate: 1,
             },
         )
         .unwrap();

@@ -8,6 +8,7 @@ mod common;
 #[path = "../../examples/fuzz/harness/mod.rs"]
 mod harness;
 
+mod accumulate;
 mod attention_gpt;
 mod checkpoint;
 mod codegen_valid;

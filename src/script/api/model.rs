@@ -12,7 +12,7 @@ use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
 
 use crate::error::Result;
-use crate::graph::optim::is_host_input;
+use crate::graph::optim::{is_host_input, MAX_ACCUMULATE};
 use crate::graph::{Graph, Op, OptimConfig, Optimizer, ParamGroup};
 use crate::session::{
     CompileConfig, Device, Dims, LoadReport, Loss, MatmulPrecision, Model, Schedule, Trainer,
@@ -272,7 +272,12 @@ fn train_step(
     let lr = tr.current_lr();
     let loss = tr.train_step(&feeds).script()?;
     ctx.last_step.set(tr.step());
-    ctx.emit(Event::Step { step: tr.step(), loss, lr, epoch: ctx.epoch.get() });
+    // Progress and metrics count updates: with gradient accumulation, the mean loss of the
+    // update's micro-batches once it is applied.
+    if tr.micro_batch() == 0 {
+        let loss = tr.update_loss();
+        ctx.emit(Event::Step { step: tr.step(), loss, lr, epoch: ctx.epoch.get() });
+    }
     Ok(loss as FLOAT)
 }
 
@@ -305,11 +310,12 @@ pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
 /// Load a checkpoint written by [`save`] (or parameters only, from elsewhere); see
 /// [`Trainer::load_checkpoint`] for what `strict` requires. Errors start with the path.
 pub fn load(t: &mut Trainer, path: &std::path::Path, strict: bool) -> Result<LoadReport> {
+    let at_path =
+        |e: crate::Error| crate::Error::new(e.kind, format!("{}: {}", path.display(), e.message));
+    t.check_between_updates("load").map_err(at_path)?; // before reading the file
     let mut held = t.budget().empty();
     let ckpt = checkpoint::load(path, &mut held)?;
     let values: Vec<(&str, &Tensor)> = ckpt.tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    let at_path =
-        |e: crate::Error| crate::Error::new(e.kind, format!("{}: {}", path.display(), e.message));
     t.load_checkpoint(&values, strict).map_err(at_path)
 }
 
@@ -323,6 +329,7 @@ const COMPILE_KEYS: &[&str] = &[
     "lr",
     "schedule",
     "clip",
+    "accumulate",
     "device",
     "seed",
     "matmul_precision",
@@ -371,6 +378,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let lr = o.f32("lr")?.or(opt_lr).unwrap_or(1e-3);
     let schedule = schedule(o.get("schedule"))?;
     let clip_norm = o.f32("clip")?;
+    let accumulate = o.int("accumulate", 1, MAX_ACCUMULATE as i64)?.unwrap_or(1);
     let device = device(&o.string("device")?.unwrap_or_else(|| ctx.device.borrow().clone()))?;
     let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.get());
     let matmul_precision = match o.string("matmul_precision")? {
@@ -383,7 +391,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let cfg = CompileConfig {
         dims,
         loss: loss.clone(),
-        optimizer: OptimConfig { optimizer, clip_norm, groups },
+        optimizer: OptimConfig { optimizer, clip_norm, groups, accumulate },
         lr,
         schedule,
         device,
