@@ -60,6 +60,17 @@ pub trait Backend {
         want: &[NodeId],
         opts: RunOptions,
     ) -> Result<Vec<Tensor>>;
+    /// A micro-batch run of gradient accumulation (training mode, dropout drawn for step
+    /// `step`): evaluate `want` and what the updates marked [`Update::every_micro_batch`] need
+    /// (forward, backward, the accumulators), apply those updates and no others.
+    ///
+    /// [`Update::every_micro_batch`]: crate::graph::Update::every_micro_batch
+    fn run_micro_batch(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        step: u64,
+    ) -> Result<Vec<Tensor>>;
     /// Current value of a parameter or state node.
     fn read(&self, id: NodeId) -> Result<Tensor>;
     /// Overwrite a parameter or state node.

@@ -89,7 +89,8 @@ impl Placed {
         Ok(Placed { backend, _held: held, per_run })
     }
 
-    /// Run, with the run's own bytes charged to `budget` while it lasts.
+    /// Run, with the run's own bytes charged to `budget` while it lasts; a micro-batch run of
+    /// gradient accumulation when `micro` (`opts.step` draws its dropout masks).
     fn run(
         &mut self,
         budget: &Budget,
@@ -97,9 +98,13 @@ impl Placed {
         feeds: &[(NodeId, &Tensor)],
         want: &[NodeId],
         opts: RunOptions,
+        micro: bool,
     ) -> Result<Vec<Tensor>> {
         let _run = budget.charge(self.per_run, what)?;
-        self.backend.run(feeds, want, opts)
+        match micro {
+            true => self.backend.run_micro_batch(feeds, want, opts.step),
+            false => self.backend.run(feeds, want, opts),
+        }
     }
 }
 
@@ -254,6 +259,9 @@ impl Model {
             placed,
             evals: BTreeMap::new(),
             step: 0,
+            micro: 0,
+            micro_losses: 0.0,
+            update_loss: f32::NAN,
             generation: 0,
         };
         trainer.broadcast_state()?;
@@ -375,16 +383,59 @@ pub struct Trainer {
     placed: Placed,
     /// Forward graphs at other dimensions, with the generation their parameters were copied at.
     evals: BTreeMap<Vec<(String, usize)>, EvalGraph>,
+    /// Updates applied so far.
     step: u64,
+    /// Gradient accumulation: micro-batches accumulated toward the next update, and the sum
+    /// of their losses.
+    micro: usize,
+    micro_losses: f64,
+    /// The mean loss of the micro-batches of the last update (its loss without accumulation).
+    update_loss: f32,
     /// Counts writes to the persistent values (training steps, loads, `set_param`), so that
     /// evaluation copies know when they are stale.
     generation: u64,
 }
 
 impl Trainer {
-    /// Steps taken so far.
+    /// Optimizer updates applied so far (with gradient accumulation, one per `accumulate`
+    /// training steps).
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// Micro-batches per update (1 without gradient accumulation).
+    pub fn accumulate(&self) -> usize {
+        self.train.optim.accumulation.as_ref().map_or(1, |a| a.micro_batches)
+    }
+
+    /// Micro-batches accumulated toward the next update (0 right after an update).
+    pub fn micro_batch(&self) -> usize {
+        self.micro
+    }
+
+    /// The loss of the last update: the mean loss of its micro-batches (NaN before the first).
+    pub fn update_loss(&self) -> f32 {
+        self.update_loss
+    }
+
+    /// An error when micro-batches are accumulated toward the next update: a checkpoint
+    /// holds what an update leaves, not a partial sum of gradients.
+    pub fn check_between_updates(&self, what: &str) -> Result<()> {
+        if self.micro == 0 {
+            return Ok(());
+        }
+        let k = self.accumulate();
+        Err(err!(
+            InvalidArgument,
+            "cannot {what} with {} of {k} micro-batches of the next update accumulated (a checkpoint holds no partial sums of gradients); {what} after a multiple of {k} train_step calls",
+            self.micro
+        ))
+    }
+
+    /// Whether a persistent value belongs in a checkpoint (not a gradient accumulator).
+    fn checkpointed(&self, id: NodeId) -> bool {
+        let acc = self.train.optim.accumulation.as_ref();
+        !acc.is_some_and(|a| a.accumulators.contains(&id))
     }
 
     /// `cpu`, or a description of the GPU adapter the model runs on.
@@ -433,18 +484,34 @@ impl Trainer {
         Ok(())
     }
 
-    /// One training step: feeds the named inputs (and `target`), returns the loss.
+    /// One training step: feeds the named inputs (and `target`), returns the loss. With
+    /// gradient accumulation each step is a micro-batch: its gradients are added to the
+    /// accumulators, and every `accumulate`-th step also applies the update (the step count,
+    /// the learning rate and its schedule count updates).
     pub fn train_step(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
         let g = &self.train.graph;
         let mut feeds = resolve_feeds(g, inputs)?;
-        let host = self.train.optim.host_feeds(self.current_lr(), self.step);
+        let mut host = self.train.optim.host_feeds(self.current_lr(), self.step);
+        host.extend(self.train.optim.micro_batch_feed(self.micro));
         feeds.extend(host.iter().map(|(id, t)| (*id, t)));
-        let opts = RunOptions { training: true, step: self.step };
+        let k = self.accumulate();
+        // Dropout draws a fresh mask for every micro-batch (the step alone without accumulation).
+        let mask_step = self.step.wrapping_mul(k as u64).wrapping_add(self.micro as u64);
+        let opts = RunOptions { training: true, step: mask_step };
+        let update = self.micro + 1 == k;
         let what = format!("a training step of model `{}`", self.model.name);
-        let out = self.placed.run(&self.cfg.budget, &what, &feeds, &[self.train.loss], opts)?;
-        self.step += 1;
-        self.generation += 1;
+        let want = [self.train.loss];
+        let out = self.placed.run(&self.cfg.budget, &what, &feeds, &want, opts, !update)?;
         let loss = out[0].as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
+        self.micro_losses += f64::from(loss);
+        if update {
+            self.update_loss = (self.micro_losses / k as f64) as f32;
+            (self.micro, self.micro_losses) = (0, 0.0);
+            self.step += 1;
+            self.generation += 1;
+        } else {
+            self.micro += 1;
+        }
         Ok(loss)
     }
 
@@ -502,7 +569,7 @@ impl Trainer {
         let feeds = resolve_feeds(&e.graph, inputs)?;
         let want: Vec<NodeId> = e.graph.outputs.iter().map(|&(_, id)| id).collect();
         let opts = RunOptions { training: false, step: self.step };
-        let out = e.placed.run(&self.cfg.budget, &what, &feeds, &want, opts)?;
+        let out = e.placed.run(&self.cfg.budget, &what, &feeds, &want, opts, false)?;
         Ok(e.graph.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
     }
 
@@ -527,10 +594,13 @@ impl Trainer {
     }
 
     /// Every persistent value (parameters, optimizer state, step count) by name: what a
-    /// checkpoint holds.
+    /// checkpoint holds. An error between the micro-batches of an update (gradient
+    /// accumulation), whose partial sums a checkpoint does not hold.
     pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.check_between_updates("save")?;
         let g = &self.train.graph;
         g.nodes()
+            .filter(|&(id, _)| self.checkpointed(id))
             .filter_map(|(id, n)| match &n.op {
                 Op::Parameter { name, .. } | Op::State { name, .. } => Some((id, name.clone())),
                 _ => None,
@@ -582,18 +652,25 @@ impl Trainer {
     /// model's state (running statistics) must be there, the optimizer state entirely or not at all, and nothing else (like PyTorch's
     /// `strict=True`). Not strict: what matches is loaded and the rest is reported. A tensor
     /// whose shape differs is an error either way, and nothing is written when there is one.
+    /// An error between the micro-batches of an update (gradient accumulation).
     pub fn load_checkpoint(
         &mut self,
         tensors: &[(&str, &Tensor)],
         strict: bool,
     ) -> Result<LoadReport> {
+        self.check_between_updates("load")?;
         let g = &self.train.graph;
         let has = |name: &str| tensors.iter().any(|(n, _)| *n == name);
+        let known = |name: &str| g.persistent_named(name).filter(|&id| self.checkpointed(id));
         // The model's own state (batch norm's running statistics) is needed like its
-        // parameters; the optimizer's (made after `update_start`) entirely or not at all.
+        // parameters; the optimizer's (made after `update_start`) entirely or not at all;
+        // gradient accumulators not at all (never checkpointed).
         let (mut model_states, mut states) = (Vec::new(), Vec::new());
         for (id, n) in g.nodes() {
             if let Op::State { name, .. } = &n.op {
+                if !self.checkpointed(id) {
+                    continue;
+                }
                 let forward = id.index() < self.train.update_start;
                 if forward { &mut model_states } else { &mut states }.push(name.as_str());
             }
@@ -607,7 +684,7 @@ impl Trainer {
             .collect();
         let unexpected: Vec<String> = tensors
             .iter()
-            .filter(|(n, _)| g.persistent_named(n).is_none())
+            .filter(|(n, _)| known(n).is_none())
             .map(|(n, _)| n.to_string())
             .collect();
         if strict && !(missing.is_empty() && unexpected.is_empty()) {
@@ -625,7 +702,7 @@ impl Trainer {
             ));
         }
         let known: Vec<(&str, &Tensor)> =
-            tensors.iter().copied().filter(|(n, _)| g.persistent_named(n).is_some()).collect();
+            tensors.iter().copied().filter(|(n, _)| known(n).is_some()).collect();
         self.load_state(&known)?;
         self.broadcast_state()?;
         Ok(LoadReport { missing, unexpected })

@@ -66,7 +66,7 @@ pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
     }
     let mut g = dsl::lower(&module, &name, &bindings, None).map_err(|e| e.in_source(&src))?;
     let loss = cross_entropy_on_first_output(&mut g)?;
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: None };
+    let cfg = OptimConfig::new(Optimizer::adamw());
     training_graph(g, loss, &cfg)
 }
 

@@ -61,13 +61,14 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
         let (programs, matmul) = kernel(g, plan, k, target)?;
         out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs, matmul });
     }
-    for &(dst, value) in &plan.updates {
+    for (u, &(dst, value)) in plan.updates.iter().enumerate() {
         let (Some(t), Some(v)) = (plan.value_of(dst), plan.value_of(value)) else {
             return Err(err!(Invariant, "update of node {} has no buffer", dst.index()));
         };
         if t.buffer == v.buffer {
             continue; // written in place
         }
+        out.applies.push(u);
         if out.status_words > 0 {
             out.commits.push(wgsl::commit_copy(v.buffer, t.buffer, (t.bytes / 4) as usize));
         } else {

@@ -219,6 +219,9 @@ pub struct PlanPrograms {
     /// Without a status buffer: updates copied after the compute pass, as
     /// (from buffer, to buffer, bytes).
     pub copies: Vec<(usize, usize, u64)>,
+    /// For each commit (with a status buffer) or copy (without), the index in the plan's
+    /// updates of the update it applies.
+    pub applies: Vec<usize>,
     /// Words of the status buffer (0: the plan has no checking kernel and no status buffer).
     pub status_words: usize,
     /// Words of each scratch slot: the largest any program binds.
@@ -240,6 +243,24 @@ pub struct KernelPrograms {
 }
 
 impl PlanPrograms {
+    /// What a micro-batch run of gradient accumulation executes, when the plan has one: the
+    /// indices (in [`PlanPrograms::all`]'s order) of the programs of its kernels and of its
+    /// updates' commits, and the indices of its updates' copies.
+    pub fn micro_batch(&self, plan: &crate::plan::Plan) -> Option<(Vec<usize>, Vec<usize>)> {
+        let m = plan.micro.as_ref()?;
+        let mut starts = Vec::with_capacity(self.kernels.len());
+        let mut at = 0;
+        for k in &self.kernels {
+            starts.push(at..at + k.programs.len());
+            at += k.programs.len();
+        }
+        let mut runs: Vec<usize> =
+            m.kernels.iter().filter_map(|&k| starts.get(k).cloned()).flatten().collect();
+        let applied = |i: &usize| self.applies.get(*i).is_some_and(|u| m.updates.contains(u));
+        runs.extend((0..self.commits.len()).filter(applied).map(|c| at + c));
+        Some((runs, (0..self.copies.len()).filter(applied).collect()))
+    }
+
     /// Every program in execution order: the kernels', then the commits.
     pub fn all(&self) -> impl Iterator<Item = &Program> {
         self.kernels.iter().flat_map(|k| &k.programs).chain(&self.commits)

@@ -1,5 +1,6 @@
 //! The CPU reference interpreter as a [`Backend`]: host tensors in and out of the
-//! [`Executor`], a second graph without updates for evaluation runs, and data-parallel
+//! [`Executor`], a second graph without updates for evaluation runs and a third with only the
+//! micro-batch updates for gradient accumulation's micro-batch runs, and data-parallel
 //! training's [`GradSync`] as the executor's host step between backward and update.
 
 use super::{Buf, Executor, HostStep};
@@ -14,6 +15,9 @@ pub struct CpuBackend {
     graph: Graph,
     /// The same graph without its updates, for evaluation runs.
     eval_graph: Graph,
+    /// The same graph with only the updates every micro-batch applies (the executor then
+    /// evaluates only what they and the wanted values need).
+    micro_graph: Graph,
     exec: Executor<f32>,
     /// The average across ranks inside each training run (data-parallel training).
     sync: Option<GradSync>,
@@ -24,7 +28,9 @@ impl CpuBackend {
         let exec = Executor::new(&graph, seed)?;
         let mut eval_graph = graph.clone();
         eval_graph.updates.clear();
-        Ok(CpuBackend { graph, eval_graph, exec, sync: None })
+        let mut micro_graph = graph.clone();
+        micro_graph.updates.retain(|u| u.every_micro_batch);
+        Ok(CpuBackend { graph, eval_graph, micro_graph, exec, sync: None })
     }
 
     /// Average `sync.values` across ranks inside every training run.
@@ -48,6 +54,34 @@ fn from_buf(shape: &[usize], b: Buf<f32>) -> Result<Tensor> {
     }
 }
 
+impl CpuBackend {
+    /// A run of the training graph (`opts.training`), its micro-batch updates only (`micro`),
+    /// or the evaluation graph.
+    fn run_graph(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        opts: RunOptions,
+        micro: bool,
+    ) -> Result<Vec<Tensor>> {
+        let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
+        let g = match (opts.training, micro) {
+            (true, true) => &self.micro_graph,
+            (true, false) => &self.graph,
+            (false, _) => &self.eval_graph,
+        };
+        let mut average = |d: &mut [f32]| self.sync.as_ref().map_or(Ok(()), |s| s.comm.all_reduce_mean(d));
+        let host_step = match &self.sync {
+            Some(s) if opts.training => {
+                Some(HostStep { before: s.before, values: &s.values, step: &mut average })
+            }
+            _ => None,
+        };
+        let out = self.exec.run_with(g, &bufs, want, opts, host_step)?;
+        want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
+    }
+}
+
 impl Backend for CpuBackend {
     fn device_name(&self) -> String {
         "cpu".to_string()
@@ -59,17 +93,16 @@ impl Backend for CpuBackend {
         want: &[NodeId],
         opts: RunOptions,
     ) -> Result<Vec<Tensor>> {
-        let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
-        let g = if opts.training { &self.graph } else { &self.eval_graph };
-        let mut average = |d: &mut [f32]| self.sync.as_ref().map_or(Ok(()), |s| s.comm.all_reduce_mean(d));
-        let host_step = match &self.sync {
-            Some(s) if opts.training => {
-                Some(HostStep { before: s.before, values: &s.values, step: &mut average })
-            }
-            _ => None,
-        };
-        let out = self.exec.run_with(g, &bufs, want, opts, host_step)?;
-        want.iter().zip(out).map(|(&id, b)| from_buf(self.graph.shape(id), b)).collect()
+        self.run_graph(feeds, want, opts, false)
+    }
+
+    fn run_micro_batch(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        step: u64,
+    ) -> Result<Vec<Tensor>> {
+        self.run_graph(feeds, want, RunOptions { training: true, step }, true)
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
@@ -88,6 +121,12 @@ impl Backend for CpuBackend {
 
     fn plan_report(&self) -> String {
         let n = self.graph.n_nodes();
-        format!("device cpu (reference interpreter): {n} ops, evaluated one by one, no fusion")
+        let mut s =
+            format!("device cpu (reference interpreter): {n} ops, evaluated one by one, no fusion");
+        if self.micro_graph.updates.len() < self.graph.updates.len() {
+            // Gradient accumulation: a micro-batch run stops before the optimizer.
+            s.push_str("; a micro-batch that only accumulates gradients evaluates what its accumulators need and skips the optimizer");
+        }
+        s
     }
 }

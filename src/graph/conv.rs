@@ -399,13 +399,14 @@ impl Graph {
         let (w, b) = (self.reshape(weight, &kept)?, self.reshape(bias, &kept)?);
         let y = self.mul(xhat, w)?;
         let y = self.add(y, b)?;
-        // The running statistics' updates, applied after each training step.
+        // The running statistics' updates, applied after each training step (with gradient
+        // accumulation, after each optimizer update: from its last micro-batch).
         let unbias = count as f32 / (count.max(2) - 1) as f32;
         for (stat, target, scale) in [(mean, running[0], 1.0), (var, running[1], unbias)] {
             let old = self.scale(target, 1.0 - opts.momentum)?;
             let new = self.scale(stat, opts.momentum * scale)?;
             let value = self.add(old, new)?;
-            self.updates.push(Update { target, value });
+            self.updates.push(Update::new(target, value));
         }
         Ok(y)
     }

@@ -276,6 +276,17 @@ pub struct Update {
     pub target: NodeId,
     /// The node whose value it takes.
     pub value: NodeId,
+    /// Applied by a micro-batch run too: a training run of gradient accumulation that only
+    /// adds the micro-batch's gradients to the accumulator (the accumulator's own update).
+    /// Updates without it (the optimizer's) are applied only by full training runs.
+    pub every_micro_batch: bool,
+}
+
+impl Update {
+    /// `target` takes `value` at every full training run (not at micro-batch runs).
+    pub fn new(target: NodeId, value: NodeId) -> Update {
+        Update { target, value, every_micro_batch: false }
+    }
 }
 
 /// A static dataflow graph. Build it with the methods in `graph::build`.
@@ -284,7 +295,8 @@ pub struct Graph {
     pub(crate) nodes: Vec<Node>,
     /// Named values the host can read after a step.
     pub outputs: Vec<(String, NodeId)>,
-    /// Write-backs applied after a step, in order.
+    /// Write-backs applied after a step, in order (at a micro-batch run, only those marked
+    /// [`Update::every_micro_batch`]).
     pub updates: Vec<Update>,
     /// Span given to nodes created from now on (see [`Graph::set_span`]).
     pub(crate) span: Span,

@@ -10,12 +10,13 @@ pub mod float;
 pub mod init;
 pub mod ir;
 pub mod optim;
+pub mod param_groups;
 pub mod shape;
 pub mod train;
 pub mod verify;
 
 pub use conv::{BatchNorm, Conv2d, Window};
 pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, OpClass, ReduceOp, UnaryOp, Update};
-pub use optim::{OptimConfig, Optimizer};
+pub use optim::{OptimConfig, Optimizer, ParamGroup};
 pub use train::{training_graph, TrainGraph};
 pub use verify::verify;

@@ -19,6 +19,8 @@
 //! rather than the device raising β to the power t in f32 (which drifts by up to 3e-5 a step).
 
 use super::ir::{Graph, Init, NodeId, Update};
+use super::param_groups;
+pub use super::param_groups::ParamGroup;
 use crate::err;
 use crate::error::Result;
 use crate::num::show;
@@ -30,10 +32,13 @@ pub const LR_INPUT: &str = "optim.lr";
 pub const BIAS_CORRECTION_INPUTS: [&str; 2] =
     ["optim.bias_correction1", "optim.bias_correction2_sqrt"];
 
+/// Name of gradient accumulation's input: 1 at the first micro-batch of an update, else 0.
+pub const FIRST_MICRO_BATCH_INPUT: &str = "optim.first_micro_batch";
+
 /// Whether an input of a training graph is fed by the host's optimizer driver (the learning
-/// rate, the bias corrections) rather than by the user.
+/// rate, the bias corrections, the start of an accumulation) rather than by the user.
 pub fn is_host_input(name: &str) -> bool {
-    name == LR_INPUT || BIAS_CORRECTION_INPUTS.contains(&name)
+    name == LR_INPUT || name == FIRST_MICRO_BATCH_INPUT || BIAS_CORRECTION_INPUTS.contains(&name)
 }
 /// Name of the step-count state (the number of updates applied so far).
 pub const STEP_STATE: &str = "optim.step";
@@ -95,6 +100,15 @@ impl Optimizer {
         }
     }
 
+    /// The weight decay the optimizer applies to parameters no group claims.
+    pub fn weight_decay(&self) -> f64 {
+        match *self {
+            Optimizer::Sgd { weight_decay, .. }
+            | Optimizer::Adam { weight_decay, .. }
+            | Optimizer::AdamW { weight_decay, .. } => weight_decay,
+        }
+    }
+
     fn check(&self) -> Result<()> {
         let (b1, b2, eps, wd) = match *self {
             Optimizer::Sgd { momentum, weight_decay } => {
@@ -135,17 +149,30 @@ impl Optimizer {
     }
 }
 
-/// An optimizer with optional clipping of the global gradient norm.
+/// An optimizer with optional clipping of the global gradient norm and parameter groups.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimConfig {
     /// The update rule.
     pub optimizer: Optimizer,
     /// Scale all gradients by min(1, clip / ‖g‖) where ‖g‖ is the norm over every gradient.
     pub clip_norm: Option<f32>,
+    /// Weight decay and learning-rate scale by parameter name; the first group that matches a
+    /// parameter gives its hyperparameters, the optimizer's apply to the rest.
+    pub groups: Vec<ParamGroup>,
+    /// Micro-batches per update (gradient accumulation; 1: every step updates). The update
+    /// reads the mean of the micro-batches' gradients, clipped as a whole.
+    pub accumulate: usize,
+}
+
+impl OptimConfig {
+    /// `optimizer` alone: no clipping, no parameter groups, no accumulation.
+    pub fn new(optimizer: Optimizer) -> OptimConfig {
+        OptimConfig { optimizer, clip_norm: None, groups: Vec::new(), accumulate: 1 }
+    }
 }
 
 /// Nodes the host needs to drive the optimizer.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct OptimNodes {
     /// Scalar learning-rate input, fed at every step.
     pub lr: NodeId,
@@ -155,6 +182,25 @@ pub struct OptimNodes {
     pub grad_norm: Option<NodeId>,
     /// Adam's bias corrections, fed at every step (Adam and AdamW only).
     pub bias_corrections: Option<BiasCorrections>,
+    /// Gradient accumulation's nodes (with `accumulate` above 1).
+    pub accumulation: Option<Accumulation>,
+}
+
+/// Gradient accumulation inside the training graph. Each gradient arena `d` has an accumulator
+/// state `a` updated at every micro-batch ([`Update::every_micro_batch`]) to
+/// `s = where(first, d, a + d)`: the first micro-batch of an update restarts the sum, so the
+/// accumulator never needs clearing. The optimizer reads `s / k`, so the run that ends an
+/// accumulation (a full training run) updates from the mean gradient of its `k` micro-batches;
+/// the others are micro-batch runs, which evaluate only what the accumulators need.
+#[derive(Clone, Debug)]
+pub struct Accumulation {
+    /// Micro-batches per update (`k`).
+    pub micro_batches: usize,
+    /// The scalar input fed 1 at the first micro-batch of an update and 0 at the others.
+    pub first: NodeId,
+    /// The accumulator of each gradient arena: sums that mean nothing between updates, so
+    /// they are not part of a checkpoint.
+    pub accumulators: Vec<NodeId>,
 }
 
 /// The scalar inputs `1 − β₁ᵗ` and `√(1 − β₂ᵗ)` and the betas they are computed from.
@@ -182,6 +228,13 @@ impl OptimNodes {
         }
         feeds
     }
+
+    /// What the host feeds gradient accumulation for micro-batch `micro` (from 0) of an update:
+    /// nothing without accumulation.
+    pub fn micro_batch_feed(&self, micro: usize) -> Option<(NodeId, Tensor)> {
+        let a = self.accumulation.as_ref()?;
+        Some((a.first, Tensor::scalar(if micro == 0 { 1.0 } else { 0.0 })))
+    }
 }
 
 /// Append the update of every `(parameter, gradient)` pair and record the write-backs.
@@ -192,11 +245,18 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             return Err(err!(InvalidArgument, "clip_norm must be positive, got {c}"));
         }
     }
+    if !(1..=MAX_ACCUMULATE).contains(&cfg.accumulate) {
+        return Err(err!(
+            InvalidArgument,
+            "accumulate must be a number of micro-batches from 1 to {MAX_ACCUMULATE}, got {}",
+            cfg.accumulate
+        ));
+    }
     let lr = g.input(LR_INPUT, &[], DType::F32)?;
     let step = g.state(STEP_STATE, &[], Init::Zeros)?;
     let one = g.constant(1.0);
     let t = g.add(step, one)?;
-    g.updates.push(Update { target: step, value: t });
+    g.updates.push(Update::new(step, t));
 
     let names = params
         .iter()
@@ -210,24 +270,41 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             )),
         })
         .collect::<Result<Vec<String>>>()?;
+    let groups = param_groups::assign(cfg.optimizer.name(), &cfg.groups, &names)?;
     g.set_span(crate::error::Span::NONE);
     if params.is_empty() {
-        return Ok(OptimNodes { lr, step, grad_norm: None, bias_corrections: None });
+        let accumulation = None; // nothing to accumulate
+        return Ok(OptimNodes { lr, step, grad_norm: None, bias_corrections: None, accumulation });
     }
-    // Every parameter, gradient and moment joined into one flat arena per kind (or a few, for
-    // a large model), at the same offsets: the update is one elementwise computation over each.
-    let mut chunks: Vec<(Arena, Vec<usize>, NodeId, NodeId)> = Vec::new();
-    for members in Arena::chunks(g, params.iter().map(|&(p, _)| p)) {
-        let arena = Arena::new(g, members.iter().map(|&i| params[i].0));
-        let p = arena.join(g, &members.iter().map(|&i| params[i].0).collect::<Vec<_>>())?;
-        let d = arena.join(g, &members.iter().map(|&i| params[i].1).collect::<Vec<_>>())?;
-        chunks.push((arena, members, p, d));
+    // Every parameter, gradient and moment joined into one flat arena per kind and parameter
+    // group (or a few, for a large model), at the same offsets: the update is one elementwise
+    // computation over each, with the group's hyperparameters as constants.
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for (group, members) in by_group(&groups) {
+        let (wd, scale) = match group.map(|i| &cfg.groups[i]) {
+            Some(pg) => (pg.weight_decay.unwrap_or(cfg.optimizer.weight_decay()), pg.lr_scale),
+            None => (cfg.optimizer.weight_decay(), 1.0),
+        };
+        let lr = if scale == 1.0 { lr } else { g.scale(lr, scale as f32)? };
+        for run in Arena::chunks(g, members.iter().map(|&i| params[i].0)) {
+            let members: Vec<usize> = run.into_iter().map(|j| members[j]).collect();
+            let arena = Arena::new(g, members.iter().map(|&i| params[i].0));
+            let p = arena.join(g, &members.iter().map(|&i| params[i].0).collect::<Vec<_>>())?;
+            let d = arena.join(g, &members.iter().map(|&i| params[i].1).collect::<Vec<_>>())?;
+            chunks.push(Chunk { arena, members, p, d, wd, lr });
+        }
     }
+    // With accumulation the chunks hold the sums of k micro-batches' gradients, and the
+    // update reads their mean: the norm and the clipping factor are scalars divided by k.
+    let (accumulation, count) = match cfg.accumulate {
+        1 => (None, None),
+        k => (Some(accumulate(g, &mut chunks, k)?), Some(g.constant(k as f32))),
+    };
     let mut grad_norm = None;
     if let Some(clip) = cfg.clip_norm {
         let mut total = None;
-        for &(_, _, _, d) in &chunks {
-            let sq = g.square(d)?;
+        for chunk in &chunks {
+            let sq = g.square(chunk.d)?;
             let s = g.sum_all(sq)?;
             total = Some(match total {
                 Some(acc) => g.add(acc, s)?,
@@ -235,16 +312,26 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             });
         }
         let total = total.ok_or_else(|| err!(Invariant, "optimizer: no arena to clip"))?;
-        let norm = g.sqrt(total)?;
+        let mut norm = g.sqrt(total)?;
+        if let Some(k) = count {
+            norm = g.div(norm, k)?;
+        }
         let eps = g.constant(1e-6);
         let denom = g.add(norm, eps)?;
         let c = g.constant(clip);
         let ratio = g.div(c, denom)?;
-        let scale = g.minimum(ratio, one)?;
+        let mut scale = g.minimum(ratio, one)?;
+        if let Some(k) = count {
+            scale = g.div(scale, k)?;
+        }
         for chunk in &mut chunks {
-            chunk.3 = g.mul(chunk.3, scale)?;
+            chunk.d = g.mul(chunk.d, scale)?;
         }
         grad_norm = Some(norm);
+    } else if let Some(k) = count {
+        for chunk in &mut chunks {
+            chunk.d = g.div(chunk.d, k)?;
+        }
     }
 
     // Bias corrections 1 − β₁ᵗ and √(1 − β₂ᵗ), shared by every parameter, fed by the host.
@@ -256,7 +343,7 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
         }
         Optimizer::Sgd { .. } => None,
     };
-    for (arena, members, p, d) in &chunks {
+    for Chunk { arena, members, p, d, wd, lr } in &chunks {
         let targets: Vec<NodeId> = members.iter().map(|&i| params[i].0).collect();
         // One state per parameter (checkpoints name them), joined into an arena of its own.
         let moment = |g: &mut Graph, prefix: &str| -> Result<(Vec<NodeId>, NodeId)> {
@@ -270,27 +357,79 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
             let joined = arena.join(g, &states)?;
             Ok((states, joined))
         };
-        let new_p = update_rule(g, cfg, *p, *d, lr, one, bias_corrections, arena, moment)?;
+        let hyper = Hyper { wd: *wd, lr: *lr, one, bias_corrections };
+        let new_p = update_rule(g, cfg, *p, *d, &hyper, arena, moment)?;
         arena.update(g, &targets, new_p)?;
     }
-    Ok(OptimNodes { lr, step, grad_norm, bias_corrections })
+    Ok(OptimNodes { lr, step, grad_norm, bias_corrections, accumulation })
+}
+
+/// Most micro-batches one update may accumulate.
+pub const MAX_ACCUMULATE: usize = 1 << 20;
+
+/// Sum each chunk's gradients over `k` micro-batches in an accumulator (see [`Accumulation`]);
+/// the chunks then read the sum.
+fn accumulate(g: &mut Graph, chunks: &mut [Chunk], k: usize) -> Result<Accumulation> {
+    let first = g.input(FIRST_MICRO_BATCH_INPUT, &[], DType::F32)?;
+    let mut accumulators = Vec::with_capacity(chunks.len());
+    for (i, chunk) in chunks.iter_mut().enumerate() {
+        let len = g.shape(chunk.d).to_vec();
+        let acc = g.state(&format!("optim.grad_sum.{i}"), &len, Init::Zeros)?;
+        let more = g.add(acc, chunk.d)?;
+        let sum = g.select(first, chunk.d, more)?;
+        g.updates.push(Update { target: acc, value: sum, every_micro_batch: true });
+        chunk.d = sum;
+        accumulators.push(acc);
+    }
+    Ok(Accumulation { micro_batches: k, first, accumulators })
+}
+
+/// One flat arena of parameters of one group: the layout, the parameters' indices, the joined
+/// parameters and gradients, and the group's weight decay and learning rate.
+struct Chunk {
+    arena: Arena,
+    members: Vec<usize>,
+    p: NodeId,
+    d: NodeId,
+    wd: f64,
+    lr: NodeId,
+}
+
+/// The parameters' indices by group (`None`: no group), the groups in the order their first
+/// parameter comes.
+fn by_group(groups: &[Option<usize>]) -> Vec<(Option<usize>, Vec<usize>)> {
+    let mut out: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
+    for (i, &group) in groups.iter().enumerate() {
+        match out.iter_mut().find(|(k, _)| *k == group) {
+            Some((_, members)) => members.push(i),
+            None => out.push((group, vec![i])),
+        }
+    }
+    out
+}
+
+/// What an arena's update reads besides its values: the group's weight decay and learning
+/// rate, the constant 1, and Adam's bias corrections.
+struct Hyper {
+    wd: f64,
+    lr: NodeId,
+    one: NodeId,
+    bias_corrections: Option<BiasCorrections>,
 }
 
 /// The new flat parameters `p` given their flat gradient `d`, recording the moments' updates.
-#[allow(clippy::too_many_arguments)]
 fn update_rule(
     g: &mut Graph,
     cfg: &OptimConfig,
     p: NodeId,
     d: NodeId,
-    lr: NodeId,
-    one: NodeId,
-    bias_corrections: Option<BiasCorrections>,
+    h: &Hyper,
     arena: &Arena,
     moment: impl Fn(&mut Graph, &str) -> Result<(Vec<NodeId>, NodeId)>,
 ) -> Result<NodeId> {
+    let (lr, one, weight_decay) = (h.lr, h.one, h.wd);
     Ok(match cfg.optimizer {
-        Optimizer::Sgd { momentum, weight_decay } => {
+        Optimizer::Sgd { momentum, .. } => {
             let d = add_l2(g, d, p, weight_decay)?;
             let dir = if momentum > 0.0 {
                 let (bufs, buf) = moment(g, "momentum")?;
@@ -304,8 +443,7 @@ fn update_rule(
             let step_size = g.mul(dir, lr)?;
             g.sub(p, step_size)?
         }
-        Optimizer::Adam { beta1, beta2, eps, weight_decay }
-        | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
+        Optimizer::Adam { beta1, beta2, eps, .. } | Optimizer::AdamW { beta1, beta2, eps, .. } => {
             let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
             let d = if decoupled { d } else { add_l2(g, d, p, weight_decay)? };
             let (ms, m) = moment(g, "m")?;
@@ -315,7 +453,7 @@ fn update_rule(
             let new_v = ema(g, v, d2, beta2)?;
             arena.update(g, &ms, new_m)?;
             arena.update(g, &vs, new_v)?;
-            let [bc1, bc2_sqrt] = bias_corrections.map_or([one; 2], |bc| bc.inputs);
+            let [bc1, bc2_sqrt] = h.bias_corrections.map_or([one; 2], |bc| bc.inputs);
             // PyTorch: denom = √v / √(1 − β₂ᵗ) + eps; step = m / (1 − β₁ᵗ) / denom.
             let m_hat = g.div(new_m, bc1)?;
             let root = g.sqrt(new_v)?;
@@ -403,7 +541,7 @@ impl Arena {
             let part =
                 if at == 0 && n == self.len { value } else { g.slice(value, 0, at, at + n)? };
             let value = g.reshape(part, &shape)?;
-            g.updates.push(Update { target: t, value });
+            g.updates.push(Update::new(t, value));
         }
         Ok(())
     }

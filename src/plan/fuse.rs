@@ -13,6 +13,10 @@
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
 //!
+//! With gradient accumulation (a `micro` set: the nodes a micro-batch run evaluates), no node
+//! of the set is computed inside a kernel of a node outside it, nor the reverse, so that a
+//! micro-batch run is the plan's kernels whose outputs are in the set, each run whole.
+//!
 //! Given the adapter's storage-buffer limit, fusion keeps every kernel within it (see
 //! [`super::limits`]): an expression reading too many buffers is split by materializing
 //! subexpressions, and a concat of many inputs is written by several kernels, one per run of
@@ -54,11 +58,19 @@ pub fn is_inlinable(op: &Op) -> bool {
 /// Partition the nodes needed by `roots` into kernels, each binding at most `max_bindings`
 /// storage buffers when given (a kernel that still binds more is left for the plan checker to
 /// report).
-pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool, max_bindings: Option<u32>) -> Fusion {
+pub fn fuse(
+    g: &Graph,
+    roots: &[NodeId],
+    fusion: bool,
+    max_bindings: Option<u32>,
+    micro: Option<&[bool]>,
+) -> Fusion {
     let mut forced = vec![false; g.n_nodes()];
     let arenas = super::arena::host_arenas(g);
+    // Nodes that go into one kernel only when both or neither are in the micro-batch set.
+    let apart = |a: NodeId, b: NodeId| micro.is_some_and(|m| m[a.index()] != m[b.index()]);
     loop {
-        let f = fuse_once(g, roots, fusion, &forced, max_bindings, &arenas);
+        let f = fuse_once(g, roots, fusion, &forced, max_bindings, &arenas, &apart);
         let Some(max) = max_bindings else { return f };
         let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
         let mut changed = false;
@@ -76,7 +88,8 @@ pub fn fuse(g: &Graph, roots: &[NodeId], fusion: bool, max_bindings: Option<u32>
     }
 }
 
-/// One fusion pass, with the inlinable nodes of `forced` materialized.
+/// One fusion pass, with the inlinable nodes of `forced` materialized and no two nodes that
+/// are `apart` in one kernel.
 fn fuse_once(
     g: &Graph,
     roots: &[NodeId],
@@ -84,6 +97,7 @@ fn fuse_once(
     forced: &[bool],
     max_bindings: Option<u32>,
     arenas: &[super::arena::Arena],
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
 ) -> Fusion {
     let n = g.n_nodes();
     let mut live = vec![false; n];
@@ -141,7 +155,7 @@ fn fuse_once(
             op if is_inlinable(op) => {
                 is_root[i] || !fusion || forced[i] || {
                     let c = &consumers[i];
-                    c.len() != 1 || !accepts_expression(g, c[0], id, &materialized)
+                    c.len() != 1 || apart(id, c[0]) || !accepts_expression(g, c[0], id, &materialized)
                 }
             }
             _ => true,
@@ -159,7 +173,7 @@ fn fuse_once(
                 if let Some((mm, reg)) =
                     epilogue_matmul(g, id, &materialized, &alias, &consumers, &is_root)
                 {
-                    if !taken[mm.index()] && !taken[reg.index()] {
+                    if !taken[mm.index()] && !taken[reg.index()] && !apart(mm, id) {
                         taken[mm.index()] = true;
                         taken[reg.index()] = true;
                         epilogue_of[i] = Some((mm, reg));
@@ -183,20 +197,20 @@ fn fuse_once(
                 // Folded into the layer_norm kernel that consumes it, when there is one.
                 let ln = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::LayerNorm));
                 match ln {
-                    Some(&ln) if fusion && materialized[ln.index()] => continue,
+                    Some(&ln) if fusion && materialized[ln.index()] && !apart(id, ln) => continue,
                     _ => KernelKind::LayerNormStats,
                 }
             }
-            Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion },
+            Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion && !apart(node.inputs[1], id) },
             Op::AttentionStats => {
                 // Folded into the attention kernel that consumes it, as layer_norm_stats.
                 let at = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::Attention));
                 match at {
-                    Some(&at) if fusion && materialized[at.index()] => continue,
+                    Some(&at) if fusion && materialized[at.index()] && !apart(id, at) => continue,
                     _ => KernelKind::AttentionStats,
                 }
             }
-            Op::Attention => KernelKind::Attention { with_stats: fusion },
+            Op::Attention => KernelKind::Attention { with_stats: fusion && !apart(node.inputs[3], id) },
             Op::AttentionGradKv => KernelKind::AttentionGradKv,
             Op::AttentionGradQ => KernelKind::AttentionGradQ,
             Op::MatMul => KernelKind::MatMul { matmul: id, register: id },
@@ -204,8 +218,10 @@ fn fuse_once(
             Op::Softmax => KernelKind::Softmax,
             Op::LogSoftmax => KernelKind::LogSoftmax,
             Op::LayerNormGradInput => {
-                let weight_grad =
-                    if fusion { ln_weight_grad(g, id, &consumers, &live) } else { None };
+                let weight_grad = match fusion {
+                    true => ln_weight_grad(g, id, &consumers, &live).filter(|&w| !apart(id, w)),
+                    false => None,
+                };
                 if let Some(w) = weight_grad {
                     taken[w.index()] = true;
                 }

@@ -8,6 +8,10 @@
 //! Given the adapter's limits ([`Limits`]), every kernel of the plan binds at most its storage
 //! buffers per stage and every value fits one storage binding.
 //!
+//! A training plan of a graph with gradient accumulation also says what a micro-batch run
+//! executes ([`MicroBatch`]): the kernels the wanted values and the accumulators need, and
+//! the accumulators' updates, so one plan (one set of buffers) serves both kinds of run.
+//!
 //! The plan is device-neutral; `codegen` turns each kernel into WGSL and `runtime` executes it.
 
 pub mod alloc;
@@ -58,10 +62,25 @@ pub struct Plan {
     pub wanted: Vec<NodeId>,
     /// Write-backs after the step: (persistent target, new value).
     pub updates: Vec<(NodeId, NodeId)>,
+    /// What a micro-batch run of gradient accumulation executes (training plans of graphs
+    /// with updates marked [`crate::graph::Update::every_micro_batch`] only).
+    pub micro: Option<MicroBatch>,
     /// Graph ops the plan evaluates (live nodes other than inputs, parameters and state).
     pub n_ops: usize,
     /// Bytes of one buffer per evaluated op, pinned values excluded: the no-reuse baseline.
     pub naive_bytes: u64,
+}
+
+/// The part of a training plan a micro-batch run executes: what the wanted values and the
+/// micro-batch updates need (forward, backward, the accumulators), not the optimizer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MicroBatch {
+    /// The kernels it runs (indices into [`Plan::kernels`], in order): those whose outputs
+    /// the wanted values or the micro-batch updates need. Fusion keeps these nodes out of the
+    /// other kernels, so each runs whole.
+    pub kernels: Vec<usize>,
+    /// The updates it applies (indices into [`Plan::updates`]).
+    pub updates: Vec<usize>,
 }
 
 impl Plan {
@@ -86,16 +105,42 @@ impl Plan {
     }
 }
 
+/// For each node of `g`: whether evaluating `roots` needs it (a root or an input of one, at any
+/// depth).
+pub fn needed(g: &Graph, roots: &[NodeId]) -> Vec<bool> {
+    let mut live = vec![false; g.n_nodes()];
+    for r in roots {
+        live[r.index()] = true;
+    }
+    for i in (0..g.n_nodes()).rev() {
+        if live[i] {
+            for x in &g.node(NodeId(i as u32)).inputs {
+                live[x.index()] = true;
+            }
+        }
+    }
+    live
+}
+
 /// Plan the evaluation of `wanted` plus every update of `g` (when `train`).
 pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Result<Plan> {
-    let updates: Vec<(NodeId, NodeId)> =
-        if train { g.updates.iter().map(|u| (u.target, u.value)).collect() } else { Vec::new() };
-    // The members of a host arena updated from one flat value: the arena takes that value.
-    let updates = arena::fold_updates(g, &arena::host_arenas(g), &updates);
+    let pairs = |micro_only: bool| -> Vec<(NodeId, NodeId)> {
+        let chosen = g.updates.iter().filter(|u| train && (u.every_micro_batch || !micro_only));
+        // The members of a host arena updated from one flat value: the arena takes that value.
+        arena::fold_updates(g, &arena::host_arenas(g), &chosen.map(|u| (u.target, u.value)).collect::<Vec<_>>())
+    };
+    let updates = pairs(false);
+    let micro_updates = pairs(true);
     let mut roots = wanted.to_vec();
     roots.extend(updates.iter().map(|&(_, v)| v));
+    // Gradient accumulation: the nodes a micro-batch run evaluates.
+    let micro_live = (!micro_updates.is_empty()).then(|| {
+        let mut micro_roots = wanted.to_vec();
+        micro_roots.extend(micro_updates.iter().map(|&(_, v)| v));
+        needed(g, &micro_roots)
+    });
     let max_bindings = opts.limits.map(|l| l.max_storage_buffers);
-    let mut f = fuse::fuse(g, &roots, opts.fusion, max_bindings); // kernels in arena order
+    let mut f = fuse::fuse(g, &roots, opts.fusion, max_bindings, micro_live.as_deref()); // kernels in arena order
     if opts.reuse {
         inplace::write_updates_in_place(g, &mut f, &updates); // new values into their targets
         arena::place_members(g, &mut f, &roots); // gradients written into their arena
@@ -117,6 +162,20 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         .filter(|(id, n)| f.live[id.index()] && !root_set.contains(id) && !n.op.is_host_value())
         .map(|(id, _)| alloc::value_bytes(g, id))
         .sum();
+    let micro = match &micro_live {
+        None => None,
+        Some(live) => Some(MicroBatch {
+            kernels: (f.kernels.iter().enumerate())
+                .filter(|(_, k)| k.outputs.iter().any(|o| live[o.index()]))
+                .map(|(i, _)| i)
+                .collect(),
+            updates: micro_updates
+                .iter()
+                .map(|u| updates.iter().position(|v| v == u))
+                .collect::<Option<Vec<usize>>>()
+                .ok_or_else(|| err!(Invariant, "plan: a micro-batch update is not an update"))?,
+        }),
+    };
     let plan = Plan {
         kernels: f.kernels,
         values,
@@ -124,6 +183,7 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         alias: f.alias,
         wanted: wanted.to_vec(),
         updates,
+        micro,
         n_ops,
         naive_bytes,
     };

@@ -16,25 +16,32 @@ pub struct PlanReport {
     pub naive_bytes: u64,
     pub pinned_bytes: u64,
     pub scratch_bytes: u64,
-    /// One line per kernel: its kind and the ops it computes.
+    /// One line per kernel: its kind and the ops it computes (and `update only` when a
+    /// micro-batch run of gradient accumulation skips it).
     pub kernel_lines: Vec<String>,
+    /// With gradient accumulation: the dispatches of a micro-batch run (set by the executor,
+    /// which knows how many dispatches each kernel takes).
+    pub micro_dispatches: Option<usize>,
 }
 
 impl PlanReport {
     /// `dispatches` and `scratch_bytes` come from the executor (a kernel may need two
     /// dispatches; dedicated kernels may use scratch); pass `plan.kernels.len()` and 0 without one.
     pub fn new(g: &Graph, plan: &Plan, dispatches: usize, scratch_bytes: u64) -> PlanReport {
+        let skipped = |i: usize| plan.micro.as_ref().is_some_and(|m| !m.kernels.contains(&i));
         let kernel_lines = plan
             .kernels
             .iter()
-            .map(|k| {
+            .enumerate()
+            .map(|(i, k)| {
                 let ops: Vec<&str> = k
                     .fused
                     .iter()
                     .filter(|&&id| !matches!(g.node(id).op, Op::Constant { .. }))
                     .map(|&id| g.node(id).op.name())
                     .collect();
-                format!("{:<18} {}", k.kind.name(), ops.join(" "))
+                let only = if skipped(i) { "  (update only)" } else { "" };
+                format!("{:<18} {}{only}", k.kind.name(), ops.join(" "))
             })
             .collect();
         PlanReport {
@@ -47,6 +54,7 @@ impl PlanReport {
             pinned_bytes: plan.pinned_bytes(),
             scratch_bytes,
             kernel_lines,
+            micro_dispatches: None,
         }
     }
 
@@ -70,6 +78,12 @@ impl PlanReport {
     /// Summary followed by one line per kernel.
     pub fn text(&self) -> String {
         let mut s = self.summary();
+        if let Some(n) = self.micro_dispatches {
+            s.push_str(&format!(
+                "gradient accumulation: a micro-batch that only accumulates runs {n} of the {} dispatches (kernels marked update only are skipped)\n",
+                self.dispatches
+            ));
+        }
         for (i, line) in self.kernel_lines.iter().enumerate() {
             s.push_str(&format!("{i:>5}  {line}\n"));
         }
@@ -77,7 +91,7 @@ impl PlanReport {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        json!({
+        let mut v = json!({
             "ops": self.ops,
             "kernels": self.kernels,
             "dispatches": self.dispatches,
@@ -86,7 +100,11 @@ impl PlanReport {
             "naive_bytes": self.naive_bytes,
             "pinned_bytes": self.pinned_bytes,
             "scratch_bytes": self.scratch_bytes,
-        })
+        });
+        if let Some(n) = self.micro_dispatches {
+            v["micro_batch_dispatches"] = json!(n);
+        }
+        v
     }
 }
 

@@ -17,8 +17,11 @@ use std::collections::HashSet;
 /// - no kernel binds more storage buffers than `max_storage_buffers` (when given), counted as
 ///   [`storage_bindings`] counts them;
 /// - a buffer that is a range of another lies inside it, and no kernel binds two ranges of one
-///   buffer when it writes either (wgpu refuses a buffer bound both read-only and writable).
+///   buffer when it writes either (wgpu refuses a buffer bound both read-only and writable);
+/// - a micro-batch run's kernels compute exactly the nodes its wanted values and updates need
+///   ([`verify_micro_batch`]).
 pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Result<()> {
+    verify_micro_batch(g, plan)?;
     for (i, b) in plan.buffers.iter().enumerate() {
         let Some((parent, offset)) = b.within else { continue };
         let fits = plan.buffers.get(parent).is_some_and(|p| {
@@ -149,6 +152,44 @@ pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Resul
                     kernel.kind.name()
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// The kernels of a plan's micro-batch run compute every node (constants aside) that its
+/// wanted values and micro-batch updates need, and nothing else: a kernel either runs whole
+/// or not at all, so no kernel of the run may leave out a node it needs, nor a skipped kernel
+/// hold one.
+pub fn verify_micro_batch(g: &Graph, plan: &Plan) -> Result<()> {
+    let Some(m) = &plan.micro else { return Ok(()) };
+    let mut roots = plan.wanted.clone();
+    for &u in &m.updates {
+        let &(_, value) = plan.updates.get(u).ok_or_else(|| {
+            err!(Invariant, "plan: the micro-batch run applies update {u}, which does not exist")
+        })?;
+        roots.push(value);
+    }
+    let live = super::needed(g, &roots);
+    let mut runs = vec![false; plan.kernels.len()];
+    for &k in &m.kernels {
+        *runs.get_mut(k).ok_or_else(|| {
+            err!(Invariant, "plan: the micro-batch run runs kernel {k}, which does not exist")
+        })? = true;
+    }
+    for (k, kernel) in plan.kernels.iter().enumerate() {
+        for &id in &kernel.fused {
+            if matches!(g.node(id).op, crate::graph::Op::Constant { .. }) || live[id.index()] == runs[k] {
+                continue;
+            }
+            return Err(err!(
+                Invariant,
+                "plan: kernel {k} computes node {} ({}), which a micro-batch run {}, but the run {} the kernel",
+                id.index(),
+                g.node(id).op.name(),
+                if live[id.index()] { "needs" } else { "does not need" },
+                if runs[k] { "runs" } else { "skips" }
+            ));
         }
     }
     Ok(())

@@ -146,6 +146,18 @@ impl Backend for GpuBackend {
         p.step(gpu, &self.graph, feeds, opts, want, poison)
     }
 
+    fn run_micro_batch(
+        &mut self,
+        feeds: &[(NodeId, &Tensor)],
+        want: &[NodeId],
+        step: u64,
+    ) -> Result<Vec<Tensor>> {
+        let (gpu, poison) = (self.gpu, self.poison);
+        self.plan_for(want, true)?;
+        let p = &self.plans[&(want.to_vec(), true)];
+        p.micro_batch(gpu, &self.graph, feeds, step, want, poison)
+    }
+
     fn read(&self, id: NodeId) -> Result<Tensor> {
         let (buf, offset) = self.persistent_buffer(id)?;
         let n: usize = self.graph.shape(id).iter().product();
@@ -171,12 +183,13 @@ impl Backend for GpuBackend {
     fn plan_report(&self) -> String {
         let mut out = format!("device {}\n", self.gpu.describe());
         for ((want, training), p) in &self.plans {
-            let r = crate::plan::report::PlanReport::new(
+            let mut r = crate::plan::report::PlanReport::new(
                 &self.graph,
                 &p.plan,
                 p.n_dispatches(),
                 p.scratch_bytes,
             );
+            r.micro_dispatches = p.n_micro_dispatches();
             out.push_str(&format!(
                 "plan for {} value(s){}:\n{}",
                 want.len(),

@@ -6,7 +6,9 @@
 //! the inputs, encodes every dispatch into one compute pass, copies updated persistent values
 //! into place, and reads back the values asked for with the plan's status in the same
 //! submission. A failed check (an index or label out of range) comes back as the error the CPU
-//! reference gives, and the step's updates are not applied.
+//! reference gives, and the step's updates are not applied. A micro-batch run of gradient
+//! accumulation encodes only the dispatches of the plan's [`crate::plan::MicroBatch`] kernels
+//! and applies only its updates.
 
 use super::device::{Dispatch, Gpu, STORAGE};
 use super::exchange::Exchange;
@@ -45,6 +47,9 @@ pub struct GpuPlan {
     status: Option<(wgpu::Buffer, usize)>,
     /// Data-parallel training's average of the gradients across ranks, inside every step.
     pub exchange: Option<Exchange>,
+    /// A micro-batch run's dispatches (indices into `dispatches`: its kernels', then its
+    /// updates' commits) and copies (indices into `copies`), when the plan has one.
+    micro: Option<(Vec<usize>, Vec<usize>)>,
 }
 
 /// Shape and dtype of a node, for host tensors read back.
@@ -143,6 +148,7 @@ impl GpuPlan {
             }
             None => None,
         };
+        let micro = programs.micro_batch(&plan);
         Ok(GpuPlan {
             plan,
             dispatches,
@@ -152,6 +158,7 @@ impl GpuPlan {
             scratch_bytes: programs.scratch_bytes(),
             copies: programs.copies,
             status,
+            micro,
             buffers,
         })
     }
@@ -182,6 +189,55 @@ impl GpuPlan {
         read: &[NodeId],
         poison: bool,
     ) -> Result<Vec<Tensor>> {
+        self.run(gpu, g, feeds, opts, read, poison, false)
+    }
+
+    /// [`GpuPlan::step`] as a micro-batch run of gradient accumulation: only the plan's
+    /// micro-batch kernels and updates. An error when the plan has no micro-batch run.
+    pub fn micro_batch(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        feeds: &[(NodeId, &Tensor)],
+        step: u64,
+        read: &[NodeId],
+        poison: bool,
+    ) -> Result<Vec<Tensor>> {
+        let opts = RunOptions { training: true, step };
+        self.run(gpu, g, feeds, opts, read, poison, true)
+    }
+
+    /// The dispatches of a micro-batch run, when the plan has one.
+    pub fn n_micro_dispatches(&self) -> Option<usize> {
+        self.micro.as_ref().map(|(d, _)| d.len())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        gpu: &Gpu,
+        g: &Graph,
+        feeds: &[(NodeId, &Tensor)],
+        opts: RunOptions,
+        read: &[NodeId],
+        poison: bool,
+        micro: bool,
+    ) -> Result<Vec<Tensor>> {
+        let (all, copies): (Vec<usize>, Vec<_>) = match (micro, &self.micro) {
+            (false, _) => ((0..self.dispatches.len()).collect(), self.copies.iter().collect()),
+            (true, Some((d, c))) => (d.clone(), c.iter().map(|&i| &self.copies[i]).collect()),
+            (true, None) => {
+                return Err(err!(Invariant, "a micro-batch run of a plan that accumulates nothing"))
+            }
+        };
+        // With the exchange, the forward and backward dispatches (the same in a micro-batch
+        // run) run inside it, and the rest of the run's own dispatches after it.
+        let first = match &self.exchange {
+            Some(ex) if all.iter().take(ex.update_at).copied().eq(0..ex.update_at) => ex.update_at,
+            Some(_) => return Err(err!(Invariant, "a run whose backward pass the exchange cannot split")),
+            None => 0,
+        };
+        let all: Vec<&Dispatch> = all.iter().map(|&i| &self.dispatches[i]).collect();
         for (id, t) in feeds {
             let want = g.shape(*id);
             if t.shape() != want || t.dtype() != g.dtype(*id) {
@@ -215,15 +271,13 @@ impl GpuPlan {
             words[0] = 0;
             gpu.write(status, 0, bytemuck::cast_slice(&words))?;
         }
-        let mut first = 0;
         if let Some(ex) = &self.exchange {
             ex.run_backward(gpu, &self.dispatches, &self.buffers)?;
-            first = ex.update_at;
         }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let rest: Vec<&Dispatch> = self.dispatches[first..].iter().collect();
+        let rest: Vec<&Dispatch> = all[first..].to_vec();
         gpu.encode(&mut enc, &rest);
-        for &(from, to, bytes) in &self.copies {
+        for &&(from, to, bytes) in &copies {
             let ((src, src_at, _), (dst, dst_at, _)) = (&self.buffers[from], &self.buffers[to]);
             enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, bytes);
         }

@@ -59,7 +59,7 @@ fn gpt_step(attention: &str) -> TrainGraph {
     // ignores a constant added to a row of scores), and with Adam's default eps its rounding
     // noise, which differs between any two summation orders, becomes full-size steps.
     let optimizer = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
-    let cfg = OptimConfig { optimizer, clip_norm: Some(1.0) };
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(optimizer) };
     training_graph(g, loss, &cfg).unwrap()
 }
 

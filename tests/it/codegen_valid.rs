@@ -136,7 +136,7 @@ fn generated_modules_of_a_gpt_training_step_validate() {
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 8], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, Some(0)).unwrap();
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adamw()) };
     let t = training_graph(g, loss, &cfg).unwrap();
     let mut failures = Vec::new();
     let n = validate_plans(&t.graph, &[t.loss], true, &mut failures);
@@ -194,7 +194,7 @@ fn each_mode_gives_every_product_its_kernel() {
     let logits = nn::gpt(&mut g, c, 4).unwrap();
     let target = g.input("target", &[4, 16], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: None };
+    let cfg = OptimConfig::new(Optimizer::adamw());
     let t = training_graph(g, loss, &cfg).unwrap();
     let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
     let kernels = |precision, coop: bool| {

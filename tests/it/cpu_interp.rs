@@ -734,8 +734,8 @@ fn updates_read_pre_step_values() {
     let b = g.state("b", &[2], Init::Fill(10.0)).unwrap();
     let a2 = g.scale(a, 2.0).unwrap();
     // a <- 2a, b <- a (the old a), and a reader of both wanted in the same step.
-    g.updates.push(Update { target: a, value: a2 });
-    g.updates.push(Update { target: b, value: a });
+    g.updates.push(Update::new(a, a2));
+    g.updates.push(Update::new(b, a));
     let sum = g.add(a, b).unwrap();
     let mut exec = Executor::<f32>::new(&g, 0).unwrap();
     let out = exec.run(&g, &[], &[sum, a], EVAL).unwrap();

@@ -27,7 +27,8 @@ fn gpt_step() -> TrainGraph {
     // a constant added to a row of scores) would otherwise turn rounding noise into full-size
     // Adam steps whose sign differs between any two summation orders.
     let optimizer = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
-    training_graph(g, loss, &OptimConfig { optimizer, clip_norm: Some(1.0) }).unwrap()
+    training_graph(g, loss, &OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(optimizer) })
+        .unwrap()
 }
 
 fn mlp_step() -> TrainGraph {
@@ -39,10 +40,7 @@ fn mlp_step() -> TrainGraph {
     let logits = nn::linear(&mut g, "fc2", h, 3).unwrap();
     let target = g.input("target", &[6], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig {
-        optimizer: Optimizer::Sgd { momentum: 0.9, weight_decay: 1e-3 },
-        clip_norm: None,
-    };
+    let cfg = OptimConfig::new(Optimizer::Sgd { momentum: 0.9, weight_decay: 1e-3 });
     training_graph(g, loss, &cfg).unwrap()
 }
 
@@ -282,7 +280,7 @@ fn adamw_bias_corrections_at_step_1000_match_f64() {
         let loss = g.sum_all(px).unwrap();
         let optimizer =
             Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 };
-        let t = training_graph(g, loss, &OptimConfig { optimizer, clip_norm: None }).unwrap();
+        let t = training_graph(g, loss, &OptimConfig::new(optimizer)).unwrap();
         let xs = vec![0.3f32, -1.5, 2.0, 1e-3, -0.7];
         let mut f = vec![(x, Tensor::f32(&[5], xs.clone()).unwrap())];
         f.extend(t.optim.host_feeds(0.01, 999));
@@ -331,6 +329,8 @@ fn a_gpt_over_one_token_matches_the_cpu_reference() {
                     weight_decay: 0.0,
                 },
                 clip_norm: Some(0.5),
+                groups: Vec::new(),
+                accumulate: 1,
             },
         )
         .unwrap();

@@ -8,6 +8,7 @@ mod common;
 #[path = "../../examples/fuzz/harness/mod.rs"]
 mod harness;
 
+mod accumulate;
 mod attention_gpt;
 mod checkpoint;
 mod checkpoint_torch;
@@ -30,6 +31,7 @@ mod gpu_vs_cpu;
 mod gradcheck;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod param_groups;
 mod plan;
 mod repl;
 mod script_api;

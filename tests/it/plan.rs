@@ -13,7 +13,7 @@ fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 16], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adamw()) };
     training_graph(g, loss, &cfg).unwrap()
 }
 
@@ -376,7 +376,7 @@ fn arenas_hold_at_most_one_default_binding() {
         y = g.matmul(y, w).unwrap();
     }
     let loss = g.sum_all(y).unwrap();
-    let cfg = OptimConfig { optimizer: Optimizer::adam(), clip_norm: Some(1.0) };
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adam()) };
     let t = training_graph(g, loss, &cfg).unwrap();
     let opts = PlanOptions { limits: Some(Limits::WEBGPU_DEFAULT), ..PlanOptions::default() };
     let p = plan(&t.graph, &[t.loss], true, opts).unwrap();

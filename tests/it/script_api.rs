@@ -226,7 +226,7 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
         ),
         (
             "m().compile(#{ optimizer: adam(#{ betas: 0.9 }) })",
-            "adam: unknown setting `betas` (settings: type, lr, beta1, beta2, eps, weight_decay)"
+            "adam: unknown setting `betas` (settings: type, lr, beta1, beta2, eps, weight_decay, groups)"
                 .into(),
         ),
         (

@@ -67,7 +67,7 @@ fn every_optimizer_fits_the_spirals() {
     ];
     for (opt, lr, target) in cases {
         for clip_norm in [None, Some(1.0)] {
-            let cfg = OptimConfig { optimizer: opt.clone(), clip_norm };
+            let cfg = OptimConfig { clip_norm, ..OptimConfig::new(opt.clone()) };
             let losses = train(&cfg, lr, 300);
             let last = *losses.last().unwrap();
             assert!(
@@ -82,7 +82,7 @@ fn every_optimizer_fits_the_spirals() {
 
 #[test]
 fn same_run_twice_is_bit_identical() {
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adamw()) };
     let a: Vec<u32> = train(&cfg, 0.03, 40).iter().map(|l| l.to_bits()).collect();
     let b: Vec<u32> = train(&cfg, 0.03, 40).iter().map(|l| l.to_bits()).collect();
     assert_eq!(a, b);

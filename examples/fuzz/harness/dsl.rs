@@ -187,7 +187,7 @@ fn train(mut g: Graph) -> Result<(), Error> {
     let labels = &shape[..shape.len().saturating_sub(1)];
     let target = g.input(TARGET_INPUT, labels, DType::I32)?;
     let loss = g.cross_entropy(out, target, None)?;
-    let cfg = OptimConfig { optimizer: Optimizer::adamw(), clip_norm: Some(1.0) };
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adamw()) };
     let t = training_graph(g, loss, &cfg)?;
     verify(&t.graph)
         .map_err(|e| Error::invariant(format!("training graph fails verify: {}", e.message)))?;

@@ -12,8 +12,8 @@ use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
 
 use crate::error::Result;
-use crate::graph::optim::is_host_input;
-use crate::graph::{Graph, Op, OptimConfig, Optimizer};
+use crate::graph::optim::{is_host_input, MAX_ACCUMULATE};
+use crate::graph::{Graph, Op, OptimConfig, Optimizer, ParamGroup};
 use crate::session::{
     CompileConfig, Device, Dims, LoadReport, Loss, MatmulPrecision, Model, Schedule, Trainer,
     TARGET_INPUT,
@@ -272,7 +272,12 @@ fn train_step(
     let lr = tr.current_lr();
     let loss = tr.train_step(&feeds).script()?;
     ctx.last_step.set(tr.step());
-    ctx.emit(Event::Step { step: tr.step(), loss, lr, epoch: ctx.epoch.get() });
+    // Progress and metrics count updates: with gradient accumulation, the mean loss of the
+    // update's micro-batches once it is applied.
+    if tr.micro_batch() == 0 {
+        let loss = tr.update_loss();
+        ctx.emit(Event::Step { step: tr.step(), loss, lr, epoch: ctx.epoch.get() });
+    }
     Ok(loss as FLOAT)
 }
 
@@ -311,10 +316,11 @@ pub fn load(
     strict: bool,
     torch: Option<&torch::Options>,
 ) -> Result<LoadReport> {
-    let mut held = t.budget().empty();
-    let ckpt = checkpoint::load(path, &mut held)?;
     let at_path =
         |e: crate::Error| crate::Error::new(e.kind, format!("{}: {}", path.display(), e.message));
+    t.check_between_updates("load").map_err(at_path)?; // before reading the file
+    let mut held = t.budget().empty();
+    let ckpt = checkpoint::load(path, &mut held)?;
     let tensors = match torch {
         None => ckpt.tensors,
         Some(opts) => torch::map(ckpt, &torch::targets(t.graph()), opts).map_err(at_path)?,
@@ -391,6 +397,7 @@ const COMPILE_KEYS: &[&str] = &[
     "lr",
     "schedule",
     "clip",
+    "accumulate",
     "device",
     "seed",
     "matmul_precision",
@@ -435,10 +442,11 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             )))
         }
     };
-    let (optimizer, opt_lr) = optimizer(o.get("optimizer"))?;
+    let (optimizer, opt_lr, groups) = optimizer(o.get("optimizer"))?;
     let lr = o.f32("lr")?.or(opt_lr).unwrap_or(1e-3);
     let schedule = schedule(o.get("schedule"))?;
     let clip_norm = o.f32("clip")?;
+    let accumulate = o.int("accumulate", 1, MAX_ACCUMULATE as i64)?.unwrap_or(1);
     let device = device(&o.string("device")?.unwrap_or_else(|| ctx.device.borrow().clone()))?;
     let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.get());
     let matmul_precision = match o.string("matmul_precision")? {
@@ -451,7 +459,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let cfg = CompileConfig {
         dims,
         loss: loss.clone(),
-        optimizer: OptimConfig { optimizer, clip_norm },
+        optimizer: OptimConfig { optimizer, clip_norm, groups, accumulate },
         lr,
         schedule,
         device,
@@ -485,8 +493,9 @@ fn device(name: &str) -> ScriptResult<Device> {
     name.parse::<Device>().map_err(|e| script_err(e.message))
 }
 
-/// An optimizer from a map made by `sgd`/`adam`/`adamw` (or a bare name); also its `lr`.
-fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>)> {
+/// An optimizer from a map made by `sgd`/`adam`/`adamw` (or a bare name); also its `lr` and
+/// parameter groups.
+fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>, Vec<ParamGroup>)> {
     let m: Map = match v {
         None => {
             let mut m = Map::new();
@@ -508,8 +517,8 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>)> {
         _ => return Err(script_err("`optimizer` must be sgd(..), adam(..) or adamw(..)")),
     };
     let keys: &[&str] = match kind.as_str() {
-        "sgd" => &["type", "lr", "momentum", "weight_decay"],
-        "adam" | "adamw" => &["type", "lr", "beta1", "beta2", "eps", "weight_decay"],
+        "sgd" => &["type", "lr", "momentum", "weight_decay", "groups"],
+        "adam" | "adamw" => &["type", "lr", "beta1", "beta2", "eps", "weight_decay", "groups"],
         other => {
             return Err(script_err(format!(
                 "unknown optimizer `{other}`: expected sgd, adam or adamw"
@@ -537,7 +546,48 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>)> {
             weight_decay: f("weight_decay", 0.01)?,
         },
     };
-    Ok((opt, o.f32("lr")?))
+    let groups = match o.get("groups") {
+        Some(v) => param_groups(&kind, v)?,
+        None => Vec::new(),
+    };
+    Ok((opt, o.f32("lr")?, groups))
+}
+
+/// `groups: [#{ params: ["*.bias", ...], weight_decay, lr_scale }, ...]` of optimizer `kind`.
+fn param_groups(kind: &str, v: &Dynamic) -> ScriptResult<Vec<ParamGroup>> {
+    let list = v.read_lock::<Array>().map(|a| a.clone()).ok_or_else(|| {
+        script_err(format!("{kind}: `groups` must be an array of maps, got {}", v.type_name()))
+    })?;
+    let mut groups = Vec::with_capacity(list.len());
+    for (i, g) in list.iter().enumerate() {
+        let at = format!("{kind}: groups[{i}]");
+        let m = g.read_lock::<Map>().map(|m| m.clone()).ok_or_else(|| {
+            script_err(format!(
+                "{at} must be a map like #{{ params: [\"*.bias\"], weight_decay: 0.0 }}, got {}",
+                g.type_name()
+            ))
+        })?;
+        let o = Opts::new(&m, &at, &["params", "weight_decay", "lr_scale"])?;
+        let strings = |v: &Dynamic| -> Option<Vec<String>> {
+            let a = v.read_lock::<Array>()?;
+            a.iter().map(|p| p.clone().into_string().ok()).collect()
+        };
+        let params = match o.get("params") {
+            Some(v) => strings(v).ok_or_else(|| {
+                script_err(format!(
+                    "{at}: `params` must be an array of name patterns like [\"*.bias\"], got {}",
+                    v.type_name()
+                ))
+            })?,
+            None => return Err(script_err(format!("{at}: `params` is missing"))),
+        };
+        groups.push(ParamGroup {
+            params,
+            weight_decay: o.f64("weight_decay")?,
+            lr_scale: o.f64("lr_scale")?.unwrap_or(1.0),
+        });
+    }
+    Ok(groups)
 }
 
 fn schedule(v: Option<&Dynamic>) -> ScriptResult<Schedule> {
