@@ -187,6 +187,9 @@ pub struct PlanArgs {
     /// Print the WGSL of every kernel, or of kernel KERNEL (write FILE before it)
     #[arg(long, value_name = "KERNEL", num_args = 0..=1, allow_negative_numbers = true, value_parser = kernel_number)]
     pub wgsl: Option<Option<usize>>,
+    /// Also draw the step's memory into OUT.svg: each value's bytes across the kernels
+    #[arg(long, value_name = "OUT.svg", conflicts_with = "wgsl")]
+    pub svg: Option<PathBuf>,
     #[command(flatten)]
     pub precision: PrecisionArg,
 }

@@ -5,7 +5,8 @@
 //!
 //! - [`graph`]: `rumus graph`, a model's parameters or its graph as DOT;
 //! - `rumus plot`: a metrics log's curves as SVG (`crate::plot`);
-//! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned or timed;
+//! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned (its
+//!   kernels, their WGSL, a picture of its memory) or timed;
 //! - [`launch`]: `rumus launch -n N`, `rumus run` on N ranks through `mpirun`.
 //!
 //! `rumus run` joins the data-parallel job it was started in ([`crate::dist::World`]); a rank
@@ -69,6 +70,9 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
         Command::Plan(a) => {
             let spec = model_spec(a.file, a.model);
             let precision = a.precision.matmul_precision;
+            if let Some(out) = &a.svg {
+                bench::plan_svg(&spec, !a.unfused, precision, out)?;
+            }
             match a.wgsl {
                 Some(kernel) => {
                     print_text(&bench::plan_wgsl(&spec, !a.unfused, kernel, precision)?)

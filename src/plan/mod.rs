@@ -16,6 +16,7 @@ pub mod fuse;
 pub mod inplace;
 pub mod kernel;
 pub mod limits;
+pub mod picture;
 pub mod report;
 pub mod verify;
 
