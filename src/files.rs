@@ -7,6 +7,10 @@
 //! flushed to disk and renamed over the target: a crash leaves the old file or the new one,
 //! never half of one. Temporary files that an earlier, killed write to the same target left
 //! behind are removed by the next write; every failure is an error.
+//!
+//! The one other file rumus writes is the metrics log (`rumus run --metrics`), appended line by
+//! line as the run goes so that it can be followed and a killed run keeps its lines;
+//! `tests/it/script_writes.rs` checks that no other code creates, overwrites or renames files.
 
 use crate::err;
 use crate::error::{Error, Result};

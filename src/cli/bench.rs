@@ -15,6 +15,7 @@ use crate::err;
 use crate::error::{Result, Source};
 use crate::graph::optim::is_host_input;
 use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, Optimizer, TrainGraph};
+use crate::plan::picture::{self, Phases};
 use crate::plan::report::PlanReport;
 use crate::plan::{plan, PlanOptions};
 use crate::rng::Rng;
@@ -120,6 +121,28 @@ pub fn plan_command(
         return Ok(format!("{v}\n"));
     }
     Ok(format!("matmul precision {mode}\n{}", r.text()))
+}
+
+/// `rumus plan --svg OUT`: the memory picture of the training step's plan
+/// ([`crate::plan::picture`]) for [`plan_target`], written to `out`.
+pub fn plan_svg(
+    spec: &ModelSpec,
+    fusion: bool,
+    precision: Option<MatmulPrecision>,
+    out: &std::path::Path,
+) -> Result<()> {
+    let t = training_step(spec)?;
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
+    let scratch = crate::codegen::compile(&t.graph, &p, &plan_target(precision)?)?.scratch_bytes();
+    let phases = Phases { backward_start: t.backward_start, update_start: t.update_start };
+    let layout = picture::layout(&t.graph, &p, phases, scratch);
+    let title = format!(
+        "{}: the training step's memory, {} kernels, {}",
+        spec.file,
+        layout.kernels,
+        crate::memory::human(layout.total_bytes)
+    );
+    crate::files::write_atomic(out, layout.svg(&title)?.as_bytes())
 }
 
 /// `rumus plan --wgsl`: the WGSL of every kernel of the training step's plan, or of kernel

@@ -18,6 +18,9 @@ pub struct TrainGraph {
     pub grads: Vec<(NodeId, NodeId)>,
     /// The nodes the host drives the optimizer through.
     pub optim: OptimNodes,
+    /// The arena index of the first backward node: every node before it is forward (the loss
+    /// included).
+    pub backward_start: usize,
     /// The arena index of the first optimizer node: every node before it is forward, loss or
     /// backward, every node from it on reads the gradients to update (data-parallel training
     /// averages the gradients across ranks between the two).
@@ -28,11 +31,12 @@ pub struct TrainGraph {
 pub fn training_graph(mut g: Graph, loss: NodeId, cfg: &OptimConfig) -> Result<TrainGraph> {
     verify(&g)?; // the forward graph is well-formed before anything is appended
     let params: Vec<NodeId> = g.parameters().into_iter().map(|(id, _)| id).collect();
+    let backward_start = g.n_nodes();
     let grads = autodiff::grad(&mut g, loss, &params)?; // backward nodes, same arena
     let pairs: Vec<(NodeId, NodeId)> = params.into_iter().zip(grads).collect();
     let update_start = g.n_nodes();
     let optim = optim::apply(&mut g, &pairs, cfg)?; // update nodes and optimizer state
     g.set_output("loss", loss);
     verify(&g)?; // and still well-formed after both passes
-    Ok(TrainGraph { graph: g, loss, grads: pairs, optim, update_start })
+    Ok(TrainGraph { graph: g, loss, grads: pairs, optim, backward_start, update_start })
 }

@@ -20,6 +20,7 @@ pub mod fuse;
 pub mod inplace;
 pub mod kernel;
 pub mod limits;
+pub mod picture;
 pub mod report;
 pub mod verify;
 

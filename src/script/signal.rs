@@ -3,8 +3,12 @@
 //! returns to its prompt); a second press while the flag is still set exits at once with 130
 //! (for a long native call that cannot be stopped), saying so.
 //!
-//! rustyline replaces the SIGINT handler when its editor is created, so the REPL installs this
-//! one after creating the editor.
+//! The `ctrlc` crate catches the signal (SIGINT on Unix, the console's Ctrl-C event on
+//! Windows) and runs the handler on a thread of its own, not inside the signal handler, so
+//! the handler may print and exit like any code.
+//!
+//! rustyline replaces the SIGINT handler for as long as its editor lives, so the REPL installs
+//! this one after creating the editor.
 
 use super::engine::Interrupt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,33 +16,21 @@ use std::sync::{Arc, OnceLock};
 
 static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
-/// Route SIGINT to `interrupt` for the rest of the process: the first call picks the flag,
-/// every call (re)installs the handler, undoing a library that replaced it.
+/// Route Ctrl-C to `interrupt` for the rest of the process: the first call picks the flag and
+/// installs the handler; later calls change nothing.
 pub fn install(interrupt: &Interrupt) {
-    let _ = FLAG.set(interrupt.flag());
-    install_handler();
-}
-
-#[cfg(unix)]
-fn install_handler() {
-    extern "C" fn on_sigint(_: libc::c_int) {
-        // Only an atomic swap, `write` and `_exit`: async-signal-safe.
+    if FLAG.set(interrupt.flag()).is_err() {
+        return;
+    }
+    let handler = || {
         if let Some(flag) = FLAG.get() {
             if flag.swap(true, Ordering::SeqCst) {
-                const MSG: &[u8] = b"\ninterrupted twice: exiting\n";
-                unsafe {
-                    libc::write(2, MSG.as_ptr().cast(), MSG.len());
-                    libc::_exit(130);
-                }
+                eprintln!("\ninterrupted twice: exiting");
+                std::process::exit(130);
             }
         }
-    }
-    // SAFETY: the handler only touches atomics, `write` and `_exit`, which are allowed in a
-    // signal handler.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t);
-    }
+    };
+    // Without a handler (the platform refused one) Ctrl-C keeps its default, ending the
+    // process, which is what it would do anyway; nothing else is lost.
+    let _ = ctrlc::set_handler(handler);
 }
-
-#[cfg(not(unix))]
-fn install_handler() {}

@@ -478,3 +478,70 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
         assert_eq!(err.trim_end(), format!("RUMUS_MATMUL_COOP_TILE: {message}"));
     }
 }
+
+/// `rumus plan --svg` draws the step's memory: a well-formed SVG with one rectangle per value
+/// of the plan (a flat arena drawn as its members) in its kind's colour, plus one legend swatch
+/// per kind shown, and the peak (the kernel with the most live bytes) named.
+#[test]
+fn rumus_plan_svg_draws_each_value_and_the_peak() {
+    use rumus::plan::picture::Kind;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/plan_svg");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("xor.svg");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["plan", "scripts/xor.rms", "--set", "B=4", "--svg"])
+        .arg(&out)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stdout).starts_with("matmul precision highest\nops "));
+
+    // The same plan, counted here: every value but the arenas that hold members.
+    let spec = rumus::cli::bench::ModelSpec {
+        file: "scripts/xor.rms".into(),
+        model: None,
+        sets: vec![("B".into(), "4".into())],
+    };
+    let t = rumus::cli::bench::training_step(&spec).unwrap();
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+    let arenas: Vec<usize> = p.buffers.iter().filter_map(|b| b.within.map(|w| w.0)).collect();
+    let values: Vec<_> = p.values.iter().filter(|v| !arenas.contains(&v.buffer)).collect();
+    assert!(values.len() > 20 && values.len() < p.values.len(), "{}", values.len());
+    let target = rumus::cli::bench::plan_target(None).unwrap();
+    let scratch = rumus::codegen::compile(&t.graph, &p, &target).unwrap().scratch_bytes();
+    assert!(scratch > 0, "xor's step has scratch (cross-entropy's sum)");
+    let last = p.kernels.len() as i64 - 1;
+    let live = |k: i64| -> u64 {
+        let on = |v: &&&rumus::plan::Value| {
+            v.lifetime.first.max(0) <= k && k <= v.lifetime.last.min(last)
+        };
+        scratch + values.iter().filter(on).map(|v| v.bytes).sum::<u64>()
+    };
+    let peak = (0..=last).map(|k| (live(k), -k)).max().unwrap();
+
+    let text = std::fs::read_to_string(&out).unwrap();
+    let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let colours: Vec<String> = Kind::ALL
+        .iter()
+        .map(|k| {
+            let (r, g, b) = k.rgb();
+            format!("#{r:02X}{g:02X}{b:02X}")
+        })
+        .collect();
+    let rects = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("rect"))
+        .filter(|n| {
+            n.attribute("fill").is_some_and(|f| colours.iter().any(|c| c.eq_ignore_ascii_case(f)))
+        })
+        .count();
+    // Each value, the scratch, and a legend swatch for each of the five kinds.
+    assert_eq!(rects, values.len() + 1 + 5, "one rectangle per value and per legend swatch");
+    let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).map(str::trim).collect();
+    let expected = format!("peak: {} live at kernel {}", rumus::memory::human(peak.0), -peak.1);
+    assert!(texts.contains(&expected.as_str()), "{expected} not in {texts:?}");
+    for kind in ["activation", "gradient", "parameter", "optimizer state", "scratch"] {
+        assert!(texts.contains(&kind), "legend lacks {kind}");
+    }
+}

@@ -172,7 +172,11 @@ fn plot_writes_an_svg_of_every_curve() {
     );
     assert_eq!(
         rumus(&["plot", log]),
-        (2, String::new(), "plot needs one output file: -o FILE.svg\n".into())
+        (
+            2,
+            String::new(),
+            "missing --output FILE.svg; `rumus plot --help` shows the usage\n".into()
+        )
     );
 }
 
@@ -256,20 +260,104 @@ fn command_line_numbers_are_range_checked() {
     let mlp = "scripts/bench/mlp.rms";
     let max = u64::MAX.to_string();
     for (args, expected) in [
-        (vec!["run", &ok, "--seed", "-1"], "--seed must be a whole number from 0 to 18446744073709551615, got `-1`"),
-        (vec!["run", &ok, "--seed", "18446744073709551616"], "--seed must be a whole number from 0 to 18446744073709551615, got `18446744073709551616`"),
-        (vec!["run", &ok, "--log-every", "1.5"], "--log-every must be a whole number from 0 to 18446744073709551615, got `1.5`"),
-        (vec!["run", &ok, "--max-operations", "0"], "--max-operations must be a whole number from 1 to 18446744073709551615, got `0`"),
-        (vec!["run", &ok, "--timeout", "nan"], "--timeout must be a number of seconds from 0.001 to 31536000, got `nan`"),
-        (vec!["run", &ok, "--timeout", "1e300"], "--timeout must be a number of seconds from 0.001 to 31536000, got `1e300`"),
-        (vec!["run", &ok, "--timeout", "-1"], "--timeout must be a number of seconds from 0.001 to 31536000, got `-1`"),
-        (vec!["repl", "--timeout", "0"], "--timeout must be a number of seconds from 0.001 to 31536000, got `0`"),
-        (vec!["bench", mlp, "--warmup", &max], "--warmup must be a whole number from 0 to 1000000, got `18446744073709551615`"),
-        (vec!["bench", mlp, "--steps", "0"], "--steps must be a whole number from 1 to 1000000, got `0`"),
-        (vec!["bench", "--cpu-matmul", "--size", "1000000"], "--size must be a whole number from 1 to 65536, got `1000000`"),
-        (vec!["bench", "--cpu-matmul", "--size", "0"], "--size must be a whole number from 1 to 65536, got `0`"),
+        (vec!["run", &ok, "--seed", "-1"], "--seed: must be a whole number from 0 to 18446744073709551615, got `-1`"),
+        (vec!["run", &ok, "--seed", "18446744073709551616"], "--seed: must be a whole number from 0 to 18446744073709551615, got `18446744073709551616`"),
+        (vec!["run", &ok, "--log-every", "1.5"], "--log-every: must be a whole number from 0 to 18446744073709551615, got `1.5`"),
+        (vec!["run", &ok, "--max-operations", "0"], "--max-operations: must be a whole number from 1 to 18446744073709551615, got `0`"),
+        (vec!["run", &ok, "--timeout", "nan"], "--timeout: must be a number of seconds from 0.001 to 31536000, got `nan`"),
+        (vec!["run", &ok, "--timeout", "1e300"], "--timeout: must be a number of seconds from 0.001 to 31536000, got `1e300`"),
+        (vec!["run", &ok, "--timeout", "-1"], "--timeout: must be a number of seconds from 0.001 to 31536000, got `-1`"),
+        (vec!["repl", "--timeout", "0"], "--timeout: must be a number of seconds from 0.001 to 31536000, got `0`"),
+        (vec!["bench", mlp, "--warmup", &max], "--warmup: must be a whole number from 0 to 1000000, got `18446744073709551615`"),
+        (vec!["bench", mlp, "--steps", "0"], "--steps: must be a whole number from 1 to 1000000, got `0`"),
+        (vec!["bench", "--cpu-matmul", "--size", "1000000"], "--size: must be a whole number from 1 to 65536, got `1000000`"),
+        (vec!["bench", "--cpu-matmul", "--size", "0"], "--size: must be a whole number from 1 to 65536, got `0`"),
         (vec!["bench", mlp, "--set", "hidden=1e999"], "--set hidden=1e999: the value must be a finite number"),
         (vec!["run", &ok, "--seed"], "--seed needs a value"),
+    ] {
+        check(&args, &[], (2, expected));
+    }
+}
+
+/// `--help` on any command prints that command's usage to stdout and exits 0, as `rumus help
+/// COMMAND` does; `--version` prints the version.
+#[test]
+fn help_and_version_print_and_exit_zero() {
+    let version = format!("rumus {}\n", env!("CARGO_PKG_VERSION"));
+    assert_eq!(rumus(&["--version"]), (0, version, String::new()));
+    for (args, start) in [
+        (&["run", "--help"][..], "Run a script\n\nUsage: rumus run [OPTIONS] <FILE>\n"),
+        (&["help", "run"], "Run a script\n\nUsage: rumus run [OPTIONS] <FILE>\n"),
+        (&["plan", "x.rms", "--help"], "Print a model's compiled training step"),
+        (&["bench", "-h"], "Time a model's training step"),
+        (&["launch", "--help"], "`rumus run` on N ranks through mpirun"),
+        (&["--help"], "rumus: a model language"),
+        (&["help"], "rumus: a model language"),
+    ] {
+        let (code, out, err) = rumus(args);
+        assert_eq!((code, err.as_str()), (0, ""), "{args:?}");
+        assert!(out.starts_with(start), "{args:?}: {out}");
+    }
+    // Every command and every flag of `run` is listed.
+    let (_, top, _) = rumus(&["help"]);
+    for command in ["run", "launch", "repl", "graph", "plot", "plan", "bench"] {
+        assert!(top.contains(&format!("\n  {command} ")), "{command}: {top}");
+    }
+    let (_, run, _) = rumus(&["run", "--help"]);
+    for flag in [
+        "--device <DEVICE>",
+        "--seed <N>",
+        "--max-operations <N>",
+        "--timeout <SECS>",
+        "--matmul-precision <MODE>",
+        "--metrics <FILE>",
+        "--plot <FILE.svg>",
+        "--log-every <N>",
+    ] {
+        assert!(run.contains(flag), "{flag}: {run}");
+    }
+}
+
+/// Usage errors are one line in our style, exit code 2: mistyped commands and flags get a
+/// suggestion, a missing argument names what is missing and where the usage is.
+#[test]
+fn usage_errors_name_the_mistake_and_suggest_a_fix() {
+    let ok = script("ok.rms", "print(1 + 1);\n");
+    for (args, expected) in [
+        (vec![], "no command given; `rumus help` lists the commands"),
+        (vec!["runn", &ok], "unknown command `runn`; did you mean `run`?"),
+        (vec!["plna"], "unknown command `plna`; did you mean `plan`?"),
+        (vec!["run", &ok, "--sed", "1"], "unexpected argument `--sed`; did you mean `--seed`?"),
+        (vec!["bench", "--kernel"], "unexpected argument `--kernel`; did you mean `--kernels`?"),
+        (
+            vec!["run", &ok, "--frob"],
+            "unexpected argument `--frob`; `rumus run --help` lists the options",
+        ),
+        (
+            vec!["run", &ok, "extra"],
+            "unexpected argument `extra`; `rumus run --help` lists the options",
+        ),
+        (vec!["run"], "missing FILE; `rumus run --help` shows the usage"),
+        (vec!["launch", &ok], "missing -n N; `rumus launch --help` shows the usage"),
+        (vec!["run", &ok, "--seed", "1", "--seed", "2"], "--seed can be given only once"),
+        (
+            vec!["bench", "--kernels", "--cpu-matmul"],
+            "--cpu-matmul and --kernels cannot be combined",
+        ),
+        (
+            vec!["bench", "--size", "64"],
+            "missing --cpu-matmul and FILE; `rumus bench --help` shows the usage",
+        ),
+        (vec!["plan", &ok, "--set", "B"], "--set: needs NAME=VALUE, got `B`"),
+        (
+            vec!["plan", "--wgsl", &ok],
+            "--wgsl: `target/script_cli/ok.rms` is not a kernel number; write FILE before --wgsl",
+        ),
+        (vec!["launch", "-n", "0", &ok], "-n: must be a whole number from 1 to 4096, got `0`"),
+        (
+            vec!["launch", "-n", "2", &ok, "--seed", "x"],
+            "--seed: must be a whole number from 0 to 18446744073709551615, got `x`",
+        ),
     ] {
         check(&args, &[], (2, expected));
     }

@@ -175,3 +175,38 @@ fn exit_ends_the_script_and_its_status_reaches_the_host() {
         RunOptions { file, host: HostOptions::default(), metrics: None, log_every: 0, plot: None };
     assert_eq!(runner::run(opts).unwrap(), 3);
 }
+
+/// Every file the library writes goes through `files::write_atomic`: no other code under `src/`
+/// creates, overwrites or renames a file, except the metrics log, which is written line by line
+/// as a run goes (so `tail -f` follows it and a killed run keeps its lines).
+#[test]
+fn write_atomic_is_the_only_writer() {
+    const WRITERS: [&str; 5] =
+        ["File::create(", "fs::write(", "OpenOptions::new(", "fs::rename(", "fs::copy("];
+    const ALLOWED: [(&str, &str); 1] = [("src/script/runner.rs", "File::create(")];
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    let mut folders = vec![root.join("src")];
+    while let Some(dir) = folders.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+            if rel == "src/files.rs" || !rel.ends_with(".rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for w in WRITERS {
+                for _ in text.matches(w) {
+                    found.push((rel.clone(), w));
+                }
+            }
+        }
+    }
+    found.sort();
+    let allowed: Vec<(String, &str)> = ALLOWED.iter().map(|&(f, w)| (f.to_string(), w)).collect();
+    assert_eq!(found, allowed, "write files through rumus::files::write_atomic");
+}
