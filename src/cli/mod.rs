@@ -1,4 +1,4 @@
-//! The `rumus` command line: arguments parsed ([`args`]: clap, every number range-checked),
+//! The `rumus` command line: arguments parsed (`args`: clap, every number range-checked),
 //! the library called, errors mapped to exit codes (0 success, 1 script or runtime error, 2
 //! usage or I/O error, 130 interrupted by Ctrl-C; `exit(n)` in a script exits `n`; a broken
 //! pipe on stdout is success).

@@ -10,7 +10,7 @@
 //! rounded up to the tile's `bm`, `bn` and `bk` and the padding zero-filled: every row is a
 //! whole number of units and every slice the product stages lies inside its plane. A broadcast
 //! operand (batch stride 0) has one plane for every batch. Both kernels compute the extents
-//! from the `Params` uniform with the same WGSL ([`layout`]), the host with
+//! from the `Params` uniform with the same WGSL (`layout`), the host with
 //! [`workspace_words`].
 //!
 //! Real kernels bind the workspace as `array<vec4<f16>>` (two elements a unit; naga 30 cannot
