@@ -23,6 +23,7 @@ use crate::dist::Communicator;
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
+use crate::plan::alloc::value_bytes;
 use crate::plan::Plan;
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -117,8 +118,7 @@ impl Exchange {
                 .rev()
                 .find(|&k| plan.kernels[k].outputs.iter().any(|&o| owner(o) == owner(v)))
                 .ok_or_else(|| refuse(format!("no kernel of the backward pass writes node {}", v.index())))?;
-            let bytes = g.shape(v).iter().product::<usize>().max(1) as u64 * 4;
-            values.push((last, value.buffer, bytes));
+            values.push((last, value.buffer, value_bytes(g, v)));
         }
         values.sort_by_key(|&(k, _, _)| k);
         let total: u64 = values.iter().map(|&(_, _, n)| n).sum();
