@@ -90,6 +90,11 @@ def bench(name, mode, steps=40, warm=10):
         return loss
     if not mode.startswith("eager"):
         step = torch.compile(step, mode="reduce-overhead" if mode == "reduce-overhead" else None)
+    if os.environ.get("LOSSES"):
+        # Every step's loss (warm-up included, as `rumus bench --json`'s `losses`), read back after
+        # each step: for comparing precision modes' trajectories, not for timing.
+        losses = [step().item() for _ in range(warm + steps)]
+        return dict(model=name, mode=mode, losses=losses)
     t0 = time.perf_counter()
     for _ in range(warm):
         step()
@@ -133,7 +138,8 @@ if __name__ == "__main__":
     torch.backends.cudnn.allow_tf32 = False
     # modes: eager (fp32, TF32 off), eager-tf32, eager-bf16 (autocast), eager-best (bf16 autocast +
     # SDPA attention + fused AdamW), compile, compile-best, reduce-overhead (CUDA graphs)
-    # MODELS=mlp,gpt-small limits the models; NO_KERNELS=1 skips the kernel figures
+    # MODELS=mlp,gpt-small limits the models; NO_KERNELS=1 skips the kernel figures; LOSSES=1
+    # prints each step's loss instead of timing
     modes = sys.argv[1:] or ["eager", "compile", "reduce-overhead"]
     out = [] if os.environ.get("NO_KERNELS") else [
         matmul(4096, False), matmul(4096, True), matmul(4096, False, torch.float16),
