@@ -207,6 +207,25 @@ impl<'a> ExprEmitter<'a> {
         names
     }
 
+    /// The value of `id` if it is a constant inlined here, directly or through views.
+    fn constant(&self, mut id: NodeId) -> Option<f32> {
+        loop {
+            if self.register.as_ref().is_some_and(|(r, _)| *r == id) {
+                return None;
+            }
+            let node = self.g.node(id);
+            match node.op {
+                Op::Constant { value } => return Some(value),
+                _ if node.op.is_view()
+                    && (self.plan.value_of(id).is_none() || self.root == Some(id)) =>
+                {
+                    id = node.inputs[0]
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// The WGSL of the value `f` traces (`super::trace`), its shared parts bound to `let`s.
     fn traced(&mut self, f: impl for<'t> FnOnce(&'t Trace) -> Wgsl<'t>) -> String {
         let t = Trace::default();
@@ -320,7 +339,12 @@ impl<'a> ExprEmitter<'a> {
             let c = broadcast_coords(s.g.shape(ins[k]), coords);
             s.emit(ins[k], &c)
         };
-        let traced_operand = |s: &mut Self, k: usize| Operand::Wgsl(operand(s, k));
+        // A constant operand stays a number, so the trace folds constant subexpressions rather
+        // than writing WGSL const-expressions (`log(-0.5)` fails shader creation).
+        let traced_operand = |s: &mut Self, k: usize| match s.constant(ins[k]) {
+            Some(v) => Operand::Constant(v),
+            None => Operand::Wgsl(operand(s, k)),
+        };
         let e = match &node.op {
             Op::Unary(u) => {
                 let x = traced_operand(self, 0);

@@ -241,6 +241,9 @@ impl<'t> Scalar for Wgsl<'t> {
         Wgsl::apply(&[self], Kind::Test("is_nan_"), |v| v[0].isnan())
     }
     fn select(self, then: Self, otherwise: Self) -> Self {
+        if let Wgsl::Lit(c) = self {
+            return if c != 0.0 { then } else { otherwise };
+        }
         Wgsl::apply(&[self, then, otherwise], Kind::Select, |v| v[0].select(v[1], v[2]))
     }
     /// A call of the WGSL function `name`, its definition traced once per trace for
@@ -259,9 +262,9 @@ impl<'t> Scalar for Wgsl<'t> {
     }
 }
 
-/// A constant as WGSL: an f32 literal that round-trips exactly.
+/// A constant as WGSL: an f32 literal that round-trips exactly (NaN as the quiet NaN).
 fn lit(v: f64) -> String {
-    f32_lit(v as f32)
+    f32_lit(if v.is_nan() { f32::NAN } else { v as f32 })
 }
 
 /// Rendered WGSL of a node: its text, whether it is bool, and whether it needs parentheses as
@@ -446,3 +449,98 @@ fn erf_(x: f32) -> f32 {
     return sign_(x) * y;
 }
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value `build` traces renders as `expected`: the `let`s bound, then the expression.
+    fn check(build: impl for<'t> FnOnce(&'t Trace) -> Wgsl<'t>, expected: &str) {
+        let t = Trace::default();
+        let v = build(&t);
+        let (mut lets, mut n) = (String::new(), 0);
+        let e = t.render(v, &mut |e| {
+            n += 1;
+            lets.push_str(&format!("let v{n} = {e}; "));
+            format!("v{n}")
+        });
+        assert_eq!(format!("{lets}{e}"), expected);
+    }
+
+    fn wgsl<'t>(t: &'t Trace, e: &str) -> Wgsl<'t> {
+        t.operand(&Operand::Wgsl(e.to_string()))
+    }
+
+    fn constant(t: &Trace, v: f32) -> Wgsl<'_> {
+        t.operand(&Operand::Constant(v))
+    }
+
+    #[test]
+    fn rows_render_with_codegen_spellings() {
+        use {BinaryOp as B, UnaryOp as U};
+        check(|t| U::Neg.eval(wgsl(t, "x")), "-x");
+        check(|t| U::Rsqrt.eval(wgsl(t, "x")), "inverseSqrt(x)");
+        check(|t| U::Tanh.eval(wgsl(t, "x")), "tanh_(x)");
+        check(|t| U::Relu.eval(wgsl(t, "x")), "max_(x, 0.0)");
+        check(|t| U::Softplus.eval(wgsl(t, "x")), "max_(x, 0.0) + log(1.0 + exp(-abs(x)))");
+        check(
+            |t| U::Sign.eval(wgsl(t, "x")),
+            "select(select(0.0, 1.0, x > 0.0) - select(0.0, 1.0, 0.0 > x), x, is_nan_(x))",
+        );
+        check(|t| U::GeluTanh.eval(wgsl(t, "x")), "gelu_tanh(x)");
+        check(|t| B::Pow.eval(wgsl(t, "x"), wgsl(t, "y")), "pow_(x, y)");
+        check(|t| B::Maximum.eval(wgsl(t, "x"), wgsl(t, "y")), "max_(x, y)");
+        check(|t| B::Greater.eval(wgsl(t, "x"), wgsl(t, "y")), "select(0.0, 1.0, x > y)");
+        check(|t| B::Equal.eval(wgsl(t, "x"), wgsl(t, "y")), "select(0.0, 1.0, x == y)");
+        check(|t| wgsl(t, "c").select(wgsl(t, "x"), wgsl(t, "y")), "select(y, x, !(c == 0.0))");
+    }
+
+    #[test]
+    fn shared_operands_are_bound_once_and_names_are_not() {
+        check(|t| UnaryOp::Square.eval(wgsl(t, "x")), "x * x");
+        check(|t| UnaryOp::Square.eval(wgsl(t, "b0[i]")), "let v1 = b0[i]; v1 * v1");
+        check(
+            |t| {
+                let s = wgsl(t, "a") + wgsl(t, "b");
+                let q = s * s;
+                q * q
+            },
+            "let v1 = a + b; let v2 = v1 * v1; v2 * v2",
+        );
+        check(
+            |t| {
+                let c = wgsl(t, "x").greater(wgsl(t, "y"));
+                c.select(c, wgsl(t, "z"))
+            },
+            "let v1 = x > y; select(z, select(0.0, 1.0, v1), v1)",
+        );
+    }
+
+    #[test]
+    fn negative_operands_are_parenthesized() {
+        check(|t| -wgsl(t, "-0.5"), "-(-0.5)");
+        check(|t| wgsl(t, "x") * constant(t, -0.5), "x * (-0.5)");
+        check(|t| -(-wgsl(t, "x")), "-(-x)");
+    }
+
+    #[test]
+    fn constant_subexpressions_fold() {
+        check(|t| UnaryOp::Neg.eval(constant(t, -0.5)), "0.5");
+        check(|t| UnaryOp::Log.eval(constant(t, -0.5)), "bitcast<f32>(2143289344u)");
+        check(|t| UnaryOp::Sqrt.eval(constant(t, 4.0)) + wgsl(t, "x"), "2.0 + x");
+        check(|t| BinaryOp::Div.eval(constant(t, 1.0), constant(t, 0.0)), "bitcast<f32>(2139095040u)");
+        check(|t| constant(t, 0.0).select(wgsl(t, "x"), wgsl(t, "y")), "y");
+        check(|t| constant(t, f32::NAN).select(wgsl(t, "x"), wgsl(t, "y")), "x");
+    }
+
+    #[test]
+    fn composites_are_functions_traced_from_their_definitions() {
+        let lib = math_wgsl();
+        for name in ["sigmoid", "silu", "silu_grad", "gelu", "gelu_grad", "gelu_tanh"] {
+            assert_eq!(lib.matches(&format!("fn {name}(x: f32) -> f32 {{")).count(), 1, "{name}");
+        }
+        assert!(lib.contains(
+            "fn silu_grad(x: f32) -> f32 {\n    let v1 = sigmoid(x);\n    return v1 * (1.0 + (x * (1.0 - v1)));\n}\n"
+        ));
+    }
+}
