@@ -304,6 +304,11 @@ unary_ops! {
         value: |x| x.max_nan(T::zero()) + (T::one() + (-x.abs()).exp()).ln(),
         local: |g, x, y| g.unary(UnaryOp::Sigmoid, x)?
     }
+    /// log σ(x) = -softplus(-x), as min(x, 0) - log(1 + e^-|x|), which cannot overflow.
+    LogSigmoid "log_sigmoid" language {
+        value: |x| x.min_nan(T::zero()) - (T::one() + (-x.abs()).exp()).ln(),
+        local: |g, x, y| { let nx = g.neg(x)?; g.unary(UnaryOp::Sigmoid, nx)? }
+    }
     /// sign(x) ∈ {-1, 0, 1} (NaN stays NaN, -0 gives 0); gradient helper for `abs`.
     Sign "sign" helper {
         value: |x| x.isnan().select(x, x.greater(T::zero()) - T::zero().greater(x)),
