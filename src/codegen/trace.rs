@@ -9,7 +9,8 @@
 //! node's uses: one used more than once (a shared operand, `t` in `1 - t * t`) is bound to a
 //! `let` once rather than written out again, so expressions grow with the formula, never
 //! exponentially, and every kernel reads as one statement a line. Constant subexpressions fold
-//! in f64, as WGSL folds its abstract-float constants. The composite functions of `Scalar`
+//! here, in f64 as WGSL folds its abstract-float constants, so the WGSL compiler never meets a
+//! const-expression outside a function's domain (`log(-0.5)` fails shader creation). The composite functions of `Scalar`
 //! (`sigmoid`, `gelu`, ...) become WGSL functions of [`math_wgsl`], traced from their one
 //! definition, and the kernels call them by name.
 
@@ -45,6 +46,7 @@ struct Node {
     args: Vec<usize>,
 }
 
+/// What a node computes.
 #[derive(Clone, Debug)]
 enum Kind {
     /// WGSL written elsewhere: an operand, a function's parameter.
@@ -249,7 +251,7 @@ impl<'t> Scalar for Wgsl<'t> {
     /// A call of the WGSL function `name`, its definition traced once per trace for
     /// [`Trace::functions`].
     fn composite(self, name: &'static str, definition: fn(Self) -> Self) -> Self {
-        let Wgsl::Expr(t, _) = self else { return definition(self) };
+        let Wgsl::Expr(t, x) = self else { return definition(self) };
         if !t.functions.borrow().iter().any(|f| f.0 == name) {
             let param = t.push(Kind::Leaf("x".to_string()), Vec::new());
             t.functions.borrow_mut().push((name, None));
@@ -258,7 +260,7 @@ impl<'t> Scalar for Wgsl<'t> {
                 f.1 = Some(body);
             }
         }
-        Wgsl::apply(&[self], Kind::Call(name), |v| v[0])
+        Wgsl::Expr(t, t.push(Kind::Call(name), vec![x]))
     }
 }
 
