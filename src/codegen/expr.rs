@@ -5,6 +5,8 @@
 //! through broadcasting and the index-remapping views (`broadcast_to`, `permute`, `slice`).
 //! Shapes are static, so every size and stride is a literal.
 
+use super::trace::{Operand, Trace, Wgsl};
+use crate::graph::scalar::Scalar;
 use crate::graph::{Graph, NodeId, Op, Window};
 use crate::plan::Plan;
 use crate::tensor::DType;
@@ -205,6 +207,32 @@ impl<'a> ExprEmitter<'a> {
         names
     }
 
+    /// The value of `id` if it is a constant inlined here, directly or through views.
+    fn constant(&self, mut id: NodeId) -> Option<f32> {
+        loop {
+            if self.register.as_ref().is_some_and(|(r, _)| *r == id) {
+                return None;
+            }
+            let node = self.g.node(id);
+            match node.op {
+                Op::Constant { value } => return Some(value),
+                _ if node.op.is_view()
+                    && (self.plan.value_of(id).is_none() || self.root == Some(id)) =>
+                {
+                    id = node.inputs[0]
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The WGSL of the value `f` traces (`super::trace`), its shared parts bound to `let`s.
+    fn traced(&mut self, f: impl for<'t> FnOnce(&'t Trace) -> Wgsl<'t>) -> String {
+        let t = Trace::default();
+        let v = f(&t);
+        t.render(v, &mut |e| self.bind(e))
+    }
+
     /// A `let` binding of `e`; its name.
     fn bind(&mut self, e: &str) -> String {
         let v = self.fresh();
@@ -311,22 +339,25 @@ impl<'a> ExprEmitter<'a> {
             let c = broadcast_coords(s.g.shape(ins[k]), coords);
             s.emit(ins[k], &c)
         };
+        // A constant operand stays a number, so the trace folds constant subexpressions rather
+        // than writing WGSL const-expressions (`log(-0.5)` fails shader creation).
+        let traced_operand = |s: &mut Self, k: usize| match s.constant(ins[k]) {
+            Some(v) => Operand::Constant(v),
+            None => Operand::Wgsl(operand(s, k)),
+        };
         let e = match &node.op {
             Op::Unary(u) => {
-                let x = operand(self, 0);
-                u.wgsl(&x)
+                let x = traced_operand(self, 0);
+                self.traced(|t| u.eval(t.operand(&x)))
             }
             Op::Binary(b) => {
-                let a = operand(self, 0);
-                let c = operand(self, 1);
-                b.wgsl(&a, &c)
+                let (x, y) = (traced_operand(self, 0), traced_operand(self, 1));
+                self.traced(|t| b.eval(t.operand(&x), t.operand(&y)))
             }
             Op::Where => {
-                let c = operand(self, 0);
-                let a = operand(self, 1);
-                let b = operand(self, 2);
-                // `!=` may compile to an ordered comparison, false for NaN; NaN is true here
-                format!("select({b}, {a}, !({c} == 0.0))")
+                let c = traced_operand(self, 0);
+                let (x, y) = (traced_operand(self, 1), traced_operand(self, 2));
+                self.traced(|t| t.operand(&c).select(t.operand(&x), t.operand(&y)))
             }
             Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
                 return match self.view_coords(id, coords) {
@@ -402,78 +433,3 @@ impl<'a> ExprEmitter<'a> {
         v
     }
 }
-
-/// Math helpers every elementwise module may call. NaN and the infinities behave as in the CPU
-/// reference (Rust's f32, C's `powf`) rather than as WGSL leaves them: `max`, `min`, `clamp` and
-/// `sign` may drop a NaN operand, and `pow` is `exp2(y * log2(x))`, defined for x > 0 only. NaN
-/// is tested on its bits, which no optimizer may assume away.
-pub const MATH_WGSL: &str = "fn is_nan_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
-fn is_inf_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) == 0x7f800000u; }
-fn max_(a: f32, b: f32) -> f32 {
-    // NaN if either is NaN, else the larger (the first on ties)
-    if (is_nan_(a) || is_nan_(b)) { return bitcast<f32>(0x7fc00000u); }
-    return select(a, b, b > a);
-}
-fn min_(a: f32, b: f32) -> f32 {
-    if (is_nan_(a) || is_nan_(b)) { return bitcast<f32>(0x7fc00000u); }
-    return select(a, b, b < a);
-}
-fn sign_(x: f32) -> f32 { return select(select(select(0.0, -1.0, x < 0.0), 1.0, x > 0.0), x, is_nan_(x)); }
-fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
-fn tanh_(x: f32) -> f32 {
-    // tanh without overflow for large |x|, and by its series near 0 (where 1 - e cancels)
-    if (abs(x) < 0.125) {
-        let x2 = x * x;
-        return x * (1.0 + x2 * (-0.33333333 + x2 * (0.13333333 + x2 * -0.053968254)));
-    }
-    let e = exp(-2.0 * abs(x));
-    return sign_(x) * (1.0 - e) / (1.0 + e);
-}
-fn pow_(a: f32, b: f32) -> f32 {
-    // C powf: x^0 = 1^y = 1 (NaN included), integer exponents of negative bases, zeros and
-    // infinities by their limits
-    if (b == 0.0 || a == 1.0) { return 1.0; }
-    if (is_nan_(a) || is_nan_(b)) { return bitcast<f32>(0x7fc00000u); }
-    let ab = abs(a);
-    if (is_inf_(b)) {
-        if (ab == 1.0) { return 1.0; }
-        return select(0.0, bitcast<f32>(0x7f800000u), (ab > 1.0) == (b > 0.0));
-    }
-    let integer = b == floor(b);
-    // every f32 of magnitude 2^24 or more is an even integer
-    let odd = integer && abs(b) < 16777216.0 && (i32(b) & 1) == 1;
-    let negative = (bitcast<u32>(a) >> 31u) == 1u;
-    if (negative && !integer && ab != 0.0 && !is_inf_(a)) { return bitcast<f32>(0x7fc00000u); }
-    var m: f32;
-    if (ab == 0.0 || is_inf_(a)) {
-        m = select(0.0, bitcast<f32>(0x7f800000u), (ab == 0.0) == (b < 0.0));
-    } else {
-        m = pow(ab, b);
-    }
-    return select(m, -m, negative && odd);
-}
-fn erf_(x: f32) -> f32 {
-    // Abramowitz-Stegun 7.1.26 refined: max abs error 1.5e-7
-    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
-    let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * exp(-x * x);
-    return sign_(x) * y;
-}
-fn gelu(x: f32) -> f32 { return 0.5 * x * (1.0 + erf_(x * 0.70710678118654752)); }
-fn gelu_grad(x: f32) -> f32 {
-    return 0.5 * (1.0 + erf_(x * 0.70710678118654752)) + x * 0.39894228040143268 * exp(-0.5 * x * x);
-}
-fn gelu_tanh(x: f32) -> f32 {
-    let u = 0.79788456080286536 * (x + 0.044715 * x * x * x);
-    return 0.5 * x * (1.0 + tanh_(u));
-}
-fn gelu_tanh_grad(x: f32) -> f32 {
-    let u = 0.79788456080286536 * (x + 0.044715 * x * x * x);
-    let t = tanh_(u);
-    let du = 0.79788456080286536 * (1.0 + 3.0 * 0.044715 * x * x);
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du;
-}
-fn silu_grad(x: f32) -> f32 {
-    let s = sigmoid(x);
-    return s * (1.0 + x * (1.0 - s));
-}
-";

@@ -5,7 +5,8 @@
 //! - [`wgsl`]: the generated kernels (elementwise, update copies; row kernels in `rows.rs`,
 //!   gathers in `gather.rs`, embedding backward's sort in `embedding_grad.rs`) and the matmul
 //!   epilogue, written with [`writer`];
-//! - [`expr`]: the inlined elementwise expressions those kernels evaluate;
+//! - [`expr`]: the inlined elementwise expressions those kernels evaluate, each op's WGSL traced
+//!   from its row of the op table by [`trace`], which also writes the math functions they call;
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
 //! - [`precision`]: the matmul precision modes (`highest`, `high`, `medium`);
 //! - [`attention`]: the FlashAttention-2 forward and backward kernels, generated;
@@ -28,6 +29,7 @@ pub mod precision;
 pub mod program;
 mod rows;
 pub mod templates;
+pub mod trace;
 pub mod wgsl;
 pub mod writer;
 

@@ -17,7 +17,8 @@
 //! an update in place writes nothing once a check failed, so a step that fails leaves
 //! parameters and state as they were, as on the CPU.
 
-use super::expr::{decompose, ExprEmitter, HASH32_WGSL, MATH_WGSL};
+use super::expr::{decompose, ExprEmitter, HASH32_WGSL};
+use super::trace::math_wgsl;
 use super::embedding_grad::{embedding_grad, embedding_grad_stages};
 use super::gather::{concat, embedding};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
@@ -364,7 +365,7 @@ fn generate_binding(
         });
     }
     h.blank();
-    h.lines(MATH_WGSL);
+    h.lines(math_wgsl());
     h.blank();
     let stage_name = if stages(g, k, target) > 1 { format!(" stage {stage}") } else { String::new() };
     Program {
@@ -466,6 +467,6 @@ pub fn matmul_epilogue(
         let at = i + 4;
         decls.line(&format!("@group(0) @binding({at}) var<storage, read> e{i}: array<{ty}>;"));
     }
-    decls.lines(MATH_WGSL);
+    decls.lines(math_wgsl());
     Some(MatmulEpilogue { decls: decls.finish(), body, extra })
 }

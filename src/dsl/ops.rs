@@ -366,7 +366,7 @@ mod tests {
         assert_eq!(
             names.join(" "),
             "add sub mul div pow maximum minimum neg exp log sqrt rsqrt abs square tanh sigmoid \
-             relu gelu gelu_tanh silu softplus where sum mean max reshape permute transpose broadcast_to \
+             relu gelu gelu_tanh silu softplus log_sigmoid where sum mean max reshape permute transpose broadcast_to \
              slice concat matmul softmax log_softmax causal_mask layer_norm attention embedding \
              cross_entropy mse dropout conv2d max_pool2d avg_pool2d flatten batch_norm"
         );

@@ -2,10 +2,9 @@
 //! knows about it.
 //!
 //! A row gives the op's variant; its name as the language spells it; `language` if the model
-//! language exposes it, or `helper` for a gradient helper that only autodiff builds; its value in
-//! Rust, generic over [`Float`] (the CPU interpreter runs it in f32 and f64); its WGSL expression,
-//! a format string over the operands' expressions `{x}` (unary) or `{a}` and `{b}` (binary),
-//! which may call the math helpers of `codegen::expr::MATH_WGSL`; and its backward rule, one of
+//! language exposes it, or `helper` for a gradient helper that only autodiff builds; its value,
+//! one Rust expression generic over [`Scalar`] with no branches (comparisons and choices are
+//! `Scalar` methods returning values); and its backward rule, one of
 //!
 //! - `local: |g, x, y| …`, the local derivative (the input gradient is `dy · local`);
 //! - `grad: |g, x, y, dy| …` (unary) or `grad: |g, a, b, y, dy| …` (binary, the gradients of both
@@ -13,14 +12,15 @@
 //! - `none`: gradients do not flow (the op is differentiable exactly when it has a rule).
 //!
 //! Rules build graph nodes with the builder (`x`, `a`, `b` the inputs, `y` the output, `dy` its
-//! gradient; `?` is allowed). The CPU interpreter, autodiff, codegen and the language read this
+//! gradient; `?` is allowed). The value is the op's only definition: the CPU interpreter
+//! evaluates it in f32 and f64, and codegen evaluates it on a symbolic scalar that writes the
+//! WGSL expression (`codegen::trace`), so the table holds no WGSL and the two backends cannot
+//! compute different formulas. The CPU interpreter, autodiff, codegen and the language read this
 //! table, so adding an activation is one row here plus its test cases (the op-table walks in the
-//! tests name any row without one). The WGSL expressions here are the only WGSL outside
-//! `codegen/` and `shaders/`: an op's definition stays in one row.
+//! tests name any row without one).
 
-use super::float::Float;
-use super::float::{gelu, gelu_grad, gelu_tanh, gelu_tanh_grad, sigmoid, sign, silu, silu_grad};
 use super::ir::{Graph, NodeId};
+use super::scalar::Scalar;
 use crate::error::Result;
 
 /// The number of token trees given (the rows of a table).
@@ -84,8 +84,7 @@ macro_rules! unary_ops {
     ($(
         $(#[doc = $doc:literal])*
         $v:ident $name:literal $exposed:ident {
-            cpu: |$x:ident| $cpu:expr,
-            wgsl: $wgsl:literal,
+            value: |$x:ident| $value:expr,
             $($rule:tt)+
         }
     )*) => {
@@ -120,20 +119,13 @@ macro_rules! unary_ops {
                 }
             }
 
-            /// The op's value at `x`.
-            pub fn eval<T: Float>(self, x: T) -> T {
+            /// The op's value at `x`: a number on the CPU, a WGSL expression in codegen.
+            pub fn eval<T: Scalar>(self, x: T) -> T {
                 match self {
                     $(UnaryOp::$v => {
                         let $x = x;
-                        $cpu
+                        $value
                     })*
-                }
-            }
-
-            /// The WGSL expression of the op applied to the WGSL expression `x`.
-            pub fn wgsl(self, x: &str) -> String {
-                match self {
-                    $(UnaryOp::$v => format!($wgsl, x = x),)*
                 }
             }
 
@@ -160,8 +152,7 @@ macro_rules! binary_ops {
     ($(
         $(#[doc = $doc:literal])*
         $v:ident $name:literal $exposed:ident {
-            cpu: |$a:ident, $b:ident| $cpu:expr,
-            wgsl: $wgsl:literal,
+            value: |$a:ident, $b:ident| $value:expr,
             $($rule:tt)+
         }
     )*) => {
@@ -196,20 +187,13 @@ macro_rules! binary_ops {
                 }
             }
 
-            /// The op's value at `(a, b)`.
-            pub fn eval<T: Float>(self, a: T, b: T) -> T {
+            /// The op's value at `(a, b)`: a number on the CPU, a WGSL expression in codegen.
+            pub fn eval<T: Scalar>(self, a: T, b: T) -> T {
                 match self {
                     $(BinaryOp::$v => {
                         let ($a, $b) = (a, b);
-                        $cpu
+                        $value
                     })*
-                }
-            }
-
-            /// The WGSL expression of the op applied to the WGSL expressions `a` and `b`.
-            pub fn wgsl(self, a: &str, b: &str) -> String {
-                match self {
-                    $(BinaryOp::$v => format!($wgsl, a = a, b = b),)*
                 }
             }
 
@@ -250,112 +234,99 @@ impl BinaryOp {
 unary_ops! {
     /// -x.
     Neg "neg" language {
-        cpu: |x| -x,
-        wgsl: "(-{x})",
+        value: |x| -x,
         grad: |g, x, y, dy| g.neg(dy)?
     }
     /// eˣ.
     Exp "exp" language {
-        cpu: |x| x.exp(),
-        wgsl: "exp({x})",
+        value: |x| x.exp(),
         local: |g, x, y| y
     }
     /// Natural logarithm.
     Log "log" language {
-        cpu: |x| x.ln(),
-        wgsl: "log({x})",
+        value: |x| x.ln(),
         grad: |g, x, y, dy| g.div(dy, x)?
     }
     /// Square root.
     Sqrt "sqrt" language {
-        cpu: |x| x.sqrt(),
-        wgsl: "sqrt({x})",
+        value: |x| x.sqrt(),
         grad: |g, x, y, dy| { let two_y = g.scale(y, 2.0)?; g.div(dy, two_y)? }
     }
     /// 1 / √x.
     Rsqrt "rsqrt" language {
-        cpu: |x| T::one() / x.sqrt(),
-        wgsl: "inverseSqrt({x})",
+        value: |x| x.rsqrt(),
         local: |g, x, y| { let y2 = g.square(y)?; let y3 = g.mul(y2, y)?; g.scale(y3, -0.5)? }
     }
     /// |x|.
     Abs "abs" language {
-        cpu: |x| x.abs(),
-        wgsl: "abs({x})",
+        value: |x| x.abs(),
         local: |g, x, y| g.unary(UnaryOp::Sign, x)?
     }
     /// x².
     Square "square" language {
-        cpu: |x| x * x,
-        wgsl: "({x} * {x})",
+        value: |x| x * x,
         local: |g, x, y| g.scale(x, 2.0)?
     }
     /// Hyperbolic tangent.
     Tanh "tanh" language {
-        cpu: |x| x.tanh(),
-        wgsl: "tanh_({x})",
+        value: |x| x.tanh(),
         local: |g, x, y| { let y2 = g.square(y)?; let one = g.constant(1.0); g.sub(one, y2)? }
     }
     /// σ(x) = 1 / (1 + e⁻ˣ).
     Sigmoid "sigmoid" language {
-        cpu: |x| sigmoid(x),
-        wgsl: "sigmoid({x})",
+        value: |x| x.sigmoid(),
         local: |g, x, y| { let one = g.constant(1.0); let omy = g.sub(one, y)?; g.mul(y, omy)? }
     }
-    /// max(x, 0); NaN passes through (NaN < 0 is false; an OpenGL compiler would turn the bare
-    /// WGSL comparison into max(x, 0)). The gradient reads the output (y > 0 exactly where
-    /// x > 0), so the pre-activation has one use and can stay in registers of its matmul.
+    /// max(x, 0); NaN passes through and -0 stays -0 (`max_nan` keeps the first on ties). The
+    /// gradient reads the output (y > 0 exactly where x > 0), so the pre-activation has one use
+    /// and can stay in registers of its matmul.
     Relu "relu" language {
-        cpu: |x| if x < T::zero() { T::zero() } else { x },
-        wgsl: "select({x}, 0.0, {x} < 0.0 && !is_nan_({x}))",
+        value: |x| x.max_nan(T::zero()),
         local: |g, x, y| { let zero = g.constant(0.0); g.binary(BinaryOp::Greater, y, zero)? }
     }
     /// GELU, exact form: x·Φ(x).
     Gelu "gelu" language {
-        cpu: |x| gelu(x),
-        wgsl: "gelu({x})",
+        value: |x| x.gelu(),
         local: |g, x, y| g.unary(UnaryOp::GeluGrad, x)?
     }
     /// GELU, tanh approximation (GPT-2's).
     GeluTanh "gelu_tanh" language {
-        cpu: |x| gelu_tanh(x),
-        wgsl: "gelu_tanh({x})",
+        value: |x| x.gelu_tanh(),
         local: |g, x, y| g.unary(UnaryOp::GeluTanhGrad, x)?
     }
     /// x·σ(x).
     Silu "silu" language {
-        cpu: |x| silu(x),
-        wgsl: "({x} * sigmoid({x}))",
+        value: |x| x.silu(),
         local: |g, x, y| g.unary(UnaryOp::SiluGrad, x)?
     }
     /// log(1 + eˣ) (PyTorch's), as max(x, 0) + log(1 + e^-|x|), which cannot overflow.
     Softplus "softplus" language {
-        cpu: |x| x.max_nan(T::zero()) + (T::one() + (-x.abs()).exp()).ln(),
-        wgsl: "(max_({x}, 0.0) + log(1.0 + exp(-abs({x}))))",
+        value: |x| x.max_nan(T::zero()) + (T::one() + (-x.abs()).exp()).ln(),
         local: |g, x, y| g.unary(UnaryOp::Sigmoid, x)?
     }
-    /// sign(x) ∈ {-1, 0, 1}; gradient helper for `abs`.
+    /// log σ(x) = -softplus(-x), as min(x, 0) - log(1 + e^-|x|), which cannot overflow.
+    LogSigmoid "log_sigmoid" language {
+        value: |x| x.min_nan(T::zero()) - (T::one() + (-x.abs()).exp()).ln(),
+        local: |g, x, y| { let nx = g.neg(x)?; g.unary(UnaryOp::Sigmoid, nx)? }
+    }
+    /// sign(x) ∈ {-1, 0, 1} (NaN stays NaN, -0 gives 0); gradient helper for `abs`.
     Sign "sign" helper {
-        cpu: |x| sign(x),
-        wgsl: "sign_({x})",
+        value: |x| x.isnan().select(x, x.greater(T::zero()) - T::zero().greater(x)),
         none
     }
     /// d gelu / dx; gradient helper.
     GeluGrad "gelu_grad" helper {
-        cpu: |x| gelu_grad(x),
-        wgsl: "gelu_grad({x})",
+        value: |x| x.gelu_grad(),
         none
     }
     /// d gelu_tanh / dx; gradient helper.
     GeluTanhGrad "gelu_tanh_grad" helper {
-        cpu: |x| gelu_tanh_grad(x),
-        wgsl: "gelu_tanh_grad({x})",
+        value: |x| x.gelu_tanh_grad(),
         none
     }
     /// d silu / dx; gradient helper.
     SiluGrad "silu_grad" helper {
-        cpu: |x| silu_grad(x),
-        wgsl: "silu_grad({x})",
+        value: |x| x.silu_grad(),
         none
     }
 }
@@ -363,26 +334,22 @@ unary_ops! {
 binary_ops! {
     /// a + b.
     Add "add" language {
-        cpu: |a, b| a + b,
-        wgsl: "({a} + {b})",
+        value: |a, b| a + b,
         grad: |g, a, b, y, dy| (dy, dy)
     }
     /// a - b.
     Sub "sub" language {
-        cpu: |a, b| a - b,
-        wgsl: "({a} - {b})",
+        value: |a, b| a - b,
         grad: |g, a, b, y, dy| (dy, g.neg(dy)?)
     }
     /// a · b.
     Mul "mul" language {
-        cpu: |a, b| a * b,
-        wgsl: "({a} * {b})",
+        value: |a, b| a * b,
         grad: |g, a, b, y, dy| (g.mul(dy, b)?, g.mul(dy, a)?)
     }
     /// a / b.
     Div "div" language {
-        cpu: |a, b| a / b,
-        wgsl: "({a} / {b})",
+        value: |a, b| a / b,
         grad: |g, a, b, y, dy| {
             let da = g.div(dy, b)?;
             let yb = g.div(y, b)?;
@@ -392,8 +359,7 @@ binary_ops! {
     }
     /// C `pow` (`powf`) semantics for NaN, zeros, infinities and negative bases.
     Pow "pow" language {
-        cpu: |a, b| a.powf(b),
-        wgsl: "pow_({a}, {b})",
+        value: |a, b| a.powf(b),
         // d/da a^b = b·a^(b−1); d/db a^b = a^b·ln a
         grad: |g, a, b, y, dy| {
             let one = g.constant(1.0);
@@ -407,26 +373,22 @@ binary_ops! {
     }
     /// The larger; NaN if either is NaN.
     Maximum "maximum" language {
-        cpu: |a, b| a.max_nan(b),
-        wgsl: "max_({a}, {b})",
+        value: |a, b| a.max_nan(b),
         grad: |g, a, b, y, dy| winner_takes_gradient(g, a, b, (a, b), dy)?
     }
     /// The smaller; NaN if either is NaN.
     Minimum "minimum" language {
-        cpu: |a, b| a.min_nan(b),
-        wgsl: "min_({a}, {b})",
+        value: |a, b| a.min_nan(b),
         grad: |g, a, b, y, dy| winner_takes_gradient(g, a, b, (b, a), dy)?
     }
     /// 1.0 where a > b else 0.0; gradient helper (not differentiable).
     Greater "greater" helper {
-        cpu: |a, b| if a > b { T::one() } else { T::zero() },
-        wgsl: "select(0.0, 1.0, {a} > {b})",
+        value: |a, b| a.greater(b),
         none
     }
     /// 1.0 where a == b else 0.0; gradient helper (not differentiable).
     Equal "equal" helper {
-        cpu: |a, b| if a == b { T::one() } else { T::zero() },
-        wgsl: "select(0.0, 1.0, {a} == {b})",
+        value: |a, b| a.equal(b),
         none
     }
 }

@@ -1,4 +1,4 @@
-//! The graph: IR types, the elementwise op table and the scalar math its rows are written with,
+//! The graph: IR types, the elementwise op table and the scalar its rows are written over,
 //! the checked builder, shape inference, verification, reverse-mode autodiff and optimizer
 //! updates, all as nodes of one arena.
 
@@ -11,6 +11,7 @@ pub mod init;
 pub mod ir;
 pub mod optim;
 pub mod param_groups;
+pub mod scalar;
 pub mod shape;
 pub mod train;
 pub mod verify;

@@ -220,3 +220,29 @@ fn each_mode_gives_every_product_its_kernel() {
         assert_eq!(kernels(precision, coop), expected, "{precision} cooperative: {coop}");
     }
 }
+
+/// Every elementwise op and `where` of constant operands only (a constant is inlined as its
+/// literal): the modules validate. Codegen used to write `log(-0.5)`, a WGSL const-expression
+/// out of the function's domain that fails shader creation, and `(--0.5)` for `neg`, which
+/// WGSL reads as a decrement.
+#[test]
+fn elementwise_ops_of_constants_validate() {
+    use rumus::graph::{BinaryOp, UnaryOp};
+    let mut g = Graph::new();
+    let x = g.input("x", &[3], DType::F32).unwrap();
+    let (a, b) = (g.constant(-0.5), g.constant(-2.0));
+    let mut outs = Vec::new();
+    for u in UnaryOp::ALL {
+        let y = g.unary(u, a).unwrap();
+        outs.push(g.add(x, y).unwrap());
+    }
+    for op in BinaryOp::ALL {
+        let y = g.binary(op, a, b).unwrap();
+        outs.push(g.add(x, y).unwrap());
+    }
+    let c = g.select(a, a, b).unwrap();
+    outs.push(g.add(x, c).unwrap());
+    let mut failures = Vec::new();
+    validate_plans(&g, &outs, false, &mut failures);
+    assert!(failures.is_empty(), "{} invalid modules; first:\n{}", failures.len(), failures[0]);
+}

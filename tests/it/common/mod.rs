@@ -64,6 +64,7 @@ pub fn cases() -> Vec<Case> {
         (UnaryOp::GeluTanh, Any),
         (UnaryOp::Silu, Any),
         (UnaryOp::Softplus, Any),
+        (UnaryOp::LogSigmoid, Any),
     ];
     for (u, dom) in unary {
         for shape in [&[3, 4][..], &[2, 1, 3][..], &[][..]] {
