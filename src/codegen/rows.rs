@@ -1,9 +1,10 @@
-//! Generated row kernels: a workgroup per output row, reduced across its threads in workgroup
-//! memory: reductions (with their prologue expression), softmax and log-softmax,
-//! cross-entropy forward and backward (checking their labels).
+//! Generated row kernels, reduced across threads in workgroup memory: reductions (with their
+//! prologue expression; a workgroup reduces several output elements, see `reduce`), softmax
+//! and log-softmax and cross-entropy forward and backward (a workgroup per row; cross-entropy
+//! checks its labels).
 //!
-//! Sums over the whole GPU take two dispatches: a reduction over more than
-//! [`Target::reduce_chunk`](super::Target::reduce_chunk) elements per output element has many
+//! Sums over the whole GPU take two dispatches: a reduction whose first-stage workgroup would
+//! take more than [`Target::reduce_chunk`](super::Target::reduce_chunk) elements has many
 //! workgroups write partials into scratch and a second dispatch combine them; cross-entropy
 //! writes each row's loss and count from a workgroup per row and one workgroup sums them. Every
 //! sum is in a fixed order (no atomics), so a step gives the same bits every run.
@@ -214,6 +215,9 @@ pub(super) fn reduce(
     lanes_reduce(w, first, n_out, (n_red, len), (&init, combine), &load, &write)
 }
 
+/// Elements a lane loads before it combines them.
+const UNROLL: usize = 4;
+
 /// The body of a reduction laid out as `layout` over `n_out` output elements of `n_red`
 /// elements each, in parts of `len` (one part when `len == n_red`): `load` defines `v`, the
 /// element `j` of output `o`; `write` stores `acc` of output `o`, part `part`. Returns the
@@ -255,11 +259,24 @@ fn lanes_reduce(
     w.line(&format!("var acc = {init};"));
     w.open(&format!("if (o < {n_out}u)"));
     let end = if len == n_red { format!("{n_red}u") } else { format!("min(part * {len}u + {len}u, {n_red}u)") };
-    w.open(&format!("for (var j = part * {len}u + lane; j < {end}; j += {lanes}u)"));
+    // UNROLL elements a lane at a time: their loads are independent, so they are in flight
+    // together; they are combined in order after.
+    w.line(&format!("let end = {end};"));
+    w.open(&format!(
+        "for (var j0 = part * {len}u + lane; j0 < end; j0 += {}u)",
+        lanes * UNROLL
+    ));
+    w.line(&format!("var vs = array<f32, {UNROLL}>({});", [init; UNROLL].join(", ")));
+    w.open(&format!("for (var u = 0u; u < {UNROLL}u; u++)"));
+    w.line(&format!("let j = j0 + u * {lanes}u;"));
+    w.open("if (j < end)");
     for l in load {
         w.lines(l);
     }
-    w.line(&format!("acc = {};", fold("acc", "v")));
+    w.line("vs[u] = v;");
+    w.close();
+    w.close();
+    w.block(&format!("for (var u = 0u; u < {UNROLL}u; u++)"), &[&format!("acc = {};", fold("acc", "vs[u]"))]);
     w.close();
     w.close();
     if lanes > 1 {

@@ -374,7 +374,18 @@ fn generate_binding(
         workgroup_size: wg,
         bindings,
         grid: Grid::Linear(workgroups),
-        checks: ShaderChecks::ALL,
+        checks: checks_of(&k.kind),
+    }
+}
+
+/// The runtime checks of a generated kernel: the row kernels' loops run to sizes fixed at
+/// codegen, so they go without naga's loop guard (it costs them time and guards nothing).
+fn checks_of(kind: &KernelKind) -> ShaderChecks {
+    match kind {
+        KernelKind::Reduce | KernelKind::Softmax | KernelKind::LogSoftmax => {
+            ShaderChecks { bounds: true, loop_bounding: false }
+        }
+        _ => ShaderChecks::ALL,
     }
 }
 
