@@ -32,9 +32,9 @@ use crate::tensor::DType;
 
 /// Threads per workgroup of generated elementwise-style kernels.
 pub const WG: u32 = 256;
-/// Threads per workgroup of generated row kernels (softmax, reductions, cross-entropy).
+/// Threads per workgroup of generated row kernels (softmax, cross-entropy).
 pub const ROW_WG: u32 = 64;
-/// Threads per workgroup of the stages of a two-stage reduction and of the one workgroup that
+/// Most threads per workgroup of a reduction, and the threads of the one workgroup that
 /// finishes a cross-entropy (sums its rows' losses) or counts its labels.
 pub const SUM_WG: u32 = 256;
 
