@@ -4,14 +4,17 @@
 //   y[r, j] = (x[r, j] - mean) * rstd * weight[j] + bias[j],   stats[r] = (mean, rstd)
 //
 // One workgroup of WG threads per row (the row id is linear over the grid, x + nx * (y + ny * z),
-// so more than 65535 rows can be split into a 2-D grid). Thread t holds columns t + c * WG,
-// c < CPT, in registers: x is read from memory once, mean and variance are two exact passes over
-// the registers, each summed across the workgroup in two levels (NG groups of WG / NG) so a
-// reduction costs two barriers. Arithmetic is f32 whatever `scalar` is; stats are always f32.
+// so more than 65535 rows can be split into a 2-D grid); WG is sized to D. Thread t holds columns
+// t + c * WG, c < CPT, in registers: x is read from memory once. Each thread takes the exact mean
+// and sum of squared deviations of its own columns, and the workgroup merges these (count, mean,
+// M2) triples in a fixed order with Chan's pairwise formula, in two levels (NG groups of WG / NG):
+// one reduction, two barriers, without the cancellation of a sum of squares. Arithmetic is f32
+// whatever `scalar` is; stats are always f32.
 //
 // Bindings: 0 params, 1 x [rows, D], 2 weight [D], 3 bias [D], 4 y [rows, D], 5 stats [rows, 2].
 //
-// Placeholders: <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
+// Placeholders: <WG> threads per workgroup (default 256), <NG> groups of its two-level reduction
+// (default 16), <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
 
 alias scalar = f32;
 
@@ -29,28 +32,40 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<scalar>;
 @group(0) @binding(5) var<storage, read_write> stats: array<f32>;
 
-const WG: u32 = 256u;
-const NG: u32 = 16u;
+const WG: u32 = {{WG}}u;
+const NG: u32 = {{NG}}u;
 const CPT: u32 = {{CPT}}u;
 
-var<workgroup> red: array<f32, WG>;
-var<workgroup> red_groups: array<f32, NG>;
+var<workgroup> red: array<vec3<f32>, WG>;
+var<workgroup> red_groups: array<vec3<f32>, NG>;
 
-// Sum of `v` over the workgroup, returned to every thread. Must be called in uniform control flow.
-fn workgroup_sum(v: f32, t: u32) -> f32 {
+// The (count, mean, M2) of two sets of values merged (Chan, Golub and LeVeque).
+fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
+    let n = a.x + b.x;
+    if n == 0.0 {
+        return a;
+    }
+    let delta = b.y - a.y;
+    let f = b.x / n;
+    return vec3<f32>(n, a.y + delta * f, a.z + b.z + delta * delta * a.x * f);
+}
+
+// (count, mean, M2) of the whole row from each thread's own, returned to every thread. Must be
+// called in uniform control flow.
+fn workgroup_merge(v: vec3<f32>, t: u32) -> vec3<f32> {
     red[t] = v;
     workgroupBarrier();
     if t < NG {
-        var s = 0.0;
-        for (var i = 0u; i < WG / NG; i++) {
-            s += red[t * (WG / NG) + i];
+        var s = red[t * (WG / NG)];
+        for (var i = 1u; i < WG / NG; i++) {
+            s = merge(s, red[t * (WG / NG) + i]);
         }
         red_groups[t] = s;
     }
     workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < NG; i++) {
-        total += red_groups[i];
+    var total = red_groups[0];
+    for (var i = 1u; i < NG; i++) {
+        total = merge(total, red_groups[i]);
     }
     return total;
 }
@@ -66,27 +81,30 @@ fn main(
         return;
     }
     let base = row * p.d;
-    let inv_d = 1.0 / f32(p.d);
     var xs: array<f32, CPT>;
     var s = 0.0;
+    var n = 0.0;
     for (var c = 0u; c < CPT; c++) {
         let j = t + c * WG;
         var v = 0.0;
         if j < p.d {
             v = f32(x[base + j]);
+            n += 1.0;
         }
         xs[c] = v;
         s += v;
     }
-    let mean = workgroup_sum(s, t) * inv_d;
+    let own_mean = select(0.0, s / n, n > 0.0);
     var q = 0.0;
     for (var c = 0u; c < CPT; c++) {
         if t + c * WG < p.d {
-            let dv = xs[c] - mean;
+            let dv = xs[c] - own_mean;
             q += dv * dv;
         }
     }
-    let rstd = inverseSqrt(workgroup_sum(q, t) * inv_d + p.eps);
+    let whole = workgroup_merge(vec3<f32>(n, own_mean, q), t);
+    let mean = whole.y;
+    let rstd = inverseSqrt(whole.z / f32(p.d) + p.eps);
     for (var c = 0u; c < CPT; c++) {
         let j = t + c * WG;
         if j < p.d {

@@ -10,14 +10,15 @@
 // `params`: dparams[j] = dweight[j] = sum over groups of partial[g, j].x, and
 // dparams[D + j] = dbias[j] likewise with .y: one [2, D] buffer, as the graph's
 // layer_norm_grad_weight node holds them
-// (+= when FLAG_ACC_PARAMS). A workgroup takes PC adjacent columns; its WG / PC lanes stride over
-// the groups and are summed in workgroup memory.
+// (+= when FLAG_ACC_PARAMS). A workgroup of PWG threads takes PC adjacent columns; its PWG / PC
+// lanes stride over the groups and are summed in workgroup memory.
 //
 // Bindings: 0 params; rows: 1 x, 2 weight, 3 stats [rows, 2], 4 dy, 5 dx, 6 partial [groups, D, 2];
 // params: 6 partial, 7 dparams [2, D]. Grid: rows = one workgroup per group (linear id over
 // x, y, z); params = ceil(D / PC) workgroups.
 //
-// Placeholders: <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
+// Placeholders: <WG> threads per workgroup (default 256), <NG> groups of its two-level reduction
+// (default 16), <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
 
 alias scalar = f32;
 
@@ -40,13 +41,15 @@ const FLAG_ACC_PARAMS: u32 = 2u;
 @group(0) @binding(6) var<storage, read_write> partial: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dparams: array<scalar>;
 
-const WG: u32 = 256u;
-const NG: u32 = 16u;
+const WG: u32 = {{WG}}u;
+const NG: u32 = {{NG}}u;
 const CPT: u32 = {{CPT}}u;
 const PC: u32 = 8u;
+const PWG: u32 = 256u;
 
 var<workgroup> red: array<vec2<f32>, WG>;
 var<workgroup> red_groups: array<vec2<f32>, NG>;
+var<workgroup> red_params: array<vec2<f32>, PWG>;
 
 // Sum of `v` over the workgroup, returned to every thread. Must be called in uniform control flow.
 fn workgroup_sum2(v: vec2<f32>, t: u32) -> vec2<f32> {
@@ -130,7 +133,7 @@ fn rows(
     }
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(PWG)
 fn params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let col = t % PC;
     let lane = t / PC;
@@ -138,17 +141,17 @@ fn params(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let groups = (p.rows + p.rows_per_group - 1u) / p.rows_per_group;
     var s = vec2<f32>(0.0);
     if j < p.d {
-        for (var g = lane; g < groups; g += WG / PC) {
+        for (var g = lane; g < groups; g += PWG / PC) {
             let o = 2u * (g * p.d + j);
             s += vec2<f32>(partial[o], partial[o + 1u]);
         }
     }
-    red[t] = s;
+    red_params[t] = s;
     workgroupBarrier();
     if lane == 0u && j < p.d {
         var total = vec2<f32>(0.0);
-        for (var l = 0u; l < WG / PC; l++) {
-            total += red[l * PC + col];
+        for (var l = 0u; l < PWG / PC; l++) {
+            total += red_params[l * PC + col];
         }
         if (p.flags & FLAG_ACC_PARAMS) != 0u {
             total += vec2<f32>(f32(dparams[j]), f32(dparams[p.d + j]));

@@ -507,7 +507,7 @@ pub fn bench_model(
 /// Kernel throughput on the GPU: the matmul of precision mode `precision` (`None`: the
 /// device's default) at `n` (TFLOP/s, with its error against an f64 reference on sampled
 /// elements), every fp32 matmul tile at `n`, and LayerNorm forward+backward at `rows × d`
-/// (GB/s).
+/// and at `rows` × 256 and 768 (GB/s).
 pub fn bench_kernels(
     (device, precision): (DeviceChoice, Option<MatmulPrecision>),
     n: u32,
@@ -532,6 +532,12 @@ pub fn bench_kernels(
         tiles.insert(name.to_string(), json!(bench_matmul(gpu, n, 20, tile)?));
     }
     let gbps = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, d, 20)?;
+    // The widths of the GPT benchmark models too.
+    let mut by_d = serde_json::Map::new();
+    for width in [256, 768] {
+        let g = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, width, 20)?;
+        by_d.insert(width.to_string(), json!(g));
+    }
     Ok(format!(
         "{}\n",
         json!({
@@ -547,6 +553,7 @@ pub fn bench_kernels(
             "layer_norm_rows": rows,
             "layer_norm_d": d,
             "layer_norm_gbps": gbps,
+            "layer_norm_gbps_by_d": by_d,
         })
     ))
 }

@@ -1,9 +1,10 @@
-//! Generated row kernels: a workgroup per output row, reduced across its threads in workgroup
-//! memory: reductions (with their prologue expression), softmax and log-softmax,
-//! cross-entropy forward and backward (checking their labels).
+//! Generated row kernels, reduced across threads in workgroup memory: reductions (with their
+//! prologue expression; a workgroup reduces several output elements, see `reduce`), softmax
+//! and log-softmax and cross-entropy forward and backward (a workgroup per row; cross-entropy
+//! checks its labels).
 //!
-//! Sums over the whole GPU take two dispatches: a reduction over more than
-//! [`Target::reduce_chunk`](super::Target::reduce_chunk) elements per output element has many
+//! Sums over the whole GPU take two dispatches: a reduction whose first-stage workgroup would
+//! take more than [`Target::reduce_chunk`](super::Target::reduce_chunk) elements has many
 //! workgroups write partials into scratch and a second dispatch combine them; cross-entropy
 //! writes each row's loss and count from a workgroup per row and one workgroup sums them. Every
 //! sum is in a fixed order (no atomics), so a step gives the same bits every run.
@@ -54,40 +55,89 @@ fn row_max_and_total(w: &mut Wgsl, x: &str, n: usize) {
 
 /// Most partials per output element of a two-stage reduction (a larger reduction takes more
 /// than `reduce_chunk` elements a workgroup).
-const MAX_PARTS: usize = 1024;
+const MAX_PARTS: usize = 256;
 
-/// The reduction's (output elements, elements reduced into each).
-fn reduce_sizes(g: &Graph, out: NodeId) -> (usize, usize) {
+/// The reduction's (output elements, elements reduced into each, whether the input's last axis
+/// is among those reduced).
+fn reduce_sizes(g: &Graph, out: NodeId) -> (usize, usize, bool) {
     let node = g.node(out);
     let Op::Reduce { axes, .. } = &node.op else { unreachable!("reduce kernel") };
     let xs = g.shape(node.inputs[0]);
     let n_red: usize = axes.iter().map(|&d| xs[d]).product();
-    (g.shape(out).iter().product(), n_red)
+    let inner = !xs.is_empty() && axes.contains(&(xs.len() - 1));
+    (g.shape(out).iter().product(), n_red, inner)
+}
+
+/// How a reduction's workgroups are laid out: each reduces `outs` output elements with `lanes`
+/// threads apiece (`outs * lanes <= SUM_WG`, both powers of two). Over the input's last axis
+/// (`inner`) a row's lanes are adjacent threads, so each load instruction reads a few whole
+/// runs of a row; otherwise adjacent threads own adjacent output elements (columns) and the
+/// lanes split the rows, so every load is coalesced across the columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    outs: usize,
+    lanes: usize,
+    inner: bool,
+}
+
+impl Layout {
+    fn new(n_out: usize, n_red: usize, inner: bool) -> Layout {
+        let wg = SUM_WG as usize;
+        let (outs, lanes) = if inner {
+            // About 4 elements a lane; rows of many outputs get at most 64 lanes, so that a
+            // workgroup holds several short rows.
+            let want = n_red.div_ceil(4).next_power_of_two().clamp(1, wg);
+            let outs = n_out.next_power_of_two().min(wg / want.min(64)).max(1);
+            (outs, want.min(wg / outs))
+        } else {
+            let outs = n_out.next_power_of_two().clamp(1, 64);
+            (outs, (wg / outs).min(n_red.next_power_of_two()).max(1))
+        };
+        Layout { outs, lanes, inner }
+    }
+
+    /// Workgroups that cover `n_out` output elements.
+    fn blocks(&self, n_out: usize) -> usize {
+        n_out.div_ceil(self.outs)
+    }
+
+    /// Thread index of output slot `k`, lane `l` is `k * lanes + l` (inner) or `l * outs + k`.
+    fn lane_stride(&self) -> usize {
+        if self.inner {
+            1
+        } else {
+            self.outs
+        }
+    }
 }
 
 /// (partials per output element, elements each partial sums) of a two-stage reduction over
-/// `n_red` elements per output element, or `None` for one stage.
-fn parts(n_red: usize, chunk: usize) -> Option<(usize, usize)> {
-    if n_red <= chunk {
+/// `n_red` elements per output element, or `None` for one stage: a first-stage workgroup takes
+/// about `chunk` elements.
+fn parts(layout: Layout, n_red: usize, chunk: usize) -> Option<(usize, usize)> {
+    let len = (chunk / layout.outs).max(1);
+    if n_red <= len {
         return None;
     }
-    let len = chunk.max(n_red.div_ceil(MAX_PARTS));
+    let len = len.max(n_red.div_ceil(MAX_PARTS));
     Some((n_red.div_ceil(len), len))
 }
 
-/// Dispatches of reduce kernel `out`: two when each output element sums more than `chunk`.
+/// Dispatches of reduce kernel `out`: two when each output element sums more than a first-stage
+/// workgroup takes.
 pub(super) fn reduce_stages(g: &Graph, out: NodeId, chunk: usize) -> usize {
-    let (_, n_red) = reduce_sizes(g, out);
-    if parts(n_red, chunk).is_some() {
-        2
-    } else {
-        1
+    let (n_out, n_red, inner) = reduce_sizes(g, out);
+    match parts(Layout::new(n_out, n_red, inner), n_red, chunk) {
+        Some(_) => 2,
+        None => 1,
     }
 }
 
-/// A reduction: a workgroup per output element, or in two stages ([`parts`]): workgroup
-/// `o * P + p` reduces part `p` of output element `o` into scratch, then workgroup `o` combines
-/// its `P` partials in order.
+/// A reduction, in one stage or two ([`parts`]). A workgroup reduces [`Layout::outs`] output
+/// elements over part `part` of their reduced elements (all of them in one stage): each lane
+/// combines its share in order, then the lanes combine in a fixed tree. In two stages the first
+/// writes partials into scratch (`[o, part]` over the last axis, `[part, o]` otherwise, so the
+/// second reads them with the same layout) and the second combines each output's partials.
 pub(super) fn reduce(
     g: &Graph,
     w: &mut Wgsl,
@@ -103,7 +153,7 @@ pub(super) fn reduce(
     let kept: Vec<usize> = (0..xs.len()).filter(|d| !axes.contains(d)).collect();
     let kept_shape: Vec<usize> = kept.iter().map(|&d| xs[d]).collect();
     let red_shape: Vec<usize> = axes.iter().map(|&d| xs[d]).collect();
-    let (n_out, n_red) = reduce_sizes(g, out);
+    let (n_out, n_red, inner) = reduce_sizes(g, out);
     let on = binder.name(out);
     if n_red == 0 {
         // Over nothing: the sum is 0 and the mean 0 / 0 (max of nothing is refused by shape
@@ -115,30 +165,31 @@ pub(super) fn reduce(
         w.close();
         return ((n_out as u32).div_ceil(WG), WG);
     }
-    let (init, combine, op_name) = match op {
-        ReduceOp::Max => (f32_lit(f32::NEG_INFINITY), "acc = max_(acc, v);", "max"),
-        _ => ("0.0".to_string(), "acc += v;", "sum"),
+    let (init, combine) = match op {
+        ReduceOp::Max => (f32_lit(f32::NEG_INFINITY), "max_"),
+        _ => ("0.0".to_string(), ""),
     };
     let finish = match op {
         ReduceOp::Mean => format!(" / {}", f32_lit(n_red as f32)),
         _ => String::new(),
     };
-    let split = parts(n_red, ctx.chunk);
+    let first = Layout::new(n_out, n_red, inner);
+    let split = parts(first, n_red, ctx.chunk);
+    // Scratch index of partial `part` of output element `o`.
+    let at = |p: usize, o: &str, part: &str| {
+        if inner {
+            format!("{o} * {p}u + {part}")
+        } else {
+            format!("{part} * {n_out}u + {o}")
+        }
+    };
     if let (Some((p, _)), 1) = (split, ctx.stage) {
-        // The second stage: output element `o` combines its partials in order.
+        // The second stage: each output element combines its partials in order.
         let s = ctx.scratch(0, n_out * p);
-        open_row_main(w, SUM_WG);
-        w.line("let o = wid.x + wid.y * nwg.x;");
-        w.block(&format!("if (o >= {n_out}u)"), &["return;"]);
-        w.line(&format!("var acc = {init};"));
-        w.open(&format!("for (var q = lid; q < {p}u; q += {SUM_WG}u)"));
-        w.line(&format!("let v = {s}[o * {p}u + q];"));
-        w.line(combine);
-        w.close();
-        tree(w, op_name, SUM_WG);
-        w.block("if (lid == 0u)", &[&format!("{on}[o] = red[0]{finish};")]);
-        w.close();
-        return (n_out as u32, SUM_WG);
+        let layout = Layout::new(n_out, p, inner);
+        let load = format!("let v = {s}[{}];", at(p, "o", "j"));
+        let write = format!("{on}[o] = acc{finish};");
+        return lanes_reduce(w, layout, n_out, (p, p), (&init, combine), &[&load], &write);
     }
     let (out_code, out_coords) = decompose(&kept_shape, "o", "k");
     let (red_code, red_coords) = decompose(&red_shape, "j", "q");
@@ -150,36 +201,95 @@ pub(super) fn reduce(
         coords[d] = c.clone();
     }
     let value = em.emit(x, &coords);
-    let (wg, groups, from, to, write) = match split {
-        None => (ROW_WG, n_out, "0u".to_string(), format!("{n_red}u"), format!("{on}[o] = red[0]{finish};")),
+    let mut load: Vec<String> = vec![out_code, red_code];
+    load.push(em.body.clone());
+    load.push(format!("let v = {value};"));
+    let (len, write) = match split {
+        None => (n_red, format!("{on}[o] = acc{finish};")),
         Some((p, len)) => {
             let s = ctx.scratch(0, n_out * p);
-            (
-                SUM_WG,
-                n_out * p,
-                format!("part * {len}u"),
-                format!("min(part * {len}u + {len}u, {n_red}u)"),
-                format!("{s}[t] = red[0];"),
-            )
+            (len, format!("{s}[{}] = acc;", at(p, "o", "part")))
         }
     };
-    open_row_main(w, wg);
+    let load: Vec<&str> = load.iter().map(String::as_str).collect();
+    lanes_reduce(w, first, n_out, (n_red, len), (&init, combine), &load, &write)
+}
+
+/// Elements a lane loads before it combines them.
+const UNROLL: usize = 4;
+
+/// The body of a reduction laid out as `layout` over `n_out` output elements of `n_red`
+/// elements each, in parts of `len` (one part when `len == n_red`): `load` defines `v`, the
+/// element `j` of output `o`; `write` stores `acc` of output `o`, part `part`. Returns the
+/// workgroups and their size.
+fn lanes_reduce(
+    w: &mut Wgsl,
+    layout: Layout,
+    n_out: usize,
+    (n_red, len): (usize, usize),
+    (init, combine): (&str, &str),
+    load: &[&str],
+    write: &str,
+) -> (u32, u32) {
+    let Layout { outs, lanes, inner } = layout;
+    let wg = (outs * lanes) as u32;
+    let blocks = layout.blocks(n_out);
+    let groups = blocks * n_red.div_ceil(len);
+    let fold = |a: &str, b: &str| {
+        if combine.is_empty() {
+            format!("{a} + {b}")
+        } else {
+            format!("{combine}({a}, {b})")
+        }
+    };
+    if lanes > 1 {
+        w.line(&format!("var<workgroup> red: array<f32, {wg}>;"));
+        w.blank();
+    }
+    open_main(w, wg);
     w.line("let t = wid.x + wid.y * nwg.x;");
     w.block(&format!("if (t >= {groups}u)"), &["return;"]);
-    match split {
-        None => w.line("let o = t;"),
-        Some((p, _)) => w.line(&format!("let o = t / {p}u;")).line(&format!("let part = t % {p}u;")),
-    };
-    w.lines(&out_code);
+    if inner {
+        w.line(&format!("let slot = lid / {lanes}u;")).line(&format!("let lane = lid % {lanes}u;"));
+    } else {
+        w.line(&format!("let slot = lid % {outs}u;")).line(&format!("let lane = lid / {outs}u;"));
+    }
+    w.line(&format!("let part = t / {blocks}u;"));
+    w.line(&format!("let o = (t % {blocks}u) * {outs}u + slot;"));
     w.line(&format!("var acc = {init};"));
-    w.open(&format!("for (var j = {from} + lid; j < {to}; j += {wg}u)"));
-    w.lines(&red_code);
-    w.lines(&em.body);
-    w.line(&format!("let v = {value};"));
-    w.line(combine);
+    w.open(&format!("if (o < {n_out}u)"));
+    let end = if len == n_red { format!("{n_red}u") } else { format!("min(part * {len}u + {len}u, {n_red}u)") };
+    // UNROLL elements a lane at a time: their loads are independent, so they are in flight
+    // together; they are combined in order after.
+    w.line(&format!("let end = {end};"));
+    w.open(&format!(
+        "for (var j0 = part * {len}u + lane; j0 < end; j0 += {}u)",
+        lanes * UNROLL
+    ));
+    w.line(&format!("var vs = array<f32, {UNROLL}>({});", [init; UNROLL].join(", ")));
+    w.open(&format!("for (var u = 0u; u < {UNROLL}u; u++)"));
+    w.line(&format!("let j = j0 + u * {lanes}u;"));
+    w.open("if (j < end)");
+    for l in load {
+        w.lines(l);
+    }
+    w.line("vs[u] = v;");
     w.close();
-    tree(w, op_name, wg);
-    w.block("if (lid == 0u)", &[&write]);
+    w.close();
+    w.block(&format!("for (var u = 0u; u < {UNROLL}u; u++)"), &[&format!("acc = {};", fold("acc", "vs[u]"))]);
+    w.close();
+    w.close();
+    if lanes > 1 {
+        let stride = layout.lane_stride();
+        w.line("red[lid] = acc;");
+        w.line("workgroupBarrier();");
+        w.open(&format!("for (var s = {}u; s > 0u; s = s >> 1u)", lanes / 2));
+        w.block("if (lane < s)", &[&format!("red[lid] = {};", fold("red[lid]", &format!("red[lid + s * {stride}u]")))]);
+        w.line("workgroupBarrier();");
+        w.close();
+        w.line("acc = red[lid];");
+    }
+    w.block(&format!("if (lane == 0u && o < {n_out}u)"), &[write]);
     w.close();
     (groups as u32, wg)
 }

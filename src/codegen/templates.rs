@@ -38,14 +38,14 @@ pub const MATMUL: Template = Template {
 pub const LAYER_NORM: Template = Template {
     file: "layer_norm.wgsl",
     text: include_str!("../../shaders/layer_norm.wgsl"),
-    defaults: &[("CPT", "4")],
+    defaults: &[("WG", "256"), ("NG", "16"), ("CPT", "4")],
 };
 
 /// `shaders/layer_norm_bw.wgsl` (see [`super::layer_norm`]).
 pub const LAYER_NORM_BW: Template = Template {
     file: "layer_norm_bw.wgsl",
     text: include_str!("../../shaders/layer_norm_bw.wgsl"),
-    defaults: &[("CPT", "4")],
+    defaults: &[("WG", "256"), ("NG", "16"), ("CPT", "4")],
 };
 
 /// Every template in `shaders/`.

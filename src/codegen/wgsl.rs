@@ -33,9 +33,9 @@ use crate::tensor::DType;
 
 /// Threads per workgroup of generated elementwise-style kernels.
 pub const WG: u32 = 256;
-/// Threads per workgroup of generated row kernels (softmax, reductions, cross-entropy).
+/// Threads per workgroup of generated row kernels (softmax, cross-entropy).
 pub const ROW_WG: u32 = 64;
-/// Threads per workgroup of the stages of a two-stage reduction and of the one workgroup that
+/// Most threads per workgroup of a reduction, and the threads of the one workgroup that
 /// finishes a cross-entropy (sums its rows' losses) or counts its labels.
 pub const SUM_WG: u32 = 256;
 
@@ -375,7 +375,18 @@ fn generate_binding(
         workgroup_size: wg,
         bindings,
         grid: Grid::Linear(workgroups),
-        checks: ShaderChecks::ALL,
+        checks: checks_of(&k.kind),
+    }
+}
+
+/// The runtime checks of a generated kernel: the row kernels' loops run to sizes fixed at
+/// codegen, so they go without naga's loop guard (it costs them time and guards nothing).
+fn checks_of(kind: &KernelKind) -> ShaderChecks {
+    match kind {
+        KernelKind::Reduce | KernelKind::Softmax | KernelKind::LogSoftmax => {
+            ShaderChecks { bounds: true, loop_bounding: false }
+        }
+        _ => ShaderChecks::ALL,
     }
 }
 

@@ -531,6 +531,12 @@ fn layer_norm_d300_rows5() {
 }
 
 #[test]
+fn layer_norm_d1000_rows3() {
+    // 128 threads a row holding 8 columns each, the last thread's partly filled.
+    check_layer_norm(3, 1000);
+}
+
+#[test]
 fn layer_norm_many_rows_per_group() {
     // 2100 rows: the backward puts 3 rows in each of 700 workgroups.
     check_layer_norm(2100, 3);

@@ -607,3 +607,46 @@ fn conv_cases_match_the_cpu_in_the_cooperative_modes() {
         assert_eq!(products, 3, "{name}: forward and both gradients: {labels:?}");
     }
 }
+
+/// Reductions at the sizes their workgroup layouts split raggedly, forward only: over the rows
+/// of 150 x 70 (columns owned by threads, 70 not a multiple of the 64 a workgroup takes; 150 rows
+/// in three parts of at most 64, so two stages), over its short rows (several rows a workgroup,
+/// 150 not a multiple of them), over a middle axis (the last axis kept), and over everything.
+/// Each agrees with the CPU reference in f64 to 1e-5 relative.
+#[test]
+fn reductions_of_many_columns_and_short_rows_match_the_cpu() {
+    let Some((gpu, _turn)) = or_skip("reductions_of_many_columns_and_short_rows_match_the_cpu")
+    else {
+        return;
+    };
+    let (rows, cols) = (150, 70);
+    let data: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    let mut g = rumus::graph::Graph::new();
+    let x = g.input("x", &[rows, cols], rumus::DType::F32).unwrap();
+    let cube = g.reshape(x, &[15, 10, cols]).unwrap();
+    let outs = [
+        ("sum over rows", g.sum(x, &[0], false).unwrap()),
+        ("max over rows", g.max(x, &[0], false).unwrap()),
+        ("mean over columns", g.mean(x, &[1], false).unwrap()),
+        ("max over columns", g.max(x, &[1], false).unwrap()),
+        ("sum over a middle axis", g.sum(cube, &[1], false).unwrap()),
+        ("sum of everything", g.sum(x, &[0, 1], false).unwrap()),
+    ];
+    let want: Vec<_> = outs.iter().map(|(_, id)| *id).collect();
+    let opts = RunOptions { training: false, step: 0 };
+    let mut cpu = Executor::<f64>::new(&g, 0).unwrap();
+    let f64s = data.iter().map(|&v| f64::from(v)).collect();
+    let expected = cpu.run(&g, &[(x, Buf::F(f64s))], &want, opts).unwrap();
+    let feed = Tensor::f32(&[rows, cols], data).unwrap();
+    let mut backend = GpuBackend::new(gpu, g.clone(), 0, PlanOptions::default()).unwrap();
+    let got = backend.run(&[(x, &feed)], &want, opts).unwrap();
+    for ((name, _), (e, t)) in outs.iter().zip(expected.iter().zip(&got)) {
+        let Buf::F(e) = e else { panic!("{name}: not a float result") };
+        let t = t.to_f32_vec();
+        assert_eq!(e.len(), t.len(), "{name}: length");
+        for (i, (&ev, &gv)) in e.iter().zip(&t).enumerate() {
+            let err = (ev - f64::from(gv)).abs();
+            assert!(err <= 1e-5 * ev.abs().max(1.0), "{name} element {i}: gpu {gv} cpu {ev}");
+        }
+    }
+}
