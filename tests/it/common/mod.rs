@@ -124,6 +124,18 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("broadcast_to scalar", &[(&[], Any)], |g, x| g.broadcast_to(x[0], &[2, 2])));
     cs.push(case("slice middle", &[(&[2, 5], Any)], |g, x| g.slice(x[0], 1, 1, 4)));
     cs.push(case("slice edge", &[(&[4, 1, 3], Any)], |g, x| g.slice(x[0], 0, 0, 1)));
+    // A value split into slices: its gradient is one concat of theirs (disjoint parts), or a
+    // sum where parts overlap.
+    cs.push(case("split in three", &[(&[2, 9], Any)], |g, x| {
+        let parts = [g.slice(x[0], 1, 0, 3)?, g.slice(x[0], 1, 3, 5)?, g.slice(x[0], 1, 6, 9)?];
+        let a = g.mul(parts[0], parts[2])?;
+        let b = g.slice(a, 1, 0, 2)?;
+        g.add(b, parts[1])
+    }));
+    cs.push(case("overlapping slices", &[(&[2, 5], Any)], |g, x| {
+        let (a, b) = (g.slice(x[0], 1, 0, 3)?, g.slice(x[0], 1, 2, 5)?);
+        g.mul(a, b)
+    }));
     cs.push(case("concat", &[(&[2, 3], Any), (&[2, 1], Any)], |g, x| g.concat(&[x[0], x[1]], 1)));
     cs.push(case("concat three", &[(&[1, 2], Any), (&[3, 2], Any), (&[1, 2], Any)], |g, x| {
         g.concat(x, 0)
