@@ -216,7 +216,7 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
         let mut still_read = Vec::new();
         for &x in &node.inputs {
             if f.within[owner(f, x).index()] != Some((c, at)) {
-                still_read.push(owner(f, x));
+                buffers_read(g, f, x, &mut still_read);
             }
             at += g.shape(x)[0];
         }
@@ -224,6 +224,18 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
             if matches!(kernel.kind, KernelKind::Concat { .. }) && kernel.outputs[0] == c {
                 kernel.inputs.retain(|&x| still_read.contains(&owner_of(&f.alias, x)));
             }
+        }
+    }
+}
+
+/// The buffers (their owners) that evaluating `x` in a kernel reads: `x`'s own when it is
+/// materialized, else those its inlined expression reads.
+fn buffers_read(g: &Graph, f: &Fusion, x: NodeId, out: &mut Vec<NodeId>) {
+    if f.materialized[x.index()] {
+        out.push(owner_of(&f.alias, x));
+    } else {
+        for &y in &g.node(x).inputs {
+            buffers_read(g, f, y, out);
         }
     }
 }

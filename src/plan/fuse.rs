@@ -5,10 +5,10 @@
 //! constants are always inlined; a `reshape` of a materialized value is a view sharing its
 //! buffer. An elementwise node (including the index-remapping views `broadcast_to`, `permute`,
 //! `slice`, `reshape` and `causal_mask`) is inlined when it has exactly one consumer and that
-//! consumer can evaluate an expression operand: another elementwise node, or a reduction (as its
-//! prologue). A matmul whose only use is an elementwise chain runs inside that chain's kernel,
-//! which then computes the chain as the matmul's epilogue. Every other node is materialized by
-//! a kernel of its own kind.
+//! consumer can evaluate an expression operand: another elementwise node, a reduction (as its
+//! prologue), or a concat (which reads a permuted or sliced input in place). A matmul whose
+//! only use is an elementwise chain runs inside that chain's kernel, which then computes the
+//! chain as the matmul's epilogue. Every other node is materialized by a kernel of its own kind.
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -352,8 +352,10 @@ fn accepts_expression(
     let c = g.node(consumer);
     match &c.op {
         op if is_inlinable(op) => true,
-        // A reduction evaluates its input expression as it reads it.
+        // A reduction evaluates its input expression as it reads it, a concat each input's
+        // (a permuted or sliced gradient is read in place, not copied first).
         Op::Reduce { .. } => c.inputs[0] == producer,
+        Op::Concat { .. } => true,
         // A matmul reads a transposed left operand through strides. (Neighbouring threads would
         // read a transposed right operand across memory; transposing it first is cheaper.)
         Op::MatMul => {

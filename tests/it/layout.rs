@@ -1,8 +1,11 @@
 //! Layout folded into addressing (issue 12): a split value's gradient is one concat of its
-//! parts' gradients, not a sum of zero-padded copies.
+//! parts' gradients, not a sum of zero-padded copies; kernels read permuted and sliced values
+//! in place instead of copies.
 
 use rumus::graph::autodiff::grad;
-use rumus::graph::{Graph, Op};
+use rumus::graph::{training_graph, Graph, Op, OptimConfig, Optimizer};
+use rumus::nn::{self, GptConfig};
+use rumus::plan::{plan, PlanOptions};
 use rumus::DType;
 
 /// The gradient of `x` split into slices along `axis` at `cuts` (each slice scaled by its
@@ -47,4 +50,58 @@ fn a_split_values_gradient_is_one_concat_of_its_parts() {
     // Overlapping slices, or slices along different axes, are summed.
     check(&[2, 9], 1, &[(0, 4), (3, 6)], "add(concat, concat)");
     check(&[4, 4], 0, &[(0, 2)], "concat(mul, 0)");
+}
+
+/// The kernels of a 2-layer GPT training step that only move data (every op they compute is
+/// `slice`, `reshape`, `permute` or `concat`), by their ops.
+fn copies() -> Vec<String> {
+    let mut g = Graph::new();
+    let c = GptConfig { vocab: 64, d: 32, heads: 4, layers: 2, ctx: 16 };
+    let logits = nn::gpt(&mut g, c, 2).unwrap();
+    let target = g.input("target", &[2, 16], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
+    let opts = PlanOptions { fusion: true, reuse: true, limits: None };
+    let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
+    let moves = |op: &Op| {
+        matches!(op, Op::Slice { .. } | Op::Reshape | Op::Permute { .. } | Op::Concat { .. })
+    };
+    p.kernels
+        .iter()
+        .filter(|k| {
+            k.fused.iter().all(|&id| {
+                moves(&t.graph.node(id).op) || matches!(t.graph.node(id).op, Op::Constant { .. })
+            })
+        })
+        .filter(|k| {
+            !k.fused.iter().any(|&id| {
+                matches!(t.graph.node(id).op, Op::Concat { .. }) && t.graph.shape(id).len() == 1
+            })
+        })
+        .map(|k| {
+            k.fused
+                .iter()
+                .filter(|&&id| !matches!(t.graph.node(id).op, Op::Constant { .. }))
+                .map(|&id| t.graph.node(id).op.name())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// Per layer: the q, k, v heads and the merged output forward; backward, transposed matmul
+/// operands and the attention output's gradient into heads (`permute`), and the qkv gradient
+/// assembled from dq, dk, dv by one concat that reads them in place. (The flat arenas'
+/// concats are not counted.)
+#[test]
+fn a_gpt_steps_data_movement_kernels() {
+    let qkv = "slice reshape slice reshape permute reshape permute reshape permute reshape concat";
+    let layer_fw = ["slice reshape permute"; 3].into_iter().chain(["permute reshape reshape"]);
+    let mut want: Vec<&str> = layer_fw.clone().chain(layer_fw).collect();
+    for _ in 0..2 {
+        want.extend(["permute"; 5]);
+        want.push(qkv);
+    }
+    want.push("permute");
+    assert_eq!(copies(), want);
 }
