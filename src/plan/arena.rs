@@ -34,6 +34,12 @@ pub struct Arena {
     pub members: Vec<(NodeId, usize)>,
 }
 
+/// Whether `c` is a flat concat: 1-D, f32, every input a zero constant or at an offset that
+/// is a multiple of [`ALIGN`] (an arena).
+pub fn is_flat(g: &Graph, c: NodeId) -> bool {
+    flat_inputs(g, c).is_some()
+}
+
 /// The inputs of a flat concat with their offsets (elements), `None` for zero constants;
 /// `None` when `c` is not a 1-D f32 concat or an input is neither a zero constant nor at an
 /// aligned offset.
@@ -216,7 +222,7 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
         let mut still_read = Vec::new();
         for &x in &node.inputs {
             if f.within[owner(f, x).index()] != Some((c, at)) {
-                buffers_read(g, f, x, &mut still_read);
+                still_read.push(owner(f, x));
             }
             at += g.shape(x)[0];
         }
@@ -224,18 +230,6 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
             if matches!(kernel.kind, KernelKind::Concat { .. }) && kernel.outputs[0] == c {
                 kernel.inputs.retain(|&x| still_read.contains(&owner_of(&f.alias, x)));
             }
-        }
-    }
-}
-
-/// The buffers (their owners) that evaluating `x` in a kernel reads: `x`'s own when it is
-/// materialized, else those its inlined expression reads.
-fn buffers_read(g: &Graph, f: &Fusion, x: NodeId, out: &mut Vec<NodeId>) {
-    if f.materialized[x.index()] {
-        out.push(owner_of(&f.alias, x));
-    } else {
-        for &y in &g.node(x).inputs {
-            buffers_read(g, f, y, out);
         }
     }
 }

@@ -353,9 +353,11 @@ fn accepts_expression(
     match &c.op {
         op if is_inlinable(op) => true,
         // A reduction evaluates its input expression as it reads it, a concat each input's
-        // (a permuted or sliced gradient is read in place, not copied first).
+        // (a permuted or sliced gradient is read in place, not copied first), except a flat
+        // arena's: its members are written in place by their own kernels, so that the arena's
+        // kernels bind a fixed number of buffers and every gradient has a buffer to average.
         Op::Reduce { .. } => c.inputs[0] == producer,
-        Op::Concat { .. } => true,
+        Op::Concat { .. } => !super::arena::is_flat(g, consumer),
         // A matmul reads a transposed left operand through strides. (Neighbouring threads would
         // read a transposed right operand across memory; transposing it first is cheaper.)
         Op::MatMul => {

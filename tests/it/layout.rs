@@ -90,7 +90,8 @@ fn copies() -> Vec<String> {
 }
 
 /// Per layer: the q, k, v heads and the merged output forward; backward, transposed matmul
-/// operands and the attention output's gradient into heads (`permute`), and the qkv gradient
+/// operands and the attention output's gradient into heads (`permute`), each LayerNorm's
+/// weight and bias gradients into the gradient arena (`slice reshape`), and the qkv gradient
 /// assembled from dq, dk, dv by one concat that reads them in place. (The flat arenas'
 /// concats are not counted.)
 #[test]
@@ -98,10 +99,11 @@ fn a_gpt_steps_data_movement_kernels() {
     let qkv = "slice reshape slice reshape permute reshape permute reshape permute reshape concat";
     let layer_fw = ["slice reshape permute"; 3].into_iter().chain(["permute reshape reshape"]);
     let mut want: Vec<&str> = layer_fw.clone().chain(layer_fw).collect();
+    let ln = ["slice reshape"; 2];
     for _ in 0..2 {
-        want.extend(["permute"; 5]);
-        want.push(qkv);
+        want.extend(["permute"].iter().chain(&ln).chain(&["permute"; 2]).chain(&ln));
+        want.extend(["permute", "permute", qkv]);
     }
-    want.push("permute");
+    want.extend(["permute"].iter().chain(&ln));
     assert_eq!(copies(), want);
 }
