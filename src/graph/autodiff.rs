@@ -66,7 +66,10 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
                 continue;
             };
             adjoint[x.index()] = Some(match adjoint[x.index()] {
-                Some(acc) => g.add(acc, dx)?,
+                Some(acc) => match merge_padded(g, acc, dx)? {
+                    Some(joined) => joined,
+                    None => g.add(acc, dx)?,
+                },
                 None => dx,
             });
         }
@@ -84,6 +87,60 @@ pub fn grad(g: &mut Graph, loss: NodeId, wrt: &[NodeId]) -> Result<Vec<NodeId>> 
     }
     g.set_span(saved_span);
     Ok(out)
+}
+
+/// The parts of a concat along `axis` with their starts: `None` for a zero constant.
+type Pieces = (usize, Vec<(usize, usize, Option<NodeId>)>);
+
+/// `id` as pieces along its concat axis, when it is a concat.
+fn pieces(g: &Graph, id: NodeId) -> Option<Pieces> {
+    let node = g.node(id);
+    let Op::Concat { axis } = node.op else { return None };
+    let mut at = 0;
+    let mut out = Vec::with_capacity(node.inputs.len());
+    for &x in &node.inputs {
+        let len = g.shape(x)[axis];
+        let zero = matches!(g.node(x).op, Op::Constant { value } if value == 0.0);
+        out.push((at, len, (!zero).then_some(x)));
+        at += len;
+    }
+    Some((axis, out))
+}
+
+/// `a + b` as one concat when both are zero-padded concats along one axis whose non-zero parts
+/// do not overlap (the adjoints of several slices of one value: a split's gradient is the
+/// concat of its parts' gradients, not a sum of padded copies); `None` otherwise.
+fn merge_padded(g: &mut Graph, a: NodeId, b: NodeId) -> Result<Option<NodeId>> {
+    let (Some((axis, pa)), Some((axis_b, pb))) = (pieces(g, a), pieces(g, b)) else {
+        return Ok(None);
+    };
+    if axis != axis_b || g.shape(a) != g.shape(b) || g.dtype(a) != g.dtype(b) {
+        return Ok(None);
+    }
+    let mut parts: Vec<(usize, usize, NodeId)> =
+        pa.iter().chain(&pb).filter_map(|&(at, len, x)| x.map(|x| (at, len, x))).collect();
+    parts.sort_by_key(|p| p.0);
+    if parts.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Ok(None);
+    }
+    let shape = g.shape(a).to_vec();
+    let mut inputs = Vec::with_capacity(2 * parts.len() + 1);
+    let mut at = 0;
+    let zeros = |g: &mut Graph, from: usize, to: usize| -> Result<Option<NodeId>> {
+        if to == from {
+            return Ok(None);
+        }
+        let mut s = shape.clone();
+        s[axis] = to - from;
+        g.full(&s, 0.0).map(Some)
+    };
+    for (start, len, x) in parts {
+        inputs.extend(zeros(g, at, start)?);
+        inputs.push(x);
+        at = start + len;
+    }
+    inputs.extend(zeros(g, at, shape[axis])?);
+    g.concat(&inputs, axis).map(Some)
 }
 
 /// Gradients of one node's inputs given its output adjoint `dy`: one entry per input, `None`

@@ -34,6 +34,12 @@ pub struct Arena {
     pub members: Vec<(NodeId, usize)>,
 }
 
+/// Whether `c` is a flat concat: 1-D, f32, every input a zero constant or at an offset that
+/// is a multiple of [`ALIGN`] (an arena).
+pub fn is_flat(g: &Graph, c: NodeId) -> bool {
+    flat_inputs(g, c).is_some()
+}
+
 /// The inputs of a flat concat with their offsets (elements), `None` for zero constants;
 /// `None` when `c` is not a 1-D f32 concat or an input is neither a zero constant nor at an
 /// aligned offset.

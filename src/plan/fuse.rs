@@ -5,10 +5,14 @@
 //! constants are always inlined; a `reshape` of a materialized value is a view sharing its
 //! buffer. An elementwise node (including the index-remapping views `broadcast_to`, `permute`,
 //! `slice`, `reshape` and `causal_mask`) is inlined when it has exactly one consumer and that
-//! consumer can evaluate an expression operand: another elementwise node, or a reduction (as its
-//! prologue). A matmul whose only use is an elementwise chain runs inside that chain's kernel,
-//! which then computes the chain as the matmul's epilogue. Every other node is materialized by
-//! a kernel of its own kind.
+//! consumer can evaluate an expression operand: another elementwise node, a reduction (as its
+//! prologue), or a concat (which reads a permuted or sliced input in place). A matmul whose
+//! only use is an elementwise chain runs inside that chain's kernel, which then computes the
+//! chain as the matmul's epilogue. Every other node is materialized by a kernel of its own kind.
+//!
+//! A chain of layout ops over a materialized value that only kernels with strided operands
+//! read (q, k and v of the attention kernels) is a strided view ([`super::view`]): no kernel,
+//! no buffer, its readers address the viewed value's buffer.
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -24,6 +28,7 @@
 
 use super::kernel::{Kernel, KernelKind};
 use super::limits::{concat_parts, split_point, storage_bindings};
+use super::view::View;
 use crate::graph::{Graph, NodeId, Op, OpClass};
 
 /// The result of fusion.
@@ -42,6 +47,9 @@ pub struct Fusion {
     pub within: Vec<Option<(NodeId, usize)>>,
     /// The host arenas: concats of persistent values, persistent themselves (no kernel).
     pub arenas: Vec<super::arena::Arena>,
+    /// For a strided view (see [`super::view`]): where its elements are in the buffer of the
+    /// value it views (its `alias`). Such a node has no kernel.
+    pub view: Vec<Option<View>>,
 }
 
 /// Ops evaluated in registers from the values of their inputs at (remapped) coordinates:
@@ -138,9 +146,18 @@ fn fuse_once(
 
     let mut materialized = vec![false; n];
     let mut alias = vec![None; n];
+    let mut view: Vec<Option<View>> = vec![None; n];
     for (id, node) in g.nodes() {
         let i = id.index();
         if !live[i] {
+            continue;
+        }
+        // A layout op read only by kernels that take strided operands: read in place.
+        let strided = fusion && !is_root[i] && !forced[i] && reads_strided(g, id, &consumers[i], apart);
+        if let Some((owner, v)) = strided.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten() {
+            alias[i] = Some(owner);
+            view[i] = Some(v);
+            materialized[i] = true;
             continue;
         }
         materialized[i] = match &node.op {
@@ -192,7 +209,7 @@ fn fuse_once(
         let kind = match &node.op {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => continue,
             Op::Concat { .. } if is_arena[i] => continue, // persistent: no kernel
-            Op::Reshape if alias[i].is_some() => continue,
+            _ if alias[i].is_some() => continue, // a view of another value's buffer
             Op::LayerNormStats { .. } => {
                 // Folded into the layer_norm kernel that consumes it, when there is one.
                 let ln = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::LayerNorm));
@@ -330,7 +347,7 @@ fn fuse_once(
         }
     }
     let arenas = arenas.iter().filter(|a| live[a.node.index()]).cloned().collect();
-    Fusion { live, materialized, alias, kernels, within, arenas }
+    Fusion { live, materialized, alias, kernels, within, arenas, view }
 }
 
 fn dedup_in_order(ids: &mut Vec<NodeId>) {
@@ -352,8 +369,12 @@ fn accepts_expression(
     let c = g.node(consumer);
     match &c.op {
         op if is_inlinable(op) => true,
-        // A reduction evaluates its input expression as it reads it.
+        // A reduction evaluates its input expression as it reads it, a concat each input's
+        // (a permuted or sliced gradient is read in place, not copied first), except a flat
+        // arena's: its members are written in place by their own kernels, so that the arena's
+        // kernels bind a fixed number of buffers and every gradient has a buffer to average.
         Op::Reduce { .. } => c.inputs[0] == producer,
+        Op::Concat { .. } => !super::arena::is_flat(g, consumer),
         // A matmul reads a transposed left operand through strides. (Neighbouring threads would
         // read a transposed right operand across memory; transposing it first is cheaper.)
         Op::MatMul => {
@@ -364,6 +385,55 @@ fn accepts_expression(
         }
         _ => false,
     }
+}
+
+/// Whether `id` is a layout op whose every reader takes it as a strided operand: q, k or v of
+/// an attention kernel (whose innermost axis must be contiguous, see [`strided_view`]).
+fn reads_strided(
+    g: &Graph,
+    id: NodeId,
+    consumers: &[NodeId],
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+) -> bool {
+    let layout = matches!(g.node(id).op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
+    layout
+        && !consumers.is_empty()
+        && consumers.iter().all(|&c| {
+            let node = g.node(c);
+            let attention = matches!(
+                node.op,
+                Op::Attention | Op::AttentionStats | Op::AttentionGradKv | Op::AttentionGradQ
+            );
+            attention
+                && !apart(id, c)
+                && node.inputs.iter().enumerate().all(|(at, &x)| x != id || at < 3)
+        })
+}
+
+/// The value whose buffer layout op `id` reads and where in it, when the chain of layout ops
+/// from `id` down to a materialized value can be addressed by strides and `id`'s innermost
+/// axis is contiguous.
+fn strided_view(
+    g: &Graph,
+    id: NodeId,
+    materialized: &[bool],
+    alias: &[Option<NodeId>],
+    view: &[Option<View>],
+) -> Option<(NodeId, View)> {
+    let x = *g.node(id).inputs.first()?;
+    let (owner, below) = if materialized[x.index()] {
+        match (&view[x.index()], alias[x.index()]) {
+            (Some(v), Some(owner)) => (owner, v.clone()),
+            // A reshape view shares its value's row-major layout.
+            (_, owner) => (owner.unwrap_or(x), View::contiguous(g.shape(x))),
+        }
+    } else if matches!(g.node(x).op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape) {
+        strided_view(g, x, materialized, alias, view)?
+    } else {
+        return None;
+    };
+    let v = below.through(g, id)?;
+    (v.strides.last() == Some(&1) && g.dtype(owner) == crate::tensor::DType::F32).then_some((owner, v))
 }
 
 /// Whether `id` is a permute that swaps the last two axes of a value and nothing else.

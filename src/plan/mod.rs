@@ -23,6 +23,7 @@ pub mod limits;
 pub mod picture;
 pub mod report;
 pub mod verify;
+pub mod view;
 
 pub use alloc::{BufferInfo, Lifetime, Value};
 pub use kernel::{Kernel, KernelKind};
@@ -59,6 +60,8 @@ pub struct Plan {
     pub buffers: Vec<BufferInfo>,
     /// For each node: the node owning the buffer it lives in (itself, or what a view views).
     pub alias: Vec<Option<NodeId>>,
+    /// For a strided view ([`view::View`]): where its elements are in its alias's buffer.
+    pub view: Vec<Option<view::View>>,
     /// Values the host reads after a step.
     pub wanted: Vec<NodeId>,
     /// Write-backs after the step: (persistent target, new value).
@@ -182,6 +185,7 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         values,
         buffers,
         alias: f.alias,
+        view: f.view,
         wanted: wanted.to_vec(),
         updates,
         micro,

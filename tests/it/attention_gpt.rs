@@ -113,3 +113,17 @@ fn fused_attention_trains_like_the_materialized_one_on_the_gpu() {
     let mut b = GpuBackend::new(gpu, unfused.graph.clone(), 5, PlanOptions::default()).unwrap();
     assert_close(&losses(&mut a, &fused), &losses(&mut b, &unfused), "gpu");
 }
+
+/// The fused plan (q, k, v read in place from the qkv projection, the qkv gradient assembled
+/// by one concat) trains like the one-op-per-kernel plan, every layout op its own copy.
+#[test]
+fn a_gpt_trains_like_its_unfused_plan_on_the_gpu() {
+    let Some((gpu, _turn)) = or_skip("a_gpt_trains_like_its_unfused_plan_on_the_gpu") else {
+        return;
+    };
+    let t = gpt_step("causal_self_attention");
+    let unfused = PlanOptions { fusion: false, ..PlanOptions::default() };
+    let mut a = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
+    let mut b = GpuBackend::new(gpu, t.graph.clone(), 5, unfused).unwrap();
+    assert_close(&losses(&mut a, &t), &losses(&mut b, &t), "fused vs unfused plan");
+}

@@ -149,7 +149,7 @@ fn generated_modules_of_every_op_case_validate() {
     let mut failures = Vec::new();
     let mut cases = common::cases();
     cases.extend(common::attention_cases());
-    cases.push(common::attention_long());
+    cases.extend(common::attention_long());
     for c in cases {
         let b = common::build(&c).unwrap();
         let mut want = vec![b.out];

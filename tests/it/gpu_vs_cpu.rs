@@ -67,7 +67,7 @@ fn attention_matches_the_cpu_reference() {
         // barriers): there T = 1, 7 and the empty batch; the Vulkan adapters run every case.
         let gl = gpu.info.backend == wgpu::Backend::Gl;
         let mut cs = attention_cases();
-        cs.push(attention_long());
+        cs.extend(attention_long());
         let short = |name: &str| !name.contains(", 64, ") && !name.contains(", 300, ");
         every_case_on(gpu, cs, |name| !gl || short(name), |_| {});
     }

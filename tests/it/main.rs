@@ -29,6 +29,7 @@ mod gpu_kernels;
 mod gpu_plan;
 mod gpu_vs_cpu;
 mod gradcheck;
+mod layout;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod param_groups;

@@ -23,6 +23,7 @@ use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
+use crate::plan::view::View;
 use crate::plan::{Kernel, KernelKind, Plan};
 
 /// The largest head dimension the kernels take.
@@ -91,6 +92,33 @@ impl Strided {
     /// `[b, h, t, dh]` row-major from element `offset`.
     pub fn contiguous(s: &Shape, offset: u32) -> Strided {
         Strided { offset, sb: s.h * s.t * s.dh, sh: s.t * s.dh, st: s.dh }
+    }
+
+    /// The layout of a strided view of a `[b, h, t, dh]` value (innermost axis contiguous),
+    /// or why the kernels cannot address it (an element past `i32::MAX`).
+    pub fn of_view(v: &View) -> Result<Strided> {
+        let &[sb, sh, st, 1] = v.strides.as_slice() else {
+            return Err(err!(Invariant, "attention operand viewed with strides {:?}", v.strides));
+        };
+        let word = |n: usize| u32::try_from(n).ok().filter(|&n| n <= i32::MAX as u32);
+        match (word(v.offset), word(sb), word(sh), word(st)) {
+            (Some(offset), Some(sb), Some(sh), Some(st)) => Ok(Strided { offset, sb, sh, st }),
+            _ => Err(err!(
+                Shape,
+                "attention: an operand viewed at offset {} with strides {:?} lies past 2^31 elements, too far for the GPU kernels; use a smaller batch",
+                v.offset,
+                v.strides
+            )),
+        }
+    }
+
+    /// Elements of the buffer the kernels may touch: one past the last element of `s`.
+    pub fn words(&self, s: &Shape) -> u64 {
+        if s.numel() == 0 {
+            return 0;
+        }
+        let last = |n: u32, stride: u32| (n as u64 - 1) * stride as u64;
+        self.offset as u64 + last(s.b, self.sb) + last(s.h, self.sh) + last(s.t, self.st) + s.dh as u64
     }
 }
 
@@ -259,10 +287,16 @@ fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> Pro
     let gen = simt::generate(cfg, pass);
     let s = &cfg.shape;
     let b = cfg.blocks(pass);
+    let l = &cfg.layouts;
     let words = |t: Tensor| match t {
         Tensor::Lse | Tensor::Delta => s.rows(),
-        Tensor::DKV => 2 * s.numel(),
-        _ => s.numel(),
+        Tensor::Q => l.q.words(s),
+        Tensor::K => l.k.words(s),
+        Tensor::V => l.v.words(s),
+        Tensor::O => l.o.words(s),
+        Tensor::DO => l.d_o.words(s),
+        Tensor::DQ => l.dq.words(s),
+        Tensor::DKV => l.dk.words(s).max(l.dv.words(s)),
     };
     let bindings = gen
         .bindings
@@ -316,7 +350,14 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
     if shape.rows() == 0 {
         return Ok(Vec::new()); // no query row: nothing to compute
     }
-    let cfg = configure(shape, Layouts::contiguous(&shape), Precision::Highest, target)?;
+    // q, k and v may be strided views of a larger value (the heads of one projection).
+    let mut layouts = Layouts::contiguous(&shape);
+    for (at, layout) in [&mut layouts.q, &mut layouts.k, &mut layouts.v].into_iter().enumerate() {
+        if let Some(v) = node.inputs.get(at).and_then(|x| plan.view[x.index()].as_ref()) {
+            *layout = Strided::of_view(v)?;
+        }
+    }
+    let cfg = configure(shape, layouts, Precision::Highest, target)?;
     let (q, kk) = (input(0)?, input(1)?);
     // The stats alone need no values: k stands in for v, whose output goes to scratch.
     let v = if k.kind == KernelKind::AttentionStats { kk.clone() } else { input(2)? };

@@ -125,6 +125,18 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("broadcast_to scalar", &[(&[], Any)], |g, x| g.broadcast_to(x[0], &[2, 2])));
     cs.push(case("slice middle", &[(&[2, 5], Any)], |g, x| g.slice(x[0], 1, 1, 4)));
     cs.push(case("slice edge", &[(&[4, 1, 3], Any)], |g, x| g.slice(x[0], 0, 0, 1)));
+    // A value split into slices: its gradient is one concat of theirs (disjoint parts), or a
+    // sum where parts overlap.
+    cs.push(case("split in three", &[(&[2, 9], Any)], |g, x| {
+        let parts = [g.slice(x[0], 1, 0, 3)?, g.slice(x[0], 1, 3, 5)?, g.slice(x[0], 1, 6, 9)?];
+        let a = g.mul(parts[0], parts[2])?;
+        let b = g.slice(a, 1, 0, 2)?;
+        g.add(b, parts[1])
+    }));
+    cs.push(case("overlapping slices", &[(&[2, 5], Any)], |g, x| {
+        let (a, b) = (g.slice(x[0], 1, 0, 3)?, g.slice(x[0], 1, 2, 5)?);
+        g.mul(a, b)
+    }));
     cs.push(case("concat", &[(&[2, 3], Any), (&[2, 1], Any)], |g, x| g.concat(&[x[0], x[1]], 1)));
     cs.push(case("concat three", &[(&[1, 2], Any), (&[3, 2], Any), (&[1, 2], Any)], |g, x| {
         g.concat(x, 0)
@@ -183,7 +195,9 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Causal attention at sequence lengths 1, 7 and 64 (ragged against any block size), and an
-/// empty batch. T = 300 is in [`attention_long`] (its gradient check samples elements).
+/// empty batch; each also over the heads of one projection (q, k, v strided views of one
+/// value, as `causal_self_attention` makes them). T = 300 is in [`attention_long`] (its
+/// gradient check samples elements).
 pub fn attention_cases() -> Vec<Case> {
     use Dom::*;
     let mut cs = Vec::new();
@@ -192,17 +206,37 @@ pub fn attention_cases() -> Vec<Case> {
         cs.push(case(&format!("attention {shape:?}"), &[(s, Any), (s, Any), (s, Any)], |g, x| {
             g.attention(x[0], x[1], x[2])
         }));
+        cs.push(attention_heads(shape));
     }
     cs
 }
 
-/// Causal attention at T = 300 with one head of width 2: cheap enough for the CPU, more key
-/// blocks than any kernel's block.
-pub fn attention_long() -> Case {
-    let s: &[usize] = &[1, 1, 300, 2];
-    case("attention [1, 1, 300, 2]", &[(s, Dom::Any), (s, Dom::Any), (s, Dom::Any)], |g, x| {
-        g.attention(x[0], x[1], x[2])
+/// Causal attention over the heads of one `[b, t, 3·h·dh]` projection: q, k and v are slices
+/// of it, split into heads and permuted to `[b, h, t, dh]`.
+fn attention_heads(shape: [usize; 4]) -> Case {
+    let [b, h, t, dh] = shape;
+    let d = h * dh;
+    let name = format!("attention heads of one projection {shape:?}");
+    case(&name, &[(&[b, t, 3 * d], Dom::Any)], move |g, x| {
+        let mut heads = Vec::new();
+        for i in 0..3 {
+            let part = g.slice(x[0], 2, i * d, (i + 1) * d)?;
+            let part = g.reshape(part, &[b, t, h, dh])?;
+            heads.push(g.permute(part, &[0, 2, 1, 3])?);
+        }
+        g.attention(heads[0], heads[1], heads[2])
     })
+}
+
+/// Causal attention at T = 300 with one head of width 2, from separate q, k, v and from one
+/// projection: cheap enough for the CPU, more key blocks than any kernel's block.
+pub fn attention_long() -> Vec<Case> {
+    let s: &[usize] = &[1, 1, 300, 2];
+    let separate =
+        case("attention [1, 1, 300, 2]", &[(s, Dom::Any), (s, Dom::Any), (s, Dom::Any)], |g, x| {
+            g.attention(x[0], x[1], x[2])
+        });
+    vec![separate, attention_heads([1, 1, 300, 2])]
 }
 
 /// Every op with a dimension of size 0: no element to compute, or reductions over nothing (a

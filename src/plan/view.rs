@@ -1,0 +1,111 @@
+//! Strided views: a value that is a layout op (`slice`, `permute`, `reshape`, chained) of a
+//! materialized value, read in place through index arithmetic instead of being copied.
+//!
+//! A [`View`] gives the element of a node at coordinates `c` as element
+//! `offset + Σ c[i]·strides[i]` of the buffer of the value it views. Fusion makes a node such a
+//! view only where every kernel that reads it takes strided operands (the attention kernels'
+//! q, k and v); the node then has no kernel and no buffer of its own.
+
+use crate::graph::{Graph, NodeId, Op};
+
+/// Where the elements of a viewed node are in its owner's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    /// Element of the buffer at coordinates zero.
+    pub offset: usize,
+    /// Elements between neighbours along each axis of the node's shape.
+    pub strides: Vec<usize>,
+}
+
+impl View {
+    /// A row-major value of `shape` from its buffer's start.
+    pub fn contiguous(shape: &[usize]) -> View {
+        let mut strides = vec![1; shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * shape[i + 1];
+        }
+        View { offset: 0, strides }
+    }
+
+    /// The view of layout op `id` given the view of its input, `None` when the op is not a
+    /// layout op or its result cannot be addressed by strides (a reshape across axes that are
+    /// not contiguous in memory, or a value with no elements).
+    pub fn through(&self, g: &Graph, id: NodeId) -> Option<View> {
+        let node = g.node(id);
+        let from = g.shape(*node.inputs.first()?);
+        if from.contains(&0) {
+            return None;
+        }
+        match &node.op {
+            Op::Slice { axis, start, .. } => Some(View {
+                offset: self.offset + start * self.strides.get(*axis)?,
+                strides: self.strides.clone(),
+            }),
+            Op::Permute { perm } => Some(View {
+                offset: self.offset,
+                strides: perm.iter().map(|&p| self.strides.get(p).copied()).collect::<Option<_>>()?,
+            }),
+            Op::Reshape => Some(View {
+                offset: self.offset,
+                strides: reshape_strides(from, &self.strides, &node.shape)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The strides of a reshape of a `from`-shaped value with `strides` to `to`, when every run of
+/// axes that the reshape merges or splits is contiguous in memory (NumPy's no-copy reshape).
+fn reshape_strides(from: &[usize], strides: &[usize], to: &[usize]) -> Option<Vec<usize>> {
+    // Axes of size 1 take no part: their strides are free.
+    let old: Vec<(usize, usize)> =
+        from.iter().zip(strides).filter(|(&d, _)| d != 1).map(|(&d, &s)| (d, s)).collect();
+    let new: Vec<usize> = (0..to.len()).filter(|&i| to[i] != 1).collect();
+    let mut out = vec![0; to.len()];
+    let (mut oi, mut ni) = (0, 0);
+    while ni < new.len() && oi < old.len() {
+        let (mut oj, mut nj) = (oi + 1, ni + 1);
+        let (mut op, mut np) = (old[oi].0, to[new[ni]]);
+        while op != np {
+            if np < op {
+                np *= to[*new.get(nj)?];
+                nj += 1;
+            } else {
+                op *= old.get(oj)?.0;
+                oj += 1;
+            }
+        }
+        // The old axes oi..oj must be one contiguous run.
+        if (oi..oj - 1).any(|k| old[k + 1].0 * old[k + 1].1 != old[k].1) {
+            return None;
+        }
+        let mut stride = old[oj - 1].1;
+        for k in (ni..nj).rev() {
+            out[new[k]] = stride;
+            stride *= to[new[k]];
+        }
+        (oi, ni) = (oj, nj);
+    }
+    (oi == old.len() && ni == new.len()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reshape_strides;
+
+    #[test]
+    fn reshapes_of_contiguous_runs_keep_strides() {
+        let check = |from: &[usize], strides: &[usize], to: &[usize], want: Option<&[usize]>| {
+            assert_eq!(reshape_strides(from, strides, to).as_deref(), want, "{from:?} {strides:?} -> {to:?}");
+        };
+        // Split the last axis of a slice of a wider row: the row's stride stays.
+        check(&[2, 3, 4], &[36, 12, 1], &[2, 3, 2, 2], Some(&[36, 12, 2, 1]));
+        // Merge two contiguous axes; size-1 axes anywhere.
+        check(&[2, 3, 4], &[12, 4, 1], &[6, 1, 4], Some(&[4, 0, 1]));
+        check(&[1, 6], &[99, 1], &[2, 3], Some(&[3, 1]));
+        // A transposed pair cannot be merged.
+        check(&[3, 4], &[1, 3], &[12], None);
+        // Merging a sliced row with the next axis is not contiguous either.
+        check(&[2, 4], &[12, 1], &[8], None);
+    }
+}

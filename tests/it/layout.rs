@@ -1,0 +1,109 @@
+//! Layout folded into addressing (issue 12): a split value's gradient is one concat of its
+//! parts' gradients, not a sum of zero-padded copies; kernels read permuted and sliced values
+//! in place instead of copies.
+
+use rumus::graph::autodiff::grad;
+use rumus::graph::{training_graph, Graph, Op, OptimConfig, Optimizer};
+use rumus::nn::{self, GptConfig};
+use rumus::plan::{plan, PlanOptions};
+use rumus::DType;
+
+/// The gradient of `x` split into slices along `axis` at `cuts` (each slice scaled by its
+/// own factor, then summed): the ops of the gradient's node and of its inputs, e.g.
+/// `concat(mul, mul, mul)`.
+fn split_grad(shape: &[usize], axis: usize, cuts: &[(usize, usize)]) -> String {
+    let mut g = Graph::new();
+    let x = g.input("x", shape, DType::F32).unwrap();
+    let mut total = None;
+    for (i, &(a, b)) in cuts.iter().enumerate() {
+        let s = g.slice(x, axis, a, b).unwrap();
+        let s = g.scale(s, i as f32 + 2.0).unwrap();
+        let s = g.sum(s, &(0..shape.len()).collect::<Vec<_>>(), false).unwrap();
+        total = Some(match total {
+            Some(t) => g.add(t, s).unwrap(),
+            None => s,
+        });
+    }
+    let d = grad(&mut g, total.unwrap(), &[x]).unwrap()[0];
+    let node = g.node(d);
+    let ins: Vec<&str> = node
+        .inputs
+        .iter()
+        .map(|&i| match g.node(i).op {
+            Op::Constant { .. } => "0",
+            ref op => op.name(),
+        })
+        .collect();
+    format!("{}({})", node.op.name(), ins.join(", "))
+}
+
+#[test]
+fn a_split_values_gradient_is_one_concat_of_its_parts() {
+    let check = |shape: &[usize], axis, cuts: &[(usize, usize)], want: &str| {
+        assert_eq!(split_grad(shape, axis, cuts), want, "{shape:?} axis {axis} {cuts:?}");
+    };
+    // q, k, v out of one projection: the three gradients side by side.
+    check(&[2, 9], 1, &[(0, 3), (3, 6), (6, 9)], "concat(mul, mul, mul)");
+    // Gaps stay zero; the order of the slices does not matter.
+    check(&[2, 9], 1, &[(6, 8), (1, 3)], "concat(0, mul, 0, mul, 0)");
+    check(&[4, 3], 0, &[(2, 4), (0, 1)], "concat(mul, 0, mul)");
+    // Overlapping slices, or slices along different axes, are summed.
+    check(&[2, 9], 1, &[(0, 4), (3, 6)], "add(concat, concat)");
+    check(&[4, 4], 0, &[(0, 2)], "concat(mul, 0)");
+}
+
+/// The kernels of a 2-layer GPT training step that only move data (every op they compute is
+/// `slice`, `reshape`, `permute` or `concat`), by their ops.
+fn copies() -> Vec<String> {
+    let mut g = Graph::new();
+    let c = GptConfig { vocab: 64, d: 32, heads: 4, layers: 2, ctx: 16 };
+    let logits = nn::gpt(&mut g, c, 2).unwrap();
+    let target = g.input("target", &[2, 16], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
+    let opts = PlanOptions { fusion: true, reuse: true, limits: None };
+    let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
+    let moves = |op: &Op| {
+        matches!(op, Op::Slice { .. } | Op::Reshape | Op::Permute { .. } | Op::Concat { .. })
+    };
+    p.kernels
+        .iter()
+        .filter(|k| {
+            k.fused.iter().all(|&id| {
+                moves(&t.graph.node(id).op) || matches!(t.graph.node(id).op, Op::Constant { .. })
+            })
+        })
+        .filter(|k| {
+            !k.fused.iter().any(|&id| {
+                matches!(t.graph.node(id).op, Op::Concat { .. }) && t.graph.shape(id).len() == 1
+            })
+        })
+        .map(|k| {
+            k.fused
+                .iter()
+                .filter(|&&id| !matches!(t.graph.node(id).op, Op::Constant { .. }))
+                .map(|&id| t.graph.node(id).op.name())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// Per layer: the merged attention output forward (q, k and v are strided views of the qkv
+/// projection, read in place by the attention kernels); backward, transposed matmul
+/// operands and the attention output's gradient into heads (`permute`), each LayerNorm's
+/// weight and bias gradients into the gradient arena (`slice reshape`), and the qkv gradient
+/// assembled from dq, dk, dv by one concat that reads them in place. (The flat arenas'
+/// concats are not counted.)
+#[test]
+fn a_gpt_steps_data_movement_kernels() {
+    let qkv = "slice reshape slice reshape permute reshape permute reshape permute reshape concat";
+    let mut want = vec!["permute reshape reshape"; 2];
+    let ln = ["slice reshape"; 2];
+    for _ in 0..2 {
+        want.extend(["permute"].iter().chain(&ln).chain(&["permute"; 2]).chain(&ln));
+        want.extend(["permute", "permute", qkv]);
+    }
+    want.extend(["permute"].iter().chain(&ln));
+    assert_eq!(copies(), want);
+}
