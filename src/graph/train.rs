@@ -60,7 +60,8 @@ pub fn training_graph_with(
     let mut grads = autodiff::grad(&mut g, loss, &params)?; // backward nodes, same arena
     if opts.remat {
         // Cheap forward values recomputed where the backward reads them; backward nodes move.
-        let moved = remat::rematerialize(&mut g, backward_start, &[loss]);
+        let wanted: Vec<NodeId> = grads.iter().copied().chain([loss]).collect();
+        let moved = remat::rematerialize(&mut g, backward_start, &wanted);
         grads.iter_mut().for_each(|d| *d = moved[d.index()]);
     }
     let pairs: Vec<(NodeId, NodeId)> = params.into_iter().zip(grads).collect();
