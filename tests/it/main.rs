@@ -33,6 +33,7 @@ mod gradcheck;
 mod mpi;
 mod param_groups;
 mod plan;
+mod remat;
 mod repl;
 mod script_api;
 mod script_api_doc;
