@@ -21,8 +21,9 @@
 //!   `v`'s first backward use, and cheap forward values recomputed the same way (at most
 //!   [`MAX_CHAIN`] nodes).
 //!
-//! So no value lives longer than it did without rematerialization, and each forward node is
-//! recomputed at most once (its copy serves every backward use).
+//! So no kept value lives longer than it did without rematerialization, a copy lives only
+//! within the backward pass, and each forward node is recomputed at most once (its copy
+//! serves every later backward use).
 
 use super::ir::{Graph, Node, NodeId, Op, OpClass};
 use std::collections::HashSet;
