@@ -23,7 +23,7 @@ use crate::dist::Communicator;
 use crate::err;
 use crate::error::{Error, Result};
 use crate::graph::optim::{is_host_input, STEP_STATE};
-use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, TrainGraph};
+use crate::graph::{training_graph_with, Graph, NodeId, Op, OptimConfig, TrainGraph, TrainOptions};
 use crate::memory::{Budget, Charge};
 use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
@@ -212,6 +212,10 @@ pub struct CompileConfig {
     pub budget: Budget,
     /// The ranks of a data-parallel job ([`crate::dist::single`] for one process).
     pub comm: Arc<dyn Communicator>,
+    /// Recompute cheap forward values in the backward pass instead of keeping them alive
+    /// across the step (rematerialization, [`crate::graph::remat`]; `true` unless a script
+    /// says `remat: false`). Results are the same either way.
+    pub remat: bool,
 }
 
 /// Name of the input a compiled model's targets are fed through.
@@ -248,7 +252,8 @@ impl Model {
         cfg.schedule.check()?;
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
-        let train = training_graph(g, loss, &cfg.optimizer)?;
+        let train =
+            training_graph_with(g, loss, &cfg.optimizer, TrainOptions { remat: cfg.remat })?;
         let what = format!("model `{}` compiled for training", self.name);
         let sync = (cfg.comm.world_size() > 1).then(|| GradSync::of(&train, &cfg.comm));
         let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what, sync)?;

@@ -14,7 +14,9 @@ use crate::dsl::{self, Value};
 use crate::err;
 use crate::error::{Result, Source};
 use crate::graph::optim::is_host_input;
-use crate::graph::{training_graph, Graph, NodeId, Op, OptimConfig, Optimizer, TrainGraph};
+use crate::graph::{
+    training_graph_with, Graph, NodeId, Op, OptimConfig, Optimizer, TrainGraph, TrainOptions,
+};
 use crate::plan::picture::{self, Phases};
 use crate::plan::report::PlanReport;
 use crate::plan::{plan, PlanOptions};
@@ -41,6 +43,8 @@ pub struct ModelSpec {
     pub model: Option<String>,
     /// `name=value` overrides of hyperparameters and dimensions.
     pub sets: Vec<(String, String)>,
+    /// Plan the step without rematerialization (`--no-remat`).
+    pub no_remat: bool,
 }
 
 /// Lower the model of `spec` and extend it into a training step.
@@ -68,7 +72,7 @@ pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
     let mut g = dsl::lower(&module, &name, &bindings, None).map_err(|e| e.in_source(&src))?;
     let loss = cross_entropy_on_first_output(&mut g)?;
     let cfg = OptimConfig::new(Optimizer::adamw());
-    training_graph(g, loss, &cfg)
+    training_graph_with(g, loss, &cfg, TrainOptions { remat: !spec.no_remat })
 }
 
 fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
@@ -221,6 +225,8 @@ pub struct BenchResult {
     pub planned_bytes: u64,
     /// Planned, pinned and scratch bytes together: what the step holds on the device.
     pub device_bytes: u64,
+    /// Forward values the backward pass recomputes (0 with `--no-remat`).
+    pub recomputed: usize,
     /// Loss of the first step (warm-up included).
     pub first_loss: f32,
     /// Loss of the last step.
@@ -268,6 +274,7 @@ impl BenchResult {
             "buffers": self.buffers,
             "planned_bytes": self.planned_bytes,
             "device_bytes": self.device_bytes,
+            "recomputed": self.recomputed,
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,
             "losses": self.losses,
@@ -286,7 +293,7 @@ impl BenchResult {
     pub fn text(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         format!(
-            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up; first {:.3})\nsetup {:.1} ms  compile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB\nloss {:.4} -> {:.4}\n",
+            "model {} ({} params) on {}\nstep {:.3} ms median over {} steps (min {:.3}, after {} warm-up; first {:.3})\nsetup {:.1} ms  compile {:.1} ms  matmul precision {}  ops {}  kernels {}  dispatches/step {}\nbuffers {}  planned {:.1} MiB  device total {:.1} MiB  recomputed {}\nloss {:.4} -> {:.4}\n",
             self.model,
             self.params,
             self.adapter,
@@ -304,6 +311,7 @@ impl BenchResult {
             self.buffers,
             mib(self.planned_bytes),
             mib(self.device_bytes),
+            self.recomputed,
             self.first_loss,
             self.last_loss
         ) + self.job_text().as_str() + self.profile.iter().map(|(k, ms, n)| format!("  {k:<22} {ms:>9.3} ms in {n} dispatches\n")).collect::<String>().as_str()
@@ -490,6 +498,7 @@ pub fn bench_model(
             .planned_bytes
             .saturating_add(r.pinned_bytes)
             .saturating_add(r.scratch_bytes),
+        recomputed: r.recomputed,
         first_loss: losses[0],
         last_loss: *losses.last().unwrap_or(&f32::NAN),
         losses,

@@ -298,6 +298,10 @@ pub struct Graph {
     /// Write-backs applied after a step, in order (at a micro-batch run, only those marked
     /// [`Update::every_micro_batch`]).
     pub updates: Vec<Update>,
+    /// Rematerialized values of a training graph (`graph::remat`): each forward value the
+    /// backward pass reads, with the backward node that recomputes it (same op, shape and
+    /// dtype) right before its first use there.
+    pub recomputed: Vec<(NodeId, NodeId)>,
     /// Span given to nodes created from now on (see [`Graph::set_span`]).
     pub(crate) span: Span,
     /// Inputs, parameters and state by name (kept by `push`), so that checking a new name and
@@ -389,12 +393,25 @@ impl Graph {
         shape: Vec<usize>,
         dtype: DType,
     ) -> NodeId {
+        let span = self.span;
+        self.push_node(Node { op, inputs, shape, dtype, span })
+    }
+
+    /// Append `node` as it is (its span included).
+    pub(crate) fn push_node(&mut self, node: Node) -> NodeId {
         let id = NodeId(self.nodes.len() as u32);
-        if let Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } = &op {
+        if let Op::Input { name } | Op::Parameter { name, .. } | Op::State { name, .. } = &node.op {
             self.names.entry(name.clone()).or_insert(id);
         }
-        self.nodes.push(Node { op, inputs, shape, dtype, span: self.span });
+        self.nodes.push(node);
         id
+    }
+
+    /// Remove the nodes from arena index `at` on and return them, for a pass that appends
+    /// them again in another order (their names are forgotten until they are pushed again).
+    pub(crate) fn split_off(&mut self, at: usize) -> Vec<Node> {
+        self.names.retain(|_, id| id.index() < at);
+        self.nodes.split_off(at.min(self.nodes.len()))
     }
 }
 

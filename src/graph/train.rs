@@ -4,6 +4,7 @@
 use super::autodiff;
 use super::ir::{Graph, NodeId};
 use super::optim::{self, OptimConfig, OptimNodes};
+use super::remat;
 use super::verify::verify;
 use crate::error::Result;
 
@@ -27,12 +28,42 @@ pub struct TrainGraph {
     pub update_start: usize,
 }
 
+/// How a forward graph becomes a training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrainOptions {
+    /// Recompute cheap forward values in the backward pass instead of keeping them alive
+    /// across the step ([`super::remat`]; on by default).
+    pub remat: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> TrainOptions {
+        TrainOptions { remat: true }
+    }
+}
+
+/// Extend a forward graph into a training step, with the default [`TrainOptions`].
+pub fn training_graph(g: Graph, loss: NodeId, cfg: &OptimConfig) -> Result<TrainGraph> {
+    training_graph_with(g, loss, cfg, TrainOptions::default())
+}
+
 /// Extend a forward graph into a training step.
-pub fn training_graph(mut g: Graph, loss: NodeId, cfg: &OptimConfig) -> Result<TrainGraph> {
+pub fn training_graph_with(
+    mut g: Graph,
+    loss: NodeId,
+    cfg: &OptimConfig,
+    opts: TrainOptions,
+) -> Result<TrainGraph> {
     verify(&g)?; // the forward graph is well-formed before anything is appended
     let params: Vec<NodeId> = g.parameters().into_iter().map(|(id, _)| id).collect();
     let backward_start = g.n_nodes();
-    let grads = autodiff::grad(&mut g, loss, &params)?; // backward nodes, same arena
+    let mut grads = autodiff::grad(&mut g, loss, &params)?; // backward nodes, same arena
+    if opts.remat {
+        // Cheap forward values recomputed where the backward reads them; backward nodes move.
+        let wanted: Vec<NodeId> = grads.iter().copied().chain([loss]).collect();
+        let moved = remat::rematerialize(&mut g, backward_start, &wanted);
+        grads.iter_mut().for_each(|d| *d = moved[d.index()]);
+    }
     let pairs: Vec<(NodeId, NodeId)> = params.into_iter().zip(grads).collect();
     let update_start = g.n_nodes();
     let optim = optim::apply(&mut g, &pairs, cfg)?; // update nodes and optimizer state

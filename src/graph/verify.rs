@@ -15,7 +15,8 @@ use std::collections::HashSet;
 /// - input, parameter and state names are unique;
 /// - outputs name existing nodes, and output names are unique;
 /// - every update writes a parameter or state exactly once, from a later node of the same shape
-///   and dtype.
+///   and dtype;
+/// - every recomputed value's copy is a later node with the same op, shape and dtype.
 pub fn verify(g: &Graph) -> Result<()> {
     let mut names = HashSet::new();
     for (id, node) in g.nodes() {
@@ -86,6 +87,15 @@ pub fn verify(g: &Graph) -> Result<()> {
         }
         if !written.insert(u.target) {
             return Err(err!(Invariant, "node {} is updated twice", u.target.0));
+        }
+    }
+    for &(v, c) in &g.recomputed {
+        let same = match (g.nodes.get(v.index()), g.nodes.get(c.index())) {
+            (Some(a), Some(b)) => v < c && a.op == b.op && a.shape == b.shape && a.dtype == b.dtype,
+            _ => false,
+        };
+        if !same {
+            return Err(err!(Invariant, "node {} is not a recomputation of node {}", c.0, v.0));
         }
     }
     Ok(())

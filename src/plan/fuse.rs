@@ -200,6 +200,19 @@ fn fuse_once(
         }
     }
 
+    // The kernel that computes a stats node: its first consumer of the op that reads it
+    // (`layer_norm` or `attention`), in one pass writing both. A later consumer (a
+    // rematerialized copy in the backward pass) reads the stats the first one wrote.
+    let stats_home = |stats: NodeId| -> Option<NodeId> {
+        let reads = |op: &Op| match g.node(stats).op {
+            Op::LayerNormStats { .. } => matches!(op, Op::LayerNorm),
+            Op::AttentionStats => matches!(op, Op::Attention),
+            _ => false,
+        };
+        let home = *consumers[stats.index()].iter().find(|c| reads(&g.node(**c).op))?;
+        (fusion && materialized[home.index()] && !apart(stats, home)).then_some(home)
+    };
+
     let mut kernels = Vec::new();
     for (id, node) in g.nodes() {
         let i = id.index();
@@ -210,24 +223,12 @@ fn fuse_once(
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => continue,
             Op::Concat { .. } if is_arena[i] => continue, // persistent: no kernel
             _ if alias[i].is_some() => continue, // a view of another value's buffer
-            Op::LayerNormStats { .. } => {
-                // Folded into the layer_norm kernel that consumes it, when there is one.
-                let ln = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::LayerNorm));
-                match ln {
-                    Some(&ln) if fusion && materialized[ln.index()] && !apart(id, ln) => continue,
-                    _ => KernelKind::LayerNormStats,
-                }
-            }
-            Op::LayerNorm => KernelKind::LayerNorm { with_stats: fusion && !apart(node.inputs[1], id) },
-            Op::AttentionStats => {
-                // Folded into the attention kernel that consumes it, as layer_norm_stats.
-                let at = consumers[i].iter().find(|c| matches!(g.node(**c).op, Op::Attention));
-                match at {
-                    Some(&at) if fusion && materialized[at.index()] && !apart(id, at) => continue,
-                    _ => KernelKind::AttentionStats,
-                }
-            }
-            Op::Attention => KernelKind::Attention { with_stats: fusion && !apart(node.inputs[3], id) },
+            // Stats are computed by the kernel of the op that consumes them, when there is one.
+            Op::LayerNormStats { .. } | Op::AttentionStats if stats_home(id).is_some() => continue,
+            Op::LayerNormStats { .. } => KernelKind::LayerNormStats,
+            Op::LayerNorm => KernelKind::LayerNorm { with_stats: stats_home(node.inputs[1]) == Some(id) },
+            Op::AttentionStats => KernelKind::AttentionStats,
+            Op::Attention => KernelKind::Attention { with_stats: stats_home(node.inputs[3]) == Some(id) },
             Op::AttentionGradKv => KernelKind::AttentionGradKv,
             Op::AttentionGradQ => KernelKind::AttentionGradQ,
             Op::MatMul => KernelKind::MatMul { matmul: id, register: id },

@@ -19,7 +19,8 @@ use plotters::prelude::*;
 /// What a value is, for its colour.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// Computed by the forward pass (inputs and the loss included).
+    /// Computed by the forward pass (inputs and the loss included), or recomputed in the
+    /// backward pass (rematerialization).
     Activation,
     /// Computed by the backward pass.
     Gradient,
@@ -150,12 +151,14 @@ pub fn layout(g: &Graph, p: &Plan, phases: Phases, scratch_bytes: u64) -> Layout
     Layout { peak: peak.unwrap_or((0, 0)), blocks, kernels, shared_bytes, total_bytes: at }
 }
 
-/// What a value is: its op for parameters and state, else the phase that computes it.
+/// What a value is: its op for parameters and state, else the phase that computes it (a
+/// forward value recomputed in the backward pass is an activation).
 fn kind(g: &Graph, phases: Phases, id: NodeId) -> Kind {
     match g.node(id).op {
         Op::Parameter { .. } => Kind::Parameter,
         Op::State { .. } => Kind::OptimizerState,
         _ if id.index() >= phases.update_start => Kind::OptimizerState,
+        _ if g.recomputed.iter().any(|&(_, copy)| copy == id) => Kind::Activation,
         _ if id.index() >= phases.backward_start => Kind::Gradient,
         _ => Kind::Activation,
     }

@@ -16,6 +16,10 @@ pub struct PlanReport {
     pub naive_bytes: u64,
     pub pinned_bytes: u64,
     pub scratch_bytes: u64,
+    /// Forward values the backward pass recomputes instead of keeping them alive
+    /// ([`crate::graph::remat`]): the graph's recomputed values whose copy the plan evaluates
+    /// (in a kernel, or as a view of a buffer).
+    pub recomputed: usize,
     /// One line per kernel: its kind and the ops it computes (and `update only` when a
     /// micro-batch run of gradient accumulation skips it).
     pub kernel_lines: Vec<String>,
@@ -29,6 +33,13 @@ impl PlanReport {
     /// dispatches; dedicated kernels may use scratch); pass `plan.kernels.len()` and 0 without one.
     pub fn new(g: &Graph, plan: &Plan, dispatches: usize, scratch_bytes: u64) -> PlanReport {
         let skipped = |i: usize| plan.micro.as_ref().is_some_and(|m| !m.kernels.contains(&i));
+        let mut evaluated = vec![false; g.n_nodes()];
+        for id in plan.kernels.iter().flat_map(|k| &k.fused) {
+            evaluated[id.index()] = true;
+        }
+        let recomputed = (g.recomputed.iter())
+            .filter(|&&(_, c)| evaluated[c.index()] || plan.value_of(c).is_some())
+            .count();
         let kernel_lines = plan
             .kernels
             .iter()
@@ -53,6 +64,7 @@ impl PlanReport {
             naive_bytes: plan.naive_bytes,
             pinned_bytes: plan.pinned_bytes(),
             scratch_bytes,
+            recomputed,
             kernel_lines,
             micro_dispatches: None,
         }
@@ -61,11 +73,12 @@ impl PlanReport {
     /// Summary lines (no per-kernel detail).
     pub fn summary(&self) -> String {
         format!(
-            "ops {}  kernels {}  dispatches {} ({:.2} per op)\nbuffers {}  planned {} bytes vs {} bytes one-buffer-per-value ({:.1}%)  pinned {} bytes  scratch {} bytes\n",
+            "ops {}  kernels {}  dispatches {} ({:.2} per op)  recomputed {}\nbuffers {}  planned {} bytes vs {} bytes one-buffer-per-value ({:.1}%)  pinned {} bytes  scratch {} bytes\n",
             self.ops,
             self.kernels,
             self.dispatches,
             self.dispatches as f64 / self.ops.max(1) as f64,
+            self.recomputed,
             self.buffers,
             self.planned_bytes,
             self.naive_bytes,
@@ -100,6 +113,7 @@ impl PlanReport {
             "naive_bytes": self.naive_bytes,
             "pinned_bytes": self.pinned_bytes,
             "scratch_bytes": self.scratch_bytes,
+            "recomputed": self.recomputed,
         });
         if let Some(n) = self.micro_dispatches {
             v["micro_batch_dispatches"] = json!(n);

@@ -27,8 +27,11 @@ fn gpt_step() -> TrainGraph {
     // a constant added to a row of scores) would otherwise turn rounding noise into full-size
     // Adam steps whose sign differs between any two summation orders.
     let optimizer = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
-    training_graph(g, loss, &OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(optimizer) })
-        .unwrap()
+    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(optimizer) };
+    let t = training_graph(g, loss, &cfg).unwrap();
+    // Rematerialization is on by default: every test here checks rematerialized plans too.
+    assert_eq!(t.graph.recomputed.len(), 9, "LayerNorm, GELU and attention-output copies");
+    t
 }
 
 fn mlp_step() -> TrainGraph {

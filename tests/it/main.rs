@@ -34,6 +34,7 @@ mod layout;
 mod mpi;
 mod param_groups;
 mod plan;
+mod remat;
 mod repl;
 mod script_api;
 mod script_api_doc;

@@ -401,6 +401,7 @@ const COMPILE_KEYS: &[&str] = &[
     "device",
     "seed",
     "matmul_precision",
+    "remat",
 ];
 
 fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer> {
@@ -467,6 +468,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         matmul_precision,
         budget: ctx.budget.clone(),
         comm: ctx.comm.clone(),
+        remat: o.bool("remat")?.unwrap_or(true),
     };
     let trainer = m.model.compile(cfg).script()?;
     Ok(ScriptTrainer {

@@ -1,0 +1,135 @@
+//! Rematerialization (`graph::remat`): a training step that recomputes cheap forward values in
+//! the backward pass trains to the same losses as one that keeps them, on the CPU and on the
+//! GPU; its plan frees the GELU and LayerNorm outputs with the forward pass; and the command
+//! line and scripts turn it off. (The NaN-poisoned buffer-reuse test and the fused-against-
+//! unfused test of `gpu_plan.rs` run rematerialized steps: it is on by default.)
+
+use crate::common::gpu::or_skip;
+use rumus::backend::Backend;
+use rumus::cpu::{CpuBackend, RunOptions};
+use rumus::graph::{training_graph_with, Graph, OptimConfig, Optimizer, TrainGraph, TrainOptions};
+use rumus::nn::{self, GptConfig};
+use rumus::plan::report::PlanReport;
+use rumus::plan::{plan, Plan, PlanOptions};
+use rumus::runtime::backend::GpuBackend;
+use rumus::{DType, Tensor};
+
+/// A 2-layer GPT's training step (pre-LN blocks, tanh GELU), AdamW.
+fn gpt_step(remat: bool) -> TrainGraph {
+    let mut g = Graph::new();
+    let c = GptConfig { vocab: 13, d: 16, heads: 2, layers: 2, ctx: 6 };
+    let logits = nn::gpt(&mut g, c, 2).unwrap();
+    let target = g.input("target", &[2, 6], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let cfg = OptimConfig::new(Optimizer::adamw());
+    training_graph_with(g, loss, &cfg, TrainOptions { remat }).unwrap()
+}
+
+/// The losses of `steps` training steps on fixed data, then every parameter and state value.
+fn train(b: &mut dyn Backend, t: &TrainGraph, steps: u64) -> (Vec<f32>, Vec<f32>) {
+    let g = &t.graph;
+    let idx = g.input_named("idx").unwrap();
+    let target = g.input_named("target").unwrap();
+    let ids = Tensor::i32(&[2, 6], (0..12).map(|i| i * 5 % 13).collect()).unwrap();
+    let labels = Tensor::i32(&[2, 6], (0..12).map(|i| i * 7 % 13).collect()).unwrap();
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let mut feeds = vec![(idx, ids.clone()), (target, labels.clone())];
+        feeds.extend(t.optim.host_feeds(1e-2, step));
+        let refs: Vec<_> = feeds.iter().map(|(id, t)| (*id, t)).collect();
+        let out = b.run(&refs, &[t.loss], RunOptions { training: true, step }).unwrap();
+        losses.push(out[0].to_f32_vec()[0]);
+    }
+    let persistent = g.nodes().filter(|(_, n)| n.op.is_persistent());
+    let values = persistent.flat_map(|(id, _)| b.read(id).unwrap().to_f32_vec()).collect();
+    (losses, values)
+}
+
+fn max_rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let err = |(&x, &y): (&f32, &f32)| (x as f64 - y as f64).abs() / (y.abs() as f64).max(1e-30);
+    a.iter().zip(b).map(err).fold(0.0, f64::max)
+}
+
+#[test]
+fn rematerialized_steps_train_to_the_same_losses_on_the_cpu_and_the_gpu() {
+    let (on, off) = (gpt_step(true), gpt_step(false));
+    assert_eq!(
+        on.graph.recomputed.len(),
+        9,
+        "ln1, ln2, gelu and attention-output views per layer, ln_f"
+    );
+    assert!(off.graph.recomputed.is_empty());
+    let (cl, cv) = train(&mut CpuBackend::new(on.graph.clone(), 3).unwrap(), &on, 5);
+    let (kl, kv) = train(&mut CpuBackend::new(off.graph.clone(), 3).unwrap(), &off, 5);
+    assert!(max_rel_err(&cl, &kl) <= 1e-6, "cpu losses {cl:?} vs {kl:?}");
+    assert!(max_rel_err(&cv, &kv) <= 1e-6, "cpu values differ");
+    let Some((gpu, _turn)) = or_skip("rematerialized_steps_train_to_the_same_losses_on_the_gpu")
+    else {
+        return;
+    };
+    let gpu_train = |t: &TrainGraph| {
+        let mut b = GpuBackend::new(gpu, t.graph.clone(), 3, PlanOptions::default()).unwrap();
+        train(&mut b, t, 5)
+    };
+    let ((gl, _), (hl, _)) = (gpu_train(&on), gpu_train(&off));
+    assert!(max_rel_err(&gl, &hl) <= 1e-6, "gpu losses {gl:?} vs {hl:?}");
+}
+
+/// The plan's first kernel that computes a backward node.
+fn backward_start(t: &TrainGraph, p: &Plan) -> usize {
+    let backward =
+        |k: &rumus::plan::Kernel| k.fused.iter().any(|id| id.index() >= t.backward_start);
+    p.kernels.iter().position(backward).unwrap()
+}
+
+/// The last kernel that reads the value a forward kernel computing `op` writes (its last
+/// output: a layer_norm kernel also writes the stats, which the LayerNorm gradient reads).
+fn last_read_of_forward(t: &TrainGraph, p: &Plan, op: &str) -> usize {
+    let g = &t.graph;
+    let forward = &p.kernels[..backward_start(t, p)];
+    let writes_op = |k: &&rumus::plan::Kernel| k.fused.iter().any(|&id| g.node(id).op.name() == op);
+    let outputs = forward.iter().filter(writes_op).filter_map(|k| k.outputs.last());
+    let last = outputs.map(|&o| p.value_of(o).unwrap().lifetime.last).max().unwrap();
+    usize::try_from(last).unwrap()
+}
+
+#[test]
+fn gelu_and_layer_norm_outputs_die_with_the_forward_pass() {
+    for (remat, alive_in_backward) in [(true, false), (false, true)] {
+        let t = gpt_step(remat);
+        let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+        let boundary = backward_start(&t, &p);
+        for op in ["gelu_tanh", "layer_norm"] {
+            let last = last_read_of_forward(&t, &p, op);
+            assert_eq!(last >= boundary, alive_in_backward, "remat {remat}: {op} read at {last}");
+        }
+        let recomputed = PlanReport::new(&t.graph, &p, p.kernels.len(), 0).recomputed;
+        assert_eq!(recomputed, if remat { 9 } else { 0 });
+        // Each recomputed copy runs after the forward pass, in the kernel before its reader.
+        for &(_, copy) in &t.graph.recomputed {
+            assert!(copy.index() >= t.backward_start && copy.index() < t.update_start);
+        }
+    }
+}
+
+#[test]
+fn rumus_plan_no_remat_keeps_the_values_and_plans_more_bytes() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(["plan", "scripts/bench/gpt-small.rms", "--json"])
+            .args(extra)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (on, off) = (json(&[]), json(&["--no-remat"]));
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert_eq!((n(&on, "recomputed"), n(&off, "recomputed")), (17, 0));
+    // Four values a layer (ln1, ln2, the GELU output, the attention output's permuted copy)
+    // of [32, 128, 256] floats (the GELU output 4 times as wide) and ln_f: at least 20 MiB less.
+    assert!(n(&on, "planned_bytes") + (20 << 20) < n(&off, "planned_bytes"), "{on} {off}");
+    assert!(n(&on, "dispatches") > n(&off, "dispatches"));
+}
