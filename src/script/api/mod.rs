@@ -3,6 +3,7 @@
 //! script error (a [`Carried`](super::convert::Carried) rumus error), never panics.
 
 pub mod data;
+pub mod doc;
 pub mod evaluate;
 pub mod io;
 pub mod math;
@@ -21,77 +22,6 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     evaluate::register(engine, ctx);
     io::register(engine, ctx);
 }
-
-/// Names of the API's functions, for REPL completion and `:help`: the entries of
-/// docs/script-api.md, in its order (`tests/it/script_api_doc.rs` checks both against the
-/// registered functions).
-pub const NAMES: &[&str] = &[
-    "tensor",
-    "zeros",
-    "ones",
-    "full",
-    "randn",
-    "rand",
-    "shape",
-    "dtype",
-    "numel",
-    "rank",
-    "len",
-    "to_array",
-    "item",
-    "reshape",
-    "to_f32",
-    "to_i32",
-    "pow",
-    "exp",
-    "ln",
-    "sqrt",
-    "abs",
-    "relu",
-    "sum",
-    "mean",
-    "max",
-    "min",
-    "argmax",
-    "sample",
-    "csv",
-    "text",
-    "dataset",
-    "split",
-    "shuffle",
-    "batches",
-    "x",
-    "y",
-    "classes",
-    "compile",
-    "sgd",
-    "adam",
-    "adamw",
-    "step_lr",
-    "cosine",
-    "train_step",
-    "predict",
-    "evaluate",
-    "accuracy",
-    "step",
-    "lr",
-    "device",
-    "plan",
-    "params",
-    "param",
-    "set_param",
-    "save",
-    "load",
-    "read_text",
-    "write_text",
-    "log_metric",
-    "progress",
-    "epoch",
-    "seed",
-    "exit",
-    "world_size",
-    "print",
-];
 
 /// A script value as the REPL shows it (the API's own types by their `to_string`).
 pub fn display(v: &rhai::Dynamic) -> String {
