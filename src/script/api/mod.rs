@@ -4,6 +4,7 @@
 
 pub mod data;
 pub mod doc;
+pub mod error;
 pub mod evaluate;
 pub mod io;
 pub mod math;
@@ -21,6 +22,7 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     model::register(engine, ctx);
     evaluate::register(engine, ctx);
     io::register(engine, ctx);
+    error::register(engine);
 }
 
 /// A script value as the REPL shows it (the API's own types by their `to_string`).
@@ -36,6 +38,9 @@ pub fn display(v: &rhai::Dynamic) -> String {
     }
     if let Some(t) = v.read_lock::<model::ScriptTrainer>() {
         return model::describe_trainer(&t);
+    }
+    if let Some(e) = v.read_lock::<super::convert::Carried>() {
+        return error::text(&e);
     }
     v.to_string()
 }
