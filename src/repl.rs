@@ -20,6 +20,7 @@ use std::rc::Rc;
 /// The REPL's commands, for `:help` and completion.
 pub const COMMANDS: &[(&str, &str)] = &[
     (":help", "this list"),
+    (":help NAME", "the script API reference's entry for a function"),
     (":load FILE", "run a .rms file in this session"),
     (":plan NAME", "the compiled plan of a trainer"),
     (":graph NAME", "a model or trainer's graph in Graphviz DOT"),
@@ -152,7 +153,8 @@ impl Repl {
         let arg = arg.trim();
         let text = match name {
             "q" | "quit" | "exit" => return Ok(None),
-            "help" | "h" => help(),
+            "help" | "h" if arg.is_empty() => help(),
+            "help" | "h" => help_on(arg)?,
             "load" => {
                 let _ = self.host.eval_file(std::path::Path::new(arg))?;
                 String::new()
@@ -183,7 +185,7 @@ impl Repl {
         if word.is_empty() {
             return (pos, Vec::new());
         }
-        let mut names: Vec<String> = api::NAMES.iter().map(|s| s.to_string()).collect();
+        let mut names: Vec<String> = api::doc::names().map(str::to_string).collect();
         names.extend(COMMANDS.iter().map(|(c, _)| c.split(' ').next().unwrap_or(c).to_string()));
         names.extend(self.host.names());
         names.retain(|n| n.starts_with(word));
@@ -199,9 +201,24 @@ fn help() -> String {
         s.push_str(&format!("  {c:<14} {what}\n"));
     }
     s.push_str("script functions:\n  ");
-    s.push_str(&api::NAMES.join(", "));
-    s.push('\n');
+    s.push_str(&api::doc::names().collect::<Vec<_>>().join(", "));
+    s.push_str("\n:help NAME shows a function's entry in the script API reference\n");
     s
+}
+
+/// `:help NAME`: the script API reference's entry for `NAME` (docs/script-api.md).
+fn help_on(name: &str) -> Result<String> {
+    if let Some(entry) = api::doc::entry(name) {
+        return Ok(format!("{entry}\n"));
+    }
+    let name = escape(name);
+    Err(match api::doc::nearest(&name) {
+        Some(near) => crate::err!(
+            Usage,
+            "no script function `{name}`; did you mean `{near}`? (:help lists them)"
+        ),
+        None => crate::err!(Usage, "no script function `{name}`; :help lists them"),
+    })
 }
 
 /// Whether `text` needs more lines: a bracket (`(`, `[`, `{`), a block comment or a back-tick

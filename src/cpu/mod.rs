@@ -9,12 +9,14 @@
 //!   reduction and shape ops, [`nn`] for softmax, layer norm, embedding, cross-entropy and
 //!   dropout, each gradient-helper op next to the op it differentiates; [`attention`] for causal
 //!   attention and its gradients;
-//! - batched matrix multiplication, cache-blocked and parallel over rows ([`mod@matmul`]);
+//! - batched matrix multiplication on the `gemm` crate, with a plain-loop reference
+//!   ([`mod@matmul`]);
 //! - the [`Executor`], which holds parameters and state between steps and runs a graph.
 //!
 //! Invariant: results are deterministic. The same graph, inputs and options give bit-identical
-//! outputs on every run and for every thread count: every sum runs in a fixed order, and threads
-//! only ever split independent output rows.
+//! outputs on every run and for every thread count: every sum runs in an order fixed by the
+//! shapes (and, for matrix products, the processor's vector kernels), and threads only ever
+//! split independent outputs.
 
 pub mod attention;
 pub mod backend;
@@ -29,7 +31,7 @@ pub use crate::graph::float::Float;
 pub use crate::rng::dropout_keep;
 pub use backend::CpuBackend;
 pub use exec::{Executor, HostStep};
-pub use matmul::{bench_matmul, matmul};
+pub use matmul::{bench_matmul, matmul, matmul_reference};
 
 use crate::tensor::DType;
 

@@ -34,12 +34,6 @@ use std::io::Write;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// The names of the script API's functions (the entries of docs/script-api.md), as the REPL
-/// completes them.
-pub fn api_names() -> &'static [&'static str] {
-    api::NAMES
-}
-
 /// How a [`Host`] is set up.
 #[derive(Clone, Debug)]
 pub struct HostOptions {

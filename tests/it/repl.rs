@@ -68,6 +68,35 @@ fn functions_defined_earlier_stay_callable() {
     assert_eq!((start, names), (8, vec!["tensor".to_string()]));
 }
 
+/// `:help NAME` shows the reference's entry (compiled in), `:help` lists every name, and an
+/// unknown name suggests the nearest one.
+#[test]
+fn help_shows_the_reference_entry_of_a_name() {
+    let mut repl = Repl::new(HostOptions::default());
+    let help = repl.eval_line(":help");
+    assert!(help.contains("tensor, zeros, ones") && help.contains(":help NAME"), "{help}");
+    let check = |repl: &mut Repl, input: &str, expected: &str| {
+        assert_eq!(repl.eval_line(input), expected, "{input}");
+    };
+    check(&mut repl, ":help numel", "### numel\n`t.numel()`: the number of elements.\n");
+    check(&mut repl, ":help ones", "### ones\n`ones(shape)`: an f32 tensor of ones.\n");
+    // The last entry of a section ends at the next section's heading.
+    let to_i32 = repl.eval_line(":h to_i32");
+    assert!(to_i32.starts_with("### to_i32\n`t.to_i32()`") && to_i32.ends_with("unary `-`.\n"));
+    let evaluate = repl.eval_line(":help evaluate");
+    assert!(evaluate.starts_with("### evaluate\n") && evaluate.contains("batch"), "{evaluate}");
+    check(
+        &mut repl,
+        ":help tensr",
+        "no script function `tensr`; did you mean `tensor`? (:help lists them)\n",
+    );
+    check(
+        &mut repl,
+        ":help evalute",
+        "no script function `evalute`; did you mean `evaluate`? (:help lists them)\n",
+    );
+}
+
 /// Each case: lines fed one by one, and what each gave (`<more>` while the input is incomplete).
 #[test]
 fn input_is_complete_when_nothing_is_left_open() {

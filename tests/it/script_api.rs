@@ -77,6 +77,55 @@ fn throw_without_a_message_says_so() {
     check("throw 3;", "error: 3\n");
 }
 
+/// `catch (e)` on a failed rumus call bound a value that printed as
+/// `rumus::script::convert::Carried`. Each kind of failure now shows its message (and its place,
+/// where it has one) through print, `to_string`, interpolation and `e.message`; `e.line` and
+/// `e.position` are as in rhai's own caught errors; re-throwing keeps the original error.
+#[test]
+fn caught_errors_show_their_message() {
+    let model = "model m(x: f32[B, 2]) {\n    return linear(x, 1)\n}\n";
+    let bad = "model bad(x: f32[B, 2]) {\n    return x @ x\n}\n";
+    let show = "print(e); print(e.to_string()); print(`caught: ${e}`); print(e.message); \
+                print(e.line); print(e.position); print(type_of(e));";
+    let missing = std::env::current_dir().unwrap().join("missing.csv");
+    let missing = format!("{}: No such file or directory (os error 2)", missing.display());
+    let unknown = "compile: unknown setting `bach` (settings: batch, dims, loss, output, \
+                   ignore_index, optimizer, lr, schedule, clip, accumulate, device, seed, \
+                   matmul_precision)";
+    let shape = "matmul: inner dimensions differ: [1, 2] @ [1, 2] (2 vs 1)";
+    // (model blocks, the failing call, its text, its message, line, column)
+    let cases: &[(&str, &str, String, &str, &str, &str)] = &[
+        // A bad option map.
+        (model, "m().compile(#{ bach: 4 })", unknown.to_string(), unknown, "", ""),
+        // A shape error, placed in the model block.
+        (bad, "bad()", format!("t.rms:2:12: {shape}"), shape, "2", "12"),
+        // A missing file.
+        ("", "csv(\"missing.csv\")", missing.clone(), &missing, "", ""),
+        // A bad value to a tensor function.
+        (
+            "",
+            "zeros([2, -1])",
+            "shape: negative dimension -1".into(),
+            "shape: negative dimension -1",
+            "",
+            "",
+        ),
+    ];
+    for (prelude, call, text, message, line, column) in cases {
+        let expected =
+            format!("{text}\n{text}\ncaught: {text}\n{message}\n{line}\n{column}\nError\n");
+        check(&format!("{prelude}try {{ {call} }} catch (e) {{ {show} }}"), &expected);
+        // Thrown again, it is the original error.
+        let rethrown = run(&format!("{prelude}try {{ {call} }} catch (e) {{ throw e; }}"));
+        assert_eq!(rethrown, run(&format!("{prelude}{call}")), "{call}");
+    }
+    // rhai's own errors keep rhai's map, with the same fields.
+    check(
+        "try { nope() } catch (e) { print(e.message); print(e.line); print(e.position) }",
+        "Function not found: nope ()\n1\n7\n",
+    );
+}
+
 #[test]
 fn datasets_from_csv_and_text() {
     check(

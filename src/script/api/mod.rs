@@ -3,6 +3,8 @@
 //! script error (a [`Carried`](super::convert::Carried) rumus error), never panics.
 
 pub mod data;
+pub mod doc;
+pub mod error;
 pub mod evaluate;
 pub mod io;
 pub mod math;
@@ -20,78 +22,8 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
     model::register(engine, ctx);
     evaluate::register(engine, ctx);
     io::register(engine, ctx);
+    error::register(engine);
 }
-
-/// Names of the API's functions, for REPL completion and `:help`: the entries of
-/// docs/script-api.md, in its order (`tests/it/script_api_doc.rs` checks both against the
-/// registered functions).
-pub const NAMES: &[&str] = &[
-    "tensor",
-    "zeros",
-    "ones",
-    "full",
-    "randn",
-    "rand",
-    "shape",
-    "dtype",
-    "numel",
-    "rank",
-    "len",
-    "to_array",
-    "item",
-    "reshape",
-    "to_f32",
-    "to_i32",
-    "pow",
-    "exp",
-    "ln",
-    "sqrt",
-    "abs",
-    "relu",
-    "sum",
-    "mean",
-    "max",
-    "min",
-    "argmax",
-    "sample",
-    "csv",
-    "text",
-    "dataset",
-    "split",
-    "shuffle",
-    "batches",
-    "x",
-    "y",
-    "classes",
-    "compile",
-    "sgd",
-    "adam",
-    "adamw",
-    "step_lr",
-    "cosine",
-    "train_step",
-    "predict",
-    "evaluate",
-    "accuracy",
-    "step",
-    "lr",
-    "device",
-    "plan",
-    "params",
-    "param",
-    "set_param",
-    "save",
-    "load",
-    "read_text",
-    "write_text",
-    "log_metric",
-    "progress",
-    "epoch",
-    "seed",
-    "exit",
-    "world_size",
-    "print",
-];
 
 /// A script value as the REPL shows it (the API's own types by their `to_string`).
 pub fn display(v: &rhai::Dynamic) -> String {
@@ -106,6 +38,9 @@ pub fn display(v: &rhai::Dynamic) -> String {
     }
     if let Some(t) = v.read_lock::<model::ScriptTrainer>() {
         return model::describe_trainer(&t);
+    }
+    if let Some(e) = v.read_lock::<super::convert::Carried>() {
+        return error::text(&e);
     }
     v.to_string()
 }
