@@ -1,5 +1,8 @@
-//! Writing files safely: [`write_atomic`] is the one way rumus writes a file a script or a host
-//! names (checkpoints, `write_text`).
+//! Named files in and out: [`write_atomic`] is the one way rumus writes a file a script or a host
+//! names (checkpoints, `write_text`), and [`read_source`] the one way it reads a source file
+//! (scripts, model files): with a size limit, so `/dev/zero` is an error and not a hang, UTF-8
+//! checked with the line and column of the first bad byte, and byte-order marks named (a UTF-8
+//! one is skipped, as rustc and Python do).
 //!
 //! The bytes go to a new temporary file in the target's own folder, created exclusively
 //! (`O_CREAT | O_EXCL`, and `O_NOFOLLOW` where there is one) under a name nobody can predict, so
@@ -14,10 +17,77 @@
 
 use crate::err;
 use crate::error::{Error, Result};
+use crate::source::{Source, Span};
 use std::fs;
 use std::hash::{BuildHasher, Hasher};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Largest source file read, in bytes. Data belongs in data files (`csv`, `text`).
+pub const MAX_SOURCE_FILE_BYTES: u64 = 16 << 20;
+
+/// Read a source file, named by its path as given. Refuses files over 16 MiB
+/// (`MAX_SOURCE_FILE_BYTES`, before reading more than that), text that is not UTF-8 (at the
+/// line and column of the first bad byte), and UTF-16/32 byte-order marks; skips a UTF-8
+/// byte-order mark.
+pub fn read_source(path: &Path) -> Result<Arc<Source>> {
+    let name = path.display().to_string();
+    if name.is_empty() {
+        return Err(err!(Io, "the file name is empty"));
+    }
+    let io = |e: std::io::Error| Error::io(&name, e);
+    let file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.is_dir() {
+        return Err(err!(Io, "{name}: is a folder, not a source file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_SOURCE_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > MAX_SOURCE_FILE_BYTES {
+        return Err(err!(
+            Io,
+            "{name}: a source file may have at most {MAX_SOURCE_FILE_BYTES} bytes; this one has more"
+        ));
+    }
+    source_from_bytes(name, bytes)
+}
+
+/// A source from raw bytes (a file's contents), checked as [`read_source`] checks them.
+pub fn source_from_bytes(name: String, bytes: Vec<u8>) -> Result<Arc<Source>> {
+    let bytes = match bytes.strip_prefix(b"\xEF\xBB\xBF") {
+        Some(rest) => rest.to_vec(),
+        None => bytes,
+    };
+    let bom = match bytes.as_slice() {
+        [0xFF, 0xFE, 0, 0, ..] => Some("UTF-32 little-endian"),
+        [0, 0, 0xFE, 0xFF, ..] => Some("UTF-32 big-endian"),
+        [0xFF, 0xFE, ..] => Some("UTF-16 little-endian"),
+        [0xFE, 0xFF, ..] => Some("UTF-16 big-endian"),
+        _ => None,
+    };
+    if let Some(encoding) = bom {
+        let e = err!(
+            Parse,
+            "the file starts with a {encoding} byte-order mark; rumus reads UTF-8: save it as UTF-8"
+        );
+        let src = Source::new(name, String::from_utf8_lossy(&bytes).into_owned());
+        return Err(e.at(Span::new(0, 0)).in_source(&src));
+    }
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(Source::new(name, text)),
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let byte = e.as_bytes()[at];
+            let text = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            let src = Source::new(name, text);
+            let e = err!(
+                Parse,
+                "invalid UTF-8 (byte 0x{byte:02X}): source files must be UTF-8 text"
+            );
+            Err(e.at(Span::new(at, at + 1)).in_source(&src))
+        }
+    }
+}
 
 /// Write `bytes` to `path` atomically (see the module documentation). `path` must name a file
 /// (not a folder) in an existing folder.
@@ -106,6 +176,54 @@ fn process_alive(_pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+
+    /// `bytes` as a source file: its text, or its error rendered.
+    fn check(bytes: &[u8], expected: &str) {
+        let got = match source_from_bytes("f.rms".into(), bytes.to_vec()) {
+            Ok(s) => s.text.clone(),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn source_bytes_are_checked() {
+        check(b"print(1);\n", "print(1);\n");
+        // A UTF-8 byte-order mark is skipped; others are named.
+        check(b"\xEF\xBB\xBFprint(1);", "print(1);");
+        check(
+            b"\xFF\xFEp\x00",
+            "f.rms:1:1: the file starts with a UTF-16 little-endian byte-order mark; rumus reads UTF-8: save it as UTF-8\n    \u{FFFD}\u{FFFD}p\\0\n    ^",
+        );
+        check(
+            b"\xFE\xFF\x00p",
+            "f.rms:1:1: the file starts with a UTF-16 big-endian byte-order mark; rumus reads UTF-8: save it as UTF-8\n    \u{FFFD}\u{FFFD}\\0p\n    ^",
+        );
+        // The first bad byte, by line and column.
+        check(
+            b"print(1);\nlet a = \"\xFF\";\n",
+            "f.rms:2:10: invalid UTF-8 (byte 0xFF): source files must be UTF-8 text\n    let a = \"\u{FFFD}\";\n             ^",
+        );
+        check(
+            b"let \xC3\xA9 = \xC3;",
+            "f.rms:1:9: invalid UTF-8 (byte 0xC3): source files must be UTF-8 text\n    let \u{e9} = \u{FFFD};\n            ^",
+        );
+    }
+
+    #[test]
+    fn reading_dev_zero_is_a_size_error() {
+        let e = read_source(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/dev/zero: a source file may have at most 16777216 bytes; this one has more"
+        );
+        let e = read_source(Path::new("src")).unwrap_err();
+        assert_eq!(e.to_string(), "src: is a folder, not a source file");
+        let e = read_source(Path::new("")).unwrap_err();
+        assert_eq!(e.to_string(), "the file name is empty");
+    }
+
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {

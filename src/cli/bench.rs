@@ -12,7 +12,7 @@ use crate::cpu::CpuBackend;
 use crate::dist::Communicator;
 use crate::dsl::{self, Value};
 use crate::err;
-use crate::error::{Result, Source};
+use crate::error::Result;
 use crate::graph::optim::is_host_input;
 use crate::graph::{
     training_graph_with, Graph, NodeId, Op, OptimConfig, Optimizer, TrainGraph, TrainOptions,
@@ -49,7 +49,7 @@ pub struct ModelSpec {
 
 /// Lower the model of `spec` and extend it into a training step.
 pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
-    let src = Source::read(std::path::Path::new(&spec.file))?;
+    let src = crate::files::read_source(std::path::Path::new(&spec.file))?;
     // A `.rms` file may be a script with model blocks in it; only the blocks matter here.
     let module = if spec.file.ends_with(".rms") { dsl::load_rms(&src) } else { dsl::load(&src) }
         .map_err(|e| e.in_source(&src))?;

@@ -4,13 +4,13 @@
 
 use crate::dsl::{load, load_rms, lower};
 use crate::err;
-use crate::error::{Result, Source};
+use crate::error::Result;
 use crate::graph::{Graph, Init, Op};
 use crate::tensor::fmt_shape;
 
 /// Run `rumus graph`: the text to print, or an error (rendered with its source position).
 pub fn cli_graph(path: &str, model: Option<&str>, params: bool) -> Result<String> {
-    let src = Source::read(std::path::Path::new(path))?;
+    let src = crate::files::read_source(std::path::Path::new(path))?;
     let module = if path.ends_with(".rms") { load_rms(&src)? } else { load(&src)? };
     let name = match model {
         Some(m) => m.to_string(),

@@ -303,7 +303,7 @@ impl Host {
 
     /// Evaluate a file (must be readable by the sandbox; its folder becomes readable).
     pub fn eval_file(&mut self, path: &std::path::Path) -> Result<Dynamic> {
-        self.eval(&Source::read(path)?)
+        self.eval(&crate::files::read_source(path)?)
     }
 
     /// Call a script function (defined by an earlier evaluation) by name.

@@ -45,7 +45,7 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .unwrap_or(Path::new("."))
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
-    let source = crate::error::Source::read(&opts.file)?;
+    let source = crate::files::read_source(&opts.file)?;
     let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());
