@@ -91,7 +91,7 @@ fn caught_errors_show_their_message() {
     let missing = format!("{}: No such file or directory (os error 2)", missing.display());
     let unknown = "compile: unknown setting `bach` (settings: batch, dims, loss, output, \
                    ignore_index, optimizer, lr, schedule, clip, accumulate, device, seed, \
-                   matmul_precision)";
+                   matmul_precision, remat)";
     let shape = "matmul: inner dimensions differ: [1, 2] @ [1, 2] (2 vs 1)";
     // (model blocks, the failing call, its text, its message, line, column)
     let cases: &[(&str, &str, String, &str, &str, &str)] = &[
