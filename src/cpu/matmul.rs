@@ -91,8 +91,7 @@ fn matmul_on<T: Float>(
     b_shape: &[usize],
     max_threads: usize,
 ) -> Vec<T> {
-    let is_gemm_type = [TypeId::of::<f32>(), TypeId::of::<f64>()].contains(&TypeId::of::<T>());
-    if !is_gemm_type {
+    if !gemm_computes::<T>() {
         return matmul_reference(a, a_shape, b, b_shape);
     }
     let Problem { m, k, n, batches } = Problem::new(a_shape, b_shape);
@@ -138,10 +137,15 @@ fn matmul_on<T: Float>(
     c
 }
 
+/// Whether `gemm` computes products of `T` (f32 and f64; it panics on any other type).
+fn gemm_computes<T: 'static>() -> bool {
+    [TypeId::of::<f32>(), TypeId::of::<f64>()].contains(&TypeId::of::<T>())
+}
+
 /// `c = a @ b` for one row-major `m × k` by `k × n` product, `T` being f32 or f64.
 fn gemm_into<T: Float>(a: &[T], b: &[T], c: &mut [T], (m, k, n): (usize, usize, usize), par: Parallelism) {
     assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n, "matmul operand sizes");
-    assert!([TypeId::of::<f32>(), TypeId::of::<f64>()].contains(&TypeId::of::<T>()));
+    assert!(gemm_computes::<T>(), "matmul element type");
     let (k_stride, n_stride) = (k as isize, n as isize);
     // SAFETY: `a`, `b` and `c` are row-major (column stride 1, row stride k or n) and hold
     // exactly their m × k, k × n and m × n elements (checked above), so every access is in
