@@ -176,7 +176,7 @@ fn process_alive(_pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-
+    use super::*;
 
     /// `bytes` as a source file: its text, or its error rendered.
     fn check(bytes: &[u8], expected: &str) {
@@ -223,8 +223,6 @@ mod tests {
         let e = read_source(Path::new("")).unwrap_err();
         assert_eq!(e.to_string(), "the file name is empty");
     }
-
-    use super::*;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("rumus-files-{}-{name}", std::process::id()));
