@@ -50,7 +50,7 @@ impl GradSync {
 }
 
 /// A device that holds a graph's persistent values and evaluates it.
-pub trait Backend {
+pub trait Backend: Send {
     /// What runs the graph: `cpu`, or the GPU adapter's name.
     fn device_name(&self) -> String;
     /// Feed inputs, evaluate `want` (and, when `opts.training`, apply the graph's updates).

@@ -4,6 +4,10 @@
 //! registers its own functions with the script engine, and takes compiled models out of script
 //! variables to feed them `&[f32]` and read their outputs directly from Rust.
 //!
+//! An [`Engine`] and the [`Compiled`] handles it gives out are `Send`: a worker thread or a
+//! server can own them (`examples/worker.rs`). So host functions registered through
+//! [`Engine::script_engine`] must be `Send + Sync`, and the print sink `Send`.
+//!
 //! ```no_run
 //! let mut engine = rumus::Engine::new();
 //! engine.run(r#"
@@ -23,8 +27,8 @@ use crate::script::{
 use crate::session::Trainer;
 use crate::tensor::Tensor;
 use crate::{err, Error};
-use std::cell::RefMut;
 use std::path::Path;
+use std::sync::MutexGuard;
 
 /// An embedded rumus session.
 pub struct Engine {
@@ -33,7 +37,9 @@ pub struct Engine {
 }
 
 /// A compiled model held by a script variable, driven from Rust. It shares the model with the
-/// script: a step taken here is seen there and the other way round.
+/// script: a step taken here is seen there and the other way round. Clones share it too, also
+/// across threads: each call locks the model for its duration.
+#[derive(Clone)]
 pub struct Compiled {
     trainer: ScriptTrainer,
 }
@@ -100,7 +106,7 @@ impl Engine {
     }
 
     /// Send the scripts' `print` output to `sink` (stdout by default).
-    pub fn on_print(&mut self, sink: impl FnMut(&str) + 'static) {
+    pub fn on_print(&mut self, sink: impl FnMut(&str) + Send + 'static) {
         self.host.on_print(sink);
     }
 
@@ -124,8 +130,7 @@ impl Compiled {
         let x = Tensor::f32(x_shape, x.to_vec())?;
         let input = self.first_input()?;
         self.trainer
-            .trainer
-            .borrow_mut()
+            .lock()
             .train_step(&[(input.as_str(), &x), (crate::session::TARGET_INPUT, target)])
     }
 
@@ -135,30 +140,31 @@ impl Compiled {
         let input = self.first_input()?;
         let out = self.predict_named(&[(input.as_str(), &x)])?;
         out.into_iter()
-            .find(|(n, _)| *n == *self.trainer.output)
+            .find(|(n, _)| *n == self.trainer.output)
             .map(|(_, t)| t)
             .ok_or_else(|| err!(Name, "the model has no output `{}`", self.trainer.output))
     }
 
     /// Every output for named inputs.
     pub fn predict_named(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
-        self.trainer.trainer.borrow_mut().predict(inputs)
+        self.trainer.lock().predict(inputs)
     }
 
     /// Save parameters, optimizer state and step count (atomically, safetensors).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        save_checkpoint(&self.trainer.trainer.borrow(), path.as_ref())
+        save_checkpoint(&self.trainer.lock(), path.as_ref())
     }
 
     /// Load a checkpoint written by [`Compiled::save`]: every parameter must be in it (see
     /// [`Trainer::load_checkpoint`]).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
-        load_checkpoint(&mut self.trainer.trainer.borrow_mut(), path.as_ref(), true, None).map(drop)
+        load_checkpoint(&mut self.trainer.lock(), path.as_ref(), true, None).map(drop)
     }
 
-    /// The underlying trainer (parameters by name, plan report, step count).
-    pub fn trainer(&self) -> RefMut<'_, Trainer> {
-        self.trainer.trainer.borrow_mut()
+    /// The underlying trainer (parameters by name, plan report, step count), locked until the
+    /// guard is dropped: drop it before evaluating script code that uses the same model.
+    pub fn trainer(&self) -> MutexGuard<'_, Trainer> {
+        self.trainer.lock()
     }
 
     fn first_input(&self) -> Result<String> {

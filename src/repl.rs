@@ -12,10 +12,11 @@
 
 use crate::dsl::scan::{Piece, Scanner};
 use crate::error::{escape, Result, Source};
-use crate::script::{api, ExitRequest, Host, HostOptions};
+use crate::script::{api, lock, ExitRequest, Host, HostOptions};
 use std::cell::RefCell;
 use std::io::{BufRead, Write};
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 /// The REPL's commands, for `:help` and completion.
 pub const COMMANDS: &[(&str, &str)] = &[
@@ -48,7 +49,7 @@ pub enum Outcome {
 /// A REPL session.
 pub struct Repl {
     host: Host,
-    out: Rc<RefCell<String>>,
+    out: Arc<Mutex<String>>,
     pending: String,
     n_inputs: usize,
     /// The last input was stopped by Ctrl-C (the terminal has echoed `^C` mid-line).
@@ -59,10 +60,10 @@ impl Repl {
     /// A session whose `print` output is collected into each input's output text.
     pub fn new(opts: HostOptions) -> Repl {
         let mut host = Host::new(opts);
-        let out = Rc::new(RefCell::new(String::new()));
+        let out = Arc::new(Mutex::new(String::new()));
         let o = out.clone();
         host.on_print(move |s| {
-            let mut o = o.borrow_mut();
+            let mut o = lock(&o);
             o.push_str(s);
             o.push('\n');
         });
@@ -128,7 +129,7 @@ impl Repl {
         };
         self.host.interrupt().reset();
         self.interrupted = matches!(&result, Err(e) if e.kind == crate::ErrorKind::Interrupted);
-        let mut out = std::mem::take(&mut *self.out.borrow_mut());
+        let mut out = std::mem::take(&mut *lock(&self.out));
         match result {
             Ok(s) => out.push_str(&s),
             Err(e) => {

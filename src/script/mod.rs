@@ -9,7 +9,9 @@
 //! - [`calls`]: a guard on calls too wide for rhai's call resolution.
 //!
 //! A [`Host`] is one persistent script session: one rhai `Scope` plus the functions of every
-//! earlier evaluation, so a REPL line or a host call sees what came before.
+//! earlier evaluation, so a REPL line or a host call sees what came before. A `Host` is `Send`
+//! (rhai's `sync` feature; shared state behind `Arc` and `Mutex`), so a host application can
+//! move it to a worker thread.
 
 pub(crate) mod api;
 pub mod calls;
@@ -19,7 +21,9 @@ pub mod rms;
 pub mod runner;
 pub mod signal;
 
-pub use api::model::{load as load_checkpoint, save as save_checkpoint, ScriptTrainer};
+pub use api::model::{
+    load as load_checkpoint, save as save_checkpoint, HeldTrainer, ScriptTrainer,
+};
 pub use engine::{Deadline, Interrupt, Sandbox};
 pub use rhai;
 
@@ -28,11 +32,10 @@ use crate::error::{Error, Result, Source};
 use crate::memory::Budget;
 use crate::session::MatmulPrecision;
 use rhai::{Dynamic, Scope, AST};
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::Write;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How a [`Host`] is set up.
 #[derive(Clone, Debug)]
@@ -101,39 +104,48 @@ pub enum Total {
     Epochs(u64),
 }
 
-/// Where a script's `print` output and events go.
-pub type PrintSink = Box<dyn FnMut(&str)>;
+/// Where a script's `print` output and events go (`Send`: the session may move to another
+/// thread).
+pub type PrintSink = Box<dyn FnMut(&str) + Send>;
 /// Receives [`Event`]s.
-pub type EventSink = Box<dyn FnMut(&Event)>;
+pub type EventSink = Box<dyn FnMut(&Event) + Send>;
 
-/// What the bindings share: the sandbox, the memory budget, defaults, output sinks, defined
-/// models, and how the evaluation ended (an output error, an `exit(n)`).
+/// What the bindings share: the sandbox, the memory budget, defaults, output sinks, and how
+/// the evaluation ended (an output error, an `exit(n)`). The bindings hold it through an `Arc`;
+/// its mutable parts are atomics and mutexes, each locked only for the moment it is read or
+/// written, never across a call into rhai or a host sink's re-entry.
 pub struct Ctx {
     /// What the scripts may do.
     pub sandbox: Sandbox,
     /// What everything this session owns is charged to (sized by `sandbox.memory_budget`).
     pub budget: Budget,
     /// The default device of `compile` (`auto`, `gpu` or `cpu`).
-    pub device: RefCell<String>,
+    pub device: Mutex<String>,
     /// The default seed of `compile`, shuffling and random tensors.
-    pub seed: Cell<u64>,
+    pub seed: AtomicU64,
     /// The default `matmul_precision` of `compile` (`None`: the device's default).
     pub matmul_precision: Option<MatmulPrecision>,
     /// The ranks of the data-parallel job this session is one of.
     pub comm: Arc<dyn Communicator>,
     /// The step count of the last trainer that stepped (for `log_metric`).
-    pub last_step: Cell<u64>,
+    pub last_step: AtomicU64,
     /// The epoch the script last declared with `epoch(n)` (for metrics and progress).
-    pub epoch: Cell<Option<u64>>,
+    pub epoch: Mutex<Option<u64>>,
     /// Where `print` goes; `None`: standard output.
-    print: RefCell<Option<PrintSink>>,
-    events: RefCell<Option<EventSink>>,
-    /// The model blocks defined so far.
-    pub models: RefCell<rms::Models>,
+    print: Mutex<Option<PrintSink>>,
+    events: Mutex<Option<EventSink>>,
     /// The first output that could not be written (a full disk): it stops the script and is
     /// what the evaluation returns.
-    output_error: RefCell<Option<Error>>,
+    output_error: Mutex<Option<Error>>,
+    /// What the running (or last) evaluation asked for with `exit`.
+    exit: Mutex<Option<ExitRequest>>,
     interrupt: Interrupt,
+}
+
+/// Lock `m`, also after a panic elsewhere left it poisoned (what it guards is plain data that
+/// stays valid: a sink, a setting, a trainer between steps).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Ctx {
@@ -143,7 +155,8 @@ impl Ctx {
         if self.comm.rank() != 0 {
             return;
         }
-        let Ok(mut p) = self.print.try_borrow_mut() else { return };
+        // `try_lock`: a sink that prints (re-entry) is dropped, not deadlocked.
+        let Ok(mut p) = self.print.try_lock() else { return };
         match p.as_mut() {
             Some(sink) => sink(s),
             None => {
@@ -158,13 +171,13 @@ impl Ctx {
     /// Stop the running script because its output could not be written: the evaluation ends
     /// with `e` (the first such error), not with the interruption it causes.
     pub fn fail_output(&self, e: Error) {
-        self.output_error.borrow_mut().get_or_insert(e);
+        lock(&self.output_error).get_or_insert(e);
         self.interrupt.trigger();
     }
 
     /// Report an event to the event sink, if any.
     pub fn emit(&self, e: Event) {
-        if let Ok(mut sink) = self.events.try_borrow_mut() {
+        if let Ok(mut sink) = self.events.try_lock() {
             if let Some(sink) = sink.as_mut() {
                 sink(&e)
             }
@@ -182,11 +195,11 @@ pub struct Host {
     /// inside a function with the function's name and a position in its body, but names the
     /// caller's source, so this is how the position finds its text.
     fn_sources: HashMap<String, Arc<Source>>,
-    ctx: Rc<Ctx>,
+    /// The model blocks defined so far.
+    models: rms::Models,
+    ctx: Arc<Ctx>,
     interrupt: Interrupt,
     deadline: Deadline,
-    /// What the running (or last) evaluation asked for with `exit`.
-    exit: Rc<RefCell<Option<ExitRequest>>>,
 }
 
 /// What a script asked for with `exit`: a process exit code, or a message (printed to stderr;
@@ -205,19 +218,19 @@ impl Host {
     pub fn new(opts: HostOptions) -> Host {
         let interrupt = Interrupt::new();
         let deadline = Deadline::default();
-        let ctx = Rc::new(Ctx {
+        let ctx = Arc::new(Ctx {
             budget: Budget::new(opts.sandbox.memory_budget),
             sandbox: opts.sandbox,
-            device: RefCell::new(opts.device),
-            seed: Cell::new(opts.seed),
+            device: Mutex::new(opts.device),
+            seed: AtomicU64::new(opts.seed),
             matmul_precision: opts.matmul_precision,
             comm: opts.comm,
-            last_step: Cell::new(0),
-            epoch: Cell::new(None),
-            print: RefCell::new(None),
-            events: RefCell::new(None),
-            models: RefCell::new(rms::Models::default()),
-            output_error: RefCell::new(None),
+            last_step: AtomicU64::new(0),
+            epoch: Mutex::new(None),
+            print: Mutex::new(None),
+            events: Mutex::new(None),
+            output_error: Mutex::new(None),
+            exit: Mutex::new(None),
             interrupt: interrupt.clone(),
         });
         let mut engine = engine::sandboxed(&ctx.sandbox, &interrupt, &deadline);
@@ -226,28 +239,27 @@ impl Host {
         let c = ctx.clone();
         engine.on_debug(move |s, _, _| c.print(s));
         api::register(&mut engine, &ctx);
-        let exit = Rc::new(RefCell::new(None));
-        register_exit(&mut engine, &exit);
+        register_exit(&mut engine, &ctx);
         Host {
             engine,
             scope: Scope::new(),
             functions: AST::empty(),
             fn_sources: HashMap::new(),
+            models: rms::Models::default(),
             ctx,
             interrupt,
             deadline,
-            exit,
         }
     }
 
     /// Send `print` output to `sink` instead of stdout.
-    pub fn on_print(&mut self, sink: impl FnMut(&str) + 'static) {
-        *self.ctx.print.borrow_mut() = Some(Box::new(sink));
+    pub fn on_print(&mut self, sink: impl FnMut(&str) + Send + 'static) {
+        *lock(&self.ctx.print) = Some(Box::new(sink));
     }
 
     /// Receive training steps and metrics.
-    pub fn on_event(&mut self, sink: impl FnMut(&Event) + 'static) {
-        *self.ctx.events.borrow_mut() = Some(Box::new(sink));
+    pub fn on_event(&mut self, sink: impl FnMut(&Event) + Send + 'static) {
+        *lock(&self.ctx.events) = Some(Box::new(sink));
     }
 
     /// The flag that stops a running evaluation (Ctrl-C sets it).
@@ -256,7 +268,7 @@ impl Host {
     }
 
     /// The shared context the bindings see.
-    pub fn ctx(&self) -> &Rc<Ctx> {
+    pub fn ctx(&self) -> &Arc<Ctx> {
         &self.ctx
     }
 
@@ -277,14 +289,14 @@ impl Host {
 
     /// An output error, when one stopped the script, in place of the evaluation's own result.
     fn finish(&self, result: Result<Dynamic>) -> Result<Dynamic> {
-        match self.ctx.output_error.borrow_mut().take() {
+        match lock(&self.ctx.output_error).take() {
             Some(e) => Err(e),
             None => result,
         }
     }
 
     fn eval_inner(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
-        let script_text = rms::define_models(source, &mut self.engine, &self.ctx)?;
+        let script_text = rms::define_models(source, &mut self.engine, &mut self.models)?;
         calls::check_width(&script_text).map_err(|e| e.in_source(source))?;
         let mut ast = self
             .engine
@@ -320,7 +332,7 @@ impl Host {
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.scope.iter().map(|(n, _, _)| n.to_string()).collect();
         names.extend(self.functions.iter_functions().map(|f| f.name.to_string()));
-        names.extend(self.ctx.models.borrow().names());
+        names.extend(self.models.names());
         names
     }
 
@@ -336,13 +348,13 @@ impl Host {
 
     /// What the last evaluation asked for with `exit`, if it called it.
     pub fn exit_request(&self) -> Option<ExitRequest> {
-        self.exit.borrow().clone()
+        lock(&self.ctx.exit).clone()
     }
 
     /// Before an evaluation: clear the interrupt flag and the exit request, start the clock.
     fn start(&mut self) {
         self.interrupt.reset();
-        self.exit.borrow_mut().take();
+        lock(&self.ctx.exit).take();
         self.deadline.start(self.ctx.sandbox.timeout);
     }
 
@@ -353,9 +365,9 @@ impl Host {
 
 /// `exit()`, `exit(code)` and `exit(message)`: record the request, then end the evaluation the
 /// way rhai's own `exit` does.
-fn register_exit(engine: &mut rhai::Engine, slot: &Rc<RefCell<Option<ExitRequest>>>) {
+fn register_exit(engine: &mut rhai::Engine, ctx: &Arc<Ctx>) {
     use rhai::EvalAltResult;
-    let request = |slot: &RefCell<Option<ExitRequest>>, v: Dynamic| {
+    let request = |ctx: &Ctx, v: Dynamic| {
         let r = if v.is_unit() {
             ExitRequest::Code(0)
         } else if let Ok(code) = v.as_int() {
@@ -375,11 +387,11 @@ fn register_exit(engine: &mut rhai::Engine, slot: &Rc<RefCell<Option<ExitRequest
                 v.type_name()
             )));
         };
-        *slot.borrow_mut() = Some(r);
+        *lock(&ctx.exit) = Some(r);
         Err(Box::new(EvalAltResult::Exit(v, rhai::Position::NONE)))
     };
-    let s = slot.clone();
-    engine.register_fn("exit", move |v: Dynamic| -> convert::ScriptResult<()> { request(&s, v) });
-    let s = slot.clone();
-    engine.register_fn("exit", move || -> convert::ScriptResult<()> { request(&s, Dynamic::UNIT) });
+    let c = ctx.clone();
+    engine.register_fn("exit", move |v: Dynamic| -> convert::ScriptResult<()> { request(&c, v) });
+    let c = ctx.clone();
+    engine.register_fn("exit", move || -> convert::ScriptResult<()> { request(&c, Dynamic::UNIT) });
 }

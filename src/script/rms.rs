@@ -3,10 +3,9 @@
 //! rhai's line and column numbers stay those of the file; each model block becomes a native
 //! function `name(#{ hyperparams })` that returns an instantiable model.
 
-use super::{api, Ctx};
+use super::api;
 use crate::dsl;
 use crate::error::{Result, Source};
-use std::rc::Rc;
 use std::sync::Arc;
 
 /// The names of the model blocks defined so far in a session.
@@ -28,7 +27,7 @@ impl Models {
 pub fn define_models(
     source: &Arc<Source>,
     engine: &mut rhai::Engine,
-    ctx: &Rc<Ctx>,
+    models: &mut Models,
 ) -> Result<String> {
     let split = dsl::rms::split(&source.text);
     if split.model_text.trim().is_empty() {
@@ -36,7 +35,6 @@ pub fn define_models(
     }
     let module = Arc::new(dsl::load_rms(source)?);
     api::model::define(engine, &module);
-    let mut models = ctx.models.borrow_mut();
     for m in module.models() {
         if !models.names.contains(&m.name.name) {
             models.names.push(m.name.name.clone());

@@ -5,15 +5,14 @@
 //! seconds since the run started (`time`), the step's `lr` and the script's `epoch`.
 //! In a data-parallel job only rank 0 shows progress and writes the metrics log.
 
-use super::{Event, ExitRequest, Host, HostOptions, Interrupt, Total};
+use super::{lock, Event, ExitRequest, Host, HostOptions, Interrupt, Total};
 use crate::error::{Error, Result};
 use crate::plot::Curves;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// What `rumus run` was asked to do.
@@ -49,20 +48,21 @@ pub fn run(opts: RunOptions) -> Result<u8> {
     let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());
-    let progress = Rc::new(RefCell::new(Progress::new(
+    let mut progress = Progress::new(
         opts.log_every,
         opts.metrics.as_deref().filter(|_| rank0),
         host.interrupt().clone(),
-    )?));
-    progress.borrow_mut().curves = opts.plot.as_ref().filter(|_| rank0).map(|_| Curves::default());
+    )?;
+    progress.curves = opts.plot.as_ref().filter(|_| rank0).map(|_| Curves::default());
+    let progress = Arc::new(Mutex::new(progress));
     if rank0 {
         let p = progress.clone();
-        host.on_event(move |e| p.borrow_mut().event(e));
+        host.on_event(move |e| lock(&p).event(e));
     }
     let p = progress.clone();
-    host.on_print(move |s| p.borrow_mut().print(s));
+    host.on_print(move |s| lock(&p).print(s));
     let result = host.eval(&source);
-    let mut progress = progress.borrow_mut();
+    let mut progress = lock(&progress);
     progress.finish();
     if let Some(e) = progress.failed.take() {
         return Err(e); // an output error stopped the script

@@ -8,8 +8,6 @@ use rumus::dist::Communicator;
 use rumus::error::Source;
 use rumus::script::{Host, HostOptions, ScriptTrainer};
 use rumus::Tensor;
-use std::cell::RefCell;
-use std::rc::Rc;
 use std::sync::{Arc, Barrier, Mutex};
 
 /// A model trained for 20 steps on the CPU backend at a global batch of 16 (per rank:
@@ -136,18 +134,16 @@ impl Communicator for ThreadComm {
 /// parameters of its trainer `m`.
 fn run_rank(comm: Arc<dyn Communicator>, code: &str) -> (String, Vec<(String, Tensor)>) {
     let mut h = Host::new(HostOptions { comm, device: "cpu".into(), ..HostOptions::default() });
-    let out = Rc::new(RefCell::new(String::new()));
-    let o = out.clone();
-    h.on_print(move |s| o.borrow_mut().push_str(&format!("{s}\n")));
+    let out = crate::common::script::capture(&mut h);
     if let Err(e) = h.eval(&Source::new("t.rms", code)) {
-        out.borrow_mut().push_str(&format!("error: {}\n", e.message));
+        out.lock().unwrap().push_str(&format!("error: {}\n", e.message));
     }
     let params = h
         .get("m")
         .and_then(|m| m.try_cast::<ScriptTrainer>())
-        .map(|m| m.trainer.borrow().parameters().unwrap())
+        .map(|m| m.lock().parameters().unwrap())
         .unwrap_or_default();
-    let printed = out.borrow().clone();
+    let printed = out.lock().unwrap().clone();
     (printed, params)
 }
 

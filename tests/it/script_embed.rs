@@ -1,4 +1,5 @@
-//! `examples/embed.rs` builds, trains and answers XOR correctly.
+//! `examples/embed.rs` builds, trains and answers XOR correctly; the engine and its handles
+//! are `Send`.
 
 use std::process::Command;
 
@@ -24,4 +25,23 @@ fn embed_example_trains_and_queries() {
     for line in ["xor(0, 0) = 0", "xor(0, 1) = 1", "xor(1, 0) = 1", "xor(1, 1) = 0"] {
         assert!(stdout.contains(line), "missing `{line}` in:\n{stdout}");
     }
+}
+
+/// A host application can move an engine, and what it hands out, to another thread (a worker
+/// pool, a server): this test stops compiling if an `Rc` or a `RefCell` shared between
+/// threads comes back anywhere inside them.
+#[test]
+fn the_engine_and_its_handles_are_send() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<rumus::Engine>();
+    send::<rumus::script::Host>();
+    send::<rumus::repl::Repl>();
+    send::<rumus::session::Trainer>();
+    send_sync::<rumus::engine::Compiled>();
+    send_sync::<rumus::script::ScriptTrainer>();
+    send_sync::<rumus::script::rhai::Dynamic>();
+    send_sync::<rumus::script::Interrupt>();
+    send_sync::<rumus::Tensor>();
+    send_sync::<rumus::Error>();
 }

@@ -5,6 +5,8 @@
 use rumus::error::Source;
 use rumus::script::{ExitRequest, Host, HostOptions, Sandbox};
 use rumus::ErrorKind;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 fn host() -> Host {
@@ -237,13 +239,13 @@ fn engine_default_sandbox_stops_an_endless_loop() {
 
 /// A host whose evaluations may run `ms` milliseconds, with `slow()`: a native call of 300 ms
 /// that counts how often it ran.
-fn timed_host(ms: u64) -> (Host, std::rc::Rc<std::cell::Cell<u32>>) {
+fn timed_host(ms: u64) -> (Host, Arc<AtomicU32>) {
     let sandbox = Sandbox { timeout: Some(Duration::from_millis(ms)), ..Sandbox::default() };
     let mut h = Host::new(HostOptions { sandbox, ..HostOptions::default() });
-    let calls = std::rc::Rc::new(std::cell::Cell::new(0));
+    let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     h.engine_mut().register_fn("slow", move || {
-        c.set(c.get() + 1);
+        c.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(300));
     });
     (h, calls)
@@ -270,7 +272,11 @@ fn time_limit_is_checked_when_a_long_native_call_returns() {
         ErrorKind::Limit,
         "time limit reached: the script ran longer than 0.05 s",
     );
-    assert_eq!(calls.get(), 1, "the loop stopped after the first call that overran");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the loop stopped after the first call that overran"
+    );
 }
 
 #[test]

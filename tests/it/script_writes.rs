@@ -3,13 +3,12 @@
 //! paths that resolve outside the write roots are refused; a full disk is an error; `exit(n)`
 //! reaches the host.
 
+use crate::common::script::{capture, Printed};
 use rumus::error::Source;
 use rumus::script::runner::{self, RunOptions};
 use rumus::script::{ExitRequest, Host, HostOptions};
 use rumus::ErrorKind;
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 
 /// A fresh folder under `target/` (inside the working directory, so scripts may write it),
 /// and its path relative to the working directory.
@@ -21,11 +20,9 @@ fn scratch(name: &str) -> (PathBuf, String) {
     (dir, rel)
 }
 
-fn host() -> (Host, Rc<RefCell<String>>) {
+fn host() -> (Host, Printed) {
     let mut h = Host::new(HostOptions { device: "cpu".into(), ..HostOptions::default() });
-    let out = Rc::new(RefCell::new(String::new()));
-    let o = out.clone();
-    h.on_print(move |s| o.borrow_mut().push_str(&format!("{s}\n")));
+    let out = capture(&mut h);
     (h, out)
 }
 
@@ -156,7 +153,10 @@ fn a_full_disk_stops_the_script_with_an_error() {
 fn exit_ends_the_script_and_its_status_reaches_the_host() {
     let (mut h, out) = host();
     eval(&mut h, "fn stop(n) { exit(n); }\nprint(1); stop(3); print(2);").unwrap();
-    assert_eq!((h.exit_request(), out.borrow().as_str()), (Some(ExitRequest::Code(3)), "1\n"));
+    assert_eq!(
+        (h.exit_request(), out.lock().unwrap().as_str()),
+        (Some(ExitRequest::Code(3)), "1\n")
+    );
     eval(&mut h, "exit();").unwrap();
     assert_eq!(h.exit_request(), Some(ExitRequest::Code(0)));
     eval(&mut h, "40 + 2").unwrap();

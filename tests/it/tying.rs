@@ -9,8 +9,6 @@ use rumus::error::Source;
 use rumus::graph::NodeId;
 use rumus::script::{Host, HostOptions};
 use rumus::DType;
-use std::cell::RefCell;
-use std::rc::Rc;
 
 const TIED: &str = "model tied(idx: i32[B, T], vocab = 5, d = 3) {
     x = embedding(idx, vocab, d) as wte
@@ -90,11 +88,9 @@ fn a_gpt_with_a_tied_head_trains_on_either_device() {
     };
     for dev in devices {
         let mut h = Host::new(HostOptions { device: dev.into(), ..HostOptions::default() });
-        let out = Rc::new(RefCell::new(String::new()));
-        let o = out.clone();
-        h.on_print(move |s| o.borrow_mut().push_str(&format!("{s}\n")));
+        let out = crate::common::script::capture(&mut h);
         let _ = h.eval(&Source::new("gpt.rms", GPT)).unwrap_or_else(|e| panic!("{dev}: {e}"));
-        assert_eq!(*out.borrow(), "[\"wte.weight\"]\ntrue\n", "{dev}");
+        assert_eq!(*out.lock().unwrap(), "[\"wte.weight\"]\ntrue\n", "{dev}");
     }
 }
 

@@ -10,7 +10,7 @@ use crate::data::{self, CsvOptions, Dataset, Header, Labels};
 use crate::memory::Charge;
 use crate::tensor::fmt_shape;
 use rhai::{Array, Dynamic, Engine, Map, INT};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// A dataset as scripts hold it: two tensors with the same first dimension (shared with the
 /// script values they came from, never copied), and class names.
@@ -18,7 +18,7 @@ use std::rc::Rc;
 pub struct ScriptDataset {
     pub x: ScriptTensor,
     pub y: ScriptTensor,
-    classes: Rc<Classes>,
+    classes: Arc<Classes>,
 }
 
 /// Class names with the charge that pays for them.
@@ -48,7 +48,7 @@ impl ScriptDataset {
         ScriptDataset {
             x: ScriptTensor::new(x, cx),
             y: ScriptTensor::new(y, cy),
-            classes: Rc::new(Classes { names, _charge: charge }),
+            classes: Arc::new(Classes { names, _charge: charge }),
         }
     }
 
@@ -75,7 +75,7 @@ impl ScriptDataset {
 }
 
 /// Register `Dataset`, `Batch` and the loaders.
-pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_type_with_name::<ScriptDataset>("Dataset");
     engine.register_type_with_name::<ScriptBatch>("Batch");
     let c = ctx.clone();
@@ -97,7 +97,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
                 )))
             }
         }
-        let classes = Rc::new(Classes { names: Vec::new(), _charge: c.budget.empty() });
+        let classes = Arc::new(Classes { names: Vec::new(), _charge: c.budget.empty() });
         Ok(ScriptDataset { x, y, classes })
     });
     engine.register_fn("len", |d: &mut ScriptDataset| d.len() as INT);

@@ -14,10 +14,10 @@ use crate::data;
 use crate::session::Loss;
 use crate::tensor::{fmt_shape, Tensor, TensorData};
 use rhai::{Dynamic, Engine, Map, FLOAT};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Register `evaluate` and `accuracy` on `Trainer`.
-pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn(
         "evaluate",
@@ -65,7 +65,7 @@ struct Tally {
 fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) -> ScriptResult<Map> {
     let o = Opts::new(opts, "evaluate", &["batch"])?;
     let batch = o.usize("batch", 1)?.unwrap_or(t.batch);
-    let ignore = match &*t.loss {
+    let ignore = match &t.loss {
         Loss::CrossEntropy { ignore_index, .. } => Some(*ignore_index),
         Loss::Mse { .. } => None,
         Loss::Output { .. } => {
@@ -117,7 +117,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
 /// Fraction of labels whose row's largest output matches; NaN when any row of outputs holds
 /// NaN or +inf, or is all -inf. Labels equal to the model's `ignore_index` are not counted.
 fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
-    let ignore = match &*t.loss {
+    let ignore = match &t.loss {
         Loss::CrossEntropy { ignore_index, .. } => *ignore_index,
         _ => None,
     };
@@ -133,13 +133,13 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
 /// The scored output of the model for input `x`, charged while it is held.
 fn output(t: &ScriptTrainer, x: &Tensor) -> ScriptResult<(Tensor, crate::memory::Charge)> {
     let input = t.inputs.first().cloned().unwrap_or_default();
-    let out = t.trainer.borrow_mut().predict(&[(input.as_str(), x)]).script()?;
+    let out = t.lock().predict(&[(input.as_str(), x)]).script()?;
     let v = out
         .into_iter()
-        .find(|(n, _)| *n == *t.output)
+        .find(|(n, _)| *n == t.output)
         .map(|(_, v)| v)
         .ok_or_else(|| script_err("the model has no output to score"))?;
-    let budget = t.trainer.borrow().budget().clone();
+    let budget = t.lock().budget().clone();
     let held = budget.charge(v.bytes(), "the outputs being scored").script()?;
     Ok((v, held))
 }

@@ -5,16 +5,17 @@
 //! data-parallel job.
 
 use super::super::convert::{script_err, to_u64, IntoScript, Opts, ScriptResult};
-use super::super::{Ctx, Event, Total};
+use super::super::{lock, Ctx, Event, Total};
 use crate::err;
 use crate::error::Error;
 use crate::memory::read_all;
 use rhai::{Engine, Map, FLOAT, INT};
 use std::io::Read;
-use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Register the file, metric and default functions.
-pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("read_text", move |path: &str| -> ScriptResult<String> {
         let p = c.sandbox.check_read(path).script()?;
@@ -53,18 +54,18 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("epoch", move |n: INT| -> ScriptResult<()> {
         let n = to_u64(n, "epoch")?;
-        c.epoch.set(Some(n));
+        *lock(&c.epoch) = Some(n);
         c.emit(Event::Epoch(n));
         Ok(())
     });
     let c = ctx.clone();
     engine.register_fn("seed", move || -> ScriptResult<INT> {
-        let s = c.seed.get();
+        let s = c.seed.load(Ordering::Relaxed);
         INT::try_from(s).map_err(|_| script_err(format!("seed {s} does not fit a script integer")))
     });
     let c = ctx.clone();
     engine.register_fn("seed", move |s: INT| -> ScriptResult<()> {
-        c.seed.set(to_u64(s, "seed")?);
+        c.seed.store(to_u64(s, "seed")?, Ordering::Relaxed);
         Ok(())
     });
     let c = ctx.clone();
@@ -72,12 +73,12 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("world_size", move || c.comm.world_size() as INT);
     let c = ctx.clone();
-    engine.register_fn("device", move || c.device.borrow().clone());
+    engine.register_fn("device", move || lock(&c.device).clone());
     let c = ctx.clone();
     engine.register_fn("device", move |d: &str| -> ScriptResult<()> {
         match d {
             "auto" | "gpu" | "cpu" => {
-                *c.device.borrow_mut() = d.to_string();
+                *lock(&c.device) = d.to_string();
                 Ok(())
             }
             _ => Err(err!(
@@ -91,6 +92,6 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
 
 /// `log_metric(name, value)`: an event at the last trainer's step and the current epoch.
 fn metric(ctx: &Ctx, name: &str, value: FLOAT) {
-    let (step, epoch) = (ctx.last_step.get(), ctx.epoch.get());
+    let (step, epoch) = (ctx.last_step.load(Ordering::Relaxed), *lock(&ctx.epoch));
     ctx.emit(Event::Metric { step, name: name.to_string(), value, epoch });
 }

@@ -9,10 +9,10 @@ use super::tensor::{alloc, reader, ScriptTensor};
 use crate::rng::Rng;
 use crate::tensor::{fmt_shape, Tensor, TensorData};
 use rhai::{Engine, FLOAT, INT};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Register the operators and functions on `Tensor`.
-pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     // Arithmetic.
     for (name, f) in [
         ("+", (|a, b| a + b) as fn(f32, f32) -> f32),

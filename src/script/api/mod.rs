@@ -12,10 +12,10 @@ pub mod model;
 pub mod tensor;
 
 use super::Ctx;
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// Register every type and function of the script API.
-pub fn register(engine: &mut rhai::Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut rhai::Engine, ctx: &Arc<Ctx>) {
     tensor::register(engine, ctx);
     math::register(engine, ctx);
     data::register(engine, ctx);
@@ -48,7 +48,7 @@ pub fn display(v: &rhai::Dynamic) -> String {
 /// The text of the REPL's `:plan`, `:graph` and `:params` for a script value.
 pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
     if let Some(t) = value.clone().try_cast::<model::ScriptTrainer>() {
-        let tr = t.trainer.borrow();
+        let tr = t.lock();
         return Ok(match what {
             "plan" => format!("{}\n", tr.plan_report()),
             "graph" => {

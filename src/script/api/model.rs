@@ -5,7 +5,7 @@
 //! and `cosine`, so scripts can print and tweak them.
 
 use super::super::convert::{script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult};
-use super::super::{Ctx, Event};
+use super::super::{lock, Ctx, Event};
 use super::tensor::ScriptTensor;
 use crate::checkpoint::{self, torch};
 use crate::dsl::ast::{DimPat, SigParam};
@@ -20,10 +20,10 @@ use crate::session::{
 };
 use crate::tensor::Tensor;
 use rhai::{Array, Dynamic, Engine, Map, FLOAT, INT};
-use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::ops::Deref;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A model template with its hyperparameters, as scripts hold it.
 #[derive(Clone)]
@@ -33,19 +33,39 @@ pub struct ScriptModel {
     hyper: Vec<(String, Value)>,
 }
 
-/// A compiled model, shared by every script variable that holds it.
+/// A compiled model, shared by every script variable (and every host handle) that holds it,
+/// on any thread.
 #[derive(Clone)]
-pub struct ScriptTrainer {
-    /// The compiled model.
-    pub trainer: Rc<RefCell<Trainer>>,
+pub struct ScriptTrainer(Arc<HeldTrainer>);
+
+/// What a [`ScriptTrainer`] shares: the trainer, behind a mutex, and what the script API
+/// needs to feed it and read it.
+pub struct HeldTrainer {
+    /// The compiled model; [`ScriptTrainer::lock`] it for each call, never across a call into
+    /// rhai or a host sink.
+    trainer: Mutex<Trainer>,
     /// The model's inputs in declaration order (not the target or the learning rate).
-    pub inputs: Rc<Vec<String>>,
+    pub inputs: Vec<String>,
     /// The output the loss reads (and `predict(x)` returns).
-    pub output: Rc<String>,
+    pub output: String,
     /// What the training step minimizes (and `evaluate` reports).
-    pub loss: Rc<Loss>,
+    pub loss: Loss,
     /// The batch size the model was compiled for (`evaluate`'s default).
     pub batch: usize,
+}
+
+impl ScriptTrainer {
+    /// The trainer, locked until the guard is dropped.
+    pub fn lock(&self) -> MutexGuard<'_, Trainer> {
+        lock(&self.0.trainer)
+    }
+}
+
+impl Deref for ScriptTrainer {
+    type Target = HeldTrainer;
+    fn deref(&self) -> &HeldTrainer {
+        &self.0
+    }
 }
 
 /// A model function for each model of `module`, registered in `engine`.
@@ -117,7 +137,7 @@ fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
 }
 
 /// Register `Model`, `Trainer`, optimizers and schedules.
-pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_type_with_name::<ScriptModel>("Model");
     engine.register_type_with_name::<ScriptTrainer>("Trainer");
     engine.register_fn("to_string", |m: &mut ScriptModel| format!("model {}", m.model.name));
@@ -182,19 +202,19 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
     engine.register_fn("predict", move |t: &mut ScriptTrainer, feeds: Map| {
         outputs_map(&c, predict(t, tensors_of(&feeds)?)?)
     });
-    engine.register_get("step", |t: &mut ScriptTrainer| t.trainer.borrow().step() as INT);
-    engine.register_get("lr", |t: &mut ScriptTrainer| t.trainer.borrow().current_lr() as FLOAT);
+    engine.register_get("step", |t: &mut ScriptTrainer| t.lock().step() as INT);
+    engine.register_get("lr", |t: &mut ScriptTrainer| t.lock().current_lr() as FLOAT);
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: FLOAT| set_lr(t, lr));
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: INT| set_lr(t, lr as FLOAT));
-    engine.register_get("device", |t: &mut ScriptTrainer| t.trainer.borrow().device_name());
-    engine.register_fn("plan", |t: &mut ScriptTrainer| t.trainer.borrow().plan_report());
+    engine.register_get("device", |t: &mut ScriptTrainer| t.lock().device_name());
+    engine.register_fn("plan", |t: &mut ScriptTrainer| t.lock().plan_report());
     engine.register_fn("params", |t: &mut ScriptTrainer| -> Array {
-        let tr = t.trainer.borrow();
+        let tr = t.lock();
         tr.graph().parameters().into_iter().map(|(_, n)| n.into()).collect()
     });
     let c = ctx.clone();
     engine.register_fn("param", move |t: &mut ScriptTrainer, name: &str| {
-        let tr = t.trainer.borrow();
+        let tr = t.lock();
         // Charged before the copy is read; a name that is no parameter charges nothing.
         let shape = tr.graph().persistent_named(name).map(|id| tr.graph().shape(id).to_vec());
         let bytes = shape.as_deref().map_or(0, |s| s.iter().product::<usize>() as u64 * 4);
@@ -203,7 +223,7 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         Ok::<_, Box<rhai::EvalAltResult>>(ScriptTensor::new(tr.parameter(name).script()?, charge))
     });
     engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
-        let mut tr = t.trainer.borrow_mut();
+        let mut tr = t.lock();
         tr.parameter(name).script()?; // parameters only, not optimizer state
         tr.load_state(&[(name, v.tensor())]).script()
     });
@@ -212,20 +232,20 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
         let p = c.sandbox.check_write(path).script()?;
         // Rank 0 writes; the others go on once it has (a broadcast from rank 0 waits for it).
         if c.comm.rank() == 0 {
-            save(&t.trainer.borrow(), &p).script()?;
+            save(&t.lock(), &p).script()?;
         }
         c.comm.broadcast(&mut [0.0]).script()
     });
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_read(path).script()?;
-        load(&mut t.trainer.borrow_mut(), &p, true, None).script().map(drop)
+        load(&mut t.lock(), &p, true, None).script().map(drop)
     });
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str, opts: Map| {
         let (strict, from) = load_options(&opts)?;
         let p = c.sandbox.check_read(path).script()?;
-        let report = load(&mut t.trainer.borrow_mut(), &p, strict, from.as_ref()).script()?;
+        let report = load(&mut t.lock(), &p, strict, from.as_ref()).script()?;
         let names =
             |v: Vec<String>| Dynamic::from_array(v.into_iter().map(Dynamic::from).collect());
         let mut m = Map::new();
@@ -238,11 +258,11 @@ pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
 /// `net.lr = value`: the base learning rate from the next step on.
 fn set_lr(t: &ScriptTrainer, lr: FLOAT) -> ScriptResult<()> {
     let lr = to_f32(lr, "lr")?;
-    t.trainer.borrow_mut().set_lr(lr).script()
+    t.lock().set_lr(lr).script()
 }
 
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
-    let tr = t.trainer.borrow();
+    let tr = t.lock();
     format!("trainer on {} at step {}", tr.device_name(), tr.step())
 }
 
@@ -268,15 +288,16 @@ fn train_step(
     feeds: Vec<(String, ScriptTensor)>,
 ) -> ScriptResult<FLOAT> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
-    let mut tr = t.trainer.borrow_mut();
+    let mut tr = t.lock();
     let lr = tr.current_lr();
     let loss = tr.train_step(&feeds).script()?;
-    ctx.last_step.set(tr.step());
+    let (step, update) = (tr.step(), (tr.micro_batch() == 0).then(|| tr.update_loss()));
+    drop(tr); // the event sink may use the trainer
+    ctx.last_step.store(step, Ordering::Relaxed);
     // Progress and metrics count updates: with gradient accumulation, the mean loss of the
     // update's micro-batches once it is applied.
-    if tr.micro_batch() == 0 {
-        let loss = tr.update_loss();
-        ctx.emit(Event::Step { step: tr.step(), loss, lr, epoch: ctx.epoch.get() });
+    if let Some(loss) = update {
+        ctx.emit(Event::Step { step, loss, lr, epoch: *lock(&ctx.epoch) });
     }
     Ok(loss as FLOAT)
 }
@@ -286,7 +307,7 @@ fn predict(
     feeds: Vec<(String, ScriptTensor)>,
 ) -> ScriptResult<Vec<(String, Tensor)>> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
-    t.trainer.borrow_mut().predict(&feeds).script()
+    t.lock().predict(&feeds).script()
 }
 
 /// Write every persistent value (parameters, optimizer state, step count) atomically. The host
@@ -448,8 +469,8 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let schedule = schedule(o.get("schedule"))?;
     let clip_norm = o.f32("clip")?;
     let accumulate = o.int("accumulate", 1, MAX_ACCUMULATE as i64)?.unwrap_or(1);
-    let device = device(&o.string("device")?.unwrap_or_else(|| ctx.device.borrow().clone()))?;
-    let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.get());
+    let device = device(&o.string("device")?.unwrap_or_else(|| lock(&ctx.device).clone()))?;
+    let seed = o.u64("seed", 0)?.unwrap_or(ctx.seed.load(Ordering::Relaxed));
     let matmul_precision = match o.string("matmul_precision")? {
         Some(p) => Some(
             p.parse::<MatmulPrecision>()
@@ -471,13 +492,13 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         remat: o.bool("remat")?.unwrap_or(true),
     };
     let trainer = m.model.compile(cfg).script()?;
-    Ok(ScriptTrainer {
-        trainer: Rc::new(RefCell::new(trainer)),
-        inputs: Rc::new(inputs),
-        output: Rc::new(output),
-        loss: Rc::new(loss),
+    Ok(ScriptTrainer(Arc::new(HeldTrainer {
+        trainer: Mutex::new(trainer),
+        inputs,
+        output,
+        loss,
         batch,
-    })
+    })))
 }
 
 fn input_names(g: &Graph) -> Vec<String> {

@@ -12,12 +12,12 @@ use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use rhai::{Array, Dynamic, Engine, FLOAT, INT};
 use std::fmt;
 use std::ops::{Range, RangeInclusive};
-use std::rc::Rc;
+use std::sync::Arc;
 
 /// A tensor as scripts hold it: cheap to copy (scripts copy values freely), copied on write,
 /// charged to the memory budget for as long as any copy is alive.
 #[derive(Clone, Debug)]
-pub struct ScriptTensor(Rc<Held>);
+pub struct ScriptTensor(Arc<Held>);
 
 #[derive(Debug)]
 struct Held {
@@ -34,7 +34,7 @@ impl PartialEq for ScriptTensor {
 impl ScriptTensor {
     /// A tensor whose bytes `charge` covers (charged before the tensor was allocated).
     pub fn new(tensor: Tensor, charge: Charge) -> ScriptTensor {
-        ScriptTensor(Rc::new(Held { tensor, _charge: charge }))
+        ScriptTensor(Arc::new(Held { tensor, _charge: charge }))
     }
 
     /// Charge an existing tensor (one allocated under a charge of its own that ends now, such
@@ -77,7 +77,7 @@ pub(super) fn reader(t: &Tensor) -> impl Fn(usize) -> f32 + '_ {
 }
 
 /// Register the `Tensor` type and its functions.
-pub fn register(engine: &mut Engine, ctx: &Rc<Ctx>) {
+pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_type_with_name::<ScriptTensor>("Tensor");
 
     // Construction.
@@ -391,10 +391,10 @@ fn index_set(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT], v: Dynamic) -> Script
         DType::F32 => (f32_element(&v)?, 0),
         DType::I32 => (0.0, i32_element(&v)?),
     };
-    if Rc::get_mut(&mut t.0).is_none() {
+    if Arc::get_mut(&mut t.0).is_none() {
         *t = alloc(ctx, t.tensor().shape(), |_| Ok(t.tensor().data().clone()))?;
     }
-    let held = Rc::get_mut(&mut t.0).expect("not shared after the copy");
+    let held = Arc::get_mut(&mut t.0).expect("not shared after the copy");
     if let Some(d) = held.tensor.as_f32_mut() {
         d[i] = xf;
     } else if let Some(d) = held.tensor.as_i32_mut() {
