@@ -7,6 +7,10 @@ mod common;
 #[allow(dead_code)]
 #[path = "../../examples/fuzz/harness/mod.rs"]
 mod harness;
+// The worker-thread example's logic, run by `script_embed` (its `main` is the example's).
+#[allow(dead_code)]
+#[path = "../../examples/worker.rs"]
+mod worker;
 
 mod accumulate;
 mod attention_gpt;

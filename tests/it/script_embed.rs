@@ -45,3 +45,36 @@ fn the_engine_and_its_handles_are_send() {
     send_sync::<rumus::Tensor>();
     send_sync::<rumus::Error>();
 }
+
+/// `examples/worker.rs`: an engine set up on this thread moves to a worker thread (its print
+/// sink with it), which trains, evaluates and predicts XOR on request.
+#[test]
+fn a_worker_thread_owns_an_engine_and_answers_jobs() {
+    use crate::worker::{run, xor_jobs, Reply};
+    let mut replies = Vec::new();
+    run(xor_jobs(), |r| replies.push(r)).unwrap();
+    // Losses differ in their last digits between CPUs (AVX-512, AVX2): compared to a bound.
+    let low = |loss: f64| if loss < 0.05 { "below 0.05" } else { "too high" };
+    let summary: Vec<String> = replies
+        .iter()
+        .map(|r| match r {
+            Reply::Trained { step, loss } => format!("step {step}, loss {}", low(*loss as f64)),
+            Reply::Evaluated { loss, accuracy } => {
+                format!("evaluated loss {}, accuracy {accuracy}", low(*loss))
+            }
+            other => other.to_string(),
+        })
+        .collect();
+    let expected = [
+        "script: classifier compiled on cpu",
+        "step 100, loss below 0.05",
+        "evaluated loss below 0.05, accuracy 1",
+        "step 300, loss below 0.05",
+        "evaluated loss below 0.05, accuracy 1",
+        "xor(0, 0) = 0",
+        "xor(0, 1) = 1",
+        "xor(1, 0) = 1",
+        "xor(1, 1) = 0",
+    ];
+    assert_eq!(summary, expected);
+}
