@@ -144,7 +144,7 @@ pub struct Ctx {
 
 /// Lock `m`, also after a panic elsewhere left it poisoned (what it guards is plain data that
 /// stays valid: a sink, a setting, a trainer between steps).
-pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
