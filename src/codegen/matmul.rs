@@ -497,7 +497,9 @@ pub fn lower(
         alpha: 1.0,
         beta: 0.0,
     };
-    let label = format!("{} #{}", k.kind.name(), out.index());
+    // The shape in the label tells a profile's products apart (`scripts/bench/profile_top.py`).
+    let batch_name = if batch > 1 { format!("{batch}x") } else { String::new() };
+    let label = format!("{} #{} {batch_name}{m}x{n}x{kk}", k.kind.name(), out.index());
     if let Some(splits) = split_k(&spec) {
         let (programs, tile) =
             split_k_programs(&spec, splits, [a, b, c], &epilogue, &label, target)?;
