@@ -27,8 +27,10 @@ use crate::plan::fuse::is_last_two_swap;
 use crate::plan::{Kernel, Plan};
 use super::MatmulPrecision;
 
-/// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0).
-pub const RANGE_SLOT: usize = 1;
+/// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0):
+/// unlike the other slots it carries a state between kernels (its max-abs words are zero
+/// between products, [`super::maxabs`]), so nothing else may bind it.
+pub const RANGE_SLOT: usize = 3;
 /// The scratch slot of the cooperative kernels' f16 workspace ([`super::coop_convert`]): like
 /// every scratch slot it lives only within one kernel's dispatches and is shared by every
 /// product of the plan, sized for the largest.
@@ -293,7 +295,7 @@ pub fn program(
     if let MatmulTile::Coop(k) = tile {
         return Err(err!(
             Invariant,
-            "the {} matmul is four programs (range pre-pass, conversion and product): use `programs`",
+            "the {} matmul is three programs (range pre-pass, conversion and product): use `programs`",
             k.name()
         ));
     }
@@ -338,8 +340,8 @@ pub fn program(
 }
 
 /// The programs of `spec` on `tile`, labelled `label` and the tile's name: one for a template
-/// or SIMT tile, and for a cooperative tile four: the two dispatches of the range pre-pass
-/// (into scratch slot [`RANGE_SLOT`]), the conversion of A and B to f16 (into scratch slot
+/// or SIMT tile, and for a cooperative tile three: the range pre-pass (into scratch slot
+/// [`RANGE_SLOT`]), the conversion of A and B to f16 (into scratch slot
 /// [`WORKSPACE_SLOT`]) and the product. Bindings as in [`program`].
 pub fn programs(
     label: &str,
@@ -367,7 +369,7 @@ pub fn programs(
     let range = Resource::Scratch { slot: RANGE_SLOT };
     let ws = Resource::Scratch { slot: WORKSPACE_SLOT };
     let operands = [a.clone(), b.clone(), range.clone()];
-    let [main, finish] = maxabs::programs(spec, access, operands, &format!("{label} range"));
+    let range_pass = maxabs::program(spec, access, operands, &format!("{label} range"));
     let convert = coop_convert::program(
         spec,
         &k,
@@ -398,7 +400,7 @@ pub fn programs(
             loop_bounding: false,
         },
     };
-    Ok(vec![main, finish, convert, product])
+    Ok(vec![range_pass, convert, product])
 }
 
 /// The `Params` uniform of `s` (`shaders/matmul.wgsl`'s, read by every matmul kernel).

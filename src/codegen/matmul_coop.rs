@@ -1,9 +1,10 @@
 //! The `medium` and `high` matmul kernels: f16 products with f32 accumulation on 16x16x16
 //! cooperative matrices (`enable wgpu_cooperative_matrix;`, tensor cores on NVIDIA).
 //!
-//! A product is four dispatches: the range pre-pass ([`super::maxabs`], two), the conversion
+//! A product is three dispatches: the range pre-pass ([`super::maxabs`]), the conversion
 //! ([`super::coop_convert`]), which writes both operands scaled to f16 (`high`: hi and lo
-//! parts) into a workspace of zero-padded planes, and the product here, which reads only f16.
+//! parts) into a workspace of zero-padded planes, and the product here, which reads only f16
+//! (and sets the pre-pass's max-abs words back to zero for the next product).
 //!
 //! A workgroup of `wm x wn` subgroups computes `bm x bn` of C; subgroup `(wr, wc)` owns
 //! `fm x fn` accumulator fragments. K goes in slices of `bk`: each thread loads its 16-byte
@@ -31,7 +32,7 @@
 //! Emulated ([`CoopKernel::emulate`]), the workspace holds halves packed by `pack2x16float`,
 //! staged values are unpacked to f32, fragments become `vec2<u32>(offset, stride)` references
 //! into the staging memory and the cooperative operations plain functions with the same
-//! meaning, so the same four dispatches run (slowly) on adapters without cooperative matrices
+//! meaning, so the same three dispatches run (slowly) on adapters without cooperative matrices
 //! or f16: the GPU-vs-CPU tests on lavapipe and on Mesa's OpenGL adapter.
 //!
 //! Ported from the issue-11 prototype (round 2, pre-converted operands), correct at every shape
@@ -338,7 +339,7 @@ impl<'a> Gen<'a> {
         w.lines(decls);
         w.line(&workspace_decl(k.emulate, "read"));
         w.line(&format!(
-            "@group(0) @binding({RANGE_BINDING}) var<storage, read> range: array<u32>;"
+            "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
         ));
         w.blank();
         let (abufs, bbufs) = self.bufs();
@@ -605,6 +606,11 @@ impl<'a> Gen<'a> {
         // where an ldexp per element cost a quarter of the product's speed (prototype, round 2).
         w.line(&format!("let una = ldexp(1.0, -bitcast<i32>(range[{EXPONENTS}u]));"));
         w.line(&format!("let unb = ldexp(1.0, -bitcast<i32>(range[{}u]));", EXPONENTS + 1));
+        // The max-abs words are used up (the conversion read them): zero for the next product.
+        w.block(
+            "if (t == 0u && all(wid == vec3<u32>(0u)))",
+            &["range[0] = 0u;", "range[1] = 0u;"],
+        );
         // Epilogue: one fragment per subgroup at a time through the scratch.
         w.line("let so = warp * 256u;");
         w.line("let ss = 16u;");

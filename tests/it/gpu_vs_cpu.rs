@@ -153,11 +153,11 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
         let name = format!(" coop-{precision}");
         let products = labels.iter().filter(|l| l.ends_with(&name)).count();
         assert_eq!(products, 3, "forward and both gradients: {labels:?}");
-        // Before each product, in this order: the range pre-pass, its finish, the conversion.
+        // Before each product, in this order: the range pre-pass, the conversion.
         for (i, l) in labels.iter().enumerate().filter(|(_, l)| l.ends_with(&name)) {
-            let before = &labels[i.saturating_sub(3)..i];
-            assert_eq!(before.len(), 3, "{l}: {labels:?}");
-            let want = [" range", " range finish", " convert"].map(|s| format!("{name}{s}"));
+            let before = &labels[i.saturating_sub(2)..i];
+            assert_eq!(before.len(), 2, "{l}: {labels:?}");
+            let want = [" range", " convert"].map(|s| format!("{name}{s}"));
             let ok = before.iter().zip(&want).all(|(l, w)| l.ends_with(w.as_str()));
             assert!(ok, "{l}: {before:?}");
         }
