@@ -74,6 +74,17 @@ pub const MEDIUM_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 64, wm: 2, wn
 /// See [`MEDIUM_TILE`].
 pub const HIGH_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 4, wn: 2, stages: 1 };
 
+/// The tiles of `mode` the cost model chooses between for each product
+/// ([`super::matmul_cost`]): the mode's tile and its half in M (measured on the H200 at GPT
+/// shapes: faster for products of few blocks, e.g. 4096x256).
+pub fn tiles(mode: CoopMode) -> [CoopTile; 2] {
+    let big = match mode {
+        CoopMode::High => HIGH_TILE,
+        CoopMode::Medium => MEDIUM_TILE,
+    };
+    [big, CoopTile { bm: big.bm / 2, wm: 2, wn: 4, ..big }]
+}
+
 /// Halves of padding after each staged row.
 const PAD: u32 = 8;
 
