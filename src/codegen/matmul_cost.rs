@@ -7,7 +7,7 @@
 //! K` (K of one slice), and a grid a little over a wave costs two (the 144 128x128 blocks of a
 //! 3072x768 product take twice the time of 108). The fp32 kernels are throughput-bound once
 //! their grid has enough blocks (the SIMT kernel runs 96 and 384 blocks at the same 24.5
-//! TFLOP/s) and slower in proportion below that. The constants are fitted to `rumus bench --profile` of
+//! TFLOP/s, and 72 as fast) and slower in proportion below that. The constants are fitted to `rumus bench --profile` of
 //! gpt-small and gpt-medium on the H200 (2026-12-01, BENCHMARKS.md), per dispatch: e.g.
 //! `high` 128x128 products of K = 768 take 60 µs a wave and of K = 4096 240 µs; the 64x128
 //! tile does half the work a block at 0.8x (`high`) and 0.65x (`medium`) of the time. The
@@ -34,7 +34,7 @@ enum Rate {
     Waves { slots: f64, c0: f64, c1: f64 },
     /// `c0` plus the product's flops at `flops_per_us`, scaled down while the grid has fewer
     /// than `saturation` blocks (the fp32 kernels, bound by more than the multiprocessors'
-    /// count: the SIMT kernel reaches its 24.5 TFLOP/s from about 80 blocks on).
+    /// count: the SIMT kernel reaches its 24.5 TFLOP/s from about 64 blocks on).
     Throughput { saturation: f64, flops_per_us: f64, c0: f64 },
 }
 
@@ -64,7 +64,8 @@ fn rate(tile: MatmulTile) -> Rate {
     };
     match tile {
         MatmulTile::Coop(k) => coop_rate(k.mode, &k.tile),
-        MatmulTile::Simt => Rate::Throughput { saturation: 80.0, flops_per_us: 24.5e6, c0: 20.0 },
+        // 72 blocks ran at full speed: split into 144 they were 5 % slower (2026-12-01).
+        MatmulTile::Simt => Rate::Throughput { saturation: 64.0, flops_per_us: 24.5e6, c0: 20.0 },
         // 64x64 blocks: 768x2304x4096 took 1.66 ms on 432 of them.
         MatmulTile::Register | MatmulTile::Small => template(9.0),
         MatmulTile::Register8 | MatmulTile::Large => template(12.0),
@@ -160,7 +161,9 @@ mod tests {
         let table = [
             // Few SIMT blocks and a long K: split (was the 4x4 register tile at 8.6 TFLOP/s).
             (Highest, t(768, 2304, 4096), "simt split 2"),
-            (Highest, t(768, 768, 4096), "simt split 8"),
+            (Highest, t(768, 768, 4096), "simt split 4"),
+            // 72 SIMT blocks already run at full speed.
+            (Highest, t(3072, 768, 4096), "simt split 1"),
             (Highest, c(1, 4096, 768, 3072), "simt split 1"),
             (Highest, c(1, 4096, 256, 256), "register split 1"),
             // 144 or 192 blocks of 128x128 are two waves of 132: split K to fill them.
