@@ -502,7 +502,7 @@ pub fn programs(
     let s = spec;
     let product = Program {
         label,
-        wgsl: matmul_coop::generate(&k, access, decls, body),
+        wgsl: matmul_coop::generate(&k, access, spec.k, decls, body),
         entry: "main",
         workgroup_size: k.threads(),
         bindings,

@@ -220,11 +220,20 @@ struct Buf {
     row_major: bool,
 }
 
-/// The WGSL of kernel `k` reading the f16 planes of A and B (laid out as `access` says) from
-/// the workspace of [`super::coop_convert`], with the epilogue's declarations (`@binding(4)`
-/// on) and body. The tile must pass [`CoopTile::check`].
-pub fn generate(k: &CoopKernel, access: [Access; 2], decls: &str, body: &str) -> String {
-    Gen::new(k, access).module(decls, body)
+/// The longest K whose products zero the range words before their K loop rather than after.
+/// Where the only write to `range` comes first, the H200's driver loads the exponents before
+/// the loop; after the loop, it cannot. Measured on the H200 (2026-12-01, `high`): before
+/// is faster up to K = 768 (4096x3072x768: 401 against 506 µs), after from K = 1024 on
+/// (4096x768x1536: 280 against 340 µs; 4096³: 85 against 65 TFLOP/s), where two more live
+/// registers in the loop cost more than the loads' latency saves.
+pub const RESET_FIRST_MAX_K: u32 = 768;
+
+/// The WGSL of kernel `k` for products of depth `depth` (K) reading the f16 planes of A and B
+/// (laid out as `access` says) from the workspace of [`super::coop_convert`], with the
+/// epilogue's declarations (`@binding(4)` on) and body. The tile must pass
+/// [`CoopTile::check`].
+pub fn generate(k: &CoopKernel, access: [Access; 2], depth: u32, decls: &str, body: &str) -> String {
+    Gen::new(k, access, depth <= RESET_FIRST_MAX_K).module(decls, body)
 }
 
 /// `fn split_hi(x: vec4<f32>) -> vec4<f32>`: x rounded to 11 significant bits by masking
@@ -254,10 +263,12 @@ struct Gen<'a> {
     b_row: u32,
     stage_a: u32,
     stage_b: u32,
+    /// Zero the range words before the K loop ([`RESET_FIRST_MAX_K`]), else after it.
+    reset_first: bool,
 }
 
 impl<'a> Gen<'a> {
-    fn new(k: &'a CoopKernel, access: [Access; 2]) -> Gen<'a> {
+    fn new(k: &'a CoopKernel, access: [Access; 2], reset_first: bool) -> Gen<'a> {
         let t = k.tile;
         let sa = slice((t.bm, t.bn, t.bk), Side::A, access[0]);
         let sb = slice((t.bm, t.bn, t.bk), Side::B, access[1]);
@@ -277,6 +288,7 @@ impl<'a> Gen<'a> {
             b_row,
             sa,
             sb,
+            reset_first,
         }
     }
 
@@ -539,6 +551,15 @@ impl<'a> Gen<'a> {
         w.close();
     }
 
+    /// The max-abs words are used up (the conversion read them; the product reads only the
+    /// exponents): zero them for the next product, anywhere in the kernel.
+    fn reset_range(&self, w: &mut Wgsl) {
+        w.block(
+            "if (t == 0u && all(wid == vec3<u32>(0u)))",
+            &["range[0] = 0u;", "range[1] = 0u;"],
+        );
+    }
+
     fn main(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
         let t = self.t;
         let threads = self.threads;
@@ -548,6 +569,9 @@ impl<'a> Gen<'a> {
         w.line(&format!("let lane = t % {}u;", self.sg));
         w.line(&format!("let wr = warp / {}u;", t.wn));
         w.line(&format!("let wc = warp % {}u;", t.wn));
+        if self.reset_first {
+            self.reset_range(w);
+        }
         // Where this block's batch of each plane starts, in units.
         layout(w, &t, self.access);
         w.line("let a_cp8 = a_cp / 8u;");
@@ -617,11 +641,9 @@ impl<'a> Gen<'a> {
         // where an ldexp per element cost a quarter of the product's speed (prototype, round 2).
         w.line(&format!("let una = ldexp(1.0, -bitcast<i32>(range[{EXPONENTS}u]));"));
         w.line(&format!("let unb = ldexp(1.0, -bitcast<i32>(range[{}u]));", EXPONENTS + 1));
-        // The max-abs words are used up (the conversion read them): zero for the next product.
-        w.block(
-            "if (t == 0u && all(wid == vec3<u32>(0u)))",
-            &["range[0] = 0u;", "range[1] = 0u;"],
-        );
+        if !self.reset_first {
+            self.reset_range(w);
+        }
         // Epilogue: one fragment per subgroup at a time through the scratch.
         w.line("let so = warp * 256u;");
         w.line("let ss = 16u;");
@@ -655,6 +677,26 @@ impl<'a> Gen<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Products of K up to [`RESET_FIRST_MAX_K`] zero the range words before their K loop,
+    /// longer ones after it (where the exponents are read): (depth, reset before the loop).
+    #[test]
+    fn the_range_words_are_zeroed_before_the_loop_only_for_short_products() {
+        let row = Access { row_major: true, vector: true };
+        for emulate in [false, true] {
+            let k = CoopKernel { mode: CoopMode::High, tile: HIGH_TILE, subgroup: 32, emulate };
+            for (depth, first) in [(1, true), (768, true), (769, false), (4096, false)] {
+                let wgsl = generate(&k, [row, row], depth, "", "return v;");
+                let at = |needle: &str| wgsl.find(needle).unwrap();
+                let reset = at("range[0] = 0u;");
+                assert_eq!(wgsl.matches("range[0] = 0u;").count(), 1, "{depth}");
+                let (k_loop, exponents) = (at("for (var s = 0u;"), at("let una = "));
+                let before = reset < k_loop;
+                assert_eq!(before, first, "depth {depth}, emulated {emulate}");
+                assert!(before || reset > exponents, "depth {depth}: zeroed before the exponents are read");
+            }
+        }
+    }
 
     #[test]
     fn tiles_parse_and_bad_ones_say_why() {

@@ -134,6 +134,8 @@ fn shapes() -> Vec<(&'static str, MatmulSpec)> {
     let (m, n, k) = (17, 33, 45);
     vec![
         ("1x1x1", c(1, 1, 1, 1)),
+        // Longer than RESET_FIRST_MAX_K: the product zeroes the range words after its loop.
+        ("long k", c(1, 9, 20, 800)),
         ("ragged nn", c(1, m, n, k)),
         ("tn (dW = Xt dY)", MatmulSpec { a: Operand::transposed(m, k), ..c(1, m, n, k) }),
         ("nt (dX = dY Wt)", MatmulSpec { b: Operand::transposed(k, n), ..c(1, m, n, k) }),
@@ -191,25 +193,29 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
 }
 
 /// The range pre-pass accumulates each operand's max-abs with `atomicMax` into words the
-/// product sets back to zero: a product of tiny operands after one of huge operands (the plan's
-/// products share the range slot) gets its own range, not the larger one left behind, and the
-/// words are zero again afterwards.
+/// product sets back to zero (before its K loop for a short product, after it for a long one):
+/// each product of operands 1e8 smaller than the one before (the plan's products share the
+/// range slot) gets its own range, not the larger one left behind, and the words are zero
+/// again afterwards.
 #[test]
 fn each_product_gets_its_own_range_after_a_larger_one() {
     let Some((gpu, _turn)) = or_skip("each_product_gets_its_own_range_after_a_larger_one") else {
         return;
     };
+    // The middle product is long enough to zero the words after its loop, the others before.
     let spec = MatmulSpec::contiguous(1, 17, 33, 45);
+    let long = MatmulSpec::contiguous(1, 9, 20, 800);
     let mut launcher = Launcher::default();
     for mode in [CoopMode::High, CoopMode::Medium] {
-        let products = [(spec, (1e5, 1e5)), (spec, (1e-8, 1e-8)), (spec, (1.0, 1.0))];
+        let products = [(spec, (1e5, 1e5)), (long, (1e-3, 1e-3)), (spec, (1e-11, 1e-11))];
         let (errors, range) = worst_errors(gpu, &mut launcher, mode, &products, true);
         for (e, (_, scales)) in errors.iter().zip(&products) {
             assert!(*e <= tolerance(mode), "{mode:?} {scales:?} after the others: {errors:?}");
         }
         assert_eq!(range[..2], [0, 0], "{mode:?}: max-abs words left behind");
-        // The last product's exponents: its operands' max-abs (below 1) into [2^14, 2^15).
-        assert!(range[2] >= 15 && range[3] >= 15, "{mode:?}: exponents {range:?}");
+        // The last product's exponents: its operands' max-abs (below 1e-11, about 2^-37)
+        // into [2^14, 2^15), not the middle product's (about 2^24).
+        assert!(range[2] > 40 && range[3] > 40, "{mode:?}: exponents {range:?}");
     }
 }
 
