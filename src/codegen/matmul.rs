@@ -2,15 +2,15 @@
 //! `C = epilogue(alpha·A·B) + beta·C`), and the lowering of a plan's matmul kernel onto it.
 //!
 //! Operands are described by [`Operand`] (offset and batch/row/col strides, in elements), so the
-//! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. A product
-//! too small in M×N to fill a large GPU but long in K runs split-K: partial products over slices
-//! of K into scratch, then a generated kernel that sums the slices and applies the epilogue.
-//! A product large enough to fill the generated SIMT kernel (`matmul_simt.rs`) runs on it
-//! instead of the template; in the `high` and `medium` precision modes every product whose
-//! operands have a unit stride runs on a cooperative-matrix kernel (`matmul_coop.rs`) after the
-//! range pre-pass (`maxabs.rs`) and the conversion of its operands to f16 (`coop_convert.rs`)
-//! where the device has them ([`MatmulTile::choose`]). Dispatch
-//! labels end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
+//! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. Each
+//! product's kernel, tile and slices of K come from one choice by the cost model of
+//! `matmul_cost.rs` ([`MatmulTile::choose_split`]): the template's register tiles, the
+//! generated SIMT kernel (`matmul_simt.rs`), or in the `high` and `medium` precision modes a
+//! cooperative-matrix kernel (`matmul_coop.rs`, after the range pre-pass of `maxabs.rs` and the
+//! conversion of its operands to f16 of `coop_convert.rs`) where the device has them. A split
+//! product runs its partial products over slices of K into scratch, then a generated kernel
+//! that sums the slices and applies the epilogue. Dispatch labels name the product's shape and
+//! end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
 //! product got.
 
 use super::matmul_coop::{self, CoopKernel, CoopMode, CoopTile};
