@@ -235,6 +235,8 @@ pub struct BenchResult {
     pub losses: Vec<f32>,
     /// With profiling: milliseconds per kernel kind (summed over its dispatches), largest first.
     pub profile: Vec<(String, f64, usize)>,
+    /// With profiling: every dispatch of the step in plan order, (label, milliseconds).
+    pub profile_dispatches: Vec<(String, f64)>,
     /// Ranks of the data-parallel job (1 for a process on its own).
     pub ranks: usize,
     /// Each rank's median step, in milliseconds.
@@ -286,6 +288,7 @@ impl BenchResult {
             "exchange_write_ms": self.exchange_write_ms,
             "samples_per_s": self.samples_per_s,
             "profile_ms": self.profile.iter().map(|(k, ms, n)| json!({"kind": k, "ms": ms, "dispatches": n})).collect::<Vec<_>>(),
+            "profile_dispatches": self.profile_dispatches.iter().map(|(l, ms)| json!({"label": l, "ms": ms})).collect::<Vec<_>>(),
         })
     }
 
@@ -456,15 +459,17 @@ pub fn bench_model(
         _ => "cpu".to_string(),
     };
     let mut by_kind: Vec<(String, f64, usize)> = Vec::new();
+    let mut profile_dispatches = Vec::new();
     if let (true, Some(gpu), Some(b)) = (profile, gpu, gpu_backend.as_mut()) {
-        for (label, ms) in b.plan_for(&[t.loss], true)?.profile(gpu, 5)? {
+        profile_dispatches = b.plan_for(&[t.loss], true)?.profile(gpu, 5)?;
+        for (label, ms) in &profile_dispatches {
             let kind = label.split(' ').next().unwrap_or("").to_string();
             match by_kind.iter_mut().find(|(k, _, _)| *k == kind) {
                 Some(slot) => {
                     slot.1 += ms;
                     slot.2 += 1;
                 }
-                None => by_kind.push((kind, ms, 1)),
+                None => by_kind.push((kind, *ms, 1)),
             }
         }
         by_kind.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -503,6 +508,7 @@ pub fn bench_model(
         last_loss: *losses.last().unwrap_or(&f32::NAN),
         losses,
         profile: by_kind,
+        profile_dispatches,
         ranks,
         step_ms_per_rank,
         all_reduce_ms: median(&mut all_reduce),

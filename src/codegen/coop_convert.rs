@@ -18,7 +18,8 @@
 //! as `array<vec4<u32>>`, each word two halves from `pack2x16float`: the same bytes.
 //!
 //! Bindings: 0 the product's `Params`, 1 A, 2 B (`vec4<f32>` views with vector loads),
-//! [`WORKSPACE_BINDING`] the workspace, [`RANGE_BINDING`] the exponents. Entry point `main`,
+//! [`WORKSPACE_BINDING`] the workspace, [`RANGE_BINDING`] the max-abs words (read) and the
+//! exponents (written, for the product). Entry point `main`,
 //! a grid-stride loop over the units of the hi planes.
 
 use super::matmul::MatmulSpec;
@@ -86,7 +87,7 @@ pub(super) fn layout(w: &mut Wgsl, t: &CoopTile, access: [Access; 2]) {
 }
 
 /// The conversion of `spec` on kernel `k` (A and B read as `access` says; the tile checked),
-/// over `params` (the product's uniform), A, B, the workspace and the exponents.
+/// over `params` (the product's uniform), A, B, the workspace and the range words.
 pub fn program(
     spec: &MatmulSpec,
     k: &CoopKernel,
@@ -147,9 +148,10 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     operands(&mut w, access);
     w.line(&workspace_decl(k.emulate, "read_write"));
     w.line(&format!(
-        "@group(0) @binding({RANGE_BINDING}) var<storage, read> range: array<u32>;"
+        "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
     ));
     w.blank();
+    super::maxabs::exponent_fn(&mut w);
     let slices = [Side::A, Side::B].map(|side| {
         let i = usize::from(side == Side::B);
         slice((t.bm, t.bn, t.bk), side, access[i])
@@ -180,8 +182,19 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     w.line("let N = p.n;");
     w.line("let K = p.k;");
     layout(&mut w, t, access);
-    w.line(&format!("let sca = ldexp(1.0, bitcast<i32>(range[{EXPONENTS}u]));"));
-    w.line(&format!("let scb = ldexp(1.0, bitcast<i32>(range[{}u]));", EXPONENTS + 1));
+    w.line("let ea = exponent(range[0]);");
+    w.line("let eb = exponent(range[1]);");
+    // Every invocation computes the same exponents; one writes them for the product, which
+    // then sets the max-abs words back to zero (codegen/maxabs.rs).
+    w.block(
+        "if (gid.x == 0u)",
+        &[
+            &format!("range[{EXPONENTS}u] = bitcast<u32>(ea);"),
+            &format!("range[{}u] = bitcast<u32>(eb);", EXPONENTS + 1),
+        ],
+    );
+    w.line("let sca = ldexp(1.0, ea);");
+    w.line("let scb = ldexp(1.0, eb);");
     w.line(&format!("let jump = nw.x * {THREADS}u;"));
     w.open("for (var u = gid.x; u < ua + ub; u += jump)");
     w.line("var v0: vec4<f32>;");

@@ -2,18 +2,19 @@
 //! `C = epilogue(alpha·A·B) + beta·C`), and the lowering of a plan's matmul kernel onto it.
 //!
 //! Operands are described by [`Operand`] (offset and batch/row/col strides, in elements), so the
-//! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. A product
-//! too small in M×N to fill a large GPU but long in K runs split-K: partial products over slices
-//! of K into scratch, then a generated kernel that sums the slices and applies the epilogue.
-//! A product large enough to fill the generated SIMT kernel (`matmul_simt.rs`) runs on it
-//! instead of the template; in the `high` and `medium` precision modes every product whose
-//! operands have a unit stride runs on a cooperative-matrix kernel (`matmul_coop.rs`) after the
-//! range pre-pass (`maxabs.rs`) and the conversion of its operands to f16 (`coop_convert.rs`)
-//! where the device has them ([`MatmulTile::choose`]). Dispatch
-//! labels end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
+//! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. Each
+//! product's kernel, tile and slices of K come from one choice by the cost model of
+//! `matmul_cost.rs` ([`MatmulTile::choose_split`]): the template's register tiles, the
+//! generated SIMT kernel (`matmul_simt.rs`), or in the `high` and `medium` precision modes a
+//! cooperative-matrix kernel (`matmul_coop.rs`, after the range pre-pass of `maxabs.rs` and the
+//! conversion of its operands to f16 of `coop_convert.rs`) where the device has them. A split
+//! product runs its partial products over slices of K into scratch, then a generated kernel
+//! that sums the slices and applies the epilogue. Dispatch labels name the product's shape and
+//! end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
 //! product got.
 
-use super::matmul_coop::{self, CoopKernel, CoopMode, HIGH_TILE, MEDIUM_TILE};
+use super::matmul_coop::{self, CoopKernel, CoopMode, CoopTile};
+use super::matmul_cost as cost;
 use super::matmul_simt::{self, SIMT_TILE};
 use super::{coop_convert, maxabs};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
@@ -27,8 +28,10 @@ use crate::plan::fuse::is_last_two_swap;
 use crate::plan::{Kernel, Plan};
 use super::MatmulPrecision;
 
-/// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0).
-pub const RANGE_SLOT: usize = 1;
+/// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0):
+/// unlike the other slots it carries a state between kernels (its max-abs words are zero
+/// between products, [`super::maxabs`]), so nothing else may bind it.
+pub const RANGE_SLOT: usize = 3;
 /// The scratch slot of the cooperative kernels' f16 workspace ([`super::coop_convert`]): like
 /// every scratch slot it lives only within one kernel's dispatches and is shared by every
 /// product of the plan, sized for the largest.
@@ -193,25 +196,25 @@ impl MatmulTile {
         (bm, bn)
     }
 
-    /// The cooperative kernel for `spec` on `target`, when the precision is `high` or `medium`
-    /// and the target has cooperative matrices (or emulates them), the product is not empty
-    /// (K included), both operands have a unit stride, the tile splits evenly and fits the
-    /// device's threads and workgroup memory, and the f16 workspace's halves can be indexed
-    /// by a u32; `None` otherwise (an fp32 kernel computes it). The product binds no more
-    /// storage buffers than an fp32 one: the workspace and the exponents instead of A and B.
-    pub fn coop_for(spec: &MatmulSpec, target: &Target) -> Option<CoopKernel> {
-        let o = &target.matmul;
-        let (mode, tile) = match o.precision {
+    /// The cooperative kernel on `tile` for `spec` on `target`, when the precision is `high`
+    /// or `medium` and the target has cooperative matrices (or emulates them), the product is
+    /// not empty (K included), both operands have a unit stride, the tile splits evenly and
+    /// fits the device's threads and workgroup memory, and the f16 workspace's halves can be
+    /// indexed by a u32; `None` otherwise (an fp32 kernel computes it). The product binds no
+    /// more storage buffers than an fp32 one: the workspace and the range words instead of A
+    /// and B.
+    pub fn coop_on(spec: &MatmulSpec, target: &Target, tile: CoopTile) -> Option<CoopKernel> {
+        let mode = match target.matmul.precision {
             MatmulPrecision::Highest => return None,
-            MatmulPrecision::High => (CoopMode::High, HIGH_TILE),
-            MatmulPrecision::Medium => (CoopMode::Medium, MEDIUM_TILE),
+            MatmulPrecision::High => CoopMode::High,
+            MatmulPrecision::Medium => CoopMode::Medium,
         };
-        let (subgroup, emulate) = match (target.cooperative, o.emulate_coop) {
+        let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
             (_, true) => (32, true),
             (Some(sg), false) => (sg, false),
             (None, false) => return None,
         };
-        let k = CoopKernel { mode, tile: o.coop_tile.unwrap_or(tile), subgroup, emulate };
+        let k = CoopKernel { mode, tile, subgroup, emulate };
         let access = matmul_simt::accesses(spec)?;
         let s = spec;
         let fits = [s.batch, s.m, s.n, s.k].iter().all(|&d| d > 0)
@@ -222,9 +225,19 @@ impl MatmulTile {
         fits.then_some(k)
     }
 
+    /// The cooperative tiles the cost model chooses between for `target`'s mode: the override
+    /// (`RUMUS_MATMUL_COOP_TILE`, tests) alone, else [`matmul_coop::tiles`].
+    fn coop_tiles(target: &Target, mode: CoopMode) -> Vec<CoopTile> {
+        match target.matmul.coop_tile {
+            Some(t) => vec![t],
+            None => matmul_coop::tiles(mode).to_vec(),
+        }
+    }
+
     /// Whether the SIMT kernel can compute `spec` on `target`: one batch (batched products,
-    /// attention's, stay on the template), operands with a unit stride, and the kernel's
-    /// threads and workgroup memory within the device's limits.
+    /// attention's, stay on the template; a split's partial products are checked unsplit),
+    /// operands with a unit stride, and the kernel's threads and workgroup memory within the
+    /// device's limits.
     pub fn simt_fits(spec: &MatmulSpec, target: &Target) -> bool {
         let t = SIMT_TILE;
         spec.batch == 1
@@ -233,17 +246,83 @@ impl MatmulTile {
             && t.workgroup_bytes() <= target.max_workgroup_bytes
     }
 
-    /// The tile for `spec` on `target`: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`,
-    /// `register8`, `simt` where it fits) when set, for benchmarking; otherwise the SIMT kernel
-    /// for products with at least `target.matmul.simt_min_workgroups` of its blocks, else the
-    /// register tiles measured fastest on the H200: 8 x 4 per thread while that still gives
-    /// two workgroups per multiprocessor of a big GPU, else 4 x 4. In the `high` and `medium`
-    /// modes, the cooperative kernel wherever [`MatmulTile::coop_for`] gives one.
+    /// The tile for `spec` on `target` computing it unsplit (see [`MatmulTile::choose_split`]).
     pub fn choose(spec: &MatmulSpec, target: &Target) -> MatmulTile {
-        if let Some(k) = MatmulTile::coop_for(spec, target) {
-            return MatmulTile::Coop(k);
+        Self::best(spec, target, 1)
+    }
+
+    /// The tile for `spec` on `target` and the slices of K it computes in (1: unsplit), by the
+    /// cost model of an H200-class GPU ([`super::matmul_cost`]): waves of blocks over the
+    /// multiprocessors, K's length, the cooperative kernels' pre-passes and the split-K sum.
+    ///
+    /// - `high`, `medium` (where [`MatmulTile::coop_on`] gives a kernel): the mode's tile or
+    ///   its half, each unsplit or split, or an fp32 kernel where it is estimated faster than
+    ///   a cooperative product and its pre-passes (small products; fp32 is never less
+    ///   accurate than `high`, and the plan's labels name the kernel). An emulated cooperative
+    ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
+    ///   is taken wherever it fits.
+    /// - fp32: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`, `simt` where it
+    ///   fits) when set, for benchmarking; else the SIMT kernel when its blocks number at least
+    ///   `target.matmul.simt_min_workgroups` unsplit or split; else the register tile measured
+    ///   fastest on the H200, 8 x 4 per thread while that gives two workgroups per
+    ///   multiprocessor, else 4 x 4.
+    ///
+    /// `target.matmul.split_k` (tests) forces the slices wherever the product allows them.
+    pub fn choose_split(spec: &MatmulSpec, target: &Target) -> (MatmulTile, u32) {
+        let mut splits = split_options(spec);
+        if let Some(s) = target.matmul.split_k {
+            splits.retain(|&o| o == s);
+            if splits.is_empty() {
+                splits.push(1);
+            }
         }
-        let simt = MatmulTile::simt_fits(spec, target);
+        let mut best: Option<(f64, MatmulTile, u32)> = None;
+        for s in splits {
+            let part = partial(spec, s);
+            let tile = Self::best(&part, target, s);
+            let mut us = cost::product_us(tile, &part);
+            if let MatmulTile::Coop(k) = tile {
+                us += cost::prepass_us(&k, &part);
+            }
+            if s > 1 {
+                us += cost::split_us(spec.m, spec.n, s);
+            }
+            if best.is_none_or(|(b, ..)| us < b) {
+                best = Some((us, tile, s));
+            }
+        }
+        best.map_or((Self::best(spec, target, 1), 1), |(_, t, s)| (t, s))
+    }
+
+    /// The fastest tile by the cost model for `part`, a product already split into `split`
+    /// slices of K (its batches when split).
+    fn best(part: &MatmulSpec, target: &Target, split: u32) -> MatmulTile {
+        let unsplit_batch = if split > 1 { 1 } else { part.batch };
+        let one = MatmulSpec { batch: unsplit_batch, ..*part };
+        let fp32 = Self::fp32(part, target, Self::simt_fits(&one, target));
+        let mode = match target.matmul.precision {
+            MatmulPrecision::High => CoopMode::High,
+            _ => CoopMode::Medium,
+        };
+        let coop = Self::coop_tiles(target, mode)
+            .into_iter()
+            .filter_map(|t| Self::coop_on(part, target, t))
+            .map(|k| {
+                let us = cost::product_us(MatmulTile::Coop(k), part) + cost::prepass_us(&k, part);
+                (us, k)
+            })
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        match coop {
+            // Tests and tile trials run the cooperative kernel on every product it can take.
+            Some((_, k)) if k.emulate || target.matmul.coop_tile.is_some() => MatmulTile::Coop(k),
+            Some((us, k)) if us <= cost::product_us(fp32, part) => MatmulTile::Coop(k),
+            _ => fp32,
+        }
+    }
+
+    /// The fp32 tile for `part` (see [`MatmulTile::choose_split`]); `simt`: whether the SIMT
+    /// kernel fits the product.
+    fn fp32(part: &MatmulSpec, target: &Target, simt: bool) -> MatmulTile {
         match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
             Ok("large") => return MatmulTile::Large,
             Ok("small") => return MatmulTile::Small,
@@ -253,18 +332,54 @@ impl MatmulTile {
             _ => {}
         }
         let t = SIMT_TILE;
-        let simt_blocks = u64::from(spec.m.div_ceil(t.bm)) * u64::from(spec.n.div_ceil(t.bn));
+        let simt_blocks = u64::from(part.m.div_ceil(t.bm))
+            * u64::from(part.n.div_ceil(t.bn))
+            * u64::from(part.batch);
         if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
             return MatmulTile::Simt;
         }
-        let blocks = u64::from(spec.m.div_ceil(128))
-            * u64::from(spec.n.div_ceil(64))
-            * u64::from(spec.batch);
+        let blocks = u64::from(part.m.div_ceil(128))
+            * u64::from(part.n.div_ceil(64))
+            * u64::from(part.batch);
         if blocks >= 264 {
             MatmulTile::Register8
         } else {
             MatmulTile::Register
         }
+    }
+}
+
+/// Slices of K worth pricing for `spec`: 1, and for one long product (K at least 512) the
+/// powers of two up to 32 that divide K into slices of at least 128 with the partial products
+/// (scratch slot 0) under 2^26 words.
+fn split_options(spec: &MatmulSpec) -> Vec<u32> {
+    let mut out = vec![1];
+    if spec.batch != 1 || spec.k < 512 {
+        return out;
+    }
+    let mn = u64::from(spec.m) * u64::from(spec.n);
+    let mut s = 2;
+    while s <= 32 && spec.k.is_multiple_of(s) && spec.k / s >= 128 && mn * u64::from(s) <= 1 << 26 {
+        out.push(s);
+        s *= 2;
+    }
+    out
+}
+
+/// The partial products of `spec` split into `splits` slices of K: one batch a slice, into a
+/// row-major `[splits, m, n]` scratch.
+fn partial(spec: &MatmulSpec, splits: u32) -> MatmulSpec {
+    if splits <= 1 {
+        return *spec;
+    }
+    let chunk = spec.k / splits;
+    MatmulSpec {
+        batch: splits,
+        k: chunk,
+        a: Operand { batch_stride: chunk * spec.a.col_stride, ..spec.a },
+        b: Operand { batch_stride: chunk * spec.b.row_stride, ..spec.b },
+        c: Operand::row_major(spec.m, spec.n),
+        ..*spec
     }
 }
 
@@ -293,7 +408,7 @@ pub fn program(
     if let MatmulTile::Coop(k) = tile {
         return Err(err!(
             Invariant,
-            "the {} matmul is four programs (range pre-pass, conversion and product): use `programs`",
+            "the {} matmul is three programs (range pre-pass, conversion and product): use `programs`",
             k.name()
         ));
     }
@@ -338,8 +453,8 @@ pub fn program(
 }
 
 /// The programs of `spec` on `tile`, labelled `label` and the tile's name: one for a template
-/// or SIMT tile, and for a cooperative tile four: the two dispatches of the range pre-pass
-/// (into scratch slot [`RANGE_SLOT`]), the conversion of A and B to f16 (into scratch slot
+/// or SIMT tile, and for a cooperative tile three: the range pre-pass (into scratch slot
+/// [`RANGE_SLOT`]), the conversion of A and B to f16 (into scratch slot
 /// [`WORKSPACE_SLOT`]) and the product. Bindings as in [`program`].
 pub fn programs(
     label: &str,
@@ -367,7 +482,7 @@ pub fn programs(
     let range = Resource::Scratch { slot: RANGE_SLOT };
     let ws = Resource::Scratch { slot: WORKSPACE_SLOT };
     let operands = [a.clone(), b.clone(), range.clone()];
-    let [main, finish] = maxabs::programs(spec, access, operands, &format!("{label} range"));
+    let range_pass = maxabs::program(spec, access, operands, &format!("{label} range"));
     let convert = coop_convert::program(
         spec,
         &k,
@@ -387,7 +502,7 @@ pub fn programs(
     let s = spec;
     let product = Program {
         label,
-        wgsl: matmul_coop::generate(&k, access, decls, body),
+        wgsl: matmul_coop::generate(&k, access, spec.k, decls, body),
         entry: "main",
         workgroup_size: k.threads(),
         bindings,
@@ -398,7 +513,7 @@ pub fn programs(
             loop_bounding: false,
         },
     };
-    Ok(vec![main, finish, convert, product])
+    Ok(vec![range_pass, convert, product])
 }
 
 /// The `Params` uniform of `s` (`shaders/matmul.wgsl`'s, read by every matmul kernel).
@@ -497,62 +612,37 @@ pub fn lower(
         alpha: 1.0,
         beta: 0.0,
     };
-    let label = format!("{} #{}", k.kind.name(), out.index());
-    if let Some(splits) = split_k(&spec) {
-        let (programs, tile) =
-            split_k_programs(&spec, splits, [a, b, c], &epilogue, &label, target)?;
-        return Ok(Some((programs, tile.name())));
-    }
-    let tile = MatmulTile::choose(&spec, target);
+    // The shape in the label tells a profile's products apart (`scripts/bench/profile_top.py`).
+    let batch_name = if batch > 1 { format!("{batch}x") } else { String::new() };
+    let label = format!("{} #{} {batch_name}{m}x{n}x{kk}", k.kind.name(), out.index());
+    let (tile, splits) = MatmulTile::choose_split(&spec, target);
     let (bm, bn) = tile.block();
     let max = target.max_workgroups_per_dimension as usize;
     if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
         return Ok(None); // the generated kernel splits any grid
     }
+    if splits > 1 {
+        let programs = split_k_programs(&spec, (tile, splits), [a, b, c], &epilogue, &label)?;
+        return Ok(Some((programs, tile.name())));
+    }
     Ok(Some((programs(&label, &spec, tile, Some(&epilogue), [a, b, c])?, tile.name())))
 }
 
-/// Slices of K for a product whose M×N tiles cannot fill a large GPU (fewer than two 64×64
-/// workgroups per multiprocessor of an H200) but whose K is long: a power of two that divides K,
-/// keeps slices of at least 128, and brings the workgroups to about four per multiprocessor.
-fn split_k(spec: &MatmulSpec) -> Option<u32> {
-    let tiles = spec.m.div_ceil(64) * spec.n.div_ceil(64);
-    if spec.batch != 1 || tiles >= 264 || spec.k < 1024 {
-        return None;
-    }
-    let mut s = 1;
-    while s < 32 && tiles * s * 2 <= 528 && spec.k.is_multiple_of(s * 2) && spec.k / (s * 2) >= 128
-    {
-        s *= 2;
-    }
-    (s > 1).then_some(s)
-}
-
-/// Split-K: `splits` partial products over slices of K (one batched matmul into scratch slot
-/// 0), then one generated kernel that sums the slices and applies the epilogue.
+/// Split-K: `splits` partial products over slices of K on `tile` (one batched matmul into
+/// scratch slot 0), then one generated kernel that sums the slices and applies the epilogue.
 fn split_k_programs(
     spec: &MatmulSpec,
-    splits: u32,
+    (tile, splits): (MatmulTile, u32),
     [a, b, c]: [Resource; 3],
     epilogue: &MatmulEpilogue,
     label: &str,
-    target: &Target,
-) -> Result<(Vec<Program>, MatmulTile)> {
+) -> Result<Vec<Program>> {
     let (m, n) = (spec.m, spec.n);
-    let chunk = spec.k / splits;
     let mn = u64::from(m) * u64::from(n);
-    let partial = MatmulSpec {
-        batch: splits,
-        k: chunk,
-        a: Operand { batch_stride: chunk * spec.a.col_stride, ..spec.a },
-        b: Operand { batch_stride: chunk * spec.b.row_stride, ..spec.b },
-        c: Operand::row_major(m, n),
-        ..*spec
-    };
     let parts = Resource::Scratch { slot: 0 };
-    let tile = MatmulTile::choose(&partial, target);
+    let part = partial(spec, splits);
     let mut out =
-        programs(&format!("{label} split-k {splits}"), &partial, tile, None, [a, b, parts.clone()])?;
+        programs(&format!("{label} split-k {splits}"), &part, tile, None, [a, b, parts.clone()])?;
 
     let mut w = Wgsl::new();
     w.line("alias scalar = f32;");
@@ -589,7 +679,7 @@ fn split_k_programs(
         grid: Grid::Linear(mn.div_ceil(u64::from(WG)) as u32),
         checks: ShaderChecks::ALL,
     });
-    Ok((out, tile))
+    Ok(out)
 }
 
 /// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:

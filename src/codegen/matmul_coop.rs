@@ -1,9 +1,10 @@
 //! The `medium` and `high` matmul kernels: f16 products with f32 accumulation on 16x16x16
 //! cooperative matrices (`enable wgpu_cooperative_matrix;`, tensor cores on NVIDIA).
 //!
-//! A product is four dispatches: the range pre-pass ([`super::maxabs`], two), the conversion
+//! A product is three dispatches: the range pre-pass ([`super::maxabs`]), the conversion
 //! ([`super::coop_convert`]), which writes both operands scaled to f16 (`high`: hi and lo
-//! parts) into a workspace of zero-padded planes, and the product here, which reads only f16.
+//! parts) into a workspace of zero-padded planes, and the product here, which reads only f16
+//! (and sets the pre-pass's max-abs words back to zero for the next product).
 //!
 //! A workgroup of `wm x wn` subgroups computes `bm x bn` of C; subgroup `(wr, wc)` owns
 //! `fm x fn` accumulator fragments. K goes in slices of `bk`: each thread loads its 16-byte
@@ -31,7 +32,7 @@
 //! Emulated ([`CoopKernel::emulate`]), the workspace holds halves packed by `pack2x16float`,
 //! staged values are unpacked to f32, fragments become `vec2<u32>(offset, stride)` references
 //! into the staging memory and the cooperative operations plain functions with the same
-//! meaning, so the same four dispatches run (slowly) on adapters without cooperative matrices
+//! meaning, so the same three dispatches run (slowly) on adapters without cooperative matrices
 //! or f16: the GPU-vs-CPU tests on lavapipe and on Mesa's OpenGL adapter.
 //!
 //! Ported from the issue-11 prototype (round 2, pre-converted operands), correct at every shape
@@ -72,6 +73,17 @@ pub struct CoopTile {
 pub const MEDIUM_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 64, wm: 2, wn: 4, stages: 1 };
 /// See [`MEDIUM_TILE`].
 pub const HIGH_TILE: CoopTile = CoopTile { bm: 128, bn: 128, bk: 32, wm: 4, wn: 2, stages: 1 };
+
+/// The tiles of `mode` the cost model chooses between for each product
+/// ([`super::matmul_cost`]): the mode's tile and its half in M (measured on the H200 at GPT
+/// shapes: faster for products of few blocks, e.g. 4096x256).
+pub fn tiles(mode: CoopMode) -> [CoopTile; 2] {
+    let big = match mode {
+        CoopMode::High => HIGH_TILE,
+        CoopMode::Medium => MEDIUM_TILE,
+    };
+    [big, CoopTile { bm: big.bm / 2, wm: 2, wn: 4, ..big }]
+}
 
 /// Halves of padding after each staged row.
 const PAD: u32 = 8;
@@ -208,11 +220,20 @@ struct Buf {
     row_major: bool,
 }
 
-/// The WGSL of kernel `k` reading the f16 planes of A and B (laid out as `access` says) from
-/// the workspace of [`super::coop_convert`], with the epilogue's declarations (`@binding(4)`
-/// on) and body. The tile must pass [`CoopTile::check`].
-pub fn generate(k: &CoopKernel, access: [Access; 2], decls: &str, body: &str) -> String {
-    Gen::new(k, access).module(decls, body)
+/// The longest K whose products zero the range words before their K loop rather than after.
+/// Where the only write to `range` comes first, the H200's driver loads the exponents before
+/// the loop; after the loop, it cannot. Measured on the H200 (2026-12-01, `high`): before
+/// is faster up to K = 768 (4096x3072x768: 401 against 506 µs), after from K = 1024 on
+/// (4096x768x1536: 280 against 340 µs; 4096³: 85 against 65 TFLOP/s), where two more live
+/// registers in the loop cost more than the loads' latency saves.
+pub const RESET_FIRST_MAX_K: u32 = 768;
+
+/// The WGSL of kernel `k` for products of depth `depth` (K) reading the f16 planes of A and B
+/// (laid out as `access` says) from the workspace of [`super::coop_convert`], with the
+/// epilogue's declarations (`@binding(4)` on) and body. The tile must pass
+/// [`CoopTile::check`].
+pub fn generate(k: &CoopKernel, access: [Access; 2], depth: u32, decls: &str, body: &str) -> String {
+    Gen::new(k, access, depth <= RESET_FIRST_MAX_K).module(decls, body)
 }
 
 /// `fn split_hi(x: vec4<f32>) -> vec4<f32>`: x rounded to 11 significant bits by masking
@@ -242,10 +263,12 @@ struct Gen<'a> {
     b_row: u32,
     stage_a: u32,
     stage_b: u32,
+    /// Zero the range words before the K loop ([`RESET_FIRST_MAX_K`]), else after it.
+    reset_first: bool,
 }
 
 impl<'a> Gen<'a> {
-    fn new(k: &'a CoopKernel, access: [Access; 2]) -> Gen<'a> {
+    fn new(k: &'a CoopKernel, access: [Access; 2], reset_first: bool) -> Gen<'a> {
         let t = k.tile;
         let sa = slice((t.bm, t.bn, t.bk), Side::A, access[0]);
         let sb = slice((t.bm, t.bn, t.bk), Side::B, access[1]);
@@ -265,6 +288,7 @@ impl<'a> Gen<'a> {
             b_row,
             sa,
             sb,
+            reset_first,
         }
     }
 
@@ -338,7 +362,7 @@ impl<'a> Gen<'a> {
         w.lines(decls);
         w.line(&workspace_decl(k.emulate, "read"));
         w.line(&format!(
-            "@group(0) @binding({RANGE_BINDING}) var<storage, read> range: array<u32>;"
+            "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
         ));
         w.blank();
         let (abufs, bbufs) = self.bufs();
@@ -527,6 +551,15 @@ impl<'a> Gen<'a> {
         w.close();
     }
 
+    /// The max-abs words are used up (the conversion read them; the product reads only the
+    /// exponents): zero them for the next product, anywhere in the kernel.
+    fn reset_range(&self, w: &mut Wgsl) {
+        w.block(
+            "if (t == 0u && all(wid == vec3<u32>(0u)))",
+            &["range[0] = 0u;", "range[1] = 0u;"],
+        );
+    }
+
     fn main(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
         let t = self.t;
         let threads = self.threads;
@@ -536,6 +569,9 @@ impl<'a> Gen<'a> {
         w.line(&format!("let lane = t % {}u;", self.sg));
         w.line(&format!("let wr = warp / {}u;", t.wn));
         w.line(&format!("let wc = warp % {}u;", t.wn));
+        if self.reset_first {
+            self.reset_range(w);
+        }
         // Where this block's batch of each plane starts, in units.
         layout(w, &t, self.access);
         w.line("let a_cp8 = a_cp / 8u;");
@@ -605,6 +641,9 @@ impl<'a> Gen<'a> {
         // where an ldexp per element cost a quarter of the product's speed (prototype, round 2).
         w.line(&format!("let una = ldexp(1.0, -bitcast<i32>(range[{EXPONENTS}u]));"));
         w.line(&format!("let unb = ldexp(1.0, -bitcast<i32>(range[{}u]));", EXPONENTS + 1));
+        if !self.reset_first {
+            self.reset_range(w);
+        }
         // Epilogue: one fragment per subgroup at a time through the scratch.
         w.line("let so = warp * 256u;");
         w.line("let ss = 16u;");
@@ -638,6 +677,26 @@ impl<'a> Gen<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Products of K up to [`RESET_FIRST_MAX_K`] zero the range words before their K loop,
+    /// longer ones after it (where the exponents are read): (depth, reset before the loop).
+    #[test]
+    fn the_range_words_are_zeroed_before_the_loop_only_for_short_products() {
+        let row = Access { row_major: true, vector: true };
+        for emulate in [false, true] {
+            let k = CoopKernel { mode: CoopMode::High, tile: HIGH_TILE, subgroup: 32, emulate };
+            for (depth, first) in [(1, true), (768, true), (769, false), (4096, false)] {
+                let wgsl = generate(&k, [row, row], depth, "", "return v;");
+                let at = |needle: &str| wgsl.find(needle).unwrap();
+                let reset = at("range[0] = 0u;");
+                assert_eq!(wgsl.matches("range[0] = 0u;").count(), 1, "{depth}");
+                let (k_loop, exponents) = (at("for (var s = 0u;"), at("let una = "));
+                let before = reset < k_loop;
+                assert_eq!(before, first, "depth {depth}, emulated {emulate}");
+                assert!(before || reset > exponents, "depth {depth}: zeroed before the exponents are read");
+            }
+        }
+    }
 
     #[test]
     fn tiles_parse_and_bad_ones_say_why() {

@@ -1,16 +1,18 @@
-//! The range pre-pass of the cooperative matmuls: two dispatches that leave in the `range`
-//! buffer the power-of-two exponents `ea`, `eb` the kernel multiplies A and B by
-//! (`matmul_coop.rs`).
+//! The range pre-pass of the cooperative matmuls: one dispatch that leaves in the `range`
+//! buffer the max-abs of A and of B, from which the conversion ([`super::coop_convert`])
+//! derives the power-of-two exponents `ea`, `eb` it multiplies A and B by and the product
+//! (`matmul_coop.rs`) divides by.
 //!
-//! - `main` (grid `[GROUPS, 2, 1]`, `y` picks the operand): partial maxima of `|x|` (f32 bits,
-//!   compared as u32, which orders non-negative floats) into `range[op * GROUPS + group]`. Each
-//!   operand is walked as `[batch][outer][inner]`, `inner` its unit-stride axis, so loads
-//!   coalesce for plain and transposed operands alike.
-//! - `finish` (one workgroup): reduces each operand's partials and writes its exponent as i32
-//!   bits to `range[EXPONENTS + op]`: `2^e` brings the max-abs into `[2^14, 2^15)` (f16's
-//!   largest finite is 65504), 0 for an all-zero operand, clamped to `[-126, 126]`.
+//! `main` (grid `[GROUPS, 2, 1]`, `y` picks the operand) reduces `|x|` (f32 bits, compared as
+//! u32, which orders non-negative floats) within each workgroup, then `atomicMax`es it into
+//! `range[op]`. Each operand is walked as `[batch][outer][inner]`, `inner` its unit-stride
+//! axis, so loads coalesce for plain and transposed operands alike.
 //!
-//! Every word is rewritten each time, so the buffer (a scratch slot) needs no clearing.
+//! The words must be zero before the pre-pass: the buffer is its own scratch slot
+//! ([`super::matmul::RANGE_SLOT`], which nothing else binds), zero when created, and each
+//! product sets them back to zero once the conversion has turned them into the exponents
+//! (`range[EXPONENTS]`, `range[EXPONENTS + 1]`, see [`exponent_fn`]). One dispatch instead of
+//! a partial-maxima pass and a one-workgroup finish: a quarter fewer dispatches per product.
 
 use super::matmul::MatmulSpec;
 use super::matmul_simt::Access;
@@ -21,10 +23,10 @@ use super::writer::Wgsl;
 const GROUPS: u32 = 256;
 /// Threads per workgroup of both entry points.
 const THREADS: u32 = 256;
-/// Index in `range` of `ea` (`eb` follows).
-pub const EXPONENTS: u32 = 2 * GROUPS;
-/// u32 words of the `range` buffer: the partials of both operands, then `ea` and `eb`.
-pub const RANGE_WORDS: u64 = 2 * GROUPS as u64 + 2;
+/// Index in `range` of `ea` (`eb` follows), after the max-abs bits of A and of B.
+pub const EXPONENTS: u32 = 2;
+/// u32 words of the `range` buffer: the max-abs bits of both operands, then `ea` and `eb`.
+pub const RANGE_WORDS: u64 = 4;
 /// The binding of `range` in the pre-pass and in the cooperative kernels (after any epilogue's).
 pub const RANGE_BINDING: u32 = 15;
 
@@ -58,54 +60,53 @@ fn walk(op: &super::matmul::Operand, access: Access, batch: u32, rows: u32, cols
     }
 }
 
-/// The two pre-pass programs of `spec` (A and B read as `access` says) over buffers `a`, `b`
-/// and `range`, labelled `label` and `label finish`.
-pub fn programs(
+/// The pre-pass program of `spec` (A and B read as `access` says) over buffers `a`, `b` and
+/// `range`, labelled `label`.
+pub fn program(
     spec: &MatmulSpec,
     access: [Access; 2],
     [a, b, range]: [Resource; 3],
     label: &str,
-) -> [Program; 2] {
+) -> Program {
     let s = spec;
     let walks = [
         walk(&s.a, access[0], s.batch, s.m, s.k),
         walk(&s.b, access[1], s.batch, s.k, s.n),
     ];
-    let wgsl = generate();
-    let checks = ShaderChecks { bounds: true, loop_bounding: false };
     let bind = |at: u32, name: &str, resource: Resource, words: u64| Binding {
         at,
         name: name.to_string(),
         resource,
         words,
     };
-    let main = Program {
+    Program {
         label: label.to_string(),
-        wgsl: wgsl.clone(),
+        wgsl: generate(),
         entry: "main",
         workgroup_size: THREADS,
         bindings: vec![
             bind(0, "q", Resource::Uniform(bytemuck::cast_slice(&walks).to_vec()), 0),
             bind(1, "a", a, s.a.words(s.batch, s.m, s.k)),
             bind(2, "b", b, s.b.words(s.batch, s.k, s.n)),
-            bind(RANGE_BINDING, "range", range.clone(), RANGE_WORDS),
+            bind(RANGE_BINDING, "range", range, RANGE_WORDS),
         ],
         grid: Grid::Fixed([GROUPS, 2, 1]),
-        checks,
-    };
-    let finish = Program {
-        label: format!("{label} finish"),
-        wgsl,
-        entry: "finish",
-        workgroup_size: THREADS,
-        bindings: vec![bind(RANGE_BINDING, "range", range, RANGE_WORDS)],
-        grid: Grid::Fixed([1, 1, 1]),
-        checks,
-    };
-    [main, finish]
+        checks: ShaderChecks { bounds: true, loop_bounding: false },
+    }
 }
 
-/// The WGSL of the pre-pass (entry points `main` and `finish`).
+/// `fn exponent(m: u32) -> i32`: the exponent `e` for max-abs bits `m` such that `2^e` brings
+/// the max-abs into `[2^14, 2^15)` (f16's largest finite is 65504), 0 for an all-zero operand,
+/// clamped to `[-126, 126]` so that `2^-e` is an exact normal f32.
+pub(super) fn exponent_fn(w: &mut Wgsl) {
+    w.open("fn exponent(m: u32) -> i32");
+    w.block("if (m == 0u)", &["return 0;"]);
+    w.line("return clamp(141 - i32(m >> 23u), -126, 126);");
+    w.close();
+    w.blank();
+}
+
+/// The WGSL of the pre-pass (entry point `main`).
 fn generate() -> String {
     let g = GROUPS;
     let mut w = Wgsl::new();
@@ -126,19 +127,10 @@ fn generate() -> String {
     w.line("@group(0) @binding(1) var<storage, read> a: array<f32>;");
     w.line("@group(0) @binding(2) var<storage, read> b: array<f32>;");
     w.line(&format!(
-        "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
+        "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<atomic<u32>>;"
     ));
     w.blank();
     w.line(&format!("var<workgroup> red: array<u32, {THREADS}>;"));
-    w.blank();
-    w.line(&format!("// The max of red[0..{THREADS}] into red[0]; every invocation calls it."));
-    w.open("fn reduce(t: u32)");
-    w.line("workgroupBarrier();");
-    w.open(&format!("for (var s = {}u; s > 0u; s >>= 1u)", THREADS / 2));
-    w.block("if (t < s)", &["red[t] = max(red[t], red[t + s]);"]);
-    w.line("workgroupBarrier();");
-    w.close();
-    w.close();
     w.blank();
     w.line(&format!("@compute @workgroup_size({THREADS})"));
     w.open(
@@ -160,27 +152,13 @@ fn generate() -> String {
         w.close();
     }
     w.line("red[t] = m;");
-    w.line("reduce(t);");
-    w.block("if (t == 0u)", &[&format!("range[wid.y * {g}u + wid.x] = red[0];")]);
-    w.close();
-    w.blank();
-    w.line(&format!("@compute @workgroup_size({THREADS})"));
-    w.open("fn finish(@builtin(local_invocation_index) t: u32)");
-    w.open("for (var op = 0u; op < 2u; op++)");
-    w.line("var m = 0u;");
-    w.block(
-        &format!("for (var i = t; i < {g}u; i += {THREADS}u)"),
-        &[&format!("m = max(m, range[op * {g}u + i]);")],
-    );
-    w.line("red[t] = m;");
-    w.line("reduce(t);");
-    w.open("if (t == 0u)");
-    w.line("var e = 0;");
-    w.block("if (red[0] != 0u)", &["e = clamp(141 - i32(red[0] >> 23u), -126, 126);"]);
-    w.line(&format!("range[{EXPONENTS}u + op] = bitcast<u32>(e);"));
-    w.close();
+    w.line("workgroupBarrier();");
+    w.open(&format!("for (var s = {}u; s > 0u; s >>= 1u)", THREADS / 2));
+    w.block("if (t < s)", &["red[t] = max(red[t], red[t + s]);"]);
     w.line("workgroupBarrier();");
     w.close();
+    // A zero maximum leaves the word as it is: no atomic needed.
+    w.block("if (t == 0u && red[0] != 0u)", &["atomicMax(&range[wid.y], red[0]);"]);
     w.close();
     w.finish()
 }

@@ -23,6 +23,7 @@ mod gather;
 pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_coop;
+pub mod matmul_cost;
 pub mod matmul_simt;
 pub mod maxabs;
 pub mod precision;

@@ -126,12 +126,17 @@ pub struct MatmulOptions {
     /// The precision of every product: `high` and `medium` run on cooperative matrices where
     /// the target has them (the session resolves the mode against the adapter first).
     pub precision: MatmulPrecision,
-    /// The tile of the cooperative kernels (`None`: each mode's tile measured fastest on the
-    /// H200; `RUMUS_MATMUL_COOP_TILE` overrides both).
+    /// The tile of the cooperative kernels, taken by every product it fits (`None`: the cost
+    /// model chooses between each mode's tiles, or an fp32 kernel, per product;
+    /// `RUMUS_MATMUL_COOP_TILE` sets it).
     pub coop_tile: Option<CoopTile>,
     /// Run the cooperative modes with their operations emulated in plain WGSL, on any adapter
     /// (for tests on adapters without cooperative matrices).
     pub emulate_coop: bool,
+    /// Split K into this many slices wherever the product allows it (one product, K at least
+    /// 512, slices of at least 128), instead of as the cost model chooses: for tests, which run
+    /// the split-K path at sizes a software adapter computes quickly. `None` in use.
+    pub split_k: Option<u32>,
 }
 
 impl MatmulOptions {
@@ -142,6 +147,7 @@ impl MatmulOptions {
         precision: MatmulPrecision::Highest,
         coop_tile: None,
         emulate_coop: false,
+        split_k: None,
     };
 }
 

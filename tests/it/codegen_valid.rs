@@ -9,6 +9,7 @@
 use crate::common;
 
 use rumus::codegen::matmul::RANGE_SLOT;
+use rumus::codegen::matmul_coop::{tiles, CoopMode};
 use rumus::codegen::wgsl::generate;
 use rumus::codegen::{compile, MatmulOptions, MatmulPrecision, Resource, Target};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
@@ -84,9 +85,24 @@ fn validate_plans(
         (true, Some(Limits::WEBGPU_DEFAULT), Target::WEBGPU_DEFAULT),
         (true, None, simt),
     ];
-    for precision in [MatmulPrecision::High, MatmulPrecision::Medium] {
-        for emulate_coop in [false, true] {
-            let matmul = MatmulOptions { precision, emulate_coop, ..MatmulOptions::DEFAULT };
+    // Each cooperative mode as the cost model chooses, emulated, and on each tile the model
+    // chooses between (every product it fits; split into 2 slices of K where K allows).
+    for (precision, mode) in
+        [(MatmulPrecision::High, CoopMode::High), (MatmulPrecision::Medium, CoopMode::Medium)]
+    {
+        let mut matmuls = vec![
+            MatmulOptions { precision, ..MatmulOptions::DEFAULT },
+            MatmulOptions { precision, emulate_coop: true, ..MatmulOptions::DEFAULT },
+        ];
+        for (tile, split_k) in tiles(mode).into_iter().zip([None, Some(2)]) {
+            matmuls.push(MatmulOptions {
+                precision,
+                coop_tile: Some(tile),
+                split_k,
+                ..MatmulOptions::DEFAULT
+            });
+        }
+        for matmul in matmuls {
             configs.push((true, None, Target { matmul, ..Target::COOPERATIVE }));
         }
     }
@@ -184,40 +200,56 @@ fn attention_beyond_the_kernels_is_an_error() {
     }
 }
 
-/// Which kernel each product of a GPT training step gets per precision mode, on a faked
+/// Which kernels the products of a GPT training step get per precision mode, on a faked
 /// cooperative adapter (`Target::COOPERATIVE`, what `rumus plan --matmul-precision` plans for)
-/// and on one without cooperative matrices, where `high` and `medium` keep the fp32 kernels.
+/// and on one without cooperative matrices, where `high` and `medium` keep the fp32 kernels:
+/// (batch, d, products, expected tiles per mode). A tiny model's products are too small to
+/// pay a cooperative product's pre-passes, so the cost model gives them fp32 in every mode;
+/// a gpt-small-sized one (4096 rows of 256) runs its products on the cooperative kernels,
+/// except the smallest on fp32 (the gradient of its 64-wide head, 256x64x4096, on the SIMT
+/// kernel in 32 slices of K, and the 4096x64x256 products on the register tile).
 #[test]
 fn each_mode_gives_every_product_its_kernel() {
-    let mut g = Graph::new();
-    let c = GptConfig { vocab: 64, d: 32, heads: 2, layers: 1, ctx: 16 };
-    let logits = nn::gpt(&mut g, c, 4).unwrap();
-    let target = g.input("target", &[4, 16], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
-    let cfg = OptimConfig::new(Optimizer::adamw());
-    let t = training_graph(g, loss, &cfg).unwrap();
-    let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
-    let kernels = |precision, coop: bool| {
-        let matmul = MatmulOptions { precision, ..MatmulOptions::DEFAULT };
-        let base = if coop { Target::COOPERATIVE } else { Target::WEBGPU_DEFAULT };
-        let programs = compile(&t.graph, &p, &Target { matmul, ..base }).unwrap();
-        let mut tiles: Vec<&str> = programs.kernels.iter().filter_map(|k| k.matmul).collect();
-        tiles.sort_unstable();
-        tiles.dedup();
-        tiles
-    };
     use MatmulPrecision::*;
-    // The products of this small model are too small for the fp32 SIMT kernel.
-    let fp32 = vec!["register"];
-    for (precision, coop, expected) in [
-        (Highest, true, fp32.clone()),
-        (High, true, vec!["coop-high"]),
-        (Medium, true, vec!["coop-medium"]),
-        (Highest, false, fp32.clone()),
-        (High, false, fp32.clone()),
+    type Expected = [(MatmulPrecision, bool, &'static [&'static str]); 6];
+    let fp32: &[&str] = &["register"];
+    let tiny: Expected = [
+        (Highest, true, fp32),
+        (High, true, fp32),
+        (Medium, true, fp32),
+        (Highest, false, fp32),
+        (High, false, fp32),
         (Medium, false, fp32),
-    ] {
-        assert_eq!(kernels(precision, coop), expected, "{precision} cooperative: {coop}");
+    ];
+    let big_fp32: &[&str] = &["register", "simt"];
+    // WebGPU's default workgroup memory is too small for the SIMT kernel.
+    let webgpu: &[&str] = &["register", "register8"];
+    let big: Expected = [
+        (Highest, true, big_fp32),
+        (High, true, &["coop-high", "register", "simt"]),
+        (Medium, true, &["coop-medium", "register", "simt"]),
+        (Highest, false, webgpu),
+        (High, false, webgpu),
+        (Medium, false, webgpu),
+    ];
+    for (batch, d, ctx, expected) in [(4, 32, 16, tiny), (32, 256, 128, big)] {
+        let mut g = Graph::new();
+        let c = GptConfig { vocab: 64, d, heads: 2, layers: 1, ctx };
+        let logits = nn::gpt(&mut g, c, batch).unwrap();
+        let target = g.input("target", &[batch, ctx], DType::I32).unwrap();
+        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let cfg = OptimConfig::new(Optimizer::adamw());
+        let t = training_graph(g, loss, &cfg).unwrap();
+        let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+        for (precision, coop, want) in expected {
+            let matmul = MatmulOptions { precision, ..MatmulOptions::DEFAULT };
+            let base = if coop { Target::COOPERATIVE } else { Target::WEBGPU_DEFAULT };
+            let programs = compile(&t.graph, &p, &Target { matmul, ..base }).unwrap();
+            let mut tiles: Vec<&str> = programs.kernels.iter().filter_map(|k| k.matmul).collect();
+            tiles.sort_unstable();
+            tiles.dedup();
+            assert_eq!(tiles, want, "d {d}, {precision}, cooperative: {coop}");
+        }
     }
 }
 

@@ -32,11 +32,23 @@ fn worst_error(
     launcher: &mut Launcher,
     mode: CoopMode,
     spec: &MatmulSpec,
-    (sa, sb): (f32, f32),
+    scales: (f32, f32),
     scaled: bool,
 ) -> f64 {
-    let s = spec;
-    let len = |op: &Operand, rows: u32, cols: u32| {
+    worst_errors(gpu, launcher, mode, &[(*spec, scales)], scaled).0[0]
+}
+
+/// The largest error of each product of `products` (spec, scales of A and B) in `mode`, run
+/// one after the other in one submission over the same scratch buffers, as a plan runs them;
+/// and the range slot's words afterwards.
+fn worst_errors(
+    gpu: &Gpu,
+    launcher: &mut Launcher,
+    mode: CoopMode,
+    products: &[(MatmulSpec, (f32, f32))],
+    scaled: bool,
+) -> (Vec<f64>, Vec<i32>) {
+    let len = |s: &MatmulSpec, op: &Operand, rows: u32, cols: u32| {
         (op.offset
             + (s.batch - 1) * op.batch_stride
             + (rows - 1) * op.row_stride
@@ -44,32 +56,34 @@ fn worst_error(
             + 1) as usize
     };
     let scale = |v: Vec<f32>, f: f32| v.into_iter().map(|x| x * f).collect::<Vec<_>>();
-    let a = outside_nan(scale(random(len(&s.a, s.m, s.k), 1), sa), &s.a, s.batch, s.m, s.k);
-    let b = outside_nan(scale(random(len(&s.b, s.k, s.n), 2), sb), &s.b, s.batch, s.k, s.n);
-    let c_old = random(len(&s.c, s.m, s.n), 3);
-    let want = matmul_ref(s, &a, &b, &c_old, |v, _| v);
-    let abs_a: Vec<f32> = a.iter().map(|x| x.abs()).collect();
-    let abs_b: Vec<f32> = b.iter().map(|x| x.abs()).collect();
-    let zeros = vec![0.0; c_old.len()];
-    let norm = matmul_ref(
-        &MatmulSpec { alpha: s.alpha.abs(), beta: 0.0, ..*s },
-        &abs_a,
-        &abs_b,
-        &zeros,
-        |v, _| v,
-    );
-
-    let buffers = [
-        gpu.upload_f32("a", &a).unwrap(),
-        gpu.upload_f32("b", &b).unwrap(),
-        gpu.upload_f32("c", &c_old).unwrap(),
-    ];
-    let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
     let tile = MatmulTile::Coop(kernel(mode));
-    let programs = matmul::programs("test", s, tile, None, operands).unwrap();
-    assert_eq!(programs.len(), 4, "range pre-pass, finish, conversion, product");
+    let (mut buffers, mut programs, mut checks) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, &(s, (sa, sb))) in products.iter().enumerate() {
+        let a = random(len(&s, &s.a, s.m, s.k), 1);
+        let a = outside_nan(scale(a, sa), &s.a, s.batch, s.m, s.k);
+        let b = random(len(&s, &s.b, s.k, s.n), 2);
+        let b = outside_nan(scale(b, sb), &s.b, s.batch, s.k, s.n);
+        let c_old = random(len(&s, &s.c, s.m, s.n), 3);
+        let want = matmul_ref(&s, &a, &b, &c_old, |v, _| v);
+        let abs_a: Vec<f32> = a.iter().map(|x| x.abs()).collect();
+        let abs_b: Vec<f32> = b.iter().map(|x| x.abs()).collect();
+        let zeros = vec![0.0; c_old.len()];
+        let unsigned = MatmulSpec { alpha: s.alpha.abs(), beta: 0.0, ..s };
+        let norm = matmul_ref(&unsigned, &abs_a, &abs_b, &zeros, |v, _| v);
+        for v in [&a, &b, &c_old] {
+            buffers.push(gpu.upload_f32("operand", v).unwrap());
+        }
+        let operands = [0, 1, 2].map(|j| Resource::Buffer(3 * i + j));
+        let mut p = matmul::programs("test", &s, tile, None, operands).unwrap();
+        assert_eq!(p.len(), 3, "range pre-pass, conversion, product");
+        if !scaled {
+            p.remove(0);
+        }
+        programs.extend(p);
+        checks.push((s, c_old, want, norm));
+    }
     // Every scratch slot NaN first: the conversion must write all the product reads. The
-    // range slot zeroed: exponents 0 when the pre-pass is skipped.
+    // range slot zeroed, as a new plan's is: exponents 0 when the pre-pass is skipped.
     let scratch: Vec<_> = scratch_words(programs.iter())
         .iter()
         .enumerate()
@@ -83,25 +97,28 @@ fn worst_error(
         scratch: scratch.iter().collect(),
         ..Resources::default()
     };
-    let dispatches: Vec<_> = programs
-        .iter()
-        .skip(if scaled { 0 } else { 2 })
-        .map(|p| launcher.prepare(gpu, p, &res).unwrap())
-        .collect();
+    let dispatches: Vec<_> =
+        programs.iter().map(|p| launcher.prepare(gpu, p, &res).unwrap()).collect();
     gpu.run(&dispatches.iter().collect::<Vec<_>>()).unwrap();
-    let got = gpu.read_f32_range(&buffers[2], 0..c_old.len()).unwrap();
-    let mut worst = 0.0f64;
-    for bt in 0..s.batch {
-        for i in 0..s.m {
-            for j in 0..s.n {
-                let idx = at(&s.c, bt, i, j);
-                let denom = norm[idx] + (f64::from(s.beta) * f64::from(c_old[idx])).abs() + 1e-300;
-                let err = (f64::from(got[idx]) - want[idx]).abs() / denom;
-                worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+    let mut errors = Vec::new();
+    for (i, (s, c_old, want, norm)) in checks.iter().enumerate() {
+        let got = gpu.read_f32_range(&buffers[3 * i + 2], 0..c_old.len()).unwrap();
+        let mut worst = 0.0f64;
+        for bt in 0..s.batch {
+            for i in 0..s.m {
+                for j in 0..s.n {
+                    let idx = at(&s.c, bt, i, j);
+                    let beta_c = (f64::from(s.beta) * f64::from(c_old[idx])).abs();
+                    let err =
+                        (f64::from(got[idx]) - want[idx]).abs() / (norm[idx] + beta_c + 1e-300);
+                    worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+                }
             }
         }
+        errors.push(worst);
     }
-    worst
+    let range = gpu.read_i32_range(&scratch[RANGE_SLOT], 0..4).unwrap();
+    (errors, range)
 }
 
 fn tolerance(mode: CoopMode) -> f64 {
@@ -117,6 +134,8 @@ fn shapes() -> Vec<(&'static str, MatmulSpec)> {
     let (m, n, k) = (17, 33, 45);
     vec![
         ("1x1x1", c(1, 1, 1, 1)),
+        // Longer than RESET_FIRST_MAX_K: the product zeroes the range words after its loop.
+        ("long k", c(1, 9, 20, 800)),
         ("ragged nn", c(1, m, n, k)),
         ("tn (dW = Xt dY)", MatmulSpec { a: Operand::transposed(m, k), ..c(1, m, n, k) }),
         ("nt (dX = dY Wt)", MatmulSpec { b: Operand::transposed(k, n), ..c(1, m, n, k) }),
@@ -170,6 +189,33 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
             let unscaled = worst_error(gpu, &mut launcher, mode, &spec, scales, false);
             assert!(unscaled > 1e-2, "{mode:?} {scales:?}: unscaled error {unscaled:e}");
         }
+    }
+}
+
+/// The range pre-pass accumulates each operand's max-abs with `atomicMax` into words the
+/// product sets back to zero (before its K loop for a short product, after it for a long one):
+/// each product of operands 1e8 smaller than the one before (the plan's products share the
+/// range slot) gets its own range, not the larger one left behind, and the words are zero
+/// again afterwards.
+#[test]
+fn each_product_gets_its_own_range_after_a_larger_one() {
+    let Some((gpu, _turn)) = or_skip("each_product_gets_its_own_range_after_a_larger_one") else {
+        return;
+    };
+    // The middle product is long enough to zero the words after its loop, the others before.
+    let spec = MatmulSpec::contiguous(1, 17, 33, 45);
+    let long = MatmulSpec::contiguous(1, 9, 20, 800);
+    let mut launcher = Launcher::default();
+    for mode in [CoopMode::High, CoopMode::Medium] {
+        let products = [(spec, (1e5, 1e5)), (long, (1e-3, 1e-3)), (spec, (1e-11, 1e-11))];
+        let (errors, range) = worst_errors(gpu, &mut launcher, mode, &products, true);
+        for (e, (_, scales)) in errors.iter().zip(&products) {
+            assert!(*e <= tolerance(mode), "{mode:?} {scales:?} after the others: {errors:?}");
+        }
+        assert_eq!(range[..2], [0, 0], "{mode:?}: max-abs words left behind");
+        // The last product's exponents: its operands' max-abs (below 1e-11, about 2^-37)
+        // into [2^14, 2^15), not the middle product's (about 2^24).
+        assert!(range[2] > 40 && range[3] > 40, "{mode:?}: exponents {range:?}");
     }
 }
 

@@ -101,7 +101,8 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     // Mesa's OpenGL adapter runs the 128x256 blocks very slowly (minutes for the whole list):
     // there the plain product alone; every matmul case runs on the Vulkan adapters.
     let gl = gpu.info.backend == wgpu::Backend::Gl;
-    let simt = MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT };
+    // The long-K case's product in 8 slices: the SIMT kernel's batched partial products.
+    let simt = MatmulOptions { simt_min_workgroups: 1, split_k: Some(8), ..MatmulOptions::DEFAULT };
     let only = |name: &str| if gl { name == "matmul" } else { name.starts_with("matmul") };
     every_case_on(gpu, cases(), only, |b| b.matmul = simt);
     let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
@@ -131,6 +132,7 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
             precision,
             coop_tile: Some(tile),
             emulate_coop: true,
+            split_k: Some(8),
             ..MatmulOptions::DEFAULT
         };
         // Software adapters compile and run each emulated module slowly: one case per kind of
@@ -153,11 +155,11 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
         let name = format!(" coop-{precision}");
         let products = labels.iter().filter(|l| l.ends_with(&name)).count();
         assert_eq!(products, 3, "forward and both gradients: {labels:?}");
-        // Before each product, in this order: the range pre-pass, its finish, the conversion.
+        // Before each product, in this order: the range pre-pass, the conversion.
         for (i, l) in labels.iter().enumerate().filter(|(_, l)| l.ends_with(&name)) {
-            let before = &labels[i.saturating_sub(3)..i];
-            assert_eq!(before.len(), 3, "{l}: {labels:?}");
-            let want = [" range", " range finish", " convert"].map(|s| format!("{name}{s}"));
+            let before = &labels[i.saturating_sub(2)..i];
+            assert_eq!(before.len(), 2, "{l}: {labels:?}");
+            let want = [" range", " convert"].map(|s| format!("{name}{s}"));
             let ok = before.iter().zip(&want).all(|(l, w)| l.ends_with(w.as_str()));
             assert!(ok, "{l}: {before:?}");
         }
@@ -301,13 +303,18 @@ fn every_op_runs_on_the_gpu() {
     assert!(missing.is_empty(), "ops no GPU case exercises: {missing:?}");
 }
 
-/// The long-K case above runs through the split-K path (so its comparison covers it).
+/// The long-K case split into 8 slices of K (the cost model splits only products too large for
+/// a software adapter; `MatmulOptions::split_k` forces it) matches the CPU on the fp32 kernels
+/// and runs through the split-K path.
 #[test]
 fn a_long_thin_product_splits_k() {
     let Some((gpu, _turn)) = or_skip("a_long_thin_product_splits_k") else { return };
+    let split = MatmulOptions { split_k: Some(8), ..MatmulOptions::DEFAULT };
+    every_case_on(gpu, cases(), |name| name == "matmul long k", |b| b.matmul = split);
     let c = cases().into_iter().find(|c| c.name == "matmul long k").unwrap();
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+    backend.matmul = split;
     let labels: Vec<String> = backend
         .plan_for(&[b.out], false)
         .unwrap()

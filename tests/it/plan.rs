@@ -384,8 +384,8 @@ fn arenas_hold_at_most_one_default_binding() {
     assert_eq!(p.updates.len(), 1 + 3 * 2);
 }
 
-/// In the cooperative modes `rumus plan --wgsl` lists each product's four programs in
-/// dispatch order (range pre-pass, its finish, the conversion to f16, the product) and
+/// In the cooperative modes `rumus plan --wgsl` lists each product's three programs in
+/// dispatch order (range pre-pass, the conversion to f16, the product) and
 /// `rumus plan --json` counts exactly the dispatches listed (what `rumus bench` reports as
 /// `dispatches_per_step` for the same plan).
 #[test]
@@ -416,9 +416,9 @@ fn rumus_plan_lists_and_counts_the_cooperative_products_dispatches() {
             (0..labels.len()).filter(|&i| labels[i].ends_with(&product)).collect();
         assert_eq!(products.is_empty(), mode == "highest", "{mode}: {labels:?}");
         for i in products {
-            let want = ["range", "range finish", "convert"].map(|s| format!("{product} {s}"));
-            let before = &labels[i.saturating_sub(3)..i];
-            let ok = before.len() == 3 && before.iter().zip(&want).all(|(l, w)| l.ends_with(w));
+            let want = ["range", "convert"].map(|s| format!("{product} {s}"));
+            let before = &labels[i.saturating_sub(2)..i];
+            let ok = before.len() == 2 && before.iter().zip(&want).all(|(l, w)| l.ends_with(w));
             assert!(ok, "{mode}: {} after {before:?}", labels[i]);
         }
         counts.push(labels.len());

@@ -1,0 +1,188 @@
+//! The cost model behind each product's kernel choice ([`super::matmul::MatmulTile::choose_split`]):
+//! estimated microseconds of a product on a tile, split into slices of K or not, with the
+//! cooperative kernels' pre-passes and the split-K sum, on an H200-class GPU (132
+//! multiprocessors).
+//!
+//! A cooperative kernel's blocks run in waves of one a multiprocessor; a wave costs `c0 + c1 ·
+//! K` (K of one slice), and a grid a little over a wave costs two (the 144 128x128 blocks of a
+//! 3072x768 product take twice the time of 108). The fp32 kernels are throughput-bound once
+//! their grid has enough blocks (the SIMT kernel runs 96 and 384 blocks at the same 24.5
+//! TFLOP/s, and 72 as fast) and slower in proportion below that. The constants are fitted to `rumus bench --profile` of
+//! gpt-small and gpt-medium on the H200 (2026-12-01, BENCHMARKS.md), per dispatch: e.g.
+//! `high` 128x128 products of K = 768 take 60 µs a wave and of K = 4096 240 µs; the 64x128
+//! tile does half the work a block at 0.8x (`high`) and 0.65x (`medium`) of the time. The
+//! profile's own overhead (about 13 µs a dispatch) is taken out.
+//!
+//! Bandwidth-bound work (the range pre-pass and the conversion of the cooperative kernels, the
+//! split-K partials and their sum) costs its bytes at [`BYTES_PER_US`] plus [`DISPATCH_US`] a
+//! dispatch.
+
+use super::matmul::{MatmulSpec, MatmulTile};
+use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
+
+/// Bytes a microsecond of a bandwidth-bound kernel (LayerNorm measured 3.2 TB/s on the H200).
+const BYTES_PER_US: f64 = 2.5e6;
+/// A dispatch's fixed cost inside one compute pass on the H200.
+pub const DISPATCH_US: f64 = 4.0;
+/// Multiprocessors of the target class.
+const MULTIPROCESSORS: f64 = 132.0;
+
+/// How one kernel's time grows with its blocks and K.
+enum Rate {
+    /// Waves of `slots` blocks, each `c0 + c1 · K` microseconds; a partial wave costs a whole
+    /// one (large blocks, one a multiprocessor: the cooperative tiles).
+    Waves { slots: f64, c0: f64, c1: f64 },
+    /// `c0` plus the product's flops at `flops_per_us`, scaled down while the grid has fewer
+    /// than `saturation` blocks (the fp32 kernels, bound by more than the multiprocessors'
+    /// count: the SIMT kernel reaches its 24.5 TFLOP/s from about 64 blocks on).
+    Throughput { saturation: f64, flops_per_us: f64, c0: f64 },
+}
+
+/// The rate of a cooperative tile: measured for the two sizes the model chooses between
+/// (128x128 and 64x128), scaled by block area for other tiles (overrides and tests).
+fn coop_rate(mode: CoopMode, t: &CoopTile) -> Rate {
+    let ((c0, c1), (h0, h1)) = match mode {
+        CoopMode::High => ((20.0, 0.055), (14.0, 0.043)),
+        CoopMode::Medium => ((30.0, 0.022), (20.0, 0.016)),
+    };
+    let area = f64::from(t.bm * t.bn) / (128.0 * 128.0);
+    let (c0, c1) = if area >= 1.0 {
+        (c0 * area, c1 * area)
+    } else {
+        // Halving the block keeps the half tile's cost; below that, proportional.
+        let f = area * 2.0;
+        (h0 * f.max(0.25), h1 * f)
+    };
+    Rate::Waves { slots: MULTIPROCESSORS, c0, c1 }
+}
+
+fn rate(tile: MatmulTile) -> Rate {
+    let template = |tflops: f64| Rate::Throughput {
+        saturation: 2.0 * MULTIPROCESSORS,
+        flops_per_us: tflops * 1e6,
+        c0: 10.0,
+    };
+    match tile {
+        MatmulTile::Coop(k) => coop_rate(k.mode, &k.tile),
+        // 72 blocks ran at full speed: split into 144 they were 5 % slower (2026-12-01).
+        MatmulTile::Simt => Rate::Throughput { saturation: 64.0, flops_per_us: 24.5e6, c0: 20.0 },
+        // 64x64 blocks: 768x2304x4096 took 1.66 ms on 432 of them.
+        MatmulTile::Register | MatmulTile::Small => template(9.0),
+        MatmulTile::Register8 | MatmulTile::Large => template(12.0),
+    }
+}
+
+/// Microseconds of the product `spec` (a split's partial products: `batch` slices) on `tile`.
+pub fn product_us(tile: MatmulTile, spec: &MatmulSpec) -> f64 {
+    let (bm, bn) = tile.block();
+    let blocks =
+        f64::from(spec.m.div_ceil(bm)) * f64::from(spec.n.div_ceil(bn)) * f64::from(spec.batch);
+    let us = match rate(tile) {
+        Rate::Waves { slots, c0, c1 } => (blocks / slots).ceil() * (c0 + c1 * f64::from(spec.k)),
+        Rate::Throughput { saturation, flops_per_us, c0 } => {
+            c0 + spec.flops() / (flops_per_us * (blocks / saturation).min(1.0))
+        }
+    };
+    us + DISPATCH_US
+}
+
+/// Microseconds of a cooperative kernel's range pre-pass and conversion for `spec`: both read
+/// A and B as f32; the conversion writes them as f16 (`high`: hi and lo).
+pub fn prepass_us(k: &CoopKernel, spec: &MatmulSpec) -> f64 {
+    let elems = |batch_stride: u32, rows: u32, cols: u32| {
+        let planes = if batch_stride == 0 { 1 } else { spec.batch };
+        f64::from(planes) * f64::from(rows) * f64::from(cols)
+    };
+    let s = spec;
+    let n = elems(s.a.batch_stride, s.m, s.k) + elems(s.b.batch_stride, s.k, s.n);
+    let written = if k.mode == CoopMode::High { 4.0 } else { 2.0 };
+    2.0 * DISPATCH_US + n * (4.0 + 4.0 + written) / BYTES_PER_US
+}
+
+/// Microseconds that splitting `m x n` into `splits` slices of K adds: the partial products'
+/// extra writes and the sum's reads and write.
+pub fn split_us(m: u32, n: u32, splits: u32) -> f64 {
+    let mn = f64::from(m) * f64::from(n);
+    DISPATCH_US + 4.0 * mn * (2.0 * f64::from(splits)) / BYTES_PER_US
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::matmul_coop::HIGH_TILE;
+
+    /// The fitted rates give back the profiled products they were fitted to, within 25 %
+    /// (µs of the product dispatch on the H200, the profile's overhead taken out).
+    #[test]
+    fn the_model_reproduces_the_profiled_products() {
+        let high = MatmulTile::Coop(CoopKernel {
+            mode: CoopMode::High,
+            tile: HIGH_TILE,
+            subgroup: 32,
+            emulate: false,
+        });
+        let c = MatmulSpec::contiguous;
+        for (tile, spec, measured) in [
+            (high, c(1, 768, 2304, 4096), 213.0),
+            (high, c(1, 4096, 3072, 768), 387.0),
+            (high, c(1, 4096, 768, 768), 128.0),
+            (high, c(1, 4096, 768, 3072), 412.0),
+            (MatmulTile::Simt, c(1, 4096, 768, 3072), 772.0),
+            (MatmulTile::Register, c(1, 768, 2304, 4096), 1664.0),
+            (MatmulTile::Register, c(1, 4096, 256, 768), 194.0),
+        ] {
+            let est = product_us(tile, &spec);
+            let ratio = est / measured;
+            assert!((0.8..1.25).contains(&ratio), "{} {spec:?}: {est} against {measured}", tile.name());
+        }
+    }
+
+    /// The kernel and the slices of K the model gives GPT-shaped products on an H200-class
+    /// cooperative adapter, per mode: (mode, spec, "tile split"). `t` is a backward dW product
+    /// (A transposed).
+    #[test]
+    fn gpt_shapes_get_their_tiles_and_splits() {
+        use crate::codegen::matmul::Operand;
+        use crate::codegen::program::Target;
+        use crate::codegen::{MatmulOptions, MatmulPrecision};
+        use MatmulPrecision::*;
+        let c = MatmulSpec::contiguous;
+        let t = |m, n, k| MatmulSpec { a: Operand::transposed(m, k), ..c(1, m, n, k) };
+        let check = |mode: MatmulPrecision, spec: MatmulSpec, want: &str| {
+            let matmul = MatmulOptions { precision: mode, ..MatmulOptions::DEFAULT };
+            let target = Target { matmul, ..Target::COOPERATIVE };
+            let (tile, splits) = MatmulTile::choose_split(&spec, &target);
+            let name = match tile {
+                MatmulTile::Coop(k) => format!("{} {}", tile.name(), k.tile.name()),
+                _ => tile.name().to_string(),
+            };
+            assert_eq!(format!("{name} split {splits}"), want, "{mode} {spec:?}");
+        };
+        let table = [
+            // Few SIMT blocks and a long K: split (was the 4x4 register tile at 8.6 TFLOP/s).
+            (Highest, t(768, 2304, 4096), "simt split 2"),
+            (Highest, t(768, 768, 4096), "simt split 4"),
+            // 72 SIMT blocks already run at full speed.
+            (Highest, t(3072, 768, 4096), "simt split 1"),
+            (Highest, c(1, 4096, 768, 3072), "simt split 1"),
+            (Highest, c(1, 4096, 256, 256), "register split 1"),
+            // 144 or 192 blocks of 128x128 are two waves of 132: split K to fill them.
+            (High, t(768, 3072, 4096), "coop-high 128x128x32 w4x2 split 4"),
+            (High, c(1, 4096, 768, 3072), "coop-high 128x128x32 w4x2 split 2"),
+            (High, t(768, 2304, 4096), "coop-high 128x128x32 w4x2 split 1"),
+            (High, c(1, 4096, 4096, 4096), "coop-high 128x128x32 w4x2 split 1"),
+            // 32 blocks of 128x128: the half tile fills twice as many multiprocessors.
+            (High, c(1, 4096, 256, 768), "coop-high 64x128x32 w2x4 split 1"),
+            (Medium, c(1, 4096, 256, 256), "coop-medium 64x128x64 w2x4 split 1"),
+            (Medium, t(768, 3072, 4096), "coop-medium 128x128x64 w2x4 split 1"),
+            (Medium, t(768, 768, 4096), "coop-medium 128x128x64 w2x4 split 2"),
+            // Too small to pay a cooperative product's two pre-passes.
+            (High, c(12, 256, 256, 64), "register split 1"),
+            (Medium, c(1, 64, 10, 784), "register split 4"),
+            (High, c(1, 17, 33, 45), "register split 1"),
+        ];
+        for (mode, spec, want) in table {
+            check(mode, spec, want);
+        }
+    }
+}
