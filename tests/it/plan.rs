@@ -595,6 +595,7 @@ fn rumus_plan_svg_draws_each_value_and_the_peak() {
         model: None,
         sets: vec![("B".into(), "4".into())],
         no_remat: false,
+        remat_matmuls: false,
     };
     let t = rumus::cli::bench::training_step(&spec).unwrap();
     let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
