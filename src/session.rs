@@ -252,8 +252,12 @@ impl Model {
         cfg.schedule.check()?;
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
-        let train =
-            training_graph_with(g, loss, &cfg.optimizer, TrainOptions { remat: cfg.remat })?;
+        let train = training_graph_with(
+            g,
+            loss,
+            &cfg.optimizer,
+            TrainOptions { remat: cfg.remat, ..TrainOptions::default() },
+        )?;
         let what = format!("model `{}` compiled for training", self.name);
         let sync = (cfg.comm.world_size() > 1).then(|| GradSync::of(&train, &cfg.comm));
         let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what, sync)?;

@@ -173,6 +173,10 @@ pub struct ModelArgs {
     /// ones there (rematerialization, on by default)
     #[arg(long)]
     pub no_remat: bool,
+    /// Also recompute the matmuls whose result is wider than what they read (a GPT's fc and
+    /// qkv projections): one more product each in the backward pass, for less memory
+    #[arg(long, conflicts_with = "no_remat")]
+    pub remat_matmuls: bool,
 }
 
 /// `rumus plan`.
@@ -225,10 +229,10 @@ pub struct BenchArgs {
     pub precision: PrecisionArg,
     /// Measure matmul 4096 (the mode's kernel, its error, every fp32 tile) and LayerNorm
     /// forward and backward at 32768 x 1024 instead of a model
-    #[arg(long, conflicts_with_all = ["file", "model", "sets", "no_remat", "steps", "warmup", "profile", "json", "cpu_matmul"])]
+    #[arg(long, conflicts_with_all = ["file", "model", "sets", "no_remat", "remat_matmuls", "steps", "warmup", "profile", "json", "cpu_matmul"])]
     pub kernels: bool,
     /// Measure the CPU backend's f32 matmul (GFLOP/s) instead of a model
-    #[arg(long, conflicts_with_all = ["file", "model", "sets", "no_remat", "steps", "warmup", "profile", "json"])]
+    #[arg(long, conflicts_with_all = ["file", "model", "sets", "no_remat", "remat_matmuls", "steps", "warmup", "profile", "json"])]
     pub cpu_matmul: bool,
     /// The size N of `--cpu-matmul`'s N x N x N product
     #[arg(long, value_name = "N", default_value_t = 512, requires = "cpu_matmul", allow_negative_numbers = true, value_parser = whole(1, crate::cli::bench::MAX_CPU_MATMUL_SIZE))]

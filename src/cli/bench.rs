@@ -45,6 +45,8 @@ pub struct ModelSpec {
     pub sets: Vec<(String, String)>,
     /// Plan the step without rematerialization (`--no-remat`).
     pub no_remat: bool,
+    /// Recompute widening matmuls too (`--remat-matmuls`, [`TrainOptions::remat_matmuls`]).
+    pub remat_matmuls: bool,
 }
 
 /// Lower the model of `spec` and extend it into a training step.
@@ -72,7 +74,8 @@ pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
     let mut g = dsl::lower(&module, &name, &bindings, None).map_err(|e| e.in_source(&src))?;
     let loss = cross_entropy_on_first_output(&mut g)?;
     let cfg = OptimConfig::new(Optimizer::adamw());
-    training_graph_with(g, loss, &cfg, TrainOptions { remat: !spec.no_remat })
+    let opts = TrainOptions { remat: !spec.no_remat, remat_matmuls: spec.remat_matmuls };
+    training_graph_with(g, loss, &cfg, opts)
 }
 
 fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {

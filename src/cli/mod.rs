@@ -133,7 +133,8 @@ fn device(flag: Option<DeviceChoice>) -> Result<DeviceChoice> {
 
 /// The model of `plan` and `bench`.
 fn model_spec(file: String, m: args::ModelArgs) -> bench::ModelSpec {
-    bench::ModelSpec { file, model: m.model, sets: m.sets, no_remat: m.no_remat }
+    let (no_remat, remat_matmuls) = (m.no_remat, m.remat_matmuls);
+    bench::ModelSpec { file, model: m.model, sets: m.sets, no_remat, remat_matmuls }
 }
 
 /// Write to stdout. A closed pipe (`rumus graph m.rms | head`) is not an error; any other

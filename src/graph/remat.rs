@@ -21,6 +21,10 @@
 //!   `v`'s first backward use, and cheap forward values recomputed the same way (at most
 //!   [`MAX_CHAIN`] nodes).
 //!
+//! On request (`matmuls`), a matmul that widens ([`widens`]: a result with more elements than
+//! the operands it reads besides sources, a GPT's fc and qkv projections) counts as cheap too:
+//! one more product in the backward pass for the memory its result holds until then.
+//!
 //! So no kept value lives longer than it did without rematerialization, a copy lives only
 //! within the backward pass, and each forward node is recomputed at most once (its copy
 //! serves every later backward use).
@@ -50,7 +54,12 @@ pub fn is_cheap(op: &Op) -> bool {
 /// values in [`Graph::recomputed`] and returns, for each node index of the graph before the
 /// pass, the node that holds its value after it (the backward nodes move to make room for the
 /// copies).
-pub fn rematerialize(g: &mut Graph, backward_start: usize, wanted: &[NodeId]) -> Vec<NodeId> {
+pub fn rematerialize(
+    g: &mut Graph,
+    backward_start: usize,
+    wanted: &[NodeId],
+    matmuls: bool,
+) -> Vec<NodeId> {
     let n = g.n_nodes();
     let bs = backward_start.min(n);
     let mut map: Vec<NodeId> = (0..n).map(|i| NodeId(i as u32)).collect();
@@ -81,7 +90,8 @@ pub fn rematerialize(g: &mut Graph, backward_start: usize, wanted: &[NodeId]) ->
     for v in 0..bs {
         let node = &g.nodes[v];
         if first[v] != usize::MAX && !root[v] && is_cheap(&node.op) {
-            remat[v] = recomputable(g, NodeId(v as u32), first[v], &first, &last, &root, &remat);
+            let (id, at) = (NodeId(v as u32), first[v]);
+            remat[v] = recomputable(g, id, at, &first, &last, &root, &remat, matmuls);
         }
     }
     if !remat.contains(&true) {
@@ -123,7 +133,9 @@ pub fn rematerialize(g: &mut Graph, backward_start: usize, wanted: &[NodeId]) ->
 
 /// Whether forward value `v` can be recomputed before backward node `at`: every forward node
 /// it is computed from is a source, a value the host reads, a kept value the backward still
-/// reads at or after `at`, or a cheap node recomputed with it (at most [`MAX_CHAIN`] nodes).
+/// reads at or after `at`, or a cheap node recomputed with it (at most [`MAX_CHAIN`] nodes;
+/// with `matmuls`, a matmul that [`widens`] counts as cheap).
+#[allow(clippy::too_many_arguments)]
 fn recomputable(
     g: &Graph,
     v: NodeId,
@@ -132,6 +144,7 @@ fn recomputable(
     last: &[usize],
     root: &[bool],
     remat: &[bool],
+    matmuls: bool,
 ) -> bool {
     let mut stack = vec![v];
     let mut seen = HashSet::new();
@@ -153,7 +166,7 @@ fn recomputable(
                 if last[i] < at {
                     return false; // kept, but dead by then: recomputing would extend it
                 }
-            } else if is_cheap(op) {
+            } else if is_cheap(op) || (matmuls && widens(g, x)) {
                 stack.push(x);
             } else {
                 return false; // neither kept nor cheap
@@ -161,6 +174,19 @@ fn recomputable(
         }
     }
     true
+}
+
+/// Whether `x` is a matmul whose result has more elements than the operands it reads that are
+/// not sources (parameters, inputs): recomputing it costs a product but frees more bytes than
+/// it keeps alive.
+pub fn widens(g: &Graph, x: NodeId) -> bool {
+    let node = &g.nodes[x.index()];
+    let elements = |id: NodeId| g.nodes[id.index()].shape.iter().product::<usize>();
+    let read: usize = (node.inputs.iter())
+        .filter(|&&i| g.nodes[i.index()].op.class() != OpClass::Source)
+        .map(|&i| elements(i))
+        .sum();
+    matches!(node.op, Op::MatMul) && elements(x) > read
 }
 
 /// The backward copy of forward node `x`, appended (after copies of the inputs it needs) the

@@ -34,11 +34,15 @@ pub struct TrainOptions {
     /// Recompute cheap forward values in the backward pass instead of keeping them alive
     /// across the step ([`super::remat`]; on by default).
     pub remat: bool,
+    /// With `remat`, also recompute the matmuls that widen (a result with more elements than
+    /// the operands it reads besides parameters: a GPT's fc and qkv projections), each one
+    /// more product in the backward pass, for the memory they hold (off by default).
+    pub remat_matmuls: bool,
 }
 
 impl Default for TrainOptions {
     fn default() -> TrainOptions {
-        TrainOptions { remat: true }
+        TrainOptions { remat: true, remat_matmuls: false }
     }
 }
 
@@ -61,7 +65,7 @@ pub fn training_graph_with(
     if opts.remat {
         // Cheap forward values recomputed where the backward reads them; backward nodes move.
         let wanted: Vec<NodeId> = grads.iter().copied().chain([loss]).collect();
-        let moved = remat::rematerialize(&mut g, backward_start, &wanted);
+        let moved = remat::rematerialize(&mut g, backward_start, &wanted, opts.remat_matmuls);
         grads.iter_mut().for_each(|d| *d = moved[d.index()]);
     }
     let pairs: Vec<(NodeId, NodeId)> = params.into_iter().zip(grads).collect();

@@ -3,15 +3,18 @@
 //! Each materialized value (a node with a buffer, views folded into the value they view) lives
 //! from the kernel that writes it to the last kernel that reads it. Pinned values (inputs,
 //! parameters, state, and every value the host reads or writes back after a step) get a buffer
-//! of their own for the whole plan. The others share buffers, assigned greedily by size: largest
-//! value first, each into the best-fitting buffer none of whose values' lifetimes overlap its
-//! own, so a buffer is reused only by values that are never live at the same time.
+//! of their own for the whole plan. The others share a few large buffers (heaps), each value a
+//! range at an offset that no value alive at the same time overlaps ([`super::offsets`]), so a
+//! byte is reused only by values that are never live at the same time. Each such range is a
+//! buffer of the plan lying within its heap (`BufferInfo::within`).
 //!
 //! A value placed inside a flat concat (`super::arena`) gets a buffer of its own that is a
-//! range of the concat's buffer (`BufferInfo::within`); the concat's lifetime covers its
-//! members', so nothing else takes that buffer while a member is alive.
+//! range of the concat's buffer (`BufferInfo::within`, nested when the concat lies in a heap);
+//! the concat's lifetime covers its members', so nothing else takes those bytes while a member
+//! is alive.
 
 use super::fuse::Fusion;
+use super::offsets::{self, Item};
 use crate::graph::{Graph, NodeId};
 
 /// Kernel index range `[first, last]` (inclusive) in which a value's buffer holds it. Sources,
@@ -35,8 +38,9 @@ pub struct BufferInfo {
     pub bytes: u64,
     /// Holds one pinned value; never shared.
     pub pinned: bool,
-    /// A range of another buffer: (that buffer, offset in bytes). Such a buffer holds one
-    /// value, a member of the flat concat that owns the other buffer.
+    /// A range of another buffer, of a lower index: (that buffer, offset in bytes). Such a
+    /// buffer holds one value: a shared value in its heap, or a member of the flat concat
+    /// that owns the other buffer.
     pub within: Option<(usize, u64)>,
 }
 
@@ -57,12 +61,14 @@ pub fn value_bytes(g: &Graph, id: NodeId) -> u64 {
 }
 
 /// Compute lifetimes and assign buffers. `pinned_roots` are the values the host reads or that
-/// are written back after the step. With `reuse` off every value gets its own buffer.
+/// are written back after the step. With `reuse` off every value gets its own buffer. A heap
+/// holds at most `max_buffer_bytes` (unless one value alone is larger).
 pub fn assign(
     g: &Graph,
     f: &Fusion,
     pinned_roots: &[NodeId],
     reuse: bool,
+    max_buffer_bytes: u64,
 ) -> (Vec<Value>, Vec<BufferInfo>) {
     let n = g.n_nodes();
     let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
@@ -126,47 +132,54 @@ pub fn assign(
         .collect();
 
     let mut buffers: Vec<BufferInfo> = Vec::new();
-    // Lifetimes already placed in each shared buffer.
-    let mut occupied: Vec<Vec<Lifetime>> = Vec::new();
-    // The shared buffers, the only candidates for reuse (a model has a pinned buffer per
-    // parameter and moment; scanning those for every value made planning quadratic).
+    // A buffer of its own for each pinned value, and for every value without reuse.
     let mut shared: Vec<usize> = Vec::new();
-    let mut order: Vec<usize> = (0..values.len()).collect();
-    // Largest first; ties by node order so the plan is deterministic.
-    order.sort_by_key(|&v| (std::cmp::Reverse(values[v].bytes), values[v].node));
-    for v in order {
-        let val = values[v];
+    for (v, val) in values.iter_mut().enumerate() {
         if f.within[val.node.index()].is_some() {
             continue; // a range of its concat's buffer, below
         }
         if val.pinned || !reuse {
-            values[v].buffer = buffers.len();
+            val.buffer = buffers.len();
             buffers.push(BufferInfo { bytes: val.bytes, pinned: val.pinned, within: None });
-            occupied.push(vec![val.lifetime]);
-            continue;
+        } else {
+            shared.push(v);
         }
-        let free = |b: usize| occupied[b].iter().all(|lt| !lt.overlaps(val.lifetime));
-        let best_fit = (shared.iter().copied())
-            .filter(|&b| free(b) && buffers[b].bytes >= val.bytes)
-            .min_by_key(|&b| buffers[b].bytes);
-        let b = match best_fit.or_else(|| {
-            shared.iter().copied().filter(|&b| free(b)).max_by_key(|&b| buffers[b].bytes)
-        }) {
-            Some(b) => {
-                buffers[b].bytes = buffers[b].bytes.max(val.bytes);
-                b
-            }
-            None => {
-                shared.push(buffers.len());
-                buffers.push(BufferInfo { bytes: val.bytes, pinned: false, within: None });
-                occupied.push(Vec::new());
-                buffers.len() - 1
-            }
-        };
-        occupied[b].push(val.lifetime);
-        values[v].buffer = b;
     }
-    values.sort_by_key(|v| v.node);
+    // The others at offsets in heaps (`super::offsets`): a buffer per heap, and a range of it
+    // per value.
+    let mut unit = vec![usize::MAX; n]; // node -> index into `shared`
+    for (u, &v) in shared.iter().enumerate() {
+        unit[values[v].node.index()] = u;
+    }
+    // A member of a concat's buffer goes where its concat goes.
+    let unit_of = |id: NodeId| {
+        let o = owner(id);
+        let o = f.within[o.index()].map_or(o, |(c, _)| c);
+        Some(unit[o.index()]).filter(|&u| u != usize::MAX)
+    };
+    let mut apart: Vec<Vec<usize>> = vec![Vec::new(); shared.len()];
+    for kernel in &f.kernels {
+        for o in kernel.outputs.iter().filter_map(|&o| unit_of(o)) {
+            for i in kernel.inputs.iter().filter_map(|&i| unit_of(i)) {
+                if i != o && !apart[o].contains(&i) {
+                    apart[o].push(i);
+                    apart[i].push(o);
+                }
+            }
+        }
+    }
+    let items: Vec<Item> =
+        shared.iter().map(|&v| Item { bytes: values[v].bytes, lifetime: values[v].lifetime }).collect();
+    let layout = offsets::place(&items, &apart, max_buffer_bytes);
+    let first_heap = buffers.len();
+    for &bytes in &layout.heaps {
+        buffers.push(BufferInfo { bytes, pinned: false, within: None });
+    }
+    for (&v, &(heap, at)) in shared.iter().zip(&layout.at) {
+        values[v].buffer = buffers.len();
+        let within = Some((first_heap + heap, at));
+        buffers.push(BufferInfo { bytes: values[v].bytes, pinned: false, within });
+    }
     for v in 0..values.len() {
         let Some((c, at)) = f.within[values[v].node.index()] else { continue };
         let parent = values.binary_search_by_key(&c, |x| x.node).map(|p| values[p].buffer);

@@ -28,19 +28,31 @@ pub struct Limits {
     pub max_storage_buffers: u32,
     /// Bytes of one storage binding (`max_storage_buffer_binding_size`).
     pub max_binding_bytes: u64,
+    /// Bytes of one buffer (`max_buffer_size`): the most a heap of shared values takes.
+    pub max_buffer_bytes: u64,
 }
 
 impl Limits {
-    /// WebGPU's default limits, which every adapter meets: 8 storage buffers per stage and
-    /// 128 MiB per binding.
+    /// WebGPU's default limits, which every adapter meets: 8 storage buffers per stage,
+    /// 128 MiB per binding and 256 MiB per buffer.
     pub const WEBGPU_DEFAULT: Limits =
-        Limits { max_storage_buffers: 8, max_binding_bytes: 128 << 20 };
+        Limits { max_storage_buffers: 8, max_binding_bytes: 128 << 20, max_buffer_bytes: 256 << 20 };
+
+    /// The tighter of two sets of limits, each field on its own: what fits both.
+    pub fn within(self, other: Limits) -> Limits {
+        Limits {
+            max_storage_buffers: self.max_storage_buffers.min(other.max_storage_buffers),
+            max_binding_bytes: self.max_binding_bytes.min(other.max_binding_bytes),
+            max_buffer_bytes: self.max_buffer_bytes.min(other.max_buffer_bytes),
+        }
+    }
 
     /// The limits of an open wgpu device.
     pub fn of(limits: &wgpu::Limits) -> Limits {
         Limits {
             max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
             max_binding_bytes: limits.max_storage_buffer_binding_size,
+            max_buffer_bytes: limits.max_buffer_size,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! pre-assigned buffers.
 //!
 //! ```text
-//! fuse (kernels, materialized values) → schedule (arena order) → liveness → assign buffers → verify
+//! fuse (kernels, materialized values) → schedule (arena order) → liveness → assign offsets → verify
 //! ```
 //!
 //! Given the adapter's limits ([`Limits`]), every kernel of the plan binds at most its storage
@@ -20,6 +20,7 @@ pub mod fuse;
 pub mod inplace;
 pub mod kernel;
 pub mod limits;
+pub mod offsets;
 pub mod picture;
 pub mod report;
 pub mod verify;
@@ -42,6 +43,7 @@ pub struct PlanOptions {
     /// Let values with disjoint lifetimes share buffers (off: one buffer per value).
     pub reuse: bool,
     /// The adapter's limits the plan must fit (none: unbounded, for reports without a device).
+    /// The GPU backend plans for the tighter of these and its device's.
     pub limits: Option<Limits>,
 }
 
@@ -98,7 +100,7 @@ impl Plan {
         self.kernels.len()
     }
 
-    /// Bytes of the shared (reusable) buffers.
+    /// Bytes of the shared (reusable) buffers: the heaps.
     pub fn planned_bytes(&self) -> u64 {
         self.buffers.iter().filter(|b| !b.pinned && b.within.is_none()).map(|b| b.bytes).sum()
     }
@@ -152,7 +154,8 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
     // Pinned: what the host reads, what is written back, and what checking kernels check.
     let mut pinned = roots.clone();
     pinned.extend(f.kernels.iter().filter_map(|k| limits::checked_operand(g, k)));
-    let (values, buffers) = alloc::assign(g, &f, &pinned, opts.reuse); // liveness + greedy by size
+    let max_buffer = opts.limits.map_or(u64::MAX, |l| l.max_buffer_bytes);
+    let (values, buffers) = alloc::assign(g, &f, &pinned, opts.reuse, max_buffer); // liveness + offsets
     let n_ops = g.nodes().filter(|(id, n)| f.live[id.index()] && !n.op.is_host_value()).count();
     // Every byte count of the plan (naive, planned, pinned) is a sum over some of the live
     // values, so none overflows once the sum over all of them does not.

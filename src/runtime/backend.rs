@@ -47,7 +47,10 @@ impl GpuBackend {
         seed: u64,
         options: PlanOptions,
     ) -> Result<GpuBackend> {
-        let options = PlanOptions { limits: Some(Limits::of(&gpu.limits)), ..options };
+        // The device's limits, tightened by any the caller gives.
+        let device = Limits::of(&gpu.limits);
+        let limits = options.limits.map_or(device, |l| l.within(device));
+        let options = PlanOptions { limits: Some(limits), ..options };
         let mut persistent = HashMap::new();
         let mut placed = HashMap::new();
         for a in host_arenas(&graph) {

@@ -100,10 +100,11 @@ impl GpuPlan {
         }
         for (b, info) in plan.buffers.iter().enumerate() {
             if let Some((parent, offset)) = info.within {
-                let Some((buf, _, _)) = buffers.get(parent).cloned().flatten() else {
+                // The parent comes first, its own range already resolved (heap or concat).
+                let Some((buf, at, _)) = buffers.get(parent).cloned().flatten() else {
                     return Err(err!(Invariant, "plan buffer {b} lies in a missing buffer"));
                 };
-                buffers[b] = Some((buf, offset, info.bytes));
+                buffers[b] = Some((buf, at + offset, info.bytes));
             }
         }
         let buffers: Vec<(wgpu::Buffer, u64, u64)> = buffers.into_iter().flatten().collect();

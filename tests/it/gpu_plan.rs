@@ -12,7 +12,7 @@ use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
 use rumus::graph::{training_graph, Graph, Init, OptimConfig, Optimizer, TrainGraph};
 use rumus::nn::{self, GptConfig};
-use rumus::plan::PlanOptions;
+use rumus::plan::{Limits, PlanOptions};
 use rumus::runtime::backend::GpuBackend;
 use rumus::runtime::Gpu;
 use rumus::{DType, Tensor};
@@ -148,6 +148,46 @@ fn buffer_reuse_changes_nothing_even_over_nan() {
             assert!(bits(&pv) == bits(&nv), "{name}: parameters or state differ with reuse");
         }
     }
+}
+
+/// Heaps capped at 512 bytes, less than the largest shared values (the logits, 680 bytes, and
+/// the gradient arena): each gets a heap sized by it, the others fill many small heaps, and two steps over NaN-filled
+/// heaps give the bits of the plan without reuse (same kernels, other addresses) and the CPU
+/// reference's losses.
+#[test]
+fn heaps_smaller_than_the_largest_value_change_nothing() {
+    let Some((gpu, _turn)) = or_skip("heaps_smaller_than_the_largest_value_change_nothing") else {
+        return;
+    };
+    let t = gpt_step();
+    let cap = 512;
+    let limits = Limits { max_buffer_bytes: cap, ..Limits::of(&gpu.limits) };
+    let opts = PlanOptions { fusion: true, reuse: true, limits: Some(limits) };
+    let mut capped = GpuBackend::new(gpu, t.graph.clone(), 7, opts).unwrap();
+    let p = &capped.plan_for(&[t.loss], true).unwrap().plan;
+    let own: std::collections::HashSet<usize> = p.values.iter().map(|v| v.buffer).collect();
+    let heaps: Vec<usize> = (0..p.buffers.len())
+        .filter(|&b| p.buffers[b].within.is_none() && !p.buffers[b].pinned && !own.contains(&b))
+        .collect();
+    // A heap past the cap is as large as one value it holds, at its start.
+    let sized_by_one = |h: usize| {
+        let bytes = p.buffers[h].bytes;
+        p.buffers.iter().any(|b| b.within == Some((h, 0)) && b.bytes.div_ceil(256) * 256 == bytes)
+    };
+    assert!(heaps.len() > 2, "{} heaps", heaps.len());
+    for &h in &heaps {
+        let bytes = p.buffers[h].bytes;
+        assert!(bytes <= cap || sized_by_one(h), "heap {h}: {bytes} bytes");
+    }
+    assert!(heaps.iter().any(|&h| p.buffers[h].bytes > cap), "no value larger than the cap");
+    capped.poison = true;
+    let (pl, pv) = train(&mut capped, &t, 2);
+    let (nl, nv) = train(&mut gpu_backend(gpu, &t, true, false), &t, 2);
+    let (cl, _) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 2);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(bits(&pl), bits(&nl), "losses differ with capped heaps");
+    assert!(bits(&pv) == bits(&nv), "parameters or state differ with capped heaps");
+    assert!(max_rel_err(&pl, &cl) < 1e-4, "gpu losses {pl:?} cpu {cl:?}");
 }
 
 /// Losses are held to 1e-4. Values after three Adam steps get 2e-2: Adam divides by

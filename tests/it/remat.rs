@@ -16,13 +16,17 @@ use rumus::{DType, Tensor};
 
 /// A 2-layer GPT's training step (pre-LN blocks, tanh GELU), AdamW.
 fn gpt_step(remat: bool) -> TrainGraph {
+    gpt_step_with(TrainOptions { remat, ..TrainOptions::default() })
+}
+
+fn gpt_step_with(opts: TrainOptions) -> TrainGraph {
     let mut g = Graph::new();
     let c = GptConfig { vocab: 13, d: 16, heads: 2, layers: 2, ctx: 6 };
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 6], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
     let cfg = OptimConfig::new(Optimizer::adamw());
-    training_graph_with(g, loss, &cfg, TrainOptions { remat }).unwrap()
+    training_graph_with(g, loss, &cfg, opts).unwrap()
 }
 
 /// The losses of `steps` training steps on fixed data, then every parameter and state value.
@@ -132,4 +136,56 @@ fn rumus_plan_no_remat_keeps_the_values_and_plans_more_bytes() {
     // of [32, 128, 256] floats (the GELU output 4 times as wide) and ln_f: at least 20 MiB less.
     assert!(n(&on, "planned_bytes") + (20 << 20) < n(&off, "planned_bytes"), "{on} {off}");
     assert!(n(&on, "dispatches") > n(&off, "dispatches"));
+}
+
+/// With `remat_matmuls`, each layer's fc and qkv products (wider than the LayerNorm output they
+/// read) are recomputed in the backward pass too, and the steps train to the same losses and
+/// values as the step that keeps them, on the CPU and the GPU.
+#[test]
+fn recomputed_matmuls_train_to_the_same_losses() {
+    let on = gpt_step_with(TrainOptions { remat: true, remat_matmuls: true });
+    let off = gpt_step(true);
+    let matmuls = |t: &TrainGraph| t.graph.nodes().filter(|(_, n)| n.op.name() == "matmul").count();
+    assert_eq!(matmuls(&on), matmuls(&off) + 4, "fc and qkv copies in each of 2 layers");
+    assert!(on.graph.recomputed.len() > off.graph.recomputed.len());
+    let (cl, cv) = train(&mut CpuBackend::new(on.graph.clone(), 3).unwrap(), &on, 5);
+    let (kl, kv) = train(&mut CpuBackend::new(off.graph.clone(), 3).unwrap(), &off, 5);
+    assert!(max_rel_err(&cl, &kl) <= 1e-6, "cpu losses {cl:?} vs {kl:?}");
+    assert!(max_rel_err(&cv, &kv) <= 1e-6, "cpu values differ");
+    let Some((gpu, _turn)) = or_skip("recomputed_matmuls_train_to_the_same_losses") else {
+        return;
+    };
+    let gpu_train = |t: &TrainGraph| {
+        let mut b = GpuBackend::new(gpu, t.graph.clone(), 3, PlanOptions::default()).unwrap();
+        train(&mut b, t, 5)
+    };
+    let ((gl, _), (hl, _)) = (gpu_train(&on), gpu_train(&off));
+    assert!(max_rel_err(&gl, &hl) <= 1e-6, "gpu losses {gl:?} vs {hl:?}");
+}
+
+/// `rumus plan --remat-matmuls` on gpt-small: the fc outputs and qkv projections of all but
+/// the last layer no longer alive at the backward's start (28 MiB a layer), for two more
+/// products a layer.
+#[test]
+fn rumus_plan_remat_matmuls_plans_fewer_bytes_for_more_dispatches() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args([
+                "plan",
+                "scripts/bench/gpt-small.rms",
+                "--json",
+                "--matmul-precision",
+                "highest",
+            ])
+            .args(extra)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (on, off) = (json(&["--remat-matmuls"]), json(&[]));
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    assert_eq!(n(&on, "dispatches"), n(&off, "dispatches") + 8, "{on} {off}");
+    assert!(n(&on, "planned_bytes") + (60 << 20) < n(&off, "planned_bytes"), "{on} {off}");
 }

@@ -415,6 +415,7 @@ fn benchmarking_a_model_larger_than_the_machine_is_an_error() {
         model: None,
         sets: vec![("B".into(), "1".into())],
         no_remat: false,
+        remat_matmuls: false,
     };
     let e = rumus::cli::bench::bench_model(
         &spec,
