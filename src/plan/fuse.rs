@@ -2,17 +2,21 @@
 //!
 //! Every live node is either *materialized* (its value lives in a buffer) or *inlined* (computed
 //! in registers inside the one kernel that consumes it). Sources are buffers without a kernel;
-//! constants are always inlined; a `reshape` of a materialized value is a view sharing its
-//! buffer. An elementwise node (including the index-remapping views `broadcast_to`, `permute`,
-//! `slice`, `reshape` and `causal_mask`) is inlined when it has exactly one consumer and that
-//! consumer can evaluate an expression operand: another elementwise node, a reduction (as its
-//! prologue), or a concat (which reads a permuted or sliced input in place). A matmul whose
-//! only use is an elementwise chain runs inside that chain's kernel, which then computes the
-//! chain as the matmul's epilogue. Every other node is materialized by a kernel of its own kind.
+//! constants are always inlined. An elementwise node (including the index-remapping views
+//! `broadcast_to`, `permute`, `slice`, `reshape` and `causal_mask`) is inlined when it has
+//! exactly one consumer and that consumer can evaluate an expression operand: another
+//! elementwise node, a reduction (as its prologue), or a concat (which reads a permuted or
+//! sliced input in place). A matmul whose only use is an elementwise chain runs inside that
+//! chain's kernel, which then computes the chain as the matmul's epilogue. Every other node is
+//! materialized by a kernel of its own kind.
 //!
-//! A chain of layout ops over a materialized value that only kernels with strided operands
-//! read (q, k and v of the attention kernels) is a strided view ([`super::view`]): no kernel,
-//! no buffer, its readers address the viewed value's buffer.
+//! A chain of layout ops (`slice`, `permute`, `reshape`) over a materialized value that would
+//! otherwise be copied is a strided view ([`super::view`]) when every kernel that reads it reads
+//! strides (generated kernels through their index expressions, matmul operands, the attention
+//! kernels' q, k, v and output gradient) and can address it: no kernel, no buffer, its readers
+//! address the viewed value's buffer. A reshape of a value in row-major order is such a view
+//! that any kernel can read (it shares the buffer as it is). A chain no reader can address is
+//! copied by an elementwise kernel.
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -152,31 +156,39 @@ fn fuse_once(
         if !live[i] {
             continue;
         }
-        // A layout op read only by kernels that take strided operands: read in place.
-        let strided = fusion && !is_root[i] && !forced[i] && reads_strided(g, id, &consumers[i], apart);
-        if let Some((owner, v)) = strided.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten() {
-            alias[i] = Some(owner);
-            view[i] = Some(v);
-            materialized[i] = true;
-            continue;
-        }
         materialized[i] = match &node.op {
             op if op.is_host_value() => true,
             Op::Constant { .. } => is_root[i],
-            Op::Reshape if materialized[node.inputs[0].index()] => {
-                // A view: share the buffer of the materialized input.
-                let src = node.inputs[0];
-                alias[i] = Some(alias[src.index()].unwrap_or(src));
-                true
-            }
+            // A view: share the buffer of the materialized input (contiguous), below.
+            Op::Reshape if materialized[node.inputs[0].index()] => true,
             op if is_inlinable(op) => {
                 is_root[i] || !fusion || forced[i] || {
                     let c = &consumers[i];
-                    c.len() != 1 || apart(id, c[0]) || !accepts_expression(g, c[0], id, &materialized)
+                    c.len() != 1 || apart(id, c[0]) || !accepts_expression(g, c[0], id)
                 }
             }
             _ => true,
         };
+        // A layout op over a materialized value that every reader reads through strides: a
+        // view of that value's buffer, no kernel.
+        let layout = matches!(node.op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
+        if materialized[i] && layout && !is_root[i] {
+            let viewable = fusion && !forced[i] && reads_view(g, id, &consumers[i], apart);
+            let strided = viewable.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten();
+            match strided {
+                Some((owner, v)) if consumers[i].iter().all(|&c| view_fits(g, c, id, &v)) => {
+                    alias[i] = Some(owner);
+                    view[i] = (!v.is_contiguous(&node.shape)).then_some(v);
+                    continue;
+                }
+                _ => {}
+            }
+            // A reshape of a value in row-major order from its buffer's start shares it.
+            let x = node.inputs[0];
+            if matches!(node.op, Op::Reshape) && materialized[x.index()] && view[x.index()].is_none() {
+                alias[i] = Some(alias[x.index()].unwrap_or(x));
+            }
+        }
     }
 
     // Matmuls that run inside the kernel of an elementwise epilogue, decided before any kernel
@@ -361,12 +373,7 @@ fn dedup_in_order(ids: &mut Vec<NodeId>) {
 }
 
 /// Whether `consumer` can take `producer` as an inlined expression operand.
-fn accepts_expression(
-    g: &Graph,
-    consumer: NodeId,
-    producer: NodeId,
-    materialized: &[bool],
-) -> bool {
+fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
     let c = g.node(consumer);
     match &c.op {
         op if is_inlinable(op) => true,
@@ -376,44 +383,56 @@ fn accepts_expression(
         // kernels bind a fixed number of buffers and every gradient has a buffer to average.
         Op::Reduce { .. } => c.inputs[0] == producer,
         Op::Concat { .. } => !super::arena::is_flat(g, consumer),
-        // A matmul reads a transposed left operand through strides. (Neighbouring threads would
-        // read a transposed right operand across memory; transposing it first is cheaper.)
-        Op::MatMul => {
-            c.inputs[0] == producer
-                && c.inputs[1] != producer
-                && is_last_two_swap(g, producer)
-                && materialized[g.node(producer).inputs[0].index()]
-        }
         _ => false,
     }
 }
 
-/// Whether `id` is a layout op whose every reader takes it as a strided operand: q, k or v of
-/// an attention kernel (whose innermost axis must be contiguous, see [`strided_view`]).
-fn reads_strided(
+/// Whether every reader of layout op `id` can read it as a strided view: a generated kernel
+/// (an elementwise op, a reduction's input, a concat's input but a flat arena's, whose members
+/// are placed by `super::arena`) through its index expressions, a matmul through its operands'
+/// strides, an attention kernel through the layouts of q, k, v and the output's gradient.
+fn reads_view(
     g: &Graph,
     id: NodeId,
     consumers: &[NodeId],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
 ) -> bool {
-    let layout = matches!(g.node(id).op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
-    layout
-        && !consumers.is_empty()
+    !consumers.is_empty()
         && consumers.iter().all(|&c| {
             let node = g.node(c);
-            let attention = matches!(
-                node.op,
-                Op::Attention | Op::AttentionStats | Op::AttentionGradKv | Op::AttentionGradQ
-            );
-            attention
-                && !apart(id, c)
-                && node.inputs.iter().enumerate().all(|(at, &x)| x != id || at < 3)
+            let at = |ok: &dyn Fn(usize) -> bool| {
+                node.inputs.iter().enumerate().all(|(at, &x)| x != id || ok(at))
+            };
+            let reads = match node.op {
+                ref op if is_inlinable(op) => true,
+                Op::Reduce { .. } => true,
+                Op::Concat { .. } => !super::arena::is_flat(g, c),
+                Op::MatMul => true,
+                Op::Attention | Op::AttentionStats => at(&|at| at < 3),
+                Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at < 3 || at == 4),
+                _ => false,
+            };
+            reads && !apart(id, c)
         })
 }
 
+/// Whether reader `c` of `id` can address `id` viewed as `v`: a matmul needs one matrix per
+/// batch with a unit row or column stride (what its fast kernels read), an attention kernel a
+/// contiguous head dimension; generated kernels address any view.
+fn view_fits(g: &Graph, c: NodeId, id: NodeId, v: &View) -> bool {
+    match g.node(c).op {
+        Op::MatMul => v
+            .matrix(g.shape(id))
+            .is_some_and(|[_, row, col]| row == 1 || col == 1),
+        Op::Attention | Op::AttentionStats | Op::AttentionGradKv | Op::AttentionGradQ => {
+            v.strides.last() == Some(&1) && g.dtype(id) == crate::tensor::DType::F32
+        }
+        _ => true,
+    }
+}
+
 /// The value whose buffer layout op `id` reads and where in it, when the chain of layout ops
-/// from `id` down to a materialized value can be addressed by strides and `id`'s innermost
-/// axis is contiguous.
+/// from `id` down to a materialized value can be addressed by strides.
 fn strided_view(
     g: &Graph,
     id: NodeId,
@@ -423,30 +442,18 @@ fn strided_view(
 ) -> Option<(NodeId, View)> {
     let x = *g.node(id).inputs.first()?;
     let (owner, below) = if materialized[x.index()] {
-        match (&view[x.index()], alias[x.index()]) {
-            (Some(v), Some(owner)) => (owner, v.clone()),
-            // A reshape view shares its value's row-major layout.
-            (_, owner) => (owner.unwrap_or(x), View::contiguous(g.shape(x))),
+        let owner = alias[x.index()].unwrap_or(x);
+        match &view[x.index()] {
+            Some(v) => (owner, v.clone()),
+            // A plain value, or a contiguous view sharing its owner's row-major layout.
+            None => (owner, View::contiguous(g.shape(x))),
         }
     } else if matches!(g.node(x).op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape) {
         strided_view(g, x, materialized, alias, view)?
     } else {
         return None;
     };
-    let v = below.through(g, id)?;
-    (v.strides.last() == Some(&1) && g.dtype(owner) == crate::tensor::DType::F32).then_some((owner, v))
-}
-
-/// Whether `id` is a permute that swaps the last two axes of a value and nothing else.
-pub fn is_last_two_swap(g: &Graph, id: NodeId) -> bool {
-    let Op::Permute { perm } = &g.node(id).op else {
-        return false;
-    };
-    let r = perm.len();
-    r >= 2
-        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
-        && perm[r - 2] == r - 1
-        && perm[r - 1] == r - 2
+    Some((owner, below.through(g, id)?))
 }
 
 /// When the materialized elementwise node `out` is an epilogue over a matmul, the matmul and the
