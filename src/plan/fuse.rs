@@ -169,11 +169,30 @@ fn fuse_once(
             }
             _ => true,
         };
+        // A value whose kernel writes it through strides, stored in the order a permute of it
+        // wants (the attention output in [B, T, H, Dh] order, so that merging its heads is a
+        // view), when every reader reads strides.
+        if fusion && writes_strided(&node.op) && !is_root[i] && reads_view(g, id, &consumers[i], apart) {
+            let order = consumers[i].iter().find_map(|&c| match &g.node(c).op {
+                Op::Permute { perm } if perm.last() == Some(&(perm.len() - 1)) => Some(perm),
+                _ => None,
+            });
+            if let Some(perm) = order {
+                let permuted: Vec<usize> = perm.iter().map(|&p| node.shape[p]).collect();
+                let inner = View::contiguous(&permuted);
+                let mut strides = vec![0; perm.len()];
+                for (k, &p) in perm.iter().enumerate() {
+                    strides[p] = inner.strides[k];
+                }
+                view[i] = Some(View { offset: 0, strides });
+            }
+        }
         // A layout op over a materialized value that every reader reads through strides: a
         // view of that value's buffer, no kernel.
         let layout = matches!(node.op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
-        if materialized[i] && layout && !is_root[i] {
-            let viewable = fusion && !forced[i] && reads_view(g, id, &consumers[i], apart);
+        if materialized[i] && layout {
+            let viewable =
+                fusion && !is_root[i] && !forced[i] && reads_view(g, id, &consumers[i], apart);
             let strided = viewable.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten();
             match strided {
                 Some((owner, v)) if consumers[i].iter().all(|&c| view_fits(g, c, id, &v)) => {
@@ -414,6 +433,12 @@ fn reads_view(
             };
             reads && !apart(id, c)
         })
+}
+
+/// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its
+/// own buffer): the attention kernels' output and dq, whose layouts are strided.
+fn writes_strided(op: &Op) -> bool {
+    matches!(op, Op::Attention | Op::AttentionGradQ)
 }
 
 /// Whether reader `c` of `id` can address `id` viewed as `v`: a matmul needs one matrix per

@@ -359,6 +359,15 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
             *layout = Strided::of_view(v)?;
         }
     }
+    // The output and dq may be written in another order (`plan::fuse`: the heads' order of the
+    // permute that merges them).
+    if let Some(v) = plan.view[out.index()].as_ref() {
+        match node.op {
+            crate::graph::Op::Attention => layouts.o = Strided::of_view(v)?,
+            crate::graph::Op::AttentionGradQ => layouts.dq = Strided::of_view(v)?,
+            _ => return Err(err!(Invariant, "attention kernel writing {} through strides", node.op.name())),
+        }
+    }
     let cfg = configure(shape, layouts, Precision::Highest, target)?;
     let (q, kk) = (input(0)?, input(1)?);
     // The stats alone need no values: k stands in for v, whose output goes to scratch.
