@@ -147,6 +147,7 @@ fn fuse_once(
             }
         }
     }
+    let in_place = arena_views(g, &live, &consumers, &is_arena, &is_root);
 
     let mut materialized = vec![false; n];
     let mut alias = vec![None; n];
@@ -172,7 +173,7 @@ fn fuse_once(
         // A value whose kernel writes it through strides, stored in the order a permute of it
         // wants (the attention output in [B, T, H, Dh] order, so that merging its heads is a
         // view), when every reader reads strides.
-        if fusion && writes_strided(&node.op) && !is_root[i] && reads_view(g, id, &consumers[i], apart) {
+        if fusion && writes_strided(&node.op) && !is_root[i] && reads_view(g, id, &consumers[i], apart, &in_place) {
             let order = consumers[i].iter().find_map(|&c| match &g.node(c).op {
                 Op::Permute { perm } if perm.last() == Some(&(perm.len() - 1)) => Some(perm),
                 _ => None,
@@ -192,7 +193,7 @@ fn fuse_once(
         let layout = matches!(node.op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
         if materialized[i] && layout {
             let viewable =
-                fusion && !is_root[i] && !forced[i] && reads_view(g, id, &consumers[i], apart);
+                fusion && !is_root[i] && !forced[i] && reads_view(g, id, &consumers[i], apart, &in_place);
             let strided = viewable.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten();
             match strided {
                 Some((owner, v)) if consumers[i].iter().all(|&c| view_fits(g, c, id, &v)) => {
@@ -407,14 +408,15 @@ fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
 }
 
 /// Whether every reader of layout op `id` can read it as a strided view: a generated kernel
-/// (an elementwise op, a reduction's input, a concat's input but a flat arena's, whose members
-/// are placed by `super::arena`) through its index expressions, a matmul through its operands'
+/// (an elementwise op, a reduction's input, a concat's input; a flat arena's only where the
+/// view lies at its place in the arena, [`arena_views`]) through its index expressions, a matmul through its operands'
 /// strides, an attention kernel through the layouts of q, k, v and the output's gradient.
 fn reads_view(
     g: &Graph,
     id: NodeId,
     consumers: &[NodeId],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
+    in_place: &[bool],
 ) -> bool {
     !consumers.is_empty()
         && consumers.iter().all(|&c| {
@@ -425,7 +427,7 @@ fn reads_view(
             let reads = match node.op {
                 ref op if is_inlinable(op) => true,
                 Op::Reduce { .. } => true,
-                Op::Concat { .. } => !super::arena::is_flat(g, c),
+                Op::Concat { .. } => !super::arena::is_flat(g, c) || in_place[id.index()],
                 Op::MatMul => true,
                 Op::Attention | Op::AttentionStats => at(&|at| at < 3),
                 Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at < 3 || at == 4),
@@ -433,6 +435,80 @@ fn reads_view(
             };
             reads && !apart(id, c)
         })
+}
+
+/// For each node: whether it is a chain of slices and reshapes, input of a flat concat computed
+/// by kernels (the gradient arena, see [`super::arena`]), over a value `w` that its own kernel
+/// writes whole, where `w` can lie inside the concat's buffer with every such chain at its
+/// place: each is a contiguous range of `w`, every reader of `w` is one of them, all put `w`
+/// at the same aligned offset. The chains are then views of `w` that `super::arena` places
+/// with it (a LayerNorm's weight and bias gradients, one `[2, D]` value, are two members).
+fn arena_views(
+    g: &Graph,
+    live: &[bool],
+    consumers: &[Vec<NodeId>],
+    is_arena: &[bool],
+    is_root: &[bool],
+) -> Vec<bool> {
+    let n = g.n_nodes();
+    let mut out = vec![false; n];
+    // The chain's base value and the element of it the chain starts at.
+    let chain = |mut x: NodeId| -> Option<(NodeId, usize)> {
+        let mut ops = Vec::new();
+        while matches!(g.node(x).op, Op::Slice { .. } | Op::Reshape) {
+            if consumers[x.index()].len() != 1 && !ops.is_empty() || is_root[x.index()] {
+                return None;
+            }
+            ops.push(x);
+            x = g.node(x).inputs[0];
+        }
+        let w = x;
+        let mut v = View::contiguous(g.shape(w));
+        for &op in ops.iter().rev() {
+            v = v.through(g, op)?;
+        }
+        let top = *ops.first()?;
+        let contiguous = View { offset: 0, ..v.clone() }.is_contiguous(g.shape(top));
+        let own_kernel = !is_inlinable(&g.node(w).op) && !g.node(w).op.is_host_value();
+        (contiguous && own_kernel && !is_root[w.index()]).then_some((w, v.offset))
+    };
+    for (c, node) in g.nodes() {
+        if !live[c.index()] || is_arena[c.index()] || !super::arena::is_flat(g, c) {
+            continue;
+        }
+        // Each base value with the offset in the concat it would lie at, and its chains.
+        let mut bases: Vec<(NodeId, Option<usize>, Vec<NodeId>)> = Vec::new();
+        let mut at: usize = 0;
+        for &x in &node.inputs {
+            if let Some((w, off)) = chain(x) {
+                let base = at.checked_sub(off).filter(|b| b % super::arena::ALIGN == 0);
+                match bases.iter_mut().find(|b| b.0 == w) {
+                    Some(b) if b.1 == base => b.2.push(x),
+                    Some(b) => b.1 = None,
+                    None => bases.push((w, base, vec![x])),
+                }
+            }
+            at += g.shape(x)[0];
+        }
+        for (w, base, chains) in bases {
+            let readers_all_chains = consumers[w.index()].iter().all(|&r| {
+                let mut top = r;
+                while !chains.contains(&top) {
+                    match consumers[top.index()][..] {
+                        [next] if matches!(g.node(top).op, Op::Slice { .. } | Op::Reshape) => top = next,
+                        _ => return false,
+                    }
+                }
+                true
+            });
+            if base.is_some() && readers_all_chains {
+                for x in chains {
+                    out[x.index()] = true;
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its

@@ -77,9 +77,9 @@ fn moves(g: &Graph, p: &rumus::plan::Plan) -> Vec<String> {
 
 /// The kernels of a 2-layer GPT training step that only move data (every op they compute is
 /// `slice`, `reshape`, `permute` or `concat`), by their ops.
-fn copies() -> Vec<String> {
+fn copies(d: usize) -> Vec<String> {
     let mut g = Graph::new();
-    let c = GptConfig { vocab: 64, d: 32, heads: 4, layers: 2, ctx: 16 };
+    let c = GptConfig { vocab: 64, d, heads: 4, layers: 2, ctx: 16 };
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 16], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
@@ -89,9 +89,12 @@ fn copies() -> Vec<String> {
     moves(&t.graph, &p)
 }
 
-/// Per layer, backward: each LayerNorm's weight and bias gradients into the gradient arena
-/// (`slice reshape`), and the qkv gradient assembled from dq, dk, dv by one concat that reads
-/// them in place. Everything else is a strided view read in place: q, k and v of the qkv
+/// Per layer, backward: the qkv gradient assembled from dq, dk, dv by one concat that reads
+/// them in place, and at a width that is no multiple of the arenas' alignment (64) each
+/// LayerNorm's weight and bias gradients copied into the gradient arena (`slice reshape`: the
+/// bias gradient's place is not right after the weight's). At 64, the `[2, D]` value of both
+/// is placed in the arena, each a view of it. Everything else is a strided view read in
+/// place: q, k and v of the qkv
 /// projection; the transposed weights of the input gradients' products; the attention output,
 /// written in [B, T, H, Dh] order so that its heads merged for the projection (and transposed
 /// for the projection's weight gradient, from the rematerialized copy) are views; the output
@@ -106,7 +109,8 @@ fn a_gpt_steps_data_movement_kernels() {
         want.push(qkv);
     }
     want.extend(ln);
-    assert_eq!(copies(), want);
+    assert_eq!(copies(32), want);
+    assert_eq!(copies(64), [qkv; 2]);
 }
 
 /// The layout cases of the op table (tests/it/common), forward and backward: the kernels that
