@@ -8,6 +8,7 @@
 use super::trace::{Operand, Trace, Wgsl};
 use crate::graph::scalar::Scalar;
 use crate::graph::{Graph, NodeId, Op, Window};
+use crate::plan::view::View;
 use crate::plan::Plan;
 use crate::tensor::DType;
 use std::fmt::Write;
@@ -62,6 +63,21 @@ pub fn linear_index(shape: &[usize], coords: &[String]) -> String {
     } else {
         terms.join(" + ")
     }
+}
+
+/// WGSL for the index of `coords` in a strided view of a `shape`-shaped value.
+fn strided_index(shape: &[usize], view: &View, coords: &[String]) -> String {
+    let mut terms: Vec<String> = coords
+        .iter()
+        .zip(&view.strides)
+        .zip(shape)
+        .filter(|((_, &s), &d)| d != 1 && s != 0)
+        .map(|((c, &s), _)| if s == 1 { c.clone() } else { format!("{c} * {s}u") })
+        .collect();
+    if view.offset != 0 || terms.is_empty() {
+        terms.insert(0, format!("{}u", view.offset));
+    }
+    terms.join(" + ")
 }
 
 /// `let` statements decomposing linear index `idx` into coordinates `{prefix}0..` of `shape`.
@@ -130,13 +146,17 @@ impl<'a> ExprEmitter<'a> {
         format!("v{}", self.next)
     }
 
-    /// A load of materialized node `id` at `coords` (of its own shape).
+    /// A load of materialized node `id` at `coords` (of its own shape): row-major in its
+    /// buffer, or through the offset and strides of a strided view (`plan::view`).
     pub fn load(&self, id: NodeId, coords: &[String]) -> String {
         let v = self
             .plan
             .value_of(id)
             .expect("materialized node has a buffer (checked by plan verify)");
-        let idx = linear_index(self.g.shape(id), coords);
+        let idx = match self.plan.view.get(id.index()).and_then(Option::as_ref) {
+            Some(view) => strided_index(self.g.shape(id), view, coords),
+            None => linear_index(self.g.shape(id), coords),
+        };
         format!("{}[{idx}]", (self.binding_name)(v.buffer))
     }
 

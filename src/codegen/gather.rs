@@ -78,7 +78,9 @@ pub(super) fn concat(
         // An input placed at its part of the output (`plan::arena`) is there already.
         let within = plan.value_of(x).and_then(|v| plan.buffers[v.buffer].within);
         let at_its_part = (base + offset) as u64 * 4;
-        if axis == 0 && within.is_some_and(|w| Some(w.0) == out_buffer && w.1 == at_its_part) {
+        let viewed = plan.view[x.index()].as_ref().map_or(0, |v| v.offset as u64 * 4);
+        let there = |w: (usize, u64)| Some(w.0) == out_buffer && w.1 + viewed == at_its_part;
+        if axis == 0 && within.is_some_and(there) {
             let (at, end) = (&coords[axis], offset + len(&x));
             w.block(&format!("if ({at} >= {offset}u && {at} < {end}u)"), &["return;"]);
             offset = end;

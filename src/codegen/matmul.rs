@@ -24,7 +24,6 @@ use super::writer::Wgsl;
 use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
-use crate::plan::fuse::is_last_two_swap;
 use crate::plan::{Kernel, Plan};
 use super::MatmulPrecision;
 
@@ -592,8 +591,8 @@ pub fn lower(
         return Ok(None);
     }
     let (Some((a_src, a_op)), Some((b_src, b_op))) = (
-        operand(g, plan, node.inputs[0], sa, batch, m, kk),
-        operand(g, plan, node.inputs[1], sb, batch, kk, n),
+        operand(plan, node.inputs[0], sa, batch, m, kk),
+        operand(plan, node.inputs[1], sb, batch, kk, n),
     ) else {
         return Ok(None);
     };
@@ -682,11 +681,11 @@ fn split_k_programs(
     Ok(out)
 }
 
-/// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer:
-/// a materialized value, or a transpose of the last two axes of one. Batch dims must equal the
+/// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer: a
+/// materialized value, or a strided view of one (a transpose, a slice, heads of a projection:
+/// `plan::view`) whose batch axes one stride steps through. Batch dims must equal the
 /// output's or be all 1 (broadcast).
 fn operand(
-    g: &Graph,
     plan: &Plan,
     id: NodeId,
     shape: &[usize],
@@ -699,14 +698,19 @@ fn operand(
     if own_batch != batch && !broadcast {
         return None;
     }
-    let (src, op) = if plan.value_of(id).is_some() {
-        (id, Operand::row_major(rows as u32, cols as u32))
-    } else {
-        let src = g.node(id).inputs.first().copied()?;
-        if !is_last_two_swap(g, id) || plan.value_of(src).is_none() {
-            return None;
+    plan.value_of(id)?;
+    let op = match plan.view.get(id.index()).and_then(Option::as_ref) {
+        None => Operand::row_major(rows as u32, cols as u32),
+        Some(v) => {
+            let [b, r, c] = v.matrix(shape)?;
+            let word = |n: usize| u32::try_from(n).ok();
+            Operand {
+                offset: word(v.offset)?,
+                batch_stride: word(b)?,
+                row_stride: word(r)?,
+                col_stride: word(c)?,
+            }
         }
-        (src, Operand::transposed(rows as u32, cols as u32))
     };
-    Some((src, if broadcast { op.broadcast() } else { op }))
+    Some((id, if broadcast { op.broadcast() } else { op }))
 }

@@ -154,7 +154,8 @@ pub fn fold_updates(
 }
 
 /// Place the members of the flat concats that kernels compute (the gradient arena) in the
-/// concat's buffer: each member (the value a concat input views) that a kernel writes, that
+/// concat's buffer: each member (the value a concat input views, placed so that a strided view
+/// lies at its input's offset) that a kernel writes, that
 /// lives in no other buffer arrangement (not a source, view, root or update written in place)
 /// and whose kernels bind nothing else of the concat's buffer, is written at its offset, and
 /// the concat kernel stops reading it. `pinned` are the plan's roots.
@@ -186,8 +187,12 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
         // The values living in c's buffer so far: c and the members placed.
         let mut inside = vec![c];
         for (at, src) in inputs {
-            let Some(m) = src.map(|s| owner(f, s)) else { continue };
-            let placeable = f.materialized[m.index()]
+            let Some(s) = src else { continue };
+            let m = owner(f, s);
+            // A view of m (fusion's `arena_views`) puts m at its own offset before it.
+            let Some(at) = at.checked_sub(view_offset(f, s)) else { continue };
+            let placeable = at % ALIGN == 0
+                && f.materialized[m.index()]
                 && !g.node(m).op.is_host_value()
                 && f.alias[m.index()].is_none()
                 && f.within[m.index()].is_none()
@@ -218,10 +223,11 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
         }
         // The concat kernels stop reading an input every use of which is placed.
         let node = g.node(c);
-        let mut at = 0;
+        let mut at: usize = 0;
         let mut still_read = Vec::new();
         for &x in &node.inputs {
-            if f.within[owner(f, x).index()] != Some((c, at)) {
+            let place = at.checked_sub(view_offset(f, x)).map(|at| (c, at));
+            if place.is_none() || f.within[owner(f, x).index()] != place {
                 still_read.push(owner(f, x));
             }
             at += g.shape(x)[0];
@@ -232,6 +238,11 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
             }
         }
     }
+}
+
+/// Where a view's elements start in its owner's buffer (0 for anything else).
+fn view_offset(f: &Fusion, x: NodeId) -> usize {
+    f.view[x.index()].as_ref().map_or(0, |v| v.offset)
 }
 
 fn owner_of(alias: &[Option<NodeId>], id: NodeId) -> NodeId {

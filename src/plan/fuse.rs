@@ -2,17 +2,21 @@
 //!
 //! Every live node is either *materialized* (its value lives in a buffer) or *inlined* (computed
 //! in registers inside the one kernel that consumes it). Sources are buffers without a kernel;
-//! constants are always inlined; a `reshape` of a materialized value is a view sharing its
-//! buffer. An elementwise node (including the index-remapping views `broadcast_to`, `permute`,
-//! `slice`, `reshape` and `causal_mask`) is inlined when it has exactly one consumer and that
-//! consumer can evaluate an expression operand: another elementwise node, a reduction (as its
-//! prologue), or a concat (which reads a permuted or sliced input in place). A matmul whose
-//! only use is an elementwise chain runs inside that chain's kernel, which then computes the
-//! chain as the matmul's epilogue. Every other node is materialized by a kernel of its own kind.
+//! constants are always inlined. An elementwise node (including the index-remapping views
+//! `broadcast_to`, `permute`, `slice`, `reshape` and `causal_mask`) is inlined when it has
+//! exactly one consumer and that consumer can evaluate an expression operand: another
+//! elementwise node, a reduction (as its prologue), or a concat (which reads a permuted or
+//! sliced input in place). A matmul whose only use is an elementwise chain runs inside that
+//! chain's kernel, which then computes the chain as the matmul's epilogue. Every other node is
+//! materialized by a kernel of its own kind.
 //!
-//! A chain of layout ops over a materialized value that only kernels with strided operands
-//! read (q, k and v of the attention kernels) is a strided view ([`super::view`]): no kernel,
-//! no buffer, its readers address the viewed value's buffer.
+//! A chain of layout ops (`slice`, `permute`, `reshape`) over a materialized value that would
+//! otherwise be copied is a strided view ([`super::view`]) when every kernel that reads it reads
+//! strides (generated kernels through their index expressions, matmul operands, the attention
+//! kernels' q, k, v and output gradient) and can address it: no kernel, no buffer, its readers
+//! address the viewed value's buffer. A reshape of a value in row-major order is such a view
+//! that any kernel can read (it shares the buffer as it is). A chain no reader can address is
+//! copied by an elementwise kernel.
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -143,6 +147,7 @@ fn fuse_once(
             }
         }
     }
+    let in_place = arena_views(g, &live, &consumers, &is_arena, &is_root);
 
     let mut materialized = vec![false; n];
     let mut alias = vec![None; n];
@@ -152,31 +157,58 @@ fn fuse_once(
         if !live[i] {
             continue;
         }
-        // A layout op read only by kernels that take strided operands: read in place.
-        let strided = fusion && !is_root[i] && !forced[i] && reads_strided(g, id, &consumers[i], apart);
-        if let Some((owner, v)) = strided.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten() {
-            alias[i] = Some(owner);
-            view[i] = Some(v);
-            materialized[i] = true;
-            continue;
-        }
         materialized[i] = match &node.op {
             op if op.is_host_value() => true,
             Op::Constant { .. } => is_root[i],
-            Op::Reshape if materialized[node.inputs[0].index()] => {
-                // A view: share the buffer of the materialized input.
-                let src = node.inputs[0];
-                alias[i] = Some(alias[src.index()].unwrap_or(src));
-                true
-            }
+            // A view: share the buffer of the materialized input (contiguous), below.
+            Op::Reshape if materialized[node.inputs[0].index()] => true,
             op if is_inlinable(op) => {
                 is_root[i] || !fusion || forced[i] || {
                     let c = &consumers[i];
-                    c.len() != 1 || apart(id, c[0]) || !accepts_expression(g, c[0], id, &materialized)
+                    c.len() != 1 || apart(id, c[0]) || !accepts_expression(g, c[0], id)
                 }
             }
             _ => true,
         };
+        // A value whose kernel writes it through strides, stored in the order a permute of it
+        // wants (the attention output in [B, T, H, Dh] order, so that merging its heads is a
+        // view), when every reader reads strides.
+        if fusion && writes_strided(&node.op) && !is_root[i] && reads_view(g, id, &consumers[i], apart, &in_place) {
+            let order = consumers[i].iter().find_map(|&c| match &g.node(c).op {
+                Op::Permute { perm } if perm.last() == Some(&(perm.len() - 1)) => Some(perm),
+                _ => None,
+            });
+            if let Some(perm) = order {
+                let permuted: Vec<usize> = perm.iter().map(|&p| node.shape[p]).collect();
+                let inner = View::contiguous(&permuted);
+                let mut strides = vec![0; perm.len()];
+                for (k, &p) in perm.iter().enumerate() {
+                    strides[p] = inner.strides[k];
+                }
+                view[i] = Some(View { offset: 0, strides });
+            }
+        }
+        // A layout op over a materialized value that every reader reads through strides: a
+        // view of that value's buffer, no kernel.
+        let layout = matches!(node.op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
+        if materialized[i] && layout {
+            let viewable =
+                fusion && !is_root[i] && !forced[i] && reads_view(g, id, &consumers[i], apart, &in_place);
+            let strided = viewable.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten();
+            match strided {
+                Some((owner, v)) if consumers[i].iter().all(|&c| view_fits(g, c, id, &v)) => {
+                    alias[i] = Some(owner);
+                    view[i] = (!v.is_contiguous(&node.shape)).then_some(v);
+                    continue;
+                }
+                _ => {}
+            }
+            // A reshape of a value in row-major order from its buffer's start shares it.
+            let x = node.inputs[0];
+            if matches!(node.op, Op::Reshape) && materialized[x.index()] && view[x.index()].is_none() {
+                alias[i] = Some(alias[x.index()].unwrap_or(x));
+            }
+        }
     }
 
     // Matmuls that run inside the kernel of an elementwise epilogue, decided before any kernel
@@ -361,12 +393,7 @@ fn dedup_in_order(ids: &mut Vec<NodeId>) {
 }
 
 /// Whether `consumer` can take `producer` as an inlined expression operand.
-fn accepts_expression(
-    g: &Graph,
-    consumer: NodeId,
-    producer: NodeId,
-    materialized: &[bool],
-) -> bool {
+fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
     let c = g.node(consumer);
     match &c.op {
         op if is_inlinable(op) => true,
@@ -376,44 +403,137 @@ fn accepts_expression(
         // kernels bind a fixed number of buffers and every gradient has a buffer to average.
         Op::Reduce { .. } => c.inputs[0] == producer,
         Op::Concat { .. } => !super::arena::is_flat(g, consumer),
-        // A matmul reads a transposed left operand through strides. (Neighbouring threads would
-        // read a transposed right operand across memory; transposing it first is cheaper.)
-        Op::MatMul => {
-            c.inputs[0] == producer
-                && c.inputs[1] != producer
-                && is_last_two_swap(g, producer)
-                && materialized[g.node(producer).inputs[0].index()]
-        }
         _ => false,
     }
 }
 
-/// Whether `id` is a layout op whose every reader takes it as a strided operand: q, k or v of
-/// an attention kernel (whose innermost axis must be contiguous, see [`strided_view`]).
-fn reads_strided(
+/// Whether every reader of layout op `id` can read it as a strided view: a generated kernel
+/// (an elementwise op, a reduction's input, a concat's input; a flat arena's only where the
+/// view lies at its place in the arena, [`arena_views`]) through its index expressions, a matmul through its operands'
+/// strides, an attention kernel through the layouts of q, k, v and the output's gradient.
+fn reads_view(
     g: &Graph,
     id: NodeId,
     consumers: &[NodeId],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
+    in_place: &[bool],
 ) -> bool {
-    let layout = matches!(g.node(id).op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
-    layout
-        && !consumers.is_empty()
+    !consumers.is_empty()
         && consumers.iter().all(|&c| {
             let node = g.node(c);
-            let attention = matches!(
-                node.op,
-                Op::Attention | Op::AttentionStats | Op::AttentionGradKv | Op::AttentionGradQ
-            );
-            attention
-                && !apart(id, c)
-                && node.inputs.iter().enumerate().all(|(at, &x)| x != id || at < 3)
+            let at = |ok: &dyn Fn(usize) -> bool| {
+                node.inputs.iter().enumerate().all(|(at, &x)| x != id || ok(at))
+            };
+            let reads = match node.op {
+                ref op if is_inlinable(op) => true,
+                Op::Reduce { .. } => true,
+                Op::Concat { .. } => !super::arena::is_flat(g, c) || in_place[id.index()],
+                Op::MatMul => true,
+                Op::Attention | Op::AttentionStats => at(&|at| at < 3),
+                Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at < 3 || at == 4),
+                _ => false,
+            };
+            reads && !apart(id, c)
         })
 }
 
+/// For each node: whether it is a chain of slices and reshapes, input of a flat concat computed
+/// by kernels (the gradient arena, see [`super::arena`]), over a value `w` that its own kernel
+/// writes whole, where `w` can lie inside the concat's buffer with every such chain at its
+/// place: each is a contiguous range of `w`, every reader of `w` is one of them, all put `w`
+/// at the same aligned offset. The chains are then views of `w` that `super::arena` places
+/// with it (a LayerNorm's weight and bias gradients, one `[2, D]` value, are two members).
+fn arena_views(
+    g: &Graph,
+    live: &[bool],
+    consumers: &[Vec<NodeId>],
+    is_arena: &[bool],
+    is_root: &[bool],
+) -> Vec<bool> {
+    let n = g.n_nodes();
+    let mut out = vec![false; n];
+    // The chain's base value and the element of it the chain starts at.
+    let chain = |mut x: NodeId| -> Option<(NodeId, usize)> {
+        let mut ops = Vec::new();
+        while matches!(g.node(x).op, Op::Slice { .. } | Op::Reshape) {
+            if consumers[x.index()].len() != 1 && !ops.is_empty() || is_root[x.index()] {
+                return None;
+            }
+            ops.push(x);
+            x = g.node(x).inputs[0];
+        }
+        let w = x;
+        let mut v = View::contiguous(g.shape(w));
+        for &op in ops.iter().rev() {
+            v = v.through(g, op)?;
+        }
+        let top = *ops.first()?;
+        let contiguous = View { offset: 0, ..v.clone() }.is_contiguous(g.shape(top));
+        let own_kernel = !is_inlinable(&g.node(w).op) && !g.node(w).op.is_host_value();
+        (contiguous && own_kernel && !is_root[w.index()]).then_some((w, v.offset))
+    };
+    for (c, node) in g.nodes() {
+        if !live[c.index()] || is_arena[c.index()] || !super::arena::is_flat(g, c) {
+            continue;
+        }
+        // Each base value with the offset in the concat it would lie at, and its chains.
+        let mut bases: Vec<(NodeId, Option<usize>, Vec<NodeId>)> = Vec::new();
+        let mut at: usize = 0;
+        for &x in &node.inputs {
+            if let Some((w, off)) = chain(x) {
+                let base = at.checked_sub(off).filter(|b| b % super::arena::ALIGN == 0);
+                match bases.iter_mut().find(|b| b.0 == w) {
+                    Some(b) if b.1 == base => b.2.push(x),
+                    Some(b) => b.1 = None,
+                    None => bases.push((w, base, vec![x])),
+                }
+            }
+            at += g.shape(x)[0];
+        }
+        for (w, base, chains) in bases {
+            let readers_all_chains = consumers[w.index()].iter().all(|&r| {
+                let mut top = r;
+                while !chains.contains(&top) {
+                    match consumers[top.index()][..] {
+                        [next] if matches!(g.node(top).op, Op::Slice { .. } | Op::Reshape) => top = next,
+                        _ => return false,
+                    }
+                }
+                true
+            });
+            if base.is_some() && readers_all_chains {
+                for x in chains {
+                    out[x.index()] = true;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its
+/// own buffer): the attention kernels' output and dq, whose layouts are strided.
+fn writes_strided(op: &Op) -> bool {
+    matches!(op, Op::Attention | Op::AttentionGradQ)
+}
+
+/// Whether reader `c` of `id` can address `id` viewed as `v`: a matmul needs one matrix per
+/// batch with a unit row or column stride (what its fast kernels read), an attention kernel a
+/// contiguous head dimension; generated kernels address any view.
+fn view_fits(g: &Graph, c: NodeId, id: NodeId, v: &View) -> bool {
+    match g.node(c).op {
+        Op::MatMul => v
+            .matrix(g.shape(id))
+            .is_some_and(|[_, row, col]| row == 1 || col == 1),
+        Op::Attention | Op::AttentionStats | Op::AttentionGradKv | Op::AttentionGradQ => {
+            v.strides.last() == Some(&1) && g.dtype(id) == crate::tensor::DType::F32
+        }
+        _ => true,
+    }
+}
+
 /// The value whose buffer layout op `id` reads and where in it, when the chain of layout ops
-/// from `id` down to a materialized value can be addressed by strides and `id`'s innermost
-/// axis is contiguous.
+/// from `id` down to a materialized value can be addressed by strides.
 fn strided_view(
     g: &Graph,
     id: NodeId,
@@ -423,30 +543,18 @@ fn strided_view(
 ) -> Option<(NodeId, View)> {
     let x = *g.node(id).inputs.first()?;
     let (owner, below) = if materialized[x.index()] {
-        match (&view[x.index()], alias[x.index()]) {
-            (Some(v), Some(owner)) => (owner, v.clone()),
-            // A reshape view shares its value's row-major layout.
-            (_, owner) => (owner.unwrap_or(x), View::contiguous(g.shape(x))),
+        let owner = alias[x.index()].unwrap_or(x);
+        match &view[x.index()] {
+            Some(v) => (owner, v.clone()),
+            // A plain value, or a contiguous view sharing its owner's row-major layout.
+            None => (owner, View::contiguous(g.shape(x))),
         }
     } else if matches!(g.node(x).op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape) {
         strided_view(g, x, materialized, alias, view)?
     } else {
         return None;
     };
-    let v = below.through(g, id)?;
-    (v.strides.last() == Some(&1) && g.dtype(owner) == crate::tensor::DType::F32).then_some((owner, v))
-}
-
-/// Whether `id` is a permute that swaps the last two axes of a value and nothing else.
-pub fn is_last_two_swap(g: &Graph, id: NodeId) -> bool {
-    let Op::Permute { perm } = &g.node(id).op else {
-        return false;
-    };
-    let r = perm.len();
-    r >= 2
-        && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p)
-        && perm[r - 2] == r - 1
-        && perm[r - 1] == r - 2
+    Some((owner, below.through(g, id)?))
 }
 
 /// When the materialized elementwise node `out` is an epilogue over a matmul, the matmul and the

@@ -2,9 +2,11 @@
 //! materialized value, read in place through index arithmetic instead of being copied.
 //!
 //! A [`View`] gives the element of a node at coordinates `c` as element
-//! `offset + Σ c[i]·strides[i]` of the buffer of the value it views. Fusion makes a node such a
-//! view only where every kernel that reads it takes strided operands (the attention kernels'
-//! q, k and v); the node then has no kernel and no buffer of its own.
+//! `offset + Σ c[i]·strides[i]` of the buffer of the value it views. Fusion makes a layout node
+//! such a view where every kernel that reads it reads strides: generated kernels (elementwise,
+//! reduction prologues, concats) through their index expressions, matmuls through their
+//! operands' batch, row and column strides ([`View::matrix`]), the attention kernels through
+//! their operands' layouts; the node then has no kernel and no buffer of its own.
 
 use crate::graph::{Graph, NodeId, Op};
 
@@ -25,6 +27,29 @@ impl View {
             strides[i] = strides[i + 1] * shape[i + 1];
         }
         View { offset: 0, strides }
+    }
+
+    /// Whether this is the row-major layout of `shape` from the buffer's start (a plain alias).
+    pub fn is_contiguous(&self, shape: &[usize]) -> bool {
+        let c = View::contiguous(shape);
+        self.offset == 0 && shape.iter().zip(self.strides.iter().zip(&c.strides)).all(|(&d, (a, b))| d == 1 || a == b)
+    }
+
+    /// The view of `shape` (`[batch.., rows, cols]`) as one matrix per batch: `[batch stride,
+    /// row stride, column stride]`, when its batch axes are one run of memory (a single stride
+    /// steps through them; 0 for a single batch). `None` for fewer than two axes.
+    pub fn matrix(&self, shape: &[usize]) -> Option<[usize; 3]> {
+        let r = shape.len();
+        if r < 2 || self.strides.len() != r {
+            return None;
+        }
+        let batch: Vec<(usize, usize)> =
+            (0..r - 2).filter(|&i| shape[i] != 1).map(|i| (shape[i], self.strides[i])).collect();
+        if batch.windows(2).any(|w| w[0].1 != w[1].0 * w[1].1) {
+            return None;
+        }
+        let batch_stride = batch.last().map_or(0, |b| b.1);
+        Some([batch_stride, self.strides[r - 2], self.strides[r - 1]])
     }
 
     /// The view of layout op `id` given the view of its input, `None` when the op is not a
@@ -91,7 +116,23 @@ fn reshape_strides(from: &[usize], strides: &[usize], to: &[usize]) -> Option<Ve
 
 #[cfg(test)]
 mod tests {
-    use super::reshape_strides;
+    use super::{reshape_strides, View};
+
+    #[test]
+    fn matrices_of_views_collapse_their_batch_axes() {
+        let check = |strides: &[usize], shape: &[usize], want: Option<[usize; 3]>| {
+            let v = View { offset: 0, strides: strides.to_vec() };
+            assert_eq!(v.matrix(shape), want, "{strides:?} {shape:?}");
+        };
+        // A transpose of the last two axes; batches one run of memory.
+        check(&[6, 1, 3], &[4, 3, 2], Some([6, 1, 3]));
+        check(&[24, 6, 1, 3], &[2, 4, 3, 2], Some([6, 1, 3]));
+        // Heads of a [B, T, H, Dh] value: B and H are not one run.
+        check(&[512, 32, 256, 1], &[2, 8, 16, 32], None);
+        // Size-1 batch axes take no part; no batch at all.
+        check(&[0, 5, 1], &[1, 4, 5], Some([0, 5, 1]));
+        check(&[7], &[3], None);
+    }
 
     #[test]
     fn reshapes_of_contiguous_runs_keep_strides() {

@@ -2,8 +2,9 @@
 //! parts' gradients, not a sum of zero-padded copies; kernels read permuted and sliced values
 //! in place instead of copies.
 
+use crate::common::{attention_cases, build, cases};
 use rumus::graph::autodiff::grad;
-use rumus::graph::{training_graph, Graph, Op, OptimConfig, Optimizer};
+use rumus::graph::{training_graph, Graph, NodeId, Op, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::{plan, PlanOptions};
 use rumus::DType;
@@ -52,61 +53,89 @@ fn a_split_values_gradient_is_one_concat_of_its_parts() {
     check(&[4, 4], 0, &[(0, 2)], "concat(mul, 0)");
 }
 
+/// The kernels of `p` that only move data (every op they compute is `slice`, `reshape`,
+/// `permute` or `concat`, flat arenas' concats aside), by their ops.
+fn moves(g: &Graph, p: &rumus::plan::Plan) -> Vec<String> {
+    let moves = |op: &Op| {
+        matches!(op, Op::Slice { .. } | Op::Reshape | Op::Permute { .. } | Op::Concat { .. })
+    };
+    let constant = |id: &NodeId| matches!(g.node(*id).op, Op::Constant { .. });
+    p.kernels
+        .iter()
+        .filter(|k| k.fused.iter().all(|id| moves(&g.node(*id).op) || constant(id)))
+        .filter(|k| {
+            !k.fused
+                .iter()
+                .any(|&id| matches!(g.node(id).op, Op::Concat { .. }) && g.shape(id).len() == 1)
+        })
+        .map(|k| {
+            let ops = k.fused.iter().filter(|id| !constant(id));
+            ops.map(|&id| g.node(id).op.name()).collect::<Vec<_>>().join(" ")
+        })
+        .collect()
+}
+
 /// The kernels of a 2-layer GPT training step that only move data (every op they compute is
 /// `slice`, `reshape`, `permute` or `concat`), by their ops.
-fn copies() -> Vec<String> {
+fn copies(d: usize) -> Vec<String> {
     let mut g = Graph::new();
-    let c = GptConfig { vocab: 64, d: 32, heads: 4, layers: 2, ctx: 16 };
+    let c = GptConfig { vocab: 64, d, heads: 4, layers: 2, ctx: 16 };
     let logits = nn::gpt(&mut g, c, 2).unwrap();
     let target = g.input("target", &[2, 16], DType::I32).unwrap();
     let loss = g.cross_entropy(logits, target, None).unwrap();
     let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
     let opts = PlanOptions { fusion: true, reuse: true, limits: None };
     let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
-    let moves = |op: &Op| {
-        matches!(op, Op::Slice { .. } | Op::Reshape | Op::Permute { .. } | Op::Concat { .. })
-    };
-    p.kernels
-        .iter()
-        .filter(|k| {
-            k.fused.iter().all(|&id| {
-                moves(&t.graph.node(id).op) || matches!(t.graph.node(id).op, Op::Constant { .. })
-            })
-        })
-        .filter(|k| {
-            !k.fused.iter().any(|&id| {
-                matches!(t.graph.node(id).op, Op::Concat { .. }) && t.graph.shape(id).len() == 1
-            })
-        })
-        .map(|k| {
-            k.fused
-                .iter()
-                .filter(|&&id| !matches!(t.graph.node(id).op, Op::Constant { .. }))
-                .map(|&id| t.graph.node(id).op.name())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect()
+    moves(&t.graph, &p)
 }
 
-/// Per layer: the merged attention output forward (q, k and v are strided views of the qkv
-/// projection, read in place by the attention kernels); backward, transposed matmul
-/// operands and the attention output's gradient into heads (`permute`), each LayerNorm's
-/// weight and bias gradients into the gradient arena (`slice reshape`), and the qkv gradient
-/// assembled from dq, dk, dv by one concat that reads them in place; with rematerialization
-/// (on by default) the attention output's copy is recomputed in the backward pass. (The flat
-/// arenas' concats are not counted.)
+/// Per layer, backward: the qkv gradient assembled from dq, dk, dv by one concat that reads
+/// them in place, and at a width that is no multiple of the arenas' alignment (64) each
+/// LayerNorm's weight and bias gradients copied into the gradient arena (`slice reshape`: the
+/// bias gradient's place is not right after the weight's). At 64, the `[2, D]` value of both
+/// is placed in the arena, each a view of it. Everything else is a strided view read in
+/// place: q, k and v of the qkv
+/// projection; the transposed weights of the input gradients' products; the attention output,
+/// written in [B, T, H, Dh] order so that its heads merged for the projection (and transposed
+/// for the projection's weight gradient, from the rematerialized copy) are views; the output
+/// gradient split into heads. (The flat arenas' concats are not counted.)
 #[test]
 fn a_gpt_steps_data_movement_kernels() {
     let qkv = "slice reshape slice reshape permute reshape permute reshape permute reshape concat";
-    let mut want = vec!["permute reshape reshape"; 2];
+    let mut want = Vec::new();
     let ln = ["slice reshape"; 2];
     for _ in 0..2 {
-        want.extend(["permute"].iter().chain(&ln).chain(&["permute"; 2]).chain(&ln));
-        // The attention output recomputed (rematerialized) and written transposed for the
-        // projection's weight gradient, then the gradient into heads.
-        want.extend(["permute", "permute reshape reshape permute", "permute", qkv]);
+        want.extend(ln.iter().chain(&ln));
+        want.push(qkv);
     }
-    want.extend(["permute"].iter().chain(&ln));
-    assert_eq!(copies(), want);
+    want.extend(ln);
+    assert_eq!(copies(32), want);
+    assert_eq!(copies(64), [qkv; 2]);
+}
+
+/// The layout cases of the op table (tests/it/common), forward and backward: the kernels that
+/// only move data, by their ops. A view every reader reads through strides is no kernel; what
+/// no reader can address is copied.
+#[test]
+fn layout_ops_read_in_place_are_no_kernel() {
+    let check = |name: &str, want: &[&str]| {
+        let c = cases().into_iter().chain(attention_cases()).find(|c| c.name == name).unwrap();
+        let b = build(&c).unwrap();
+        let mut roots = vec![b.out];
+        roots.extend(b.grads.iter().map(|&(_, d)| d));
+        let p = plan(&b.g, &roots, false, PlanOptions::default()).unwrap();
+        assert_eq!(moves(&b.g, &p), want, "{name}");
+    };
+    // The weight's transpose, forward, and the operands' transposes in both gradients; the
+    // weight's gradient, a value the host reads, is the transpose of a product: a copy (as
+    // is every input's gradient that is a layout op of a computed value).
+    check("matmul transposed right view", &["permute"]);
+    check("matmul permute of reshape view", &["permute reshape"]);
+    // The slice's gradient is a zero-padded concat: a kernel of its own.
+    check("matmul slice view", &["concat"]);
+    check("matmul view read twice", &[]);
+    // The attention output is written in [B, T, H, Dh] order, so its heads merged for the
+    // product are a view, as is the gradient split back into heads; dk and dv, wanted, are
+    // copied out of their one buffer.
+    check("attention heads merged", &["slice reshape", "slice reshape"]);
 }

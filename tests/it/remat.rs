@@ -109,7 +109,9 @@ fn gelu_and_layer_norm_outputs_die_with_the_forward_pass() {
             assert_eq!(last >= boundary, alive_in_backward, "remat {remat}: {op} read at {last}");
         }
         let recomputed = PlanReport::new(&t.graph, &p, p.kernels.len(), 0).recomputed;
-        assert_eq!(recomputed, if remat { 9 } else { 0 });
+        // Per layer ln1, ln2 and the GELU output, and ln_f; the attention output's permuted
+        // copy is recomputed too, but as a view of the attention output it costs no kernel.
+        assert_eq!(recomputed, if remat { 7 } else { 0 });
         // Each recomputed copy runs after the forward pass, in the kernel before its reader.
         for &(_, copy) in &t.graph.recomputed {
             assert!(copy.index() >= t.backward_start && copy.index() < t.update_start);
@@ -131,9 +133,10 @@ fn rumus_plan_no_remat_keeps_the_values_and_plans_more_bytes() {
     };
     let (on, off) = (json(&[]), json(&["--no-remat"]));
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
-    assert_eq!((n(&on, "recomputed"), n(&off, "recomputed")), (17, 0));
-    // Four values a layer (ln1, ln2, the GELU output, the attention output's permuted copy)
-    // of [32, 128, 256] floats (the GELU output 4 times as wide) and ln_f: at least 20 MiB less.
+    // Three values a layer (ln1, ln2, the GELU output; the attention output's permuted copy
+    // is a view) of [32, 128, 256] floats (the GELU output 4 times as wide) and ln_f: at least
+    // 20 MiB less.
+    assert_eq!((n(&on, "recomputed"), n(&off, "recomputed")), (13, 0));
     assert!(n(&on, "planned_bytes") + (20 << 20) < n(&off, "planned_bytes"), "{on} {off}");
     assert!(n(&on, "dispatches") > n(&off, "dispatches"));
 }

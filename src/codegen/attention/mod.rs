@@ -350,11 +350,22 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
     if shape.rows() == 0 {
         return Ok(Vec::new()); // no query row: nothing to compute
     }
-    // q, k and v may be strided views of a larger value (the heads of one projection).
+    // q, k, v and the output's gradient may be strided views of a larger value (the heads of
+    // one projection, a gradient split into heads).
     let mut layouts = Layouts::contiguous(&shape);
-    for (at, layout) in [&mut layouts.q, &mut layouts.k, &mut layouts.v].into_iter().enumerate() {
+    let viewed = [&mut layouts.q, &mut layouts.k, &mut layouts.v, &mut layouts.d_o];
+    for (at, layout) in [0, 1, 2, 4].into_iter().zip(viewed) {
         if let Some(v) = node.inputs.get(at).and_then(|x| plan.view[x.index()].as_ref()) {
             *layout = Strided::of_view(v)?;
+        }
+    }
+    // The output and dq may be written in another order (`plan::fuse`: the heads' order of the
+    // permute that merges them).
+    if let Some(v) = plan.view[out.index()].as_ref() {
+        match node.op {
+            crate::graph::Op::Attention => layouts.o = Strided::of_view(v)?,
+            crate::graph::Op::AttentionGradQ => layouts.dq = Strided::of_view(v)?,
+            _ => return Err(err!(Invariant, "attention kernel writing {} through strides", node.op.name())),
         }
     }
     let cfg = configure(shape, layouts, Precision::Highest, target)?;

@@ -155,6 +155,32 @@ pub fn cases() -> Vec<Case> {
         g.matmul(x[0], x[1])
     }));
     cs.push(case("matmul 1x1", &[(&[1, 1], Any), (&[1, 1], Any)], |g, x| g.matmul(x[0], x[1])));
+    // Layout ops read in place (`plan::view`): a transposed right operand, a permute of a
+    // reshape (batched, transposed), a slice (an offset and a wider row), and a transpose read
+    // by a matmul and a reduction at once.
+    cs.push(case("matmul transposed right view", &[(&[3, 4], Any), (&[5, 4], Any)], |g, x| {
+        let w = g.permute(x[1], &[1, 0])?;
+        g.matmul(x[0], w)
+    }));
+    cs.push(case(
+        "matmul permute of reshape view",
+        &[(&[6, 4], Any), (&[2, 3, 5], Any)],
+        |g, x| {
+            let a = g.reshape(x[0], &[2, 3, 4])?;
+            let a = g.permute(a, &[0, 2, 1])?;
+            g.matmul(a, x[1])
+        },
+    ));
+    cs.push(case("matmul slice view", &[(&[4, 10], Any), (&[5, 3], Any)], |g, x| {
+        let a = g.slice(x[0], 1, 2, 7)?;
+        g.matmul(a, x[1])
+    }));
+    cs.push(case("matmul view read twice", &[(&[3, 4], Any), (&[3, 2], Any)], |g, x| {
+        let p = g.permute(x[0], &[1, 0])?;
+        let y = g.matmul(p, x[1])?;
+        let s = g.sum(p, &[1], true)?;
+        g.add(y, s)
+    }));
     cs.push(case("softmax", &[(&[3, 5], Any)], |g, x| g.softmax(x[0])));
     cs.push(case("softmax size-1", &[(&[2, 1], Any)], |g, x| g.softmax(x[0])));
     cs.push(case("log_softmax", &[(&[2, 3, 4], Any)], |g, x| g.log_softmax(x[0])));
@@ -208,6 +234,19 @@ pub fn attention_cases() -> Vec<Case> {
         }));
         cs.push(attention_heads(shape));
     }
+    let s: &[usize] = &[2, 2, 7, 4];
+    cs.push(case(
+        "attention heads merged",
+        &[(s, Any), (s, Any), (s, Any), (&[8, 3], Any)],
+        |g, x| {
+            // As `causal_self_attention` merges the heads for its projection: the gradient split
+            // back into heads is a view the attention kernels and delta's reduction read in place.
+            let y = g.attention(x[0], x[1], x[2])?;
+            let y = g.permute(y, &[0, 2, 1, 3])?;
+            let y = g.reshape(y, &[2, 7, 8])?;
+            g.matmul(y, x[3])
+        },
+    ));
     cs
 }
 
