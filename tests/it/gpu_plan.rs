@@ -203,7 +203,7 @@ fn heaps_smaller_than_the_largest_value_change_nothing() {
     let Some((gpu, _turn)) = or_skip("heaps_smaller_than_the_largest_value_change_nothing") else {
         return;
     };
-    let t = gpt_step();
+    let t = gpt_step(16);
     let cap = 512;
     let limits = Limits { max_buffer_bytes: cap, ..Limits::of(&gpu.limits) };
     let opts = PlanOptions { fusion: true, reuse: true, limits: Some(limits) };
