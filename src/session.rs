@@ -212,10 +212,11 @@ pub struct CompileConfig {
     pub budget: Budget,
     /// The ranks of a data-parallel job ([`crate::dist::single`] for one process).
     pub comm: Arc<dyn Communicator>,
-    /// Recompute cheap forward values in the backward pass instead of keeping them alive
-    /// across the step (rematerialization, [`crate::graph::remat`]; `true` unless a script
-    /// says `remat: false`). Results are the same either way.
-    pub remat: bool,
+    /// What the backward pass recomputes instead of keeping alive across the step
+    /// (rematerialization, [`crate::graph::remat`]: cheap values unless a script says
+    /// `remat: false`, the widening matmuls too with `remat: "matmuls"`). Results are the same
+    /// either way.
+    pub remat: TrainOptions,
 }
 
 /// Name of the input a compiled model's targets are fed through.
@@ -252,12 +253,7 @@ impl Model {
         cfg.schedule.check()?;
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
-        let train = training_graph_with(
-            g,
-            loss,
-            &cfg.optimizer,
-            TrainOptions { remat: cfg.remat, ..TrainOptions::default() },
-        )?;
+        let train = training_graph_with(g, loss, &cfg.optimizer, cfg.remat)?;
         let what = format!("model `{}` compiled for training", self.name);
         let sync = (cfg.comm.world_size() > 1).then(|| GradSync::of(&train, &cfg.comm));
         let placed = Placed::new(&cfg, train.graph.clone(), &[train.loss], true, &what, sync)?;

@@ -192,3 +192,46 @@ fn rumus_plan_remat_matmuls_plans_fewer_bytes_for_more_dispatches() {
     assert_eq!(n(&on, "dispatches"), n(&off, "dispatches") + 8, "{on} {off}");
     assert!(n(&on, "planned_bytes") + (60 << 20) < n(&off, "planned_bytes"), "{on} {off}");
 }
+
+/// Scripts choose with `compile(#{ remat })`: `false`, the default, and `"matmuls"` train a
+/// small GPT to the same losses on the CPU backend, each recomputing more ops than the last.
+#[test]
+fn scripts_choose_what_is_recomputed() {
+    let code = |remat: &str| {
+        format!(
+            "model g(idx: i32[B, T], vocab = 11, d = 8, heads = 2, layers = 2) {{
+    x = embedding(idx, vocab, d) as wte + position_embedding(T, T, d) as wpe
+    repeat layers as blocks {{
+        x = x + causal_self_attention(layer_norm(x) as ln1, heads) as attn
+        x = x + mlp(layer_norm(x) as ln2, 4 * d) as mlp
+    }}
+    return linear(layer_norm(x) as ln_f, vocab) as head
+}}
+let net = g().compile(#{{ batch: 2, dims: #{{ T: 5 }}, device: \"cpu\", seed: 3{remat} }});
+let x = tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], \"i32\");
+let y = tensor([[2, 3, 4, 5, 6], [7, 8, 9, 10, 0]], \"i32\");
+for i in 0..6 {{ print(net.train_step(x, y)); }}
+print(net.plan());
+"
+        )
+    };
+    // The six losses, and the ops of the step (the plan line: "device cpu (...): N ops, ...").
+    let run = |remat: &str| -> (Vec<f64>, usize) {
+        let out = crate::common::script::printed(Default::default(), &code(remat));
+        let lines: Vec<&str> = out.lines().collect();
+        let v: Vec<f64> = lines.iter().take(6).map(|l| l.parse().unwrap_or(f64::NAN)).collect();
+        assert!(lines.len() == 7 && v.iter().all(|x| x.is_finite()), "{out}");
+        let ops = lines[6].split(": ").nth(1).and_then(|s| s.split(' ').next());
+        (v, ops.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{out}")))
+    };
+    let (kept, mut fewer) = run(", remat: false");
+    assert!(kept[5] < kept[0], "{kept:?}");
+    for (remat, more) in [("", true), (", remat: true", false), (", remat: \"matmuls\"", true)] {
+        let (got, ops) = run(remat);
+        for (a, b) in got.iter().zip(&kept) {
+            assert!((a - b).abs() <= 1e-6 * b.abs(), "remat{remat}: {got:?} against {kept:?}");
+        }
+        assert_eq!(ops > fewer, more, "remat{remat}: {ops} ops after {fewer}");
+        fewer = ops;
+    }
+}

@@ -267,7 +267,14 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
             "compile: unknown matmul precision `tf32` (valid choices: highest, high, medium)"
                 .into(),
         ),
-        ("m().compile(#{ remat: 1 })", "compile: `remat` must be true or false, got i64".into()),
+        (
+            "m().compile(#{ remat: 1 })",
+            "compile: `remat` must be true, false or \"matmuls\", got i64".into(),
+        ),
+        (
+            "m().compile(#{ remat: \"all\" })",
+            "compile: unknown `remat` setting \"all\": expected true, false or \"matmuls\"".into(),
+        ),
         ("m().compile(#{ lr: 1e39 })", format!("compile: `lr`: 1e39 {f32_range}")),
         ("m().compile(#{ clip: -1e40 })", format!("compile: `clip`: -1e40 {f32_range}")),
         (

@@ -13,7 +13,7 @@ use crate::dsl::{self, Module, Value};
 
 use crate::error::Result;
 use crate::graph::optim::{is_host_input, MAX_ACCUMULATE};
-use crate::graph::{Graph, Op, OptimConfig, Optimizer, ParamGroup};
+use crate::graph::{Graph, Op, OptimConfig, Optimizer, ParamGroup, TrainOptions};
 use crate::session::{
     CompileConfig, Device, Dims, LoadReport, Loss, MatmulPrecision, Model, Schedule, Trainer,
     TARGET_INPUT,
@@ -425,6 +425,24 @@ const COMPILE_KEYS: &[&str] = &[
     "remat",
 ];
 
+/// The `remat` compile option: `true` (the default: recompute cheap values), `false`
+/// (keep every value) or `"matmuls"` (the widening matmuls too: less memory, more FLOPs).
+fn remat(v: Option<&Dynamic>) -> ScriptResult<TrainOptions> {
+    let Some(v) = v else { return Ok(TrainOptions::default()) };
+    if let Ok(on) = v.as_bool() {
+        return Ok(TrainOptions { remat: on, remat_matmuls: false });
+    }
+    match v.clone().into_string().as_deref() {
+        Ok("matmuls") => Ok(TrainOptions { remat: true, remat_matmuls: true }),
+        Ok(other) => Err(script_err(format!(
+            "compile: unknown `remat` setting \"{other}\": expected true, false or \"matmuls\""
+        ))),
+        Err(t) => {
+            Err(script_err(format!("compile: `remat` must be true, false or \"matmuls\", got {t}")))
+        }
+    }
+}
+
 fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer> {
     let o = Opts::new(cfg, "compile", COMPILE_KEYS)?;
     let mut dims = Dims::new();
@@ -489,7 +507,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         matmul_precision,
         budget: ctx.budget.clone(),
         comm: ctx.comm.clone(),
-        remat: o.bool("remat")?.unwrap_or(true),
+        remat: remat(o.get("remat"))?,
     };
     let trainer = m.model.compile(cfg).script()?;
     Ok(ScriptTrainer(Arc::new(HeldTrainer {
