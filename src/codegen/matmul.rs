@@ -627,8 +627,14 @@ pub fn lower(
     Ok(Some((programs(&label, &spec, tile, Some(&epilogue), [a, b, c])?, tile.name())))
 }
 
+/// Workgroups of the split-K sum at most: about four waves of an H200-class GPU's resident
+/// threads, so each thread of a large output sums several of its vectors (a grid-stride loop)
+/// and no output needs more workgroups than an axis allows.
+pub const SUM_WORKGROUPS: u32 = 4096;
+
 /// Split-K: `splits` partial products over slices of K on `tile` (one batched matmul into
-/// scratch slot 0), then one generated kernel that sums the slices and applies the epilogue.
+/// scratch slot 0), then one generated kernel that sums the slices and applies the epilogue
+/// ([`split_k_sum`]).
 fn split_k_programs(
     spec: &MatmulSpec,
     (tile, splits): (MatmulTile, u32),
@@ -636,17 +642,43 @@ fn split_k_programs(
     epilogue: &MatmulEpilogue,
     label: &str,
 ) -> Result<Vec<Program>> {
-    let (m, n) = (spec.m, spec.n);
-    let mn = u64::from(m) * u64::from(n);
     let parts = Resource::Scratch { slot: 0 };
     let part = partial(spec, splits);
     let mut out =
         programs(&format!("{label} split-k {splits}"), &part, tile, None, [a, b, parts.clone()])?;
+    let shape = (spec.m, spec.n, splits);
+    out.push(split_k_sum(shape, [parts, c], epilogue, SUM_WORKGROUPS, label));
+    Ok(out)
+}
+
+/// The kernel that sums the `splits` row-major `[m, n]` slices of `parts` (one after another)
+/// into `c` and applies `epilogue` (its buffers bound from 4 on), labelled `{label} split-k
+/// sum`.
+///
+/// It is bound by memory: where `m x n` is a multiple of 4 each thread reads and writes
+/// `vec4`s (every slice then starts on a vector), otherwise single elements. It runs at most
+/// `max_workgroups` workgroups ([`SUM_WORKGROUPS`] in a plan), a thread taking the vectors `t`,
+/// `t + stride`, … of the output. The epilogue runs per element at its own `(0, i, j)`,
+/// whatever row each lane of a vector falls in.
+pub fn split_k_sum(
+    (m, n, splits): (u32, u32, u32),
+    [parts, c]: [Resource; 2],
+    epilogue: &MatmulEpilogue,
+    max_workgroups: u32,
+    label: &str,
+) -> Program {
+    let mn = u64::from(m) * u64::from(n);
+    let lanes: u64 = if mn.is_multiple_of(4) { 4 } else { 1 };
+    let ty = if lanes == 4 { "vec4<f32>" } else { "f32" };
+    let vectors = mn / lanes;
+    let workgroups = vectors.div_ceil(u64::from(WG)).clamp(1, u64::from(max_workgroups.max(1)));
+    let stride = workgroups * u64::from(WG);
+    let rounds = vectors.div_ceil(stride);
 
     let mut w = Wgsl::new();
     w.line("alias scalar = f32;");
-    w.line("@group(0) @binding(0) var<storage, read> parts: array<f32>;");
-    w.line("@group(0) @binding(1) var<storage, read_write> c: array<f32>;");
+    w.line(&format!("@group(0) @binding(0) var<storage, read> parts: array<{ty}>;"));
+    w.line(&format!("@group(0) @binding(1) var<storage, read_write> c: array<{ty}>;"));
     w.lines(&epilogue.decls);
     w.blank();
     w.open("fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar");
@@ -655,30 +687,43 @@ fn split_k_programs(
     w.blank();
     w.line(&format!("@compute @workgroup_size({WG})"));
     w.open(&format!("fn main({MAIN_ARGS})"));
-    w.line(&format!("let idx = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
-    w.block(&format!("if (idx >= {mn}u)"), &["return;"]);
-    w.line("var v = 0.0;");
-    w.block(
-        &format!("for (var s = 0u; s < {splits}u; s++)"),
-        &[&format!("v += parts[s * {mn}u + idx];")],
-    );
-    w.line(&format!("c[idx] = epilogue(v, 0u, idx / {n}u, idx % {n}u);"));
+    w.line(&format!("let t = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
+    w.block(&format!("if (t >= {stride}u)"), &["return;"]);
+    w.open(&format!("for (var r = 0u; r < {rounds}u; r++)"));
+    w.line(&format!("let g = t + r * {stride}u;"));
+    w.block(&format!("if (g >= {vectors}u)"), &["return;"]);
+    // Every slice's load is issued before the first add needs it.
+    w.line("var v = parts[g];");
+    for s in 1..u64::from(splits) {
+        w.line(&format!("v += parts[{}u + g];", s * vectors));
+    }
+    if lanes == 4 {
+        w.line("let e = g * 4u;");
+        for (k, x) in ["x", "y", "z", "w"].into_iter().enumerate() {
+            let e = if k == 0 { "e".to_string() } else { format!("(e + {k}u)") };
+            w.line(&format!("let o{k} = epilogue(v.{x}, 0u, {e} / {n}u, {e} % {n}u);"));
+        }
+        w.line("c[g] = vec4<f32>(o0, o1, o2, o3);");
+    } else {
+        w.line(&format!("c[g] = epilogue(v, 0u, g / {n}u, g % {n}u);"));
+    }
+    w.close();
     w.close();
     let mut bindings = vec![
         Binding { at: 0, name: "parts".into(), resource: parts, words: mn * u64::from(splits) },
         Binding { at: 1, name: "c".into(), resource: c, words: mn },
     ];
     bindings.extend(epilogue_bindings(Some(epilogue)));
-    out.push(Program {
+    Program {
         label: format!("{label} split-k sum"),
         wgsl: w.finish(),
         entry: "main",
         workgroup_size: WG,
         bindings,
-        grid: Grid::Linear(mn.div_ceil(u64::from(WG)) as u32),
-        checks: ShaderChecks::ALL,
-    });
-    Ok(out)
+        grid: Grid::Linear(workgroups as u32),
+        // Its loops run to counts fixed here: the loop guard would cost time and guard nothing.
+        checks: ShaderChecks { bounds: true, loop_bounding: false },
+    }
 }
 
 /// Describe matmul operand `id` (logical `[batch.., rows, cols]`) as strides over a buffer: a

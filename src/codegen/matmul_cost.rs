@@ -100,7 +100,8 @@ pub fn prepass_us(k: &CoopKernel, spec: &MatmulSpec) -> f64 {
 }
 
 /// Microseconds that splitting `m x n` into `splits` slices of K adds: the partial products'
-/// extra writes and the sum's reads and write.
+/// extra writes and the sum's reads and write, at memory speed (the sum reads and writes
+/// `vec4`s, [`super::matmul::split_k_sum`]; its scalar predecessor took 3x this).
 pub fn split_us(m: u32, n: u32, splits: u32) -> f64 {
     let mn = f64::from(m) * f64::from(n);
     DISPATCH_US + 4.0 * mn * (2.0 * f64::from(splits)) / BYTES_PER_US

@@ -6,7 +6,7 @@ use crate::common::gpu::or_skip;
 use rumus::codegen::layer_norm::{self, Backward, Forward};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand};
 use rumus::codegen::wgsl::MatmulEpilogue;
-use rumus::codegen::{Resource, ShaderChecks};
+use rumus::codegen::{Grid, Resource, ShaderChecks};
 use rumus::rng::Rng;
 use rumus::runtime::launch::prepare;
 use rumus::runtime::Gpu;
@@ -369,6 +369,52 @@ fn matmul_epilogue_bias_relu() {
     let got =
         run_matmul(gpu, MatmulTile::Simt, Some(&epilogue), &s, [&a, &b, &zeros], &[&bias_buf]);
     assert_close("matmul_epilogue_bias_relu simt", &got, &want, 1e-4);
+}
+
+/// The split-K sum against a plain sum of its slices, with an epilogue that reads a buffer at
+/// `(i, j)` and its batch: as 4-element vectors (rows of 36, and rows of 6 whose vectors span
+/// two rows) and single elements (25 columns), on one workgroup (so each thread sums two or
+/// three vectors of the output) and on as many as the output needs. Words past the output
+/// stay as they were. (m, n, slices, at most workgroups, workgroups).
+#[test]
+fn split_k_sum_matches_a_plain_sum() {
+    let Some((gpu, _turn)) = or_skip("split_k_sum_matches_a_plain_sum") else {
+        return;
+    };
+    let table = [
+        (37, 36, 3, 1, 1),
+        (23, 25, 2, 1, 1),
+        (2, 6, 4, matmul::SUM_WORKGROUPS, 1),
+        (40, 40, 2, matmul::SUM_WORKGROUPS, 2),
+    ];
+    for (m, n, splits, max, workgroups) in table {
+        let name = format!("split_k_sum {m}x{n} in {splits} on {max}");
+        let mn = (m * n) as usize;
+        let parts = random(mn * splits as usize, 7);
+        let residual = random(mn, 8);
+        let epilogue = MatmulEpilogue {
+            decls: "@group(0) @binding(4) var<storage, read> r: array<scalar>;".to_string(),
+            body: format!("return v + r[i * {n}u + j] + scalar(batch);"),
+            extra: vec![2],
+        };
+        let res = [Resource::Buffer(0), Resource::Buffer(1)];
+        let p = matmul::split_k_sum((m, n, splits), res, &epilogue, max, "sum");
+        assert_eq!(p.grid, Grid::Linear(workgroups), "{name}");
+        let pb = gpu.upload_f32("parts", &parts).unwrap();
+        let cb = gpu.upload_f32("c", &vec![f32::NAN; mn + 4]).unwrap();
+        let rb = gpu.upload_f32("r", &residual).unwrap();
+        let d = prepare(gpu, &p, &[&pb, &cb, &rb], &[]).unwrap();
+        gpu.run(&[&d]).unwrap();
+        let got = gpu.read_f32_range(&cb, 0..mn + 4).unwrap();
+        let want: Vec<f64> = (0..mn)
+            .map(|e| {
+                let sum: f64 = (0..splits as usize).map(|s| f64::from(parts[s * mn + e])).sum();
+                sum + f64::from(residual[e])
+            })
+            .collect();
+        assert_close(&name, &got[..mn], &want, 1e-6);
+        assert!(got[mn..].iter().all(|v| v.is_nan()), "{name}: wrote past the output: {got:?}");
+    }
 }
 
 #[test]

@@ -303,26 +303,27 @@ fn every_op_runs_on_the_gpu() {
     assert!(missing.is_empty(), "ops no GPU case exercises: {missing:?}");
 }
 
-/// The long-K case split into 8 slices of K (the cost model splits only products too large for
-/// a software adapter; `MatmulOptions::split_k` forces it) matches the CPU on the fp32 kernels
-/// and runs through the split-K path.
+/// The long-K cases split into 8 slices of K (the cost model splits only products too large for
+/// a software adapter; `MatmulOptions::split_k` forces it) match the CPU on the fp32 kernels:
+/// the plain product, and a bias add and GELU fused into the sum of the slices, over outputs
+/// summed as 4-element vectors (rows of 8, rows of 6 whose vectors span two rows) and as single
+/// elements (5 columns of 3 rows). Each forward product is its partial products and the sum.
 #[test]
 fn a_long_thin_product_splits_k() {
     let Some((gpu, _turn)) = or_skip("a_long_thin_product_splits_k") else { return };
     let split = MatmulOptions { split_k: Some(8), ..MatmulOptions::DEFAULT };
-    every_case_on(gpu, cases(), |name| name == "matmul long k", |b| b.matmul = split);
-    let c = cases().into_iter().find(|c| c.name == "matmul long k").unwrap();
-    let b = build(&c).unwrap();
-    let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
-    backend.matmul = split;
-    let labels: Vec<String> = backend
-        .plan_for(&[b.out], false)
-        .unwrap()
-        .dispatch_labels()
-        .into_iter()
-        .map(String::from)
-        .collect();
-    assert!(labels.iter().any(|l| l.contains("split-k")), "{labels:?}");
+    let long = |name: &str| name.starts_with("matmul long k");
+    every_case_on(gpu, cases(), long, |b| b.matmul = split);
+    for c in cases().into_iter().filter(|c| long(&c.name)) {
+        let b = build(&c).unwrap();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        backend.matmul = split;
+        let plan = backend.plan_for(&[b.out], false).unwrap();
+        let labels = plan.dispatch_labels();
+        assert_eq!(labels.len(), 2, "{}: {labels:?}", c.name);
+        assert!(labels[0].contains("split-k 8 "), "{}: {labels:?}", c.name);
+        assert!(labels[1].ends_with("split-k sum"), "{}: {labels:?}", c.name);
+    }
 }
 
 /// Indices and labels out of range: the GPU reports the error the CPU reference gives, naming

@@ -154,6 +154,21 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("matmul long k", &[(&[3, 1024], Any), (&[1024, 5], Any)], |g, x| {
         g.matmul(x[0], x[1])
     }));
+    // The split-K sum with an epilogue that reads a buffer at (i, j): a bias over outputs of
+    // 4-element vectors (rows of 8) and of single elements (5 columns), and a residual of the
+    // output's shape over rows of 6, so a vector's lanes fall in two rows.
+    let long_k: [(usize, usize, &[usize], &str); 3] = [
+        (3, 8, &[8], "matmul long k bias gelu"),
+        (2, 6, &[2, 6], "matmul long k residual gelu rows across vectors"),
+        (3, 5, &[5], "matmul long k bias gelu odd columns"),
+    ];
+    for (m, n, extra, name) in long_k {
+        cs.push(case(name, &[(&[m, 1024], Any), (&[1024, n], Any), (extra, Any)], |g, x| {
+            let y = g.matmul(x[0], x[1])?;
+            let y = g.add(y, x[2])?;
+            g.gelu_tanh(y)
+        }));
+    }
     cs.push(case("matmul 1x1", &[(&[1, 1], Any), (&[1, 1], Any)], |g, x| g.matmul(x[0], x[1])));
     // Layout ops read in place (`plan::view`): a transposed right operand, a permute of a
     // reshape (batched, transposed), a slice (an offset and a wider row), and a transpose read
