@@ -55,8 +55,10 @@ pub struct Launcher {
 impl Launcher {
     /// Compile the distinct modules among `programs` not compiled yet, on several threads: the
     /// driver takes up to a second for each large kernel, and a plan has dozens. Mesa's OpenGL
-    /// backend shares one context between threads, so there they compile in turn. An error is
-    /// the first failing program's, in the order given.
+    /// backend shares one context between threads, so there they compile in turn. Up to 16
+    /// threads: on the H200's 16-core host a cold gpt-medium compile took 1.36–1.39 s against
+    /// 1.56–1.71 s with 8 (`highest`; BENCHMARKS.md). An error is the first failing program's,
+    /// in the order given.
     pub fn compile_all<'p>(
         &mut self,
         gpu: &Gpu,
@@ -70,7 +72,7 @@ impl Launcher {
             .collect();
         let threads = match gpu.info.backend {
             wgpu::Backend::Gl => 1,
-            _ => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+            _ => std::thread::available_parallelism().map_or(1, |n| n.get().min(16)),
         };
         let compiled: Vec<Mutex<Option<Result<wgpu::ComputePipeline>>>> =
             todo.iter().map(|_| Mutex::new(None)).collect();
