@@ -14,7 +14,7 @@
 //! profile's own overhead (about 13 µs a dispatch) is taken out.
 //!
 //! Bandwidth-bound work (the range pre-pass and the conversion of the cooperative kernels, the
-//! split-K partials and their sum) costs its bytes at [`BYTES_PER_US`] plus [`DISPATCH_US`] a
+//! split-K partials and their sum) costs its bytes at `BYTES_PER_US` plus `DISPATCH_US` a
 //! dispatch.
 
 use super::matmul::{MatmulSpec, MatmulTile};

@@ -11,7 +11,7 @@
 //! The words must be zero before the pre-pass: the buffer is its own scratch slot
 //! ([`super::matmul::RANGE_SLOT`], which nothing else binds), zero when created, and each
 //! product sets them back to zero once the conversion has turned them into the exponents
-//! (`range[EXPONENTS]`, `range[EXPONENTS + 1]`, see [`exponent_fn`]). One dispatch instead of
+//! (`range[EXPONENTS]`, `range[EXPONENTS + 1]`, see `exponent_fn`). One dispatch instead of
 //! a partial-maxima pass and a one-workgroup finish: a quarter fewer dispatches per product.
 
 use super::matmul::MatmulSpec;

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 /// Check that:
 /// - every value has a buffer large enough for it;
 /// - a pinned value's bytes hold nothing else, and two values whose bytes overlap (in one
-///   buffer, or in ranges of one buffer) never have overlapping lifetimes ([`check_overlaps`]);
+///   buffer, or in ranges of one buffer) never have overlapping lifetimes (`check_overlaps`);
 /// - every value a kernel reads is a source or was written by an earlier kernel;
 /// - every value a kernel reads or writes has a buffer (views through their owner);
 /// - no kernel binds more storage buffers than `max_storage_buffers` (when given), counted as
