@@ -2,6 +2,9 @@
 //! `plotters` as SVG. Only its SVG backend is built, with no font feature: text goes into the
 //! SVG as `<text>` for the viewer to render, so nothing depends on the system's fonts.
 //!
+//! A panel whose values are all positive and span two decades or more (a loss, usually) has
+//! a log-scale y axis, and its title says so.
+//!
 //! The points come from a metrics log (`rumus run --metrics`, JSON lines: `{"step", "loss"}`
 //! for a training step, `{"step", "metric", "value"}` for `log_metric`) or from the run itself
 //! (`rumus run --plot`).
@@ -74,19 +77,33 @@ impl Curves {
             let panels = root.split_evenly((self.series.len(), 1));
             for ((name, points), panel) in self.series.iter().zip(&panels) {
                 let (x0, x1) = padded(points.iter().map(|p| p.0), 0.0);
-                let (y0, y1) = padded(points.iter().map(|p| p.1), 0.05);
-                let mut chart = ChartBuilder::on(panel)
-                    .caption(name, ("sans-serif", 20))
+                let log = log_range(points.iter().map(|p| p.1));
+                let caption = match log {
+                    Some(_) => format!("{name} (log scale)"),
+                    None => name.clone(),
+                };
+                let mut builder = ChartBuilder::on(panel);
+                builder
+                    .caption(caption, ("sans-serif", 20))
                     .margin(12)
                     .x_label_area_size(36)
-                    .y_label_area_size(64)
-                    .build_cartesian_2d(x0..x1, y0..y1)
-                    .map_err(draw_err)?;
+                    .y_label_area_size(64);
                 let whole = |x: &f64| format!("{x:.0}");
-                let mesh = chart.configure_mesh().x_desc("step").x_label_formatter(&whole).draw();
-                mesh.map_err(draw_err)?;
                 let line = LineSeries::new(points.iter().copied(), BLUE.stroke_width(2));
-                chart.draw_series(line).map_err(draw_err)?;
+                // The two axes are different types, so the same drawing is written for each.
+                if let Some((y0, y1)) = log {
+                    let y = (y0..y1).log_scale();
+                    let mut chart = builder.build_cartesian_2d(x0..x1, y).map_err(draw_err)?;
+                    let mut mesh = chart.configure_mesh();
+                    mesh.x_desc("step").x_label_formatter(&whole).draw().map_err(draw_err)?;
+                    chart.draw_series(line).map_err(draw_err)?;
+                } else {
+                    let (y0, y1) = padded(points.iter().map(|p| p.1), 0.05);
+                    let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1).map_err(draw_err)?;
+                    let mut mesh = chart.configure_mesh();
+                    mesh.x_desc("step").x_label_formatter(&whole).draw().map_err(draw_err)?;
+                    chart.draw_series(line).map_err(draw_err)?;
+                }
             }
             root.present().map_err(draw_err)?;
         }
@@ -107,6 +124,15 @@ pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
     let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;
     let text = String::from_utf8(bytes).map_err(|_| err!(Io, "{name}: not valid UTF-8 text"))?;
     Curves::from_log(&name, &text)?.write_svg(out)
+}
+
+/// The y range of a panel drawn on a log scale: values all positive and spanning at least two
+/// decades (a loss falling from 4 to 0.01 is a flat line at zero on a linear axis after its
+/// first hundred steps), widened by a tenth of a decade each side. `None` for a linear axis.
+fn log_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+    let pad = 10f64.powf(0.1);
+    (lo > 0.0 && hi >= 100.0 * lo).then(|| (lo / pad, hi * pad))
 }
 
 /// The range of `values`, widened by `pad` of its span on each side (and to a span of 1 when

@@ -141,6 +141,27 @@ fn metrics_lines_carry_time_lr_and_epoch() {
 }
 
 /// `rumus plot` draws a metrics log; `rumus run --plot` draws the run's own curves.
+/// A series of positive values spanning two decades or more (a loss) is drawn on a log-scale
+/// axis and its title says so; others (an accuracy, a loss that stays within a decade, or one
+/// that reaches 0) keep a linear axis.
+#[test]
+fn plot_draws_a_loss_over_decades_on_a_log_axis() {
+    let mut c = rumus::plot::Curves::default();
+    for step in 1..=50 {
+        let s = f64::from(step);
+        c.push("loss", s, 4.0 * 0.88f64.powf(s)); // 3.5 down to 0.007
+        c.push("accuracy", s, 0.5 + 0.01 * s);
+        c.push("mse", s, 2.0 - 0.03 * s); // 1.97 down to 0.5: one decade
+        c.push("gap", s, 50.0 - s); // reaches 0
+    }
+    let svg = c.svg().unwrap();
+    let title = |t: &str| svg.contains(&format!(">\n{t}\n</text>"));
+    assert!(title("loss (log scale)"), "{svg}");
+    for linear in ["accuracy", "mse", "gap"] {
+        assert!(title(linear) && !title(&format!("{linear} (log scale)")), "{linear}");
+    }
+}
+
 #[test]
 fn plot_writes_an_svg_of_every_curve() {
     let f = script("plot.rms", TRAIN);
