@@ -55,6 +55,22 @@ fn max_rel_err(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(err).fold(0.0, f64::max)
 }
 
+/// Five steps of `on` and `off` give the same losses and values within 1e-6 relative on the
+/// CPU, and the same losses on the GPU where there is one (`test` names the GPU part).
+fn trains_alike(on: &TrainGraph, off: &TrainGraph, test: &str) {
+    let (cl, cv) = train(&mut CpuBackend::new(on.graph.clone(), 3).unwrap(), on, 5);
+    let (kl, kv) = train(&mut CpuBackend::new(off.graph.clone(), 3).unwrap(), off, 5);
+    assert!(max_rel_err(&cl, &kl) <= 1e-6, "cpu losses {cl:?} vs {kl:?}");
+    assert!(max_rel_err(&cv, &kv) <= 1e-6, "cpu values differ");
+    let Some((gpu, _turn)) = or_skip(test) else { return };
+    let gpu_train = |t: &TrainGraph| {
+        let mut b = GpuBackend::new(gpu, t.graph.clone(), 3, PlanOptions::default()).unwrap();
+        train(&mut b, t, 5)
+    };
+    let ((gl, _), (hl, _)) = (gpu_train(on), gpu_train(off));
+    assert!(max_rel_err(&gl, &hl) <= 1e-6, "gpu losses {gl:?} vs {hl:?}");
+}
+
 #[test]
 fn rematerialized_steps_train_to_the_same_losses_on_the_cpu_and_the_gpu() {
     let (on, off) = (gpt_step(true), gpt_step(false));
@@ -64,20 +80,7 @@ fn rematerialized_steps_train_to_the_same_losses_on_the_cpu_and_the_gpu() {
         "ln1, ln2, gelu and attention-output views per layer, ln_f"
     );
     assert!(off.graph.recomputed.is_empty());
-    let (cl, cv) = train(&mut CpuBackend::new(on.graph.clone(), 3).unwrap(), &on, 5);
-    let (kl, kv) = train(&mut CpuBackend::new(off.graph.clone(), 3).unwrap(), &off, 5);
-    assert!(max_rel_err(&cl, &kl) <= 1e-6, "cpu losses {cl:?} vs {kl:?}");
-    assert!(max_rel_err(&cv, &kv) <= 1e-6, "cpu values differ");
-    let Some((gpu, _turn)) = or_skip("rematerialized_steps_train_to_the_same_losses_on_the_gpu")
-    else {
-        return;
-    };
-    let gpu_train = |t: &TrainGraph| {
-        let mut b = GpuBackend::new(gpu, t.graph.clone(), 3, PlanOptions::default()).unwrap();
-        train(&mut b, t, 5)
-    };
-    let ((gl, _), (hl, _)) = (gpu_train(&on), gpu_train(&off));
-    assert!(max_rel_err(&gl, &hl) <= 1e-6, "gpu losses {gl:?} vs {hl:?}");
+    trains_alike(&on, &off, "rematerialized_steps_train_to_the_same_losses_on_the_gpu");
 }
 
 /// The plan's first kernel that computes a backward node.
@@ -151,19 +154,7 @@ fn recomputed_matmuls_train_to_the_same_losses() {
     let matmuls = |t: &TrainGraph| t.graph.nodes().filter(|(_, n)| n.op.name() == "matmul").count();
     assert_eq!(matmuls(&on), matmuls(&off) + 4, "fc and qkv copies in each of 2 layers");
     assert!(on.graph.recomputed.len() > off.graph.recomputed.len());
-    let (cl, cv) = train(&mut CpuBackend::new(on.graph.clone(), 3).unwrap(), &on, 5);
-    let (kl, kv) = train(&mut CpuBackend::new(off.graph.clone(), 3).unwrap(), &off, 5);
-    assert!(max_rel_err(&cl, &kl) <= 1e-6, "cpu losses {cl:?} vs {kl:?}");
-    assert!(max_rel_err(&cv, &kv) <= 1e-6, "cpu values differ");
-    let Some((gpu, _turn)) = or_skip("recomputed_matmuls_train_to_the_same_losses") else {
-        return;
-    };
-    let gpu_train = |t: &TrainGraph| {
-        let mut b = GpuBackend::new(gpu, t.graph.clone(), 3, PlanOptions::default()).unwrap();
-        train(&mut b, t, 5)
-    };
-    let ((gl, _), (hl, _)) = (gpu_train(&on), gpu_train(&off));
-    assert!(max_rel_err(&gl, &hl) <= 1e-6, "gpu losses {gl:?} vs {hl:?}");
+    trains_alike(&on, &off, "recomputed_matmuls_train_to_the_same_losses");
 }
 
 /// `rumus plan --remat-matmuls` on gpt-small: the fc outputs and qkv projections of all but
