@@ -122,20 +122,26 @@ fn gelu_and_layer_norm_outputs_die_with_the_forward_pass() {
     }
 }
 
+/// `rumus plan scripts/bench/gpt-small.rms --json` with `extra` arguments, parsed.
+fn plan_json(extra: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["plan", "scripts/bench/gpt-small.rms", "--json"])
+        .args(extra)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A number of a `rumus plan --json` report.
+fn n(v: &serde_json::Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap()
+}
+
 #[test]
 fn rumus_plan_no_remat_keeps_the_values_and_plans_more_bytes() {
-    let json = |extra: &[&str]| -> serde_json::Value {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
-            .args(["plan", "scripts/bench/gpt-small.rms", "--json"])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let (on, off) = (json(&[]), json(&["--no-remat"]));
-    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let (on, off) = (plan_json(&[]), plan_json(&["--no-remat"]));
     // Three values a layer (ln1, ln2, the GELU output; the attention output's permuted copy
     // is a view) of [32, 128, 256] floats (the GELU output 4 times as wide) and ln_f: at least
     // 20 MiB less.
@@ -162,24 +168,9 @@ fn recomputed_matmuls_train_to_the_same_losses() {
 /// products a layer.
 #[test]
 fn rumus_plan_remat_matmuls_plans_fewer_bytes_for_more_dispatches() {
-    let json = |extra: &[&str]| -> serde_json::Value {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
-            .args([
-                "plan",
-                "scripts/bench/gpt-small.rms",
-                "--json",
-                "--matmul-precision",
-                "highest",
-            ])
-            .args(extra)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let (on, off) = (json(&["--remat-matmuls"]), json(&[]));
-    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let precision = ["--matmul-precision", "highest"];
+    let (on, off) =
+        (plan_json(&[&precision[..], &["--remat-matmuls"]].concat()), plan_json(&precision));
     assert_eq!(n(&on, "dispatches"), n(&off, "dispatches") + 8, "{on} {off}");
     assert!(n(&on, "planned_bytes") + (60 << 20) < n(&off, "planned_bytes"), "{on} {off}");
 }
