@@ -203,11 +203,7 @@ impl MatmulTile {
     /// more storage buffers than an fp32 one: the workspace and the range words instead of A
     /// and B.
     pub fn coop_on(spec: &MatmulSpec, target: &Target, tile: CoopTile) -> Option<CoopKernel> {
-        let mode = match target.matmul.precision {
-            MatmulPrecision::Highest => return None,
-            MatmulPrecision::High => CoopMode::High,
-            MatmulPrecision::Medium => CoopMode::Medium,
-        };
+        let mode = coop_mode(target.matmul.precision)?;
         let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
             (_, true) => (32, true),
             (Some(sg), false) => (sg, false),
@@ -224,12 +220,14 @@ impl MatmulTile {
         fits.then_some(k)
     }
 
-    /// The cooperative tiles the cost model chooses between for `target`'s mode: the override
-    /// (`RUMUS_MATMUL_COOP_TILE`, tests) alone, else [`matmul_coop::tiles`].
-    fn coop_tiles(target: &Target, mode: CoopMode) -> Vec<CoopTile> {
-        match target.matmul.coop_tile {
-            Some(t) => vec![t],
-            None => matmul_coop::tiles(mode).to_vec(),
+    /// The cooperative tiles the cost model chooses between for `target`'s mode: none in
+    /// `highest`, the override (`RUMUS_MATMUL_COOP_TILE`, tests) alone, else
+    /// [`matmul_coop::tiles`].
+    fn coop_tiles(target: &Target) -> Vec<CoopTile> {
+        match (coop_mode(target.matmul.precision), target.matmul.coop_tile) {
+            (None, _) => Vec::new(),
+            (Some(_), Some(t)) => vec![t],
+            (Some(mode), None) => matmul_coop::tiles(mode).to_vec(),
         }
     }
 
@@ -299,11 +297,7 @@ impl MatmulTile {
         let unsplit_batch = if split > 1 { 1 } else { part.batch };
         let one = MatmulSpec { batch: unsplit_batch, ..*part };
         let fp32 = Self::fp32(part, target, Self::simt_fits(&one, target));
-        let mode = match target.matmul.precision {
-            MatmulPrecision::High => CoopMode::High,
-            _ => CoopMode::Medium,
-        };
-        let coop = Self::coop_tiles(target, mode)
+        let coop = Self::coop_tiles(target)
             .into_iter()
             .filter_map(|t| Self::coop_on(part, target, t))
             .map(|k| {
@@ -345,6 +339,15 @@ impl MatmulTile {
         } else {
             MatmulTile::Register
         }
+    }
+}
+
+/// The cooperative mode computing products in `precision`; `None` for `highest` (fp32).
+fn coop_mode(precision: MatmulPrecision) -> Option<CoopMode> {
+    match precision {
+        MatmulPrecision::Highest => None,
+        MatmulPrecision::High => Some(CoopMode::High),
+        MatmulPrecision::Medium => Some(CoopMode::Medium),
     }
 }
 
