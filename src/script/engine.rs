@@ -9,6 +9,7 @@
 //!
 //! Nothing here knows about tensors or models; `api` registers those.
 
+use super::lock;
 use crate::err;
 use crate::error::{Error, Result};
 use rhai::packages::{Package, StandardPackage};
@@ -246,7 +247,7 @@ impl Deadline {
             }
         });
         match watchdog {
-            Ok(_) => *self.0.cancel.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx),
+            Ok(_) => *lock(&self.0.cancel) = Some(tx),
             // No thread to spare: no time to spare either.
             Err(_) => self.0.expired.store(n, Ordering::SeqCst),
         }
@@ -254,7 +255,7 @@ impl Deadline {
 
     /// The evaluation has ended: let its watchdog go.
     pub fn stop(&self) {
-        self.0.cancel.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.0.cancel).take();
     }
 
     /// Whether the running evaluation's time is up.
