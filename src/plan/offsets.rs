@@ -26,14 +26,18 @@ pub const MOST_GROUPS: usize = 8;
 /// A value to place.
 #[derive(Clone, Copy, Debug)]
 pub struct Item {
+    /// Its size (placed rounded up to [`ALIGN_BYTES`]).
     pub bytes: u64,
+    /// The kernels during which its bytes are in use.
     pub lifetime: Lifetime,
 }
 
 /// Where the items went: the heaps' sizes, and each item's heap and offset in bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// Each heap's size in bytes.
     pub heaps: Vec<u64>,
+    /// Each item's heap (an index into `heaps`) and byte offset in it, in the items' order.
     pub at: Vec<(usize, u64)>,
 }
 
