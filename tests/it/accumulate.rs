@@ -4,6 +4,7 @@
 //! the GPU; a micro-batch run skips the optimizer's kernels, and the plan says so; checkpoints
 //! between the micro-batches of an update are refused.
 
+use crate::common::gpu::devices_or_skip;
 use crate::common::script::printed;
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
@@ -18,13 +19,6 @@ fn run_on(device: &str, code: &str) -> String {
 }
 ";
     printed(HostOptions { device: device.into(), ..HostOptions::default() }, &format!("{m}{code}"))
-}
-
-fn devices(test: &str) -> Vec<&'static str> {
-    match crate::common::gpu::or_skip(test) {
-        Some(_) => vec!["cpu", "gpu"],
-        None => vec!["cpu"],
-    }
 }
 
 /// Rows `from..to` of a fixed 32-row data set, as `(x, y)` tensors.
@@ -74,7 +68,8 @@ for n in a.params() {{
 print(\"done\");
 "
     );
-    for dev in devices("four_micro_batches_of_8_train_as_one_batch_of_32") {
+    let (devices, _turn) = devices_or_skip("four_micro_batches_of_8_train_as_one_batch_of_32");
+    for dev in devices {
         let out = run_on(dev, &code.replace("DEV", &format!("\"{dev}\"")));
         assert_eq!(out, "updates 4 and 4\nlosses within 1e-5: true\ndone\n", "on {dev}");
     }
@@ -108,7 +103,9 @@ net.{what}(\"{p}\");
             "cannot {what} with 1 of 2 micro-batches of the next update accumulated (a checkpoint holds no partial sums of gradients); {what} after a multiple of 2 train_step calls"
         )
     };
-    for dev in devices("checkpoints_between_the_micro_batches_of_an_update_are_refused") {
+    let (devices, _turn) =
+        devices_or_skip("checkpoints_between_the_micro_batches_of_an_update_are_refused");
+    for dev in devices {
         let dev_code = |what: &str| code(what).replace("DEV", &format!("\"{dev}\""));
         let want = format!("step 1\ntrue\nerror: {}\n", refused("save"));
         assert_eq!(run_on(dev, &dev_code("save")), want, "on {dev}");

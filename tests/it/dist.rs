@@ -180,6 +180,8 @@ fn a_job_of_one_is_rank_zero_of_one() {
 
 #[test]
 fn two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch() {
+    let test = "two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch";
+    let Some((_, _turn)) = crate::common::gpu::or_skip(test) else { return };
     // The gradients go through host memory in several buckets (at least four where the values
     // allow), each averaged while the GPU runs the rest of the backward pass.
     let script = TRAIN_SCRIPT.replace(r#"device: "cpu""#, r#"device: "gpu""#);

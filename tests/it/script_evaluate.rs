@@ -2,6 +2,7 @@
 //! mean loss over every example, batches of any size, nothing about the model changed) and a
 //! learning rate set from the script, on the CPU backend and on the GPU.
 
+use crate::common::gpu::devices_or_skip;
 use crate::common::script::printed;
 use rumus::script::HostOptions;
 
@@ -15,13 +16,6 @@ fn check(code: &str, expected: &str) {
 }
 
 /// The CPU backend, and the GPU when there is one (a failure under `CI=true` when there is not).
-fn devices(test: &str) -> Vec<&'static str> {
-    match crate::common::gpu::or_skip(test) {
-        Some(_) => vec!["cpu", "gpu"],
-        None => vec!["cpu"],
-    }
-}
-
 const MLP: &str = "model m(x: f32[B, 3], classes = 4) {
     return linear(relu(linear(x, 8) as fc1), classes) as fc2
 }
@@ -55,7 +49,8 @@ for i in 0..3 {
 }
 print(same && a.step == 4);
 ";
-    for dev in devices("evaluate on the gpu") {
+    let (devices, _turn) = devices_or_skip("evaluate on the gpu");
+    for dev in devices {
         let out = run_on(dev, &format!("{MLP}const DEV = \"{dev}\";\n{code}"));
         assert_eq!(out, "true\ntrue\ntrue\ntrue\ntrue\n", "{dev}");
     }
@@ -148,7 +143,8 @@ a.lr = 0.05;
 a.train_step(x4, y4);
 print(a.param(\"fc1.weight\") != w);
 ";
-    for dev in devices("a learning rate set on the gpu") {
+    let (devices, _turn) = devices_or_skip("a learning rate set on the gpu");
+    for dev in devices {
         let out = run_on(dev, &format!("{MLP}const DEV = \"{dev}\";\n{code}"));
         assert_eq!(out, "true\ntrue\ntrue\ntrue\n", "{dev}");
     }

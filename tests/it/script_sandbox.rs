@@ -353,8 +353,8 @@ fn state_persists_across_evaluations() {
 
 #[test]
 fn a_model_holds_its_charge_until_dropped_on_either_device() {
-    let on_gpu = crate::common::gpu::or_skip("model charge on the gpu").is_some();
-    for device in if on_gpu { &["cpu", "gpu"][..] } else { &["cpu"] } {
+    let (devices, _turn) = crate::common::gpu::devices_or_skip("model charge on the gpu");
+    for device in devices {
         let mut h = budget_host(64);
         let before = h.ctx().budget.used();
         let code = format!(

@@ -82,10 +82,7 @@ print(last < first * 0.7);
 
 #[test]
 fn a_gpt_with_a_tied_head_trains_on_either_device() {
-    let devices = match crate::common::gpu::or_skip("tied gpt on the gpu") {
-        Some(_) => vec!["cpu", "gpu"],
-        None => vec!["cpu"],
-    };
+    let (devices, _turn) = crate::common::gpu::devices_or_skip("tied gpt on the gpu");
     for dev in devices {
         let mut h = Host::new(HostOptions { device: dev.into(), ..HostOptions::default() });
         let out = crate::common::script::capture(&mut h);

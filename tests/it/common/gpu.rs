@@ -44,6 +44,17 @@ pub fn or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
     Some((gpu, GpuTurn::take(gpu)))
 }
 
+/// For tests that run on the CPU backend and, where there is an adapter, on the GPU too: the
+/// device names to run on, and the test's turn at the GPU (keep it alive while the test runs:
+/// on OpenGL adapters a test that let it go shared the one context with other tests and wgpu
+/// panicked waiting for it). A failure under `CI=true` without an adapter, as [`or_skip`] says.
+pub fn devices_or_skip(test: &str) -> (Vec<&'static str>, GpuTurn) {
+    match or_skip(test) {
+        Some((_, turn)) => (vec!["cpu", "gpu"], turn),
+        None => (vec!["cpu"], GpuTurn(None)),
+    }
+}
+
 /// For tests: both test devices, the adapter's own limits first and WebGPU's defaults second
 /// (`test_gpu_at_webgpu_limits`), with the test's turn at them; no device, or a failure under
 /// `CI=true`, as [`or_skip`] says.
