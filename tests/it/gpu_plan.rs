@@ -254,6 +254,38 @@ fn gpu_training_matches_the_cpu_reference() {
     }
 }
 
+/// Each step's commands are recorded while the previous step runs: steps that read back
+/// different values (the loss, then the logits too, then only the logits) and a dropout
+/// mask that reads the step counter written just before the submission still give the CPU
+/// reference's values at every step.
+#[test]
+fn commands_recorded_ahead_read_what_each_step_asks_for() {
+    let (gpus, _turn) = both_or_skip("commands_recorded_ahead_read_what_each_step_asks_for");
+    for gpu in gpus {
+        let t = mlp_step();
+        // The logits (a parameter read in a training run is its updated value on the GPU and
+        // the value the step read on the CPU: a difference of its own).
+        let w = t.graph.nodes().find(|(_, n)| n.shape == [6, 3]).map(|(id, _)| id).unwrap();
+        let mut on_gpu = gpu_backend(gpu, &t, true, true);
+        let mut on_cpu = CpuBackend::new(t.graph.clone(), 7).unwrap();
+        let reads: [&[rumus::graph::NodeId]; 5] =
+            [&[t.loss], &[t.loss], &[t.loss, w], &[w], &[t.loss]];
+        for (step, read) in reads.into_iter().enumerate() {
+            let f = host(&t, step as u64);
+            let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
+            let opts = RunOptions { training: true, step: step as u64 };
+            let got = on_gpu.run(&refs, read, opts).unwrap();
+            let want = on_cpu.run(&refs, read, opts).unwrap();
+            assert_eq!(got.len(), read.len(), "step {step}");
+            for (g, c) in got.iter().zip(&want) {
+                assert_eq!(g.shape(), c.shape(), "step {step}");
+                let err = max_rel_err(&g.to_f32_vec(), &c.to_f32_vec());
+                assert!(err < 1e-4, "step {step}: gpu {g:?} cpu {c:?}");
+            }
+        }
+    }
+}
+
 /// Reductions forced into two stages (a first-stage workgroup sums 5 elements, so the gradient
 /// norm and every sum of the steps take several workgroups and a second dispatch; cross-entropy
 /// always does): the steps match the CPU reference as above, and two runs from the same start
