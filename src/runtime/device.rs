@@ -124,6 +124,25 @@ pub struct Readback {
     spans: Vec<std::ops::Range<u64>>,
 }
 
+impl Readback {
+    /// Encode into `enc` the copies of the parts `pick` selects (by index), `parts` being
+    /// those the readback was made for.
+    pub fn encode(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        parts: &[(&wgpu::Buffer, std::ops::Range<usize>)],
+        pick: impl Fn(usize) -> bool,
+    ) {
+        let Some(staging) = &self.staging else { return };
+        for (i, ((buf, range), span)) in parts.iter().zip(&self.spans).enumerate() {
+            if pick(i) && !span.is_empty() {
+                let start = range.start as u64 * 4;
+                enc.copy_buffer_to_buffer(buf, start, staging, span.start, span.end - span.start);
+            }
+        }
+    }
+}
+
 /// Usage of a plain storage buffer: bindable read-write, copyable both ways.
 pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST)
@@ -440,6 +459,15 @@ impl Gpu {
         enc: &mut wgpu::CommandEncoder,
         parts: &[(&wgpu::Buffer, std::ops::Range<usize>)],
     ) -> Result<Readback> {
+        let readback = self.readback(parts)?;
+        readback.encode(enc, parts, |_| true);
+        Ok(readback)
+    }
+
+    /// The staging buffer for reading element ranges `parts` of buffers back, to be copied
+    /// into with [`Readback::encode`] (all parts in one place, or in several places of a
+    /// command stream).
+    pub fn readback(&self, parts: &[(&wgpu::Buffer, std::ops::Range<usize>)]) -> Result<Readback> {
         let mut spans = Vec::with_capacity(parts.len());
         let mut total = 0u64;
         for (buf, range) in parts {
@@ -461,12 +489,6 @@ impl Gpu {
         }
         let usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let staging = self.buffer("readback", total, usage)?;
-        for ((buf, range), span) in parts.iter().zip(&spans) {
-            if !span.is_empty() {
-                let start = range.start as u64 * 4;
-                enc.copy_buffer_to_buffer(buf, start, &staging, span.start, span.end - span.start);
-            }
-        }
         Ok(Readback { staging: Some(staging), spans })
     }
 

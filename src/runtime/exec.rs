@@ -331,12 +331,6 @@ impl GpuPlan {
             None => 0,
         };
         let all: Vec<&Dispatch> = all[first..].iter().map(|&i| &self.dispatches[i]).collect();
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        gpu.encode(&mut enc, &all);
-        for &&(from, to, bytes) in &copies {
-            let ((src, src_at, _), (dst, dst_at, _)) = (&self.buffers[from], &self.buffers[to]);
-            enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, bytes);
-        }
         let mut parts = Vec::with_capacity(read.len() + 1);
         for &id in read {
             let (buf, offset) = self.buf(id)?;
@@ -346,7 +340,18 @@ impl GpuPlan {
         if let Some((status, n)) = &self.status {
             parts.push((status, 0..*n));
         }
-        let readback = gpu.encode_readback(&mut enc, &parts)?;
+        let readback = gpu.readback(&parts)?;
+        // A persistent value is read as the step read it (as on the CPU), before the update
+        // writes its new value: its copy comes first, the others' after the dispatches.
+        let early = |i: usize| read.get(i).is_some_and(|&id| g.node(id).op.is_persistent());
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        readback.encode(&mut enc, &parts, early);
+        gpu.encode(&mut enc, &all);
+        for &&(from, to, bytes) in &copies {
+            let ((src, src_at, _), (dst, dst_at, _)) = (&self.buffers[from], &self.buffers[to]);
+            enc.copy_buffer_to_buffer(src, *src_at, dst, *dst_at, bytes);
+        }
+        readback.encode(&mut enc, &parts, |i| !early(i));
         let commands = gpu.scoped("recording the step failed", || enc.finish())?;
         Ok((commands, readback))
     }

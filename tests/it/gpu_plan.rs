@@ -255,21 +255,21 @@ fn gpu_training_matches_the_cpu_reference() {
 }
 
 /// Each step's commands are recorded while the previous step runs: steps that read back
-/// different values (the loss, then the logits too, then only the logits) and a dropout
-/// mask that reads the step counter written just before the submission still give the CPU
-/// reference's values at every step.
+/// different values (the loss, then the logits and a parameter too, then only the parameter)
+/// and a dropout mask that reads the step counter written just before the submission still
+/// give the CPU reference's values at every step. A parameter read in a training step is the
+/// value the step read, as on the CPU, not the one its update wrote.
 #[test]
 fn commands_recorded_ahead_read_what_each_step_asks_for() {
     let (gpus, _turn) = both_or_skip("commands_recorded_ahead_read_what_each_step_asks_for");
     for gpu in gpus {
         let t = mlp_step();
-        // The logits (a parameter read in a training run is its updated value on the GPU and
-        // the value the step read on the CPU: a difference of its own).
-        let w = t.graph.nodes().find(|(_, n)| n.shape == [6, 3]).map(|(id, _)| id).unwrap();
+        let logits = t.graph.nodes().find(|(_, n)| n.shape == [6, 3]).map(|(id, _)| id).unwrap();
+        let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
         let mut on_gpu = gpu_backend(gpu, &t, true, true);
         let mut on_cpu = CpuBackend::new(t.graph.clone(), 7).unwrap();
         let reads: [&[rumus::graph::NodeId]; 5] =
-            [&[t.loss], &[t.loss], &[t.loss, w], &[w], &[t.loss]];
+            [&[t.loss], &[t.loss], &[t.loss, logits, w], &[w], &[t.loss]];
         for (step, read) in reads.into_iter().enumerate() {
             let f = host(&t, step as u64);
             let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
