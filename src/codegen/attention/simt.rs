@@ -304,26 +304,81 @@ impl<'a> Gen<'a> {
     /// Stage rows `row0 .. row0 + rows` of tensor `x` (head `bh`) into `dst` as vec4s, zero
     /// past T and past DH.
     fn stage(&self, w: &mut Wgsl, dst: &str, x: &str, row0: &str, rows: u32) {
-        w.open(&format!("for (var e = t; e < {}u; e += NT)", rows * self.dp / 4));
-        w.line("let r = e / DG;");
-        w.line("let g = e % DG;");
-        w.line(&format!("let i = {row0} + r;"));
-        w.line("let d = 4u * g;");
-        w.line("var x = vec4<f32>();");
-        w.open("if i < T && d < DH");
-        w.line(&format!("let at = at_{x}(bh, i, d);"));
-        if self.cfg.shape.dh.is_multiple_of(4) {
-            w.line(&format!("x = vec4<f32>({x}[at], {x}[at + 1u], {x}[at + 2u], {x}[at + 3u]);"));
-        } else {
-            w.line(&format!("x.x = {x}[at];"));
-            for (j, c) in ["y", "z", "w"].iter().enumerate() {
-                let j = j + 1;
-                w.block(&format!("if d + {j}u < DH"), &[&format!("x.{c} = {x}[at + {j}u];")]);
+        self.load(w, dst, x, row0, rows, true);
+        self.store(w, dst, rows);
+    }
+
+    /// This thread's vec4s of rows `row0 .. row0 + rows` of tensor `x` into registers
+    /// `pf_{reg}{k}` (declared here when `declare`), zero past T and past DH: element
+    /// `e = t + k·NT` of the block, for `k` below `rows·DG / NT` rounded up.
+    fn load(&self, w: &mut Wgsl, reg: &str, x: &str, row0: &str, rows: u32, declare: bool) {
+        let n = rows * self.dp / 4;
+        for k in 0..n.div_ceil(self.b.threads) {
+            let v = format!("pf_{reg}{k}");
+            if declare {
+                w.line(&format!("var {v} = vec4<f32>();"));
+            } else {
+                w.line(&format!("{v} = vec4<f32>();"));
+            }
+            w.line(&format!("let {v}e = t + {}u;", k * self.b.threads));
+            w.line(&format!("let {v}i = {row0} + {v}e / DG;"));
+            w.line(&format!("let {v}d = 4u * ({v}e % DG);"));
+            w.open(&format!("if {v}e < {n}u && {v}i < T && {v}d < DH"));
+            w.line(&format!("let at = at_{x}(bh, {v}i, {v}d);"));
+            if self.cfg.shape.dh.is_multiple_of(4) {
+                w.line(&format!("{v} = vec4<f32>({x}[at], {x}[at + 1u], {x}[at + 2u], {x}[at + 3u]);"));
+            } else {
+                w.line(&format!("{v}.x = {x}[at];"));
+                for (j, c) in ["y", "z", "w"].iter().enumerate() {
+                    let j = j + 1;
+                    w.block(&format!("if {v}d + {j}u < DH"), &[&format!("{v}.{c} = {x}[at + {j}u];")]);
+                }
+            }
+            w.close();
+        }
+    }
+
+    /// Registers `pf_{dst}{k}` of [`Gen::load`] into the workgroup array `dst`.
+    fn store(&self, w: &mut Wgsl, dst: &str, rows: u32) {
+        let n = rows * self.dp / 4;
+        for k in 0..n.div_ceil(self.b.threads) {
+            let e = format!("(t + {}u)", k * self.b.threads);
+            let store = format!("{dst}[{e} / DG * DV + {e} % DG] = pf_{dst}{k};");
+            if (k + 1) * self.b.threads <= n {
+                w.line(&store);
+            } else {
+                w.block(&format!("if {e} < {n}u"), &[&store]);
             }
         }
+    }
+
+    /// When `cond`, [`Gen::load`] of each `(registers, tensor)` of `pairs` from `row0`.
+    fn prefetch(&self, w: &mut Wgsl, pairs: &[(&str, &str)], cond: &str, row0: &str, rows: u32) {
+        w.line("// The next block's rows come in while this one is computed.");
+        w.open(&format!("if {cond}"));
+        for &(reg, x) in pairs {
+            self.load(w, reg, x, row0, rows, false);
+        }
         w.close();
-        w.line(&format!("{dst}[r * DV + g] = x;"));
-        w.close();
+    }
+
+    /// The log-sum-exp and delta of query rows `row0 + t + k·NT` into `pl{k}` and `pd{k}` (0
+    /// past T).
+    fn load_stats(&self, w: &mut Wgsl, row0: &str, declare: bool) {
+        for k in 0..self.b.br.div_ceil(self.b.threads) {
+            if declare {
+                w.line(&format!("var pl{k} = 0.0;"));
+                w.line(&format!("var pd{k} = 0.0;"));
+            } else {
+                w.line(&format!("pl{k} = 0.0;"));
+                w.line(&format!("pd{k} = 0.0;"));
+            }
+            let i = format!("{row0} + t + {}u", k * self.b.threads);
+            w.block(
+                &format!("if t + {}u < BR && {i} < T", k * self.b.threads),
+                &[&format!("pl{k} = lse[row_at(bh, {i})];"), &format!("pd{k} = delta[row_at(bh, {i})];")],
+            );
+        }
     }
 
     /// This thread's score tiles `{acc}{a}_{b} = Σ_d A[r, d]·B[c, d]` for each `(acc, A, B)` of
@@ -442,12 +497,15 @@ impl<'a> Gen<'a> {
         }
         self.zero_acc(w, &["acc"]);
         self.key_blocks(w);
+        self.load(w, "kps", "k", "0u", self.b.bc, true);
+        self.load(w, "vs", "v", "0u", self.b.bc, true);
         w.open("for (var jb = 0u; jb < nb; jb++)");
         w.line("let col0 = jb * BC;");
         w.line("workgroupBarrier();");
-        self.stage(w, "kps", "k", "col0", self.b.bc);
-        self.stage(w, "vs", "v", "col0", self.b.bc);
+        self.store(w, "kps", self.b.bc);
+        self.store(w, "vs", self.b.bc);
         w.line("workgroupBarrier();");
+        self.prefetch(w, &[("kps", "k"), ("vs", "v")], "jb + 1u < nb", "col0 + BC", self.b.bc);
         self.scores(w, &[("s", "qs", "kps")]);
         w.line("// Each thread's row maxima meet in red.");
         for a in 0..s.a {
@@ -518,12 +576,15 @@ impl<'a> Gen<'a> {
         }
         self.zero_acc(w, &["gq"]);
         self.key_blocks(w);
+        self.load(w, "ks", "k", "0u", self.b.bc, true);
+        self.load(w, "vds", "v", "0u", self.b.bc, true);
         w.open("for (var jb = 0u; jb < nb; jb++)");
         w.line("let col0 = jb * BC;");
         w.line("workgroupBarrier();");
-        self.stage(w, "ks", "k", "col0", self.b.bc);
-        self.stage(w, "vds", "v", "col0", self.b.bc);
+        self.store(w, "ks", self.b.bc);
+        self.store(w, "vds", self.b.bc);
         w.line("workgroupBarrier();");
+        self.prefetch(w, &[("ks", "k"), ("vds", "v")], "jb + 1u < nb", "col0 + BC", self.b.bc);
         self.scores(w, &[("s", "qs", "ks"), ("g", "dos", "vds")]);
         for (a, b) in s.scores() {
             w.line(&format!("let p{a}_{b} = select(0.0, exp(s{a}_{b} * SCALE - rl{a}), {});", self.keep(a, b)));
@@ -544,20 +605,26 @@ impl<'a> Gen<'a> {
         self.stage(w, "ks", "k", "col0", self.b.bc);
         self.stage(w, "vs", "v", "col0", self.b.bc);
         self.zero_acc(w, &["gk", "gv"]);
-        w.open("for (var ib = col0 / BR; ib < (T + BR - 1u) / BR; ib++)");
+        w.line("let ib0 = col0 / BR;");
+        w.line("let nib = (T + BR - 1u) / BR;");
+        self.load(w, "qs", "q", "ib0 * BR", self.b.br, true);
+        self.load(w, "dos", "d_o", "ib0 * BR", self.b.br, true);
+        self.load_stats(w, "ib0 * BR", true);
+        w.open("for (var ib = ib0; ib < nib; ib++)");
         w.line("let row0 = ib * BR;");
         w.line("workgroupBarrier();");
-        self.stage(w, "qs", "q", "row0", self.b.br);
-        self.stage(w, "dos", "d_o", "row0", self.b.br);
-        w.open("for (var r = t; r < BR; r += NT)");
-        w.line("let i = row0 + r;");
-        w.line("var l = 0.0;");
-        w.line("var dsum = 0.0;");
-        w.block("if i < T", &["l = lse[row_at(bh, i)];", "dsum = delta[row_at(bh, i)];"]);
-        w.line("rl[r] = l;");
-        w.line("rd[r] = dsum;");
-        w.close();
+        self.store(w, "qs", self.b.br);
+        self.store(w, "dos", self.b.br);
+        for k in 0..self.b.br.div_ceil(self.b.threads) {
+            let r = format!("(t + {}u)", k * self.b.threads);
+            w.block(&format!("if {r} < BR"), &[&format!("rl[{r}] = pl{k};"), &format!("rd[{r}] = pd{k};")]);
+        }
         w.line("workgroupBarrier();");
+        w.open("if ib + 1u < nib");
+        self.load(w, "qs", "q", "row0 + BR", self.b.br, false);
+        self.load(w, "dos", "d_o", "row0 + BR", self.b.br, false);
+        self.load_stats(w, "row0 + BR", false);
+        w.close();
         w.line("// Transposed scores: rows are this block's keys, columns the query rows.");
         self.scores(w, &[("s", "ks", "qs"), ("g", "vs", "dos")]);
         for b in 0..s.b {
