@@ -257,10 +257,8 @@ impl<'a> Gen<'a> {
         w.blank();
         for (i, (t, write)) in bindings.iter().enumerate() {
             let access = if *write { "read_write" } else { "read" };
-            w.line(&format!(
-                "@group(0) @binding({i}) var<storage, {access}> {}: array<f32>;",
-                t.name()
-            ));
+            let ty = if self.vec4_rows(t.name()) { "vec4<f32>" } else { "f32" };
+            w.line(&format!("@group(0) @binding({i}) var<storage, {access}> {}: array<{ty}>;", t.name()));
         }
         w.blank();
         let l = &self.cfg.layouts;
@@ -288,6 +286,21 @@ impl<'a> Gen<'a> {
         w.line("return bh * T + i;");
         w.close();
         w.blank();
+    }
+
+    /// Whether operand `x` (q, k, v or d_o) is read as vec4s: Dh, its offset and its strides
+    /// multiples of 4, so every group of 4 elements of a row is one aligned vec4 (and the
+    /// buffer, holding the last row's end, holds its last vec4).
+    fn vec4_rows(&self, x: &str) -> bool {
+        let l = &self.cfg.layouts;
+        let layout = match x {
+            "q" => l.q,
+            "k" => l.k,
+            "v" => l.v,
+            "d_o" => l.d_o,
+            _ => return false,
+        };
+        self.cfg.shape.dh.is_multiple_of(4) && [layout.offset, layout.sb, layout.sh, layout.st].iter().all(|n| n.is_multiple_of(4))
     }
 
     /// Declares the workgroup arrays of this pass; returns their bytes.
@@ -325,7 +338,9 @@ impl<'a> Gen<'a> {
             w.line(&format!("let {v}d = 4u * ({v}e % DG);"));
             w.open(&format!("if {v}e < {n}u && {v}i < T && {v}d < DH"));
             w.line(&format!("let at = at_{x}(bh, {v}i, {v}d);"));
-            if self.cfg.shape.dh.is_multiple_of(4) {
+            if self.vec4_rows(x) {
+                w.line(&format!("{v} = {x}[at / 4u];"));
+            } else if self.cfg.shape.dh.is_multiple_of(4) {
                 w.line(&format!("{v} = vec4<f32>({x}[at], {x}[at + 1u], {x}[at + 2u], {x}[at + 3u]);"));
             } else {
                 w.line(&format!("{v}.x = {x}[at];"));
