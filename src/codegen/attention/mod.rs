@@ -250,10 +250,10 @@ pub struct Generated {
 pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &Target) -> Result<Config> {
     let Precision::Highest = precision;
     let cap = shape.t.next_power_of_two().max(4);
-    let first = simt::candidates(Pass::Forward)[0];
+    let first = simt::candidates(Pass::Forward, shape.dh)[0];
     let mut cfg = Config { shape, layouts, precision, forward: first, backward_kv: first, backward_q: first };
     for pass in [Pass::Forward, Pass::BackwardKv, Pass::BackwardQ] {
-        let fits = simt::candidates(pass).iter().filter(|b| b.br <= cap && b.bc <= cap).find(|&&b| {
+        let fits = simt::candidates(pass, shape.dh).iter().filter(|b| b.br <= cap && b.bc <= cap).find(|&&b| {
             b.threads <= target.max_invocations
                 && simt::workgroup_bytes(&shape, &b, pass).is_some_and(|n| n <= target.max_workgroup_bytes)
         });

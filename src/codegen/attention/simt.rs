@@ -35,17 +35,19 @@ use super::{Blocks, Config, Generated, Pass, Shape, Strided, Tensor};
 use crate::codegen::expr::f32_lit;
 use crate::codegen::writer::Wgsl;
 
-/// Blocks `configure` tries for `pass`, in order of preference.
-pub fn candidates(_pass: Pass) -> &'static [Blocks] {
-    CANDIDATES
+/// Blocks `configure` tries for `pass` at head dimension `dh`, in order of preference: the
+/// fastest measured on an H200 at gpt-small's and gpt-medium's shapes (BENCHMARKS.md) first,
+/// then smaller blocks for less workgroup memory or short sequences.
+pub fn candidates(pass: Pass, dh: u32) -> &'static [Blocks] {
+    if pass == Pass::Forward && dh > 32 {
+        &CANDIDATES
+    } else {
+        &CANDIDATES[1..]
+    }
 }
 
-const CANDIDATES: &[Blocks] = &[
-    Blocks { br: 64, bc: 64, threads: 256 },
-    Blocks { br: 64, bc: 64, threads: 128 },
-    Blocks { br: 64, bc: 32, threads: 256 },
+const CANDIDATES: [Blocks; 10] = [
     Blocks { br: 64, bc: 32, threads: 128 },
-    Blocks { br: 32, bc: 64, threads: 128 },
     Blocks { br: 32, bc: 32, threads: 128 },
     Blocks { br: 32, bc: 32, threads: 64 },
     Blocks { br: 32, bc: 16, threads: 64 },
@@ -124,8 +126,14 @@ pub fn generate(cfg: &Config, pass: Pass) -> Generated {
     w.open("fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) t: u32)");
     w.line("let id = wid.x + wid.y * nwg.x;");
     w.block(&format!("if id >= {}u", blocks * s.heads()), &["return;"]);
-    w.line(&format!("let bh = id / {blocks}u;"));
-    w.line(&format!("let blk = id % {blocks}u;"));
+    // The longest workgroups first (those owning the most blocks under the causal mask: the
+    // last query blocks, the first key blocks), every head's, then the next longest.
+    w.line(&format!("let bh = id % {}u;", s.heads()));
+    if pass == Pass::BackwardKv {
+        w.line(&format!("let blk = id / {}u;", s.heads()));
+    } else {
+        w.line(&format!("let blk = {}u - id / {}u;", blocks - 1, s.heads()));
+    }
     w.line("let ty = t / X;");
     w.line("let tx = t % X;");
     match pass {
