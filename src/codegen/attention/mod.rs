@@ -399,3 +399,54 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
     };
     Ok(vec![program(&cfg, Pass::Forward, &resource)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(src: &str) -> std::result::Result<(), String> {
+        let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+        let caps = naga::valid::Capabilities::default();
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    /// An adapter with the H200's limits gets the blocks measured fastest there (BENCHMARKS.md,
+    /// "Faster fp32 attention kernels"): (Dh, T, forward, dK/dV, dQ).
+    #[test]
+    fn the_h200_gets_the_blocks_measured_fastest() {
+        let b = |br, bc| Blocks { br, bc, threads: 128 };
+        let table = [
+            (64, 256, b(64, 32), b(32, 32), b(32, 32)),
+            (32, 128, b(32, 32), b(32, 32), b(32, 32)),
+        ];
+        for (dh, t, forward, kv, q) in table {
+            let s = Shape { b: 2, h: 3, t, dh };
+            let c = configure(s, Layouts::contiguous(&s), Precision::Highest, &Target::COOPERATIVE).unwrap();
+            assert_eq!((c.forward, c.backward_kv, c.backward_q), (forward, kv, q), "Dh {dh}");
+        }
+    }
+
+    /// Every head dimension and sequence length gets blocks within WebGPU's default limits
+    /// (ragged Dh padded, short T on small blocks), and each kernel is valid WGSL.
+    #[test]
+    fn every_head_dimension_fits_webgpu_defaults_and_validates() {
+        let target = Target::WEBGPU_DEFAULT;
+        for dh in [1, 2, 3, 4, 5, 7, 8, 12, 31, 32, 33, 48, 64, 65, 96, 127, 128] {
+            for t in [1, 2, 7, 64, 300] {
+                let s = Shape { b: 1, h: 2, t, dh };
+                let c = configure(s, Layouts::contiguous(&s), Precision::Highest, &target).unwrap();
+                for pass in [Pass::Forward, Pass::BackwardKv, Pass::BackwardQ] {
+                    let g = simt::generate(&c, pass);
+                    assert!(g.workgroup_bytes <= target.max_workgroup_bytes, "Dh {dh}, T {t}, {pass:?}");
+                    assert!(g.threads <= target.max_invocations, "Dh {dh}, T {t}, {pass:?}");
+                    if let Err(e) = validate(&g.wgsl) {
+                        panic!("Dh {dh}, T {t}, {pass:?}: {e}\n{}", g.wgsl);
+                    }
+                }
+            }
+        }
+    }
+}
