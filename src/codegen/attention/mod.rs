@@ -245,8 +245,9 @@ pub struct Generated {
     pub bindings: Vec<(Tensor, bool)>,
 }
 
-/// For each kernel, the first blocks of the preference list (largest first, none much larger
-/// than T) whose kernel fits `target`'s invocations and workgroup memory.
+/// For each kernel, the first blocks of its preference list (`simt::candidates`: the fastest
+/// measured first; none much larger than T) whose kernel fits `target`'s invocations and
+/// workgroup memory.
 pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &Target) -> Result<Config> {
     let Precision::Highest = precision;
     let cap = shape.t.next_power_of_two().max(4);

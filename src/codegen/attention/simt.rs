@@ -27,9 +27,14 @@
 //! - dK/dV (per key block): stage K and V once; per query block at or below the diagonal stage
 //!   Q, dO, L and delta, form `Pᵀ` and `dSᵀ` (rows: keys), then `dV += Pᵀ dO`, `dK += dSᵀ Q`.
 //!
-//! Grid: `blocks · heads` workgroups, linear; workgroup `id` takes head `id / blocks` and block
-//! `id % blocks`. Loop bounds depend on the workgroup id only, so every barrier is in uniform
-//! control flow. Every global read and write is guarded by `i < T && d < DH`.
+//! Each loop over blocks loads the next block's rows into registers (`pf_*`) while the current
+//! one is computed, and stores them to workgroup memory at the top of the next iteration. q, k,
+//! v and dO are read as vec4s where their layouts allow it.
+//!
+//! Grid: `blocks · heads` workgroups, linear; workgroup `id` takes head `id % heads` and the
+//! block `id / heads` in the order of most work first (under the causal mask: the last query
+//! block, the first key block). Loop bounds depend on the workgroup id only, so every barrier
+//! is in uniform control flow. Every global read and write is guarded by `i < T && d < DH`.
 
 use super::{Blocks, Config, Generated, Pass, Shape, Strided, Tensor};
 use crate::codegen::expr::f32_lit;
