@@ -245,23 +245,18 @@ pub struct Generated {
     pub bindings: Vec<(Tensor, bool)>,
 }
 
-/// For each kernel, the first blocks of the preference list (largest first, none much larger
-/// than T) whose kernel fits `target`'s invocations and workgroup memory.
+/// For each kernel, the first blocks of its preference list (`simt::candidates`: the fastest
+/// measured first; none much larger than T) whose kernel fits `target`'s invocations and
+/// workgroup memory.
 pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &Target) -> Result<Config> {
     let Precision::Highest = precision;
     let cap = shape.t.next_power_of_two().max(4);
-    let mut cfg = Config {
-        shape,
-        layouts,
-        precision,
-        forward: simt::CANDIDATES[0],
-        backward_kv: simt::CANDIDATES[0],
-        backward_q: simt::CANDIDATES[0],
-    };
+    let first = simt::candidates(Pass::Forward, shape.dh)[0];
+    let mut cfg = Config { shape, layouts, precision, forward: first, backward_kv: first, backward_q: first };
     for pass in [Pass::Forward, Pass::BackwardKv, Pass::BackwardQ] {
-        let fits = simt::CANDIDATES.iter().filter(|b| b.br <= cap && b.bc <= cap).find(|&&b| {
+        let fits = simt::candidates(pass, shape.dh).iter().filter(|b| b.br <= cap && b.bc <= cap).find(|&&b| {
             b.threads <= target.max_invocations
-                && simt::workgroup_bytes(&shape, &b, pass) <= target.max_workgroup_bytes
+                && simt::workgroup_bytes(&shape, &b, pass).is_some_and(|n| n <= target.max_workgroup_bytes)
         });
         let Some(&b) = fits else {
             return Err(err!(
@@ -404,4 +399,55 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
         _ => o.clone(),
     };
     Ok(vec![program(&cfg, Pass::Forward, &resource)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validate(src: &str) -> std::result::Result<(), String> {
+        let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+        let caps = naga::valid::Capabilities::default();
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .map(|_| ())
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    /// An adapter with the H200's limits gets the blocks measured fastest there (BENCHMARKS.md,
+    /// "Faster fp32 attention kernels"): (Dh, T, forward, dK/dV, dQ).
+    #[test]
+    fn the_h200_gets_the_blocks_measured_fastest() {
+        let b = |br, bc| Blocks { br, bc, threads: 128 };
+        let table = [
+            (64, 256, b(64, 32), b(32, 32), b(32, 32)),
+            (32, 128, b(32, 32), b(32, 32), b(32, 32)),
+        ];
+        for (dh, t, forward, kv, q) in table {
+            let s = Shape { b: 2, h: 3, t, dh };
+            let c = configure(s, Layouts::contiguous(&s), Precision::Highest, &Target::COOPERATIVE).unwrap();
+            assert_eq!((c.forward, c.backward_kv, c.backward_q), (forward, kv, q), "Dh {dh}");
+        }
+    }
+
+    /// Every head dimension and sequence length gets blocks within WebGPU's default limits
+    /// (ragged Dh padded, short T on small blocks), and each kernel is valid WGSL.
+    #[test]
+    fn every_head_dimension_fits_webgpu_defaults_and_validates() {
+        let target = Target::WEBGPU_DEFAULT;
+        for dh in [1, 2, 3, 4, 5, 7, 8, 12, 31, 32, 33, 48, 64, 65, 96, 127, 128] {
+            for t in [1, 2, 7, 64, 300] {
+                let s = Shape { b: 1, h: 2, t, dh };
+                let c = configure(s, Layouts::contiguous(&s), Precision::Highest, &target).unwrap();
+                for pass in [Pass::Forward, Pass::BackwardKv, Pass::BackwardQ] {
+                    let g = simt::generate(&c, pass);
+                    assert!(g.workgroup_bytes <= target.max_workgroup_bytes, "Dh {dh}, T {t}, {pass:?}");
+                    assert!(g.threads <= target.max_invocations, "Dh {dh}, T {t}, {pass:?}");
+                    if let Err(e) = validate(&g.wgsl) {
+                        panic!("Dh {dh}, T {t}, {pass:?}: {e}\n{}", g.wgsl);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,53 +1,108 @@
 //! The fp32 SIMT attention kernels: forward, dK/dV and dQ, every block product on the SIMT
 //! cores (the `highest` precision).
 //!
-//! Each workgroup stages its operands' blocks in workgroup memory as f32 rows of `dp + 1`
-//! elements (`dp` = Dh rounded up to 4, or further when a small Dh would leave threads without
-//! accumulator elements; zero-filled; the odd stride keeps column reads free of bank
-//! conflicts), then computes block products in per-thread register tiles: thread `(ty, tx)` of
-//! a `y x x` split ([`split`]) owns rows `ty + y·a` and columns `tx + x·b`.
+//! Each workgroup owns `R` rows (query rows for the forward and dQ, key rows for dK/dV) and
+//! loops over blocks of `C` rows of the other side. Operand rows are staged in workgroup memory
+//! as `vec4<f32>` rows of `DP/4 + 1` (`DP` = Dh rounded up to a multiple of 4, or further when
+//! a small Dh would leave threads without accumulator columns; zero-filled; the extra vec4
+//! keeps the rows of a warp on distinct banks). Thread `(ty, tx)` of a `Y x X` split
+//! ([`Split`]) owns rows `ty + Y·a` of both the `R x C` score tile (columns `tx + X·b`) and
+//! the `R x DP` accumulator (the vec4 columns `tx + X·e`), so each row's softmax state lives
+//! in the registers of the `X` threads that share the row, and every product reads vec4s:
 //!
-//! - Forward (per query block): stage Q once; per key block (only those at or left of the
-//!   diagonal) stage K and V, scores `S = scale·Q Kᵀ` (masked to `NEG`) into workgroup memory,
-//!   a row pass (one thread per row) updates the running max `m`, the sum `l` and the
-//!   correction `e^(m_old − m)` and turns S into `P = e^(S − m)`, then `O = O·corr + P V` in
-//!   registers. At the end `O / l` and `L = m + ln l` are stored.
+//! - scores `S[r, c] = Σ_d A[r, d]·B[c, d]`: per 4 elements of d, `A + B` vec4 loads for
+//!   `4·A·B` multiply-adds;
+//! - `acc[r, :] += Σ_c P[r, c]·M[c, :]`: P goes through workgroup memory as vec4 rows of
+//!   `C/4 + 1`; per 4 columns c, `A + 4·E` vec4 loads for `16·A·E` multiply-adds.
+//!
+//! - Forward (per query block): stage Q once; per key block at or left of the diagonal stage K
+//!   and V, scores `scale·Q Kᵀ` (masked), each thread's row maxima meet in `red`, every thread
+//!   of a row takes the same new maximum `m`, rescales its part of O and of the row sum `l` by
+//!   `e^(m_old − m)` and writes `P = e^(S − m)` over K's block (no longer read), then
+//!   `O += P V`. At the end the parts of `l` meet in `red`; `O / l` and `L = m + ln l` are
+//!   stored.
+//! - dQ (per query block): stage Q and dO once, the rows' L and delta in registers; per key
+//!   block stage K and V, `P = e^(scale·Q Kᵀ − L)`, `dS = P ∘ (dO Vᵀ − delta)` written over
+//!   V's block, then `dQ += dS K`.
 //! - dK/dV (per key block): stage K and V once; per query block at or below the diagonal stage
-//!   Q, dO, L and delta, form `P = e^(scale·Q Kᵀ − L)` and `dS = P ∘ (dO Vᵀ − delta)`, then
-//!   `dV += Pᵀ dO`, `dK += dSᵀ Q`.
-//! - dQ (per query block): stage Q, dO, L, delta once; per key block stage K and V, form dS as
-//!   above, `dQ += dS K`.
+//!   Q, dO, L and delta, form `Pᵀ` and `dSᵀ` (rows: keys), then `dV += Pᵀ dO`, `dK += dSᵀ Q`.
 //!
-//! Grid: `blocks · heads` workgroups, linear; workgroup `id` takes head `id / blocks` and block
-//! `id % blocks`. Loop bounds depend on the workgroup id only, so every barrier is in uniform
-//! control flow. Every global read and write is guarded by `i < T && d < DH`.
+//! Each loop over blocks loads the next block's rows into registers (`pf_*`) while the current
+//! one is computed, and stores them to workgroup memory at the top of the next iteration. q, k,
+//! v and dO are read as vec4s where their layouts allow it.
+//!
+//! Grid: `blocks · heads` workgroups, linear; workgroup `id` takes head `id % heads` and the
+//! block `id / heads` in the order of most work first (under the causal mask: the last query
+//! block, the first key block). Loop bounds depend on the workgroup id only, so every barrier
+//! is in uniform control flow. Every global read and write is guarded by `i < T && d < DH`.
 
 use super::{Blocks, Config, Generated, Pass, Shape, Strided, Tensor};
 use crate::codegen::expr::f32_lit;
 use crate::codegen::writer::Wgsl;
 
-/// Blocks `configure` tries, in order of preference.
-pub const CANDIDATES: &[Blocks] = &[
-    Blocks { br: 64, bc: 64, threads: 256 },
-    Blocks { br: 64, bc: 32, threads: 256 },
-    Blocks { br: 32, bc: 32, threads: 256 },
+/// Blocks `configure` tries for `pass` at head dimension `dh`, in order of preference: the
+/// fastest measured on an H200 at gpt-small's and gpt-medium's shapes (BENCHMARKS.md) first,
+/// then smaller blocks for less workgroup memory or short sequences.
+pub fn candidates(pass: Pass, dh: u32) -> &'static [Blocks] {
+    if pass == Pass::Forward && dh > 32 {
+        &CANDIDATES
+    } else {
+        &CANDIDATES[1..]
+    }
+}
+
+const CANDIDATES: [Blocks; 10] = [
+    Blocks { br: 64, bc: 32, threads: 128 },
     Blocks { br: 32, bc: 32, threads: 128 },
-    Blocks { br: 32, bc: 16, threads: 128 },
+    Blocks { br: 32, bc: 32, threads: 64 },
+    Blocks { br: 32, bc: 16, threads: 64 },
     Blocks { br: 16, bc: 16, threads: 64 },
-    Blocks { br: 16, bc: 8, threads: 64 },
-    Blocks { br: 8, bc: 8, threads: 64 },
-    Blocks { br: 8, bc: 4, threads: 32 },
+    Blocks { br: 16, bc: 16, threads: 32 },
+    Blocks { br: 16, bc: 8, threads: 32 },
+    Blocks { br: 8, bc: 8, threads: 16 },
+    Blocks { br: 8, bc: 4, threads: 16 },
     Blocks { br: 4, bc: 4, threads: 16 },
 ];
 
-/// Bytes of workgroup memory the kernel of `pass` declares with blocks `b`.
-pub fn workgroup_bytes(s: &Shape, b: &Blocks, pass: Pass) -> u32 {
-    let ds = padded(s.dh, b, pass) + 1;
-    let (q_rows, k_rows, p) = (b.br * ds, b.bc * ds, b.br * (b.bc + 1));
-    4 * match pass {
-        Pass::Forward => q_rows + 2 * k_rows + p + 3 * b.br,
-        Pass::BackwardKv => 2 * (q_rows + k_rows) + 2 * p + 2 * b.br,
-        Pass::BackwardQ => 2 * (q_rows + k_rows) + p + 2 * b.br,
+/// Rows a workgroup owns and rows of each block it loops over: `(R, C)`.
+fn sides(b: &Blocks, pass: Pass) -> (u32, u32) {
+    match pass {
+        Pass::BackwardKv => (b.bc, b.br),
+        Pass::Forward | Pass::BackwardQ => (b.br, b.bc),
+    }
+}
+
+/// Bytes of workgroup memory the kernel of `pass` declares with blocks `b`, or None when no
+/// split of the threads fits the blocks.
+pub fn workgroup_bytes(s: &Shape, b: &Blocks, pass: Pass) -> Option<u32> {
+    let (dp, sp) = padded(s.dh, b, pass)?;
+    Some(arrays(b, pass, dp, &sp).iter().map(|a| a.1 * a.2).sum())
+}
+
+/// The workgroup arrays of `pass`: name, elements, bytes per element.
+fn arrays(b: &Blocks, pass: Pass, dp: u32, sp: &Split) -> Vec<(&'static str, u32, u32)> {
+    let (r, c) = sides(b, pass);
+    let dv = dp / 4 + 1;
+    let pv = c / 4 + 1;
+    let (own, other, p) = (r * dv, c * dv, r * pv);
+    match pass {
+        Pass::Forward => vec![
+            ("qs", own, 16),
+            ("kps", other.max(p), 16),
+            ("vs", other, 16),
+            ("red", r * sp.x, 4),
+        ],
+        Pass::BackwardQ => vec![("qs", own, 16), ("dos", own, 16), ("ks", other, 16), ("vds", other.max(p), 16)],
+        Pass::BackwardKv => vec![
+            ("ks", own, 16),
+            ("vs", own, 16),
+            ("qs", other, 16),
+            ("dos", other, 16),
+            ("ps", p, 16),
+            ("dss", p, 16),
+            ("rl", c, 4),
+            ("rd", c, 4),
+        ],
     }
 }
 
@@ -63,7 +118,7 @@ fn bindings(pass: Pass) -> Vec<(Tensor, bool)> {
     r.chain(write.iter().map(|&t| (t, true))).collect()
 }
 
-/// The kernel of `pass` for `cfg` (whose blocks `configure` chose).
+/// The kernel of `pass` for `cfg` (whose blocks `configure` chose, so they have a split).
 pub fn generate(cfg: &Config, pass: Pass) -> Generated {
     let g = Gen::new(cfg, pass);
     let mut w = Wgsl::new();
@@ -71,14 +126,21 @@ pub fn generate(cfg: &Config, pass: Pass) -> Generated {
     g.header(&mut w, &bindings);
     let bytes = g.memory(&mut w);
     let s = &cfg.shape;
-    let own = if pass == Pass::BackwardKv { g.b.bc } else { g.b.br };
-    let blocks = s.t.div_ceil(own);
+    let blocks = s.t.div_ceil(g.r);
     w.line(&format!("@compute @workgroup_size({})", g.b.threads));
     w.open("fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) t: u32)");
     w.line("let id = wid.x + wid.y * nwg.x;");
     w.block(&format!("if id >= {}u", blocks * s.heads()), &["return;"]);
-    w.line(&format!("let bh = id / {blocks}u;"));
-    w.line(&format!("let blk = id % {blocks}u;"));
+    // The longest workgroups first (those owning the most blocks under the causal mask: the
+    // last query blocks, the first key blocks), every head's, then the next longest.
+    w.line(&format!("let bh = id % {}u;", s.heads()));
+    if pass == Pass::BackwardKv {
+        w.line(&format!("let blk = id / {}u;", s.heads()));
+    } else {
+        w.line(&format!("let blk = {}u - id / {}u;", blocks - 1, s.heads()));
+    }
+    w.line("let ty = t / X;");
+    w.line("let tx = t % X;");
     match pass {
         Pass::Forward => g.forward(&mut w),
         Pass::BackwardKv => g.backward_kv(&mut w),
@@ -94,81 +156,91 @@ pub fn generate(cfg: &Config, pass: Pass) -> Generated {
     }
 }
 
-/// Dh rounded up to 4, or further (zero columns) until the accumulator tile splits evenly over
-/// the threads.
-fn padded(dh: u32, b: &Blocks, pass: Pass) -> u32 {
-    let rows = if pass == Pass::BackwardKv { b.bc } else { b.br };
+/// Dh rounded up to 4, or further (zero columns) until the threads split the tiles evenly,
+/// and that split; None when no padding up to Dh + 128 gives one.
+fn padded(dh: u32, b: &Blocks, pass: Pass) -> Option<(u32, Split)> {
+    let (r, c) = sides(b, pass);
     let dp0 = dh.next_multiple_of(4);
-    (dp0..dp0 + 128).step_by(4).find(|&dp| split(rows, dp, b.threads).is_some()).unwrap_or(dp0)
+    (dp0..dp0 + 128).step_by(4).find_map(|dp| Split::new(r, c, dp, b.threads, pass).map(|s| (dp, s)))
 }
 
-/// Threads `(y, x)` along rows and columns covering an `m x n` tile with `threads`
-/// invocations, each owning `(m / y) x (n / x)` elements: the split with the smallest
-/// per-thread perimeter (fewest loads per product), ties to more threads along columns; None
-/// when no split divides both sides.
-fn split(m: u32, n: u32, threads: u32) -> Option<(u32, u32)> {
-    (1..=threads)
-        .filter(|&x| threads.is_multiple_of(x))
-        .map(|x| (threads / x, x))
-        .filter(|&(y, x)| m.is_multiple_of(y) && n.is_multiple_of(x))
-        .min_by_key(|&(y, x)| (m / y + n / x, u32::MAX - x))
-}
-
-/// A split of a tile over the threads: `y x x` threads, `rows x cols` elements each.
+/// A split of the threads: `y x x` of them, each owning `a` rows, `b` score columns and `e`
+/// vec4 columns of the accumulator.
 #[derive(Clone, Copy, Debug)]
 struct Split {
     y: u32,
     x: u32,
-    rows: u32,
-    cols: u32,
+    a: u32,
+    b: u32,
+    e: u32,
 }
 
 impl Split {
-    /// The split of an `m x n` tile; every candidate block and padded Dh has one (`padded`,
-    /// and the candidates are powers of two with at most as many threads as elements).
-    fn new(m: u32, n: u32, threads: u32) -> Split {
-        let (y, x) = split(m, n, threads).unwrap_or((1, 1));
-        Split { y, x, rows: m / y, cols: n / x }
+    /// The split of `threads` over `r` rows, `c` score columns and `dp / 4` vec4 accumulator
+    /// columns with the fewest workgroup-memory loads per block pair, ties to more threads
+    /// along rows; None when no split divides every side.
+    fn new(r: u32, c: u32, dp: u32, threads: u32, pass: Pass) -> Option<Split> {
+        let (n_scores, n_products) = match pass {
+            Pass::Forward => (1, 1),
+            Pass::BackwardQ => (2, 1),
+            Pass::BackwardKv => (2, 2),
+        };
+        (1..=threads)
+            .filter(|&x| threads.is_multiple_of(x))
+            .map(|x| (threads / x, x))
+            .filter(|&(y, x)| r.is_multiple_of(y) && c.is_multiple_of(x) && (dp / 4).is_multiple_of(x))
+            .map(|(y, x)| Split { y, x, a: r / y, b: c / x, e: dp / 4 / x })
+            .min_by_key(|s| {
+                let scores = n_scores * dp / 4 * (s.a + s.b);
+                let products = n_products * c / 4 * (s.a + 4 * s.e);
+                let reduce = if pass == Pass::Forward { s.a * s.x } else { 0 };
+                (scores + products + reduce, s.x)
+            })
     }
 
-    /// `let {p}y = t / x;` and `let {p}x = t % x;`
-    fn coords(&self, w: &mut Wgsl, p: &str) {
-        w.line(&format!("let {p}y = t / {}u;", self.x));
-        w.line(&format!("let {p}x = t % {}u;", self.x));
+    /// Row `a` of this thread in the block.
+    fn row(&self, a: u32) -> String {
+        format!("(ty + {}u)", a * self.y)
     }
 
-    fn row(&self, p: &str, a: u32) -> String {
-        format!("({p}y + {}u)", a * self.y)
+    /// Score column `b` of this thread in the block.
+    fn col(&self, b: u32) -> String {
+        format!("(tx + {}u)", b * self.x)
     }
 
-    fn col(&self, p: &str, b: u32) -> String {
-        format!("({p}x + {}u)", b * self.x)
+    /// Accumulator vec4 column `e` of this thread.
+    fn group(&self, e: u32) -> String {
+        format!("(tx + {}u)", e * self.x)
     }
 
-    fn each(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        (0..self.rows).flat_map(move |a| (0..self.cols).map(move |b| (a, b)))
+    fn scores(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        (0..self.a).flat_map(move |a| (0..self.b).map(move |b| (a, b)))
+    }
+
+    fn accs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        (0..self.a).flat_map(move |a| (0..self.e).map(move |e| (a, e)))
     }
 }
 
 struct Gen<'a> {
     cfg: &'a Config,
     b: Blocks,
+    /// Rows owned, rows per block looped over.
+    r: u32,
+    c: u32,
     /// Padded head dimension.
     dp: u32,
-    /// The scores tile `br x bc`, and the accumulator tile (`br x dp`, or `bc x dp` for dK/dV).
-    s: Split,
-    acc: Split,
+    sp: Split,
     pass: Pass,
 }
 
 impl<'a> Gen<'a> {
     fn new(cfg: &'a Config, pass: Pass) -> Gen<'a> {
         let b = cfg.blocks(pass);
-        let dp = padded(cfg.shape.dh, &b, pass);
-        let acc_rows = if pass == Pass::BackwardKv { b.bc } else { b.br };
-        let s = Split::new(b.br, b.bc, b.threads);
-        let acc = Split::new(acc_rows, dp, b.threads);
-        Gen { cfg, b, dp, s, acc, pass }
+        let (r, c) = sides(&b, pass);
+        // `configure` only picks blocks with a split.
+        let (dp, sp) = padded(cfg.shape.dh, &b, pass).unwrap_or((cfg.shape.dh.next_multiple_of(4), Split { y: 1, x: 1, a: r, b: c, e: 1 }));
+        Gen { cfg, b, r, c, dp, sp, pass }
     }
 
     /// Constants, bindings, and `fn at_{name}(bh, i, d) -> u32` (the element index) for each
@@ -182,9 +254,11 @@ impl<'a> Gen<'a> {
             ("BR", self.b.br),
             ("BC", self.b.bc),
             ("NT", self.b.threads),
-            ("DP", self.dp),
-            ("DS", self.dp + 1),
-            ("PS", self.b.bc + 1),
+            ("DG", self.dp / 4),
+            ("DV", self.dp / 4 + 1),
+            ("CG", self.c / 4),
+            ("PV", self.c / 4 + 1),
+            ("X", self.sp.x),
         ];
         for (name, v) in consts {
             w.line(&format!("const {name}: u32 = {v}u;"));
@@ -196,10 +270,8 @@ impl<'a> Gen<'a> {
         w.blank();
         for (i, (t, write)) in bindings.iter().enumerate() {
             let access = if *write { "read_write" } else { "read" };
-            w.line(&format!(
-                "@group(0) @binding({i}) var<storage, {access}> {}: array<f32>;",
-                t.name()
-            ));
+            let ty = if self.vec4_rows(t.name()) { "vec4<f32>" } else { "f32" };
+            w.line(&format!("@group(0) @binding({i}) var<storage, {access}> {}: array<{ty}>;", t.name()));
         }
         w.blank();
         let l = &self.cfg.layouts;
@@ -229,100 +301,203 @@ impl<'a> Gen<'a> {
         w.blank();
     }
 
-    /// Declares the workgroup arrays of this pass; returns their bytes.
-    fn memory(&self, w: &mut Wgsl) -> u32 {
-        let (br, bc, ds, ps) = (self.b.br, self.b.bc, self.dp + 1, self.b.bc + 1);
-        let (q_rows, k_rows) = (br * ds, bc * ds);
-        let arrays: &[(&str, u32)] = match self.pass {
-            Pass::Forward => &[
-                ("qs", q_rows),
-                ("ks", k_rows),
-                ("vs", k_rows),
-                ("ps", br * ps),
-                ("row_m", br),
-                ("row_l", br),
-                ("row_c", br),
-            ],
-            Pass::BackwardKv => &[
-                ("qs", q_rows),
-                ("dos", q_rows),
-                ("ks", k_rows),
-                ("vs", k_rows),
-                ("ps", br * ps),
-                ("dss", br * ps),
-                ("rl", br),
-                ("rd", br),
-            ],
-            Pass::BackwardQ => &[
-                ("qs", q_rows),
-                ("dos", q_rows),
-                ("ks", k_rows),
-                ("vs", k_rows),
-                ("dss", br * ps),
-                ("rl", br),
-                ("rd", br),
-            ],
+    /// Whether operand `x` (q, k, v or d_o) is read as vec4s: Dh, its offset and its strides
+    /// multiples of 4, so every group of 4 elements of a row is one aligned vec4 (and the
+    /// buffer, holding the last row's end, holds its last vec4).
+    fn vec4_rows(&self, x: &str) -> bool {
+        let l = &self.cfg.layouts;
+        let layout = match x {
+            "q" => l.q,
+            "k" => l.k,
+            "v" => l.v,
+            "d_o" => l.d_o,
+            _ => return false,
         };
-        for &(name, n) in arrays {
-            w.line(&format!("var<workgroup> {name}: array<f32, {n}>;"));
-        }
-        w.blank();
-        4 * arrays.iter().map(|&(_, n)| n).sum::<u32>()
+        self.cfg.shape.dh.is_multiple_of(4) && [layout.offset, layout.sb, layout.sh, layout.st].iter().all(|n| n.is_multiple_of(4))
     }
 
-    /// Stage rows `row0 .. row0 + rows` of tensor `x` (head `bh`) into `dst`, zero past T and
-    /// past DH.
+    /// Declares the workgroup arrays of this pass; returns their bytes.
+    fn memory(&self, w: &mut Wgsl) -> u32 {
+        let arrays = arrays(&self.b, self.pass, self.dp, &self.sp);
+        for &(name, n, bytes) in &arrays {
+            let ty = if bytes == 16 { "vec4<f32>" } else { "f32" };
+            w.line(&format!("var<workgroup> {name}: array<{ty}, {n}>;"));
+        }
+        w.blank();
+        arrays.iter().map(|a| a.1 * a.2).sum()
+    }
+
+    /// Stage rows `row0 .. row0 + rows` of tensor `x` (head `bh`) into `dst` as vec4s, zero
+    /// past T and past DH.
     fn stage(&self, w: &mut Wgsl, dst: &str, x: &str, row0: &str, rows: u32) {
-        w.open(&format!("for (var e = t; e < {}u; e += NT)", rows * self.dp));
-        w.line("let r = e / DP;");
-        w.line("let d = e % DP;");
-        w.line(&format!("let i = {row0} + r;"));
-        w.line("var x = 0.0;");
-        w.block("if i < T && d < DH", &[&format!("x = {x}[at_{x}(bh, i, d)];")]);
-        w.line(&format!("{dst}[r * DS + d] = x;"));
+        self.load(w, dst, x, row0, rows, true);
+        self.store(w, dst, rows);
+    }
+
+    /// This thread's vec4s of rows `row0 .. row0 + rows` of tensor `x` into registers
+    /// `pf_{reg}{k}` (declared here when `declare`), zero past T and past DH: element
+    /// `e = t + k·NT` of the block, for `k` below `rows·DG / NT` rounded up.
+    fn load(&self, w: &mut Wgsl, reg: &str, x: &str, row0: &str, rows: u32, declare: bool) {
+        let n = rows * self.dp / 4;
+        for k in 0..n.div_ceil(self.b.threads) {
+            let v = format!("pf_{reg}{k}");
+            if declare {
+                w.line(&format!("var {v} = vec4<f32>();"));
+            } else {
+                w.line(&format!("{v} = vec4<f32>();"));
+            }
+            w.line(&format!("let {v}e = t + {}u;", k * self.b.threads));
+            w.line(&format!("let {v}i = {row0} + {v}e / DG;"));
+            w.line(&format!("let {v}d = 4u * ({v}e % DG);"));
+            w.open(&format!("if {v}e < {n}u && {v}i < T && {v}d < DH"));
+            w.line(&format!("let at = at_{x}(bh, {v}i, {v}d);"));
+            if self.vec4_rows(x) {
+                w.line(&format!("{v} = {x}[at / 4u];"));
+            } else if self.cfg.shape.dh.is_multiple_of(4) {
+                w.line(&format!("{v} = vec4<f32>({x}[at], {x}[at + 1u], {x}[at + 2u], {x}[at + 3u]);"));
+            } else {
+                w.line(&format!("{v}.x = {x}[at];"));
+                for (j, c) in ["y", "z", "w"].iter().enumerate() {
+                    let j = j + 1;
+                    w.block(&format!("if {v}d + {j}u < DH"), &[&format!("{v}.{c} = {x}[at + {j}u];")]);
+                }
+            }
+            w.close();
+        }
+    }
+
+    /// Registers `pf_{dst}{k}` of [`Gen::load`] into the workgroup array `dst`.
+    fn store(&self, w: &mut Wgsl, dst: &str, rows: u32) {
+        let n = rows * self.dp / 4;
+        for k in 0..n.div_ceil(self.b.threads) {
+            let e = format!("(t + {}u)", k * self.b.threads);
+            let store = format!("{dst}[{e} / DG * DV + {e} % DG] = pf_{dst}{k};");
+            if (k + 1) * self.b.threads <= n {
+                w.line(&store);
+            } else {
+                w.block(&format!("if {e} < {n}u"), &[&store]);
+            }
+        }
+    }
+
+    /// When `cond`, [`Gen::load`] of each `(registers, tensor)` of `pairs` from `row0`.
+    fn prefetch(&self, w: &mut Wgsl, pairs: &[(&str, &str)], cond: &str, row0: &str, rows: u32) {
+        w.line("// The next block's rows come in while this one is computed.");
+        w.open(&format!("if {cond}"));
+        for &(reg, x) in pairs {
+            self.load(w, reg, x, row0, rows, false);
+        }
         w.close();
+    }
+
+    /// The log-sum-exp and delta of query rows `row0 + t + k·NT` into `pl{k}` and `pd{k}` (0
+    /// past T).
+    fn load_stats(&self, w: &mut Wgsl, row0: &str, declare: bool) {
+        for k in 0..self.b.br.div_ceil(self.b.threads) {
+            if declare {
+                w.line(&format!("var pl{k} = 0.0;"));
+                w.line(&format!("var pd{k} = 0.0;"));
+            } else {
+                w.line(&format!("pl{k} = 0.0;"));
+                w.line(&format!("pd{k} = 0.0;"));
+            }
+            let i = format!("{row0} + t + {}u", k * self.b.threads);
+            w.block(
+                &format!("if t + {}u < BR && {i} < T", k * self.b.threads),
+                &[&format!("pl{k} = lse[row_at(bh, {i})];"), &format!("pd{k} = delta[row_at(bh, {i})];")],
+            );
+        }
     }
 
     /// This thread's score tiles `{acc}{a}_{b} = Σ_d A[r, d]·B[c, d]` for each `(acc, A, B)` of
     /// `pairs`, over staged rows (rows of the scores: A, columns: B).
     fn scores(&self, w: &mut Wgsl, pairs: &[(&str, &str, &str)]) {
-        let s = self.s;
+        let s = self.sp;
         for &(acc, _, _) in pairs {
-            for (a, b) in s.each() {
+            for (a, b) in s.scores() {
                 w.line(&format!("var {acc}{a}_{b} = 0.0;"));
             }
         }
-        w.open("for (var d = 0u; d < DP; d++)");
+        w.open("for (var g = 0u; g < DG; g++)");
         for &(acc, x, y) in pairs {
-            for a in 0..s.rows {
-                w.line(&format!("let {acc}a{a} = {x}[{} * DS + d];", s.row("s", a)));
+            for a in 0..s.a {
+                w.line(&format!("let {acc}a{a} = {x}[{} * DV + g];", s.row(a)));
             }
-            for b in 0..s.cols {
-                w.line(&format!("let {acc}b{b} = {y}[{} * DS + d];", s.col("s", b)));
+            for b in 0..s.b {
+                w.line(&format!("let {acc}b{b} = {y}[{} * DV + g];", s.col(b)));
             }
-            for (a, b) in s.each() {
-                w.line(&format!("{acc}{a}_{b} += {acc}a{a} * {acc}b{b};"));
+            for (a, b) in s.scores() {
+                w.line(&format!("{acc}{a}_{b} += dot({acc}a{a}, {acc}b{b});"));
             }
         }
         w.close();
     }
 
-    /// For each score element of this thread: `body(a, b, r, c, keep)` with `r`, `c` its row
-    /// and column in the block and `keep` whether key `c` takes part in query row `r` (the
-    /// row below T, the key at or left of it).
-    fn each_score(&self, w: &mut Wgsl, mut body: impl FnMut(&mut Wgsl, u32, u32, &str, &str, &str)) {
-        for (a, b) in self.s.each() {
-            let (r, c) = (self.s.row("s", a), self.s.col("s", b));
-            let keep = format!("(row0 + {r} < T && col0 + {c} <= row0 + {r})");
-            body(w, a, b, &r, &c, &keep);
+    /// `{acc}{a}_{e} += Σ_c P[r, c]·M[c, :]` for each `(acc, P, M)` of `products`.
+    fn products(&self, w: &mut Wgsl, products: &[(&str, &str, &str)]) {
+        let s = self.sp;
+        w.open("for (var c4 = 0u; c4 < CG; c4++)");
+        for &(acc, p, m) in products {
+            for a in 0..s.a {
+                w.line(&format!("let {acc}p{a} = {p}[{} * PV + c4];", s.row(a)));
+            }
+            for j in 0..4 {
+                for e in 0..s.e {
+                    w.line(&format!("let {acc}m{j}_{e} = {m}[(4u * c4 + {j}u) * DV + {}];", s.group(e)));
+                }
+            }
+            for (a, e) in s.accs() {
+                for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                    w.line(&format!("{acc}{a}_{e} += {acc}p{a}.{c} * {acc}m{j}_{e};"));
+                }
+            }
+        }
+        w.close();
+    }
+
+    /// Store this thread's `{val}{a}_{b}` at its rows and columns of the P-shaped array `dst`.
+    fn store_p(&self, w: &mut Wgsl, dst: &str, val: &str) {
+        let s = self.sp;
+        for (a, b) in s.scores() {
+            let c = s.col(b);
+            w.line(&format!("{dst}[{} * PV + {c} / 4u][{c} % 4u] = {val}{a}_{b};", s.row(a)));
         }
     }
 
     fn zero_acc(&self, w: &mut Wgsl, names: &[&str]) {
         for n in names {
-            for (a, b) in self.acc.each() {
-                w.line(&format!("var {n}{a}_{b} = 0.0;"));
+            for (a, e) in self.sp.accs() {
+                w.line(&format!("var {n}{a}_{e} = vec4<f32>();"));
             }
+        }
+    }
+
+    /// Write this thread's `{acc}{a}_{e}·{factor}` to rows `row0 + r` of `at_{x}`, guarded.
+    fn write_acc(&self, w: &mut Wgsl, acc: &str, x: &str, row0: &str, factor: &dyn Fn(u32) -> String) {
+        let s = self.sp;
+        for a in 0..s.a {
+            let r = s.row(a);
+            w.open(&format!("if {row0} + {r} < T"));
+            for e in 0..s.e {
+                let f = factor(a);
+                w.line(&format!("let {x}{a}_{e} = {acc}{a}_{e} * {f};"));
+                w.line(&format!("let {x}d{a}_{e} = 4u * {};", s.group(e)));
+                for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                    w.block(
+                        &format!("if {x}d{a}_{e} + {j}u < DH"),
+                        &[&format!("{}[at_{x}(bh, {row0} + {r}, {x}d{a}_{e} + {j}u)] = {x}{a}_{e}.{c};", self.buffer_of(x))],
+                    );
+                }
+            }
+            w.close();
+        }
+    }
+
+    fn buffer_of(&self, x: &str) -> &'static str {
+        match x {
+            "o" => "o",
+            "dq" => "dq",
+            _ => "dkv",
         }
     }
 
@@ -331,198 +506,170 @@ impl<'a> Gen<'a> {
         w.line("let nb = min((T + BC - 1u) / BC, (row0 + BR + BC - 1u) / BC);");
     }
 
+    /// Whether score `(a, b)` takes part: query row below T, key at or left of it.
+    fn keep(&self, a: u32, b: u32) -> String {
+        let (r, c) = (self.sp.row(a), self.sp.col(b));
+        match self.pass {
+            Pass::BackwardKv => format!("(row0 + {c} < T && col0 + {r} <= row0 + {c})"),
+            _ => format!("(row0 + {r} < T && col0 + {c} <= row0 + {r})"),
+        }
+    }
+
     fn forward(&self, w: &mut Wgsl) {
-        let (s, o) = (self.s, self.acc);
+        let s = self.sp;
         w.line("let row0 = blk * BR;");
         self.stage(w, "qs", "q", "row0", self.b.br);
-        w.open("for (var r = t; r < BR; r += NT)");
-        w.line("row_m[r] = NEG;");
-        w.line("row_l[r] = 0.0;");
-        w.close();
-        s.coords(w, "s");
-        o.coords(w, "o");
+        for a in 0..s.a {
+            w.line(&format!("var m{a} = NEG;"));
+            w.line(&format!("var l{a} = 0.0;"));
+        }
         self.zero_acc(w, &["acc"]);
         self.key_blocks(w);
+        self.load(w, "kps", "k", "0u", self.b.bc, true);
+        self.load(w, "vs", "v", "0u", self.b.bc, true);
         w.open("for (var jb = 0u; jb < nb; jb++)");
         w.line("let col0 = jb * BC;");
         w.line("workgroupBarrier();");
-        self.stage(w, "ks", "k", "col0", self.b.bc);
-        self.stage(w, "vs", "v", "col0", self.b.bc);
+        self.store(w, "kps", self.b.bc);
+        self.store(w, "vs", self.b.bc);
         w.line("workgroupBarrier();");
-        self.scores(w, &[("s", "qs", "ks")]);
-        self.each_score(w, |w, a, b, r, c, keep| {
-            w.line(&format!("ps[{r} * PS + {c}] = select(NEG, s{a}_{b} * SCALE, {keep});"));
-        });
+        self.prefetch(w, &[("kps", "k"), ("vs", "v")], "jb + 1u < nb", "col0 + BC", self.b.bc);
+        self.scores(w, &[("s", "qs", "kps")]);
+        w.line("// Each thread's row maxima meet in red.");
+        for a in 0..s.a {
+            let mut mx = String::new();
+            for b in 0..s.b {
+                w.line(&format!("s{a}_{b} = select(NEG, s{a}_{b} * SCALE, {});", self.keep(a, b)));
+                mx = if b == 0 { format!("s{a}_0") } else { format!("max({mx}, s{a}_{b})") };
+            }
+            w.line(&format!("red[{} * X + tx] = {mx};", s.row(a)));
+        }
         w.line("workgroupBarrier();");
-        w.line("// Row pass: running max, sum and correction; S becomes P = e^(S - m).");
-        w.open("for (var r = t; r < BR; r += NT)");
-        w.line("let m_old = row_m[r];");
-        w.line("var m = m_old;");
-        w.block("for (var c = 0u; c < BC; c++)", &["m = max(m, ps[r * PS + c]);"]);
-        w.line("var l = 0.0;");
-        w.open("for (var c = 0u; c < BC; c++)");
-        w.line("let x = ps[r * PS + c];");
-        w.line("let p = select(0.0, exp(x - m), x != NEG);");
-        w.line("ps[r * PS + c] = p;");
-        w.line("l += p;");
-        w.close();
-        w.line("let corr = exp(m_old - m);");
-        w.line("row_l[r] = row_l[r] * corr + l;");
-        w.line("row_m[r] = m;");
-        w.line("row_c[r] = corr;");
-        w.close();
-        w.line("workgroupBarrier();");
-        for a in 0..o.rows {
-            w.line(&format!("let corr{a} = row_c[{}];", o.row("o", a)));
-            for b in 0..o.cols {
-                w.line(&format!("acc{a}_{b} *= corr{a};"));
+        w.line("// Every thread of a row takes the same maximum; P = e^(S - m) goes over K's block.");
+        for a in 0..s.a {
+            w.line(&format!("var mx{a} = m{a};"));
+            w.block("for (var x = 0u; x < X; x++)", &[&format!("mx{a} = max(mx{a}, red[{} * X + x]);", s.row(a))]);
+            w.line(&format!("let corr{a} = exp(m{a} - mx{a});"));
+            w.line(&format!("m{a} = mx{a};"));
+            w.line(&format!("l{a} *= corr{a};"));
+            for e in 0..s.e {
+                w.line(&format!("acc{a}_{e} *= corr{a};"));
+            }
+            for b in 0..s.b {
+                w.line(&format!("let p{a}_{b} = select(0.0, exp(s{a}_{b} - mx{a}), s{a}_{b} != NEG);"));
+                w.line(&format!("l{a} += p{a}_{b};"));
             }
         }
-        w.open("for (var c = 0u; c < BC; c++)");
-        for a in 0..o.rows {
-            w.line(&format!("let p{a} = ps[{} * PS + c];", o.row("o", a)));
-        }
-        for b in 0..o.cols {
-            w.line(&format!("let v{b} = vs[c * DS + {}];", o.col("o", b)));
-        }
-        for (a, b) in o.each() {
-            w.line(&format!("acc{a}_{b} += p{a} * v{b};"));
-        }
-        w.close();
-        w.close();
+        self.store_p(w, "kps", "p");
         w.line("workgroupBarrier();");
-        for a in 0..o.rows {
-            let r = o.row("o", a);
-            w.open(&format!("if row0 + {r} < T"));
-            w.line(&format!("let inv{a} = 1.0 / row_l[{r}];"));
-            for b in 0..o.cols {
-                let d = o.col("o", b);
-                w.block(
-                    &format!("if {d} < DH"),
-                    &[&format!("o[at_o(bh, row0 + {r}, {d})] = acc{a}_{b} * inv{a};")],
-                );
-            }
-            w.close();
-        }
-        w.open("for (var r = t; r < BR; r += NT)");
-        w.block("if row0 + r < T", &["lse[row_at(bh, row0 + r)] = row_m[r] + log(row_l[r]);"]);
+        self.products(w, &[("acc", "kps", "vs")]);
         w.close();
-    }
-
-    /// Stage the stats and delta of the query rows `row0 ..` (0 past T).
-    fn stage_row_stats(&self, w: &mut Wgsl) {
-        w.open("for (var r = t; r < BR; r += NT)");
-        w.line("let i = row0 + r;");
-        w.line("var l = 0.0;");
-        w.line("var dsum = 0.0;");
-        w.block("if i < T", &["l = lse[row_at(bh, i)];", "dsum = delta[row_at(bh, i)];"]);
-        w.line("rl[r] = l;");
-        w.line("rd[r] = dsum;");
-        w.close();
-    }
-
-    /// P and dS of the current blocks into `ps` (if `with_p`) and `dss`.
-    fn probs_and_ds(&self, w: &mut Wgsl, with_p: bool) {
-        self.scores(w, &[("s", "qs", "ks"), ("g", "dos", "vs")]);
-        self.each_score(w, |w, a, b, r, c, keep| {
-            w.line(&format!("let p{a}_{b} = select(0.0, exp(s{a}_{b} * SCALE - rl[{r}]), {keep});"));
-            if with_p {
-                w.line(&format!("ps[{r} * PS + {c}] = p{a}_{b};"));
-            }
-            w.line(&format!("dss[{r} * PS + {c}] = p{a}_{b} * (g{a}_{b} - rd[{r}]);"));
-        });
-    }
-
-    fn backward_kv(&self, w: &mut Wgsl) {
-        let k = self.acc;
-        w.line("let col0 = blk * BC;");
-        self.stage(w, "ks", "k", "col0", self.b.bc);
-        self.stage(w, "vs", "v", "col0", self.b.bc);
-        self.s.coords(w, "s");
-        k.coords(w, "k");
-        self.zero_acc(w, &["gk", "gv"]);
-        w.open("for (var ib = col0 / BR; ib < (T + BR - 1u) / BR; ib++)");
-        w.line("let row0 = ib * BR;");
+        w.line("// The parts of each row's sum meet in red.");
         w.line("workgroupBarrier();");
-        self.stage(w, "qs", "q", "row0", self.b.br);
-        self.stage(w, "dos", "d_o", "row0", self.b.br);
-        self.stage_row_stats(w);
+        for a in 0..s.a {
+            w.line(&format!("red[{} * X + tx] = l{a};", s.row(a)));
+        }
         w.line("workgroupBarrier();");
-        self.probs_and_ds(w, true);
-        w.line("workgroupBarrier();");
-        w.open("for (var r = 0u; r < BR; r++)");
-        for a in 0..k.rows {
-            w.line(&format!("let p{a} = ps[r * PS + {}];", k.row("k", a)));
-            w.line(&format!("let ds{a} = dss[r * PS + {}];", k.row("k", a)));
+        for a in 0..s.a {
+            w.line(&format!("var lt{a} = 0.0;"));
+            w.block("for (var x = 0u; x < X; x++)", &[&format!("lt{a} += red[{} * X + x];", s.row(a))]);
+            w.line(&format!("let inv{a} = 1.0 / lt{a};"));
         }
-        for b in 0..k.cols {
-            w.line(&format!("let do{b} = dos[r * DS + {}];", k.col("k", b)));
-            w.line(&format!("let q{b} = qs[r * DS + {}];", k.col("k", b)));
-        }
-        for (a, b) in k.each() {
-            w.line(&format!("gv{a}_{b} += p{a} * do{b};"));
-            w.line(&format!("gk{a}_{b} += ds{a} * q{b};"));
-        }
-        w.close();
-        w.close();
-        for a in 0..k.rows {
-            let j = k.row("k", a);
-            w.open(&format!("if col0 + {j} < T"));
-            for b in 0..k.cols {
-                let d = k.col("k", b);
-                w.block(
-                    &format!("if {d} < DH"),
-                    &[
-                        &format!("dkv[at_dk(bh, col0 + {j}, {d})] = gk{a}_{b} * SCALE;"),
-                        &format!("dkv[at_dv(bh, col0 + {j}, {d})] = gv{a}_{b};"),
-                    ],
-                );
-            }
-            w.close();
+        self.write_acc(w, "acc", "o", "row0", &|a| format!("inv{a}"));
+        for a in 0..s.a {
+            let r = s.row(a);
+            w.block(
+                &format!("if tx == 0u && row0 + {r} < T"),
+                &[&format!("lse[row_at(bh, row0 + {r})] = m{a} + log(lt{a});")],
+            );
         }
     }
 
     fn backward_q(&self, w: &mut Wgsl) {
-        let q = self.acc;
+        let s = self.sp;
         w.line("let row0 = blk * BR;");
         self.stage(w, "qs", "q", "row0", self.b.br);
         self.stage(w, "dos", "d_o", "row0", self.b.br);
-        self.stage_row_stats(w);
-        self.s.coords(w, "s");
-        q.coords(w, "q");
+        for a in 0..s.a {
+            let r = s.row(a);
+            w.line(&format!("var rl{a} = 0.0;"));
+            w.line(&format!("var rd{a} = 0.0;"));
+            w.block(
+                &format!("if row0 + {r} < T"),
+                &[
+                    &format!("rl{a} = lse[row_at(bh, row0 + {r})];"),
+                    &format!("rd{a} = delta[row_at(bh, row0 + {r})];"),
+                ],
+            );
+        }
         self.zero_acc(w, &["gq"]);
         self.key_blocks(w);
+        self.load(w, "ks", "k", "0u", self.b.bc, true);
+        self.load(w, "vds", "v", "0u", self.b.bc, true);
         w.open("for (var jb = 0u; jb < nb; jb++)");
         w.line("let col0 = jb * BC;");
         w.line("workgroupBarrier();");
+        self.store(w, "ks", self.b.bc);
+        self.store(w, "vds", self.b.bc);
+        w.line("workgroupBarrier();");
+        self.prefetch(w, &[("ks", "k"), ("vds", "v")], "jb + 1u < nb", "col0 + BC", self.b.bc);
+        self.scores(w, &[("s", "qs", "ks"), ("g", "dos", "vds")]);
+        for (a, b) in s.scores() {
+            w.line(&format!("let p{a}_{b} = select(0.0, exp(s{a}_{b} * SCALE - rl{a}), {});", self.keep(a, b)));
+            w.line(&format!("let ds{a}_{b} = p{a}_{b} * (g{a}_{b} - rd{a});"));
+        }
+        w.line("// dS goes over V's block once every thread has read V.");
+        w.line("workgroupBarrier();");
+        self.store_p(w, "vds", "ds");
+        w.line("workgroupBarrier();");
+        self.products(w, &[("gq", "vds", "ks")]);
+        w.close();
+        self.write_acc(w, "gq", "dq", "row0", &|_| "SCALE".into());
+    }
+
+    fn backward_kv(&self, w: &mut Wgsl) {
+        let s = self.sp;
+        w.line("let col0 = blk * BC;");
         self.stage(w, "ks", "k", "col0", self.b.bc);
         self.stage(w, "vs", "v", "col0", self.b.bc);
+        self.zero_acc(w, &["gk", "gv"]);
+        w.line("let ib0 = col0 / BR;");
+        w.line("let nib = (T + BR - 1u) / BR;");
+        self.load(w, "qs", "q", "ib0 * BR", self.b.br, true);
+        self.load(w, "dos", "d_o", "ib0 * BR", self.b.br, true);
+        self.load_stats(w, "ib0 * BR", true);
+        w.open("for (var ib = ib0; ib < nib; ib++)");
+        w.line("let row0 = ib * BR;");
         w.line("workgroupBarrier();");
-        self.probs_and_ds(w, false);
+        self.store(w, "qs", self.b.br);
+        self.store(w, "dos", self.b.br);
+        for k in 0..self.b.br.div_ceil(self.b.threads) {
+            let r = format!("(t + {}u)", k * self.b.threads);
+            w.block(&format!("if {r} < BR"), &[&format!("rl[{r}] = pl{k};"), &format!("rd[{r}] = pd{k};")]);
+        }
         w.line("workgroupBarrier();");
-        w.open("for (var c = 0u; c < BC; c++)");
-        for a in 0..q.rows {
-            w.line(&format!("let ds{a} = dss[{} * PS + c];", q.row("q", a)));
-        }
-        for b in 0..q.cols {
-            w.line(&format!("let k{b} = ks[c * DS + {}];", q.col("q", b)));
-        }
-        for (a, b) in q.each() {
-            w.line(&format!("gq{a}_{b} += ds{a} * k{b};"));
-        }
+        w.open("if ib + 1u < nib");
+        self.load(w, "qs", "q", "row0 + BR", self.b.br, false);
+        self.load(w, "dos", "d_o", "row0 + BR", self.b.br, false);
+        self.load_stats(w, "row0 + BR", false);
         w.close();
-        w.close();
-        for a in 0..q.rows {
-            let r = q.row("q", a);
-            w.open(&format!("if row0 + {r} < T"));
-            for b in 0..q.cols {
-                let d = q.col("q", b);
-                w.block(
-                    &format!("if {d} < DH"),
-                    &[&format!("dq[at_dq(bh, row0 + {r}, {d})] = gq{a}_{b} * SCALE;")],
-                );
-            }
-            w.close();
+        w.line("// Transposed scores: rows are this block's keys, columns the query rows.");
+        self.scores(w, &[("s", "ks", "qs"), ("g", "vs", "dos")]);
+        for b in 0..s.b {
+            let c = s.col(b);
+            w.line(&format!("let cl{b} = rl[{c}];"));
+            w.line(&format!("let cd{b} = rd[{c}];"));
         }
+        for (a, b) in s.scores() {
+            w.line(&format!("let p{a}_{b} = select(0.0, exp(s{a}_{b} * SCALE - cl{b}), {});", self.keep(a, b)));
+            w.line(&format!("let ds{a}_{b} = p{a}_{b} * (g{a}_{b} - cd{b});"));
+        }
+        self.store_p(w, "ps", "p");
+        self.store_p(w, "dss", "ds");
+        w.line("workgroupBarrier();");
+        self.products(w, &[("gv", "ps", "dos"), ("gk", "dss", "qs")]);
+        w.close();
+        self.write_acc(w, "gk", "dk", "col0", &|_| "SCALE".into());
+        self.write_acc(w, "gv", "dv", "col0", &|_| "1.0".into());
     }
 }
