@@ -9,26 +9,22 @@
 //! `contig` the unit-stride axis, so a transposed operand needs no transposing) with M, N and K
 //! rounded up to the tile's `bm`, `bn` and `bk` and the padding zero-filled: every row is a
 //! whole number of units and every slice the product stages lies inside its plane. A broadcast
-//! operand (batch stride 0) has one plane for every batch. The host computes the extents (`plane`,
-//! for [`workspace_words`] and the conversion's walk), the product from the `Params` uniform
-//! (`layout`, the same padding in WGSL).
+//! operand (batch stride 0) has one plane for every batch. Both kernels compute the extents
+//! from the `Params` uniform with the same WGSL (`layout`), the host with
+//! [`workspace_words`].
 //!
 //! Real kernels bind the workspace as `array<vec4<f16>>` (two elements a unit; naga 30 cannot
 //! bitcast between `u32` and `f16` vectors). Emulated kernels (no f16 on the adapter) bind it
 //! as `array<vec4<u32>>`, each word two halves from `pack2x16float`: the same bytes.
 //!
-//! Bindings: 0 the product's `Params`, 1 A, 2 B (`vec4<f32>` views with vector loads), 3 the
-//! walk (a uniform: [`Walk`] of A, then of B), [`WORKSPACE_BINDING`] the workspace,
-//! [`RANGE_BINDING`] the max-abs words (read) and the exponents (written, for the product).
-//! Entry point `main`. The grid is sized to the planes: the first workgroups convert A's hi
-//! plane, the rest B's, each thread about [`UNITS_PER_THREAD`] units in a grid-stride loop of
-//! two units (four loads) at a time. As in the range pass ([`super::maxabs`]) a thread keeps
-//! its unit's `(batch, outer, contig)` indices and advances them by the stride's
-//! decomposition, which the host computes: no division in the loop.
+//! Bindings: 0 the product's `Params`, 1 A, 2 B (`vec4<f32>` views with vector loads),
+//! [`WORKSPACE_BINDING`] the workspace, [`RANGE_BINDING`] the max-abs words (read) and the
+//! exponents (written, for the product). Entry point `main`,
+//! a grid-stride loop over the units of the hi planes.
 
 use super::matmul::MatmulSpec;
 use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
-use super::matmul_simt::{operands, params, quad_fn, slice, Access, Side, Slice};
+use super::matmul_simt::{operands, params, quad_fn, slice, Access, Side};
 use super::maxabs::{EXPONENTS, RANGE_BINDING, RANGE_WORDS};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::writer::Wgsl;
@@ -37,32 +33,8 @@ use super::writer::Wgsl;
 pub const WORKSPACE_BINDING: u32 = 14;
 /// Threads per workgroup of the conversion.
 const THREADS: u32 = 256;
-/// Units each thread converts when the grid is not capped (two rounds of two units).
-const UNITS_PER_THREAD: u64 = 4;
-/// Most workgroups per operand; past that each thread converts more units.
+/// Most workgroups of the conversion (each then converts several units).
 const MAX_GROUPS: u64 = 8192;
-
-/// How the workgroups of one operand walk its hi plane: unit `(b, o, c)` (8 halves from
-/// column `8c`) is the `((b * outer) + o) * contig + c`th of `total`, read from the operand at
-/// batch `b`, outer index `o` and contiguous index `8c`; the operand's workgroups are
-/// `first..first + jump / THREADS`, and a thread steps `jump` units at a time, which is
-/// `step_batch` batches, `step_outer` rows and `step_contig` units. `plane` is where the hi
-/// plane starts in the workspace, `lo` how far the lo plane lies behind it (units).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
-struct Walk {
-    outer: u32,
-    contig: u32,
-    total: u32,
-    first: u32,
-    jump: u32,
-    step_contig: u32,
-    step_outer: u32,
-    step_batch: u32,
-    plane: u32,
-    lo: u32,
-    pad: [u32; 2],
-}
 
 /// Padded `(outer, contig)` extents of operand `side`'s plane, per batch.
 fn plane(t: &CoopTile, side: Side, access: Access, s: &MatmulSpec) -> (u64, u64) {
@@ -97,37 +69,6 @@ pub fn workspace_words(k: &CoopKernel, access: [Access; 2], s: &MatmulSpec) -> u
     workspace_halves(k, access, s) / 2
 }
 
-/// The walk of `side`'s hi plane (read as `access` says) by the workgroups from `first` on,
-/// the plane starting at unit `start` of the workspace and its lo plane `lo` units later; and
-/// how many workgroups it gets. Units index the workspace as u32, which holds it: a binding
-/// holds at most 2^32 bytes.
-fn walk(t: &CoopTile, side: Side, access: Access, s: &MatmulSpec, [first, start, lo]: [u64; 3]) -> (Walk, u32) {
-    let (outer, contig) = plane(t, side, access, s);
-    let contig = contig / 8;
-    let batch_stride = if side == Side::A { s.a.batch_stride } else { s.b.batch_stride };
-    let batches = if batch_stride == 0 { 1 } else { u64::from(s.batch) };
-    let total = batches * outer * contig;
-    let per_group = u64::from(THREADS) * UNITS_PER_THREAD;
-    let groups = total.div_ceil(per_group).clamp(1, MAX_GROUPS);
-    let jump = groups * u64::from(THREADS);
-    let rows_per_jump = jump.checked_div(contig).unwrap_or(0);
-    let word = |v: u64| v as u32;
-    let walk = Walk {
-        outer: word(outer),
-        contig: word(contig),
-        total: word(total),
-        first: word(first),
-        jump: word(jump),
-        step_contig: word(jump.checked_rem(contig).unwrap_or(0)),
-        step_outer: word(rows_per_jump.checked_rem(outer).unwrap_or(0)),
-        step_batch: word(rows_per_jump.checked_div(outer).unwrap_or(0)),
-        plane: word(start),
-        lo: word(lo),
-        pad: [0; 2],
-    };
-    (walk, groups as u32)
-}
-
 /// WGSL lines, after `M`, `N` and `K` are bound, that bind the planes' extents: `a_op`, `a_cp`,
 /// `b_op`, `b_cp` (outer and contiguous, in halves), `a_ps`, `b_ps` (units per batch, 0 for a
 /// broadcast operand) and `ua`, `ub` (units of the A and the B hi plane, all batches).
@@ -155,10 +96,8 @@ pub fn program(
     label: &str,
 ) -> Program {
     let s = spec;
-    let [ua, ub] = hi_halves(k, access, s).map(|h| h / 8);
-    let lo = ua + ub;
-    let (wa, ga) = walk(&k.tile, Side::A, access[0], s, [0, 0, lo]);
-    let (wb, gb) = walk(&k.tile, Side::B, access[1], s, [u64::from(ga), ua, lo]);
+    let units = hi_halves(k, access, s).iter().sum::<u64>() / 8;
+    let groups = units.div_ceil(u64::from(THREADS)).clamp(1, MAX_GROUPS) as u32;
     let bind = |at: u32, name: &str, resource: Resource, words: u64| Binding {
         at,
         name: name.to_string(),
@@ -174,11 +113,10 @@ pub fn program(
             bind(0, "p", params, 0),
             bind(1, "a", a, s.a.words(s.batch, s.m, s.k)),
             bind(2, "b", b, s.b.words(s.batch, s.k, s.n)),
-            bind(3, "q", Resource::Uniform(bytemuck::cast_slice(&[wa, wb]).to_vec()), 0),
             bind(WORKSPACE_BINDING, "ws", ws, workspace_words(k, access, s)),
             bind(RANGE_BINDING, "range", range, RANGE_WORDS),
         ],
-        grid: Grid::Fixed([ga + gb, 1, 1]),
+        grid: Grid::Fixed([groups, 1, 1]),
         // Reads go through the quads (inside the operands), writes stay inside the planes.
         checks: ShaderChecks { bounds: false, loop_bounding: false },
     }
@@ -206,22 +144,8 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
         t.name()
     ));
     w.blank();
-    w.lines(
-        "struct Walk {
-            outer: u32, contig: u32, total: u32, first: u32,
-            jump: u32, dc: u32, dor: u32, db: u32,
-            plane: u32, lo: u32, pad0: u32, pad1: u32,
-        }
-
-        struct Q {
-            a: Walk,
-            b: Walk,
-        }",
-    );
-    w.blank();
     params(&mut w);
     operands(&mut w, access);
-    w.line("@group(0) @binding(3) var<uniform> q: Q;");
     w.line(&workspace_decl(k.emulate, "read_write"));
     w.line(&format!(
         "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
@@ -250,87 +174,57 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     }
     w.close();
     w.blank();
-    // One unit: its hi part (or the whole value) into the hi plane, its lo part `lo` later.
-    w.open("fn store(u: u32, lo: u32, v0: vec4<f32>, v1: vec4<f32>)");
-    if high {
-        w.line("let h0 = split_hi(v0);");
-        w.line("let h1 = split_hi(v1);");
-        w.line("put(u, h0, h1);");
-        w.line("put(lo + u, v0 - h0, v1 - h1);");
-    } else {
-        w.line("put(u, v0, v1);");
-    }
-    w.close();
-    w.blank();
-    for s in &slices {
-        convert_fn(&mut w, s);
-    }
     w.line(&format!("@compute @workgroup_size({THREADS})"));
     w.open(
-        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32)",
+        "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>)",
     );
+    w.line("let M = p.m;");
+    w.line("let N = p.n;");
+    w.line("let K = p.k;");
+    layout(&mut w, t, access);
     w.line("let ea = exponent(range[0]);");
     w.line("let eb = exponent(range[1]);");
     // Every invocation computes the same exponents; one writes them for the product, which
     // then sets the max-abs words back to zero (codegen/maxabs.rs).
     w.block(
-        "if (wid.x == 0u && t == 0u)",
+        "if (gid.x == 0u)",
         &[
             &format!("range[{EXPONENTS}u] = bitcast<u32>(ea);"),
             &format!("range[{}u] = bitcast<u32>(eb);", EXPONENTS + 1),
         ],
     );
-    w.block(
-        "if (wid.x < q.b.first)",
-        &[&format!("convert_a(wid.x * {THREADS}u + t, ldexp(1.0, ea));")],
-    );
-    w.block(
-        "else",
-        &[&format!("convert_b((wid.x - q.b.first) * {THREADS}u + t, ldexp(1.0, eb));")],
-    );
+    w.line("let sca = ldexp(1.0, ea);");
+    w.line("let scb = ldexp(1.0, eb);");
+    w.line(&format!("let jump = nw.x * {THREADS}u;"));
+    w.open("for (var u = gid.x; u < ua + ub; u += jump)");
+    w.line("var v0: vec4<f32>;");
+    w.line("var v1: vec4<f32>;");
+    for (s, cond, rel, sc) in [(&slices[0], "if (u < ua)", "u", "sca"), (&slices[1], "else", "u - ua", "scb")]
+    {
+        let x = s.x;
+        w.open(cond);
+        w.line(&format!("let r = {rel};"));
+        w.line(&format!("let row = r / ({x}_cp / 8u);"));
+        w.line(&format!("let c = (r % ({x}_cp / 8u)) * 8u;"));
+        w.line(&format!("let bi = row / {x}_op;"));
+        w.line(&format!("let o = row % {x}_op;"));
+        w.line(&format!("let base = p.{x}_off + bi * p.{x}_sb;"));
+        let (ot, ct) = (s.outer_total, s.contig_total);
+        w.line(&format!("v0 = quad_{x}(base, o, c, {ot}, {ct}) * {sc};"));
+        w.line(&format!("v1 = quad_{x}(base, o, c + 4u, {ot}, {ct}) * {sc};"));
+        w.close();
+    }
+    if high {
+        w.line("let h0 = split_hi(v0);");
+        w.line("let h1 = split_hi(v1);");
+        w.line("put(u, h0, h1);");
+        w.line("put(ua + ub + u, v0 - h0, v1 - h1);");
+    } else {
+        w.line("put(u, v0, v1);");
+    }
+    w.close();
     w.close();
     w.finish()
-}
-
-/// `fn convert_x(g: u32, sc: f32)` for the operand of slice `s`: thread `g` of its workgroups
-/// converts its units of the hi plane, scaled by `sc`, two at a time (four loads in flight).
-fn convert_fn(w: &mut Wgsl, s: &Slice) {
-    let x = s.x;
-    let (ot, ct) = (s.outer_total, s.contig_total);
-    w.open(&format!("fn convert_{x}(g: u32, sc: f32)"));
-    w.line(&format!("let k = q.{x};"));
-    w.block("if (g >= k.total)", &["return;"]);
-    w.line("let M = p.m;");
-    w.line("let N = p.n;");
-    w.line("let K = p.k;");
-    w.line("var c = g % k.contig;");
-    w.line("let r = g / k.contig;");
-    w.line("var o = r % k.outer;");
-    w.line("var bi = r / k.outer;");
-    w.line("var u = g;");
-    let load = |w: &mut Wgsl, v: &str| {
-        w.line(&format!("let base{v} = p.{x}_off + bi * p.{x}_sb;"));
-        w.line(&format!("let {v}0 = quad_{x}(base{v}, o, 8u * c, {ot}, {ct}) * sc;"));
-        w.line(&format!("let {v}1 = quad_{x}(base{v}, o, 8u * c + 4u, {ot}, {ct}) * sc;"));
-        w.line("c += k.dc;");
-        w.block("if (c >= k.contig)", &["c -= k.contig;", "o += 1u;"]);
-        w.line("o += k.dor;");
-        w.block("if (o >= k.outer)", &["o -= k.outer;", "bi += 1u;"]);
-        w.line("bi += k.db;");
-    };
-    // u + one jump stays below total, which fits a u32 (module docs).
-    w.open("for (; u + k.jump < k.total; u += 2u * k.jump)");
-    load(w, "v");
-    load(w, "y");
-    w.line("store(k.plane + u, k.lo, v0, v1);");
-    w.line("store(k.plane + u + k.jump, k.lo, y0, y1);");
-    w.close();
-    w.open("if (u < k.total)");
-    load(w, "v");
-    w.line("store(k.plane + u, k.lo, v0, v1);");
-    w.close();
-    w.close();
-    w.blank();
 }
 
 #[cfg(test)]
