@@ -27,8 +27,9 @@ use super::writer::Wgsl;
 
 /// Threads per workgroup.
 const THREADS: u32 = 256;
-/// Units each thread walks when the grid is not capped (two rounds of four loads).
-const UNITS_PER_THREAD: u64 = 8;
+/// Units each thread walks when the grid is not capped: one round of four loads (on the H200
+/// at gpt-medium's shapes 2 and 16 were slower, 8 by a fifth; BENCHMARKS.md).
+const UNITS_PER_THREAD: u64 = 4;
 /// Most workgroups per operand; past that each thread walks more units.
 const MAX_GROUPS: u64 = 4096;
 /// Index in `range` of `ea` (`eb` follows), after the max-abs bits of A and of B.
