@@ -7,7 +7,7 @@
 //! loads coalesce for plain and transposed operands alike), a unit a `vec4` where the operand
 //! allows vector loads ([`Access::vector`]) and one element otherwise. The grid is sized to the
 //! operands: the first `groups` workgroups of the `[groups_a + groups_b, 1, 1]` grid walk A,
-//! the rest B, each thread about [`UNITS_PER_THREAD`] units in a grid-stride loop that issues
+//! the rest B, each thread about `UNITS_PER_THREAD` units in a grid-stride loop that issues
 //! four loads before it uses them. The loop keeps the unit's `(batch, outer, inner)` indices
 //! and advances them by the stride's decomposition, which the host computes: no division in the
 //! loop. Each thread's maximum of `|x|` (the f32 bits with the sign cleared, compared as u32,
