@@ -244,3 +244,91 @@ fn the_kernel_benchmark_reports_each_mode_with_its_error() {
         assert!(r.tflops > 0.0 && r.error_max <= tol && r.error_median <= r.error_max, "{r:?}");
     }
 }
+
+/// The range pre-pass alone leaves each operand's exact max-abs bits in the range words,
+/// wherever in the operand the largest magnitude lies: the first and the last element and
+/// elements between, of operands read as `vec4`s and as single elements, spread over several
+/// workgroups, over batches shorter than a thread's stride, strided with gaps, split-K views
+/// and broadcast. Every element outside the operands is NaN, whose bits exceed any number's:
+/// a read outside an operand shows.
+#[test]
+fn the_range_pass_finds_each_operands_max_abs_wherever_it_lies() {
+    let Some((gpu, _turn)) = or_skip("the_range_pass_finds_each_operands_max_abs_wherever_it_lies")
+    else {
+        return;
+    };
+    let c = MatmulSpec::contiguous;
+    let gapped = Operand { offset: 8, batch_stride: 400, row_stride: 16, col_stride: 1 };
+    let split_k = Operand { offset: 0, batch_stride: 24, row_stride: 48, col_stride: 1 };
+    let cases = [
+        ("1x1x1", c(1, 1, 1, 1)),
+        ("vec4, several workgroups", c(1, 96, 64, 200)),
+        ("single elements, several workgroups", c(1, 61, 37, 203)),
+        ("100 batches of 3x8, a stride of many batches", c(100, 3, 5, 8)),
+        (
+            "gaps between rows and batches, B transposed and broadcast",
+            MatmulSpec {
+                a: gapped,
+                b: Operand::transposed(12, 7).broadcast().at(1),
+                ..c(3, 20, 7, 12)
+            },
+        ),
+        (
+            "a split-K view",
+            MatmulSpec { a: split_k, b: Operand::row_major(24, 9), ..c(2, 33, 9, 24) },
+        ),
+    ];
+    let tile = MatmulTile::Coop(kernel(CoopMode::High));
+    let mut launcher = Launcher::default();
+    for (name, s) in cases {
+        let ops = [(s.a, s.m, s.k, 1), (s.b, s.k, s.n, 2)];
+        let elements: Vec<Vec<usize>> = ops
+            .iter()
+            .map(|&(op, rows, cols, _)| {
+                let mut v = Vec::new();
+                for bt in 0..if op.batch_stride == 0 { 1 } else { s.batch } {
+                    for r in 0..rows {
+                        v.extend((0..cols).map(|c| at(&op, bt, r, c)));
+                    }
+                }
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+            .collect();
+        // The largest magnitude at the first, the last and three elements between.
+        for pick in [0.0, 1.0, 0.31, 0.5, 0.77] {
+            let mut want = [0i32; 2];
+            let buffers: Vec<_> = ops
+                .iter()
+                .zip(&elements)
+                .enumerate()
+                .map(|(i, (&(op, rows, cols, seed), inside))| {
+                    let len = inside.last().unwrap() + 1 + 5;
+                    let mut v = outside_nan(random(len, seed), &op, s.batch, rows, cols);
+                    let spike = inside[((inside.len() - 1) as f64 * pick) as usize];
+                    v[spike] = if i == 0 { -1e3 } else { 2e3 };
+                    want[i] = v[spike].abs().to_bits() as i32;
+                    gpu.upload_f32("operand", &v).unwrap()
+                })
+                .collect();
+            let c_buf = gpu.upload_f32("c", &[0.0; 4]).unwrap();
+            let res_all = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+            let programs = matmul::programs("test", &s, tile, None, res_all).unwrap();
+            let words = scratch_words(programs.iter());
+            let range = gpu.upload_f32("range", &vec![0.0; words[RANGE_SLOT] as usize]).unwrap();
+            let scratch: Vec<_> = (0..words.len())
+                .map(|slot| if slot == RANGE_SLOT { &range } else { &c_buf })
+                .collect();
+            let res = Resources {
+                buffers: [&buffers[0], &buffers[1], &c_buf].into_iter().map(Range::whole).collect(),
+                scratch,
+                ..Resources::default()
+            };
+            let pass = launcher.prepare(gpu, &programs[0], &res).unwrap();
+            gpu.run(&[&pass]).unwrap();
+            let got = gpu.read_i32_range(&range, 0..2).unwrap();
+            assert_eq!(got, want, "{name}, largest magnitude at {pick} of each operand");
+        }
+    }
+}
