@@ -15,6 +15,7 @@
 
 use super::matmul_coop::{self, CoopKernel, CoopMode, CoopTile};
 use super::matmul_cost as cost;
+use super::matmul_dot::{self, DOT_BLOCK, DOT_LANES};
 use super::matmul_simt::{self, SIMT_TILE};
 use super::{coop_convert, maxabs};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
@@ -146,16 +147,21 @@ pub enum MatmulTile {
     /// The generated fp32 SIMT kernel ([`super::matmul_simt`]): 128×256 blocks, 8×16 per
     /// thread, slices double-buffered in workgroup memory, compiled without the loop guard.
     Simt,
+    /// The generated fp32 kernel for skinny products ([`super::matmul_dot`]): 4×4 blocks, K
+    /// across a workgroup's 256 threads, the partial sums added in workgroup memory.
+    Dot,
     /// A cooperative-matrix kernel (`high` or `medium`, [`super::matmul_coop`]), after the
     /// range pre-pass and the conversion to f16.
     Coop(CoopKernel),
 }
 
 impl MatmulTile {
-    /// `(BM, BN, BK, TM, TN)`; a cooperative tile has no per-thread tile (TM and TN are 0).
+    /// `(BM, BN, BK, TM, TN)`; a cooperative tile has no per-thread tile (TM and TN are 0),
+    /// nor has the dot kernel, whose BK is the K steps its threads take at once.
     pub fn shape(self) -> (u32, u32, u32, u32, u32) {
         match self {
             MatmulTile::Coop(k) => (k.tile.bm, k.tile.bn, k.tile.bk, 0, 0),
+            MatmulTile::Dot => (DOT_BLOCK, DOT_BLOCK, DOT_LANES, 0, 0),
             MatmulTile::Large => (128, 128, 8, 8, 8),
             MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
             MatmulTile::Register8 => (128, 64, 8, 8, 4),
@@ -171,9 +177,11 @@ impl MatmulTile {
         match self {
             MatmulTile::Register => "main_reg",
             MatmulTile::Register8 => "main_reg8",
-            MatmulTile::Large | MatmulTile::Small | MatmulTile::Simt | MatmulTile::Coop(_) => {
-                "main"
-            }
+            MatmulTile::Large
+            | MatmulTile::Small
+            | MatmulTile::Simt
+            | MatmulTile::Dot
+            | MatmulTile::Coop(_) => "main",
         }
     }
 
@@ -185,6 +193,7 @@ impl MatmulTile {
             MatmulTile::Register => "register",
             MatmulTile::Register8 => "register8",
             MatmulTile::Simt => "simt",
+            MatmulTile::Dot => "dot",
             MatmulTile::Coop(k) => k.name(),
         }
     }
@@ -322,6 +331,7 @@ impl MatmulTile {
             Ok("register") => return MatmulTile::Register,
             Ok("register8") => return MatmulTile::Register8,
             Ok("simt") if simt => return MatmulTile::Simt,
+            Ok("dot") => return MatmulTile::Dot,
             _ => {}
         }
         let t = SIMT_TILE;
@@ -334,10 +344,13 @@ impl MatmulTile {
         let blocks = u64::from(part.m.div_ceil(128))
             * u64::from(part.n.div_ceil(64))
             * u64::from(part.batch);
-        if blocks >= 264 {
-            MatmulTile::Register8
+        let register = if blocks >= 264 { MatmulTile::Register8 } else { MatmulTile::Register };
+        let dot_fits = DOT_LANES <= target.max_invocations
+            && matmul_dot::WORKGROUP_BYTES <= target.max_workgroup_bytes;
+        if dot_fits && cost::product_us(MatmulTile::Dot, part) < cost::product_us(register, part) {
+            MatmulTile::Dot
         } else {
-            MatmulTile::Register
+            register
         }
     }
 }
@@ -416,8 +429,19 @@ pub fn program(
     }
     let (bm, bn, bk, tm, tn) = tile.shape();
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
+    // Its own indices stay inside the operands and its loops end; an epilogue reading other
+    // buffers keeps the bounds checks (they cost nothing measurable here).
+    let trusted = ShaderChecks {
+        bounds: epilogue.is_some_and(|e| !e.extra.is_empty()),
+        loop_bounding: false,
+    };
     let mut checks = ShaderChecks::ALL;
-    let wgsl = if tile == MatmulTile::Simt {
+    let mut workgroup_size = if tm * tn == 0 { 0 } else { (bm / tm) * (bn / tn) };
+    let wgsl = if tile == MatmulTile::Dot {
+        checks = trusted;
+        workgroup_size = DOT_LANES;
+        matmul_dot::generate(decls, body)
+    } else if tile == MatmulTile::Simt {
         let Some(access) = matmul_simt::accesses(spec) else {
             return Err(err!(
                 Invariant,
@@ -426,10 +450,7 @@ pub fn program(
                 spec.b
             ));
         };
-        // Its own indices stay inside the operands and its loops end; an epilogue reading
-        // other buffers keeps the bounds checks (they cost nothing measurable here).
-        let extra = epilogue.is_some_and(|e| !e.extra.is_empty());
-        checks = ShaderChecks { bounds: extra, loop_bounding: false };
+        checks = trusted;
         matmul_simt::generate(&SIMT_TILE, access, decls, body)
     } else {
         MATMUL.fill(&[
@@ -447,7 +468,7 @@ pub fn program(
         label: format!("matmul {}x{}x{} batch {} {}", s.m, s.n, s.k, s.batch, tile.name()),
         wgsl,
         entry: tile.entry(),
-        workgroup_size: (bm / tm) * (bn / tn),
+        workgroup_size,
         bindings: bindings(spec, epilogue, [a, b, c]),
         grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
         checks,

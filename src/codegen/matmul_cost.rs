@@ -36,6 +36,10 @@ enum Rate {
     /// than `saturation` blocks (the fp32 kernels, bound by more than the multiprocessors'
     /// count: the SIMT kernel reaches its 24.5 TFLOP/s from about 64 blocks on).
     Throughput { saturation: f64, flops_per_us: f64, c0: f64 },
+    /// `c0` plus waves of `slots` workgroups, each `step` microseconds for each step of K its
+    /// threads take one after another and `reduce` for adding their sums, or the product's
+    /// flops at `flops_per_us` where that is longer (the dot kernel).
+    Lanes { slots: f64, step: f64, reduce: f64, flops_per_us: f64, c0: f64 },
 }
 
 /// The rate of a cooperative tile: measured for the two sizes the model chooses between
@@ -69,6 +73,14 @@ fn rate(tile: MatmulTile) -> Rate {
         // 64x64 blocks: 768x2304x4096 took 1.66 ms on 432 of them.
         MatmulTile::Register | MatmulTile::Small => template(9.0),
         MatmulTile::Register8 | MatmulTile::Large => template(12.0),
+        // Eight workgroups of 256 threads a multiprocessor.
+        MatmulTile::Dot => Rate::Lanes {
+            slots: 8.0 * MULTIPROCESSORS,
+            step: 0.3,
+            reduce: 1.5,
+            flops_per_us: 4e6,
+            c0: 2.0,
+        },
     }
 }
 
@@ -81,6 +93,12 @@ pub fn product_us(tile: MatmulTile, spec: &MatmulSpec) -> f64 {
         Rate::Waves { slots, c0, c1 } => (blocks / slots).ceil() * (c0 + c1 * f64::from(spec.k)),
         Rate::Throughput { saturation, flops_per_us, c0 } => {
             c0 + spec.flops() / (flops_per_us * (blocks / saturation).min(1.0))
+        }
+        Rate::Lanes { slots, step, reduce, flops_per_us, c0 } => {
+            let (_, _, lanes, ..) = tile.shape();
+            let steps = f64::from(spec.k.div_ceil(lanes));
+            let latency = (blocks / slots).ceil() * (steps * step + reduce);
+            c0 + latency.max(spec.flops() / flops_per_us)
         }
     };
     us + DISPATCH_US
