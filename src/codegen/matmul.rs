@@ -268,10 +268,11 @@ impl MatmulTile {
     ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
     ///   is taken wherever it fits.
     /// - fp32: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`, `simt` where it
-    ///   fits) when set, for benchmarking; else the SIMT kernel when its blocks number at least
-    ///   `target.matmul.simt_min_workgroups` unsplit or split; else the register tile measured
-    ///   fastest on the H200, 8 x 4 per thread while that gives two workgroups per
-    ///   multiprocessor, else 4 x 4.
+    ///   fits, `dot`) when set, for benchmarking; else the SIMT kernel when its blocks number
+    ///   at least `target.matmul.simt_min_workgroups` unsplit or split, else the register tile
+    ///   measured fastest on the H200, 8 x 4 per thread while that gives two workgroups per
+    ///   multiprocessor, else 4 x 4; or the dot kernel for skinny products (a few rows or
+    ///   columns, a long K) where the cost model prices it below that tile.
     ///
     /// `target.matmul.split_k` (tests) forces the slices wherever the product allows them.
     pub fn choose_split(spec: &MatmulSpec, target: &Target) -> (MatmulTile, u32) {
@@ -338,19 +339,22 @@ impl MatmulTile {
         let simt_blocks = u64::from(part.m.div_ceil(t.bm))
             * u64::from(part.n.div_ceil(t.bn))
             * u64::from(part.batch);
-        if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
-            return MatmulTile::Simt;
-        }
         let blocks = u64::from(part.m.div_ceil(128))
             * u64::from(part.n.div_ceil(64))
             * u64::from(part.batch);
-        let register = if blocks >= 264 { MatmulTile::Register8 } else { MatmulTile::Register };
+        let tile = if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
+            MatmulTile::Simt
+        } else if blocks >= 264 {
+            MatmulTile::Register8
+        } else {
+            MatmulTile::Register
+        };
         let dot_fits = DOT_LANES <= target.max_invocations
             && matmul_dot::WORKGROUP_BYTES <= target.max_workgroup_bytes;
-        if dot_fits && cost::product_us(MatmulTile::Dot, part) < cost::product_us(register, part) {
+        if dot_fits && cost::product_us(MatmulTile::Dot, part) < cost::product_us(tile, part) {
             MatmulTile::Dot
         } else {
-            register
+            tile
         }
     }
 }
