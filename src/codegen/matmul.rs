@@ -5,7 +5,8 @@
 //! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. Each
 //! product's kernel, tile and slices of K come from one choice by the cost model of
 //! `matmul_cost.rs` ([`MatmulTile::choose_split`]): the template's register tiles, the
-//! generated SIMT kernel (`matmul_simt.rs`), or in the `high` and `medium` precision modes a
+//! generated SIMT kernel (`matmul_simt.rs`), the generated kernel for skinny products
+//! (`matmul_dot.rs`), or in the `high` and `medium` precision modes a
 //! cooperative-matrix kernel (`matmul_coop.rs`, after the range pre-pass of `maxabs.rs` and the
 //! conversion of its operands to f16 of `coop_convert.rs`) where the device has them. A split
 //! product runs its partial products over slices of K into scratch, then a generated kernel

@@ -4,7 +4,7 @@
 //! multiprocessors).
 //!
 //! A cooperative kernel's blocks run in waves of one a multiprocessor; a wave costs `c0 + c1 ·
-//! K` (K of one slice), and a grid a little over a wave costs two (the 144 128x128 blocks of a
+//! K` (K of one slice; below K = 256 the fixed part shrinks with K), and a grid a little over a wave costs two (the 144 128x128 blocks of a
 //! 3072x768 product take twice the time of 108). The fp32 kernels are throughput-bound once
 //! their grid has enough blocks (the SIMT kernel runs 96 and 384 blocks at the same 24.5
 //! TFLOP/s, and 72 as fast) and slower in proportion below that. The constants are fitted to `rumus bench --profile` of
