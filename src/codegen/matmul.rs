@@ -272,8 +272,9 @@ impl MatmulTile {
     ///   fits, `dot`) when set, for benchmarking; else the SIMT kernel when its blocks number
     ///   at least `target.matmul.simt_min_workgroups` unsplit or split, else the register tile
     ///   measured fastest on the H200, 8 x 4 per thread while that gives two workgroups per
-    ///   multiprocessor, else 4 x 4; or the dot kernel for skinny products (a few rows or
-    ///   columns, a long K) where the cost model prices it below that tile.
+    ///   multiprocessor, else 4 x 4, or the dot kernel for skinny products (a few rows or
+    ///   columns, a long K) where the cost model prices it below that tile and its grid of
+    ///   4x4 blocks fits the device's.
     ///
     /// `target.matmul.split_k` (tests) forces the slices wherever the product allows them.
     pub fn choose_split(spec: &MatmulSpec, target: &Target) -> (MatmulTile, u32) {
@@ -343,15 +344,15 @@ impl MatmulTile {
         let blocks = u64::from(part.m.div_ceil(128))
             * u64::from(part.n.div_ceil(64))
             * u64::from(part.batch);
-        let tile = if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
-            MatmulTile::Simt
-        } else if blocks >= 264 {
-            MatmulTile::Register8
-        } else {
-            MatmulTile::Register
-        };
+        if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
+            return MatmulTile::Simt;
+        }
+        let tile = if blocks >= 264 { MatmulTile::Register8 } else { MatmulTile::Register };
+        let grid = target.max_workgroups_per_dimension;
         let dot_fits = DOT_LANES <= target.max_invocations
-            && matmul_dot::WORKGROUP_BYTES <= target.max_workgroup_bytes;
+            && matmul_dot::WORKGROUP_BYTES <= target.max_workgroup_bytes
+            && part.m.div_ceil(DOT_BLOCK) <= grid
+            && part.n.div_ceil(DOT_BLOCK) <= grid;
         if dot_fits && cost::product_us(MatmulTile::Dot, part) < cost::product_us(tile, part) {
             MatmulTile::Dot
         } else {

@@ -240,6 +240,9 @@ mod tests {
             (High, c(1, 128, 1024, 10), "register split 1"),
             (Highest, c(1, 1, 1024, 1024), "dot split 1"),
             (Highest, c(1, 4096, 1, 4096), "dot split 1"),
+            // More 4x4 blocks than a grid's axis allows (half as many rows would take dot).
+            (Highest, c(2, 300_000, 1, 256), "register8 split 1"),
+            (Highest, c(2, 150_000, 1, 256), "dot split 1"),
             (High, c(1, 128, 1024, 1024), "coop-high 64x128x32 w2x4 split 8"),
         ];
         let wrong: Vec<String> = table
