@@ -5,7 +5,8 @@
 //! backward products dW = Xᵀ·dY and dX = dY·Wᵀ and broadcast batches need no copies. Each
 //! product's kernel, tile and slices of K come from one choice by the cost model of
 //! `matmul_cost.rs` ([`MatmulTile::choose_split`]): the template's register tiles, the
-//! generated SIMT kernel (`matmul_simt.rs`), or in the `high` and `medium` precision modes a
+//! generated SIMT kernel (`matmul_simt.rs`), the generated kernel for skinny products
+//! (`matmul_dot.rs`), or in the `high` and `medium` precision modes a
 //! cooperative-matrix kernel (`matmul_coop.rs`, after the range pre-pass of `maxabs.rs` and the
 //! conversion of its operands to f16 of `coop_convert.rs`) where the device has them. A split
 //! product runs its partial products over slices of K into scratch, then a generated kernel
@@ -15,6 +16,7 @@
 
 use super::matmul_coop::{self, CoopKernel, CoopMode, CoopTile};
 use super::matmul_cost as cost;
+use super::matmul_dot::{self, DOT_BLOCK, DOT_LANES};
 use super::matmul_simt::{self, SIMT_TILE};
 use super::{coop_convert, maxabs};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
@@ -146,16 +148,21 @@ pub enum MatmulTile {
     /// The generated fp32 SIMT kernel ([`super::matmul_simt`]): 128×256 blocks, 8×16 per
     /// thread, slices double-buffered in workgroup memory, compiled without the loop guard.
     Simt,
+    /// The generated fp32 kernel for skinny products ([`super::matmul_dot`]): 4×4 blocks, K
+    /// across a workgroup's 256 threads, the partial sums added in workgroup memory.
+    Dot,
     /// A cooperative-matrix kernel (`high` or `medium`, [`super::matmul_coop`]), after the
     /// range pre-pass and the conversion to f16.
     Coop(CoopKernel),
 }
 
 impl MatmulTile {
-    /// `(BM, BN, BK, TM, TN)`; a cooperative tile has no per-thread tile (TM and TN are 0).
+    /// `(BM, BN, BK, TM, TN)`; a cooperative tile has no per-thread tile (TM and TN are 0),
+    /// nor has the dot kernel, whose BK is the K steps its threads take at once.
     pub fn shape(self) -> (u32, u32, u32, u32, u32) {
         match self {
             MatmulTile::Coop(k) => (k.tile.bm, k.tile.bn, k.tile.bk, 0, 0),
+            MatmulTile::Dot => (DOT_BLOCK, DOT_BLOCK, DOT_LANES, 0, 0),
             MatmulTile::Large => (128, 128, 8, 8, 8),
             MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
             MatmulTile::Register8 => (128, 64, 8, 8, 4),
@@ -171,9 +178,11 @@ impl MatmulTile {
         match self {
             MatmulTile::Register => "main_reg",
             MatmulTile::Register8 => "main_reg8",
-            MatmulTile::Large | MatmulTile::Small | MatmulTile::Simt | MatmulTile::Coop(_) => {
-                "main"
-            }
+            MatmulTile::Large
+            | MatmulTile::Small
+            | MatmulTile::Simt
+            | MatmulTile::Dot
+            | MatmulTile::Coop(_) => "main",
         }
     }
 
@@ -185,6 +194,7 @@ impl MatmulTile {
             MatmulTile::Register => "register",
             MatmulTile::Register8 => "register8",
             MatmulTile::Simt => "simt",
+            MatmulTile::Dot => "dot",
             MatmulTile::Coop(k) => k.name(),
         }
     }
@@ -259,10 +269,12 @@ impl MatmulTile {
     ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
     ///   is taken wherever it fits.
     /// - fp32: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`, `simt` where it
-    ///   fits) when set, for benchmarking; else the SIMT kernel when its blocks number at least
-    ///   `target.matmul.simt_min_workgroups` unsplit or split; else the register tile measured
-    ///   fastest on the H200, 8 x 4 per thread while that gives two workgroups per
-    ///   multiprocessor, else 4 x 4.
+    ///   fits, `dot`) when set, for benchmarking; else the SIMT kernel when its blocks number
+    ///   at least `target.matmul.simt_min_workgroups` unsplit or split, else the register tile
+    ///   measured fastest on the H200, 8 x 4 per thread while that gives two workgroups per
+    ///   multiprocessor, else 4 x 4, or the dot kernel for skinny products (a few rows or
+    ///   columns, a long K) where the cost model prices it below that tile and its grid of
+    ///   4x4 blocks fits the device's.
     ///
     /// `target.matmul.split_k` (tests) forces the slices wherever the product allows them.
     pub fn choose_split(spec: &MatmulSpec, target: &Target) -> (MatmulTile, u32) {
@@ -322,22 +334,29 @@ impl MatmulTile {
             Ok("register") => return MatmulTile::Register,
             Ok("register8") => return MatmulTile::Register8,
             Ok("simt") if simt => return MatmulTile::Simt,
+            Ok("dot") => return MatmulTile::Dot,
             _ => {}
         }
         let t = SIMT_TILE;
         let simt_blocks = u64::from(part.m.div_ceil(t.bm))
             * u64::from(part.n.div_ceil(t.bn))
             * u64::from(part.batch);
-        if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
-            return MatmulTile::Simt;
-        }
         let blocks = u64::from(part.m.div_ceil(128))
             * u64::from(part.n.div_ceil(64))
             * u64::from(part.batch);
-        if blocks >= 264 {
-            MatmulTile::Register8
+        if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
+            return MatmulTile::Simt;
+        }
+        let tile = if blocks >= 264 { MatmulTile::Register8 } else { MatmulTile::Register };
+        let grid = target.max_workgroups_per_dimension;
+        let dot_fits = DOT_LANES <= target.max_invocations
+            && matmul_dot::WORKGROUP_BYTES <= target.max_workgroup_bytes
+            && part.m.div_ceil(DOT_BLOCK) <= grid
+            && part.n.div_ceil(DOT_BLOCK) <= grid;
+        if dot_fits && cost::product_us(MatmulTile::Dot, part) < cost::product_us(tile, part) {
+            MatmulTile::Dot
         } else {
-            MatmulTile::Register
+            tile
         }
     }
 }
@@ -416,8 +435,19 @@ pub fn program(
     }
     let (bm, bn, bk, tm, tn) = tile.shape();
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
+    // Its own indices stay inside the operands and its loops end; an epilogue reading other
+    // buffers keeps the bounds checks (they cost nothing measurable here).
+    let trusted = ShaderChecks {
+        bounds: epilogue.is_some_and(|e| !e.extra.is_empty()),
+        loop_bounding: false,
+    };
     let mut checks = ShaderChecks::ALL;
-    let wgsl = if tile == MatmulTile::Simt {
+    let mut workgroup_size = if tm * tn == 0 { 0 } else { (bm / tm) * (bn / tn) };
+    let wgsl = if tile == MatmulTile::Dot {
+        checks = trusted;
+        workgroup_size = DOT_LANES;
+        matmul_dot::generate(decls, body)
+    } else if tile == MatmulTile::Simt {
         let Some(access) = matmul_simt::accesses(spec) else {
             return Err(err!(
                 Invariant,
@@ -426,10 +456,7 @@ pub fn program(
                 spec.b
             ));
         };
-        // Its own indices stay inside the operands and its loops end; an epilogue reading
-        // other buffers keeps the bounds checks (they cost nothing measurable here).
-        let extra = epilogue.is_some_and(|e| !e.extra.is_empty());
-        checks = ShaderChecks { bounds: extra, loop_bounding: false };
+        checks = trusted;
         matmul_simt::generate(&SIMT_TILE, access, decls, body)
     } else {
         MATMUL.fill(&[
@@ -447,7 +474,7 @@ pub fn program(
         label: format!("matmul {}x{}x{} batch {} {}", s.m, s.n, s.k, s.batch, tile.name()),
         wgsl,
         entry: tile.entry(),
-        workgroup_size: (bm / tm) * (bn / tn),
+        workgroup_size,
         bindings: bindings(spec, epilogue, [a, b, c]),
         grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
         checks,

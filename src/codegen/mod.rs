@@ -24,6 +24,7 @@ pub mod layer_norm;
 pub mod matmul;
 pub mod matmul_coop;
 pub mod matmul_cost;
+pub mod matmul_dot;
 pub mod matmul_simt;
 pub mod maxabs;
 pub mod precision;

@@ -204,15 +204,17 @@ fn attention_beyond_the_kernels_is_an_error() {
 /// cooperative adapter (`Target::COOPERATIVE`, what `rumus plan --matmul-precision` plans for)
 /// and on one without cooperative matrices, where `high` and `medium` keep the fp32 kernels:
 /// (batch, d, products, expected tiles per mode). A tiny model's products are too small to
-/// pay a cooperative product's pre-passes, so the cost model gives them fp32 in every mode;
-/// a gpt-small-sized one (4096 rows of 256) runs its products on the cooperative kernels,
-/// except the smallest on fp32 (the gradient of its 64-wide head, 256x64x4096, on the SIMT
-/// kernel in 32 slices of K, and the 4096x64x256 products on the register tile).
+/// pay a cooperative product's pre-passes, so the cost model gives them fp32 in every mode, on
+/// the dot kernel (a few blocks of C, K = 32 to 64: K across a workgroup beats one thread of
+/// the register tile walking all of it); a gpt-small-sized one (4096 rows of 256) runs every
+/// product on the cooperative kernels in `high` and `medium` (their products of K = 256 or
+/// less cost a wave little, as the `mlp` model's measured), and on the register and SIMT
+/// tiles in fp32.
 #[test]
 fn each_mode_gives_every_product_its_kernel() {
     use MatmulPrecision::*;
     type Expected = [(MatmulPrecision, bool, &'static [&'static str]); 6];
-    let fp32: &[&str] = &["register"];
+    let fp32: &[&str] = &["dot"];
     let tiny: Expected = [
         (Highest, true, fp32),
         (High, true, fp32),
@@ -226,12 +228,13 @@ fn each_mode_gives_every_product_its_kernel() {
     let webgpu: &[&str] = &["register", "register8"];
     let big: Expected = [
         (Highest, true, big_fp32),
-        (High, true, &["coop-high", "register", "simt"]),
-        (Medium, true, &["coop-medium", "register", "simt"]),
+        (High, true, &["coop-high"]),
+        (Medium, true, &["coop-medium"]),
         (Highest, false, webgpu),
         (High, false, webgpu),
         (Medium, false, webgpu),
     ];
+    let mut wrong = Vec::new();
     for (batch, d, ctx, expected) in [(4, 32, 16, tiny), (32, 256, 128, big)] {
         let mut g = Graph::new();
         let c = GptConfig { vocab: 64, d, heads: 2, layers: 1, ctx };
@@ -248,9 +251,12 @@ fn each_mode_gives_every_product_its_kernel() {
             let mut tiles: Vec<&str> = programs.kernels.iter().filter_map(|k| k.matmul).collect();
             tiles.sort_unstable();
             tiles.dedup();
-            assert_eq!(tiles, want, "d {d}, {precision}, cooperative: {coop}");
+            if tiles != want {
+                wrong.push(format!("d {d}, {precision}, cooperative: {coop}: {tiles:?}"));
+            }
         }
     }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 /// Every elementwise op and `where` of constant operands only (a constant is inlined as its

@@ -154,12 +154,13 @@ fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
     [bt * m * k, bt * k * n, bt * m * n]
 }
 
-const ALL_TILES: [MatmulTile; 5] = [
+const ALL_TILES: [MatmulTile; 6] = [
     MatmulTile::Large,
     MatmulTile::Small,
     MatmulTile::Register,
     MatmulTile::Register8,
     MatmulTile::Simt,
+    MatmulTile::Dot,
 ];
 
 #[test]
@@ -244,21 +245,72 @@ fn matmul_simt_at_ragged_shapes_stays_inside_its_operands() {
     }
 }
 
-/// The SIMT kernel is compiled trusted: without the loop guard, and without bounds checks
-/// unless its epilogue reads buffers of its own.
+/// The dot kernel (K across a workgroup, for skinny products) against the reference at the
+/// shapes it is chosen for and their edges: one column or row of C, N = 3 and 10 (ragged 4x4
+/// blocks), K = 1 and 5 (most threads take no step) and K past its 256 threads, both layouts of
+/// each operand, batched and broadcast, at offsets inside buffers whose other elements are NaN
+/// (it is compiled without bounds checks), alpha and beta, and C a strided window.
+#[test]
+fn matmul_dot_at_skinny_shapes_matches_the_reference() {
+    // (case, batch, m, n, k, a transposed, b transposed, offset of A and B, beta)
+    let cases = [
+        ("n1", 1, 37, 1, 300, false, false, 0, 0.0),
+        ("n3 k5", 1, 9, 3, 5, false, false, 0, 0.0),
+        ("n10 head", 1, 13, 10, 700, false, false, 3, 0.0),
+        ("n10 weight gradient", 1, 21, 10, 130, true, false, 0, 0.0),
+        ("m1", 1, 1, 11, 513, false, true, 2, 0.0),
+        ("k1", 1, 6, 7, 1, true, true, 0, 0.0),
+        ("batched beta", 3, 5, 10, 260, false, true, 1, 0.5),
+    ];
+    for (case, batch, m, n, k, ta, tb, offset, beta) in cases {
+        let mut s = MatmulSpec::contiguous(batch, m, n, k);
+        if ta {
+            s.a = Operand::transposed(m, k);
+        }
+        if tb {
+            s.b = Operand::transposed(k, n).broadcast();
+        }
+        s.a = s.a.at(offset);
+        s.b = s.b.at(offset);
+        s.alpha = 0.75;
+        s.beta = beta;
+        let fill = if beta == 0.0 { Some(f32::NAN) } else { None };
+        let bt = batch as usize;
+        let b_planes = if tb { 1 } else { bt };
+        let lens = [
+            offset as usize + bt * (m * k) as usize + 3,
+            offset as usize + b_planes * (k * n) as usize + 3,
+            bt * (m * n) as usize,
+        ];
+        check_matmul(&format!("matmul_dot {case}"), MatmulTile::Dot, s, lens, fill);
+    }
+}
+
+/// The dot kernel writes only C's window: rows of C 6 apart, 4 of them used.
+#[test]
+fn matmul_dot_writes_a_strided_window_of_c() {
+    let mut s = MatmulSpec::contiguous(1, 5, 3, 40);
+    s.c = Operand { offset: 1, batch_stride: 0, row_stride: 6, col_stride: 1 };
+    check_matmul("matmul_dot_strided_c", MatmulTile::Dot, s, [200, 120, 31], Some(f32::NAN));
+}
+
+/// The SIMT and dot kernels are compiled trusted: without the loop guard, and without bounds
+/// checks unless the epilogue reads buffers of its own.
 #[test]
 fn matmul_simt_is_compiled_without_runtime_checks() {
     let s = MatmulSpec::contiguous(1, 8, 8, 8);
     let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
-    let p = matmul::program(&s, MatmulTile::Simt, None, operands.clone()).unwrap();
-    assert_eq!(p.checks, ShaderChecks { bounds: false, loop_bounding: false });
     let epilogue = MatmulEpilogue {
         decls: "@group(0) @binding(4) var<storage, read> bias: array<scalar>;".to_string(),
         body: "return v + bias[j];".to_string(),
         extra: vec![3],
     };
-    let p = matmul::program(&s, MatmulTile::Simt, Some(&epilogue), operands).unwrap();
-    assert_eq!(p.checks, ShaderChecks { bounds: true, loop_bounding: false });
+    for tile in [MatmulTile::Simt, MatmulTile::Dot] {
+        let p = matmul::program(&s, tile, None, operands.clone()).unwrap();
+        assert_eq!(p.checks, ShaderChecks { bounds: false, loop_bounding: false }, "{tile:?}");
+        let p = matmul::program(&s, tile, Some(&epilogue), operands.clone()).unwrap();
+        assert_eq!(p.checks, ShaderChecks { bounds: true, loop_bounding: false }, "{tile:?}");
+    }
 }
 
 #[test]
@@ -366,9 +418,10 @@ fn matmul_epilogue_bias_relu() {
     let relu = |v: f64, j: u32| (v + f64::from(bias[j as usize])).max(0.0);
     let want = matmul_ref(&s, &a, &b, &zeros, relu);
     assert_close("matmul_epilogue_bias_relu", &got, &want, 1e-4);
-    let got =
-        run_matmul(gpu, MatmulTile::Simt, Some(&epilogue), &s, [&a, &b, &zeros], &[&bias_buf]);
-    assert_close("matmul_epilogue_bias_relu simt", &got, &want, 1e-4);
+    for tile in [MatmulTile::Simt, MatmulTile::Dot] {
+        let got = run_matmul(gpu, tile, Some(&epilogue), &s, [&a, &b, &zeros], &[&bias_buf]);
+        assert_close(&format!("matmul_epilogue_bias_relu {tile:?}"), &got, &want, 1e-4);
+    }
 }
 
 /// The split-K sum against a plain sum of its slices, with an epilogue that reads a buffer at
