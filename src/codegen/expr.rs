@@ -23,6 +23,10 @@ pub struct ExprEmitter<'a> {
     pub register: Option<(NodeId, String)>,
     /// The node the kernel computes (materialized, but evaluated here rather than loaded).
     pub root: Option<NodeId>,
+    /// Clamp every load's index into its binding (`arrayLength`), for kernels compiled
+    /// without the runtime's bounds checks whose loads come from here (a matmul epilogue):
+    /// one `min` a load instead of checks on every access of the kernel.
+    pub clamp_loads: bool,
     pub body: String,
     next: usize,
 }
@@ -136,6 +140,7 @@ impl<'a> ExprEmitter<'a> {
             binding_name,
             register: None,
             root: None,
+            clamp_loads: false,
             body: String::new(),
             next: 0,
         }
@@ -157,7 +162,12 @@ impl<'a> ExprEmitter<'a> {
             Some(view) => strided_index(self.g.shape(id), view, coords),
             None => linear_index(self.g.shape(id), coords),
         };
-        format!("{}[{idx}]", (self.binding_name)(v.buffer))
+        let name = (self.binding_name)(v.buffer);
+        if self.clamp_loads {
+            format!("{name}[min({idx}, arrayLength(&{name}) - 1u)]")
+        } else {
+            format!("{name}[{idx}]")
+        }
     }
 
     /// A straightforward dot product for matmul `id` at `coords` (batch dims broadcast): the

@@ -435,12 +435,9 @@ pub fn program(
     }
     let (bm, bn, bk, tm, tn) = tile.shape();
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
-    // Its own indices stay inside the operands and its loops end; an epilogue reading other
-    // buffers keeps the bounds checks (they cost nothing measurable here).
-    let trusted = ShaderChecks {
-        bounds: epilogue.is_some_and(|e| !e.extra.is_empty()),
-        loop_bounding: false,
-    };
+    // Its own indices stay inside the operands and its loops end; an epilogue's loads of
+    // other buffers clamp their indices themselves (`ExprEmitter::clamp_loads`).
+    let trusted = ShaderChecks { bounds: false, loop_bounding: false };
     let mut checks = ShaderChecks::ALL;
     let mut workgroup_size = if tm * tn == 0 { 0 } else { (bm / tm) * (bn / tn) };
     let wgsl = if tile == MatmulTile::Dot {
@@ -536,11 +533,11 @@ pub fn programs(
         workgroup_size: k.threads(),
         bindings,
         grid: Grid::Fixed([s.n.div_ceil(bn), s.m.div_ceil(bm), s.batch]),
-        // Its reads stay inside the workspace's padded planes, its loops end.
-        checks: ShaderChecks {
-            bounds: epilogue.is_some_and(|e| !e.extra.is_empty()),
-            loop_bounding: false,
-        },
+        // Its reads stay inside the workspace's padded planes, its loops end, and its
+        // epilogue's loads of other buffers clamp their indices: the runtime's bounds checks
+        // on every access cost gpt-medium's 4096x3072x768 products with a GELU-gradient
+        // epilogue 258 µs each on the H200.
+        checks: ShaderChecks { bounds: false, loop_bounding: false },
     };
     Ok(vec![range_pass, convert, product])
 }

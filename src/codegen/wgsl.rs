@@ -464,6 +464,9 @@ pub fn matmul_epilogue(
     let mut em = ExprEmitter::new(g, plan, &names);
     em.register = Some((register, "v".to_string()));
     em.root = Some(out);
+    // The products run without the runtime's bounds checks (they would slow every load of
+    // their loops): the epilogue's own loads clamp their indices instead.
+    em.clamp_loads = true;
     let lin = format!("((batch * {m}u + i) * {n}u + j)");
     let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
     let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };

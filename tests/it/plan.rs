@@ -273,6 +273,11 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert_eq!(headers.len(), 14, "{headers:?}");
     assert_eq!(headers[0], "// kernel 0: matmul (matmul add relu)");
     assert_eq!(headers[2], "// kernel 2: cross_entropy (cross_entropy)");
+    // The products run without the runtime's bounds checks: kernel 0's epilogue clamps its
+    // load of the bias itself.
+    let kernel0 = &text[..text.find(headers[1]).unwrap()];
+    assert!(kernel0.contains("e0[min("), "{kernel0}");
+    assert!(kernel0.contains("arrayLength(&e0) - 1u)]"), "{kernel0}");
     // Split into modules at the dispatch headers; each module validates.
     let mut modules: Vec<String> = Vec::new();
     for line in text.lines() {
