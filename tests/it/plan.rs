@@ -106,11 +106,11 @@ fn heaps(p: &Plan) -> Vec<(usize, Vec<usize>)> {
         .collect()
 }
 
-/// Shared values at offsets in a few heaps: the bytes planned come within 1.5% of the most
+/// Shared values at offsets in a few heaps: the bytes planned come within 2% of the most
 /// bytes of them alive at once, on the shape of the gpt-medium benchmark (a whole buffer per
 /// value, by size, planned 10% more there). (Within 1% while the gradient arena was live from
-/// the start of the backward pass; starting it after the peak lowered the peak by 66 MB and
-/// the bytes planned by 47 MB, the kernels after the peak staying close to it.)
+/// the start of the backward pass and no product was recomputed; both lowered the peak, by
+/// 280 MB, more than the bytes planned, the kernels after the peak staying close to it.)
 #[test]
 fn heaps_come_close_to_the_live_peak() {
     let mut g = Graph::new();
@@ -134,7 +134,7 @@ fn heaps_come_close_to_the_live_peak() {
         .unwrap();
     let planned = p.planned_bytes();
     println!("planned {planned} bytes, live peak {peak} bytes, {} heaps", heaps(&p).len());
-    assert!(peak <= planned && planned * 1000 <= peak * 1015, "planned {planned}, peak {peak}");
+    assert!(peak <= planned && planned * 100 <= peak * 102, "planned {planned}, peak {peak}");
 }
 
 /// Two values alive at the same time in one heap, one moved onto the other's offset: the
