@@ -245,19 +245,24 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
 /// per kernel) plus the concat's `bytes` from it to the end of its `span` plus the members
 /// not placed; the earliest of those.
 pub fn arena_start(load: &[u64], span: Lifetime, bytes: u64, members: &[(Lifetime, u64)]) -> i64 {
-    let mut starts: Vec<i64> = members.iter().map(|(lt, _)| lt.first).collect();
+    let mut order: Vec<&(Lifetime, u64)> = members.iter().collect();
+    order.sort_by_key(|(lt, _)| lt.first);
+    let mut starts: Vec<i64> = order.iter().map(|(lt, _)| lt.first).collect();
     starts.push(span.first);
+    starts.retain(|&s| s <= span.first);
     starts.sort_unstable();
     starts.dedup();
+    // `load` plus the members not placed for the start looked at: those written before it,
+    // added as the starts grow (linear in the members' spans, not quadratic).
+    let mut live = load.to_vec();
+    let mut unplaced = order.iter().peekable();
     let mut best: Option<(u64, i64)> = None;
-    for &s in starts.iter().filter(|&&s| s <= span.first) {
-        let mut live = load.to_vec();
-        let mut add = |lt: Lifetime, bytes: u64| during(&mut live, lt).for_each(|l| *l += bytes);
-        add(Lifetime { first: s, last: span.last }, bytes);
-        for &(lt, b) in members.iter().filter(|(lt, _)| lt.first < s) {
-            add(lt, b);
+    for &s in &starts {
+        while let Some((lt, b)) = unplaced.next_if(|(lt, _)| lt.first < s) {
+            during(&mut live, *lt).for_each(|l| *l += b);
         }
-        let peak = live.iter().copied().max().unwrap_or(0);
+        let arena = |k: usize| if (s..=span.last).contains(&(k as i64)) { bytes } else { 0 };
+        let peak = live.iter().enumerate().map(|(k, &l)| l + arena(k)).max().unwrap_or(0);
         if best.is_none_or(|(p, _)| peak < p) {
             best = Some((peak, s));
         }
