@@ -173,8 +173,9 @@ pub struct ModelArgs {
     /// ones there (rematerialization, on by default)
     #[arg(long)]
     pub no_remat: bool,
-    /// Also recompute the matmuls whose result is wider than what they read (a GPT's fc and
-    /// qkv projections): one more product each in the backward pass, for less memory
+    /// Also recompute all the matmuls whose result is wider than what they read (a GPT's fc
+    /// and qkv projections; by default the earliest, up to 4% of the step's matmul FLOPs):
+    /// one more product each in the backward pass, for less memory
     #[arg(long, conflicts_with = "no_remat")]
     pub remat_matmuls: bool,
 }

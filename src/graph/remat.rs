@@ -58,7 +58,7 @@ pub fn rematerialize(
     g: &mut Graph,
     backward_start: usize,
     wanted: &[NodeId],
-    matmuls: bool,
+    matmuls: Matmuls,
 ) -> Vec<NodeId> {
     let n = g.n_nodes();
     let bs = backward_start.min(n);
@@ -85,13 +85,39 @@ pub fn rematerialize(
             last[x.index()] = i;
         }
     }
+    // The FLOPs left for recomputed products: the earliest layers' are the longest kept.
+    let mut budget = match matmuls {
+        Matmuls::None => 0,
+        Matmuls::All => u64::MAX,
+        Matmuls::Share(permille) => {
+            // The forward's products and the backward's that the step needs.
+            let step: u64 = (0..n)
+                .filter(|&i| i < bs || needed[i])
+                .map(|i| flops(g, NodeId(i as u32)))
+                .fold(0, u64::saturating_add);
+            step / 1000 * u64::from(permille)
+        }
+    };
+    let mut charged = vec![false; bs];
     // Decided in arena order, so every input's fate is known when a node is considered.
     let mut remat = vec![false; bs];
     for v in 0..bs {
         let node = &g.nodes[v];
         if first[v] != usize::MAX && !root[v] && is_cheap(&node.op) {
             let (id, at) = (NodeId(v as u32), first[v]);
-            remat[v] = recomputable(g, id, at, &first, &last, &root, &remat, matmuls);
+            let Some(products) = recomputable(g, id, at, &first, &last, &root, &remat, budget > 0)
+            else {
+                continue;
+            };
+            let cost: u64 = (products.iter())
+                .filter(|m| !charged[m.index()])
+                .map(|&m| flops(g, m))
+                .fold(0, u64::saturating_add);
+            if cost <= budget {
+                budget -= cost;
+                products.iter().for_each(|m| charged[m.index()] = true);
+                remat[v] = true;
+            }
         }
     }
     if !remat.contains(&true) {
@@ -134,7 +160,8 @@ pub fn rematerialize(
 /// Whether forward value `v` can be recomputed before backward node `at`: every forward node
 /// it is computed from is a source, a value the host reads, a kept value the backward still
 /// reads at or after `at`, or a cheap node recomputed with it (at most [`MAX_CHAIN`] nodes;
-/// with `matmuls`, a matmul that [`widens`] counts as cheap).
+/// with `matmuls`, a matmul that [`widens`] counts as cheap). If so, the matmuls recomputed
+/// with it.
 #[allow(clippy::too_many_arguments)]
 fn recomputable(
     g: &Graph,
@@ -145,9 +172,10 @@ fn recomputable(
     root: &[bool],
     remat: &[bool],
     matmuls: bool,
-) -> bool {
+) -> Option<Vec<NodeId>> {
     let mut stack = vec![v];
     let mut seen = HashSet::new();
+    let mut products = Vec::new();
     while let Some(u) = stack.pop() {
         for &x in &g.nodes[u.index()].inputs {
             let i = x.index();
@@ -155,7 +183,7 @@ fn recomputable(
                 continue;
             }
             if seen.len() > MAX_CHAIN {
-                return false;
+                return None;
             }
             let op = &g.nodes[i].op;
             if op.class() == OpClass::Source || root[i] {
@@ -164,16 +192,42 @@ fn recomputable(
             let saved = first[i] != usize::MAX;
             if saved && !remat[i] {
                 if last[i] < at {
-                    return false; // kept, but dead by then: recomputing would extend it
+                    return None; // kept, but dead by then: recomputing would extend it
                 }
-            } else if is_cheap(op) || (matmuls && widens(g, x)) {
+            } else if is_cheap(op) {
+                stack.push(x);
+            } else if matmuls && widens(g, x) {
+                products.push(x);
                 stack.push(x);
             } else {
-                return false; // neither kept nor cheap
+                return None; // neither kept nor cheap
             }
         }
     }
-    true
+    Some(products)
+}
+
+/// Which widening matmuls ([`widens`]) the backward pass recomputes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matmuls {
+    /// None: each is kept.
+    None,
+    /// Every one that can be.
+    All,
+    /// The earliest ones (those kept longest), as long as their FLOPs add up to at most this
+    /// many thousandths of the step's matmul FLOPs.
+    Share(u32),
+}
+
+/// FLOPs of node `x` when it is a matmul (`2·m·n·k`), else 0.
+fn flops(g: &Graph, x: NodeId) -> u64 {
+    let node = &g.nodes[x.index()];
+    if !matches!(node.op, Op::MatMul) {
+        return 0;
+    }
+    let k = g.nodes[node.inputs[0].index()].shape.last().copied().unwrap_or(1);
+    let out: usize = node.shape.iter().product();
+    (2 * out as u64).saturating_mul(k as u64)
 }
 
 /// Whether `x` is a matmul whose result has more elements than the operands it reads that are

@@ -34,11 +34,18 @@ pub struct TrainOptions {
     /// Recompute cheap forward values in the backward pass instead of keeping them alive
     /// across the step ([`super::remat`]; on by default).
     pub remat: bool,
-    /// With `remat`, also recompute the matmuls that widen (a result with more elements than
-    /// the operands it reads besides parameters: a GPT's fc and qkv projections), each one
-    /// more product in the backward pass, for the memory they hold (off by default).
+    /// With `remat`, also recompute all the matmuls that widen (a result with more elements
+    /// than the operands it reads besides parameters: a GPT's fc and qkv projections), each
+    /// one more product in the backward pass, for the memory they hold (off by default: then
+    /// only the earliest, up to [`REMAT_MATMUL_SHARE`] of the step's matmul FLOPs).
     pub remat_matmuls: bool,
 }
+
+/// Thousandths of a step's matmul FLOPs that a training step spends by default recomputing
+/// the earliest widening matmuls (the values kept longest): 40, about 2% of gpt-medium's step
+/// time for 214 MB less at its peak (its first two layers' fc and qkv products, the third's
+/// qkv).
+pub const REMAT_MATMUL_SHARE: u32 = 40;
 
 impl Default for TrainOptions {
     fn default() -> TrainOptions {
@@ -65,7 +72,11 @@ pub fn training_graph_with(
     if opts.remat {
         // Cheap forward values recomputed where the backward reads them; backward nodes move.
         let wanted: Vec<NodeId> = grads.iter().copied().chain([loss]).collect();
-        let moved = remat::rematerialize(&mut g, backward_start, &wanted, opts.remat_matmuls);
+        let matmuls = match opts.remat_matmuls {
+            true => remat::Matmuls::All,
+            false => remat::Matmuls::Share(REMAT_MATMUL_SHARE),
+        };
+        let moved = remat::rematerialize(&mut g, backward_start, &wanted, matmuls);
         grads.iter_mut().for_each(|d| *d = moved[d.index()]);
     }
     let pairs: Vec<(NodeId, NodeId)> = params.into_iter().zip(grads).collect();

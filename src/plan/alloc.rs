@@ -60,6 +60,21 @@ pub fn value_bytes(g: &Graph, id: NodeId) -> u64 {
     (n.max(1) as u64) * 4
 }
 
+/// For each node owning a buffer (views resolve to what they view): the kernels from the
+/// first that writes or reads it to the last that does; `None` where no kernel does.
+pub fn kernel_spans(f: &Fusion) -> Vec<Option<Lifetime>> {
+    let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
+    let mut lifetime: Vec<Option<Lifetime>> = vec![None; f.live.len()];
+    for (k, kernel) in f.kernels.iter().enumerate() {
+        let k = k as i64;
+        for &o in kernel.outputs.iter().chain(&kernel.inputs) {
+            let lt = lifetime[owner(o).index()].get_or_insert(Lifetime { first: k, last: k });
+            lt.last = lt.last.max(k);
+        }
+    }
+    lifetime
+}
+
 /// Compute lifetimes and assign buffers. `pinned_roots` are the values the host reads or that
 /// are written back after the step. With `reuse` off every value gets its own buffer. A heap
 /// holds at most `max_buffer_bytes` (unless one value alone is larger).
@@ -72,31 +87,18 @@ pub fn assign(
 ) -> (Vec<Value>, Vec<BufferInfo>) {
     let n = g.n_nodes();
     let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
-    let mut lifetime: Vec<Option<Lifetime>> = vec![None; n];
+    let mut lifetime = kernel_spans(f);
     let mut pinned = vec![false; n];
     for (id, node) in g.nodes() {
         let arena = f.arenas.iter().any(|a| a.node == id);
         if f.live[id.index()] && (node.op.is_host_value() || arena) {
-            lifetime[id.index()] = Some(Lifetime { first: -1, last: -1 });
+            let last = lifetime[id.index()].map_or(-1, |lt| lt.last);
+            lifetime[id.index()] = Some(Lifetime { first: -1, last });
             pinned[id.index()] = true;
         }
     }
     for &r in pinned_roots {
         pinned[owner(r).index()] = true;
-    }
-    for (k, kernel) in f.kernels.iter().enumerate() {
-        let k = k as i64;
-        for &o in &kernel.outputs {
-            let o = owner(o);
-            let lt = lifetime[o.index()].get_or_insert(Lifetime { first: k, last: k });
-            lt.first = lt.first.min(k);
-            lt.last = lt.last.max(k);
-        }
-        for &i in &kernel.inputs {
-            let i = owner(i);
-            let lt = lifetime[i.index()].get_or_insert(Lifetime { first: k, last: k });
-            lt.last = lt.last.max(k);
-        }
     }
     // A concat's buffer holds its members from the first write of any of them to the last
     // read of any.

@@ -16,6 +16,7 @@
 //! A member is bound at its offset (a binding offset, hence the alignment: 256 bytes is the
 //! largest `min_storage_buffer_offset_alignment` WebGPU allows), so kernels need not know.
 
+use super::alloc::{value_bytes, Lifetime};
 use super::fuse::Fusion;
 use super::kernel::KernelKind;
 use crate::graph::{Graph, NodeId, Op};
@@ -159,6 +160,13 @@ pub fn fold_updates(
 /// lives in no other buffer arrangement (not a source, view, root or update written in place)
 /// and whose kernels bind nothing else of the concat's buffer, is written at its offset, and
 /// the concat kernel stops reading it. `pinned` are the plan's roots.
+///
+/// The concat's buffer is live from the first write of a member placed in it, all its bytes
+/// at once. Where that would raise the plan's peak of live bytes (a gradient written at the
+/// start of the backward pass, while every activation is still live, would hold the whole
+/// arena there), the members written before a later kernel stay in buffers of their own and
+/// the concat kernel copies them: of the kernels members are written at, the arena starts at
+/// the one that gives the lowest peak ([`arena_start`]), the earliest of those.
 pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
     let owner = |f: &Fusion, id: NodeId| f.alias[id.index()].unwrap_or(id);
     let mut writers: HashMap<NodeId, Vec<usize>> = HashMap::new();
@@ -171,55 +179,45 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
             readers.entry(owner(f, i)).or_default().push(k);
         }
     }
-    let concats: Vec<NodeId> = f
-        .kernels
-        .iter()
-        .filter(|k| matches!(k.kind, KernelKind::Concat { .. }))
-        .map(|k| k.outputs[0])
-        .collect();
-    let mut seen = Vec::new();
-    for c in concats {
-        if seen.contains(&c) || f.within[c.index()].is_some() {
-            continue;
+    let mut concats: Vec<NodeId> = Vec::new();
+    for k in f.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Concat { .. })) {
+        let c = k.outputs[0];
+        if !concats.contains(&c) && f.within[c.index()].is_none() && is_flat(g, c) {
+            concats.push(c);
         }
-        seen.push(c);
-        let Some(inputs) = flat_inputs(g, c) else { continue };
-        // The values living in c's buffer so far: c and the members placed.
-        let mut inside = vec![c];
-        for (at, src) in inputs {
-            let Some(s) = src else { continue };
-            let m = owner(f, s);
-            // A view of m (fusion's `arena_views`) puts m at its own offset before it.
-            let Some(at) = at.checked_sub(view_offset(f, s)) else { continue };
-            let placeable = at % ALIGN == 0
-                && f.materialized[m.index()]
-                && !g.node(m).op.is_host_value()
-                && f.alias[m.index()].is_none()
-                && f.within[m.index()].is_none()
-                && !inside.contains(&m)
-                && !pinned.contains(&m)
-                && g.dtype(m) == DType::F32
-                && writers.get(&m).is_some_and(|w| w.len() == 1);
-            if !placeable {
-                continue;
-            }
-            // No kernel may read one place of c's buffer and write another: m's writer reads
-            // nothing inside c, and m's readers (but c's own kernels) write nothing inside.
-            let is_inside = |x: &NodeId| inside.contains(&owner(f, *x));
-            let writer = &f.kernels[writers[&m][0]];
-            let mut conflict =
-                writer.inputs.iter().any(is_inside) || writer.outputs.iter().any(is_inside);
-            for &k in readers.get(&m).into_iter().flatten() {
-                let kernel = &f.kernels[k];
-                let own = matches!(kernel.kind, KernelKind::Concat { .. })
-                    && kernel.outputs[0] == c;
-                conflict |= !own && kernel.outputs.iter().any(is_inside);
-            }
-            if conflict {
-                continue;
-            }
+    }
+    // Bytes live at each kernel in the buffers the heaps will hold, every member of a concat
+    // still in a buffer of its own (as the concat kernel would copy it), the concats not yet.
+    let spans = super::alloc::kernel_spans(f);
+    let mut load = vec![0u64; f.kernels.len()];
+    let add = |load: &mut [u64], lt: Lifetime, bytes: u64, sign: bool| {
+        for l in during(load, lt) {
+            *l = if sign { *l + bytes } else { *l - bytes };
+        }
+    };
+    for (i, lt) in spans.iter().enumerate() {
+        let id = NodeId(i as u32);
+        let shared = !g.node(id).op.is_host_value() && !pinned.contains(&id);
+        if let (Some(lt), true, false) = (lt, shared, concats.contains(&id)) {
+            add(&mut load, *lt, value_bytes(g, id), true);
+        }
+    }
+    for c in concats {
+        let chosen = placeable(g, f, c, pinned, &writers, &readers, 0);
+        let Some(span) = spans[c.index()] else { continue };
+        let members: Vec<(Lifetime, u64)> = (chosen.iter())
+            .filter_map(|&(m, _)| Some((spans[m.index()]?, value_bytes(g, m))))
+            .collect();
+        for &(lt, bytes) in &members {
+            add(&mut load, lt, bytes, false);
+        }
+        let start = arena_start(&load, span, value_bytes(g, c), &members);
+        add(&mut load, Lifetime { first: start, last: span.last }, value_bytes(g, c), true);
+        for &(lt, bytes) in members.iter().filter(|(lt, _)| lt.first < start) {
+            add(&mut load, lt, bytes, true);
+        }
+        for (m, at) in placeable(g, f, c, pinned, &writers, &readers, start) {
             f.within[m.index()] = Some((c, at));
-            inside.push(m);
         }
         // The concat kernels stop reading an input every use of which is placed.
         let node = g.node(c);
@@ -238,6 +236,98 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
             }
         }
     }
+}
+
+/// The kernel from which concat `c`'s buffer holds its members: the members written before it
+/// keep buffers of their own until the concat kernel copies them. Of the kernels the
+/// `members` (each its span as a buffer of its own, and bytes) are written at, and the concat
+/// kernel (none placed), the one with the least peak of `load` (the other values' live bytes
+/// per kernel) plus the concat's `bytes` from it to the end of its `span` plus the members
+/// not placed; the earliest of those.
+pub fn arena_start(load: &[u64], span: Lifetime, bytes: u64, members: &[(Lifetime, u64)]) -> i64 {
+    let mut order: Vec<&(Lifetime, u64)> = members.iter().collect();
+    order.sort_by_key(|(lt, _)| lt.first);
+    let mut starts: Vec<i64> = order.iter().map(|(lt, _)| lt.first).collect();
+    starts.push(span.first);
+    starts.retain(|&s| s <= span.first);
+    starts.sort_unstable();
+    starts.dedup();
+    // `load` plus the members not placed for the start looked at: those written before it,
+    // added as the starts grow (linear in the members' spans, not quadratic).
+    let mut live = load.to_vec();
+    let mut unplaced = order.iter().peekable();
+    let mut best: Option<(u64, i64)> = None;
+    for &s in &starts {
+        while let Some((lt, b)) = unplaced.next_if(|(lt, _)| lt.first < s) {
+            during(&mut live, *lt).for_each(|l| *l += b);
+        }
+        let arena = |k: usize| if (s..=span.last).contains(&(k as i64)) { bytes } else { 0 };
+        let peak = live.iter().enumerate().map(|(k, &l)| l + arena(k)).max().unwrap_or(0);
+        if best.is_none_or(|(p, _)| peak < p) {
+            best = Some((peak, s));
+        }
+    }
+    best.map_or(span.first, |(_, s)| s)
+}
+
+/// The entries of `load` (one per kernel) during `lt`.
+fn during(load: &mut [u64], lt: Lifetime) -> impl Iterator<Item = &mut u64> {
+    let (a, b) = (lt.first.max(0) as usize, lt.last.max(0) as usize);
+    load.iter_mut().take(b.saturating_add(1)).skip(a)
+}
+
+/// The members of concat `c` that can be placed in its buffer, with their offsets (elements),
+/// among those written at or after kernel `from`.
+fn placeable(
+    g: &Graph,
+    f: &Fusion,
+    c: NodeId,
+    pinned: &[NodeId],
+    writers: &HashMap<NodeId, Vec<usize>>,
+    readers: &HashMap<NodeId, Vec<usize>>,
+    from: i64,
+) -> Vec<(NodeId, usize)> {
+    let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
+    let Some(inputs) = flat_inputs(g, c) else { return Vec::new() };
+    // The values living in c's buffer so far: c and the members placed.
+    let mut inside = vec![c];
+    let mut out = Vec::new();
+    for (at, src) in inputs {
+        let Some(s) = src else { continue };
+        let m = owner(s);
+        // A view of m (fusion's `arena_views`) puts m at its own offset before it.
+        let Some(at) = at.checked_sub(view_offset(f, s)) else { continue };
+        let placeable = at % ALIGN == 0
+            && f.materialized[m.index()]
+            && !g.node(m).op.is_host_value()
+            && f.alias[m.index()].is_none()
+            && f.within[m.index()].is_none()
+            && !inside.contains(&m)
+            && !pinned.contains(&m)
+            && g.dtype(m) == DType::F32
+            && writers.get(&m).is_some_and(|w| w.len() == 1 && w[0] as i64 >= from);
+        if !placeable {
+            continue;
+        }
+        // No kernel may read one place of c's buffer and write another: m's writer reads
+        // nothing inside c, and m's readers (but c's own kernels) write nothing inside.
+        let is_inside = |x: &NodeId| inside.contains(&owner(*x));
+        let writer = &f.kernels[writers[&m][0]];
+        let mut conflict =
+            writer.inputs.iter().any(is_inside) || writer.outputs.iter().any(is_inside);
+        for &k in readers.get(&m).into_iter().flatten() {
+            let kernel = &f.kernels[k];
+            let own =
+                matches!(kernel.kind, KernelKind::Concat { .. }) && kernel.outputs[0] == c;
+            conflict |= !own && kernel.outputs.iter().any(is_inside);
+        }
+        if conflict {
+            continue;
+        }
+        out.push((m, at));
+        inside.push(m);
+    }
+    out
 }
 
 /// Where a view's elements start in its owner's buffer (0 for anything else).

@@ -1,8 +1,8 @@
 //! What `rumus plan` prints: the kernels with the ops each fused, dispatches against ops, and
 //! planned bytes against one buffer per value.
 
-use super::Plan;
-use crate::graph::{Graph, Op};
+use super::{Plan, Value};
+use crate::graph::{Graph, NodeId, Op};
 use serde_json::json;
 
 /// Figures of a plan.
@@ -26,6 +26,82 @@ pub struct PlanReport {
     /// With gradient accumulation: the dispatches of a micro-batch run (set by the executor,
     /// which knows how many dispatches each kernel takes).
     pub micro_dispatches: Option<usize>,
+    /// Where the shared buffers hold the most live bytes.
+    pub peak: Peak,
+}
+
+/// The kernel at which the most bytes of shared (not pinned) values are live, what the heaps
+/// must hold at least, and the largest of those values: where to look to plan less memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peak {
+    /// The kernel (the first of several with as many live bytes).
+    pub kernel: usize,
+    /// Bytes of the shared values live during it (a flat concat counted whole, its members
+    /// not again).
+    pub live_bytes: u64,
+    /// The largest of them, largest first: at most [`PEAK_VALUES`].
+    pub values: Vec<PeakValue>,
+}
+
+/// How many values [`Peak`] lists.
+pub const PEAK_VALUES: usize = 12;
+
+/// A value live at the peak.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeakValue {
+    pub node: NodeId,
+    /// The op that computes it.
+    pub op: &'static str,
+    pub shape: Vec<usize>,
+    pub bytes: u64,
+    /// The first and last kernel it is live in.
+    pub first: i64,
+    pub last: i64,
+}
+
+/// The [`Peak`] of plan `p` of graph `g`.
+pub fn peak(g: &Graph, p: &Plan) -> Peak {
+    // A member of a flat concat is a range of its concat's buffer: the concat counts it.
+    let mut holds_value = vec![false; p.buffers.len()];
+    for v in &p.values {
+        holds_value[v.buffer] = true;
+    }
+    let shared: Vec<&Value> = (p.values.iter())
+        .filter(|v| !v.pinned && p.buffers[v.buffer].within.is_none_or(|(b, _)| !holds_value[b]))
+        .collect();
+    // Live bytes per kernel, as differences at each value's first and one past its last kernel.
+    let n = p.kernels.len();
+    let mut delta = vec![0i128; n + 1];
+    for v in &shared {
+        let first = v.lifetime.first.clamp(0, n as i64) as usize;
+        let end = (v.lifetime.last.saturating_add(1)).clamp(0, n as i64) as usize;
+        if first < end {
+            delta[first] += i128::from(v.bytes);
+            delta[end] -= i128::from(v.bytes);
+        }
+    }
+    let (mut live, mut best) = (0i128, (0usize, 0i128));
+    for (k, d) in delta.iter().take(n).enumerate() {
+        live += d;
+        if live > best.1 {
+            best = (k, live);
+        }
+    }
+    let k = best.0 as i64;
+    let mut values: Vec<PeakValue> = (shared.iter())
+        .filter(|v| v.lifetime.first <= k && k <= v.lifetime.last)
+        .map(|v| PeakValue {
+            node: v.node,
+            op: g.node(v.node).op.name(),
+            shape: g.shape(v.node).to_vec(),
+            bytes: v.bytes,
+            first: v.lifetime.first,
+            last: v.lifetime.last,
+        })
+        .collect();
+    values.sort_by_key(|v| (std::cmp::Reverse(v.bytes), v.node));
+    values.truncate(PEAK_VALUES);
+    Peak { kernel: best.0, live_bytes: best.1 as u64, values }
 }
 
 impl PlanReport {
@@ -67,12 +143,13 @@ impl PlanReport {
             recomputed,
             kernel_lines,
             micro_dispatches: None,
+            peak: peak(g, plan),
         }
     }
 
     /// Summary lines (no per-kernel detail).
     pub fn summary(&self) -> String {
-        format!(
+        let figures = format!(
             "ops {}  kernels {}  dispatches {} ({:.2} per op)  recomputed {}\nbuffers {}  planned {} bytes vs {} bytes one-buffer-per-value ({:.1}%)  pinned {} bytes  scratch {} bytes\n",
             self.ops,
             self.kernels,
@@ -85,6 +162,10 @@ impl PlanReport {
             100.0 * self.planned_bytes as f64 / self.naive_bytes.max(1) as f64,
             self.pinned_bytes,
             self.scratch_bytes
+        );
+        format!(
+            "{figures}peak {} bytes of shared values live at kernel {}\n",
+            self.peak.live_bytes, self.peak.kernel
         )
     }
 
@@ -114,6 +195,18 @@ impl PlanReport {
             "pinned_bytes": self.pinned_bytes,
             "scratch_bytes": self.scratch_bytes,
             "recomputed": self.recomputed,
+            "peak": {
+                "kernel": self.peak.kernel,
+                "live_bytes": self.peak.live_bytes,
+                "values": self.peak.values.iter().map(|v| json!({
+                    "node": v.node.index(),
+                    "op": v.op,
+                    "shape": v.shape,
+                    "bytes": v.bytes,
+                    "first_kernel": v.first,
+                    "last_kernel": v.last,
+                })).collect::<Vec<_>>(),
+            },
         });
         if let Some(n) = self.micro_dispatches {
             v["micro_batch_dispatches"] = json!(n);

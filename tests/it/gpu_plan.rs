@@ -10,7 +10,10 @@ use crate::common::gpu::{both_or_skip, or_skip};
 use rumus::backend::Backend;
 use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
-use rumus::graph::{training_graph, Graph, Init, OptimConfig, Optimizer, TrainGraph};
+use rumus::graph::{
+    training_graph, training_graph_with, Graph, Init, OptimConfig, Optimizer, TrainGraph,
+    TrainOptions,
+};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::{Limits, PlanOptions};
 use rumus::runtime::backend::GpuBackend;
@@ -21,19 +24,31 @@ use rumus::{DType, Tensor};
 /// weight and bias gradients are views of one value placed in the gradient arena, at 16 they
 /// are copied there.
 fn gpt_step(d: usize) -> TrainGraph {
-    let mut g = Graph::new();
-    let c = GptConfig { vocab: 17, d, heads: 2, layers: 2, ctx: 5 };
-    let logits = nn::gpt(&mut g, c, 2).unwrap();
-    let target = g.input("target", &[2, 5], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
-    // eps 1e-3: parameters whose gradient is zero up to rounding (the key bias: softmax ignores
-    // a constant added to a row of scores) would otherwise turn rounding noise into full-size
-    // Adam steps whose sign differs between any two summation orders.
-    let optimizer = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
-    let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(optimizer) };
-    let t = training_graph(g, loss, &cfg).unwrap();
+    let step = |opts: TrainOptions| {
+        let mut g = Graph::new();
+        let c = GptConfig { vocab: 17, d, heads: 2, layers: 2, ctx: 5 };
+        let logits = nn::gpt(&mut g, c, 2).unwrap();
+        let target = g.input("target", &[2, 5], DType::I32).unwrap();
+        let loss = g.cross_entropy(logits, target, None).unwrap();
+        // eps 1e-3: parameters whose gradient is zero up to rounding (the key bias: softmax
+        // ignores a constant added to a row of scores) would otherwise turn rounding noise
+        // into full-size Adam steps whose sign differs between any two summation orders.
+        let optimizer =
+            Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
+        let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(optimizer) };
+        training_graph_with(g, loss, &cfg, opts).unwrap()
+    };
+    let t = step(TrainOptions::default());
     // Rematerialization is on by default: every test here checks rematerialized plans too.
-    assert_eq!(t.graph.recomputed.len(), 9, "LayerNorm, GELU and attention-output copies");
+    // At d 16 they recompute a product too: the first layer's qkv, 3.99% of the step's
+    // matmul FLOPs, within `REMAT_MATMUL_SHARE` (at 64, where the head weighs less, 4.1%).
+    let recomputed_products = usize::from(d == 16);
+    let copies = 9 + recomputed_products;
+    assert_eq!(t.graph.recomputed.len(), copies, "LayerNorm, GELU, attention-output, qkv copies");
+    let products =
+        |t: &TrainGraph| t.graph.nodes().filter(|(_, n)| n.op.name() == "matmul").count();
+    let kept = step(TrainOptions { remat: false, ..TrainOptions::default() });
+    assert_eq!(products(&t), products(&kept) + recomputed_products, "d {d}");
     t
 }
 

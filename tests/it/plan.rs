@@ -106,9 +106,11 @@ fn heaps(p: &Plan) -> Vec<(usize, Vec<usize>)> {
         .collect()
 }
 
-/// Shared values at offsets in a few heaps: the bytes planned come within 1% of the most bytes
-/// of them alive at once, on the shape of the gpt-medium benchmark (a whole buffer per value,
-/// by size, planned 10% more there).
+/// Shared values at offsets in a few heaps: the bytes planned come within 2% of the most
+/// bytes of them alive at once, on the shape of the gpt-medium benchmark (a whole buffer per
+/// value, by size, planned 10% more there). (Within 1% while the gradient arena was live from
+/// the start of the backward pass and no product was recomputed; both lowered the peak, by
+/// 280 MB, more than the bytes planned, the kernels after the peak staying close to it.)
 #[test]
 fn heaps_come_close_to_the_live_peak() {
     let mut g = Graph::new();
@@ -132,7 +134,7 @@ fn heaps_come_close_to_the_live_peak() {
         .unwrap();
     let planned = p.planned_bytes();
     println!("planned {planned} bytes, live peak {peak} bytes, {} heaps", heaps(&p).len());
-    assert!(peak <= planned && planned * 100 <= peak * 101, "planned {planned}, peak {peak}");
+    assert!(peak <= planned && planned * 100 <= peak * 102, "planned {planned}, peak {peak}");
 }
 
 /// Two values alive at the same time in one heap, one moved onto the other's offset: the
@@ -244,6 +246,15 @@ fn rumus_plan_json_for_the_gpt_benchmark() {
     // The optimizer is a handful of ops over flat arenas, so the ratio counts the step's own.
     assert!(n("dispatches") * 2 <= n("ops"), "{v}");
     assert!(n("planned_bytes") * 2 <= n("naive_bytes"), "{v}");
+    // The peak: a kernel of the plan, what the heaps hold at least, its largest values first.
+    let peak = &v["peak"];
+    assert!(peak["kernel"].as_u64().unwrap() < n("kernels"), "{v}");
+    let live = peak["live_bytes"].as_u64().unwrap();
+    assert!(0 < live && live <= n("planned_bytes"), "{v}");
+    let bytes: Vec<u64> =
+        peak["values"].as_array().unwrap().iter().map(|x| x["bytes"].as_u64().unwrap()).collect();
+    assert!(!bytes.is_empty() && bytes.windows(2).all(|w| w[0] >= w[1]), "{v}");
+    assert!(bytes.iter().sum::<u64>() <= live, "{v}");
     let out = run(&["plan", "scripts/xor.rms", "--set", "B=4"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = run(&["plan", "scripts/xor.rms"]);
@@ -648,4 +659,64 @@ fn rumus_plan_svg_draws_each_value_and_the_peak() {
     for kind in ["activation", "gradient", "parameter", "optimizer state", "scratch"] {
         assert!(texts.contains(&kind), "legend lacks {kind}");
     }
+}
+
+/// The gradient arena is one buffer, live from the first gradient placed in it: placed from
+/// the first written (the head's, at the start of the backward pass, where every activation is
+/// still live) it added the whole arena to the plan's peak. On a GPT whose activations outweigh
+/// its parameters the arena starts after the peak, the gradients written before it stay in
+/// buffers of their own (the concat kernel copies them), and the peak falls in the backward
+/// pass with no arena live.
+#[test]
+fn the_gradient_arena_starts_after_the_activations_peak() {
+    let mut g = Graph::new();
+    let c = GptConfig { vocab: 64, d: 64, heads: 4, layers: 4, ctx: 64 };
+    let logits = nn::gpt(&mut g, c, 8).unwrap();
+    let target = g.input("target", &[8, 64], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
+    let p = train_plan(&t, true, true);
+    let peak = rumus::plan::report::peak(&t.graph, &p);
+    let loss_kernel = p.kernels.iter().position(|k| k.outputs.contains(&t.loss)).unwrap();
+    assert!(peak.kernel > loss_kernel, "peak at {}, loss at {loss_kernel}", peak.kernel);
+    let flat = |k: &&rumus::plan::Kernel| {
+        matches!(k.kind, KernelKind::Concat { .. }) && t.graph.shape(k.outputs[0]).len() == 1
+    };
+    let concat = p.kernels.iter().find(flat).unwrap();
+    let arena = p.value_of(concat.outputs[0]).unwrap();
+    assert!(
+        arena.lifetime.first > peak.kernel as i64,
+        "{:?}, peak {}",
+        arena.lifetime,
+        peak.kernel
+    );
+    // Members on both sides: copied by the concat kernel, and written in place.
+    assert!(!concat.inputs.is_empty());
+    assert!(p
+        .values
+        .iter()
+        .any(|v| p.buffers[v.buffer].within.is_some_and(|w| w.0 == arena.buffer)));
+    verify(&t.graph, &p, None).unwrap();
+}
+
+/// Where a concat's buffer starts holding its members: `check(load, members, start)`, the other
+/// values' live bytes per kernel, each member's (written, last read) and the kernel chosen;
+/// the concat (10 bytes) is written at kernel 5 and read at 6, each member is 1 byte.
+#[test]
+fn the_arena_starts_where_the_peak_is_least() {
+    let check = |load: &[u64], members: &[(i64, i64)], start: i64| {
+        let members: Vec<(Lifetime, u64)> =
+            members.iter().map(|&(first, last)| (Lifetime { first, last }, 1)).collect();
+        let span = Lifetime { first: 5, last: 6 };
+        let got = rumus::plan::arena::arena_start(load, span, 10, &members);
+        assert_eq!(got, start, "load {load:?}, members {members:?}");
+    };
+    // Nothing else live: from the first member written.
+    check(&[0; 7], &[(1, 5), (3, 5)], 1);
+    // A peak at kernel 1: after it, the earliest of the equally good starts.
+    check(&[0, 100, 0, 0, 0, 0, 0], &[(1, 5), (3, 5)], 3);
+    // A peak at kernel 3 too: no member placed, the concat kernel copies both.
+    check(&[0, 100, 0, 100, 0, 0, 0], &[(1, 5), (3, 5)], 5);
+    // A peak where the concat is live whatever the start: from the first member written.
+    check(&[0, 0, 0, 0, 0, 0, 100], &[(1, 5), (3, 5)], 1);
 }
