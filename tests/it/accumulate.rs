@@ -6,12 +6,11 @@
 
 use crate::common::gpu::devices_or_skip;
 use crate::common::script::printed;
-use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
-use rumus::nn::{self, GptConfig};
+use rumus::graph::{training_graph, OptimConfig, Optimizer};
+use rumus::nn::GptConfig;
 use rumus::plan::report::PlanReport;
 use rumus::plan::{plan, PlanOptions};
 use rumus::script::HostOptions;
-use rumus::DType;
 
 fn run_on(device: &str, code: &str) -> String {
     let m = "model m(x: f32[B, 3], classes = 4) {
@@ -132,11 +131,8 @@ fn accumulate_must_be_a_count_of_micro_batches() {
 #[test]
 fn the_plan_shows_what_a_micro_batch_runs() {
     let step = |accumulate: usize| {
-        let mut g = Graph::new();
         let c = GptConfig { vocab: 11, d: 8, heads: 2, layers: 1, ctx: 4 };
-        let logits = nn::gpt(&mut g, c, 2).unwrap();
-        let target = g.input("target", &[2, 4], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let (g, loss) = crate::common::gpt_loss(c, 2);
         let cfg = OptimConfig {
             clip_norm: Some(1.0),
             accumulate,

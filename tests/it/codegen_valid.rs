@@ -236,11 +236,8 @@ fn each_mode_gives_every_product_its_kernel() {
     ];
     let mut wrong = Vec::new();
     for (batch, d, ctx, expected) in [(4, 32, 16, tiny), (32, 256, 128, big)] {
-        let mut g = Graph::new();
         let c = GptConfig { vocab: 64, d, heads: 2, layers: 1, ctx };
-        let logits = nn::gpt(&mut g, c, batch).unwrap();
-        let target = g.input("target", &[batch, ctx], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let (g, loss) = crate::common::gpt_loss(c, batch);
         let cfg = OptimConfig::new(Optimizer::adamw());
         let t = training_graph(g, loss, &cfg).unwrap();
         let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();

@@ -25,11 +25,8 @@ use rumus::{DType, Tensor};
 /// are copied there.
 fn gpt_step(d: usize) -> TrainGraph {
     let step = |opts: TrainOptions| {
-        let mut g = Graph::new();
         let c = GptConfig { vocab: 17, d, heads: 2, layers: 2, ctx: 5 };
-        let logits = nn::gpt(&mut g, c, 2).unwrap();
-        let target = g.input("target", &[2, 5], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let (g, loss) = crate::common::gpt_loss(c, 2);
         // eps 1e-3: parameters whose gradient is zero up to rounding (the key bias: softmax
         // ignores a constant added to a row of scores) would otherwise turn rounding noise
         // into full-size Adam steps whose sign differs between any two summation orders.
@@ -443,11 +440,8 @@ fn adamw_bias_corrections_at_step_1000_match_f64() {
 fn a_gpt_over_one_token_matches_the_cpu_reference() {
     let (gpus, _turn) = both_or_skip("a_gpt_over_one_token_matches_the_cpu_reference");
     for gpu in gpus {
-        let mut g = Graph::new();
         let c = GptConfig { vocab: 5, d: 8, heads: 2, layers: 1, ctx: 1 };
-        let logits = nn::gpt(&mut g, c, 1).unwrap();
-        let target = g.input("target", &[1, 1], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let (g, loss) = crate::common::gpt_loss(c, 1);
         let t = training_graph(
             g,
             loss,

@@ -5,7 +5,7 @@
 use crate::common::{attention_cases, build, cases};
 use rumus::graph::autodiff::grad;
 use rumus::graph::{training_graph, Graph, NodeId, Op, OptimConfig, Optimizer};
-use rumus::nn::{self, GptConfig};
+use rumus::nn::GptConfig;
 use rumus::plan::{plan, PlanOptions};
 use rumus::DType;
 
@@ -78,11 +78,8 @@ fn moves(g: &Graph, p: &rumus::plan::Plan) -> Vec<String> {
 /// The kernels of a 2-layer GPT training step that only move data (every op they compute is
 /// `slice`, `reshape`, `permute` or `concat`), by their ops.
 fn copies(d: usize) -> Vec<String> {
-    let mut g = Graph::new();
     let c = GptConfig { vocab: 64, d, heads: 4, layers: 2, ctx: 16 };
-    let logits = nn::gpt(&mut g, c, 2).unwrap();
-    let target = g.input("target", &[2, 16], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let (g, loss) = crate::common::gpt_loss(c, 2);
     let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
     let opts = PlanOptions { fusion: true, reuse: true, limits: None };
     let p = plan(&t.graph, &[t.loss], true, opts).unwrap();

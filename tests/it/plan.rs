@@ -2,17 +2,14 @@
 //! on plans broken by hand.
 
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
-use rumus::nn::{self, GptConfig};
+use rumus::nn::GptConfig;
 use rumus::plan::limits::{guarded, storage_bindings};
 use rumus::plan::{plan, verify::verify, KernelKind, Lifetime, Limits, Plan, PlanOptions};
 use rumus::DType;
 
 fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
-    let mut g = Graph::new();
     let c = GptConfig { vocab: 64, d: 32, heads: 4, layers, ctx: 16 };
-    let logits = nn::gpt(&mut g, c, 2).unwrap();
-    let target = g.input("target", &[2, 16], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let (g, loss) = crate::common::gpt_loss(c, 2);
     let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adamw()) };
     training_graph(g, loss, &cfg).unwrap()
 }
@@ -113,11 +110,8 @@ fn heaps(p: &Plan) -> Vec<(usize, Vec<usize>)> {
 /// 280 MB, more than the bytes planned, the kernels after the peak staying close to it.)
 #[test]
 fn heaps_come_close_to_the_live_peak() {
-    let mut g = Graph::new();
     let c = GptConfig { vocab: 256, d: 768, heads: 12, layers: 12, ctx: 256 };
-    let logits = nn::gpt(&mut g, c, 16).unwrap();
-    let target = g.input("target", &[16, 256], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let (g, loss) = crate::common::gpt_loss(c, 16);
     let cfg = OptimConfig { clip_norm: Some(1.0), ..OptimConfig::new(Optimizer::adamw()) };
     let t = training_graph(g, loss, &cfg).unwrap();
     let p = train_plan(&t, true, true);
@@ -669,11 +663,8 @@ fn rumus_plan_svg_draws_each_value_and_the_peak() {
 /// pass with no arena live.
 #[test]
 fn the_gradient_arena_starts_after_the_activations_peak() {
-    let mut g = Graph::new();
     let c = GptConfig { vocab: 64, d: 64, heads: 4, layers: 4, ctx: 64 };
-    let logits = nn::gpt(&mut g, c, 8).unwrap();
-    let target = g.input("target", &[8, 64], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let (g, loss) = crate::common::gpt_loss(c, 8);
     let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
     let p = train_plan(&t, true, true);
     let peak = rumus::plan::report::peak(&t.graph, &p);

@@ -7,12 +7,12 @@
 use crate::common::gpu::or_skip;
 use rumus::backend::Backend;
 use rumus::cpu::{CpuBackend, RunOptions};
-use rumus::graph::{training_graph_with, Graph, OptimConfig, Optimizer, TrainGraph, TrainOptions};
-use rumus::nn::{self, GptConfig};
+use rumus::graph::{training_graph_with, OptimConfig, Optimizer, TrainGraph, TrainOptions};
+use rumus::nn::GptConfig;
 use rumus::plan::report::PlanReport;
 use rumus::plan::{plan, Plan, PlanOptions};
 use rumus::runtime::backend::GpuBackend;
-use rumus::{DType, Tensor};
+use rumus::Tensor;
 
 /// A 2-layer GPT's training step (pre-LN blocks, tanh GELU), AdamW.
 fn gpt_step(remat: bool) -> TrainGraph {
@@ -20,11 +20,8 @@ fn gpt_step(remat: bool) -> TrainGraph {
 }
 
 fn gpt_step_with(opts: TrainOptions) -> TrainGraph {
-    let mut g = Graph::new();
     let c = GptConfig { vocab: 13, d: 16, heads: 2, layers: 2, ctx: 6 };
-    let logits = nn::gpt(&mut g, c, 2).unwrap();
-    let target = g.input("target", &[2, 6], DType::I32).unwrap();
-    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let (g, loss) = crate::common::gpt_loss(c, 2);
     let cfg = OptimConfig::new(Optimizer::adamw());
     training_graph_with(g, loss, &cfg, opts).unwrap()
 }
@@ -227,11 +224,8 @@ print(net.plan());
 #[test]
 fn the_default_recomputes_the_earliest_products_within_its_share() {
     let step = |opts: TrainOptions| {
-        let mut g = Graph::new();
         let c = GptConfig { vocab: 256, d: 768, heads: 12, layers: 12, ctx: 256 };
-        let logits = nn::gpt(&mut g, c, 16).unwrap();
-        let target = g.input("target", &[16, 256], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, target, None).unwrap();
+        let (g, loss) = crate::common::gpt_loss(c, 16);
         training_graph_with(g, loss, &OptimConfig::new(Optimizer::adamw()), opts).unwrap()
     };
     let products = |t: &TrainGraph, width: usize| {

@@ -431,3 +431,14 @@ pub fn feeds(c: &Case, b: &Built, seed: u64) -> Vec<(NodeId, Buf<f64>)> {
     f.push((b.r, draw(&mut rng, &out_shape, Dom::Any)));
     f
 }
+
+/// A GPT of `c` over `batch` sequences of `c.ctx` tokens, with a cross-entropy loss against
+/// an i32 input `target` of shape `[batch, c.ctx]`: the graph and its loss, which each test
+/// then turns into the training step it needs.
+pub fn gpt_loss(c: rumus::nn::GptConfig, batch: usize) -> (Graph, NodeId) {
+    let mut g = Graph::new();
+    let logits = rumus::nn::gpt(&mut g, c, batch).unwrap();
+    let target = g.input("target", &[batch, c.ctx], rumus::DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    (g, loss)
+}
