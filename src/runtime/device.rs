@@ -23,6 +23,9 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// How long [`Gpu::map_after`] waits for a map callback once its submission is done.
+const MAP_CALLBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Which device runs the plans: the `--device` flag and the `RUMUS_DEVICE` variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
@@ -534,11 +537,20 @@ impl Gpu {
         }
         let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
         self.device.poll(wait).map_err(|e| err!(Device, "waiting for the device failed: {e}"))?;
+        // The submission is done, but the callbacks may not have run yet: another thread that
+        // polls the same device (two ranks of one process) can have taken them and run them
+        // just after this poll returns. So wait for them, not just look.
         for _ in bufs {
-            match rx.try_recv() {
+            match rx.recv_timeout(MAP_CALLBACK_WAIT) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(err!(Device, "cannot map a staging buffer: {e}")),
-                Err(_) => return Err(err!(Device, "a staging buffer was not mapped in time")),
+                Err(_) => {
+                    return Err(err!(
+                        Device,
+                        "a staging buffer was not mapped within {} s of its submission's end",
+                        MAP_CALLBACK_WAIT.as_secs()
+                    ))
+                }
             }
         }
         Ok(())
