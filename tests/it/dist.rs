@@ -8,7 +8,8 @@ use rumus::dist::Communicator;
 use rumus::error::Source;
 use rumus::script::{Host, HostOptions, ScriptTrainer};
 use rumus::Tensor;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// A model trained for 20 steps on the CPU backend at a global batch of 16 (per rank:
 /// `16 / world_size()`), printing each step's loss; every rank starts from its own seed, so
@@ -78,18 +79,47 @@ struct ThreadComm {
 #[derive(Debug)]
 struct Shared {
     ranks: usize,
-    barrier: Barrier,
+    /// Ranks arrived at the current barrier, and how many barriers have been passed.
+    gate: Mutex<(usize, u64)>,
+    passed: Condvar,
     slots: Mutex<Vec<Vec<f32>>>,
 }
+
+/// How long a rank waits at a barrier for the others before its collective fails: a rank that
+/// stopped with an error never arrives, and its peers must fail the test rather than hang it.
+const BARRIER_WAIT: Duration = Duration::from_secs(120);
 
 impl ThreadComm {
     fn world(ranks: usize) -> Vec<ThreadComm> {
         let shared = Arc::new(Shared {
             ranks,
-            barrier: Barrier::new(ranks),
+            gate: Mutex::new((0, 0)),
+            passed: Condvar::new(),
             slots: Mutex::new(vec![Vec::new(); ranks]),
         });
         (0..ranks).map(|rank| ThreadComm { rank, shared: shared.clone() }).collect()
+    }
+
+    /// Wait until every rank has arrived, or fail after [`BARRIER_WAIT`].
+    fn barrier(&self) -> rumus::Result<()> {
+        let mut gate = self.shared.gate.lock().unwrap();
+        let generation = gate.1;
+        gate.0 += 1;
+        if gate.0 == self.shared.ranks {
+            *gate = (0, generation + 1);
+            self.shared.passed.notify_all();
+            return Ok(());
+        }
+        let (_gate, wait) = self
+            .shared
+            .passed
+            .wait_timeout_while(gate, BARRIER_WAIT, |g| g.1 == generation)
+            .unwrap();
+        if wait.timed_out() {
+            let why = format!("rank {} waited {BARRIER_WAIT:?} for the other ranks", self.rank);
+            return Err(rumus::Error::new(rumus::error::ErrorKind::Device, why));
+        }
+        Ok(())
     }
 }
 
@@ -105,7 +135,7 @@ impl Communicator for ThreadComm {
     }
     fn all_reduce_mean(&self, data: &mut [f32]) -> rumus::Result<()> {
         self.shared.slots.lock().unwrap()[self.rank] = data.to_vec();
-        self.shared.barrier.wait();
+        self.barrier()?;
         {
             let slots = self.shared.slots.lock().unwrap();
             for (i, x) in data.iter_mut().enumerate() {
@@ -113,16 +143,16 @@ impl Communicator for ThreadComm {
                 *x = sum / self.shared.ranks as f32;
             }
         }
-        self.shared.barrier.wait();
+        self.barrier()?;
         Ok(())
     }
     fn broadcast(&self, data: &mut [f32]) -> rumus::Result<()> {
         if self.rank == 0 {
             self.shared.slots.lock().unwrap()[0] = data.to_vec();
         }
-        self.shared.barrier.wait();
+        self.barrier()?;
         data.copy_from_slice(&self.shared.slots.lock().unwrap()[0]);
-        self.shared.barrier.wait();
+        self.barrier()?;
         Ok(())
     }
     fn abort(&self, message: &str, _: i32) -> ! {
