@@ -88,6 +88,31 @@ pub fn tiles(mode: CoopMode) -> [CoopTile; 2] {
 /// Halves of padding after each staged row.
 const PAD: u32 = 8;
 
+/// `high` stores each lo part multiplied by `2^LO_SHIFT` (Ootomo and Yokota): in f16's range
+/// like the hi parts, not subnormal for elements far below the operand's max-abs.
+pub const LO_SHIFT: u32 = 11;
+
+/// How `high` sums its three products (experiment: `RUMUS_COOP_HIGH_SUM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HighSum {
+    /// hi·hi into the accumulator, the cross products into a second one.
+    Plain,
+    /// hi·hi of each step from zero, added to the accumulator on the SIMT cores; the cross
+    /// products into a second accumulator.
+    Separate,
+    /// Each step's cross products from zero, scaled down, then hi·hi onto them, the step's
+    /// sum added to the accumulator on the SIMT cores: one accumulator.
+    Fold,
+}
+
+fn high_sum() -> HighSum {
+    match std::env::var("RUMUS_COOP_HIGH_SUM").as_deref() {
+        Ok("plain") => HighSum::Plain,
+        Ok("fold") => HighSum::Fold,
+        _ => HighSum::Separate,
+    }
+}
+
 impl CoopTile {
     /// Parse `BMxBNxBK` followed by `wWMxWN` (e.g. `128x128x64w2x4`, spaces allowed), optionally
     /// `s2` for two stages: the form `RUMUS_MATMUL_COOP_TILE` takes.
@@ -265,6 +290,7 @@ struct Gen<'a> {
     stage_b: u32,
     /// Zero the range words before the K loop ([`RESET_FIRST_MAX_K`]), else after it.
     reset_first: bool,
+    sum: HighSum,
 }
 
 impl<'a> Gen<'a> {
@@ -289,6 +315,7 @@ impl<'a> Gen<'a> {
             sa,
             sb,
             reset_first,
+            sum: high_sum(),
         }
     }
 
@@ -486,6 +513,21 @@ impl<'a> Gen<'a> {
                 w.blank();
             }
         }
+        if self.high {
+            let arr = format!("array<f32, {e}>");
+            w.open(&format!("fn emu_add(x: {arr}, y: {arr}) -> {arr}"));
+            w.line("var out = x;");
+            w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &["out[q] += y[q];"]);
+            w.line("return out;");
+            w.close();
+            w.blank();
+            w.open(&format!("fn emu_scale(x: {arr}, f: f32) -> {arr}"));
+            w.line("var out = x;");
+            w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &["out[q] *= f;"]);
+            w.line("return out;");
+            w.close();
+            w.blank();
+        }
         w.open(&format!("fn emu_store(v: array<f32, {e}>, base: u32, stride: u32, lane: u32)"));
         w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
         w.line(&format!("let flat = q * {}u + lane;", self.sg));
@@ -507,12 +549,37 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn mma(&self, w: &mut Wgsl, acc: &str, fa: &str, fb: &str, (ab, bb): (&Buf, &Buf)) {
+    /// The expression `fa · fb + c` (buffers `ab`, `bb`).
+    fn mma(&self, fa: &str, fb: &str, c: &str, (ab, bb): (&Buf, &Buf)) -> String {
         if self.k.emulate {
-            w.line(&format!("{acc} = emu_mma_{}_{}({fa}, {fb}, {acc}, lane);", ab.name, bb.name));
+            format!("emu_mma_{}_{}({fa}, {fb}, {c}, lane)", ab.name, bb.name)
         } else {
-            w.line(&format!("{acc} = coopMultiplyAdd({fa}, {fb}, {acc});"));
+            format!("coopMultiplyAdd({fa}, {fb}, {c})")
         }
+    }
+
+    /// The expression `x + y` of two accumulators, added on the SIMT cores (round to nearest).
+    fn add(&self, x: &str, y: &str) -> String {
+        if self.k.emulate {
+            format!("emu_add({x}, {y})")
+        } else {
+            format!("{x} + {y}")
+        }
+    }
+
+    /// The expression `x · 2^-LO_SHIFT` of an accumulator (exact).
+    fn down(&self, x: &str) -> String {
+        let f = format!("{:?}", 1.0 / f64::from(1u32 << LO_SHIFT));
+        if self.k.emulate {
+            format!("emu_scale({x}, {f})")
+        } else {
+            format!("({x} * {f})")
+        }
+    }
+
+    /// Whether `high` keeps the cross products in accumulators of their own (`accx..`).
+    fn cross_acc(&self) -> bool {
+        self.high && self.sum != HighSum::Fold
     }
 
     /// The 16-deep steps of the current slice as a loop (`kk`; the driver chooses the
@@ -540,11 +607,33 @@ impl<'a> Gen<'a> {
             }
             for fj in 0..self.fnn {
                 let acc = format!("acc{fi}_{fj}");
+                let accx = format!("accx{fi}_{fj}");
                 let (fa, fb) = (format!("fa{fi}"), format!("fb{fj}"));
-                self.mma(w, &acc, &fa, &fb, (&abufs[0], &bbufs[0]));
-                if self.high {
-                    self.mma(w, &acc, &fa, &format!("fbl{fj}"), (&abufs[0], &bbufs[1]));
-                    self.mma(w, &acc, &format!("fal{fi}"), &fb, (&abufs[1], &bbufs[0]));
+                let (fal, fbl) = (format!("fal{fi}"), format!("fbl{fj}"));
+                let hh = (&abufs[0], &bbufs[0]);
+                if !self.high {
+                    w.line(&format!("{acc} = {};", self.mma(&fa, &fb, &acc, hh)));
+                    continue;
+                }
+                let (hl, lh) = ((&abufs[0], &bbufs[1]), (&abufs[1], &bbufs[0]));
+                match self.sum {
+                    HighSum::Plain | HighSum::Separate => {
+                        w.line(&format!("{accx} = {};", self.mma(&fa, &fbl, &accx, hl)));
+                        w.line(&format!("{accx} = {};", self.mma(&fal, &fb, &accx, lh)));
+                        if self.sum == HighSum::Plain {
+                            w.line(&format!("{acc} = {};", self.mma(&fa, &fb, &acc, hh)));
+                        } else {
+                            let step = self.mma(&fa, &fb, "zero", hh);
+                            w.line(&format!("{acc} = {};", self.add(&acc, &step)));
+                        }
+                    }
+                    HighSum::Fold => {
+                        let x = format!("x{fi}_{fj}");
+                        w.line(&format!("var {x} = {};", self.mma(&fa, &fbl, "zero", hl)));
+                        w.line(&format!("{x} = {};", self.mma(&fal, &fb, &x, lh)));
+                        let step = self.mma(&fa, &fb, &self.down(&x), hh);
+                        w.line(&format!("{acc} = {};", self.add(&acc, &step)));
+                    }
                 }
             }
         }
@@ -584,12 +673,19 @@ impl<'a> Gen<'a> {
         for reg in self.regs("a", la, true).iter().chain(&self.regs("b", lb, true)) {
             w.line(&format!("var {reg};"));
         }
+        let zero = if self.k.emulate {
+            format!("array<f32, {}>()", self.per_lane())
+        } else {
+            "coop_mat16x16<f32, C>()".to_string()
+        };
+        if self.high {
+            w.line(&format!("let zero = {zero};"));
+        }
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
-                if self.k.emulate {
-                    w.line(&format!("var acc{fi}_{fj} = array<f32, {}>();", self.per_lane()));
-                } else {
-                    w.line(&format!("var acc{fi}_{fj} = coop_mat16x16<f32, C>();"));
+                w.line(&format!("var acc{fi}_{fj} = {zero};"));
+                if self.cross_acc() {
+                    w.line(&format!("var accx{fi}_{fj} = {zero};"));
                 }
             }
         }
@@ -649,6 +745,10 @@ impl<'a> Gen<'a> {
         w.line("let ss = 16u;");
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
+                if self.cross_acc() {
+                    let (acc, accx) = (format!("acc{fi}_{fj}"), format!("accx{fi}_{fj}"));
+                    w.line(&format!("{acc} = {};", self.add(&acc, &self.down(&accx))));
+                }
                 if self.k.emulate {
                     w.line(&format!("emu_store(acc{fi}_{fj}, so, ss, lane);"));
                 } else {

@@ -333,3 +333,107 @@ fn the_range_pass_finds_each_operands_max_abs_wherever_it_lies() {
         }
     }
 }
+
+/// Every element's error of `tile` on the contiguous product `spec` (alpha 1, beta 0) of `a`
+/// and `b`, sorted: `|c - ref| / Σ_k |a_ik b_kj|`, the reference in f64.
+fn sorted_errors(
+    gpu: &Gpu,
+    launcher: &mut Launcher,
+    tile: MatmulTile,
+    spec: &MatmulSpec,
+    a: &[f32],
+    b: &[f32],
+) -> Vec<f64> {
+    let s = spec;
+    let zeros = vec![0.0; (s.m * s.n) as usize];
+    let want = matmul_ref(s, a, b, &zeros, |v, _| v);
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let norm = matmul_ref(s, &abs(a), &abs(b), &zeros, |v, _| v);
+    let buffers: Vec<_> =
+        [a, b, &zeros].iter().map(|v| gpu.upload_f32("operand", v).unwrap()).collect();
+    let programs =
+        matmul::programs("test", s, tile, None, [0, 1, 2].map(Resource::Buffer)).unwrap();
+    for p in &programs { eprintln!("DBG {} 2048:{} emu_add:{} accx:{}", p.label, p.wgsl.contains("2048.0"), p.wgsl.matches("emu_add(").count(), p.wgsl.matches("accx").count()); }
+    let scratch: Vec<_> = scratch_words(programs.iter())
+        .iter()
+        .enumerate()
+        .map(|(slot, &w)| {
+            let fill = if slot == RANGE_SLOT { 0.0 } else { f32::NAN };
+            gpu.upload_f32("scratch", &vec![fill; w.max(1) as usize]).unwrap()
+        })
+        .collect();
+    let res = Resources {
+        buffers: buffers.iter().map(Range::whole).collect(),
+        scratch: scratch.iter().collect(),
+        ..Resources::default()
+    };
+    let dispatches: Vec<_> =
+        programs.iter().map(|p| launcher.prepare(gpu, p, &res).unwrap()).collect();
+    gpu.run(&dispatches.iter().collect::<Vec<_>>()).unwrap();
+    let got = gpu.read_f32_range(&buffers[2], 0..zeros.len()).unwrap();
+    let mut errors: Vec<f64> = (0..zeros.len())
+        .map(|i| {
+            let e = (f64::from(got[i]) - want[i]).abs() / (norm[i] + 1e-300);
+            if e.is_nan() {
+                f64::INFINITY
+            } else {
+                e
+            }
+        })
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    errors
+}
+
+/// Operands whose rows (A) and columns (B) span magnitudes, as activations and gradients of
+/// different tokens do, or that hold one outlier far above the rest (a transformer's massive
+/// activations): each element of C is then judged against its own row and column, so the
+/// small ones must be as accurate as the large. `high` against fp32 (the register kernel) on
+/// the same operands, median and largest error relative to `Σ|a||b|`.
+///
+/// Before the lo parts were stored scaled by 2^11, the lo of every element more than 2^15
+/// below its operand's max-abs was an f16 subnormal: ...
+#[test]
+fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
+    let Some((gpu, _turn)) = or_skip("high_keeps_fp32_accuracy_for_operands_spanning_magnitudes")
+    else {
+        return;
+    };
+    let spec = MatmulSpec::contiguous(1, 64, 64, 256);
+    let (m, n, k) = (spec.m as usize, spec.n as usize, spec.k as usize);
+    // Row i of A times 2^-(span i / (m - 1)), column j of B likewise.
+    let spanning = |span: f64| {
+        let mut a = random(m * k, 1);
+        let mut b = random(k * n, 2);
+        for (i, v) in a.iter_mut().enumerate() {
+            *v *= (-span * (i / k) as f64 / (m - 1) as f64).exp2() as f32;
+        }
+        for (i, v) in b.iter_mut().enumerate() {
+            *v *= (-span * (i % n) as f64 / (n - 1) as f64).exp2() as f32;
+        }
+        (a, b)
+    };
+    let outlier = |f: f32| {
+        let (mut a, mut b) = (random(m * k, 3), random(k * n, 4));
+        a[5 * k + 7] = f;
+        b[3 * n + 9] = -f;
+        (a, b)
+    };
+    let cases = [
+        ("rows and columns from 1 to 2^-20", spanning(20.0)),
+        ("one outlier 2^12 above the rest", outlier(4096.0)),
+        ("one outlier 2^16 above the rest", outlier(65536.0)),
+    ];
+    let mut launcher = Launcher::default();
+    let stats = |e: &[f64]| (e[e.len() / 2], e[e.len() - 1]);
+    for (name, (a, b)) in &cases {
+        let fp32 = stats(&sorted_errors(gpu, &mut launcher, MatmulTile::Register, &spec, a, b));
+        let tile = MatmulTile::Coop(kernel(CoopMode::High));
+        let high = stats(&sorted_errors(gpu, &mut launcher, tile, &spec, a, b));
+        eprintln!(
+            "{name}: fp32 median {:.2e} max {:.2e}; high median {:.2e} max {:.2e}",
+            fp32.0, fp32.1, high.0, high.1
+        );
+    }
+    panic!("measuring");
+}
