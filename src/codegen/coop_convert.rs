@@ -1,5 +1,6 @@
 //! The conversion pre-pass of the cooperative matmuls: one dispatch that writes A and B as f16
-//! (scaled by the range pre-pass's powers of two; `high`: hi and lo parts) into a workspace,
+//! (scaled by the range pre-pass's powers of two; `high`: hi and lo parts, lo times
+//! 2^[`LO_SHIFT`](super::matmul_coop::LO_SHIFT)) into a workspace,
 //! so the product ([`super::matmul_coop`]) reads half the bytes and has no conversion, scaling,
 //! splitting or bounds check in its loop (issue-11 prototype, round 2: `medium` 150 TFLOP/s
 //! for the product alone at 4096³ against 83 converting in the loop).

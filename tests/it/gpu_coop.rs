@@ -353,7 +353,6 @@ fn sorted_errors(
         [a, b, &zeros].iter().map(|v| gpu.upload_f32("operand", v).unwrap()).collect();
     let programs =
         matmul::programs("test", s, tile, None, [0, 1, 2].map(Resource::Buffer)).unwrap();
-    for p in &programs { eprintln!("DBG {} 2048:{} emu_add:{} accx:{}", p.label, p.wgsl.contains("2048.0"), p.wgsl.matches("emu_add(").count(), p.wgsl.matches("accx").count()); }
     let scratch: Vec<_> = scratch_words(programs.iter())
         .iter()
         .enumerate()
@@ -391,8 +390,20 @@ fn sorted_errors(
 /// small ones must be as accurate as the large. `high` against fp32 (the register kernel) on
 /// the same operands, median and largest error relative to `Σ|a||b|`.
 ///
-/// Before the lo parts were stored scaled by 2^11, the lo of every element more than 2^15
-/// below its operand's max-abs was an f16 subnormal: ...
+/// Measured (emulated on lavapipe; fp32 / `high` median and largest error):
+///
+/// | operands | fp32 | `high` before | `high` now |
+/// |---|---|---|---|
+/// | rows and columns from 1 to 2^-20 | 1.2e-8 / 1.8e-7 | 2.4e-8 / 3.1e-7 | 6.8e-9 / 5.9e-8 |
+/// | one outlier 2^12 above the rest | 1.3e-8 / 1.2e-6 | 2.2e-8 / 1.9e-6 | 6.6e-9 / 3.6e-7 |
+/// | one outlier 2^16 above the rest | 1.3e-8 / 1.1e-6 | 2.5e-8 / 1.7e-5 | 6.6e-9 / 4.4e-7 |
+///
+/// Before, lo was stored unscaled, an f16 subnormal for every element more than 2^15 below its
+/// operand's max-abs (the largest error 15 times fp32's with the 2^16 outlier), and the cross
+/// products were added into the hi·hi accumulator, three roundings per term (the median twice
+/// fp32's). The bound: no worse than fp32 on the same operands, median and largest. (On the
+/// H200 the tensor cores also round toward zero, which the emulation does not: there the
+/// error of a 4096³ product fell from 2.2e-7 to 3.9e-9, fp32's 1.5e-8; BENCHMARKS.md.)
 #[test]
 fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
     let Some((gpu, _turn)) = or_skip("high_keeps_fp32_accuracy_for_operands_spanning_magnitudes")
@@ -426,14 +437,16 @@ fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
     ];
     let mut launcher = Launcher::default();
     let stats = |e: &[f64]| (e[e.len() / 2], e[e.len() - 1]);
-    for (name, (a, b)) in &cases {
+    // Mesa's OpenGL adapter runs the emulated kernels very slowly: there the last case only.
+    let gl = gpu.info.backend == wgpu::Backend::Gl;
+    for (name, (a, b)) in cases.iter().skip(if gl { cases.len() - 1 } else { 0 }) {
         let fp32 = stats(&sorted_errors(gpu, &mut launcher, MatmulTile::Register, &spec, a, b));
         let tile = MatmulTile::Coop(kernel(CoopMode::High));
         let high = stats(&sorted_errors(gpu, &mut launcher, tile, &spec, a, b));
-        eprintln!(
-            "{name}: fp32 median {:.2e} max {:.2e}; high median {:.2e} max {:.2e}",
+        let say = format!(
+            "{name}: median, largest error: fp32 {:.1e}, {:.1e}; high {:.1e}, {:.1e}",
             fp32.0, fp32.1, high.0, high.1
         );
+        assert!(high.0 <= fp32.0 && high.1 <= fp32.1, "{say}");
     }
-    panic!("measuring");
 }
