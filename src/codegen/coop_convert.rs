@@ -1,5 +1,6 @@
 //! The conversion pre-pass of the cooperative matmuls: one dispatch that writes A and B as f16
-//! (scaled by the range pre-pass's powers of two; `high`: hi and lo parts) into a workspace,
+//! (scaled by the range pre-pass's powers of two; `high`: hi and lo parts, lo times
+//! 2^[`LO_SHIFT`](super::matmul_coop::LO_SHIFT)) into a workspace,
 //! so the product ([`super::matmul_coop`]) reads half the bytes and has no conversion, scaling,
 //! splitting or bounds check in its loop (issue-11 prototype, round 2: `medium` 150 TFLOP/s
 //! for the product alone at 4096³ against 83 converting in the loop).
@@ -218,7 +219,10 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
         w.line("let h0 = split_hi(v0);");
         w.line("let h1 = split_hi(v1);");
         w.line("put(u, h0, h1);");
-        w.line("put(ua + ub + u, v0 - h0, v1 - h1);");
+        // lo scaled by 2^LO_SHIFT into hi's range: unscaled, the lo of every element more
+        // than 2^15 below the max-abs would be an f16 subnormal and lose bits.
+        let up = format!("{:?}", f64::from(1u32 << super::matmul_coop::LO_SHIFT));
+        w.line(&format!("put(ua + ub + u, (v0 - h0) * {up}, (v1 - h1) * {up});"));
     } else {
         w.line("put(u, v0, v1);");
     }

@@ -18,7 +18,17 @@
 //!
 //! `high` sums hi·hi + hi·lo + lo·hi (Ootomo and Yokota, arXiv 2203.03341), `hi` the element
 //! rounded to 11 significant bits by masking and `lo` the rest; the mask, not
-//! `x - f32(f16(x))`, because the H200's driver folded that to zero.
+//! `x - f32(f16(x))`, because the H200's driver folded that to zero. As the paper does:
+//! - lo is stored times `2^LO_SHIFT`, in f16's range like hi; unscaled, the lo of every
+//!   element more than 2^15 below its operand's max-abs was an f16 subnormal and lost bits
+//!   (an outlier 2^16 above the rest of an operand: largest error 15 times fp32's, emulated);
+//! - the cross products go to accumulators of their own (`accx`), added times
+//!   `2^-LO_SHIFT` at the end;
+//! - hi·hi of each 16-deep step starts from a zero accumulator and is added to `acc` on the
+//!   SIMT cores: the tensor cores round their sums toward zero, and that bias, summed over
+//!   all of K in one accumulator, was `high`'s largest error on the H200 (4096³, normal
+//!   operands, median error against f64: 2.2e-7 before, 7.6e-8 with scaled lo parts alone,
+//!   3.9e-9 with both; fp32 1.5e-8), at 21 % of its speed (79.5 to 62.9 TFLOP/s).
 //!
 //! Range: the conversion multiplies each operand by `2^e`, `e` from its max-abs, so its largest
 //! element lands in `[2^14, 2^15)`; the product multiplies the result by `2^-ea · 2^-eb`
@@ -87,6 +97,10 @@ pub fn tiles(mode: CoopMode) -> [CoopTile; 2] {
 
 /// Halves of padding after each staged row.
 const PAD: u32 = 8;
+
+/// `high` stores each lo part multiplied by `2^LO_SHIFT` (Ootomo and Yokota): in f16's range
+/// like the hi parts, not subnormal for elements far below the operand's max-abs.
+pub const LO_SHIFT: u32 = 11;
 
 impl CoopTile {
     /// Parse `BMxBNxBK` followed by `wWMxWN` (e.g. `128x128x64w2x4`, spaces allowed), optionally
@@ -486,6 +500,21 @@ impl<'a> Gen<'a> {
                 w.blank();
             }
         }
+        if self.high {
+            let arr = format!("array<f32, {e}>");
+            w.open(&format!("fn emu_add(x: {arr}, y: {arr}) -> {arr}"));
+            w.line("var out = x;");
+            w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &["out[q] += y[q];"]);
+            w.line("return out;");
+            w.close();
+            w.blank();
+            w.open(&format!("fn emu_scale(x: {arr}, f: f32) -> {arr}"));
+            w.line("var out = x;");
+            w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &["out[q] *= f;"]);
+            w.line("return out;");
+            w.close();
+            w.blank();
+        }
         w.open(&format!("fn emu_store(v: array<f32, {e}>, base: u32, stride: u32, lane: u32)"));
         w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
         w.line(&format!("let flat = q * {}u + lane;", self.sg));
@@ -507,11 +536,31 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn mma(&self, w: &mut Wgsl, acc: &str, fa: &str, fb: &str, (ab, bb): (&Buf, &Buf)) {
+    /// The expression `fa · fb + c` (buffers `ab`, `bb`).
+    fn mma(&self, fa: &str, fb: &str, c: &str, (ab, bb): (&Buf, &Buf)) -> String {
         if self.k.emulate {
-            w.line(&format!("{acc} = emu_mma_{}_{}({fa}, {fb}, {acc}, lane);", ab.name, bb.name));
+            format!("emu_mma_{}_{}({fa}, {fb}, {c}, lane)", ab.name, bb.name)
         } else {
-            w.line(&format!("{acc} = coopMultiplyAdd({fa}, {fb}, {acc});"));
+            format!("coopMultiplyAdd({fa}, {fb}, {c})")
+        }
+    }
+
+    /// The expression `x + y` of two accumulators, added on the SIMT cores (round to nearest).
+    fn add(&self, x: &str, y: &str) -> String {
+        if self.k.emulate {
+            format!("emu_add({x}, {y})")
+        } else {
+            format!("{x} + {y}")
+        }
+    }
+
+    /// The expression `x · 2^-LO_SHIFT` of an accumulator (exact).
+    fn down(&self, x: &str) -> String {
+        let f = format!("{:?}", 1.0 / f64::from(1u32 << LO_SHIFT));
+        if self.k.emulate {
+            format!("emu_scale({x}, {f})")
+        } else {
+            format!("({x} * {f})")
         }
     }
 
@@ -540,12 +589,21 @@ impl<'a> Gen<'a> {
             }
             for fj in 0..self.fnn {
                 let acc = format!("acc{fi}_{fj}");
+                let accx = format!("accx{fi}_{fj}");
                 let (fa, fb) = (format!("fa{fi}"), format!("fb{fj}"));
-                self.mma(w, &acc, &fa, &fb, (&abufs[0], &bbufs[0]));
-                if self.high {
-                    self.mma(w, &acc, &fa, &format!("fbl{fj}"), (&abufs[0], &bbufs[1]));
-                    self.mma(w, &acc, &format!("fal{fi}"), &fb, (&abufs[1], &bbufs[0]));
+                let (fal, fbl) = (format!("fal{fi}"), format!("fbl{fj}"));
+                let hh = (&abufs[0], &bbufs[0]);
+                if !self.high {
+                    w.line(&format!("{acc} = {};", self.mma(&fa, &fb, &acc, hh)));
+                    continue;
                 }
+                // The cross products (lo scaled by 2^LO_SHIFT) into their own accumulator;
+                // hi·hi of this step from zero, added to the accumulator on the SIMT cores.
+                let (hl, lh) = ((&abufs[0], &bbufs[1]), (&abufs[1], &bbufs[0]));
+                w.line(&format!("{accx} = {};", self.mma(&fa, &fbl, &accx, hl)));
+                w.line(&format!("{accx} = {};", self.mma(&fal, &fb, &accx, lh)));
+                let step = self.mma(&fa, &fb, "zero", hh);
+                w.line(&format!("{acc} = {};", self.add(&acc, &step)));
             }
         }
         w.close();
@@ -584,12 +642,19 @@ impl<'a> Gen<'a> {
         for reg in self.regs("a", la, true).iter().chain(&self.regs("b", lb, true)) {
             w.line(&format!("var {reg};"));
         }
+        let zero = if self.k.emulate {
+            format!("array<f32, {}>()", self.per_lane())
+        } else {
+            "coop_mat16x16<f32, C>()".to_string()
+        };
+        if self.high {
+            w.line(&format!("let zero = {zero};"));
+        }
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
-                if self.k.emulate {
-                    w.line(&format!("var acc{fi}_{fj} = array<f32, {}>();", self.per_lane()));
-                } else {
-                    w.line(&format!("var acc{fi}_{fj} = coop_mat16x16<f32, C>();"));
+                w.line(&format!("var acc{fi}_{fj} = {zero};"));
+                if self.high {
+                    w.line(&format!("var accx{fi}_{fj} = {zero};"));
                 }
             }
         }
@@ -649,6 +714,10 @@ impl<'a> Gen<'a> {
         w.line("let ss = 16u;");
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
+                if self.high {
+                    let (acc, accx) = (format!("acc{fi}_{fj}"), format!("accx{fi}_{fj}"));
+                    w.line(&format!("{acc} = {};", self.add(&acc, &self.down(&accx))));
+                }
                 if self.k.emulate {
                     w.line(&format!("emu_store(acc{fi}_{fj}, so, ss, lane);"));
                 } else {
