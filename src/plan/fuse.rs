@@ -410,7 +410,7 @@ fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
 /// Whether every reader of layout op `id` can read it as a strided view: a generated kernel
 /// (an elementwise op, a reduction's input, a concat's input; a flat arena's only where the
 /// view lies at its place in the arena, [`arena_views`]) through its index expressions, a matmul through its operands'
-/// strides, an attention kernel through the layouts of q, k, v and the output's gradient.
+/// strides, an attention kernel through the layouts of q, k, v, the output and its gradient.
 fn reads_view(
     g: &Graph,
     id: NodeId,
@@ -430,7 +430,7 @@ fn reads_view(
                 Op::Concat { .. } => !super::arena::is_flat(g, c) || in_place[id.index()],
                 Op::MatMul => true,
                 Op::Attention | Op::AttentionStats => at(&|at| at < 3),
-                Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at < 3 || at == 4),
+                Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at != 3),
                 _ => false,
             };
             reads && !apart(id, c)

@@ -255,7 +255,7 @@ pub fn attention_cases() -> Vec<Case> {
         &[(s, Any), (s, Any), (s, Any), (&[8, 3], Any)],
         |g, x| {
             // As `causal_self_attention` merges the heads for its projection: the gradient split
-            // back into heads is a view the attention kernels and delta's reduction read in place.
+            // back into heads is a view the attention backward kernels read in place.
             let y = g.attention(x[0], x[1], x[2])?;
             let y = g.permute(y, &[0, 2, 1, 3])?;
             let y = g.reshape(y, &[2, 7, 8])?;
