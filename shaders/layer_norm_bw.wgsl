@@ -2,6 +2,7 @@
 //
 // `rows`: with xhat = (x - mean) * rstd and g = dy * weight (mean, rstd from the forward stats),
 //   dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))           (+= dx when FLAG_ACC_DX)
+//   (+ addend[r, j] where <ADD> says so: a residual connection's gradient joining dx's)
 // One workgroup per group of `rows_per_group` consecutive rows; per row, both means come from one
 // two-level workgroup reduction of a vec2. Thread t owns columns t + c * WG (c < CPT) for the whole
 // group, so it also sums dy * xhat and dy over the group's rows in registers and finally writes
@@ -13,12 +14,13 @@
 // (+= when FLAG_ACC_PARAMS). A workgroup of PWG threads takes PC adjacent columns; its PWG / PC
 // lanes stride over the groups and are summed in workgroup memory.
 //
-// Bindings: 0 params; rows: 1 x, 2 weight, 3 stats [rows, 2], 4 dy, 5 dx, 6 partial [groups, D, 2];
-// params: 6 partial, 7 dparams [2, D]. Grid: rows = one workgroup per group (linear id over
+// Bindings: 0 params; rows: 1 x, 2 weight, 3 stats [rows, 2], 4 dy, 5 dx, 6 partial [groups, D, 2],
+// 8 addend [rows, D] (only where <ADD> reads it); params: 6 partial, 7 dparams [2, D]. Grid: rows = one workgroup per group (linear id over
 // x, y, z); params = ceil(D / PC) workgroups.
 //
 // Placeholders: <WG> threads per workgroup (default 256), <NG> groups of its two-level reduction
-// (default 16), <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024).
+// (default 16), <CPT> columns per thread, ceil(D / WG) (default 4, i.e. D <= 1024), <ADD> a statement
+// run on each dx element `v` before it is stored (default none; `v += f32(addend[base + j]);`).
 
 alias scalar = f32;
 
@@ -40,6 +42,7 @@ const FLAG_ACC_PARAMS: u32 = 2u;
 @group(0) @binding(5) var<storage, read_write> dx: array<scalar>;
 @group(0) @binding(6) var<storage, read_write> partial: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dparams: array<scalar>;
+@group(0) @binding(8) var<storage, read> addend: array<scalar>;
 
 const WG: u32 = {{WG}}u;
 const NG: u32 = {{NG}}u;
@@ -119,6 +122,7 @@ fn rows(
                 if (p.flags & FLAG_ACC_DX) != 0u {
                     v += f32(dx[base + j]);
                 }
+                {{ADD}}
                 dx[base + j] = scalar(v);
             }
         }

@@ -7,8 +7,9 @@
 //! exactly one consumer and that consumer can evaluate an expression operand: another
 //! elementwise node, a reduction (as its prologue), or a concat (which reads a permuted or
 //! sliced input in place). A matmul whose only use is an elementwise chain runs inside that
-//! chain's kernel, which then computes the chain as the matmul's epilogue. Every other node is
-//! materialized by a kernel of its own kind.
+//! chain's kernel, which then computes the chain as the matmul's epilogue. A LayerNorm's input
+//! gradient whose only use is an `add` with a buffer computed before it stays in registers: its
+//! kernel writes the sum. Every other node is materialized by a kernel of its own kind.
 //!
 //! A chain of layout ops (`slice`, `permute`, `reshape`) over a materialized value that would
 //! otherwise be copied is a strided view ([`super::view`]) when every kernel that reads it reads
@@ -232,6 +233,31 @@ fn fuse_once(
         }
     }
 
+    // LayerNorm gradients that a materialized `add` of the same shape reads with another buffer
+    // computed before them (a residual connection's gradient): the LayerNorm backward kernel
+    // adds that buffer and writes the sum, the gradient itself stays in registers. Indexed by
+    // the add, the gradient it reads and the weight gradient the kernel computes too (taken
+    // here: it comes before the add, so the kernel loop below would give it a kernel first).
+    let mut ln_add: Vec<Option<(NodeId, Option<NodeId>)>> = vec![None; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            let i = id.index();
+            if live[i] && materialized[i] && matches!(node.op, Op::LayerNormGradInput) && !is_root[i] {
+                if let Some(a) = ln_addend(g, id, &materialized, &view, &consumers, &is_root, &epilogue_of, &live) {
+                    if !apart(id, a) && !apart(id, ln_other(g, a, id)) {
+                        let w = ln_weight_grad(g, id, &consumers, &live)
+                            .filter(|&w| !apart(id, w) && !taken[w.index()] && read_after(w, a, &consumers, &materialized, &alias));
+                        if let Some(w) = w {
+                            taken[w.index()] = true;
+                        }
+                        ln_add[a.index()] = Some((id, w));
+                        materialized[i] = false;
+                    }
+                }
+            }
+        }
+    }
+
     // The kernel that computes a stats node: its first consumer of the op that reads it
     // (`layer_norm` or `attention`), in one pass writing both. A later consumer (a
     // rematerialized copy in the backward pass) reads the stats the first one wrote.
@@ -275,7 +301,13 @@ fn fuse_once(
                 if let Some(w) = weight_grad {
                     taken[w.index()] = true;
                 }
-                KernelKind::LayerNormGradInput { weight_grad }
+                KernelKind::LayerNormGradInput { weight_grad, add: None }
+            }
+            // The sum of a LayerNorm gradient and a buffer: the LayerNorm backward kernel, here,
+            // after both (its weight gradient taken by it as above).
+            Op::Binary(_) if ln_add[i].is_some() => {
+                let weight_grad = ln_add[i].and_then(|(_, w)| w);
+                KernelKind::LayerNormGradInput { weight_grad, add: Some(id) }
             }
             Op::LayerNormGradWeight => KernelKind::LayerNormGradWeight,
             Op::Embedding => KernelKind::Embedding,
@@ -348,7 +380,7 @@ fn fuse_once(
         let mut inputs = Vec::new();
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
-        if let KernelKind::LayerNormGradInput { weight_grad: Some(w) } = kind {
+        if let KernelKind::LayerNormGradInput { weight_grad: Some(w), .. } = kind {
             outputs.insert(0, w);
             fused.push(w);
         }
@@ -598,6 +630,63 @@ fn epilogue_matmul(
         }
     }
     None
+}
+
+/// The `add` that LayerNorm gradient `gi` can be written into by its own kernel: `gi`'s one
+/// use, materialized and not a matmul's epilogue, adding `gi` to a plain buffer of the same
+/// shape (no view, not `gi`) computed before `gi`, which the LayerNorm backward reads whole
+/// (`codegen::layer_norm`'s addend).
+#[allow(clippy::too_many_arguments)]
+fn ln_addend(
+    g: &Graph,
+    gi: NodeId,
+    materialized: &[bool],
+    view: &[Option<View>],
+    consumers: &[Vec<NodeId>],
+    is_root: &[bool],
+    epilogue_of: &[Option<(NodeId, NodeId)>],
+    live: &[bool],
+) -> Option<NodeId> {
+    let &[a] = consumers[gi.index()].as_slice() else { return None };
+    let node = g.node(a);
+    let add = matches!(node.op, Op::Binary(op) if op == crate::graph::BinaryOp::Add);
+    if !add || !live[a.index()] || !materialized[a.index()] || epilogue_of[a.index()].is_some() {
+        return None;
+    }
+    let r = ln_other(g, a, gi);
+    let plain = materialized[r.index()] && view[r.index()].is_none();
+    let same = g.shape(r) == g.shape(gi) && g.shape(a) == g.shape(gi);
+    let f32s = [r, a].iter().all(|&x| g.dtype(x) == crate::tensor::DType::F32);
+    (plain && same && f32s && r != gi && r.index() < gi.index() && !is_root[gi.index()]).then_some(a)
+}
+
+/// The input of add `a` that is not `gi`.
+fn ln_other(g: &Graph, a: NodeId, gi: NodeId) -> NodeId {
+    let ins = &g.node(a).inputs;
+    if ins[0] == gi {
+        ins[1]
+    } else {
+        ins[0]
+    }
+}
+
+/// Whether every kernel that reads `w` comes after node `at`: its readers' kernels, through
+/// readers without a kernel of their own (inlined into their consumer's, or views).
+fn read_after(
+    w: NodeId,
+    at: NodeId,
+    consumers: &[Vec<NodeId>],
+    materialized: &[bool],
+    alias: &[Option<NodeId>],
+) -> bool {
+    consumers[w.index()].iter().all(|&c| {
+        let own_kernel = materialized[c.index()] && alias[c.index()].is_none();
+        if own_kernel {
+            c.index() > at.index()
+        } else {
+            read_after(c, at, consumers, materialized, alias)
+        }
+    })
 }
 
 /// The `layer_norm_grad_weight` node computed from the same (x, stats, dy) as `gi`, if live.

@@ -29,9 +29,12 @@ pub enum KernelKind {
     /// Stats only (when the normalized output is not needed in this plan).
     LayerNormStats,
     /// `layer_norm_grad_input`; with `weight_grad` it also computes that
-    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes.
+    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes. With `add` its
+    /// value stays in registers and the kernel writes that `add` node instead: the gradient
+    /// plus a buffer of its shape (a residual connection's gradient joining the LayerNorm's).
     LayerNormGradInput {
         weight_grad: Option<NodeId>,
+        add: Option<NodeId>,
     },
     LayerNormGradWeight,
     /// `attention`; with `with_stats` it also computes the `attention_stats` node it reads (one

@@ -167,6 +167,7 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
             dparams: dwb,
             accumulate_dx: false,
             accumulate_params: false,
+            addend: None,
         },
     )?;
     let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();

@@ -46,6 +46,26 @@ fn gpt_step_fuses_and_reuses() {
     assert!(no_reuse.planned_bytes() > fused.planned_bytes());
 }
 
+/// A pre-LN block's residual gradient joins its LayerNorm's gradient in the LayerNorm backward
+/// kernel (both LayerNorms of each layer; not the final one, which has no residual), and the
+/// attention backward needs no reduction before it: no kernel but the two backward kernels
+/// reads the attention output in the backward pass besides the head-merging view.
+#[test]
+fn residual_gradients_join_the_layer_norm_backward_and_attention_needs_no_reduction() {
+    let t = gpt_step(2);
+    let p = train_plan(&t, true, true);
+    let adds = (p.kernels.iter())
+        .filter(|k| matches!(k.kind, KernelKind::LayerNormGradInput { add: Some(_), .. }))
+        .count();
+    assert_eq!(adds, 4);
+    let attention =
+        |id: &rumus::graph::NodeId| matches!(t.graph.node(*id).op, rumus::graph::Op::Attention);
+    for k in p.kernels.iter().filter(|k| k.kind == KernelKind::Reduce) {
+        assert!(!k.inputs.iter().any(attention), "a reduction reads the attention output: {k:?}");
+    }
+    verify(&t.graph, &p, None).unwrap();
+}
+
 #[test]
 fn each_op_runs_in_exactly_one_kernel() {
     let t = gpt_step(1);

@@ -214,6 +214,17 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("layer_norm 3d", &[(&[2, 2, 4], Any), (&[4], Any), (&[4], Any)], |g, x| {
         g.layer_norm(x[0], x[1], x[2], 1e-5)
     }));
+    // A pre-LN residual block: x's gradient is the residual's plus the LayerNorm's, which the
+    // LayerNorm backward kernel adds itself.
+    cs.push(case(
+        "layer_norm residual",
+        &[(&[3, 5], Any), (&[5], Any), (&[5], Any), (&[5, 5], Any)],
+        |g, x| {
+            let y = g.layer_norm(x[0], x[1], x[2], 1e-5)?;
+            let z = g.matmul(y, x[3])?;
+            g.add(x[0], z)
+        },
+    ));
     cs.push(case("embedding repeated", &[(&[5, 3], Any), (&[2, 4], Index(5))], |g, x| {
         g.embedding(x[0], x[1])
     }));
