@@ -258,6 +258,28 @@ fn fuse_once(
         }
     }
 
+    // Column sums over every axis but the last of what a LayerNorm backward kernel writes (its
+    // grad-input, or the add it writes instead), read directly or through a reshape sharing its
+    // buffer: the kernel computes them with its weight and bias gradients. Indexed by the value
+    // written, the sum.
+    let mut ln_sum: Vec<Option<NodeId>> = vec![None; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            let i = id.index();
+            let writes = match node.op {
+                Op::LayerNormGradInput => materialized[i],
+                _ => ln_add[i].is_some(),
+            };
+            if live[i] && writes {
+                let sum = column_sum(g, id, &live, &alias, &consumers).filter(|&s| !apart(id, s) && !taken[s.index()]);
+                if let Some(s) = sum {
+                    taken[s.index()] = true;
+                    ln_sum[i] = Some(s);
+                }
+            }
+        }
+    }
+
     // The kernel that computes a stats node: its first consumer of the op that reads it
     // (`layer_norm` or `attention`), in one pass writing both. A later consumer (a
     // rematerialized copy in the backward pass) reads the stats the first one wrote.
@@ -301,13 +323,13 @@ fn fuse_once(
                 if let Some(w) = weight_grad {
                     taken[w.index()] = true;
                 }
-                KernelKind::LayerNormGradInput { weight_grad, add: None }
+                KernelKind::LayerNormGradInput { weight_grad, add: None, col_sum: ln_sum[i] }
             }
             // The sum of a LayerNorm gradient and a buffer: the LayerNorm backward kernel, here,
             // after both (its weight gradient taken by it as above).
             Op::Binary(_) if ln_add[i].is_some() => {
                 let weight_grad = ln_add[i].and_then(|(_, w)| w);
-                KernelKind::LayerNormGradInput { weight_grad, add: Some(id) }
+                KernelKind::LayerNormGradInput { weight_grad, add: Some(id), col_sum: ln_sum[i] }
             }
             Op::LayerNormGradWeight => KernelKind::LayerNormGradWeight,
             Op::Embedding => KernelKind::Embedding,
@@ -380,9 +402,11 @@ fn fuse_once(
         let mut inputs = Vec::new();
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
-        if let KernelKind::LayerNormGradInput { weight_grad: Some(w), .. } = kind {
-            outputs.insert(0, w);
-            fused.push(w);
+        if let KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } = kind {
+            for extra in [weight_grad, col_sum].into_iter().flatten() {
+                outputs.insert(0, extra);
+                fused.push(extra);
+            }
         }
         // The stats a layer_norm or attention kernel computes: an output, not an input (and
         // the operands the stats read are read by the op itself).
@@ -658,6 +682,27 @@ fn ln_addend(
     let same = g.shape(r) == g.shape(gi) && g.shape(a) == g.shape(gi);
     let f32s = [r, a].iter().all(|&x| g.dtype(x) == crate::tensor::DType::F32);
     (plain && same && f32s && r != gi && r.index() < gi.index() && !is_root[gi.index()]).then_some(a)
+}
+
+/// A live `sum` of `x` (or of a reshape of `x` sharing its buffer) over every axis but the last.
+fn column_sum(
+    g: &Graph,
+    x: NodeId,
+    live: &[bool],
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+) -> Option<NodeId> {
+    let reshapes = consumers[x.index()]
+        .iter()
+        .filter(|&&r| matches!(g.node(r).op, Op::Reshape) && alias[r.index()] == Some(x));
+    let reads = std::iter::once(x).chain(reshapes.copied());
+    reads.flat_map(|r| consumers[r.index()].iter().copied()).find(|&s| {
+        let node = g.node(s);
+        let Op::Reduce { op: crate::graph::ReduceOp::Sum, axes, .. } = &node.op else { return false };
+        let xs = g.shape(node.inputs[0]);
+        let over_rows = !xs.is_empty() && axes.len() == xs.len() - 1 && axes.iter().enumerate().all(|(k, &a)| a == k);
+        live[s.index()] && over_rows && xs.last() == g.shape(x).last() && g.dtype(s) == crate::tensor::DType::F32
+    })
 }
 
 /// The input of add `a` that is not `gi`.

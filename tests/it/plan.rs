@@ -47,23 +47,47 @@ fn gpt_step_fuses_and_reuses() {
 }
 
 /// A pre-LN block's residual gradient joins its LayerNorm's gradient in the LayerNorm backward
-/// kernel (both LayerNorms of each layer; not the final one, which has no residual), and the
+/// kernel (both LayerNorms of each layer; not the final one, which has no residual), which also
+/// sums it over the rows for the bias before it, and the
 /// attention backward needs no reduction before it: no kernel but the two backward kernels
 /// reads the attention output in the backward pass besides the head-merging view.
 #[test]
-fn residual_gradients_join_the_layer_norm_backward_and_attention_needs_no_reduction() {
+fn layer_norm_backward_adds_residuals_and_sums_biases_and_attention_needs_no_reduction() {
     let t = gpt_step(2);
     let p = train_plan(&t, true, true);
     let adds = (p.kernels.iter())
         .filter(|k| matches!(k.kind, KernelKind::LayerNormGradInput { add: Some(_), .. }))
         .count();
     assert_eq!(adds, 4);
+    // The column sums of what they write are the biases' gradients of the attention's output
+    // projection and of the MLP's second layer: 2 a layer.
+    let sums = (p.kernels.iter())
+        .filter(|k| matches!(k.kind, KernelKind::LayerNormGradInput { col_sum: Some(_), .. }))
+        .count();
+    assert_eq!(sums, 4);
     let attention =
         |id: &rumus::graph::NodeId| matches!(t.graph.node(*id).op, rumus::graph::Op::Attention);
     for k in p.kernels.iter().filter(|k| k.kind == KernelKind::Reduce) {
         assert!(!k.inputs.iter().any(attention), "a reduction reads the attention output: {k:?}");
     }
     verify(&t.graph, &p, None).unwrap();
+}
+
+/// The op case the GPU is checked on against the CPU (`layer_norm residual`) plans the same
+/// kernel: its LayerNorm backward adds the residual's gradient and sums the bias's.
+#[test]
+fn the_layer_norm_residual_case_takes_the_add_and_the_bias_sum() {
+    let cases = crate::common::cases();
+    let c = cases.iter().find(|c| c.name == "layer_norm residual").unwrap();
+    let b = crate::common::build(c).unwrap();
+    let mut roots = vec![b.out];
+    roots.extend(b.grads.iter().map(|&(_, d)| d));
+    let opts = PlanOptions { fusion: true, reuse: true, limits: None };
+    let p = plan(&b.g, &roots, true, opts).unwrap();
+    let fused = |k: &rumus::plan::Kernel| {
+        matches!(k.kind, KernelKind::LayerNormGradInput { add: Some(_), col_sum: Some(_), .. })
+    };
+    assert_eq!(p.kernels.iter().filter(|k| fused(k)).count(), 1, "{:#?}", p.kernels);
 }
 
 #[test]
