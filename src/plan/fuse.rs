@@ -9,7 +9,10 @@
 //! sliced input in place). A matmul whose only use is an elementwise chain runs inside that
 //! chain's kernel, which then computes the chain as the matmul's epilogue. A LayerNorm's input
 //! gradient whose only use is an `add` with a buffer computed before it stays in registers: its
-//! kernel writes the sum. Every other node is materialized by a kernel of its own kind.
+//! kernel writes the sum. Every other node is materialized by a kernel of its own kind. Last, an
+//! elementwise kernel whose outputs only one later elementwise kernel reads, at its own
+//! elements, is merged into it: one kernel with several outputs (an optimizer's moments and
+//! parameters).
 //!
 //! A chain of layout ops (`slice`, `permute`, `reshape`) over a materialized value that would
 //! otherwise be copied is a strided view ([`super::view`]) when every kernel that reads it reads
@@ -428,6 +431,9 @@ fn fuse_once(
         fused.dedup();
         kernels.push(Kernel { kind, outputs, inputs, fused });
     }
+    if fusion {
+        merge_elementwise(g, &mut kernels, &alias, &consumers, max_bindings, apart);
+    }
     // A matmul (and its reshape) taken into an epilogue kernel lives in registers only.
     for (i, node) in g.nodes.iter().enumerate() {
         if taken[i] && matches!(node.op, Op::MatMul | Op::Reshape) {
@@ -703,6 +709,90 @@ fn column_sum(
         let over_rows = !xs.is_empty() && axes.len() == xs.len() - 1 && axes.iter().enumerate().all(|(k, &a)| a == k);
         live[s.index()] && over_rows && xs.last() == g.shape(x).last() && g.dtype(s) == crate::tensor::DType::F32
     })
+}
+
+/// Elementwise kernels merged into the later elementwise kernel that is the only reader of
+/// their outputs: one kernel computes and writes both (an optimizer's moments and the parameter
+/// update that reads them). Each output of the earlier kernel has the later one's shape and
+/// reaches its output only through plain elementwise ops of that shape, so every thread reads
+/// it at its own element, computed in registers; the merged kernel stays within the binding
+/// limit and never joins nodes a micro-batch run separates.
+fn merge_elementwise(
+    g: &Graph,
+    kernels: &mut Vec<Kernel>,
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+    max_bindings: Option<u32>,
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+) {
+    let owner = |id: NodeId| alias[id.index()].unwrap_or(id).index();
+    let mut a = 0;
+    while a < kernels.len() {
+        let into = merge_target(g, kernels, a, alias, consumers, apart);
+        let Some(b) = into else {
+            a += 1;
+            continue;
+        };
+        let first = kernels[a].clone();
+        let mut merged = kernels[b].clone();
+        let mut outputs = first.outputs.clone();
+        outputs.extend(&merged.outputs);
+        let mut inputs: Vec<NodeId> = first.inputs.iter().chain(&merged.inputs).copied().collect();
+        inputs.retain(|x| !first.outputs.contains(x));
+        dedup_in_order(&mut inputs);
+        merged.inputs = inputs;
+        merged.outputs = outputs;
+        merged.fused.extend(&first.fused);
+        merged.fused.sort();
+        merged.fused.dedup();
+        let fits = max_bindings.is_none_or(|max| storage_bindings(g, &merged, &owner, true) <= max as usize);
+        if !fits {
+            a += 1;
+            continue;
+        }
+        kernels[b] = merged;
+        kernels.remove(a);
+    }
+}
+
+/// The later kernel that elementwise kernel `a` can be merged into ([`merge_elementwise`]).
+fn merge_target(
+    g: &Graph,
+    kernels: &[Kernel],
+    a: usize,
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+) -> Option<usize> {
+    let ka = &kernels[a];
+    if ka.kind != KernelKind::Elementwise {
+        return None;
+    }
+    let first = *ka.outputs.first()?;
+    let b = (a + 1..kernels.len()).find(|&b| kernels[b].inputs.contains(&first))?;
+    let kb = &kernels[b];
+    let out = *kb.outputs.last()?;
+    if kb.kind != KernelKind::Elementwise || g.dtype(out) != crate::tensor::DType::F32 {
+        return None;
+    }
+    let plain = ka.outputs.iter().all(|&x| {
+        alias[x.index()].is_none()
+            && g.shape(x) == g.shape(out)
+            && g.dtype(x) == crate::tensor::DType::F32
+            && consumers[x.index()].iter().all(|c| kb.fused.contains(c))
+    });
+    // Everything in b computed from an output of a: plain elementwise ops at b's shape.
+    let mut from_a: Vec<NodeId> = ka.outputs.clone();
+    let mut aligned = true;
+    for &id in &kb.fused {
+        let node = g.node(id);
+        if node.inputs.iter().any(|x| from_a.contains(x)) {
+            aligned &= node.op.is_pointwise() && node.shape == g.shape(out);
+            from_a.push(id);
+        }
+    }
+    let together = ka.fused.iter().all(|&x| kb.fused.iter().all(|&y| !apart(x, y)));
+    (plain && aligned && together).then_some(b)
 }
 
 /// The input of add `a` that is not `gi`.

@@ -318,8 +318,10 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("// kernel ")).collect();
-    // (The output layer's transposed weight is read in place by the input gradient's product.)
-    assert_eq!(headers.len(), 14, "{headers:?}");
+    // (The output layer's transposed weight is read in place by the input gradient's product,
+    // and Adam's moments and the parameters are updated by one kernel, the last.)
+    assert_eq!(headers.len(), 12, "{headers:?}");
+    assert!(headers[11].contains("square mul mul add div sqrt"), "{headers:?}");
     assert_eq!(headers[0], "// kernel 0: matmul (matmul add relu)");
     assert_eq!(headers[2], "// kernel 2: cross_entropy (cross_entropy)");
     // The products run without the runtime's bounds checks: kernel 0's epilogue clamps its
@@ -340,7 +342,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
         }
     }
     // One dispatch per kernel, two for cross-entropy (rows, then their sum).
-    assert_eq!(modules.len(), 15, "one dispatch per kernel of this plan, two for cross-entropy");
+    assert_eq!(modules.len(), 13, "one dispatch per kernel of this plan, two for cross-entropy");
     for m in &modules {
         let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
@@ -358,7 +360,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(text.contains(&one), "kernel 2 alone is printed as in the whole listing");
 
     for (args, message) in [
-        (&["--wgsl", "14"][..], "there is no kernel 14: the plan has 14 kernels, numbered from 0"),
+        (&["--wgsl", "12"][..], "there is no kernel 12: the plan has 12 kernels, numbered from 0"),
         (
             &["--wgsl", "99999999999999999999999"],
             "--wgsl: there is no kernel 99999999999999999999999",
@@ -506,11 +508,16 @@ fn parameters_gradients_and_moments_live_in_one_buffer_each() {
         let buffer = |id| p.value_of(id).map_or(usize::MAX, |v| v.buffer);
         let most = p.kernels.iter().map(|k| storage_bindings(g, k, &buffer, false)).max();
         assert!(most.unwrap() <= 8, "{layers} layers: a kernel binds {most:?} buffers");
-        // After the backward pass: the gradients' padding, the norm, the clipping scale, m, v
-        // and the parameters.
+        // After the backward pass: the gradients' padding, the norm, the clipping scale, and
+        // one kernel updating m, v and the parameters, each in place.
         let last_concat =
             p.kernels.iter().rposition(|k| matches!(k.kind, KernelKind::Concat { .. }));
-        assert_eq!(p.kernels.len() - last_concat.unwrap(), 6, "{layers} layers");
+        assert_eq!(p.kernels.len() - last_concat.unwrap(), 4, "{layers} layers");
+        let update = p.kernels.last().unwrap();
+        assert_eq!(update.outputs.len(), 3, "{layers} layers: {update:?}");
+        for u in update.outputs.iter().filter_map(|&o| g.updates.iter().find(|u| u.value == o)) {
+            assert_eq!(root(u.value), root(u.target), "{layers} layers: an update not in place");
+        }
     }
 }
 
