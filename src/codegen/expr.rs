@@ -21,6 +21,9 @@ pub struct ExprEmitter<'a> {
     pub binding_name: &'a dyn Fn(usize) -> String,
     /// A node whose value is already in a register (the matmul accumulator in an epilogue).
     pub register: Option<(NodeId, String)>,
+    /// Nodes already computed into named `let`s here (the earlier outputs of a kernel with
+    /// several): later expressions use the name instead of loading or recomputing them.
+    pub computed: Vec<(NodeId, String)>,
     /// The node the kernel computes (materialized, but evaluated here rather than loaded).
     pub root: Option<NodeId>,
     /// Clamp every load's index into its binding (`arrayLength`), for kernels compiled
@@ -139,6 +142,7 @@ impl<'a> ExprEmitter<'a> {
             plan,
             binding_name,
             register: None,
+            computed: Vec::new(),
             root: None,
             clamp_loads: false,
             body: String::new(),
@@ -240,7 +244,7 @@ impl<'a> ExprEmitter<'a> {
     /// The value of `id` if it is a constant inlined here, directly or through views.
     fn constant(&self, mut id: NodeId) -> Option<f32> {
         loop {
-            if self.register.as_ref().is_some_and(|(r, _)| *r == id) {
+            if self.register.as_ref().is_some_and(|(r, _)| *r == id) || self.computed.iter().any(|(c, _)| *c == id) {
                 return None;
             }
             let node = self.g.node(id);
@@ -355,6 +359,9 @@ impl<'a> ExprEmitter<'a> {
             if *r == id {
                 return name.clone();
             }
+        }
+        if let Some((_, name)) = self.computed.iter().find(|(c, _)| *c == id) {
+            return name.clone();
         }
         let node = self.g.node(id);
         if let Op::Constant { value } = node.op {

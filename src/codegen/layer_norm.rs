@@ -5,7 +5,9 @@
 //! The forward writes `y` and per-row stats `[rows, 2]` = (mean, rstd), which the backward
 //! reads. The backward is two dispatches: `rows` (grad-input, plus per-row-group partial sums of
 //! grad-weight and grad-bias into scratch of [`scratch_len`] elements) and `params` (sums the
-//! partials into grad-weight and grad-bias).
+//! partials into grad-weight and grad-bias). It may add a buffer to the grad-input it writes
+//! (`addend`) and sum the columns of what it writes (`col_sum`: the gradient of a bias added
+//! before the LayerNorm's input, as a linear layer's in a residual block) in the same passes.
 
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::templates::{LAYER_NORM, LAYER_NORM_BW};
@@ -55,7 +57,8 @@ pub struct Forward {
 /// What the buffers of a backward pass are. `partial` holds [`scratch_len`] elements (any
 /// contents). `dparams` is `[2, d]`: dweight in row 0, dbias in row 1. With `accumulate_dx` the
 /// result is added to `dx`, with `accumulate_params` to `dparams`; otherwise they are
-/// overwritten and never read.
+/// overwritten and never read. With an `addend` (`[rows, d]`) dx is the gradient plus it; with
+/// a `col_sum` (`[d]`) that buffer gets the sum of dx over the rows.
 #[derive(Clone, Debug)]
 pub struct Backward {
     pub x: Resource,
@@ -67,6 +70,8 @@ pub struct Backward {
     pub dparams: Resource,
     pub accumulate_dx: bool,
     pub accumulate_params: bool,
+    pub addend: Option<Resource>,
+    pub col_sum: Option<Resource>,
 }
 
 #[repr(C)]
@@ -92,13 +97,15 @@ pub fn rows_per_group(rows: usize) -> usize {
     rows.div_ceil(TARGET_GROUPS).max(1)
 }
 
-/// Elements of the backward's partial sums for `rows` rows of width `d`.
-pub fn scratch_len(rows: usize, d: usize) -> usize {
-    rows.div_ceil(rows_per_group(rows)) * d * 2
+/// Elements of the backward's partial sums for `rows` rows of width `d`, `parts` a column and
+/// row group (2: dweight and dbias; 3 with the column sums of dx).
+pub fn scratch_len(rows: usize, d: usize, parts: usize) -> usize {
+    rows.div_ceil(rows_per_group(rows)) * d * parts
 }
 
-/// The template text for rows of `d` elements (`1 <= d <= 8192`) and its workgroup size.
-fn fill(template: &super::templates::Template, d: usize) -> Result<(String, usize)> {
+/// The template text for rows of `d` elements (`1 <= d <= 8192`) and its workgroup size, with
+/// the `extra` placeholders filled too.
+fn fill(template: &super::templates::Template, d: usize, extra: &[(&str, &str)]) -> Result<(String, usize)> {
     if d == 0 || d > MAX_WG * MAX_CPT {
         return Err(err!(
             Device,
@@ -107,11 +114,10 @@ fn fill(template: &super::templates::Template, d: usize) -> Result<(String, usiz
         ));
     }
     let wg = row_threads(d);
-    let text = template.fill(&[
-        ("WG", &wg.to_string()),
-        ("NG", &reduce_groups(wg).to_string()),
-        ("CPT", &d.div_ceil(wg).to_string()),
-    ])?;
+    let (wg_s, ng, cpt) = (wg.to_string(), reduce_groups(wg).to_string(), d.div_ceil(wg).to_string());
+    let mut values = vec![("WG", wg_s.as_str()), ("NG", ng.as_str()), ("CPT", cpt.as_str())];
+    values.extend_from_slice(extra);
+    let text = template.fill(&values)?;
     Ok((text, wg))
 }
 
@@ -133,7 +139,7 @@ fn uniform(bytes: &[u8]) -> Binding {
 
 /// The forward program over `rows` rows of `d`.
 pub fn forward(rows: usize, d: usize, eps: f32, buf: Forward) -> Result<Program> {
-    let (wgsl, wg) = fill(&LAYER_NORM, d)?;
+    let (wgsl, wg) = fill(&LAYER_NORM, d, &[])?;
     let rows32 = to_u32(rows)?;
     let params = FwdParams { rows: rows32, d: d as u32, eps, pad: 0 };
     Ok(Program {
@@ -156,39 +162,58 @@ pub fn forward(rows: usize, d: usize, eps: f32, buf: Forward) -> Result<Program>
 
 /// The two backward programs over `rows` rows of `d`, to be run in order.
 pub fn backward(rows: usize, d: usize, buf: Backward) -> Result<[Program; 2]> {
-    let (wgsl, wg) = fill(&LAYER_NORM_BW, d)?;
+    let mut extra: Vec<(&str, &str)> = Vec::new();
+    if buf.addend.is_some() {
+        extra.push(("ADD", "v += f32(addend[base + j]);"));
+    }
+    let parts = if buf.col_sum.is_some() { 3 } else { 2 };
+    if buf.col_sum.is_some() {
+        extra.extend([
+            ("NP", "3"),
+            ("SUM", "ds[c] += v;"),
+            ("SUM_STORE", "partial[o + 2u] = ds[c];"),
+            ("SUM_LOAD", "partial[o + 2u]"),
+            ("SUM_WRITE", "colsum[j] = scalar(total.z);"),
+        ]);
+    }
+    let (wgsl, wg) = fill(&LAYER_NORM_BW, d, &extra)?;
     let rpg = rows_per_group(rows);
     let groups = to_u32(rows.div_ceil(rpg))?;
     let flags = u32::from(buf.accumulate_dx) | (u32::from(buf.accumulate_params) << 1);
     let params = BwdParams { rows: to_u32(rows)?, d: d as u32, rows_per_group: rpg as u32, flags };
-    let partial = binding(6, "partial", buf.partial, scratch_len(rows, d));
+    let partial = binding(6, "partial", buf.partial, scratch_len(rows, d, parts));
+    let mut row_bindings = vec![
+        uniform(bytemuck::bytes_of(&params)),
+        binding(1, "x", buf.x, rows * d),
+        binding(2, "weight", buf.weight, d),
+        binding(3, "stats", buf.stats, rows * 2),
+        binding(4, "dy", buf.dy, rows * d),
+        binding(5, "dx", buf.dx, rows * d),
+        partial.clone(),
+    ];
+    if let Some(addend) = buf.addend {
+        row_bindings.push(binding(8, "addend", addend, rows * d));
+    }
     let rows_program = Program {
         label: format!("layer_norm_bw rows [{rows}, {d}]"),
         wgsl: wgsl.clone(),
         entry: "rows",
         workgroup_size: wg as u32,
-        bindings: vec![
-            uniform(bytemuck::bytes_of(&params)),
-            binding(1, "x", buf.x, rows * d),
-            binding(2, "weight", buf.weight, d),
-            binding(3, "stats", buf.stats, rows * 2),
-            binding(4, "dy", buf.dy, rows * d),
-            binding(5, "dx", buf.dx, rows * d),
-            partial.clone(),
-        ],
+        bindings: row_bindings,
         grid: Grid::Linear(groups),
         checks: CHECKS,
     };
+    let mut param_bindings =
+        vec![uniform(bytemuck::bytes_of(&params)), partial, binding(7, "dparams", buf.dparams, 2 * d)];
+    if let Some(col_sum) = buf.col_sum {
+        param_bindings.push(binding(9, "colsum", col_sum, d));
+    }
     let params_program = Program {
         label: format!("layer_norm_bw params [{rows}, {d}]"),
         wgsl,
         entry: "params",
         workgroup_size: PWG as u32,
-        bindings: vec![
-            uniform(bytemuck::bytes_of(&params)),
-            partial,
-            binding(7, "dparams", buf.dparams, 2 * d),
-        ],
+        bindings: param_bindings,
         grid: Grid::Fixed([d.div_ceil(PC) as u32, 1, 1]),
         checks: CHECKS,
     };
@@ -249,33 +274,57 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel) -> Result<Vec<Program>> {
             };
             Ok(vec![forward(rows, d, eps, buf)?])
         }
-        KernelKind::LayerNormGradInput { weight_grad } => {
-            let ins = &g.node(out).inputs; // x, stats, weight, dy
+        KernelKind::LayerNormGradInput { weight_grad, add, col_sum } => {
+            // With `add` the kernel writes `out` = the gradient + the add's other input.
+            let (gi, addend) = match add {
+                Some(a) => {
+                    let &[l, r] = g.node(a).inputs.as_slice() else {
+                        return Err(err!(Invariant, "layer_norm_bw adds into a node without two inputs"));
+                    };
+                    // The gradient is the input computed inside this kernel.
+                    let (gi, other) = if k.fused.contains(&l) { (l, r) } else { (r, l) };
+                    (gi, Some(buffer(other)?))
+                }
+                None => (out, None),
+            };
+            let ins = &g.node(gi).inputs; // x, stats, weight, dy
             let dwb = match weight_grad {
                 Some(w) => buffer(w)?,
                 None => Resource::Scratch { slot: 2 },
             };
-            ln_backward(g, [ins[0], ins[1], ins[3]], buffer(ins[2])?, buffer(out)?, dwb, &buffer)
+            let col_sum = col_sum.map(&buffer).transpose()?;
+            let extra = Extra { addend, col_sum };
+            ln_backward(g, [ins[0], ins[1], ins[3]], buffer(ins[2])?, buffer(out)?, dwb, extra, &buffer)
         }
         KernelKind::LayerNormGradWeight => {
             let ins = &g.node(out).inputs; // x, stats, dy
             let d = rows_d(g, ins[0]).1;
             let ones = Resource::Filled { value: 1.0, words: d };
             let dx = Resource::Scratch { slot: 1 };
-            ln_backward(g, [ins[0], ins[1], ins[2]], ones, dx, buffer(out)?, &buffer)
+            ln_backward(g, [ins[0], ins[1], ins[2]], ones, dx, buffer(out)?, Extra::default(), &buffer)
         }
         _ => Err(err!(Invariant, "kernel `{}` is not a layer_norm kernel", k.kind.name())),
     }
 }
 
-/// LayerNorm backward over (x, stats, dy) with `weight`: dx into `dx` and dweight/dbias into the
-/// two rows of `dwb`, the partial sums in scratch slot 0.
+/// What a LayerNorm backward does besides its gradients: a buffer to add to dx, a buffer for the
+/// column sums of dx.
+#[derive(Default)]
+struct Extra {
+    addend: Option<Resource>,
+    col_sum: Option<Resource>,
+}
+
+/// LayerNorm backward over (x, stats, dy) with `weight`: dx (plus the addend, if any) into `dx`
+/// and dweight/dbias into the two rows of `dwb` (and dx's column sums, if asked), the partial
+/// sums in scratch slot 0.
 fn ln_backward(
     g: &Graph,
     [x, stats, dy]: [NodeId; 3],
     weight: Resource,
     dx: Resource,
     dparams: Resource,
+    Extra { addend, col_sum }: Extra,
     buffer: &dyn Fn(NodeId) -> Result<Resource>,
 ) -> Result<Vec<Program>> {
     let (rows, d) = rows_d(g, x);
@@ -289,6 +338,8 @@ fn ln_backward(
         dparams,
         accumulate_dx: false,
         accumulate_params: false,
+        addend,
+        col_sum,
     };
     Ok(backward(rows, d, buf)?.into())
 }

@@ -45,7 +45,17 @@ pub const LAYER_NORM: Template = Template {
 pub const LAYER_NORM_BW: Template = Template {
     file: "layer_norm_bw.wgsl",
     text: include_str!("../../shaders/layer_norm_bw.wgsl"),
-    defaults: &[("WG", "256"), ("NG", "16"), ("CPT", "4")],
+    defaults: &[
+        ("WG", "256"),
+        ("NG", "16"),
+        ("CPT", "4"),
+        ("ADD", ""),
+        ("NP", "2"),
+        ("SUM", ""),
+        ("SUM_STORE", ""),
+        ("SUM_LOAD", "0.0"),
+        ("SUM_WRITE", ""),
+    ],
 };
 
 /// Every template in `shaders/`.

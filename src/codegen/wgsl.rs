@@ -391,7 +391,9 @@ fn checks_of(kind: &KernelKind) -> ShaderChecks {
 }
 
 /// An elementwise kernel (or the generated fallback of a matmul): thread `i` computes output
-/// element `i`.
+/// element `i`. A kernel with several outputs (of one shape, in arena order: `plan::fuse`'s
+/// merged elementwise kernels) computes each into a `let` that the later ones read, then
+/// stores them all (after every load: an output may be written in place of an input).
 fn elementwise(
     g: &Graph,
     w: &mut Wgsl,
@@ -404,6 +406,16 @@ fn elementwise(
     let out_shape = g.shape(out).to_vec();
     let n_out: usize = out_shape.iter().product();
     let (coords_code, coords) = decompose(&out_shape, "i", "c");
+    let mut stores = Vec::new();
+    for (n, &early) in k.outputs[..k.outputs.len() - 1].iter().enumerate() {
+        em.root = Some(early);
+        let value = em.emit(early, &coords);
+        let name = format!("out{n}");
+        em.body.push_str(&format!("    let {name} = {value};\n"));
+        em.computed.push((early, name.clone()));
+        stores.push(format!("{}[i] = {name};", binder.name(early)));
+    }
+    em.root = Some(out);
     let value = match k.kind {
         KernelKind::MatMul { matmul, .. } if matmul == out => em.emit_matmul(out, &coords),
         _ if g.dtype(out) == DType::I32 => em.emit_i32(out, &coords),
@@ -416,6 +428,9 @@ fn elementwise(
     thread_index(w, "i", n_out);
     w.lines(&coords_code);
     w.lines(&em.body);
+    for store in &stores {
+        w.line(store);
+    }
     w.line(&format!("{}[i] = {value};", binder.name(out)));
     w.close();
     ((n_out as u32).div_ceil(WG), WG)

@@ -1,12 +1,12 @@
 //! Causal attention on the CPU: the oracle of the fused GPU kernels, forward and backward side
 //! by side, deliberately boring (each score recomputed from q and k, every sum in a fixed order).
 //!
-//! q, k, v, the output and the gradients are `[B, H, T, Dh]` row-major; the per-row stats and
-//! `delta` are `[B, H, T]`. Scores are `s_ij = q_i·k_j / sqrt(Dh)`, and row `i` sees the keys
+//! q, k, v, the output and the gradients are `[B, H, T, Dh]` row-major; the per-row stats are
+//! `[B, H, T]`. Scores are `s_ij = q_i·k_j / sqrt(Dh)`, and row `i` sees the keys
 //! `j <= i`. The stats are each row's log-sum-exp `L_i = ln Σ_{j<=i} e^(s_ij)`, so the
 //! probabilities are `p_ij = e^(s_ij − L_i)`, which is how every op after the stats uses them
-//! (FlashAttention-2: nothing of size `T x T` is kept). The backward, given `dy` and
-//! `delta_i = Σ_d dy_id·y_id`: `dp_ij = dy_i·v_j`, `ds_ij = p_ij (dp_ij − delta_i)`,
+//! (FlashAttention-2: nothing of size `T x T` is kept). The backward, given `dy` and the output
+//! `y`, with `delta_i = Σ_d dy_id·y_id` (computed per head): `dp_ij = dy_i·v_j`, `ds_ij = p_ij (dp_ij − delta_i)`,
 //! `dq_i = Σ_j ds_ij k_j / sqrt(Dh)`, `dk_j = Σ_i ds_ij q_i / sqrt(Dh)`, `dv_j = Σ_i p_ij dy_i`.
 //!
 //! Heads are independent: large problems split them over threads, which changes no result.
@@ -39,7 +39,8 @@ struct Head<'a, T> {
     /// `[T]`: each row's log-sum-exp (empty while computing it).
     stats: &'a [T],
     dy: &'a [T],
-    delta: &'a [T],
+    /// The output `y` (the backward's `delta` is computed from it and `dy`).
+    y: &'a [T],
 }
 
 /// Per query row of q, k `[B, H, T, Dh]`: the log-sum-exp of its causal scores, `[B, H, T]`.
@@ -80,10 +81,11 @@ pub fn attention_grad_kv<T: Float>(ins: [&[T]; 6], shape: &[usize]) -> Vec<T> {
     let dkv = per_head_backward(d, 2 * per, ins, |h, out| {
         let (dk, dv) = out.split_at_mut(per);
         let scale: T = d.scale();
+        let delta = deltas(&h, d);
         for j in 0..d.t {
-            for i in j..d.t {
+            for (i, &delta_i) in delta.iter().enumerate().skip(j) {
                 let p = prob(&h, d, i, j);
-                let ds = p * (dot(&h.dy[i * d.dh..], &h.v[j * d.dh..], d.dh) - h.delta[i]);
+                let ds = p * (dot(&h.dy[i * d.dh..], &h.v[j * d.dh..], d.dh) - delta_i);
                 for e in 0..d.dh {
                     dk[j * d.dh + e] += ds * scale * h.q[i * d.dh + e];
                     dv[j * d.dh + e] += p * h.dy[i * d.dh + e];
@@ -106,10 +108,11 @@ pub fn attention_grad_q<T: Float>(ins: [&[T]; 6], shape: &[usize]) -> Vec<T> {
     let d = Dims::of(shape);
     per_head_backward(d, d.t * d.dh, ins, |h, dq| {
         let scale: T = d.scale();
+        let delta = deltas(&h, d);
         for i in 0..d.t {
             for j in 0..=i {
                 let p = prob(&h, d, i, j);
-                let ds = p * (dot(&h.dy[i * d.dh..], &h.v[j * d.dh..], d.dh) - h.delta[i]);
+                let ds = p * (dot(&h.dy[i * d.dh..], &h.v[j * d.dh..], d.dh) - delta[i]);
                 for e in 0..d.dh {
                     dq[i * d.dh + e] += ds * scale * h.k[j * d.dh + e];
                 }
@@ -128,6 +131,11 @@ fn prob<T: Float>(h: &Head<T>, d: Dims, i: usize, j: usize) -> T {
     (score(h, d, i, j) - h.stats[i]).exp()
 }
 
+/// FlashAttention-2's `delta_i = Σ_d dy_id·y_id` of each query row of one head.
+fn deltas<T: Float>(h: &Head<T>, d: Dims) -> Vec<T> {
+    (0..d.t).map(|i| dot(&h.dy[i * d.dh..], &h.y[i * d.dh..], d.dh)).collect()
+}
+
 /// `Σ_e a[e]·b[e]` over the first `n` elements, in order.
 fn dot<T: Float>(a: &[T], b: &[T], n: usize) -> T {
     let mut acc = T::zero();
@@ -137,18 +145,18 @@ fn dot<T: Float>(a: &[T], b: &[T], n: usize) -> T {
     acc
 }
 
-/// The backward ops' inputs (q, k, v, stats, dy, delta) split per head.
+/// The backward ops' inputs (q, k, v, stats, dy, y) split per head.
 fn per_head_backward<T: Float>(
     d: Dims,
     out_per_head: usize,
-    [q, k, v, stats, dy, delta]: [&[T]; 6],
+    [q, k, v, stats, dy, y]: [&[T]; 6],
     f: impl Fn(Head<T>, &mut [T]) + Sync,
 ) -> Vec<T> {
-    per_head(d, out_per_head, &[q, k, v, dy], &[stats, delta], f)
+    per_head(d, out_per_head, &[q, k, v, dy, y], &[stats], f)
 }
 
 /// Runs `f` on each head's operands and its `out_per_head` zeroed outputs: `dense` are
-/// `[B, H, T, Dh]` (q, k, v, then dy), `rows` `[B, H, T]` (stats, then delta); missing ones are
+/// `[B, H, T, Dh]` (q, k, v, then dy and y), `rows` `[B, H, T]` (the stats); missing ones are
 /// empty. Heads are split over threads when the problem is large.
 fn per_head<'a, T: Float>(
     d: Dims,
@@ -171,8 +179,8 @@ fn per_head<'a, T: Float>(
             k: part(dense.get(1), per),
             v: part(dense.get(2), per),
             dy: part(dense.get(3), per),
+            y: part(dense.get(4), per),
             stats: part(rows.first(), d.t),
-            delta: part(rows.get(1), d.t),
         }
     };
     let work = d.heads * d.t * d.t * d.dh;

@@ -275,11 +275,9 @@ fn backward(g: &mut Graph, id: NodeId, dy: NodeId) -> Result<Vec<Option<NodeId>>
         }
         Op::AttentionStats => vec![None, None],
         Op::Attention => {
-            // FlashAttention-2: delta = Σ_d dy·y per row; dk, dv in one pass, dq in another.
-            let last = node.shape.len() - 1;
-            let dyy = g.mul(dy, id)?;
-            let delta = g.sum(dyy, &[last], false)?;
-            let ins = [x[0], x[1], x[2], x[3], dy, delta];
+            // FlashAttention-2: dk, dv in one pass, dq in another, each reading the output `y`
+            // for its rows' `delta = Σ_d dy·y` (no reduction of its own).
+            let ins = [x[0], x[1], x[2], x[3], dy, id];
             let dkv = g.add_node(Op::AttentionGradKv, &ins, &[])?;
             let dq = g.add_node(Op::AttentionGradQ, &ins, &[])?;
             let dk = g.slice(dkv, 0, 0, 1)?;

@@ -197,10 +197,11 @@ pub enum Op {
     /// `(q, k, v, stats) -> [B, H, T, Dh]`: causal attention `softmax(q kᵀ / sqrt(Dh)) v`, the
     /// probabilities `e^(s_ij − stats_i)` for `j <= i`.
     Attention,
-    /// `(q, k, v, stats, dy, delta) -> [2, B, H, T, Dh]`: dk (row 0) and dv (row 1) of
-    /// `attention`, with `delta = Σ_d dy·y` per query row (FlashAttention-2's `D`).
+    /// `(q, k, v, stats, dy, y) -> [2, B, H, T, Dh]`: dk (row 0) and dv (row 1) of
+    /// `attention`, whose output is `y`; each query row's `delta = Σ_d dy·y`
+    /// (FlashAttention-2's `D`) is computed inside.
     AttentionGradKv,
-    /// `(q, k, v, stats, dy, delta) -> [B, H, T, Dh]`: dq of `attention`.
+    /// `(q, k, v, stats, dy, y) -> [B, H, T, Dh]`: dq of `attention`.
     AttentionGradQ,
 
     // ---- embedding and losses ----

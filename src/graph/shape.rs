@@ -406,8 +406,8 @@ fn infer_unchecked(
             if ins[3].0 != &q[..3] {
                 return Err(bad("stats must be [B, H, T]"));
             }
-            if ins.len() == 6 && (ins[4].0 != q || ins[5].0 != &q[..3]) {
-                return Err(bad("dy must be shaped like q and delta [B, H, T]"));
+            if ins.len() == 6 && (ins[4].0 != q || ins[5].0 != q) {
+                return Err(bad("dy and y must be shaped like q"));
             }
             let mut out = q.to_vec();
             if *op == Op::AttentionGradKv {

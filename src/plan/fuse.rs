@@ -7,8 +7,12 @@
 //! exactly one consumer and that consumer can evaluate an expression operand: another
 //! elementwise node, a reduction (as its prologue), or a concat (which reads a permuted or
 //! sliced input in place). A matmul whose only use is an elementwise chain runs inside that
-//! chain's kernel, which then computes the chain as the matmul's epilogue. Every other node is
-//! materialized by a kernel of its own kind.
+//! chain's kernel, which then computes the chain as the matmul's epilogue. A LayerNorm's input
+//! gradient whose only use is an `add` with a buffer computed before it stays in registers: its
+//! kernel writes the sum. Every other node is materialized by a kernel of its own kind. Last, an
+//! elementwise kernel whose outputs only one later elementwise kernel reads, at its own
+//! elements, is merged into it: one kernel with several outputs (an optimizer's moments and
+//! parameters).
 //!
 //! A chain of layout ops (`slice`, `permute`, `reshape`) over a materialized value that would
 //! otherwise be copied is a strided view ([`super::view`]) when every kernel that reads it reads
@@ -232,6 +236,53 @@ fn fuse_once(
         }
     }
 
+    // LayerNorm gradients that a materialized `add` of the same shape reads with another buffer
+    // computed before them (a residual connection's gradient): the LayerNorm backward kernel
+    // adds that buffer and writes the sum, the gradient itself stays in registers. Indexed by
+    // the add, the gradient it reads and the weight gradient the kernel computes too (taken
+    // here: it comes before the add, so the kernel loop below would give it a kernel first).
+    let mut ln_add: Vec<Option<(NodeId, Option<NodeId>)>> = vec![None; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            let i = id.index();
+            if live[i] && materialized[i] && matches!(node.op, Op::LayerNormGradInput) && !is_root[i] {
+                if let Some(a) = ln_addend(g, id, &materialized, &view, &consumers, &is_root, &epilogue_of, &live) {
+                    if !apart(id, a) && !apart(id, ln_other(g, a, id)) {
+                        let w = ln_weight_grad(g, id, &consumers, &live)
+                            .filter(|&w| !apart(id, w) && !taken[w.index()] && read_after(w, a, &consumers, &materialized, &alias));
+                        if let Some(w) = w {
+                            taken[w.index()] = true;
+                        }
+                        ln_add[a.index()] = Some((id, w));
+                        materialized[i] = false;
+                    }
+                }
+            }
+        }
+    }
+
+    // Column sums over every axis but the last of what a LayerNorm backward kernel writes (its
+    // grad-input, or the add it writes instead), read directly or through a reshape sharing its
+    // buffer: the kernel computes them with its weight and bias gradients. Indexed by the value
+    // written, the sum.
+    let mut ln_sum: Vec<Option<NodeId>> = vec![None; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            let i = id.index();
+            let writes = match node.op {
+                Op::LayerNormGradInput => materialized[i],
+                _ => ln_add[i].is_some(),
+            };
+            if live[i] && writes {
+                let sum = column_sum(g, id, &live, &alias, &consumers).filter(|&s| !apart(id, s) && !taken[s.index()]);
+                if let Some(s) = sum {
+                    taken[s.index()] = true;
+                    ln_sum[i] = Some(s);
+                }
+            }
+        }
+    }
+
     // The kernel that computes a stats node: its first consumer of the op that reads it
     // (`layer_norm` or `attention`), in one pass writing both. A later consumer (a
     // rematerialized copy in the backward pass) reads the stats the first one wrote.
@@ -275,7 +326,13 @@ fn fuse_once(
                 if let Some(w) = weight_grad {
                     taken[w.index()] = true;
                 }
-                KernelKind::LayerNormGradInput { weight_grad }
+                KernelKind::LayerNormGradInput { weight_grad, add: None, col_sum: ln_sum[i] }
+            }
+            // The sum of a LayerNorm gradient and a buffer: the LayerNorm backward kernel, here,
+            // after both (its weight gradient taken by it as above).
+            Op::Binary(_) if ln_add[i].is_some() => {
+                let weight_grad = ln_add[i].and_then(|(_, w)| w);
+                KernelKind::LayerNormGradInput { weight_grad, add: Some(id), col_sum: ln_sum[i] }
             }
             Op::LayerNormGradWeight => KernelKind::LayerNormGradWeight,
             Op::Embedding => KernelKind::Embedding,
@@ -348,9 +405,11 @@ fn fuse_once(
         let mut inputs = Vec::new();
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
-        if let KernelKind::LayerNormGradInput { weight_grad: Some(w) } = kind {
-            outputs.insert(0, w);
-            fused.push(w);
+        if let KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } = kind {
+            for extra in [weight_grad, col_sum].into_iter().flatten() {
+                outputs.insert(0, extra);
+                fused.push(extra);
+            }
         }
         // The stats a layer_norm or attention kernel computes: an output, not an input (and
         // the operands the stats read are read by the op itself).
@@ -371,6 +430,9 @@ fn fuse_once(
         fused.sort();
         fused.dedup();
         kernels.push(Kernel { kind, outputs, inputs, fused });
+    }
+    if fusion {
+        merge_elementwise(g, &mut kernels, &alias, &consumers, max_bindings, apart);
     }
     // A matmul (and its reshape) taken into an epilogue kernel lives in registers only.
     for (i, node) in g.nodes.iter().enumerate() {
@@ -410,7 +472,7 @@ fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
 /// Whether every reader of layout op `id` can read it as a strided view: a generated kernel
 /// (an elementwise op, a reduction's input, a concat's input; a flat arena's only where the
 /// view lies at its place in the arena, [`arena_views`]) through its index expressions, a matmul through its operands'
-/// strides, an attention kernel through the layouts of q, k, v and the output's gradient.
+/// strides, an attention kernel through the layouts of q, k, v, the output and its gradient.
 fn reads_view(
     g: &Graph,
     id: NodeId,
@@ -430,7 +492,7 @@ fn reads_view(
                 Op::Concat { .. } => !super::arena::is_flat(g, c) || in_place[id.index()],
                 Op::MatMul => true,
                 Op::Attention | Op::AttentionStats => at(&|at| at < 3),
-                Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at < 3 || at == 4),
+                Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at != 3),
                 _ => false,
             };
             reads && !apart(id, c)
@@ -598,6 +660,168 @@ fn epilogue_matmul(
         }
     }
     None
+}
+
+/// The `add` that LayerNorm gradient `gi` can be written into by its own kernel: `gi`'s one
+/// use, materialized and not a matmul's epilogue, adding `gi` to a plain buffer of the same
+/// shape (no view, not `gi`) computed before `gi`, which the LayerNorm backward reads whole
+/// (`codegen::layer_norm`'s addend).
+#[allow(clippy::too_many_arguments)]
+fn ln_addend(
+    g: &Graph,
+    gi: NodeId,
+    materialized: &[bool],
+    view: &[Option<View>],
+    consumers: &[Vec<NodeId>],
+    is_root: &[bool],
+    epilogue_of: &[Option<(NodeId, NodeId)>],
+    live: &[bool],
+) -> Option<NodeId> {
+    let &[a] = consumers[gi.index()].as_slice() else { return None };
+    let node = g.node(a);
+    let add = matches!(node.op, Op::Binary(op) if op == crate::graph::BinaryOp::Add);
+    if !add || !live[a.index()] || !materialized[a.index()] || epilogue_of[a.index()].is_some() {
+        return None;
+    }
+    let r = ln_other(g, a, gi);
+    let plain = materialized[r.index()] && view[r.index()].is_none();
+    let same = g.shape(r) == g.shape(gi) && g.shape(a) == g.shape(gi);
+    let f32s = [r, a].iter().all(|&x| g.dtype(x) == crate::tensor::DType::F32);
+    (plain && same && f32s && r != gi && r.index() < gi.index() && !is_root[gi.index()]).then_some(a)
+}
+
+/// A live `sum` of `x` (or of a reshape of `x` sharing its buffer) over every axis but the last.
+fn column_sum(
+    g: &Graph,
+    x: NodeId,
+    live: &[bool],
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+) -> Option<NodeId> {
+    let reshapes = consumers[x.index()]
+        .iter()
+        .filter(|&&r| matches!(g.node(r).op, Op::Reshape) && alias[r.index()] == Some(x));
+    let reads = std::iter::once(x).chain(reshapes.copied());
+    reads.flat_map(|r| consumers[r.index()].iter().copied()).find(|&s| {
+        let node = g.node(s);
+        let Op::Reduce { op: crate::graph::ReduceOp::Sum, axes, .. } = &node.op else { return false };
+        let xs = g.shape(node.inputs[0]);
+        let over_rows = !xs.is_empty() && axes.len() == xs.len() - 1 && axes.iter().enumerate().all(|(k, &a)| a == k);
+        live[s.index()] && over_rows && xs.last() == g.shape(x).last() && g.dtype(s) == crate::tensor::DType::F32
+    })
+}
+
+/// Elementwise kernels merged into the later elementwise kernel that is the only reader of
+/// their outputs: one kernel computes and writes both (an optimizer's moments and the parameter
+/// update that reads them). Each output of the earlier kernel has the later one's shape and
+/// reaches its output only through plain elementwise ops of that shape, so every thread reads
+/// it at its own element, computed in registers; the merged kernel stays within the binding
+/// limit and never joins nodes a micro-batch run separates.
+fn merge_elementwise(
+    g: &Graph,
+    kernels: &mut Vec<Kernel>,
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+    max_bindings: Option<u32>,
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+) {
+    let owner = |id: NodeId| alias[id.index()].unwrap_or(id).index();
+    let mut a = 0;
+    while a < kernels.len() {
+        let into = merge_target(g, kernels, a, alias, consumers, apart);
+        let Some(b) = into else {
+            a += 1;
+            continue;
+        };
+        let first = kernels[a].clone();
+        let mut merged = kernels[b].clone();
+        let mut outputs = first.outputs.clone();
+        outputs.extend(&merged.outputs);
+        let mut inputs: Vec<NodeId> = first.inputs.iter().chain(&merged.inputs).copied().collect();
+        inputs.retain(|x| !first.outputs.contains(x));
+        dedup_in_order(&mut inputs);
+        merged.inputs = inputs;
+        merged.outputs = outputs;
+        merged.fused.extend(&first.fused);
+        merged.fused.sort();
+        merged.fused.dedup();
+        let fits = max_bindings.is_none_or(|max| storage_bindings(g, &merged, &owner, true) <= max as usize);
+        if !fits {
+            a += 1;
+            continue;
+        }
+        kernels[b] = merged;
+        kernels.remove(a);
+    }
+}
+
+/// The later kernel that elementwise kernel `a` can be merged into ([`merge_elementwise`]).
+fn merge_target(
+    g: &Graph,
+    kernels: &[Kernel],
+    a: usize,
+    alias: &[Option<NodeId>],
+    consumers: &[Vec<NodeId>],
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+) -> Option<usize> {
+    let ka = &kernels[a];
+    if ka.kind != KernelKind::Elementwise {
+        return None;
+    }
+    let first = *ka.outputs.first()?;
+    let b = (a + 1..kernels.len()).find(|&b| kernels[b].inputs.contains(&first))?;
+    let kb = &kernels[b];
+    let out = *kb.outputs.last()?;
+    if kb.kind != KernelKind::Elementwise || g.dtype(out) != crate::tensor::DType::F32 {
+        return None;
+    }
+    let plain = ka.outputs.iter().all(|&x| {
+        alias[x.index()].is_none()
+            && g.shape(x) == g.shape(out)
+            && g.dtype(x) == crate::tensor::DType::F32
+            && consumers[x.index()].iter().all(|c| kb.fused.contains(c))
+    });
+    // Everything in b computed from an output of a: plain elementwise ops at b's shape.
+    let mut from_a: Vec<NodeId> = ka.outputs.clone();
+    let mut aligned = true;
+    for &id in &kb.fused {
+        let node = g.node(id);
+        if node.inputs.iter().any(|x| from_a.contains(x)) {
+            aligned &= node.op.is_pointwise() && node.shape == g.shape(out);
+            from_a.push(id);
+        }
+    }
+    let together = ka.fused.iter().all(|&x| kb.fused.iter().all(|&y| !apart(x, y)));
+    (plain && aligned && together).then_some(b)
+}
+
+/// The input of add `a` that is not `gi`.
+fn ln_other(g: &Graph, a: NodeId, gi: NodeId) -> NodeId {
+    let ins = &g.node(a).inputs;
+    if ins[0] == gi {
+        ins[1]
+    } else {
+        ins[0]
+    }
+}
+
+/// Whether every kernel that reads `w` comes after node `at`: its readers' kernels, through
+/// readers without a kernel of their own (inlined into their consumer's, or views).
+fn read_after(
+    w: NodeId,
+    at: NodeId,
+    consumers: &[Vec<NodeId>],
+    materialized: &[bool],
+    alias: &[Option<NodeId>],
+) -> bool {
+    consumers[w.index()].iter().all(|&c| {
+        let own_kernel = materialized[c.index()] && alias[c.index()].is_none();
+        if own_kernel {
+            c.index() > at.index()
+        } else {
+            read_after(c, at, consumers, materialized, alias)
+        }
+    })
 }
 
 /// The `layer_norm_grad_weight` node computed from the same (x, stats, dy) as `gi`, if live.

@@ -1,8 +1,8 @@
 //! In-place updates: an optimizer's new value written straight into the persistent buffer it
 //! replaces, so the step needs neither a second buffer per parameter and moment nor a copy.
 //!
-//! Update (target T, new value V) is done in place when V is the only output of an elementwise
-//! kernel k that reads T element-for-element (T reaches V's expression only through plain
+//! Update (target T, new value V) is done in place when V is an output of an elementwise kernel
+//! k (which computes every value before it stores any) that reads T element-for-element (T reaches V's expression only through plain
 //! elementwise ops of T's own shape, so each thread reads T exactly where it writes V) and no
 //! kernel after k reads T. V then becomes a view of T's buffer, like a reshape.
 
@@ -19,8 +19,10 @@ pub fn write_updates_in_place(g: &Graph, f: &mut Fusion, updates: &[(NodeId, Nod
     let mut producer = HashMap::new();
     let mut last_reader = vec![None; g.n_nodes()];
     for (k, kernel) in f.kernels.iter().enumerate() {
-        if let [out] = kernel.outputs[..] {
-            producer.entry(out).or_insert(k);
+        if kernel.kind == KernelKind::Elementwise || kernel.outputs.len() == 1 {
+            for &out in &kernel.outputs {
+                producer.entry(out).or_insert(k);
+            }
         }
         for &i in &kernel.inputs {
             last_reader[owner(f, i).index()] = Some(k);

@@ -29,9 +29,15 @@ pub enum KernelKind {
     /// Stats only (when the normalized output is not needed in this plan).
     LayerNormStats,
     /// `layer_norm_grad_input`; with `weight_grad` it also computes that
-    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes.
+    /// `layer_norm_grad_weight` node (same x, stats, dy) in the same passes. With `add` its
+    /// value stays in registers and the kernel writes that `add` node instead: the gradient
+    /// plus a buffer of its shape (a residual connection's gradient joining the LayerNorm's).
+    /// With `col_sum` it also computes that `sum` of what it writes over every axis but the
+    /// last (the gradient of a bias added before: a linear layer's in a residual block).
     LayerNormGradInput {
         weight_grad: Option<NodeId>,
+        add: Option<NodeId>,
+        col_sum: Option<NodeId>,
     },
     LayerNormGradWeight,
     /// `attention`; with `with_stats` it also computes the `attention_stats` node it reads (one

@@ -99,9 +99,10 @@ pub fn guarded(g: &Graph, plan: &Plan, k: &Kernel) -> bool {
 /// reads or writes (values in one buffer count once):
 /// - the matmul template binds its operands and result (3), then each buffer its epilogue reads;
 /// - LayerNorm forward binds x, weight, bias, y and stats (5), its backward x, weight, stats,
-///   dy, dx, the partial sums and dweight/dbias (7), whatever the kernel's own values are;
-/// - attention binds q, k, v, stats and the output (5) forward, q, k, v, stats, dy, delta and
-///   the gradient (7) backward;
+///   dy, dx, the partial sums and dweight/dbias (7), and the addend when it adds one (8),
+///   whatever the kernel's own values are;
+/// - attention binds q, k, v, stats and the output (5) forward, q, k, v, stats, dy, the output
+///   and the gradient (7) backward;
 /// - a generated kernel binds each of its buffers once, plus the status buffer when it checks
 ///   its data ([`checks_data`]) or commits an update that a failed check must hold back
 ///   (`guarded`), plus the scratch its dispatches share: a two-stage reduction's first stage
@@ -129,6 +130,7 @@ pub fn storage_bindings(
             3 + distinct(epilogue)
         }
         KernelKind::LayerNorm { .. } | KernelKind::LayerNormStats => 5,
+        KernelKind::LayerNormGradInput { add: Some(_), .. } => 8,
         KernelKind::LayerNormGradInput { .. } | KernelKind::LayerNormGradWeight => 7,
         KernelKind::Attention { .. } | KernelKind::AttentionStats => 5,
         KernelKind::AttentionGradKv | KernelKind::AttentionGradQ => 7,

@@ -21,7 +21,7 @@ use super::alloc::Lifetime;
 pub const ALIGN_BYTES: u64 = 256;
 
 /// The most groups [`place`] tries.
-pub const MOST_GROUPS: usize = 8;
+pub const MOST_GROUPS: usize = 12;
 
 /// A value to place.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +47,10 @@ pub struct Layout {
 /// ([`groups`]), each group in heaps of its own; of the splits into 1 to [`MOST_GROUPS`] groups
 /// (or more where the constraints need them), the one with the fewest bytes in all is kept.
 /// (Measured on the GPT benchmarks: more groups balanced over time leave less of each heap
-/// unused; gpt-medium's heaps come to its live peak with 8.)
+/// unused; gpt-medium's heaps came to its live peak with 8. Its training graph with clipping,
+/// the test `heaps_come_close_to_the_live_peak`, needed more once the attention backward
+/// lost its `delta` values: 2.7% over the peak with at most 8 groups, 1.7% with at most 12
+/// (the best split: 10 heaps).)
 pub fn place(items: &[Item], apart: &[Vec<usize>], cap: u64) -> Layout {
     let total = |l: &Layout| l.heaps.iter().sum::<u64>();
     // Largest first; ties by first use, then index, so the layout is deterministic.

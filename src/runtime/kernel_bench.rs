@@ -144,7 +144,7 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
         gpu.storage("bench dx", n)?,
         gpu.storage("bench stats", rows * 2)?,
         gpu.storage("bench dparams", 2 * d)?,
-        gpu.storage("bench scratch", layer_norm::scratch_len(rows, d))?,
+        gpu.storage("bench scratch", layer_norm::scratch_len(rows, d, 2))?,
     ];
     let [x, dy, w, b, y, dx, stats, dwb, scratch] =
         [0, 1, 2, 3, 4, 5, 6, 7, 8].map(Resource::Buffer);
@@ -167,6 +167,8 @@ pub fn bench_layer_norm(gpu: &Gpu, rows: usize, d: usize, iters: u32) -> Result<
             dparams: dwb,
             accumulate_dx: false,
             accumulate_params: false,
+            addend: None,
+            col_sum: None,
         },
     )?;
     let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();

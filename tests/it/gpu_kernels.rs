@@ -551,17 +551,18 @@ fn check_layer_norm(rows: usize, d: usize) {
         nan("stats", rows * 2),
         nan("dx", n),
         nan("dparams", 2 * d),
-        nan("scratch", layer_norm::scratch_len(rows, d)),
+        nan("scratch", layer_norm::scratch_len(rows, d, 3)),
+        nan("colsum", d),
     ];
     let bound: Vec<&wgpu::Buffer> = buffers.iter().collect();
-    let [.., yb, stats, dxb, dparams, _] = &buffers;
-    let [x_, w_, b_, dy_, y_, stats_, dx_, dparams_, scratch_] =
-        [0, 1, 2, 3, 4, 5, 6, 7, 8].map(Resource::Buffer);
+    let [.., yb, stats, dxb, dparams, _, colsum] = &buffers;
+    let [x_, w_, b_, dy_, y_, stats_, dx_, dparams_, scratch_, colsum_] =
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9].map(Resource::Buffer);
     let fwd_bufs =
         Forward { x: x_.clone(), weight: w_.clone(), bias: b_, y: y_, stats: stats_.clone() };
     let fwd = layer_norm::forward(rows, d, EPS as f32, fwd_bufs).unwrap();
     let fwd = prepare(gpu, &fwd, &bound, &[]).unwrap();
-    let bwd = |acc| {
+    let bwd = |acc, addend: Option<Resource>, col_sum: Option<Resource>| {
         let buf = Backward {
             x: x_.clone(),
             weight: w_.clone(),
@@ -572,10 +573,12 @@ fn check_layer_norm(rows: usize, d: usize) {
             dparams: dparams_.clone(),
             accumulate_dx: acc,
             accumulate_params: acc,
+            addend,
+            col_sum,
         };
         layer_norm::backward(rows, d, buf).unwrap().map(|p| prepare(gpu, &p, &bound, &[]).unwrap())
     };
-    let [r1, p1] = bwd(false);
+    let [r1, p1] = bwd(false, None, None);
     gpu.run(&[&fwd, &r1, &p1]).unwrap();
 
     let (y_ref, stats_ref) = ln_ref(&x, &w, &b, rows, d);
@@ -599,7 +602,7 @@ fn check_layer_norm(rows: usize, d: usize) {
     assert_close(&format!("{name} dbias"), &dp[d..], &db_ref, tol_cols);
 
     // Accumulating into the same gradients doubles them.
-    let [r2, p2] = bwd(true);
+    let [r2, p2] = bwd(true, None, None);
     gpu.run(&[&r2, &p2]).unwrap();
     let twice = |v: &[f64]| v.iter().map(|x| 2.0 * x).collect::<Vec<f64>>();
     assert_close(&format!("{name} dx accumulated"), &read(dxb), &twice(&dx_ref), 2.0 * tol);
@@ -607,6 +610,18 @@ fn check_layer_norm(rows: usize, d: usize) {
     let dp = read(dparams);
     assert_close(&format!("{name} dweight accumulated"), &dp[..d], &dw2, 2.0 * tol_cols);
     assert_close(&format!("{name} dbias accumulated"), &dp[d..], &db2, 2.0 * tol_cols);
+
+    // With an addend (x here, as a residual connection's gradient): dx is the gradient plus it;
+    // with the column sums, those of that dx too (a bias gradient), the others unchanged.
+    let [r3, p3] = bwd(false, Some(x_.clone()), Some(colsum_.clone()));
+    gpu.run(&[&r3, &p3]).unwrap();
+    let plus_x: Vec<f64> = dx_ref.iter().zip(&x).map(|(g, &x)| g + f64::from(x)).collect();
+    assert_close(&format!("{name} dx plus addend"), &read(dxb), &plus_x, tol);
+    let sums: Vec<f64> = (0..d).map(|j| (0..rows).map(|r| plus_x[r * d + j]).sum()).collect();
+    assert_close(&format!("{name} column sums of dx"), &read(colsum), &sums, tol_cols);
+    let dp = read(dparams);
+    assert_close(&format!("{name} dweight with sums"), &dp[..d], &dw_ref, tol_cols);
+    assert_close(&format!("{name} dbias with sums"), &dp[d..], &db_ref, tol_cols);
 }
 
 #[test]

@@ -46,6 +46,50 @@ fn gpt_step_fuses_and_reuses() {
     assert!(no_reuse.planned_bytes() > fused.planned_bytes());
 }
 
+/// A pre-LN block's residual gradient joins its LayerNorm's gradient in the LayerNorm backward
+/// kernel (both LayerNorms of each layer; not the final one, which has no residual), which also
+/// sums it over the rows for the bias before it, and the
+/// attention backward needs no reduction before it: no kernel but the two backward kernels
+/// reads the attention output in the backward pass besides the head-merging view.
+#[test]
+fn layer_norm_backward_adds_residuals_and_sums_biases_and_attention_needs_no_reduction() {
+    let t = gpt_step(2);
+    let p = train_plan(&t, true, true);
+    let adds = (p.kernels.iter())
+        .filter(|k| matches!(k.kind, KernelKind::LayerNormGradInput { add: Some(_), .. }))
+        .count();
+    assert_eq!(adds, 4);
+    // The column sums of what they write are the biases' gradients of the attention's output
+    // projection and of the MLP's second layer: 2 a layer.
+    let sums = (p.kernels.iter())
+        .filter(|k| matches!(k.kind, KernelKind::LayerNormGradInput { col_sum: Some(_), .. }))
+        .count();
+    assert_eq!(sums, 4);
+    let attention =
+        |id: &rumus::graph::NodeId| matches!(t.graph.node(*id).op, rumus::graph::Op::Attention);
+    for k in p.kernels.iter().filter(|k| k.kind == KernelKind::Reduce) {
+        assert!(!k.inputs.iter().any(attention), "a reduction reads the attention output: {k:?}");
+    }
+    verify(&t.graph, &p, None).unwrap();
+}
+
+/// The op case the GPU is checked on against the CPU (`layer_norm residual`) plans the same
+/// kernel: its LayerNorm backward adds the residual's gradient and sums the bias's.
+#[test]
+fn the_layer_norm_residual_case_takes_the_add_and_the_bias_sum() {
+    let cases = crate::common::cases();
+    let c = cases.iter().find(|c| c.name == "layer_norm residual").unwrap();
+    let b = crate::common::build(c).unwrap();
+    let mut roots = vec![b.out];
+    roots.extend(b.grads.iter().map(|&(_, d)| d));
+    let opts = PlanOptions { fusion: true, reuse: true, limits: None };
+    let p = plan(&b.g, &roots, true, opts).unwrap();
+    let fused = |k: &rumus::plan::Kernel| {
+        matches!(k.kind, KernelKind::LayerNormGradInput { add: Some(_), col_sum: Some(_), .. })
+    };
+    assert_eq!(p.kernels.iter().filter(|k| fused(k)).count(), 1, "{:#?}", p.kernels);
+}
+
 #[test]
 fn each_op_runs_in_exactly_one_kernel() {
     let t = gpt_step(1);
@@ -274,8 +318,10 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("// kernel ")).collect();
-    // (The output layer's transposed weight is read in place by the input gradient's product.)
-    assert_eq!(headers.len(), 14, "{headers:?}");
+    // (The output layer's transposed weight is read in place by the input gradient's product,
+    // and Adam's moments and the parameters are updated by one kernel, the last.)
+    assert_eq!(headers.len(), 12, "{headers:?}");
+    assert!(headers[11].contains("square mul mul add div sqrt"), "{headers:?}");
     assert_eq!(headers[0], "// kernel 0: matmul (matmul add relu)");
     assert_eq!(headers[2], "// kernel 2: cross_entropy (cross_entropy)");
     // The products run without the runtime's bounds checks: kernel 0's epilogue clamps its
@@ -296,7 +342,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
         }
     }
     // One dispatch per kernel, two for cross-entropy (rows, then their sum).
-    assert_eq!(modules.len(), 15, "one dispatch per kernel of this plan, two for cross-entropy");
+    assert_eq!(modules.len(), 13, "one dispatch per kernel of this plan, two for cross-entropy");
     for m in &modules {
         let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
@@ -314,7 +360,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(text.contains(&one), "kernel 2 alone is printed as in the whole listing");
 
     for (args, message) in [
-        (&["--wgsl", "14"][..], "there is no kernel 14: the plan has 14 kernels, numbered from 0"),
+        (&["--wgsl", "12"][..], "there is no kernel 12: the plan has 12 kernels, numbered from 0"),
         (
             &["--wgsl", "99999999999999999999999"],
             "--wgsl: there is no kernel 99999999999999999999999",
@@ -462,11 +508,16 @@ fn parameters_gradients_and_moments_live_in_one_buffer_each() {
         let buffer = |id| p.value_of(id).map_or(usize::MAX, |v| v.buffer);
         let most = p.kernels.iter().map(|k| storage_bindings(g, k, &buffer, false)).max();
         assert!(most.unwrap() <= 8, "{layers} layers: a kernel binds {most:?} buffers");
-        // After the backward pass: the gradients' padding, the norm, the clipping scale, m, v
-        // and the parameters.
+        // After the backward pass: the gradients' padding, the norm, the clipping scale, and
+        // one kernel updating m, v and the parameters, each in place.
         let last_concat =
             p.kernels.iter().rposition(|k| matches!(k.kind, KernelKind::Concat { .. }));
-        assert_eq!(p.kernels.len() - last_concat.unwrap(), 6, "{layers} layers");
+        assert_eq!(p.kernels.len() - last_concat.unwrap(), 4, "{layers} layers");
+        let update = p.kernels.last().unwrap();
+        assert_eq!(update.outputs.len(), 3, "{layers} layers: {update:?}");
+        for u in update.outputs.iter().filter_map(|&o| g.updates.iter().find(|u| u.value == o)) {
+            assert_eq!(root(u.value), root(u.target), "{layers} layers: an update not in place");
+        }
     }
 }
 

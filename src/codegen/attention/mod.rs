@@ -9,8 +9,8 @@
 //! - `attention_bw_q`: dQ per block of query rows, looping over its key blocks. Each output
 //!   element is written by one workgroup: no float atomics.
 //!
-//! `delta = Σ_d dy·y` (FlashAttention-2's `D`) is an ordinary reduction of the graph, planned
-//! before the two backward kernels.
+//! `delta = Σ_d dy·y` (FlashAttention-2's `D`) is computed by each backward kernel for its
+//! query rows from the output and its gradient, so the backward is two dispatches.
 //!
 //! This module owns the problem ([`Shape`], the [`Strided`] layout of each tensor in its
 //! buffer), the choice of blocks that fit the device ([`configure`]) and the programs; the
@@ -170,8 +170,6 @@ pub enum Tensor {
     DKV,
     /// Per-row log-sum-exp `[b, h, t]`.
     Lse,
-    /// Per-row `Σ_d dO·O` `[b, h, t]`.
-    Delta,
 }
 
 impl Tensor {
@@ -185,12 +183,11 @@ impl Tensor {
             Tensor::DQ => "dq",
             Tensor::DKV => "dkv",
             Tensor::Lse => "lse",
-            Tensor::Delta => "delta",
         }
     }
 }
 
-/// The layouts of the `[b, h, t, dh]` tensors (the stats and delta are contiguous `[b, h, t]`).
+/// The layouts of the `[b, h, t, dh]` tensors (the stats are contiguous `[b, h, t]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Layouts {
     pub q: Strided,
@@ -284,7 +281,7 @@ fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> Pro
     let b = cfg.blocks(pass);
     let l = &cfg.layouts;
     let words = |t: Tensor| match t {
-        Tensor::Lse | Tensor::Delta => s.rows(),
+        Tensor::Lse => s.rows(),
         Tensor::Q => l.q.words(s),
         Tensor::K => l.k.words(s),
         Tensor::V => l.v.words(s),
@@ -345,11 +342,12 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
     if shape.rows() == 0 {
         return Ok(Vec::new()); // no query row: nothing to compute
     }
-    // q, k, v and the output's gradient may be strided views of a larger value (the heads of
-    // one projection, a gradient split into heads).
+    // q, k, v, the output's gradient and (read by the backward) the output may be strided
+    // views of a larger value (the heads of one projection, a gradient split into heads) or
+    // stored in another order.
     let mut layouts = Layouts::contiguous(&shape);
-    let viewed = [&mut layouts.q, &mut layouts.k, &mut layouts.v, &mut layouts.d_o];
-    for (at, layout) in [0, 1, 2, 4].into_iter().zip(viewed) {
+    let viewed = [&mut layouts.q, &mut layouts.k, &mut layouts.v, &mut layouts.d_o, &mut layouts.o];
+    for (at, layout) in [0, 1, 2, 4, 5].into_iter().zip(viewed) {
         if let Some(v) = node.inputs.get(at).and_then(|x| plan.view[x.index()].as_ref()) {
             *layout = Strided::of_view(v)?;
         }
@@ -372,7 +370,7 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
         KernelKind::Attention { with_stats: false } => (buffer(out)?, Resource::Scratch { slot: 0 }),
         KernelKind::AttentionStats => (Resource::Scratch { slot: 0 }, buffer(out)?),
         KernelKind::AttentionGradKv | KernelKind::AttentionGradQ => {
-            let (lse, d_o, delta, grad) = (input(3)?, input(4)?, input(5)?, buffer(out)?);
+            let (lse, d_o, o, grad) = (input(3)?, input(4)?, input(5)?, buffer(out)?);
             let pass = if k.kind == KernelKind::AttentionGradKv {
                 Pass::BackwardKv
             } else {
@@ -384,7 +382,7 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<
                 Tensor::V => v.clone(),
                 Tensor::Lse => lse.clone(),
                 Tensor::DO => d_o.clone(),
-                Tensor::Delta => delta.clone(),
+                Tensor::O => o.clone(),
                 _ => grad.clone(),
             };
             return Ok(vec![program(&cfg, pass, &resource)]);

@@ -25,7 +25,14 @@
 //!   block stage K and V, `P = e^(scale·Q Kᵀ − L)`, `dS = P ∘ (dO Vᵀ − delta)` written over
 //!   V's block, then `dQ += dS K`.
 //! - dK/dV (per key block): stage K and V once; per query block at or below the diagonal stage
-//!   Q, dO, L and delta, form `Pᵀ` and `dSᵀ` (rows: keys), then `dV += Pᵀ dO`, `dK += dSᵀ Q`.
+//!   Q, dO and L, compute the rows' delta, form `Pᵀ` and `dSᵀ` (rows: keys), then
+//!   `dV += Pᵀ dO`, `dK += dSᵀ Q`.
+//!
+//! Both backward kernels compute FlashAttention-2's `delta_i = Σ_d dO_id·O_id` of their query
+//! rows themselves (no reduction kernel before them): each thread takes the vec4s of O it
+//! would stage (loaded with the block's other rows), multiplies them by the staged dO's, and
+//! writes the products' sums into `dp`; the threads of a row then add its `DG` partials in
+//! order.
 //!
 //! Each loop over blocks loads the next block's rows into registers (`pf_*`) while the current
 //! one is computed, and stores them to workgroup memory at the top of the next iteration. q, k,
@@ -92,7 +99,13 @@ fn arrays(b: &Blocks, pass: Pass, dp: u32, sp: &Split) -> Vec<(&'static str, u32
             ("vs", other, 16),
             ("red", r * sp.x, 4),
         ],
-        Pass::BackwardQ => vec![("qs", own, 16), ("dos", own, 16), ("ks", other, 16), ("vds", other.max(p), 16)],
+        Pass::BackwardQ => vec![
+            ("qs", own, 16),
+            ("dos", own, 16),
+            ("ks", other, 16),
+            ("vds", other.max(p), 16),
+            ("dp", r * dp / 4, 4),
+        ],
         Pass::BackwardKv => vec![
             ("ks", own, 16),
             ("vs", own, 16),
@@ -102,6 +115,7 @@ fn arrays(b: &Blocks, pass: Pass, dp: u32, sp: &Split) -> Vec<(&'static str, u32
             ("dss", p, 16),
             ("rl", c, 4),
             ("rd", c, 4),
+            ("dp", c * dp / 4, 4),
         ],
     }
 }
@@ -111,8 +125,8 @@ fn bindings(pass: Pass) -> Vec<(Tensor, bool)> {
     use Tensor::*;
     let (read, write): (&[Tensor], &[Tensor]) = match pass {
         Pass::Forward => (&[Q, K, V], &[O, Lse]),
-        Pass::BackwardKv => (&[Q, K, V, Lse, DO, Delta], &[DKV]),
-        Pass::BackwardQ => (&[Q, K, V, Lse, DO, Delta], &[DQ]),
+        Pass::BackwardKv => (&[Q, K, V, Lse, DO, O], &[DKV]),
+        Pass::BackwardQ => (&[Q, K, V, Lse, DO, O], &[DQ]),
     };
     let r = read.iter().map(|&t| (t, false));
     r.chain(write.iter().map(|&t| (t, true))).collect()
@@ -244,7 +258,7 @@ impl<'a> Gen<'a> {
     }
 
     /// Constants, bindings, and `fn at_{name}(bh, i, d) -> u32` (the element index) for each
-    /// bound `[b, h, t, dh]` tensor (two for dK/dV), `fn row_at(bh, i)` for the stats and delta.
+    /// bound `[b, h, t, dh]` tensor (two for dK/dV), `fn row_at(bh, i)` for the stats.
     fn header(&self, w: &mut Wgsl, bindings: &[(Tensor, bool)]) {
         let s = &self.cfg.shape;
         let consts = [
@@ -284,7 +298,7 @@ impl<'a> Gen<'a> {
                 Tensor::DO => &[("d_o", l.d_o)],
                 Tensor::DQ => &[("dq", l.dq)],
                 Tensor::DKV => &[("dk", l.dk), ("dv", l.dv)],
-                Tensor::Lse | Tensor::Delta => &[],
+                Tensor::Lse => &[],
             };
             for (name, l) in layouts {
                 w.open(&format!("fn at_{name}(bh: u32, i: u32, d: u32) -> u32"));
@@ -301,9 +315,9 @@ impl<'a> Gen<'a> {
         w.blank();
     }
 
-    /// Whether operand `x` (q, k, v or d_o) is read as vec4s: Dh, its offset and its strides
-    /// multiples of 4, so every group of 4 elements of a row is one aligned vec4 (and the
-    /// buffer, holding the last row's end, holds its last vec4).
+    /// Whether operand `x` (q, k, v, d_o, or o where the backward reads it) is read as vec4s:
+    /// Dh, its offset and its strides multiples of 4, so every group of 4 elements of a row is
+    /// one aligned vec4 (and the buffer, holding the last row's end, holds its last vec4).
     fn vec4_rows(&self, x: &str) -> bool {
         let l = &self.cfg.layouts;
         let layout = match x {
@@ -311,6 +325,7 @@ impl<'a> Gen<'a> {
             "k" => l.k,
             "v" => l.v,
             "d_o" => l.d_o,
+            "o" if self.pass != Pass::Forward => l.o,
             _ => return false,
         };
         self.cfg.shape.dh.is_multiple_of(4) && [layout.offset, layout.sb, layout.sh, layout.st].iter().all(|n| n.is_multiple_of(4))
@@ -390,23 +405,40 @@ impl<'a> Gen<'a> {
         w.close();
     }
 
-    /// The log-sum-exp and delta of query rows `row0 + t + k·NT` into `pl{k}` and `pd{k}` (0
-    /// past T).
+    /// The log-sum-exp of query rows `row0 + t + k·NT` into `pl{k}` (0 past T).
     fn load_stats(&self, w: &mut Wgsl, row0: &str, declare: bool) {
         for k in 0..self.b.br.div_ceil(self.b.threads) {
             if declare {
                 w.line(&format!("var pl{k} = 0.0;"));
-                w.line(&format!("var pd{k} = 0.0;"));
             } else {
                 w.line(&format!("pl{k} = 0.0;"));
-                w.line(&format!("pd{k} = 0.0;"));
             }
             let i = format!("{row0} + t + {}u", k * self.b.threads);
-            w.block(
-                &format!("if t + {}u < BR && {i} < T", k * self.b.threads),
-                &[&format!("pl{k} = lse[row_at(bh, {i})];"), &format!("pd{k} = delta[row_at(bh, {i})];")],
-            );
+            w.block(&format!("if t + {}u < BR && {i} < T", k * self.b.threads), &[&format!("pl{k} = lse[row_at(bh, {i})];")]);
         }
+    }
+
+    /// The partial products of delta over `rows` staged query rows: `dp[e] = dos[e]·pf_os{k}`
+    /// for this thread's vec4s `e = t + k·NT` (those [`Gen::load`] of O into `os` gave it;
+    /// zero past T and past DH), then a barrier. Row `r`'s delta is `Σ_g dp[r·DG + g]`.
+    fn delta_partials(&self, w: &mut Wgsl, rows: u32) {
+        let n = rows * self.dp / 4;
+        for k in 0..n.div_ceil(self.b.threads) {
+            let e = format!("(t + {}u)", k * self.b.threads);
+            let product = format!("dp[{e}] = dot(dos[{e} / DG * DV + {e} % DG], pf_os{k});");
+            if (k + 1) * self.b.threads <= n {
+                w.line(&product);
+            } else {
+                w.block(&format!("if {e} < {n}u"), &[&product]);
+            }
+        }
+        w.line("workgroupBarrier();");
+    }
+
+    /// `Σ_g dp[{row}·DG + g]`, in order.
+    fn delta_sum(&self, w: &mut Wgsl, var: &str, row: &str) {
+        w.line(&format!("var {var} = 0.0;"));
+        w.block("for (var g = 0u; g < DG; g++)", &[&format!("{var} += dp[{row} * DG + g];")]);
     }
 
     /// This thread's score tiles `{acc}{a}_{b} = Σ_d A[r, d]·B[c, d]` for each `(acc, A, B)` of
@@ -590,22 +622,21 @@ impl<'a> Gen<'a> {
         w.line("let row0 = blk * BR;");
         self.stage(w, "qs", "q", "row0", self.b.br);
         self.stage(w, "dos", "d_o", "row0", self.b.br);
+        self.load(w, "os", "o", "row0", self.b.br, true);
         for a in 0..s.a {
             let r = s.row(a);
             w.line(&format!("var rl{a} = 0.0;"));
-            w.line(&format!("var rd{a} = 0.0;"));
-            w.block(
-                &format!("if row0 + {r} < T"),
-                &[
-                    &format!("rl{a} = lse[row_at(bh, row0 + {r})];"),
-                    &format!("rd{a} = delta[row_at(bh, row0 + {r})];"),
-                ],
-            );
+            w.block(&format!("if row0 + {r} < T"), &[&format!("rl{a} = lse[row_at(bh, row0 + {r})];")]);
         }
         self.zero_acc(w, &["gq"]);
         self.key_blocks(w);
         self.load(w, "ks", "k", "0u", self.b.bc, true);
         self.load(w, "vds", "v", "0u", self.b.bc, true);
+        w.line("workgroupBarrier();");
+        self.delta_partials(w, self.b.br);
+        for a in 0..s.a {
+            self.delta_sum(w, &format!("rd{a}"), &s.row(a));
+        }
         w.open("for (var jb = 0u; jb < nb; jb++)");
         w.line("let col0 = jb * BC;");
         w.line("workgroupBarrier();");
@@ -637,6 +668,7 @@ impl<'a> Gen<'a> {
         w.line("let nib = (T + BR - 1u) / BR;");
         self.load(w, "qs", "q", "ib0 * BR", self.b.br, true);
         self.load(w, "dos", "d_o", "ib0 * BR", self.b.br, true);
+        self.load(w, "os", "o", "ib0 * BR", self.b.br, true);
         self.load_stats(w, "ib0 * BR", true);
         w.open("for (var ib = ib0; ib < nib; ib++)");
         w.line("let row0 = ib * BR;");
@@ -645,16 +677,27 @@ impl<'a> Gen<'a> {
         self.store(w, "dos", self.b.br);
         for k in 0..self.b.br.div_ceil(self.b.threads) {
             let r = format!("(t + {}u)", k * self.b.threads);
-            w.block(&format!("if {r} < BR"), &[&format!("rl[{r}] = pl{k};"), &format!("rd[{r}] = pd{k};")]);
+            w.block(&format!("if {r} < BR"), &[&format!("rl[{r}] = pl{k};")]);
         }
         w.line("workgroupBarrier();");
+        self.delta_partials(w, self.b.br);
+        for k in 0..self.b.br.div_ceil(self.b.threads) {
+            let r = format!("(t + {}u)", k * self.b.threads);
+            w.open(&format!("if {r} < BR"));
+            self.delta_sum(w, &format!("sd{k}"), &r);
+            w.line(&format!("rd[{r}] = sd{k};"));
+            w.close();
+        }
         w.open("if ib + 1u < nib");
         self.load(w, "qs", "q", "row0 + BR", self.b.br, false);
         self.load(w, "dos", "d_o", "row0 + BR", self.b.br, false);
+        self.load(w, "os", "o", "row0 + BR", self.b.br, false);
         self.load_stats(w, "row0 + BR", false);
         w.close();
         w.line("// Transposed scores: rows are this block's keys, columns the query rows.");
         self.scores(w, &[("s", "ks", "qs"), ("g", "vs", "dos")]);
+        w.line("// Every row's delta is in rd.");
+        w.line("workgroupBarrier();");
         for b in 0..s.b {
             let c = s.col(b);
             w.line(&format!("let cl{b} = rl[{c}];"));

@@ -214,6 +214,20 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("layer_norm 3d", &[(&[2, 2, 4], Any), (&[4], Any), (&[4], Any)], |g, x| {
         g.layer_norm(x[0], x[1], x[2], 1e-5)
     }));
+    // A pre-LN residual block over a linear layer's output h: h's gradient is the residual's
+    // plus the LayerNorm's, which the LayerNorm backward kernel adds itself, and the bias
+    // gradient is its column sum, which that kernel also computes.
+    cs.push(case(
+        "layer_norm residual",
+        &[(&[3, 4], Any), (&[4, 5], Any), (&[5], Any), (&[5], Any), (&[5], Any), (&[5, 5], Any)],
+        |g, x| {
+            let h = g.matmul(x[0], x[1])?;
+            let h = g.add(h, x[2])?;
+            let y = g.layer_norm(h, x[3], x[4], 1e-5)?;
+            let z = g.matmul(y, x[5])?;
+            g.add(h, z)
+        },
+    ));
     cs.push(case("embedding repeated", &[(&[5, 3], Any), (&[2, 4], Index(5))], |g, x| {
         g.embedding(x[0], x[1])
     }));
@@ -255,7 +269,7 @@ pub fn attention_cases() -> Vec<Case> {
         &[(s, Any), (s, Any), (s, Any), (&[8, 3], Any)],
         |g, x| {
             // As `causal_self_attention` merges the heads for its projection: the gradient split
-            // back into heads is a view the attention kernels and delta's reduction read in place.
+            // back into heads is a view the attention backward kernels read in place.
             let y = g.attention(x[0], x[1], x[2])?;
             let y = g.permute(y, &[0, 2, 1, 3])?;
             let y = g.reshape(y, &[2, 7, 8])?;
