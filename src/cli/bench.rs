@@ -539,12 +539,6 @@ pub fn bench_kernels(
     let options =
         MatmulOptions { precision: gpu.matmul_precision(precision), ..MatmulOptions::from_env()? };
     let mode = bench_matmul_mode(gpu, n, 20, options)?;
-    if std::env::var("RUMUS_BENCH_MODE_ONLY").is_ok() {
-        return Ok(format!(
-            "{}\n",
-            json!({"k": std::env::var("RUMUS_BENCH_K").ok(), "kernel": mode.tile, "tflops": mode.tflops, "product_tflops": mode.product_tflops, "error_median": mode.error_median, "error_max": mode.error_max})
-        ));
-    }
     let mut tiles = serde_json::Map::new();
     for (name, tile) in [
         ("simt", MatmulTile::Simt),

@@ -102,13 +102,6 @@ const PAD: u32 = 8;
 /// like the hi parts, not subnormal for elements far below the operand's max-abs.
 pub const LO_SHIFT: u32 = 11;
 
-/// `high`'s promotion interval in 16-deep steps (experiment: `RUMUS_COOP_HIGH_P`): 1, each
-/// step's hi·hi from zero; `p > 1` (a multiple of the slice's steps), hi·hi into `acch` for
-/// `p` steps, then added to `acc` on the SIMT cores; 0, hi·hi into `acc` on the tensor cores.
-fn promotion() -> u32 {
-    std::env::var("RUMUS_COOP_HIGH_P").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
-}
-
 impl CoopTile {
     /// Parse `BMxBNxBK` followed by `wWMxWN` (e.g. `128x128x64w2x4`, spaces allowed), optionally
     /// `s2` for two stages: the form `RUMUS_MATMUL_COOP_TILE` takes.
@@ -286,7 +279,6 @@ struct Gen<'a> {
     stage_b: u32,
     /// Zero the range words before the K loop ([`RESET_FIRST_MAX_K`]), else after it.
     reset_first: bool,
-    promo: u32,
 }
 
 impl<'a> Gen<'a> {
@@ -311,16 +303,6 @@ impl<'a> Gen<'a> {
             sa,
             sb,
             reset_first,
-            promo: promotion(),
-        }
-    }
-
-    /// Slices between promotions of `acch` (0: no `acch`).
-    fn promo_slices(&self) -> u32 {
-        if self.high && self.promo > 1 {
-            (self.promo / (self.t.bk / 16)).max(1)
-        } else {
-            0
         }
     }
 
@@ -620,29 +602,11 @@ impl<'a> Gen<'a> {
                 let (hl, lh) = ((&abufs[0], &bbufs[1]), (&abufs[1], &bbufs[0]));
                 w.line(&format!("{accx} = {};", self.mma(&fa, &fbl, &accx, hl)));
                 w.line(&format!("{accx} = {};", self.mma(&fal, &fb, &accx, lh)));
-                if self.promo == 0 {
-                    w.line(&format!("{acc} = {};", self.mma(&fa, &fb, &acc, hh)));
-                } else if self.promo_slices() > 0 {
-                    let acch = format!("acch{fi}_{fj}");
-                    w.line(&format!("{acch} = {};", self.mma(&fa, &fb, &acch, hh)));
-                } else {
-                    let step = self.mma(&fa, &fb, "zero", hh);
-                    w.line(&format!("{acc} = {};", self.add(&acc, &step)));
-                }
+                let step = self.mma(&fa, &fb, "zero", hh);
+                w.line(&format!("{acc} = {};", self.add(&acc, &step)));
             }
         }
         w.close();
-    }
-
-    /// `acc += acch; acch = 0` for every fragment.
-    fn promote(&self, w: &mut Wgsl) {
-        for fi in 0..self.fm {
-            for fj in 0..self.fnn {
-                let (acc, acch) = (format!("acc{fi}_{fj}"), format!("acch{fi}_{fj}"));
-                w.line(&format!("{acc} = {};", self.add(&acc, &acch)));
-                w.line(&format!("{acch} = zero;"));
-            }
-        }
     }
 
     /// The max-abs words are used up (the conversion read them; the product reads only the
@@ -692,9 +656,6 @@ impl<'a> Gen<'a> {
                 if self.high {
                     w.line(&format!("var accx{fi}_{fj} = {zero};"));
                 }
-                if self.promo_slices() > 0 {
-                    w.line(&format!("var acch{fi}_{fj} = {zero};"));
-                }
             }
         }
         let stage = |w: &mut Wgsl, at_a: &str, at_b: &str| {
@@ -725,16 +686,6 @@ impl<'a> Gen<'a> {
         self.prefetch(w);
         w.close();
         self.ksteps(w, abufs, bbufs);
-        let ps = self.promo_slices();
-        if ps > 0 {
-            if ps > 1 {
-                w.open(&format!("if (s % {ps}u == {}u)", ps - 1));
-            }
-            self.promote(w);
-            if ps > 1 {
-                w.close();
-            }
-        }
         if t.stages == 2 {
             w.open("if (has_next)");
             let (na, nb) = (format!("{}u - cur_a", self.stage_a), format!("{}u - cur_b", self.stage_b));
@@ -749,9 +700,6 @@ impl<'a> Gen<'a> {
             w.line("workgroupBarrier();");
         }
         w.close();
-        if ps > 1 {
-            self.promote(w);
-        }
         // The inverse scales, read after the loop so they hold no registers during it (two
         // more live registers cost the H200 30 %), computed once: 2^-e is an exact normal f32
         // for |e| <= 126 (the pre-pass clamps), so two multiplies undo the scaling exactly,

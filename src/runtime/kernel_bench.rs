@@ -43,14 +43,12 @@ pub fn bench_matmul_mode(
     iters: u32,
     options: MatmulOptions,
 ) -> Result<MatmulBench> {
-    let kd: u32 = std::env::var("RUMUS_BENCH_K").ok().and_then(|v| v.parse().ok()).unwrap_or(n);
-    let spec = MatmulSpec::contiguous(1, n, n, kd);
+    let spec = MatmulSpec::contiguous(1, n, n, n);
     let tile = MatmulTile::choose(&spec, &gpu.target(options));
     let len = n as usize * n as usize;
-    let klen = n as usize * kd as usize;
     let mut rng = Rng::new(11);
-    let a: Vec<f32> = (0..klen).map(|_| rng.normal() as f32).collect();
-    let b: Vec<f32> = (0..klen).map(|_| rng.normal() as f32).collect();
+    let a: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
+    let b: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();
     let buffers =
         [gpu.upload_f32("bench a", &a)?, gpu.upload_f32("bench b", &b)?, gpu.storage("bench c", len)?];
     let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
@@ -79,8 +77,8 @@ pub fn bench_matmul_mode(
         .map(|_| {
             let (i, j) = (rng.below(u64::from(n)) as usize, rng.below(u64::from(n)) as usize);
             let (mut dot, mut size) = (0.0f64, 0.0f64);
-            for k in 0..kd as usize {
-                let p = f64::from(a[i * kd as usize + k]) * f64::from(b[k * nn + j]);
+            for k in 0..nn {
+                let p = f64::from(a[i * nn + k]) * f64::from(b[k * nn + j]);
                 dot += p;
                 size += p.abs();
             }
