@@ -253,6 +253,11 @@ pub struct BenchResult {
     pub exchange_read_ms: f64,
     /// Median time a step spent handing the averages to the queue (rank 0), ms.
     pub exchange_write_ms: f64,
+    /// Median time a step waited after the last bucket's sync for every mean to be in place
+    /// (`host-shared` only; rank 0), ms.
+    pub exchange_tail_ms: f64,
+    /// How the gradients were averaged (`host-shared`, `staged`; `none` with one rank).
+    pub exchange: &'static str,
     /// Training samples (rows of the first input) per second for the whole job, at the
     /// slowest rank's median step.
     pub samples_per_s: f64,
@@ -289,6 +294,8 @@ impl BenchResult {
             "exchange_wait_ms": self.exchange_wait_ms,
             "exchange_read_ms": self.exchange_read_ms,
             "exchange_write_ms": self.exchange_write_ms,
+            "exchange_tail_ms": self.exchange_tail_ms,
+            "exchange": self.exchange,
             "samples_per_s": self.samples_per_s,
             "profile_ms": self.profile.iter().map(|(k, ms, n)| json!({"kind": k, "ms": ms, "dispatches": n})).collect::<Vec<_>>(),
             "profile_dispatches": self.profile_dispatches.iter().map(|(l, ms)| json!({"label": l, "ms": ms})).collect::<Vec<_>>(),
@@ -333,14 +340,16 @@ impl BenchResult {
         let per_rank: Vec<String> =
             self.step_ms_per_rank.iter().map(|ms| format!("{ms:.3}")).collect();
         format!(
-            "{} ranks: {:.1} samples/s; step ms per rank [{}]; rank 0: all-reduce {:.3} ms, waiting for staging {:.3} ms, reading it {:.3} ms, writing back {:.3} ms\n",
+            "{} ranks ({} exchange): {:.1} samples/s; step ms per rank [{}]; rank 0: collectives {:.3} ms, waiting for segments {:.3} ms, reading staging {:.3} ms, writing back {:.3} ms, waiting for the means {:.3} ms\n",
             self.ranks,
+            self.exchange,
             self.samples_per_s,
             per_rank.join(", "),
             self.all_reduce_ms,
             self.exchange_wait_ms,
             self.exchange_read_ms,
-            self.exchange_write_ms
+            self.exchange_write_ms,
+            self.exchange_tail_ms
         )
     }
 }
@@ -410,8 +419,9 @@ pub fn bench_model(
     let mut times = Vec::with_capacity(steps);
     let mut losses = Vec::new();
     let mut first_step_ms = f64::NAN;
-    let (mut all_reduce, mut waits, mut reads, mut writes) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut all_reduce, mut waits, mut reads, mut writes, mut tails) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut exchange = "none";
     for step in 0..warmup + steps {
         let t0 = Instant::now();
         let opts = RunOptions { training: true, step: step as u64 };
@@ -433,6 +443,8 @@ pub fn bench_model(
                 waits.push(last.wait * 1e3);
                 reads.push(last.read * 1e3);
                 writes.push(last.write * 1e3);
+                tails.push(last.tail * 1e3);
+                exchange = ex.kind();
             }
         }
         let loss = out.first().and_then(|t| t.as_f32()).and_then(|v| v.first().copied());
@@ -518,6 +530,8 @@ pub fn bench_model(
         exchange_wait_ms: median(&mut waits),
         exchange_read_ms: median(&mut reads),
         exchange_write_ms: median(&mut writes),
+        exchange_tail_ms: median(&mut tails),
+        exchange,
         samples_per_s,
     })
 }

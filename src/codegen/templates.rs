@@ -58,8 +58,16 @@ pub const LAYER_NORM_BW: Template = Template {
     ],
 };
 
+/// `shaders/rank_mean.wgsl`: data-parallel training's mean of a bucket of gradients over the
+/// ranks (`runtime/exchange.rs`); no placeholders.
+pub const RANK_MEAN: Template = Template {
+    file: "rank_mean.wgsl",
+    text: include_str!("../../shaders/rank_mean.wgsl"),
+    defaults: &[],
+};
+
 /// Every template in `shaders/`.
-pub const TEMPLATES: &[Template] = &[MATMUL, LAYER_NORM, LAYER_NORM_BW];
+pub const TEMPLATES: &[Template] = &[MATMUL, LAYER_NORM, LAYER_NORM_BW, RANK_MEAN];
 
 impl Template {
     /// The text with `values` substituted and every other placeholder at its default. An error

@@ -37,8 +37,117 @@ pub trait Communicator: Debug + Send + Sync {
     }
     /// Replace `data` on every rank by rank 0's. Every rank passes the same length.
     fn broadcast(&self, data: &mut [f32]) -> Result<()>;
+    /// Return once every rank has called it (a failed or dead rank ends the job, as in every
+    /// collective). The default averages one number.
+    fn barrier(&self) -> Result<()> {
+        self.all_reduce_mean(&mut [0.0])
+    }
+    /// Whether [`Communicator::node_region`] can give memory every rank maps (all ranks on one
+    /// machine, a communicator that can share memory). The same answer on every rank.
+    fn shares_memory(&self) -> bool {
+        false
+    }
+    /// At least `bytes` of host memory (contents unspecified) that every rank maps,
+    /// starting at a multiple of [`REGION_ALIGN`] on every rank; `None` where
+    /// [`Communicator::shares_memory`] says no. Collective: every rank asks for the same size.
+    fn node_region(&self, _bytes: usize) -> Result<Option<NodeRegion>> {
+        Ok(None)
+    }
     /// Print `message` to stderr and end every rank of the job with exit code `code`.
     fn abort(&self, message: &str, code: i32) -> !;
+}
+
+/// The alignment of a [`NodeRegion`]'s start and size: a page, which is also what GPUs ask of
+/// host memory they import (`minImportedHostPointerAlignment`: 4096 on NVIDIA's and Mesa's
+/// Vulkan drivers).
+pub const REGION_ALIGN: usize = 4096;
+
+/// Host memory that every rank of a job on one machine maps (at its own address): an MPI-3
+/// shared-memory window, or for ranks that are threads of one process a [`HostAlloc`]. GPUs
+/// import it, so their copies move data between ranks without the host copying a byte.
+pub struct NodeRegion {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    /// What keeps the memory mapped; dropped last.
+    _owner: Box<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: the region is plain memory; who writes which bytes when is the users' protocol
+// (`runtime/exchange.rs`), and the owner is `Send + Sync`.
+unsafe impl Send for NodeRegion {}
+unsafe impl Sync for NodeRegion {}
+
+impl NodeRegion {
+    /// The region of `len` bytes at `ptr`, kept mapped by `owner`.
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` bytes for as long as `owner` lives, and is
+    /// a multiple of [`REGION_ALIGN`], as is `len`.
+    pub unsafe fn new(
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> NodeRegion {
+        NodeRegion { ptr, len, _owner: owner }
+    }
+    /// The first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// The size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Debug for NodeRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeRegion({} bytes at {:p})", self.len, self.ptr)
+    }
+}
+
+/// Zeroed host memory aligned to [`REGION_ALIGN`], for ranks that are threads of one process
+/// (each takes a [`HostAlloc::region`] of the one allocation).
+#[derive(Debug)]
+pub struct HostAlloc {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: as for `NodeRegion`.
+unsafe impl Send for HostAlloc {}
+unsafe impl Sync for HostAlloc {}
+
+impl HostAlloc {
+    /// `bytes` rounded up to a multiple of [`REGION_ALIGN`] (at least one), zeroed.
+    pub fn new(bytes: usize) -> Result<Arc<HostAlloc>> {
+        let size = bytes.max(1).checked_next_multiple_of(REGION_ALIGN);
+        let layout = size.and_then(|s| std::alloc::Layout::from_size_align(s, REGION_ALIGN).ok());
+        let layout =
+            layout.ok_or_else(|| crate::err!(Limit, "cannot share {bytes} bytes between ranks"))?;
+        // SAFETY: the layout's size is not zero.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(
+            || crate::err!(Limit, "out of host memory sharing {bytes} bytes between ranks"),
+        )?;
+        Ok(Arc::new(HostAlloc { ptr, layout }))
+    }
+
+    /// The allocation as a region (kept alive by the region).
+    pub fn region(self: &Arc<HostAlloc>) -> NodeRegion {
+        // SAFETY: the allocation is aligned and sized by `new` and lives as long as the clone.
+        unsafe { NodeRegion::new(self.ptr, self.layout.size(), Box::new(self.clone())) }
+    }
+}
+
+impl Drop for HostAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
 }
 
 /// One process on its own: rank 0 of 1. The collectives leave their data as it is.

@@ -3,12 +3,17 @@
 //! `MPI_COMM_WORLD` in buckets of at most [`BUCKET`] elements (MPI counts are C ints). MPI's
 //! default error handler ends the whole job on a failed collective, so these never return an
 //! error of their own.
+//!
+//! Ranks that all run on one machine share memory through an MPI-3 shared-memory window
+//! (`MPI_Win_allocate_shared` over the world, through `mpi::ffi`: rsmpi 0.8 has no one-sided
+//! API), which the GPUs import ([`Communicator::node_region`]).
 
-use super::{print_stderr, Communicator};
+use super::{print_stderr, Communicator, NodeRegion, REGION_ALIGN};
 use crate::err;
 use crate::error::Result;
 use ::mpi::collective::SystemOperation;
 use ::mpi::environment::Universe;
+use ::mpi::raw::AsRaw;
 use ::mpi::topology::{Communicator as _, SimpleCommunicator};
 use ::mpi::traits::{CommunicatorCollectives, Root};
 use std::sync::Arc;
@@ -27,6 +32,8 @@ struct Mpi {
     rank: usize,
     size: usize,
     local_rank: usize,
+    /// How many ranks run on this machine.
+    local_size: usize,
 }
 
 /// Initialize MPI (funneled: only the thread that calls this calls MPI).
@@ -39,8 +46,25 @@ pub fn init() -> Result<(Arc<dyn Communicator>, Guard)> {
         rank: world.rank() as usize,
         size: world.size() as usize,
         local_rank: local.rank() as usize,
+        local_size: local.size() as usize,
     };
     Ok((Arc::new(comm), Guard { _universe: universe }))
+}
+
+/// A shared-memory window, freed (collectively) when dropped while MPI is still running.
+struct Window(::mpi::ffi::MPI_Win);
+
+// SAFETY: only the thread that initialized MPI uses it (funneled), as every call here.
+unsafe impl Send for Window {}
+unsafe impl Sync for Window {}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        if !::mpi::is_finalized() {
+            // SAFETY: a window this process allocated and has not freed.
+            unsafe { ::mpi::ffi::MPI_Win_free(&mut self.0) };
+        }
+    }
 }
 
 impl Mpi {
@@ -83,6 +107,73 @@ impl Communicator for Mpi {
             recv.iter_mut().for_each(|x| *x /= n);
         }
         Ok(())
+    }
+    fn barrier(&self) -> Result<()> {
+        self.world()?.barrier();
+        Ok(())
+    }
+    fn shares_memory(&self) -> bool {
+        self.local_size == self.size
+    }
+    fn node_region(&self, bytes: usize) -> Result<Option<NodeRegion>> {
+        if !self.shares_memory() {
+            return Ok(None);
+        }
+        let world = self.world()?;
+        let len = bytes.checked_next_multiple_of(REGION_ALIGN).filter(|&n| n >= bytes);
+        let len = len.ok_or_else(|| err!(Limit, "cannot share {bytes} bytes between ranks"))?;
+        // Rank 0 allocates the whole window (a page more, for the alignment), the others
+        // nothing; each maps rank 0's part. A window's processes map its segment at page
+        // boundaries, so the aligned start is the same byte of it on every rank.
+        let own = if self.rank == 0 { len + REGION_ALIGN } else { 0 };
+        let own = ::mpi::ffi::MPI_Aint::try_from(own)
+            .map_err(|_| err!(Limit, "cannot share {bytes} bytes between ranks"))?;
+        let mut base: *mut std::ffi::c_void = std::ptr::null_mut();
+        let mut win = std::mem::MaybeUninit::<::mpi::ffi::MPI_Win>::uninit();
+        // SAFETY: MPI writes the window handle and this rank's base address; every rank calls
+        // this collective in the same order with the same `bytes` (the trait's contract).
+        let rc = unsafe {
+            ::mpi::ffi::MPI_Win_allocate_shared(
+                own,
+                1,
+                ::mpi::ffi::RSMPI_INFO_NULL,
+                world.as_raw(),
+                (&mut base as *mut *mut std::ffi::c_void).cast(),
+                win.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(err!(Device, "MPI_Win_allocate_shared of {len} bytes failed (code {rc})"));
+        }
+        // SAFETY: initialized by the successful call.
+        let win = Window(unsafe { win.assume_init() });
+        let (mut size, mut unit) = (0 as ::mpi::ffi::MPI_Aint, 0);
+        let mut start: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: queries rank 0's part of the window this rank holds.
+        let rc = unsafe {
+            ::mpi::ffi::MPI_Win_shared_query(
+                win.0,
+                0,
+                &mut size,
+                &mut unit,
+                (&mut start as *mut *mut std::ffi::c_void).cast(),
+            )
+        };
+        let start = start as usize;
+        let aligned = start.checked_next_multiple_of(REGION_ALIGN);
+        let fits = aligned.is_some_and(|a| a - start + len <= size.max(0) as usize);
+        let ptr = aligned.and_then(|a| std::ptr::NonNull::new(a as *mut u8));
+        match ptr {
+            Some(ptr) if rc == 0 && fits => {
+                // SAFETY: `len` bytes at an aligned address inside rank 0's part of the
+                // window, mapped until the window is freed (when the region drops).
+                Ok(Some(unsafe { NodeRegion::new(ptr, len, Box::new(win)) }))
+            }
+            _ => Err(err!(
+                Device,
+                "the shared-memory window of {len} bytes has no aligned start (code {rc})"
+            )),
+        }
     }
     fn broadcast(&self, data: &mut [f32]) -> Result<()> {
         let world = self.world()?;

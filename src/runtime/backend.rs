@@ -199,6 +199,9 @@ impl Backend for GpuBackend {
                 if *training { ", training" } else { "" },
                 r.text()
             ));
+            if let Some(ex) = &p.exchange {
+                out.push_str(&format!("gradients averaged across ranks: {}\n", ex.kind()));
+            }
         }
         out
     }

@@ -93,6 +93,9 @@ pub struct Gpu {
     /// cooperative matrices (and the adapter has one subgroup size): the `high` and `medium`
     /// matmul kernels run only then.
     pub cooperative: Option<u32>,
+    /// The alignment of host memory the device imports (`VK_EXT_external_memory_host`,
+    /// [`super::host_memory`]), when it was opened with the extension.
+    pub host_import: Option<u64>,
     /// Errors no error scope caught, recorded by the non-panicking handler.
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// Compiled pipelines kept on disk between runs, where the adapter can.
@@ -245,8 +248,18 @@ impl Gpu {
             },
             ..Default::default()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| err!(Device, "cannot open device on adapter `{}`: {e}", info.name))?;
+        // Where the adapter can import host memory the device is opened with that extension
+        // (data-parallel training's exchange between the GPUs of a machine needs it); else, or
+        // when that fails, as wgpu opens it.
+        let (device, queue, host_import) = match super::host_memory::open(&adapter, &desc) {
+            Some((device, queue, align)) => (device, queue, Some(align)),
+            None => {
+                let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(
+                    |e| err!(Device, "cannot open device on adapter `{}`: {e}", info.name),
+                )?;
+                (device, queue, None)
+            }
+        };
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -256,7 +269,7 @@ impl Gpu {
         }));
         let limits = device.limits();
         let pipeline_cache = DiskCache::open(&device, &info);
-        Ok(Gpu { info, device, queue, limits, cooperative, uncaptured, pipeline_cache })
+        Ok(Gpu { info, device, queue, limits, cooperative, host_import, uncaptured, pipeline_cache })
     }
 
     /// What codegen needs to know of this device, with the matmul choices `matmul`.
@@ -687,6 +700,12 @@ impl Gpu {
         self.scoped("submission failed", || self.queue.submit([enc.finish()]))
     }
 
+    /// Block until submission `index` (and every one before it) is done.
+    pub fn wait_for(&self, index: wgpu::SubmissionIndex) -> Result<()> {
+        let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
+        self.device.poll(wait).map(|_| ()).map_err(|e| err!(Device, "waiting for the device failed: {e}"))
+    }
+
     /// Block until all submitted work is done.
     pub fn wait(&self) -> Result<()> {
         self.device
@@ -751,7 +770,7 @@ pub fn precision_note(
 
 /// Write `line` to stderr the first time this process asks for it. Not `eprintln!`, which
 /// panics when stderr cannot be written (`2>/dev/full`).
-fn note_once(line: &str) {
+pub(crate) fn note_once(line: &str) {
     use std::io::Write;
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());

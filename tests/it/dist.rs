@@ -4,7 +4,7 @@
 //! `mpirun` (feature `mpi`).
 
 use rumus::data::rank_batches;
-use rumus::dist::Communicator;
+use rumus::dist::{Communicator, HostAlloc, NodeRegion};
 use rumus::error::Source;
 use rumus::script::{Host, HostOptions, ScriptTrainer};
 use rumus::Tensor;
@@ -70,6 +70,7 @@ fn rank_batches_take_their_share_of_each_global_batch() {
 }
 
 /// Ranks on threads of one process: sums in rank order, so every rank gets the same bits.
+/// With `share`, the ranks share memory (one allocation), as MPI ranks on one machine do.
 #[derive(Debug)]
 struct ThreadComm {
     rank: usize,
@@ -83,6 +84,8 @@ struct Shared {
     gate: Mutex<(usize, u64)>,
     passed: Condvar,
     slots: Mutex<Vec<Vec<f32>>>,
+    share: bool,
+    region: Mutex<Option<Arc<HostAlloc>>>,
 }
 
 /// How long a rank waits at a barrier for the others before its collective fails: a rank that
@@ -91,11 +94,17 @@ const BARRIER_WAIT: Duration = Duration::from_secs(120);
 
 impl ThreadComm {
     fn world(ranks: usize) -> Vec<ThreadComm> {
+        ThreadComm::world_sharing(ranks, false)
+    }
+
+    fn world_sharing(ranks: usize, share: bool) -> Vec<ThreadComm> {
         let shared = Arc::new(Shared {
             ranks,
             gate: Mutex::new((0, 0)),
             passed: Condvar::new(),
             slots: Mutex::new(vec![Vec::new(); ranks]),
+            share,
+            region: Mutex::new(None),
         });
         (0..ranks).map(|rank| ThreadComm { rank, shared: shared.clone() }).collect()
     }
@@ -155,6 +164,28 @@ impl Communicator for ThreadComm {
         self.barrier()?;
         Ok(())
     }
+    fn barrier(&self) -> rumus::Result<()> {
+        self.shared.barrier.wait();
+        Ok(())
+    }
+    fn shares_memory(&self) -> bool {
+        self.shared.share
+    }
+    fn node_region(&self, bytes: usize) -> rumus::Result<Option<NodeRegion>> {
+        if !self.shared.share {
+            return Ok(None);
+        }
+        if self.rank == 0 {
+            *self.shared.region.lock().unwrap() = Some(HostAlloc::new(bytes)?);
+        }
+        self.shared.barrier.wait();
+        let region = self.shared.region.lock().unwrap().as_ref().map(|a| a.region());
+        self.shared.barrier.wait();
+        if self.rank == 0 {
+            *self.shared.region.lock().unwrap() = None;
+        }
+        Ok(region)
+    }
     fn abort(&self, message: &str, _: i32) -> ! {
         panic!("rank {} aborted: {message}", self.rank)
     }
@@ -163,18 +194,26 @@ impl Communicator for ThreadComm {
 /// Run `code` as one rank of `comm`: what it printed (an error as `error: ...`) and the
 /// parameters of its trainer `m`.
 fn run_rank(comm: Arc<dyn Communicator>, code: &str) -> (String, Vec<(String, Tensor)>) {
+    let (out, params, _) = run_rank_reporting(comm, code);
+    (out, params)
+}
+
+/// [`run_rank`] with the plan report of the trainer `m` (which says how gradients were
+/// averaged).
+fn run_rank_reporting(
+    comm: Arc<dyn Communicator>,
+    code: &str,
+) -> (String, Vec<(String, Tensor)>, String) {
     let mut h = Host::new(HostOptions { comm, device: "cpu".into(), ..HostOptions::default() });
     let out = crate::common::script::capture(&mut h);
     if let Err(e) = h.eval(&Source::new("t.rms", code)) {
         out.lock().unwrap().push_str(&format!("error: {}\n", e.message));
     }
-    let params = h
-        .get("m")
-        .and_then(|m| m.try_cast::<ScriptTrainer>())
-        .map(|m| m.lock().parameters().unwrap())
-        .unwrap_or_default();
+    let m = h.get("m").and_then(|m| m.try_cast::<ScriptTrainer>());
+    let params = m.as_ref().map(|m| m.lock().parameters().unwrap()).unwrap_or_default();
+    let report = m.map(|m| m.lock().plan_report()).unwrap_or_default();
     let printed = out.lock().unwrap().clone();
-    (printed, params)
+    (printed, params, report)
 }
 
 #[test]
@@ -208,22 +247,29 @@ fn a_job_of_one_is_rank_zero_of_one() {
     assert_eq!(outs, ["0 of 2\n", ""]);
 }
 
-#[test]
-fn two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch() {
-    let test = "two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch";
-    let Some((_, _turn)) = crate::common::gpu::or_skip(test) else { return };
-    // The gradients go through host memory in several buckets (at least four where the values
-    // allow), each averaged while the GPU runs the rest of the backward pass.
+/// Two GPU ranks on threads (sharing memory when `share`) train as one process at the doubled
+/// batch; the plan reports of both ranks name the exchange that ran.
+fn two_gpu_ranks_train_as_one_process(test: &str, share: bool, exchange: &str) {
+    let Some((gpu, _turn)) = crate::common::gpu::or_skip(test) else { return };
+    // Vulkan drivers import host memory (lavapipe, NVIDIA's, RADV); other backends stage.
+    let exchange = match gpu.info.backend {
+        wgpu::Backend::Vulkan => exchange,
+        _ => "staged",
+    };
     let script = TRAIN_SCRIPT.replace(r#"device: "cpu""#, r#"device: "gpu""#);
     let (single, single_params) = run_rank(rumus::dist::single(), &script);
-    let threads: Vec<_> = ThreadComm::world(2)
+    let threads: Vec<_> = ThreadComm::world_sharing(2, share)
         .into_iter()
         .map(|c| {
             let script = script.clone();
-            std::thread::spawn(move || run_rank(Arc::new(c), &script))
+            std::thread::spawn(move || run_rank_reporting(Arc::new(c), &script))
         })
         .collect();
     let ranks: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let line = format!("gradients averaged across ranks: {exchange}\n");
+    for (rank, (_, _, report)) in ranks.iter().enumerate() {
+        assert!(report.contains(&line), "rank {rank} did not report {line:?}:\n{report}");
+    }
     assert_same_losses(&losses(&ranks[0].0), &losses(&single), 1e-5);
     assert_eq!(ranks[1].0, "", "only rank 0 prints");
     assert_eq!(ranks[0].1, ranks[1].1);
@@ -232,4 +278,21 @@ fn two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch() {
         let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(worst <= 1e-4, "{name}: parameters differ by {worst}");
     }
+}
+
+#[test]
+fn two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch() {
+    // Ranks that share no memory: the gradients go through host memory in several buckets (at
+    // least four where the values allow), each averaged while the GPU runs the rest of the
+    // backward pass.
+    let test = "two_ranks_on_the_gpu_train_as_one_process_at_the_doubled_batch";
+    two_gpu_ranks_train_as_one_process(test, false, "staged");
+}
+
+#[test]
+fn two_gpu_ranks_sharing_memory_exchange_through_it() {
+    // Ranks that share memory, on a device that imports host memory (lavapipe does): each
+    // bucket goes by GPU copies through one region both ranks map, and one kernel averages.
+    let test = "two_gpu_ranks_sharing_memory_exchange_through_it";
+    two_gpu_ranks_train_as_one_process(test, true, "host-shared");
 }

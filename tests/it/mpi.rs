@@ -55,10 +55,18 @@ fn finish(mut child: Child, limit: Duration) -> (i32, String, String) {
 
 const RUMUS: &str = env!("CARGO_BIN_EXE_rumus");
 
+/// What rank 0 prints, after the losses, when its trainer averaged gradients through the
+/// memory the ranks share.
+const SHARED: &str = "exchange: host-shared";
+
 /// `TRAIN_SCRIPT` on `device` as one process and as two ranks under `mpirun`: the losses agree
-/// within `rel`.
-fn mpirun_matches_one_process(device: &str, rel: f64) {
-    let text = TRAIN_SCRIPT.replace(r#"device: "cpu""#, &format!(r#"device: "{device}""#));
+/// within `rel`. The job's output: its losses, and whether it exchanged through shared memory.
+fn mpirun_matches_one_process(device: &str, rel: f64) -> bool {
+    let option = format!(r#"device: "{device}""#);
+    let mut text = TRAIN_SCRIPT.replace(r#"device: "cpu""#, &option);
+    text.push_str(&format!(
+        "if m.plan().contains(\"gradients averaged across ranks: host-shared\") {{ print(\"{SHARED}\") }}\n"
+    ));
     let f = script(&format!("train_{device}.rms"), &text);
     let single = Command::new(RUMUS)
         .args(["run", &f])
@@ -68,19 +76,26 @@ fn mpirun_matches_one_process(device: &str, rel: f64) {
     assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
     let (code, out, err) = finish(mpirun(RUMUS, &["run", &f]), Duration::from_secs(300));
     assert_eq!(code, 0, "{err}");
+    let shared = out.lines().any(|l| l == SHARED);
+    let out: String = out.lines().filter(|&l| l != SHARED).map(|l| format!("{l}\n")).collect();
     assert_same_losses(&losses(&out), &losses(&String::from_utf8_lossy(&single.stdout)), rel);
+    shared
 }
 
 #[test]
 fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
-    mpirun_matches_one_process("cpu", 1e-6);
+    assert!(!mpirun_matches_one_process("cpu", 1e-6));
 }
 
 #[test]
 fn two_ranks_on_gpus_under_mpirun_train_as_one_process_at_the_doubled_batch() {
-    // Each rank opens its own device (here both the one software adapter) and averages its
-    // gradients through host memory with MPI.
-    mpirun_matches_one_process("gpu", 1e-5);
+    // Each rank opens its own device (here both the one software adapter, which imports host
+    // memory) and the ranks average their gradients through an MPI shared-memory window both
+    // devices import.
+    assert!(
+        mpirun_matches_one_process("gpu", 1e-5),
+        "the ranks did not exchange through shared memory"
+    );
 }
 
 #[test]
@@ -101,24 +116,39 @@ fn a_rank_whose_script_fails_ends_the_job_naming_it() {
     assert!(err.contains("rank 1: ") && err.contains("rank one gives up"), "{err}");
 }
 
-#[test]
-fn a_killed_rank_ends_the_job() {
+/// Rank 1 of a job training forever on `device` is killed after `after` seconds: the job ends
+/// with an error in time.
+fn a_killed_rank_ends_the_job_on(device: &str, after: u32) {
     let f = script(
-        "forever.rms",
-        r#"
+        &format!("forever_{device}.rms"),
+        &r#"
         model net(x: f32[B, 2]) { return linear(x, 3) as fc }
-        let m = net().compile(#{ batch: 2, loss: "cross_entropy", device: "cpu" });
+        let m = net().compile(#{ batch: 2, loss: "cross_entropy", device: "DEVICE" });
         let x = zeros([2, 2]);
         let y = tensor([0, 1], "i32");
         loop { m.train_step(x, y); }
-        "#,
+        "#
+        .replace("DEVICE", device),
     );
-    // Each rank is a shell running rumus; rank 1's shell kills its rumus after a second.
-    let wrapper = r#""$0" run "$1" & pid=$!
-        if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep 1; kill -9 $pid; fi
-        wait $pid"#;
-    let (code, _, err) = finish(mpirun("sh", &["-c", wrapper, RUMUS, &f]), JOB_END);
+    // Each rank is a shell running rumus; rank 1's shell kills its rumus after a while.
+    let wrapper = format!(
+        r#""$0" run "$1" & pid=$!
+        if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then sleep {after}; kill -9 $pid; fi
+        wait $pid"#
+    );
+    let (code, _, err) = finish(mpirun("sh", &["-c", &wrapper, RUMUS, &f]), JOB_END);
     assert_ne!(code, 0, "{err}");
+}
+
+#[test]
+fn a_killed_rank_ends_the_job() {
+    a_killed_rank_ends_the_job_on("cpu", 1);
+}
+
+#[test]
+fn a_killed_gpu_rank_ends_the_job_waiting_in_the_exchange() {
+    // The survivor waits for the dead rank's bucket in the shared-memory exchange's barrier.
+    a_killed_rank_ends_the_job_on("gpu", 3);
 }
 
 #[test]
