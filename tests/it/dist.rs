@@ -110,7 +110,7 @@ impl ThreadComm {
     }
 
     /// Wait until every rank has arrived, or fail after [`BARRIER_WAIT`].
-    fn barrier(&self) -> rumus::Result<()> {
+    fn wait_all(&self) -> rumus::Result<()> {
         let mut gate = self.shared.gate.lock().unwrap();
         let generation = gate.1;
         gate.0 += 1;
@@ -165,8 +165,7 @@ impl Communicator for ThreadComm {
         Ok(())
     }
     fn barrier(&self) -> rumus::Result<()> {
-        self.shared.barrier.wait();
-        Ok(())
+        self.wait_all()
     }
     fn shares_memory(&self) -> bool {
         self.shared.share
@@ -178,9 +177,9 @@ impl Communicator for ThreadComm {
         if self.rank == 0 {
             *self.shared.region.lock().unwrap() = Some(HostAlloc::new(bytes)?);
         }
-        self.shared.barrier.wait();
+        self.wait_all()?;
         let region = self.shared.region.lock().unwrap().as_ref().map(|a| a.region());
-        self.shared.barrier.wait();
+        self.wait_all()?;
         if self.rank == 0 {
             *self.shared.region.lock().unwrap() = None;
         }
