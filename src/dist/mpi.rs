@@ -21,10 +21,31 @@ use std::sync::Arc;
 /// Most elements one collective call carries (256 MiB of f32).
 pub const BUCKET: usize = 1 << 26;
 
-/// Finalizes MPI when dropped.
+/// Finalizes MPI when dropped, after freeing the shared-memory windows ([`WINDOWS`]).
 pub struct Guard {
     _universe: Universe,
 }
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Every rank that gets here (a normal end; a failing rank aborts the job instead)
+        // allocated the same windows in the same order, so the collective frees match.
+        let windows = std::mem::take(&mut *WINDOWS.lock().unwrap_or_else(|e| e.into_inner()));
+        for mut w in windows {
+            // SAFETY: a window this process allocated and has not freed; its regions' GPU
+            // buffers were destroyed with their plans.
+            unsafe { ::mpi::ffi::MPI_Win_free(&mut w.0) };
+        }
+    }
+}
+
+/// The shared-memory windows this process allocated, in creation order. They are freed
+/// together by [`Guard`]'s drop, just before MPI is finalized, not when their regions drop:
+/// `MPI_Win_free` is collective, and regions drop at different moments on different ranks (a
+/// rank leaving with an error drops its plans before it aborts the job; a session's plans
+/// drop in hash order), where a collective would hang the job instead of ending it. So a
+/// window lives as long as the process: a run compiles its training plans once.
+static WINDOWS: std::sync::Mutex<Vec<Window>> = std::sync::Mutex::new(Vec::new());
 
 /// MPI's world, with the rank, size and local rank read once at start.
 #[derive(Debug)]
@@ -51,21 +72,11 @@ pub fn init() -> Result<(Arc<dyn Communicator>, Guard)> {
     Ok((Arc::new(comm), Guard { _universe: universe }))
 }
 
-/// A shared-memory window, freed (collectively) when dropped while MPI is still running.
+/// A shared-memory window's handle (freed only through [`WINDOWS`]).
 struct Window(::mpi::ffi::MPI_Win);
 
 // SAFETY: only the thread that initialized MPI uses it (funneled), as every call here.
 unsafe impl Send for Window {}
-unsafe impl Sync for Window {}
-
-impl Drop for Window {
-    fn drop(&mut self) {
-        if !::mpi::is_finalized() {
-            // SAFETY: a window this process allocated and has not freed.
-            unsafe { ::mpi::ffi::MPI_Win_free(&mut self.0) };
-        }
-    }
-}
 
 impl Mpi {
     /// The world communicator, or an error once MPI is finalized.
@@ -146,13 +157,14 @@ impl Communicator for Mpi {
             return Err(err!(Device, "MPI_Win_allocate_shared of {len} bytes failed (code {rc})"));
         }
         // SAFETY: initialized by the successful call.
-        let win = Window(unsafe { win.assume_init() });
+        let win = unsafe { win.assume_init() };
+        WINDOWS.lock().unwrap_or_else(|e| e.into_inner()).push(Window(win));
         let (mut size, mut unit) = (0 as ::mpi::ffi::MPI_Aint, 0);
         let mut start: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: queries rank 0's part of the window this rank holds.
         let rc = unsafe {
             ::mpi::ffi::MPI_Win_shared_query(
-                win.0,
+                win,
                 0,
                 &mut size,
                 &mut unit,
@@ -166,8 +178,8 @@ impl Communicator for Mpi {
         match ptr {
             Some(ptr) if rc == 0 && fits => {
                 // SAFETY: `len` bytes at an aligned address inside rank 0's part of the
-                // window, mapped until the window is freed (when the region drops).
-                Ok(Some(unsafe { NodeRegion::new(ptr, len, Box::new(win)) }))
+                // window, mapped until the window is freed (at the end of the process).
+                Ok(Some(unsafe { NodeRegion::new(ptr, len, Box::new(())) }))
             }
             _ => Err(err!(
                 Device,

@@ -100,16 +100,35 @@ fn two_ranks_on_gpus_under_mpirun_train_as_one_process_at_the_doubled_batch() {
 
 #[test]
 fn a_rank_whose_script_fails_ends_the_job_naming_it() {
+    a_rank_whose_script_fails_ends_the_job_on("cpu");
+}
+
+/// On the GPU the ranks share a memory window for their gradients; the failing rank drops it
+/// before it ends the job, which must not wait for the other rank (freeing a window is
+/// collective: it used to hang both ranks here).
+#[test]
+fn a_gpu_rank_whose_script_fails_after_a_step_ends_the_job_naming_it() {
+    let Some(_) = crate::common::gpu::or_skip("a_gpu_rank_whose_script_fails_after_a_step") else {
+        return;
+    };
+    a_rank_whose_script_fails_ends_the_job_on("gpu");
+}
+
+/// Rank 1 of a job training forever on `device` throws after one step: the job ends with an
+/// error that names the rank.
+fn a_rank_whose_script_fails_ends_the_job_on(device: &str) {
     let f = script(
-        "fails.rms",
-        r#"
+        &format!("fails_{device}.rms"),
+        &r#"
         model net(x: f32[B, 2]) { return linear(x, 3) as fc }
-        let m = net().compile(#{ batch: 2, loss: "cross_entropy", device: "cpu" });
-        if rank() == 1 { throw "rank one gives up"; }
+        let m = net().compile(#{ batch: 2, loss: "cross_entropy", device: "DEVICE" });
         let x = zeros([2, 2]);
         let y = tensor([0, 1], "i32");
+        m.train_step(x, y);
+        if rank() == 1 { throw "rank one gives up"; }
         loop { m.train_step(x, y); }
-        "#,
+        "#
+        .replace("DEVICE", device),
     );
     let (code, _, err) = finish(mpirun(RUMUS, &["run", &f]), JOB_END);
     assert_ne!(code, 0, "{err}");
