@@ -31,6 +31,13 @@ mod vulkan {
         if adapter.get_info().backend != wgpu::Backend::Vulkan {
             return None;
         }
+        // `create_device_from_hal` skips the checks `request_device` makes: ask only for what
+        // the adapter has, and leave anything else to `request_device` and its error.
+        if !desc.required_limits.check_limits(&adapter.limits())
+            || !adapter.features().contains(desc.required_features)
+        {
+            return None;
+        }
         let name = ash::ext::external_memory_host::NAME;
         // SAFETY: the hal adapter is only read here and dropped before the device is created.
         let open = unsafe {

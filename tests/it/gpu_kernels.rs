@@ -690,6 +690,23 @@ fn reports_the_adapter_and_its_limits() {
     assert!(gpu.limits.max_compute_invocations_per_workgroup >= 256);
 }
 
+/// A device asked for more than its adapter allows is an error, also where the device is
+/// opened through wgpu-hal (to import host memory), which skips wgpu's own checks.
+#[test]
+fn limits_beyond_the_adapter_are_an_error() {
+    let Some((gpu, _turn)) = or_skip("limits_beyond_the_adapter") else {
+        return;
+    };
+    let beyond = gpu.limits.max_storage_buffers_per_shader_stage + 1;
+    let opened = Gpu::open_with(rumus::runtime::DeviceChoice::Gpu, |l| wgpu::Limits {
+        max_storage_buffers_per_shader_stage: beyond,
+        ..l
+    });
+    let Err(e) = opened else { panic!("a device with {beyond} storage buffers a stage opened") };
+    assert_eq!(e.kind, rumus::ErrorKind::Device);
+    assert!(e.message.contains("cannot open device"), "{}", e.message);
+}
+
 #[test]
 fn oversized_buffer_is_an_error_and_device_still_works() {
     let Some((gpu, _turn)) = or_skip("oversized_buffer") else {
