@@ -141,20 +141,28 @@ impl Communicator for Mpi {
             .map_err(|_| err!(Limit, "cannot share {bytes} bytes between ranks"))?;
         let mut base: *mut std::ffi::c_void = std::ptr::null_mut();
         let mut win = std::mem::MaybeUninit::<::mpi::ffi::MPI_Win>::uninit();
+        // On a copy of the world whose errors return instead of ending the job: a window that
+        // cannot be allocated (too little shared memory) is an error the caller falls back
+        // from. The copy is freed (collectively) when this function returns, on every rank.
+        let comm = world.duplicate();
         // SAFETY: MPI writes the window handle and this rank's base address; every rank calls
-        // this collective in the same order with the same `bytes` (the trait's contract).
+        // these collectives in the same order with the same `bytes` (the trait's contract).
         let rc = unsafe {
+            ::mpi::ffi::MPI_Comm_set_errhandler(comm.as_raw(), ::mpi::ffi::RSMPI_ERRORS_RETURN);
             ::mpi::ffi::MPI_Win_allocate_shared(
                 own,
                 1,
                 ::mpi::ffi::RSMPI_INFO_NULL,
-                world.as_raw(),
+                comm.as_raw(),
                 (&mut base as *mut *mut std::ffi::c_void).cast(),
                 win.as_mut_ptr(),
             )
         };
         if rc != 0 {
-            return Err(err!(Device, "MPI_Win_allocate_shared of {len} bytes failed (code {rc})"));
+            return Err(err!(
+                Device,
+                "cannot share {len} bytes between the ranks (MPI_Win_allocate_shared failed with code {rc})"
+            ));
         }
         // SAFETY: initialized by the successful call.
         let win = unsafe { win.assume_init() };

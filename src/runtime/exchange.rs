@@ -434,7 +434,15 @@ impl Shared {
         if !all(cannot.is_none())? {
             return Ok(None);
         }
-        let Some(region) = comm.node_region(region as usize)? else { return Ok(None) };
+        // A region that cannot be allocated on some rank sends every rank to the staged path.
+        let region = comm.node_region(region as usize).unwrap_or_else(|e| {
+            note(&e.message);
+            None
+        });
+        if !all(region.is_some())? {
+            return Ok(None);
+        }
+        let Some(region) = region else { return Ok(None) };
         // Every rank keeps the region until all know whether every import worked (freeing an
         // MPI window is collective).
         let built = Shared::build(gpu, &region, scratch, &offsets, buckets, ranks);

@@ -20,8 +20,15 @@ fn script(name: &str, text: &str) -> String {
 
 /// `mpirun -np 2 --oversubscribe` of `program args`, allowed to run as root (CI runs as root).
 fn mpirun(program: &str, args: &[&str]) -> Child {
+    mpirun_with(&[], program, args)
+}
+
+/// [`mpirun`] with more of mpirun's own `options`.
+fn mpirun_with(options: &[&str], program: &str, args: &[&str]) -> Child {
     Command::new("mpirun")
-        .args(["-np", "2", "--oversubscribe", program])
+        .args(["-np", "2", "--oversubscribe"])
+        .args(options)
+        .arg(program)
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -62,6 +69,11 @@ const SHARED: &str = "exchange: host-shared";
 /// `TRAIN_SCRIPT` on `device` as one process and as two ranks under `mpirun`: the losses agree
 /// within `rel`. The job's output: its losses, and whether it exchanged through shared memory.
 fn mpirun_matches_one_process(device: &str, rel: f64) -> bool {
+    mpirun_with_options_matches_one_process(&[], device, rel)
+}
+
+/// [`mpirun_matches_one_process`] with more of mpirun's own `options`.
+fn mpirun_with_options_matches_one_process(options: &[&str], device: &str, rel: f64) -> bool {
     let option = format!(r#"device: "{device}""#);
     let mut text = TRAIN_SCRIPT.replace(r#"device: "cpu""#, &option);
     text.push_str(&format!(
@@ -74,7 +86,8 @@ fn mpirun_matches_one_process(device: &str, rel: f64) -> bool {
         .output()
         .unwrap();
     assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
-    let (code, out, err) = finish(mpirun(RUMUS, &["run", &f]), Duration::from_secs(300));
+    let (code, out, err) =
+        finish(mpirun_with(options, RUMUS, &["run", &f]), Duration::from_secs(300));
     assert_eq!(code, 0, "{err}");
     let shared = out.lines().any(|l| l == SHARED);
     let out: String = out.lines().filter(|&l| l != SHARED).map(|l| format!("{l}\n")).collect();
@@ -85,6 +98,17 @@ fn mpirun_matches_one_process(device: &str, rel: f64) -> bool {
 #[test]
 fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
     assert!(!mpirun_matches_one_process("cpu", 1e-6));
+}
+
+/// Without OpenMPI's shared-memory one-sided component (`--mca osc ^sm`) no rank can allocate
+/// the window: every rank falls back to staging through host vectors, and trains the same.
+#[test]
+fn gpu_ranks_without_a_shared_window_stage_and_train_as_one_process() {
+    let options = ["--mca", "osc", "^sm"];
+    assert!(
+        !mpirun_with_options_matches_one_process(&options, "gpu", 1e-5),
+        "the ranks exchanged through shared memory without the component that allocates it"
+    );
 }
 
 #[test]
