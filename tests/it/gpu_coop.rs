@@ -11,7 +11,7 @@ use crate::common::gpu::or_skip;
 use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, RANGE_SLOT};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
-use rumus::codegen::program::scratch_words;
+use rumus::codegen::program::{scratch_words, Program};
 use rumus::codegen::{MatmulOptions, MatmulPrecision, Resource};
 use rumus::runtime::kernel_bench::bench_matmul_mode;
 use rumus::runtime::launch::{Launcher, Range, Resources};
@@ -22,6 +22,34 @@ const TILE: CoopTile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 
 
 fn kernel(mode: CoopMode) -> CoopKernel {
     CoopKernel { mode, tile: TILE, subgroup: 32, emulate: true }
+}
+
+/// Run `programs` over `buffers` on scratch as a new plan's: every slot NaN (the conversion
+/// must write all the product reads) but the range slot, zeroed (exponents 0 when the range
+/// pre-pass is skipped). The scratch buffers, for a look afterwards.
+fn run_fresh(
+    gpu: &Gpu,
+    launcher: &mut Launcher,
+    programs: &[Program],
+    buffers: &[wgpu::Buffer],
+) -> Vec<wgpu::Buffer> {
+    let scratch: Vec<_> = scratch_words(programs.iter())
+        .iter()
+        .enumerate()
+        .map(|(slot, &w)| {
+            let fill = if slot == RANGE_SLOT { 0.0 } else { f32::NAN };
+            gpu.upload_f32("scratch", &vec![fill; w.max(1) as usize]).unwrap()
+        })
+        .collect();
+    let res = Resources {
+        buffers: buffers.iter().map(Range::whole).collect(),
+        scratch: scratch.iter().collect(),
+        ..Resources::default()
+    };
+    let dispatches: Vec<_> =
+        programs.iter().map(|p| launcher.prepare(gpu, p, &res).unwrap()).collect();
+    gpu.run(&dispatches.iter().collect::<Vec<_>>()).unwrap();
+    scratch
 }
 
 /// Largest error of `spec` in `mode` with A scaled by `sa` and B by `sb`; with `scaled` false
@@ -82,24 +110,7 @@ fn worst_errors(
         programs.extend(p);
         checks.push((s, c_old, want, norm));
     }
-    // Every scratch slot NaN first: the conversion must write all the product reads. The
-    // range slot zeroed, as a new plan's is: exponents 0 when the pre-pass is skipped.
-    let scratch: Vec<_> = scratch_words(programs.iter())
-        .iter()
-        .enumerate()
-        .map(|(slot, &w)| {
-            let fill = if slot == RANGE_SLOT { 0.0 } else { f32::NAN };
-            gpu.upload_f32("scratch", &vec![fill; w.max(1) as usize]).unwrap()
-        })
-        .collect();
-    let res = Resources {
-        buffers: buffers.iter().map(Range::whole).collect(),
-        scratch: scratch.iter().collect(),
-        ..Resources::default()
-    };
-    let dispatches: Vec<_> =
-        programs.iter().map(|p| launcher.prepare(gpu, p, &res).unwrap()).collect();
-    gpu.run(&dispatches.iter().collect::<Vec<_>>()).unwrap();
+    let scratch = run_fresh(gpu, launcher, &programs, &buffers);
     let mut errors = Vec::new();
     for (i, (s, c_old, want, norm)) in checks.iter().enumerate() {
         let got = gpu.read_f32_range(&buffers[3 * i + 2], 0..c_old.len()).unwrap();
@@ -353,22 +364,7 @@ fn sorted_errors(
         [a, b, &zeros].iter().map(|v| gpu.upload_f32("operand", v).unwrap()).collect();
     let programs =
         matmul::programs("test", s, tile, None, [0, 1, 2].map(Resource::Buffer)).unwrap();
-    let scratch: Vec<_> = scratch_words(programs.iter())
-        .iter()
-        .enumerate()
-        .map(|(slot, &w)| {
-            let fill = if slot == RANGE_SLOT { 0.0 } else { f32::NAN };
-            gpu.upload_f32("scratch", &vec![fill; w.max(1) as usize]).unwrap()
-        })
-        .collect();
-    let res = Resources {
-        buffers: buffers.iter().map(Range::whole).collect(),
-        scratch: scratch.iter().collect(),
-        ..Resources::default()
-    };
-    let dispatches: Vec<_> =
-        programs.iter().map(|p| launcher.prepare(gpu, p, &res).unwrap()).collect();
-    gpu.run(&dispatches.iter().collect::<Vec<_>>()).unwrap();
+    run_fresh(gpu, launcher, &programs, &buffers);
     let got = gpu.read_f32_range(&buffers[2], 0..zeros.len()).unwrap();
     let mut errors: Vec<f64> = (0..zeros.len())
         .map(|i| {
