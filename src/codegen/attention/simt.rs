@@ -383,14 +383,21 @@ impl<'a> Gen<'a> {
 
     /// Registers `pf_{dst}{k}` of [`Gen::load`] into the workgroup array `dst`.
     fn store(&self, w: &mut Wgsl, dst: &str, rows: u32) {
+        self.each_vec4(w, rows, |e, k| format!("{dst}[{e} / DG * DV + {e} % DG] = pf_{dst}{k};"));
+    }
+
+    /// `line(e, k)` for each of this thread's vec4s `e = (t + k·NT)` of a block of `rows` rows
+    /// (the elements [`Gen::load`] gives it), guarded by `e` in range where the last `k` is
+    /// not full.
+    fn each_vec4(&self, w: &mut Wgsl, rows: u32, line: impl Fn(&str, u32) -> String) {
         let n = rows * self.dp / 4;
         for k in 0..n.div_ceil(self.b.threads) {
             let e = format!("(t + {}u)", k * self.b.threads);
-            let store = format!("{dst}[{e} / DG * DV + {e} % DG] = pf_{dst}{k};");
+            let text = line(&e, k);
             if (k + 1) * self.b.threads <= n {
-                w.line(&store);
+                w.line(&text);
             } else {
-                w.block(&format!("if {e} < {n}u"), &[&store]);
+                w.block(&format!("if {e} < {n}u"), &[&text]);
             }
         }
     }
@@ -422,16 +429,7 @@ impl<'a> Gen<'a> {
     /// for this thread's vec4s `e = t + k·NT` (those [`Gen::load`] of O into `os` gave it;
     /// zero past T and past DH), then a barrier. Row `r`'s delta is `Σ_g dp[r·DG + g]`.
     fn delta_partials(&self, w: &mut Wgsl, rows: u32) {
-        let n = rows * self.dp / 4;
-        for k in 0..n.div_ceil(self.b.threads) {
-            let e = format!("(t + {}u)", k * self.b.threads);
-            let product = format!("dp[{e}] = dot(dos[{e} / DG * DV + {e} % DG], pf_os{k});");
-            if (k + 1) * self.b.threads <= n {
-                w.line(&product);
-            } else {
-                w.block(&format!("if {e} < {n}u"), &[&product]);
-            }
-        }
+        self.each_vec4(w, rows, |e, k| format!("dp[{e}] = dot(dos[{e} / DG * DV + {e} % DG], pf_os{k});"));
         w.line("workgroupBarrier();");
     }
 
