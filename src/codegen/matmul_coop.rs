@@ -502,18 +502,15 @@ impl<'a> Gen<'a> {
         }
         if self.high {
             let arr = format!("array<f32, {e}>");
-            w.open(&format!("fn emu_add(x: {arr}, y: {arr}) -> {arr}"));
-            w.line("var out = x;");
-            w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &["out[q] += y[q];"]);
-            w.line("return out;");
-            w.close();
-            w.blank();
-            w.open(&format!("fn emu_scale(x: {arr}, f: f32) -> {arr}"));
-            w.line("var out = x;");
-            w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &["out[q] *= f;"]);
-            w.line("return out;");
-            w.close();
-            w.blank();
+            let ops = [("emu_add", format!("y: {arr}"), "out[q] += y[q];"), ("emu_scale", "f: f32".into(), "out[q] *= f;")];
+            for (name, operand, op) in ops {
+                w.open(&format!("fn {name}(x: {arr}, {operand}) -> {arr}"));
+                w.line("var out = x;");
+                w.block(&format!("for (var q = 0u; q < {e}u; q++)"), &[op]);
+                w.line("return out;");
+                w.close();
+                w.blank();
+            }
         }
         w.open(&format!("fn emu_store(v: array<f32, {e}>, base: u32, stride: u32, lane: u32)"));
         w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
