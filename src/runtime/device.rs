@@ -548,8 +548,7 @@ impl Gpu {
                 let _ = tx.send(r);
             });
         }
-        let wait = wgpu::PollType::Wait { submission_index: Some(index), timeout: None };
-        self.device.poll(wait).map_err(|e| err!(Device, "waiting for the device failed: {e}"))?;
+        self.wait_for(index)?;
         // The submission is done, but the callbacks may not have run yet: another thread that
         // polls the same device (two ranks of one process) can have taken them and run them
         // just after this poll returns. So wait for them, not just look.
