@@ -61,6 +61,29 @@ struct Bucket {
     bytes: u64,
 }
 
+impl Bucket {
+    /// Record copies of the bucket's values, one after the other, into `dst` from byte `at`.
+    fn gather(&self, enc: &mut wgpu::CommandEncoder, buffers: &[(wgpu::Buffer, u64, u64)], dst: &wgpu::Buffer, at: u64) {
+        let mut to = at;
+        for &(buf, n) in &self.ranges {
+            let (src, offset, _) = &buffers[buf];
+            enc.copy_buffer_to_buffer(src, *offset, dst, to, n);
+            to += n;
+        }
+    }
+
+    /// Record copies back to the bucket's values from `src`, laid out from byte 0 as
+    /// [`Bucket::gather`] lays them.
+    fn scatter(&self, enc: &mut wgpu::CommandEncoder, buffers: &[(wgpu::Buffer, u64, u64)], src: &wgpu::Buffer) {
+        let mut from = 0;
+        for &(buf, n) in &self.ranges {
+            let (dst, offset, _) = &buffers[buf];
+            enc.copy_buffer_to_buffer(src, from, dst, *offset, n);
+            from += n;
+        }
+    }
+}
+
 /// The host-staged exchange's buffers of one bucket.
 struct Staged {
     /// Host-readable staging (`MAP_READ | COPY_DST`).
@@ -256,15 +279,11 @@ impl Exchange {
             let mut enc = gpu.device.create_command_encoder(&Default::default());
             let segment: Vec<&Dispatch> = dispatches[at..b.ready_at].iter().collect();
             gpu.encode(&mut enc, &segment);
-            let (dst, mut to) = match &self.way {
+            let (dst, slot) = match &self.way {
                 Way::Staged(staged) => (&staged[i].read, 0),
                 Way::Shared(s) => (&s.host, s.slot_at(parity, s.rank, i)),
             };
-            for &(buf, n) in &b.ranges {
-                let (src, offset, _) = &buffers[buf];
-                enc.copy_buffer_to_buffer(src, *offset, dst, to, n);
-                to += n;
-            }
+            b.gather(&mut enc, buffers, dst, slot);
             submitted.push(gpu.submit(enc)?);
             at = b.ready_at;
         }
@@ -347,12 +366,7 @@ impl Exchange {
             time.all_reduce += start.elapsed().as_secs_f64();
             let start = Instant::now();
             let mut enc = gpu.device.create_command_encoder(&Default::default());
-            let mut to = s.rank as u64 * b.bytes;
-            for &(buf, n) in &b.ranges {
-                let (src, offset, _) = &buffers[buf];
-                enc.copy_buffer_to_buffer(src, *offset, &s.scratch, to, n);
-                to += n;
-            }
+            b.gather(&mut enc, buffers, &s.scratch, s.rank as u64 * b.bytes);
             for k in (0..s.ranks).filter(|&k| k != s.rank) {
                 let from = s.slot_at(parity, k, i);
                 enc.copy_buffer_to_buffer(&s.host, from, &s.scratch, k as u64 * b.bytes, b.bytes);
@@ -368,12 +382,7 @@ impl Exchange {
                 let [x, y, z] = gpu.dispatch_dims((b.bytes / 4).div_ceil(256) as u32);
                 pass.dispatch_workgroups(x, y, z);
             }
-            let mut from = 0;
-            for &(buf, n) in &b.ranges {
-                let (dst, offset, _) = &buffers[buf];
-                enc.copy_buffer_to_buffer(&s.scratch, from, dst, *offset, n);
-                from += n;
-            }
+            b.scatter(&mut enc, buffers, &s.scratch);
             last = Some(gpu.submit(enc)?);
             time.write += start.elapsed().as_secs_f64();
         }
