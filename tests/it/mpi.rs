@@ -66,14 +66,10 @@ const RUMUS: &str = env!("CARGO_BIN_EXE_rumus");
 /// memory the ranks share.
 const SHARED: &str = "exchange: host-shared";
 
-/// `TRAIN_SCRIPT` on `device` as one process and as two ranks under `mpirun`: the losses agree
-/// within `rel`. The job's output: its losses, and whether it exchanged through shared memory.
-fn mpirun_matches_one_process(device: &str, rel: f64) -> bool {
-    mpirun_with_options_matches_one_process(&[], device, rel)
-}
-
-/// [`mpirun_matches_one_process`] with more of mpirun's own `options`.
-fn mpirun_with_options_matches_one_process(options: &[&str], device: &str, rel: f64) -> bool {
+/// `TRAIN_SCRIPT` on `device` as one process and as two ranks under `mpirun` (with more of its
+/// own `options`): the losses agree within `rel`. The job's output: its losses, and whether it
+/// exchanged through shared memory.
+fn mpirun_matches_one_process(options: &[&str], device: &str, rel: f64) -> bool {
     let option = format!(r#"device: "{device}""#);
     let mut text = TRAIN_SCRIPT.replace(r#"device: "cpu""#, &option);
     text.push_str(&format!(
@@ -97,7 +93,7 @@ fn mpirun_with_options_matches_one_process(options: &[&str], device: &str, rel: 
 
 #[test]
 fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
-    assert!(!mpirun_matches_one_process("cpu", 1e-6));
+    assert!(!mpirun_matches_one_process(&[], "cpu", 1e-6));
 }
 
 /// Without OpenMPI's shared-memory one-sided component (`--mca osc ^sm`) no rank can allocate
@@ -106,7 +102,7 @@ fn two_ranks_under_mpirun_train_as_one_process_at_the_doubled_batch() {
 fn gpu_ranks_without_a_shared_window_stage_and_train_as_one_process() {
     let options = ["--mca", "osc", "^sm"];
     assert!(
-        !mpirun_with_options_matches_one_process(&options, "gpu", 1e-5),
+        !mpirun_matches_one_process(&options, "gpu", 1e-5),
         "the ranks exchanged through shared memory without the component that allocates it"
     );
 }
@@ -117,7 +113,7 @@ fn two_ranks_on_gpus_under_mpirun_train_as_one_process_at_the_doubled_batch() {
     // memory) and the ranks average their gradients through an MPI shared-memory window both
     // devices import.
     assert!(
-        mpirun_matches_one_process("gpu", 1e-5),
+        mpirun_matches_one_process(&[], "gpu", 1e-5),
         "the ranks did not exchange through shared memory"
     );
 }
