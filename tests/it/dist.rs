@@ -86,6 +86,11 @@ struct Shared {
     slots: Mutex<Vec<Vec<f32>>>,
     share: bool,
     region: Mutex<Option<Arc<HostAlloc>>>,
+    /// Whether the ranks take turns between collectives ([`ThreadComm::take_turn`]), and
+    /// whether one has the turn now.
+    alternate: bool,
+    busy: Mutex<bool>,
+    free: Condvar,
 }
 
 /// How long a rank waits at a barrier for the others before its collective fails: a rank that
@@ -94,10 +99,11 @@ const BARRIER_WAIT: Duration = Duration::from_secs(120);
 
 impl ThreadComm {
     fn world(ranks: usize) -> Vec<ThreadComm> {
-        ThreadComm::world_sharing(ranks, false)
+        ThreadComm::world_sharing(ranks, false, false)
     }
 
-    fn world_sharing(ranks: usize, share: bool) -> Vec<ThreadComm> {
+    /// Ranks that share memory where `share`, and that take turns where `alternate`.
+    fn world_sharing(ranks: usize, share: bool, alternate: bool) -> Vec<ThreadComm> {
         let shared = Arc::new(Shared {
             ranks,
             gate: Mutex::new((0, 0)),
@@ -105,12 +111,46 @@ impl ThreadComm {
             slots: Mutex::new(vec![Vec::new(); ranks]),
             share,
             region: Mutex::new(None),
+            alternate,
+            busy: Mutex::new(false),
+            free: Condvar::new(),
         });
         (0..ranks).map(|rank| ThreadComm { rank, shared: shared.clone() }).collect()
     }
 
-    /// Wait until every rank has arrived, or fail after [`BARRIER_WAIT`].
+    /// Where the ranks alternate: wait until no other rank runs (at most [`BARRIER_WAIT`]),
+    /// then run. wgpu's OpenGL backend shares one context between threads and panics when a
+    /// thread waits for it more than a few seconds, which two ranks compiling and running side
+    /// by side on a loaded software adapter do; taking turns between collectives, never both
+    /// use the device at once.
+    fn take_turn(&self) {
+        if self.shared.alternate {
+            let busy = self.shared.busy.lock().unwrap();
+            let (mut busy, _) =
+                self.shared.free.wait_timeout_while(busy, BARRIER_WAIT, |b| *b).unwrap();
+            *busy = true;
+        }
+    }
+
+    /// The end of [`ThreadComm::take_turn`]'s turn.
+    fn give_turn(&self) {
+        if self.shared.alternate {
+            *self.shared.busy.lock().unwrap() = false;
+            self.shared.free.notify_all();
+        }
+    }
+
+    /// Wait until every rank has arrived, or fail after [`BARRIER_WAIT`] (giving up the turn
+    /// meanwhile, where the ranks alternate).
     fn wait_all(&self) -> rumus::Result<()> {
+        self.give_turn();
+        let arrived = self.arrive();
+        self.take_turn();
+        arrived
+    }
+
+    /// The barrier itself: wait until every rank has arrived, or fail after [`BARRIER_WAIT`].
+    fn arrive(&self) -> rumus::Result<()> {
         let mut gate = self.shared.gate.lock().unwrap();
         let generation = gate.1;
         gate.0 += 1;
@@ -257,11 +297,18 @@ fn two_gpu_ranks_train_as_one_process(test: &str, share: bool, exchange: &str) {
     };
     let script = TRAIN_SCRIPT.replace(r#"device: "cpu""#, r#"device: "gpu""#);
     let (single, single_params) = run_rank(rumus::dist::single(), &script);
-    let threads: Vec<_> = ThreadComm::world_sharing(2, share)
+    let alternate = gpu.info.backend == wgpu::Backend::Gl;
+    let threads: Vec<_> = ThreadComm::world_sharing(2, share, alternate)
         .into_iter()
         .map(|c| {
             let script = script.clone();
-            std::thread::spawn(move || run_rank_reporting(Arc::new(c), &script))
+            std::thread::spawn(move || {
+                let c = Arc::new(c);
+                c.take_turn();
+                let ran = run_rank_reporting(c.clone(), &script);
+                c.give_turn();
+                ran
+            })
         })
         .collect();
     let ranks: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
