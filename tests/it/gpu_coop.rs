@@ -148,6 +148,9 @@ fn shapes() -> Vec<(&'static str, MatmulSpec)> {
         // Longer than RESET_FIRST_MAX_K: the product zeroes the range words after its loop.
         ("long k", c(1, 9, 20, 800)),
         ("ragged nn", c(1, m, n, k)),
+        // Whole blocks of the tile inside C, no epilogue: fragments go straight into C.
+        ("blocks inside C", c(1, 64, 64, 40)),
+        ("inside and edge blocks, batch 2, alpha", MatmulSpec { alpha: 0.5, ..c(2, 48, 64, 40) }),
         ("tn (dW = Xt dY)", MatmulSpec { a: Operand::transposed(m, k), ..c(1, m, n, k) }),
         ("nt (dX = dY Wt)", MatmulSpec { b: Operand::transposed(k, n), ..c(1, m, n, k) }),
         (
