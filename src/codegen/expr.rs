@@ -30,6 +30,9 @@ pub struct ExprEmitter<'a> {
     /// without the runtime's bounds checks whose loads come from here (a matmul epilogue):
     /// one `min` a load instead of checks on every access of the kernel.
     pub clamp_loads: bool,
+    /// Collect every load here and read it from `pre[k]` instead (a matmul epilogue whose
+    /// loads are issued ahead of its values: `MatmulEpilogue::loads`).
+    pub hoisted: Option<std::cell::RefCell<Vec<String>>>,
     pub body: String,
     next: usize,
 }
@@ -145,6 +148,7 @@ impl<'a> ExprEmitter<'a> {
             computed: Vec::new(),
             root: None,
             clamp_loads: false,
+            hoisted: None,
             body: String::new(),
             next: 0,
         }
@@ -167,10 +171,21 @@ impl<'a> ExprEmitter<'a> {
             None => linear_index(self.g.shape(id), coords),
         };
         let name = (self.binding_name)(v.buffer);
-        if self.clamp_loads {
+        let load = if self.clamp_loads {
             format!("{name}[min({idx}, arrayLength(&{name}) - 1u)]")
         } else {
             format!("{name}[{idx}]")
+        };
+        match &self.hoisted {
+            Some(loads) => {
+                let mut loads = loads.borrow_mut();
+                let k = loads.iter().position(|l| *l == load).unwrap_or_else(|| {
+                    loads.push(load);
+                    loads.len() - 1
+                });
+                format!("pre[{k}]")
+            }
+            None => load,
         }
     }
 

@@ -528,7 +528,12 @@ pub fn programs(
     let s = spec;
     let product = Program {
         label,
-        wgsl: matmul_coop::generate(&k, access, spec.k, decls, body),
+        wgsl: matmul_coop::generate(
+            &k,
+            access,
+            spec.k,
+            matmul_coop::Epilogue { decls, body, loads: epilogue.map_or(0, |e| e.loads) },
+        ),
         entry: "main",
         workgroup_size: k.threads(),
         bindings,

@@ -313,9 +313,20 @@ pub(super) fn epilogue_and_store(w: &mut Wgsl, body: &str) {
     w.close();
     w.blank();
     w.line("// Element (i, j) of C, i < M and j < N: the epilogue, then beta (C unread when 0).");
-    w.open("fn store_c(v: f32, batch: u32, i: u32, j: u32)");
+    store_fn(w, "store_c", "", "epilogue(p.alpha * v, batch, i, j)");
+}
+
+/// `fn store_c_with(v, batch, i, j, pre)`: `store_c` for an epilogue whose `loads` values were
+/// loaded ahead (`MatmulEpilogue::loads`).
+pub(super) fn store_with_loads(w: &mut Wgsl, loads: u32) {
+    let call = "epilogue_with(p.alpha * v, batch, i, j, pre)";
+    store_fn(w, "store_c_with", &format!(", pre: array<f32, {loads}>"), call);
+}
+
+fn store_fn(w: &mut Wgsl, name: &str, params: &str, epilogue: &str) {
+    w.open(&format!("fn {name}(v: f32, batch: u32, i: u32, j: u32{params})"));
     w.line("let idx = p.c_off + batch * p.c_sb + i * p.c_si + j * p.c_sj;");
-    w.line("var y = epilogue(p.alpha * v, batch, i, j);");
+    w.line(&format!("var y = {epilogue};"));
     w.block("if (p.beta != 0.0)", &["y += p.beta * c[idx];"]);
     w.line("c[idx] = y;");
     w.close();

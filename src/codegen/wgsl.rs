@@ -446,6 +446,13 @@ pub struct MatmulEpilogue {
     pub body: String,
     /// Plan buffers bound at `@binding(4..)`, in order.
     pub extra: Vec<usize>,
+    /// How many values the epilogue loads, when its loads are split out (all its buffers
+    /// f32): `decls` then define `fn epilogue_loads(batch, i, j) -> array<f32, L>` and
+    /// `fn epilogue_with(v, batch, i, j, pre: array<f32, L>) -> scalar`, and `body` calls
+    /// them, so a kernel may issue the loads of many elements before it has their values
+    /// (the cooperative product's epilogue, where each load waited for memory in turn);
+    /// 0 when not split.
+    pub loads: u32,
 }
 
 /// The epilogue of matmul kernel `k` whose `[.., M, N]` result reaches the output through
@@ -476,20 +483,23 @@ pub fn matmul_epilogue(
         });
         format!("e{i}")
     };
-    let mut em = ExprEmitter::new(g, plan, &names);
-    em.register = Some((register, "v".to_string()));
-    em.root = Some(out);
     // The products run without the runtime's bounds checks (they would slow every load of
     // their loops): the epilogue's own loads clamp their indices instead.
-    em.clamp_loads = true;
     let lin = format!("((batch * {m}u + i) * {n}u + j)");
     let (coords_code, coords) = decompose(g.shape(out), &lin, "c");
-    let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
-    // The template indents the first line of the body; the others are indented here.
-    let mut body = Wgsl::new();
-    body.lines(&coords_code).lines(&em.body).line(&format!("return {value};"));
-    let body = body.finish().trim_end().replace('\n', "\n    ");
-    let extra = used.into_inner();
+    let emit = |hoist: bool| {
+        let mut em = ExprEmitter::new(g, plan, &names);
+        em.register = Some((register, "v".to_string()));
+        em.root = Some(out);
+        em.clamp_loads = true;
+        em.hoisted = hoist.then(Default::default);
+        let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
+        let loads = em.hoisted.take().map(|l| l.into_inner()).unwrap_or_default();
+        (em.body, value, loads)
+    };
+    let (code, value, loads) = emit(true);
+    let extra = used.borrow().clone();
+    let split = !loads.is_empty() && !extra.iter().any(|&b| buffer_is_i32(g, plan, k, b));
     let mut decls = Wgsl::new();
     for (i, &b) in extra.iter().enumerate() {
         let ty = if buffer_is_i32(g, plan, k, b) { "i32" } else { "f32" };
@@ -497,5 +507,25 @@ pub fn matmul_epilogue(
         decls.line(&format!("@group(0) @binding({at}) var<storage, read> e{i}: array<{ty}>;"));
     }
     decls.lines(math_wgsl());
-    Some(MatmulEpilogue { decls: decls.finish(), body, extra })
+    let mut body = Wgsl::new();
+    if split {
+        let l = loads.len();
+        decls.open(&format!("fn epilogue_loads(batch: u32, i: u32, j: u32) -> array<f32, {l}>"));
+        decls.lines(&coords_code).line(&format!("return array<f32, {l}>({});", loads.join(", ")));
+        decls.close();
+        decls.open(&format!(
+            "fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, {l}>) -> scalar"
+        ));
+        decls.lines(&coords_code).lines(&code).line(&format!("return {value};"));
+        decls.close();
+        body.line("return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));");
+    } else {
+        let (code, value, _) = emit(false);
+        body.lines(&coords_code).lines(&code).line(&format!("return {value};"));
+    }
+    // The template indents the first line of the body; the others are indented here.
+    let body = body.finish().trim_end().replace('\n', "\n    ");
+    let extra = used.into_inner();
+    let loads = if split { loads.len() as u32 } else { 0 };
+    Some(MatmulEpilogue { decls: decls.finish(), body, extra, loads })
 }

@@ -12,6 +12,7 @@ use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, RANGE_SLOT};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
 use rumus::codegen::program::{scratch_words, Program};
+use rumus::codegen::wgsl::MatmulEpilogue;
 use rumus::codegen::{MatmulOptions, MatmulPrecision, Resource};
 use rumus::runtime::kernel_bench::bench_matmul_mode;
 use rumus::runtime::launch::{Launcher, Range, Resources};
@@ -447,5 +448,65 @@ fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
             fp32.0, fp32.1, high.0, high.1
         );
         assert!(high.0 <= fp32.0 && high.1 <= fp32.1, "{say}");
+    }
+}
+
+/// An epilogue whose loads are split out (`MatmulEpilogue::loads`): the product loads a
+/// residual and a bias for all of an invocation's elements before the scratch path, then
+/// applies `v · residual + bias` element by element. Blocks inside C and ragged ones, each
+/// element against the reference: a load handed to another element's epilogue fails it.
+#[test]
+fn epilogue_loads_issued_ahead_reach_their_own_elements() {
+    let Some((gpu, _turn)) = or_skip("epilogue_loads_issued_ahead_reach_their_own_elements") else {
+        return;
+    };
+    let mut launcher = Launcher::default();
+    for mode in [CoopMode::High, CoopMode::Medium] {
+        for (m, n, k) in [(64, 64, 40), (50, 40, 24)] {
+            let s = MatmulSpec::contiguous(1, m, n, k);
+            let n_ = n as usize;
+            let decls = format!(
+                "@group(0) @binding(4) var<storage, read> e0: array<f32>;
+@group(0) @binding(5) var<storage, read> e1: array<f32>;
+fn epilogue_loads(batch: u32, i: u32, j: u32) -> array<f32, 2> {{
+    return array<f32, 2>(e0[min(i * {n}u + j, arrayLength(&e0) - 1u)], e1[min(j, arrayLength(&e1) - 1u)]);
+}}
+fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> scalar {{
+    return v * pre[0] + pre[1];
+}}"
+            );
+            let epilogue = MatmulEpilogue {
+                decls,
+                body: "return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));".into(),
+                extra: vec![3, 4],
+                loads: 2,
+            };
+            let (a, b) = (random((m * k) as usize, 1), random((k * n) as usize, 2));
+            let residual = random((m * n) as usize, 3);
+            let bias = random(n_, 4);
+            let c_old = vec![f32::NAN; (m * n) as usize];
+            let product = matmul_ref(&s, &a, &b, &vec![0.0; c_old.len()], |v, _| v);
+            let buffers: Vec<_> = [&a, &b, &c_old, &residual, &bias]
+                .iter()
+                .map(|v| gpu.upload_f32("operand", v).unwrap())
+                .collect();
+            let operands = [0, 1, 2].map(Resource::Buffer);
+            let tile = MatmulTile::Coop(kernel(mode));
+            let programs = matmul::programs("test", &s, tile, Some(&epilogue), operands).unwrap();
+            assert!(programs[2].wgsl.contains("store_c_with("), "the loads go ahead");
+            run_fresh(gpu, &mut launcher, &programs, &buffers);
+            let got = gpu.read_f32_range(&buffers[2], 0..c_old.len()).unwrap();
+            for (idx, (&g, &p)) in got.iter().zip(&product).enumerate() {
+                let want = p * f64::from(residual[idx]) + f64::from(bias[idx % n_]);
+                let err = (f64::from(g) - want).abs();
+                let tol = tolerance(mode) * (k as f64) * 4.0;
+                assert!(
+                    err <= tol,
+                    "{mode:?} {m}x{n}x{k}: element ({}, {}): got {g}, want {want}",
+                    idx / n_,
+                    idx % n_
+                );
+            }
+        }
     }
 }

@@ -302,6 +302,7 @@ fn matmul_simt_is_compiled_without_runtime_checks() {
     let s = MatmulSpec::contiguous(1, 8, 8, 8);
     let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
     let epilogue = MatmulEpilogue {
+        loads: 0,
         decls: "@group(0) @binding(4) var<storage, read> bias: array<scalar>;".to_string(),
         body: "return v + bias[j];".to_string(),
         extra: vec![3],
@@ -408,6 +409,7 @@ fn matmul_epilogue_bias_relu() {
     let [la, lb, lc] = contiguous_lens(&s);
     let (a, b, bias) = (random(la, 4), random(lb, 5), random(13, 6));
     let epilogue = MatmulEpilogue {
+        loads: 0,
         decls: "@group(0) @binding(4) var<storage, read> bias: array<scalar>;".to_string(),
         body: "return max(v + bias[j], scalar(0.0));".to_string(),
         extra: vec![3],
@@ -447,6 +449,7 @@ fn split_k_sum_matches_a_plain_sum() {
         let parts = random(mn * splits as usize, 7);
         let residual = random(mn, 8);
         let epilogue = MatmulEpilogue {
+            loads: 0,
             decls: "@group(0) @binding(4) var<storage, read> r: array<scalar>;".to_string(),
             body: format!("return v + r[i * {n}u + j] + scalar(batch);"),
             extra: vec![2],
