@@ -499,7 +499,21 @@ pub fn matmul_epilogue(
     };
     let (code, value, loads) = emit(true);
     let extra = used.borrow().clone();
-    let split = !loads.is_empty() && !extra.iter().any(|&b| buffer_is_i32(g, plan, k, b));
+    // Split only loads whose indices need nothing the body computes (a gather's index, an
+    // inlined product's loop counter): they must be computable from (batch, i, j) alone.
+    let defined: Vec<&str> = code
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "let" || w[0] == "var")
+        .map(|w| w[1])
+        .collect();
+    let independent = loads.iter().all(|l| {
+        l.split(|c: char| !(c.is_alphanumeric() || c == '_')).all(|word| !defined.contains(&word))
+    });
+    let split = !loads.is_empty()
+        && independent
+        && !extra.iter().any(|&b| buffer_is_i32(g, plan, k, b));
     let mut decls = Wgsl::new();
     for (i, &b) in extra.iter().enumerate() {
         let ty = if buffer_is_i32(g, plan, k, b) { "i32" } else { "f32" };
