@@ -1,8 +1,9 @@
 //! Named files in and out: [`write_atomic`] is the one way rumus writes a file a script or a host
-//! names (checkpoints, `write_text`), and [`read_source`] the one way it reads a source file
-//! (scripts, model files): with a size limit, so `/dev/zero` is an error and not a hang, UTF-8
-//! checked with the line and column of the first bad byte, and byte-order marks named (a UTF-8
-//! one is skipped, as rustc and Python do).
+//! names (checkpoints, `write_text`), [`open_regular`] the one way it opens a file to read (a
+//! FIFO, socket or device is refused: opening or reading one can block forever or never end),
+//! and [`read_source`] the one way it reads a source file (scripts, model files): with a size
+//! limit, UTF-8 checked with the line and column of the first bad byte, and byte-order marks
+//! named (a UTF-8 one is skipped, as rustc and Python do).
 //!
 //! The bytes go to a new temporary file in the target's own folder, created exclusively
 //! (`O_CREAT | O_EXCL`, and `O_NOFOLLOW` where there is one) under a name nobody can predict, so
@@ -27,20 +28,45 @@ use std::sync::Arc;
 /// Largest source file read, in bytes. Data belongs in data files (`csv`, `text`).
 pub const MAX_SOURCE_FILE_BYTES: u64 = 16 << 20;
 
-/// Read a source file, named by its path as given. Refuses files over 16 MiB
-/// (`MAX_SOURCE_FILE_BYTES`, before reading more than that), text that is not UTF-8 (at the
-/// line and column of the first bad byte), and UTF-16/32 byte-order marks; skips a UTF-8
-/// byte-order mark.
-pub fn read_source(path: &Path) -> Result<Arc<Source>> {
+/// Open the file at `path` to read it, or an `Io` error naming it: a folder, and anything else
+/// that is not a regular file (a FIFO would block the open, or the first read, until another
+/// process writes to it; a device may never end), is refused. The file is opened non-blocking
+/// (which a regular file ignores) so that opening a FIFO returns at once, to be refused.
+pub fn open_regular(path: &Path) -> Result<fs::File> {
     let name = path.display().to_string();
     if name.is_empty() {
         return Err(err!(Io, "the file name is empty"));
     }
     let io = |e: std::io::Error| Error::io(&name, e);
-    let file = std::fs::File::open(path).map_err(io)?;
-    if file.metadata().map_err(io)?.is_dir() {
-        return Err(err!(Io, "{name}: is a folder, not a source file"));
+    let mut opts = fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
     }
+    let file = opts.open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if meta.is_dir() {
+        return Err(err!(Io, "{name}: is a folder, not a file"));
+    }
+    if !meta.is_file() {
+        return Err(err!(
+            Io,
+            "{name}: is not a regular file (a FIFO, socket or device); rumus reads files only"
+        ));
+    }
+    Ok(file)
+}
+
+/// Read a source file, named by its path as given ([`open_regular`]). Refuses files over 16 MiB
+/// (`MAX_SOURCE_FILE_BYTES`, before reading more than that), text that is not UTF-8 (at the
+/// line and column of the first bad byte), and UTF-16/32 byte-order marks; skips a UTF-8
+/// byte-order mark.
+pub fn read_source(path: &Path) -> Result<Arc<Source>> {
+    let name = path.display().to_string();
+    let io = |e: std::io::Error| Error::io(&name, e);
+    let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(MAX_SOURCE_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_SOURCE_FILE_BYTES {
@@ -212,16 +238,25 @@ mod tests {
     }
 
     #[test]
-    fn reading_dev_zero_is_a_size_error() {
+    fn devices_and_folders_are_refused() {
         let e = read_source(Path::new("/dev/zero")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "/dev/zero: a source file may have at most 16777216 bytes; this one has more"
+            "/dev/zero: is not a regular file (a FIFO, socket or device); rumus reads files only"
         );
         let e = read_source(Path::new("src")).unwrap_err();
-        assert_eq!(e.to_string(), "src: is a folder, not a source file");
+        assert_eq!(e.to_string(), "src: is a folder, not a file");
         let e = read_source(Path::new("")).unwrap_err();
         assert_eq!(e.to_string(), "the file name is empty");
+    }
+
+    #[test]
+    fn a_source_file_over_the_limit_is_refused() {
+        let path = scratch("big").join("big.rms");
+        fs::File::create(&path).unwrap().set_len(MAX_SOURCE_FILE_BYTES + 1).unwrap();
+        let e = read_source(&path).unwrap_err();
+        let expected = "a source file may have at most 16777216 bytes; this one has more";
+        assert_eq!(e.to_string(), format!("{}: {expected}", path.display()));
     }
 
     fn scratch(name: &str) -> PathBuf {

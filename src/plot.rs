@@ -120,7 +120,7 @@ impl Curves {
 pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
     let name = log.display().to_string();
     let mut charge = crate::memory::Budget::new(MAX_LOG_BYTES).empty();
-    let file = std::fs::File::open(log).map_err(|e| Error::io(&name, e))?;
+    let file = crate::files::open_regular(log)?;
     let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;
     let text = String::from_utf8(bytes).map_err(|_| err!(Io, "{name}: not valid UTF-8 text"))?;
     Curves::from_log(&name, &text)?.write_svg(out)

@@ -253,12 +253,61 @@ fn every_command_reads_source_files_the_same_checked_way() {
             )),
             "{command}: {err}"
         );
-        let (code, _, err) = rumus(&[command, "/dev/zero"]);
-        assert_eq!(code, 2, "{command}: {err}");
-        assert!(
-            err.starts_with("/dev/zero: a source file may have at most 16777216 bytes"),
-            "{command}: {err}"
-        );
+    }
+}
+
+/// Found by the hostile-input audit: every command that reads a file named on its command line
+/// (or by `:load` in the REPL) blocked forever opening a FIFO no process writes to. FIFOs and
+/// devices are refused at once, as in scripts.
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_device_named_on_the_command_line_is_refused_at_once() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.join("fifo.rms"));
+    let made = Command::new("mkfifo").arg(dir.join("fifo.rms")).status().unwrap();
+    assert!(made.success());
+    let fifo = "target/script_cli/fifo.rms";
+    let svg = "target/script_cli/fifo.svg";
+    for file in [fifo, "/dev/zero"] {
+        let runs: [&[&str]; 6] = [
+            &["run", file],
+            &["graph", file],
+            &["plan", file],
+            &["bench", file],
+            &["plot", file, "-o", svg],
+            &["repl", "--batch"],
+        ];
+        for args in runs {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
+                .args(args)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut stdin, format!(":load {file}\n").as_bytes()).unwrap();
+            drop(stdin);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while child.try_wait().unwrap().is_none() {
+                if std::time::Instant::now() > deadline {
+                    child.kill().unwrap();
+                    panic!("`rumus {}` with {file} still runs after 60 s", args.join(" "));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().unwrap();
+            // The REPL answers on stdout, commands on stderr.
+            let err = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+            let expected = format!(
+                "{file}: is not a regular file (a FIFO, socket or device); rumus reads files only"
+            );
+            assert!(err.contains(&expected), "rumus {}: {err}", args.join(" "));
+            let code = if args[0] == "repl" { 0 } else { 2 };
+            assert_eq!(out.status.code(), Some(code), "rumus {}: {err}", args.join(" "));
+        }
     }
 }
 
