@@ -29,7 +29,7 @@ use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
 use crate::tensor::{fmt_shape, DType, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Sizes of a model's named dimensions (`B` is the batch).
@@ -665,7 +665,8 @@ impl Trainer {
     ) -> Result<LoadReport> {
         self.check_between_updates("load")?;
         let g = &self.train.graph;
-        let has = |name: &str| tensors.iter().any(|(n, _)| *n == name);
+        let present: HashSet<&str> = tensors.iter().map(|&(n, _)| n).collect();
+        let has = |name: &str| present.contains(name);
         let known = |name: &str| g.persistent_named(name).filter(|&id| self.checkpointed(id));
         // The model's own state (batch norm's running statistics) is needed like its
         // parameters; the optimizer's (made after `update_start`) entirely or not at all;
