@@ -162,6 +162,46 @@ fn plot_draws_a_loss_over_decades_on_a_log_axis() {
     }
 }
 
+/// Found by the hostile-input audit: `plotters` panics on an axis of infinite span (steps of
+/// ±1e308) and loops forever on values of ±1e308 or on a log axis that reaches a subnormal
+/// number (a loss of 1e-310), and a log of thousands of metric names drew a panel for each
+/// (2,000 names: a 55 MB SVG). Points beyond f32's range are left out like NaN, a log axis
+/// starts at f32's smallest normal number, and a plot has at most 64 panels.
+#[test]
+fn plot_axes_stay_drawable_whatever_the_numbers() {
+    let cases: [&[(f64, f64)]; 5] = [
+        &[(1e308, 1.0), (-1e308, 2.0), (1.0, 3.0)],
+        &[(1.0, 1e308), (2.0, -1e308), (3.0, 1.0)],
+        &[(1.0, 1e-310), (2.0, 1.0)],
+        &[(1.0, 1e-300), (2.0, 1e300)],
+        &[(1.0, 3.4e38), (2.0, -3.4e38), (3.4e38, 1.0), (-3.4e38, 1.0)],
+    ];
+    for (i, points) in cases.into_iter().enumerate() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut c = rumus::plot::Curves::default();
+            for &(step, value) in points {
+                c.push("loss", step, value);
+            }
+            let _ = tx.send(c.svg().map(|svg| svg.contains(">\nloss\n</text>")));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(Ok(linear_title)) => assert!(linear_title, "case {i}: a linear axis titled `loss`"),
+            Ok(Err(e)) => panic!("case {i}: {e}"),
+            Err(e) => panic!("case {i}: no plot after 60 s ({e}; a panic or a hang)"),
+        }
+    }
+    let mut c = rumus::plot::Curves::default();
+    for i in 0..1000 {
+        c.push(&format!("m{i}"), 1.0, 1.0);
+    }
+    assert_eq!(
+        c.svg().unwrap_err().message,
+        "more than 64 series to plot (the first beyond is `m64`): a plot has one panel per \
+         series; log fewer metric names"
+    );
+}
+
 #[test]
 fn plot_writes_an_svg_of_every_curve() {
     let f = script("plot.rms", TRAIN);
