@@ -361,6 +361,10 @@ fn out_of_range_arguments_are_errors_not_wrong_answers() {
             "cosine: min_lr must be a finite number >= 0, got -1",
         ),
         ("n.predict(zeros([0, 2]))", "predict needs at least one example, got [0, 2]"),
+        // Found by the hostile-input audit: these were 0, -inf and inf.
+        ("zeros([0]).mean()", "mean: the tensor of shape [0] has no elements"),
+        ("zeros([2, 0]).max()", "max: the tensor of shape [2, 0] has no elements"),
+        ("tensor(3..3).min()", "min: the tensor of shape [0] has no elements"),
         (
             "n.accuracy(zeros([2, 2]), tensor([0.5, 1.0]))",
             "accuracy: label 0.5 is not a class index in 0..3",
