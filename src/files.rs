@@ -116,13 +116,21 @@ pub fn source_from_bytes(name: String, bytes: Vec<u8>) -> Result<Arc<Source>> {
 }
 
 /// Write `bytes` to `path` atomically (see the module documentation). `path` must name a file
-/// (not a folder) in an existing folder.
+/// (not a folder) in an existing folder, and what is there already must be a regular file:
+/// the rename would put a file in the place of a device, FIFO or socket (`-o /dev/stdout`
+/// run as root would replace the link `/dev/stdout`, and `/dev/full` the device).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let shown = path.display();
     let name = match path.file_name() {
         Some(n) if !path.is_dir() => n.to_string_lossy().into_owned(),
         _ => return Err(err!(Io, "{shown}: is a folder, not a file name")),
     };
+    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(err!(
+            Io,
+            "{shown}: is not a regular file (a device, FIFO or socket); rumus writes files only"
+        ));
+    }
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -285,6 +293,27 @@ mod tests {
         assert_eq!(names(&dir), ["out.txt"]);
         let e = write_atomic(&dir, b"x").unwrap_err();
         assert_eq!(e.message, format!("{}: is a folder, not a file name", dir.display()));
+    }
+
+    /// Found by the hostile-input audit: `rumus plan --svg /dev/full`, run as root, renamed a
+    /// regular file over the device (and `-o /dev/stdout` would have replaced the link).
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_device_in_the_targets_place_is_refused_and_kept() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = scratch("special");
+        let fifo = dir.join("out.svg");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let link = dir.join("link.svg");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for path in [&fifo, &link] {
+            let e = write_atomic(path, b"x").unwrap_err();
+            let expected = "is not a regular file (a device, FIFO or socket); rumus writes files only";
+            assert_eq!(e.message, format!("{}: {expected}", path.display()));
+        }
+        assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(names(&dir), ["link.svg", "out.svg"]);
     }
 
     #[test]
