@@ -368,7 +368,14 @@ pub fn run_interactive(opts: HostOptions) -> Result<u8> {
     // After the editor: creating it replaces the SIGINT handler with rustyline's own.
     crate::script::signal::install(repl.borrow().host.interrupt());
     editor.set_helper(Some(Helper(repl.clone())));
-    let history = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".rumus_history"));
+    // The history is a convenience: one that is not a regular file (a FIFO would block the
+    // start, `/dev/zero` never end) or is larger than a source file is neither read nor written.
+    let history = std::env::var_os("HOME")
+        .map(|h| std::path::Path::new(&h).join(".rumus_history"))
+        .filter(|h| match std::fs::metadata(h) {
+            Ok(m) => m.is_file() && m.len() <= crate::files::MAX_SOURCE_FILE_BYTES,
+            Err(_) => true,
+        });
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
@@ -407,6 +414,11 @@ pub fn run_interactive(opts: HostOptions) -> Result<u8> {
                 prompt = "rumus> ";
             }
             Err(ReadlineError::Eof) => break,
+            Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                repl.borrow_mut().cancel();
+                show("invalid UTF-8 from the terminal: the line is dropped; input must be UTF-8 text\n")?;
+                prompt = "rumus> ";
+            }
             Err(e) => return Err(crate::err!(Io, "line editor: {e}")),
         }
     }

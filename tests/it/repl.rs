@@ -253,6 +253,11 @@ mod terminal {
 
     impl Pty {
         fn spawn(args: &[&str]) -> Pty {
+            let home = std::env::temp_dir().join(format!("rumus-pty-{}", std::process::id()));
+            Pty::spawn_at_home(args, &home)
+        }
+
+        fn spawn_at_home(args: &[&str], home: &std::path::Path) -> Pty {
             let (mut master, mut slave) = (0, 0);
             // SAFETY: openpty writes two new descriptors into the given integers.
             let rc = unsafe {
@@ -268,13 +273,12 @@ mod terminal {
             // SAFETY: both descriptors are fresh and owned here.
             let (master, slave) =
                 unsafe { (std::fs::File::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-            let home = std::env::temp_dir().join(format!("rumus-pty-{}", std::process::id()));
-            std::fs::create_dir_all(&home).unwrap();
+            std::fs::create_dir_all(home).unwrap();
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_rumus"));
             cmd.args(args)
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .env("TERM", "xterm")
-                .env("HOME", &home)
+                .env("HOME", home)
                 .stdin(Stdio::from(slave.try_clone().unwrap()))
                 .stdout(Stdio::from(slave.try_clone().unwrap()))
                 .stderr(Stdio::from(slave));
@@ -353,6 +357,29 @@ mod terminal {
         pty.send("exit(5)\r");
         let status = pty.child.wait().unwrap();
         assert_eq!(status.code(), Some(5), "{}", pty.seen);
+    }
+
+    /// Found by the hostile-input audit: a FIFO as `~/.rumus_history` blocked the REPL before
+    /// its first prompt, and bytes that are not UTF-8 typed at the prompt ended the session
+    /// ("line editor: invalid data"). The history is skipped, the line dropped with an error.
+    #[test]
+    fn a_fifo_history_and_bytes_that_are_not_utf8_do_not_end_the_session() {
+        let home = std::env::temp_dir().join(format!("rumus-pty-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&home);
+        std::fs::create_dir_all(&home).unwrap();
+        let fifo = home.join(".rumus_history");
+        assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let mut pty = Pty::spawn_at_home(&["repl", "--device", "cpu"], &home);
+        pty.wait_for("rumus> ");
+        pty.master.write_all(b"\xFF\xFE\r").unwrap();
+        pty.wait_for("invalid UTF-8 from the terminal: the line is dropped");
+        pty.send("40 + 2\r");
+        pty.wait_for("42");
+        pty.send(":quit\r");
+        let status = pty.child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{}", pty.seen);
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
     }
 }
 
