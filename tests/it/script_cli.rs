@@ -364,6 +364,22 @@ fn check(args: &[&str], env: &[(&str, &str)], expected: (i32, &str)) {
     assert_eq!(got, expected, "rumus {args:?}");
 }
 
+/// Found by the hostile-input audit: `mpirun -np 4 rumus run` with a binary built without the
+/// feature `mpi` trained four independent models, each believing it was the whole job, and
+/// said nothing (`rumus launch` refuses such a binary). Each rank now stops with the reason.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn ranks_of_a_binary_without_mpi_are_refused() {
+    let ok = script("ranks.rms", "print(1 + 1);\n");
+    let refused = "started as one of 4 ranks, but this rumus was built without the `mpi` feature, so each rank would train alone; build it with `cargo build --release --features mpi`";
+    check(&["run", &ok], &[("OMPI_COMM_WORLD_SIZE", "4")], (2, refused));
+    let bench = ["bench", "scripts/bench/mlp.rms", "--device", "cpu", "--set", "hidden=1"];
+    check(&bench, &[("PMI_SIZE", "4")], (2, refused));
+    // One rank (srun of a single task) or a size that is not a number is a job of one.
+    check(&["run", &ok], &[("PMI_SIZE", "1")], (0, ""));
+    check(&["run", &ok], &[("OMPI_COMM_WORLD_SIZE", "x")], (0, ""));
+}
+
 #[test]
 fn command_line_numbers_are_range_checked() {
     let ok = script("ok.rms", "print(1 + 1);\n");
