@@ -49,7 +49,7 @@ impl DiskCache {
 
     /// The cache saved at `path` (which need not exist).
     pub fn at(device: &wgpu::Device, path: PathBuf) -> DiskCache {
-        let data = read(&path).and_then(|bytes| unwrap(&bytes).map(<[u8]>::to_vec));
+        let data = read(&path, MAX_FILE_BYTES).and_then(|bytes| unwrap(&bytes).map(<[u8]>::to_vec));
         // SAFETY: wgpu checks the data's header (adapter, driver version) and, with `fallback`,
         // starts an empty cache when it does not match; the payload is exactly what the driver
         // gave us earlier, as our own header's length and hash confirm.
@@ -92,16 +92,16 @@ fn cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("rumus")))
 }
 
-/// The bytes of the regular file at `path` if it has at most [`MAX_FILE_BYTES`].
-fn read(path: &Path) -> Option<Vec<u8>> {
+/// The bytes of the regular file at `path` if it has at most `max`.
+fn read(path: &Path, max: u64) -> Option<Vec<u8>> {
     use std::io::Read;
     let file = crate::files::open_regular(path).ok()?;
-    if file.metadata().ok()?.len() > MAX_FILE_BYTES {
+    if file.metadata().ok()?.len() > max {
         return None;
     }
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).ok()?;
-    (bytes.len() as u64 <= MAX_FILE_BYTES).then_some(bytes)
+    file.take(max + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= max).then_some(bytes)
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -143,15 +143,14 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let fifo = dir.join("fifo");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
-        assert_eq!(read(&fifo), None);
-        assert_eq!(read(Path::new("/dev/zero")), None);
-        assert_eq!(read(&dir), None);
-        let big = dir.join("big");
-        std::fs::File::create(&big).unwrap().set_len(MAX_FILE_BYTES + 1).unwrap();
-        assert_eq!(read(&big), None);
+        assert_eq!(read(&fifo, MAX_FILE_BYTES), None);
+        assert_eq!(read(Path::new("/dev/zero"), MAX_FILE_BYTES), None);
+        assert_eq!(read(&dir, MAX_FILE_BYTES), None);
         let good = dir.join("good");
-        std::fs::write(&good, wrap(b"payload")).unwrap();
-        assert_eq!(read(&good).as_deref().and_then(unwrap), Some(&b"payload"[..]));
+        write_atomic(&good, &wrap(b"payload")).unwrap();
+        let size = (HEADER + 7) as u64;
+        assert_eq!(read(&good, size).as_deref().and_then(unwrap), Some(&b"payload"[..]));
+        assert_eq!(read(&good, size - 1), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
