@@ -317,6 +317,20 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
     check("print(tensor(9223372036854775807..=9223372036854775807).shape);", "[1]\n");
 }
 
+/// Found by the hostile-input audit: with every label equal to `ignore_index`, `accuracy` said
+/// 0.0 where `evaluate` said NaN; nothing was counted, so both say NaN.
+#[test]
+fn accuracy_with_every_label_ignored_is_nan_as_in_evaluate() {
+    let m = "model m(x: f32[B, 2]) { return linear(x, 3) as fc }
+             let net = m().compile(#{ batch: 2, ignore_index: -1 });
+             let x = randn([2, 2], 1); let y = tensor([-1, -1], \"i32\");";
+    check(
+        &format!("{m}\nprint(net.accuracy(x, y)); print(net.evaluate(x, y));"),
+        "NaN\n#{\"accuracy\": NaN, \"loss\": NaN}\n",
+    );
+    check(&format!("{m}\nprint(net.accuracy(x, tensor([-1, 2], \"i32\")) >= 0.0);"), "true\n");
+}
+
 /// Metrics on NaN or infinite values are NaN, never a score that treats the first class as the
 /// prediction (NaN logits with labels 0 used to score 1.0).
 #[test]
