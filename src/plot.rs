@@ -102,9 +102,12 @@ impl Curves {
             for ((name, points), panel) in self.series.iter().zip(&panels) {
                 let (x0, x1) = padded(points.iter().map(|p| p.0), 0.0);
                 let log = log_range(points.iter().map(|p| p.1));
+                // A metric's name is any script string: control and invisible characters are
+                // escaped (most are not allowed in XML at all).
+                let name = crate::error::escape(name);
                 let caption = match log {
                     Some(_) => format!("{name} (log scale)"),
-                    None => name.clone(),
+                    None => name.into_owned(),
                 };
                 let mut builder = ChartBuilder::on(panel);
                 builder

@@ -191,6 +191,14 @@ fn plot_axes_stay_drawable_whatever_the_numbers() {
             Err(e) => panic!("case {i}: no plot after 60 s ({e}; a panic or a hang)"),
         }
     }
+    // Found by the hostile-input audit: a NUL in a metric's name went raw into the SVG, which
+    // no XML reader accepts; control and invisible characters are escaped.
+    let mut c = rumus::plot::Curves::default();
+    c.push("<a>\0\u{202e}", 1.0, 1.0);
+    let svg = c.svg().unwrap();
+    assert!(svg.contains("&lt;a&gt;\\0\\u{202e}"), "{svg}");
+    assert!(!svg.contains(['\0', '\u{202e}']), "{svg}");
+    roxmltree::Document::parse(&svg).unwrap();
     let mut c = rumus::plot::Curves::default();
     for i in 0..1000 {
         c.push(&format!("m{i}"), 1.0, 1.0);
