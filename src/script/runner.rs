@@ -6,6 +6,7 @@
 //! In a data-parallel job only rank 0 shows progress and writes the metrics log.
 
 use super::{lock, Event, ExitRequest, Host, HostOptions, Interrupt, Total};
+use crate::err;
 use crate::error::{Error, Result};
 use crate::plot::Curves;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -45,6 +46,15 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
     let source = crate::files::read_source(&opts.file)?;
+    for (flag, out) in [("--metrics", &opts.metrics), ("--plot", &opts.plot)] {
+        if out.as_deref().is_some_and(|out| same_file(out, &opts.file)) {
+            return Err(err!(
+                Usage,
+                "{flag} names the script {} itself: writing there would destroy it",
+                opts.file.display()
+            ));
+        }
+    }
     let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());
@@ -94,6 +104,14 @@ fn stderr(s: &str) {
 }
 
 /// Progress display and metrics log.
+/// Whether `a` and `b` name one existing file (links followed).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 struct Progress {
     log_every: u64,
     metrics: Option<(PathBuf, File)>,

@@ -388,6 +388,21 @@ fn ranks_of_a_binary_without_mpi_are_refused() {
     check(&["run", &ok], &[("OMPI_COMM_WORLD_SIZE", "x")], (0, ""));
 }
 
+/// Found by the hostile-input audit: `rumus run f.rms --metrics f.rms` ran the script and then
+/// truncated it to write the log there (`--plot` would have replaced it with the drawing).
+#[test]
+fn outputs_that_name_the_script_itself_are_refused() {
+    let f = script("self.rms", "print(1 + 1);\n");
+    let other_spelling = format!("./{}", f.replace("script_cli/", "script_cli/../script_cli/"));
+    for (flag, out) in [("--metrics", f.as_str()), ("--plot", other_spelling.as_str())] {
+        let expected =
+            format!("{flag} names the script {f} itself: writing there would destroy it");
+        check(&["run", &f, flag, out], &[], (2, &expected));
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert_eq!(std::fs::read_to_string(root.join(&f)).unwrap(), "print(1 + 1);\n");
+}
+
 #[test]
 fn command_line_numbers_are_range_checked() {
     let ok = script("ok.rms", "print(1 + 1);\n");
