@@ -153,6 +153,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// An error when the output `out` (given by `flag`) names the same existing file as the input
+/// `input` (`what`), links and relative spellings resolved: writing the output would destroy
+/// the input (`rumus run f.rms --metrics f.rms`).
+pub fn not_the_input(flag: &str, out: &Path, what: &str, input: &Path) -> Result<()> {
+    match (fs::canonicalize(out), fs::canonicalize(input)) {
+        (Ok(a), Ok(b)) if a == b => Err(err!(
+            Usage,
+            "{flag} names {what} {} itself: writing there would destroy it",
+            input.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A random number from the standard library's per-process random hash keys.
 fn unpredictable() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

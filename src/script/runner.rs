@@ -6,7 +6,6 @@
 //! In a data-parallel job only rank 0 shows progress and writes the metrics log.
 
 use super::{lock, Event, ExitRequest, Host, HostOptions, Interrupt, Total};
-use crate::err;
 use crate::error::{Error, Result};
 use crate::plot::Curves;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -47,12 +46,8 @@ pub fn run(opts: RunOptions) -> Result<u8> {
     host_opts.sandbox.allow_read(folder);
     let source = crate::files::read_source(&opts.file)?;
     for (flag, out) in [("--metrics", &opts.metrics), ("--plot", &opts.plot)] {
-        if out.as_deref().is_some_and(|out| same_file(out, &opts.file)) {
-            return Err(err!(
-                Usage,
-                "{flag} names the script {} itself: writing there would destroy it",
-                opts.file.display()
-            ));
+        if let Some(out) = out {
+            crate::files::not_the_input(flag, out, "the script", &opts.file)?;
         }
     }
     let rank0 = host_opts.comm.rank() == 0;
@@ -104,14 +99,6 @@ fn stderr(s: &str) {
 }
 
 /// Progress display and metrics log.
-/// Whether `a` and `b` name one existing file (links followed).
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
-}
-
 struct Progress {
     log_every: u64,
     metrics: Option<(PathBuf, File)>,

@@ -391,7 +391,7 @@ fn ranks_of_a_binary_without_mpi_are_refused() {
 /// Found by the hostile-input audit: `rumus run f.rms --metrics f.rms` ran the script and then
 /// truncated it to write the log there (`--plot` would have replaced it with the drawing).
 #[test]
-fn outputs_that_name_the_script_itself_are_refused() {
+fn outputs_that_name_their_own_input_are_refused() {
     let f = script("self.rms", "print(1 + 1);\n");
     let other_spelling = format!("./{}", f.replace("script_cli/", "script_cli/../script_cli/"));
     for (flag, out) in [("--metrics", f.as_str()), ("--plot", other_spelling.as_str())] {
@@ -401,6 +401,16 @@ fn outputs_that_name_the_script_itself_are_refused() {
     }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     assert_eq!(std::fs::read_to_string(root.join(&f)).unwrap(), "print(1 + 1);\n");
+    // The same for the other commands that read one file and write another.
+    let log = script("self.jsonl", "{\"step\": 1, \"loss\": 2}\n");
+    let expected = format!("--output names the log {log} itself: writing there would destroy it");
+    check(&["plot", &log, "-o", &log], &[], (2, &expected));
+    let model = script("self_model.rms", "model m(x: f32[B, 2], B = 2) { return linear(x, 2) }\n");
+    let expected =
+        format!("--svg names the model file {model} itself: writing there would destroy it");
+    check(&["plan", &model, "--svg", &model], &[], (2, &expected));
+    assert!(std::fs::read_to_string(root.join(&log)).unwrap().starts_with("{\"step\""));
+    assert!(std::fs::read_to_string(root.join(&model)).unwrap().starts_with("model m"));
 }
 
 #[test]
