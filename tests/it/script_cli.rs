@@ -413,6 +413,38 @@ fn outputs_that_name_their_own_input_are_refused() {
     assert!(std::fs::read_to_string(root.join(&model)).unwrap().starts_with("model m"));
 }
 
+/// Found by the hostile-input audit: a variable that is not UTF-8 read as unset, so
+/// `RUMUS_DEVICE=$'\xff'` ran on the default device and an unreadable cooperative tile planned
+/// with the default one, silently. Both are errors naming the variable.
+#[cfg(unix)]
+#[test]
+fn environment_variables_that_are_not_text_are_errors() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"gpu\xFF");
+    let ok = script("env.rms", "print(1 + 1);\n");
+    for (var, args, expected) in [
+        (
+            "RUMUS_DEVICE",
+            vec!["run", ok.as_str()],
+            "RUMUS_DEVICE: \"gpu\\xFF\" is not UTF-8 text (valid choices: auto, gpu, cpu)",
+        ),
+        (
+            "RUMUS_MATMUL_COOP_TILE",
+            vec!["plan", "scripts/xor.rms", "--set", "B=2"],
+            "RUMUS_MATMUL_COOP_TILE: \"gpu\\xFF\" is not UTF-8 text",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(&args)
+            .env(var, bad)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), err.trim_end()), (Some(2), expected), "{var}");
+    }
+}
+
 #[test]
 fn command_line_numbers_are_range_checked() {
     let ok = script("ok.rms", "print(1 + 1);\n");
