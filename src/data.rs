@@ -92,7 +92,7 @@ impl Default for CsvOptions {
 /// dataset's tensors and class names.
 pub fn read_csv(path: &Path, opts: &CsvOptions, charge: &mut Charge) -> Result<Dataset> {
     let name = path.display().to_string();
-    let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
+    let file = crate::files::open_regular(path)?;
     let mut file = BufReader::new(file);
     let is_gzip = file.fill_buf().map_err(|e| Error::io(&name, e))?.starts_with(&[0x1f, 0x8b]);
     let text: Box<dyn Read> =
@@ -155,7 +155,7 @@ pub fn read_text(path: &Path, charge: &mut Charge) -> Result<Vec<u8>> {
     };
     let mut bytes = Vec::new();
     for file in &files {
-        let f = fs::File::open(file).map_err(|e| Error::io(file.display(), e))?;
+        let f = crate::files::open_regular(file)?;
         let more = read_all(f, charge, &file.display().to_string())?;
         reserve(&mut bytes, more.len(), charge, || format!("the text of {}", path.display()))?;
         bytes.extend_from_slice(&more);

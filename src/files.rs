@@ -1,8 +1,9 @@
 //! Named files in and out: [`write_atomic`] is the one way rumus writes a file a script or a host
-//! names (checkpoints, `write_text`), and [`read_source`] the one way it reads a source file
-//! (scripts, model files): with a size limit, so `/dev/zero` is an error and not a hang, UTF-8
-//! checked with the line and column of the first bad byte, and byte-order marks named (a UTF-8
-//! one is skipped, as rustc and Python do).
+//! names (checkpoints, `write_text`), [`open_regular`] the one way it opens a file to read (a
+//! FIFO, socket or device is refused: opening or reading one can block forever or never end),
+//! and [`read_source`] the one way it reads a source file (scripts, model files): with a size
+//! limit, UTF-8 checked with the line and column of the first bad byte, and byte-order marks
+//! named (a UTF-8 one is skipped, as rustc and Python do).
 //!
 //! The bytes go to a new temporary file in the target's own folder, created exclusively
 //! (`O_CREAT | O_EXCL`, and `O_NOFOLLOW` where there is one) under a name nobody can predict, so
@@ -27,20 +28,45 @@ use std::sync::Arc;
 /// Largest source file read, in bytes. Data belongs in data files (`csv`, `text`).
 pub const MAX_SOURCE_FILE_BYTES: u64 = 16 << 20;
 
-/// Read a source file, named by its path as given. Refuses files over 16 MiB
-/// (`MAX_SOURCE_FILE_BYTES`, before reading more than that), text that is not UTF-8 (at the
-/// line and column of the first bad byte), and UTF-16/32 byte-order marks; skips a UTF-8
-/// byte-order mark.
-pub fn read_source(path: &Path) -> Result<Arc<Source>> {
+/// Open the file at `path` to read it, or an `Io` error naming it: a folder, and anything else
+/// that is not a regular file (a FIFO would block the open, or the first read, until another
+/// process writes to it; a device may never end), is refused. The file is opened non-blocking
+/// (which a regular file ignores) so that opening a FIFO returns at once, to be refused.
+pub fn open_regular(path: &Path) -> Result<fs::File> {
     let name = path.display().to_string();
     if name.is_empty() {
         return Err(err!(Io, "the file name is empty"));
     }
     let io = |e: std::io::Error| Error::io(&name, e);
-    let file = std::fs::File::open(path).map_err(io)?;
-    if file.metadata().map_err(io)?.is_dir() {
-        return Err(err!(Io, "{name}: is a folder, not a source file"));
+    let mut opts = fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
     }
+    let file = opts.open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if meta.is_dir() {
+        return Err(err!(Io, "{name}: is a folder, not a file"));
+    }
+    if !meta.is_file() {
+        return Err(err!(
+            Io,
+            "{name}: is not a regular file (a FIFO, socket or device); rumus reads files only"
+        ));
+    }
+    Ok(file)
+}
+
+/// Read a source file, named by its path as given ([`open_regular`]). Refuses files over 16 MiB
+/// (`MAX_SOURCE_FILE_BYTES`, before reading more than that), text that is not UTF-8 (at the
+/// line and column of the first bad byte), and UTF-16/32 byte-order marks; skips a UTF-8
+/// byte-order mark.
+pub fn read_source(path: &Path) -> Result<Arc<Source>> {
+    let name = path.display().to_string();
+    let io = |e: std::io::Error| Error::io(&name, e);
+    let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(MAX_SOURCE_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_SOURCE_FILE_BYTES {
@@ -90,13 +116,21 @@ pub fn source_from_bytes(name: String, bytes: Vec<u8>) -> Result<Arc<Source>> {
 }
 
 /// Write `bytes` to `path` atomically (see the module documentation). `path` must name a file
-/// (not a folder) in an existing folder.
+/// (not a folder) in an existing folder, and what is there already must be a regular file:
+/// the rename would put a file in the place of a device, FIFO or socket (`-o /dev/stdout`
+/// run as root would replace the link `/dev/stdout`, and `/dev/full` the device).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let shown = path.display();
     let name = match path.file_name() {
         Some(n) if !path.is_dir() => n.to_string_lossy().into_owned(),
         _ => return Err(err!(Io, "{shown}: is a folder, not a file name")),
     };
+    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(err!(
+            Io,
+            "{shown}: is not a regular file (a device, FIFO or socket); rumus writes files only"
+        ));
+    }
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -117,6 +151,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = dir.sync_all();
     }
     Ok(())
+}
+
+/// An error when the output `out` (given by `flag`) names the same existing file as the input
+/// `input` (`what`), links and relative spellings resolved: writing the output would destroy
+/// the input (`rumus run f.rms --metrics f.rms`).
+pub fn not_the_input(flag: &str, out: &Path, what: &str, input: &Path) -> Result<()> {
+    match (fs::canonicalize(out), fs::canonicalize(input)) {
+        (Ok(a), Ok(b)) if a == b => Err(err!(
+            Usage,
+            "{flag} names {what} {} itself: writing there would destroy it",
+            input.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A random number from the standard library's per-process random hash keys.
@@ -212,16 +260,25 @@ mod tests {
     }
 
     #[test]
-    fn reading_dev_zero_is_a_size_error() {
+    fn devices_and_folders_are_refused() {
         let e = read_source(Path::new("/dev/zero")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "/dev/zero: a source file may have at most 16777216 bytes; this one has more"
+            "/dev/zero: is not a regular file (a FIFO, socket or device); rumus reads files only"
         );
         let e = read_source(Path::new("src")).unwrap_err();
-        assert_eq!(e.to_string(), "src: is a folder, not a source file");
+        assert_eq!(e.to_string(), "src: is a folder, not a file");
         let e = read_source(Path::new("")).unwrap_err();
         assert_eq!(e.to_string(), "the file name is empty");
+    }
+
+    #[test]
+    fn a_source_file_over_the_limit_is_refused() {
+        let path = scratch("big").join("big.rms");
+        fs::File::create(&path).unwrap().set_len(MAX_SOURCE_FILE_BYTES + 1).unwrap();
+        let e = read_source(&path).unwrap_err();
+        let expected = "a source file may have at most 16777216 bytes; this one has more";
+        assert_eq!(e.to_string(), format!("{}: {expected}", path.display()));
     }
 
     fn scratch(name: &str) -> PathBuf {
@@ -250,6 +307,27 @@ mod tests {
         assert_eq!(names(&dir), ["out.txt"]);
         let e = write_atomic(&dir, b"x").unwrap_err();
         assert_eq!(e.message, format!("{}: is a folder, not a file name", dir.display()));
+    }
+
+    /// Found by the hostile-input audit: `rumus plan --svg /dev/full`, run as root, renamed a
+    /// regular file over the device (and `-o /dev/stdout` would have replaced the link).
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_or_device_in_the_targets_place_is_refused_and_kept() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = scratch("special");
+        let fifo = dir.join("out.svg");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let link = dir.join("link.svg");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for path in [&fifo, &link] {
+            let e = write_atomic(path, b"x").unwrap_err();
+            let expected = "is not a regular file (a device, FIFO or socket); rumus writes files only";
+            assert_eq!(e.message, format!("{}: {expected}", path.display()));
+        }
+        assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(names(&dir), ["link.svg", "out.svg"]);
     }
 
     #[test]

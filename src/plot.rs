@@ -5,6 +5,12 @@
 //! A panel whose values are all positive and span two decades or more (a loss, usually) has
 //! a log-scale y axis, and its title says so.
 //!
+//! Axes must have a finite span that `plotters` can cut into ticks (it panics on an infinite
+//! one and loops forever on a log axis reaching subnormal numbers), so a point is drawn only
+//! when its step and value lie within f32's range (a NaN or infinite loss has no place on the
+//! axis either), and a log axis only between f32's smallest normal number and its largest.
+//! A plot has at most [`MAX_SERIES`] panels.
+//!
 //! The points come from a metrics log (`rumus run --metrics`, JSON lines: `{"step", "loss"}`
 //! for a training step, `{"step", "metric", "value"}` for `log_metric`) or from the run itself
 //! (`rumus run --plot`).
@@ -18,22 +24,34 @@ use std::path::Path;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Curves {
     series: Vec<(String, Vec<(f64, f64)>)>,
+    /// The first series beyond [`MAX_SERIES`] (its points are not kept).
+    beyond: Option<String>,
 }
+
+/// Most series (panels) one plot draws.
+pub const MAX_SERIES: usize = 64;
+
+/// Largest step or value drawn: f32's largest.
+const MAX_MAGNITUDE: f64 = f32::MAX as f64;
 
 /// Most bytes of a metrics log `rumus plot` reads.
 pub const MAX_LOG_BYTES: u64 = 1 << 30;
 
 impl Curves {
-    /// Add a point to series `name`; non-finite values are left out (a NaN loss has no place
-    /// on the axis).
+    /// Add a point to series `name`; a step or value beyond f32's range, NaN or infinite is
+    /// left out (see the module documentation).
     pub fn push(&mut self, name: &str, step: f64, value: f64) {
-        if !(step.is_finite() && value.is_finite()) {
+        if !(step.abs() <= MAX_MAGNITUDE && value.abs() <= MAX_MAGNITUDE) {
             return;
         }
-        match self.series.iter_mut().find(|(n, _)| n == name) {
-            Some((_, points)) => points.push((step, value)),
-            None if name == "loss" => self.series.insert(0, (name.into(), vec![(step, value)])),
-            None => self.series.push((name.into(), vec![(step, value)])),
+        if let Some((_, points)) = self.series.iter_mut().find(|(n, _)| n == name) {
+            points.push((step, value));
+        } else if self.series.len() >= MAX_SERIES {
+            self.beyond.get_or_insert_with(|| name.to_string());
+        } else if name == "loss" {
+            self.series.insert(0, (name.into(), vec![(step, value)]));
+        } else {
+            self.series.push((name.into(), vec![(step, value)]));
         }
     }
 
@@ -69,6 +87,12 @@ impl Curves {
         if self.series.is_empty() {
             return Err(err!(InvalidArgument, "nothing to plot: no steps and no metrics"));
         }
+        if let Some(name) = &self.beyond {
+            return Err(err!(
+                InvalidArgument,
+                "more than {MAX_SERIES} series to plot (the first beyond is `{name}`): a plot has one panel per series; log fewer metric names"
+            ));
+        }
         let mut svg = String::new();
         let height = 280 * self.series.len() as u32;
         {
@@ -78,9 +102,12 @@ impl Curves {
             for ((name, points), panel) in self.series.iter().zip(&panels) {
                 let (x0, x1) = padded(points.iter().map(|p| p.0), 0.0);
                 let log = log_range(points.iter().map(|p| p.1));
+                // A metric's name is any script string: control and invisible characters are
+                // escaped (most are not allowed in XML at all).
+                let name = crate::error::escape(name);
                 let caption = match log {
                     Some(_) => format!("{name} (log scale)"),
-                    None => name.clone(),
+                    None => name.into_owned(),
                 };
                 let mut builder = ChartBuilder::on(panel);
                 builder
@@ -119,8 +146,9 @@ impl Curves {
 /// `rumus plot LOG -o OUT`: read a metrics log and write its curves as SVG.
 pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
     let name = log.display().to_string();
+    crate::files::not_the_input("--output", out, "the log", log)?;
     let mut charge = crate::memory::Budget::new(MAX_LOG_BYTES).empty();
-    let file = std::fs::File::open(log).map_err(|e| Error::io(&name, e))?;
+    let file = crate::files::open_regular(log)?;
     let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;
     let text = String::from_utf8(bytes).map_err(|_| err!(Io, "{name}: not valid UTF-8 text"))?;
     Curves::from_log(&name, &text)?.write_svg(out)
@@ -128,11 +156,12 @@ pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
 
 /// The y range of a panel drawn on a log scale: values all positive and spanning at least two
 /// decades (a loss falling from 4 to 0.01 is a flat line at zero on a linear axis after its
-/// first hundred steps), widened by a tenth of a decade each side. `None` for a linear axis.
+/// first hundred steps), none below f32's smallest normal number, widened by a tenth of a
+/// decade each side. `None` for a linear axis.
 fn log_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
     let pad = 10f64.powf(0.1);
-    (lo > 0.0 && hi >= 100.0 * lo).then(|| (lo / pad, hi * pad))
+    (lo >= f64::from(f32::MIN_POSITIVE) && hi >= 100.0 * lo).then(|| (lo / pad, hi * pad))
 }
 
 /// The range of `values`, widened by `pad` of its span on each side (and to a span of 1 when

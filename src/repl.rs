@@ -29,6 +29,11 @@ pub const COMMANDS: &[(&str, &str)] = &[
     (":quit", "leave (or Ctrl-D)"),
 ];
 
+/// Most lines one input may continue over while brackets are open (see [`Repl::feed`]).
+pub const MAX_INPUT_LINES: usize = 1000;
+/// Most bytes of an input continued over several lines.
+pub const MAX_INPUT_BYTES: usize = 256 << 10;
+
 /// What became of one input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -51,6 +56,8 @@ pub struct Repl {
     host: Host,
     out: Arc<Mutex<String>>,
     pending: String,
+    /// Lines in `pending`.
+    pending_lines: usize,
     n_inputs: usize,
     /// The last input was stopped by Ctrl-C (the terminal has echoed `^C` mid-line).
     interrupted: bool,
@@ -67,7 +74,14 @@ impl Repl {
             o.push_str(s);
             o.push('\n');
         });
-        Repl { host, out, pending: String::new(), n_inputs: 0, interrupted: false }
+        Repl {
+            host,
+            out,
+            pending: String::new(),
+            pending_lines: 0,
+            n_inputs: 0,
+            interrupted: false,
+        }
     }
 
     /// The session, for hosts that add functions or inspect variables.
@@ -75,15 +89,29 @@ impl Repl {
         &mut self.host
     }
 
-    /// Feed one line of input.
+    /// Feed one line of input. An input continued over more than [`MAX_INPUT_LINES`] lines
+    /// or [`MAX_INPUT_BYTES`] bytes is dropped with an error: each line scans the input so
+    /// far again.
     pub fn feed(&mut self, line: &str) -> Outcome {
         if !self.pending.is_empty() {
+            if self.pending_lines >= MAX_INPUT_LINES
+                || self.pending.len() + 1 + line.len() > MAX_INPUT_BYTES
+            {
+                self.cancel();
+                let e = crate::err!(
+                    Limit,
+                    "an input may continue over at most {MAX_INPUT_LINES} lines and {MAX_INPUT_BYTES} bytes (brackets were still open); put longer code in a file and `:load` it"
+                );
+                return Outcome::Done(format!("{e}\n"));
+            }
             self.pending.push('\n');
         }
         self.pending.push_str(line);
+        self.pending_lines += 1;
         if !self.pending.trim_start().starts_with(':') && open_brackets(&self.pending) {
             return Outcome::More;
         }
+        self.pending_lines = 0;
         let input = std::mem::take(&mut self.pending);
         self.run(&input)
     }
@@ -91,6 +119,7 @@ impl Repl {
     /// Drop a half-entered multi-line input (Ctrl-C at a continuation prompt).
     pub fn cancel(&mut self) {
         self.pending.clear();
+        self.pending_lines = 0;
     }
 
     /// Evaluate one line (or several, as one input) and return what it printed, its value, or
@@ -240,11 +269,22 @@ pub fn open_brackets(text: &str) -> bool {
 /// the input, at `:quit` or at `exit(code)`, and returns the exit code. Errors are shown and the
 /// session goes on, as at the prompt. Output that cannot be written is an error, except a
 /// closed pipe, which ends the session successfully.
-pub fn run_batch(opts: HostOptions, input: impl BufRead, mut out: impl Write) -> Result<u8> {
+pub fn run_batch(opts: HostOptions, mut input: impl BufRead, mut out: impl Write) -> Result<u8> {
     let mut repl = Repl::new(opts);
-    for line in input.lines() {
-        let line = line.map_err(|e| crate::Error::io("<stdin>", e))?;
-        let (text, quit) = match repl.feed(&line) {
+    let mut bytes = Vec::new();
+    for n in 1.. {
+        let line = match read_line(&mut input, &mut bytes, n)? {
+            None => break,
+            Some(Ok(line)) => line,
+            Some(Err(e)) => {
+                repl.cancel();
+                if !write_out(&mut out, &format!("{e}\n"))? {
+                    return Ok(0);
+                }
+                continue;
+            }
+        };
+        let (text, quit) = match repl.feed(line) {
             Outcome::Done(s) => (s, None),
             Outcome::More => continue,
             Outcome::Quit { output, code } => (output, Some(code)),
@@ -267,6 +307,41 @@ pub fn run_batch(opts: HostOptions, input: impl BufRead, mut out: impl Write) ->
         return Ok(code);
     }
     Ok(0)
+}
+
+/// Longest input line the batch mode reads, in bytes (as long as a source file may be).
+pub const MAX_LINE_BYTES: u64 = crate::files::MAX_SOURCE_FILE_BYTES;
+
+/// Line `n` of `input` into `buf`, without its line end: `None` at the end of the input,
+/// `Some(Err(..))` for a line that is not UTF-8 or is longer than [`MAX_LINE_BYTES`] (the rest
+/// of it is skipped unread), so that the session can go on after it.
+fn read_line<'b>(
+    input: &mut impl BufRead,
+    buf: &'b mut Vec<u8>,
+    n: usize,
+) -> Result<Option<Result<&'b str>>> {
+    let io = |e| crate::Error::io("<stdin>", e);
+    buf.clear();
+    let mut limited = std::io::Read::take(&mut *input, MAX_LINE_BYTES + 1);
+    if limited.read_until(b'\n', buf).map_err(io)? == 0 {
+        return Ok(None);
+    }
+    if buf.len() as u64 > MAX_LINE_BYTES {
+        input.skip_until(b'\n').map_err(io)?;
+        let e = crate::err!(Limit, "<stdin>:{n}: a line may have at most {MAX_LINE_BYTES} bytes; this one has more (skipped)");
+        return Ok(Some(Err(e)));
+    }
+    let line = buf.strip_suffix(b"\n").unwrap_or(buf);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    Ok(Some(std::str::from_utf8(line).map_err(|e| {
+        let at = e.valid_up_to();
+        crate::err!(
+            Parse,
+            "<stdin>:{n}:{}: invalid UTF-8 (byte 0x{:02X}): input must be UTF-8 text (skipped)",
+            at + 1,
+            line[at]
+        )
+    })))
 }
 
 /// Write and flush; `Ok(false)` when the reader has gone (a broken pipe).
@@ -293,7 +368,14 @@ pub fn run_interactive(opts: HostOptions) -> Result<u8> {
     // After the editor: creating it replaces the SIGINT handler with rustyline's own.
     crate::script::signal::install(repl.borrow().host.interrupt());
     editor.set_helper(Some(Helper(repl.clone())));
-    let history = std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".rumus_history"));
+    // The history is a convenience: one that is not a regular file (a FIFO would block the
+    // start, `/dev/zero` never end) or is larger than a source file is neither read nor written.
+    let history = std::env::var_os("HOME")
+        .map(|h| std::path::Path::new(&h).join(".rumus_history"))
+        .filter(|h| match std::fs::metadata(h) {
+            Ok(m) => m.is_file() && m.len() <= crate::files::MAX_SOURCE_FILE_BYTES,
+            Err(_) => true,
+        });
     if let Some(h) = &history {
         let _ = editor.load_history(h);
     }
@@ -332,6 +414,11 @@ pub fn run_interactive(opts: HostOptions) -> Result<u8> {
                 prompt = "rumus> ";
             }
             Err(ReadlineError::Eof) => break,
+            Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                repl.borrow_mut().cancel();
+                show("invalid UTF-8 from the terminal: the line is dropped; input must be UTF-8 text\n")?;
+                prompt = "rumus> ";
+            }
             Err(e) => return Err(crate::err!(Io, "line editor: {e}")),
         }
     }

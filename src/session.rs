@@ -29,7 +29,7 @@ use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
 use crate::tensor::{fmt_shape, DType, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Sizes of a model's named dimensions (`B` is the batch).
@@ -533,7 +533,8 @@ impl Trainer {
         dims.insert("B".to_string(), batch);
         let key: Vec<(String, usize)> = dims.clone().into_iter().collect();
         let what = format!("model `{}` evaluated on a batch of {batch}", self.model.name);
-        if !self.evals.contains_key(&key) {
+        let fresh = !self.evals.contains_key(&key);
+        if fresh {
             let graph = self.model.instantiate(&dims)?;
             let want: Vec<NodeId> = graph.outputs.iter().map(|&(_, id)| id).collect();
             // Copies at batch sizes used before are dropped when they are what stands in the way.
@@ -546,9 +547,28 @@ impl Trainer {
             };
             self.evals.insert(key.clone(), EvalGraph { graph, placed, synced: None });
         }
+        let out = self.run_eval(&key, inputs, &what);
+        if out.is_err() && fresh {
+            // A copy that failed its first run (a value beyond the device's binding limit) is
+            // no use kept, and would hold its charge for as long as the model lives.
+            self.evals.remove(&key);
+        }
+        out
+    }
+
+    /// Run the evaluation copy `key` (made by [`Trainer::predict`]) on `inputs`.
+    fn run_eval(
+        &mut self,
+        key: &[(String, usize)],
+        inputs: &[(&str, &Tensor)],
+        what: &str,
+    ) -> Result<Vec<(String, Tensor)>> {
         // Copy the parameters (and the model's state, batch norm's running statistics) over
         // when anything wrote them since the last copy.
-        let e = self.evals.get_mut(&key).expect("inserted above");
+        let e = self
+            .evals
+            .get_mut(key)
+            .ok_or_else(|| err!(Invariant, "no evaluation copy for {what}"))?;
         if e.synced != Some(self.generation) {
             let pairs: Vec<(NodeId, NodeId)> = e
                 .graph
@@ -574,7 +594,7 @@ impl Trainer {
         let feeds = resolve_feeds(&e.graph, inputs)?;
         let want: Vec<NodeId> = e.graph.outputs.iter().map(|&(_, id)| id).collect();
         let opts = RunOptions { training: false, step: self.step };
-        let out = e.placed.run(&self.cfg.budget, &what, &feeds, &want, opts, false)?;
+        let out = e.placed.run(&self.cfg.budget, what, &feeds, &want, opts, false)?;
         Ok(e.graph.outputs.iter().map(|(n, _)| n.clone()).zip(out).collect())
     }
 
@@ -665,7 +685,8 @@ impl Trainer {
     ) -> Result<LoadReport> {
         self.check_between_updates("load")?;
         let g = &self.train.graph;
-        let has = |name: &str| tensors.iter().any(|(n, _)| *n == name);
+        let present: HashSet<&str> = tensors.iter().map(|&(n, _)| n).collect();
+        let has = |name: &str| present.contains(name);
         let known = |name: &str| g.persistent_named(name).filter(|&id| self.checkpointed(id));
         // The model's own state (batch norm's running statistics) is needed like its
         // parameters; the optimizer's (made after `update_start`) entirely or not at all;

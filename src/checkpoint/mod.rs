@@ -40,7 +40,6 @@ use serde_json::Value;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::fs;
 use std::path::Path;
 
 pub mod torch;
@@ -111,7 +110,7 @@ pub fn to_bytes(
 pub fn load(path: &Path, charge: &mut Charge) -> Result<Checkpoint> {
     let name = path.display().to_string();
     let at_path = |e: Error| err!(Checkpoint, "{name}: {}", e.message);
-    let file = fs::File::open(path).map_err(|e| Error::io(&name, e))?;
+    let file = crate::files::open_regular(path)?;
     let bytes = read_all(file, charge, &name)?;
     let layout = Layout::parse(&bytes).map_err(at_path)?;
     charge.grow(layout.host_bytes(), format!("the tensors of {name}"))?;

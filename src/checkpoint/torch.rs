@@ -19,14 +19,23 @@
 //!
 //! Every tensor that lands on a parameter with the wrong shape is named in one error, with the
 //! shape expected in the file's layout and the shape found.
+//!
+//! Mapping costs at most [`MAX_RULES`] pattern tests per tensor (a file may hold a million
+//! tensors), and every copy beyond a tensor's first name is charged to the caller's budget
+//! before it is made.
 
 use super::Checkpoint;
 use crate::err;
 use crate::error::Result;
+use crate::memory::Charge;
 use crate::graph::{Graph, NodeId, Op};
 use crate::tensor::{fmt_shape, Tensor, TensorData};
 use std::collections::btree_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Most rename targets (over all rules) and most `transpose` patterns one load takes: each is
+/// tried against every tensor of the file.
+pub const MAX_RULES: usize = 256;
 
 /// A dotted name pattern: its segments, `*` matching any one segment.
 #[derive(Clone, Debug, PartialEq)]
@@ -164,12 +173,36 @@ pub fn targets(g: &Graph) -> Vec<Target> {
 
 /// The tensors of `ckpt` under our names, each in our layout (see the module documentation).
 /// A tensor whose name matches no target keeps its (renamed) name, so that the load reports it.
-pub fn map(ckpt: Checkpoint, targets: &[Target], opts: &Options) -> Result<Vec<(String, Tensor)>> {
+/// A tensor that lands on several names is copied for each after the first, each copy charged
+/// to `charge` first.
+pub fn map(
+    ckpt: Checkpoint,
+    targets: &[Target],
+    opts: &Options,
+    charge: &mut Charge,
+) -> Result<Vec<(String, Tensor)>> {
+    let rules = opts.rename.iter().map(|r| r.to.len()).sum::<usize>();
+    let patterns = match &opts.transpose {
+        Transpose::Only(p) => p.len(),
+        _ => 0,
+    };
+    if rules > MAX_RULES || patterns > MAX_RULES {
+        return Err(err!(
+            InvalidArgument,
+            "{rules} rename targets and {patterns} transpose patterns: at most {MAX_RULES} of each \
+             (use `*` for the segments that vary)"
+        ));
+    }
+    let targets: HashMap<&str, &Target> = targets.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut out: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
     let mut problems = Vec::new();
     for (source, tensor) in ckpt.tensors {
-        for name in rename(&opts.rename, &source)? {
-            let target = targets.iter().find(|t| t.name == name);
+        for (i, name) in rename(&opts.rename, &source)?.into_iter().enumerate() {
+            if i > 0 {
+                let what = format!("`{source}` copied to `{name}` as well");
+                charge.grow(tensor.bytes(), what)?;
+            }
+            let target = targets.get(name.as_str()).copied();
             let flip = tensor.shape().len() == 2
                 && match &opts.transpose {
                     Transpose::Linear => target.is_some_and(|t| t.linear),

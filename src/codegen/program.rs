@@ -162,6 +162,9 @@ impl MatmulOptions {
                 let tile = CoopTile::parse(&v).and_then(|t| t.check(32).map(|()| t));
                 Some(tile.map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?)
             }
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(err!(Usage, "RUMUS_MATMUL_COOP_TILE: {v:?} is not UTF-8 text"));
+            }
             _ => None,
         };
         Ok(MatmulOptions { coop_tile, ..MatmulOptions::DEFAULT })

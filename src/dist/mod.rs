@@ -192,8 +192,16 @@ pub struct World {
 
 impl World {
     /// Join the job this process was started in: the MPI job when the binary was built with the
-    /// feature `mpi` and a launcher (`mpirun`) started it, else a job of one.
+    /// feature `mpi` and a launcher (`mpirun`) started it, else a job of one. A binary without
+    /// the feature started as one of several ranks is an error: each rank would train alone.
     pub fn init() -> Result<World> {
+        #[cfg(not(feature = "mpi"))]
+        if let Some(n) = launched_size().filter(|&n| n > 1) {
+            return Err(crate::err!(
+                Usage,
+                "started as one of {n} ranks, but this rumus was built without the `mpi` feature, so each rank would train alone; build it with `cargo build --release --features mpi`"
+            ));
+        }
         #[cfg(feature = "mpi")]
         if launched() {
             let (comm, guard) = mpi::init()?;
@@ -216,6 +224,14 @@ impl World {
 /// OpenMPI's `OMPI_COMM_WORLD_SIZE`, MPICH's and Slurm's `PMI_SIZE`).
 pub fn launched() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// The number of ranks a launcher announced, where it is a number.
+#[cfg(not(feature = "mpi"))]
+fn launched_size() -> Option<u64> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
 }
 
 /// Whether this binary can join an MPI job (built with the feature `mpi`).

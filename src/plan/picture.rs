@@ -168,8 +168,10 @@ const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 900;
 
 impl Layout {
-    /// The picture as an SVG document, titled `title`.
+    /// The picture as an SVG document, titled `title` (control and invisible characters
+    /// escaped: XML has no place for most of them, and a file name may hold any).
     pub fn svg(&self, title: &str) -> Result<String> {
+        let title = crate::error::escape(title);
         let (unit, unit_name) = axis_unit(self.total_bytes);
         let mut svg = String::new();
         {
@@ -178,7 +180,7 @@ impl Layout {
             let x1 = self.kernels.max(1) as f64;
             let y1 = (self.total_bytes.max(1) as f64 / unit) * 1.04;
             let mut chart = ChartBuilder::on(&root)
-                .caption(title, ("sans-serif", 20))
+                .caption(&title, ("sans-serif", 20))
                 .margin(16)
                 .x_label_area_size(40)
                 .y_label_area_size(72)

@@ -9,7 +9,8 @@
 //! The file is the user's cache, not ours to trust: it may be truncated by a crash, edited, or
 //! written by another driver version. So it is wrapped in our own header (a magic, the payload
 //! length and a 64-bit FNV-1a hash of the payload) and anything that does not match is dropped
-//! before the driver sees it; wgpu then checks its own header (adapter and driver version) and
+//! before the driver sees it, as is a file over `MAX_FILE_BYTES` or anything but a regular file
+//! (a FIFO would block the open forever, `/dev/zero` would never end); wgpu then checks its own header (adapter and driver version) and
 //! starts empty on a mismatch (`fallback: true`). Writes are atomic ([`write_atomic`]), and a
 //! cache that cannot be read or written never fails a run: it only costs compile time.
 //!
@@ -22,6 +23,8 @@ use std::sync::Mutex;
 
 const MAGIC: &[u8; 8] = b"RUMUSPC1";
 const HEADER: usize = 8 + 8 + 8;
+/// Largest cache file read (a driver's cache of every pipeline of a large plan is a few MiB).
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
 /// A `wgpu::PipelineCache` and the file it is saved to.
 pub struct DiskCache {
@@ -46,7 +49,7 @@ impl DiskCache {
 
     /// The cache saved at `path` (which need not exist).
     pub fn at(device: &wgpu::Device, path: PathBuf) -> DiskCache {
-        let data = std::fs::read(&path).ok().and_then(|bytes| unwrap(&bytes).map(<[u8]>::to_vec));
+        let data = read(&path, MAX_FILE_BYTES).and_then(|bytes| unwrap(&bytes).map(<[u8]>::to_vec));
         // SAFETY: wgpu checks the data's header (adapter, driver version) and, with `fallback`,
         // starts an empty cache when it does not match; the payload is exactly what the driver
         // gave us earlier, as our own header's length and hash confirm.
@@ -89,6 +92,18 @@ fn cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("rumus")))
 }
 
+/// The bytes of the regular file at `path` if it has at most `max`.
+fn read(path: &Path, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let file = crate::files::open_regular(path).ok()?;
+    if file.metadata().ok()?.len() > max {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes).ok()?;
+    (bytes.len() as u64 <= max).then_some(bytes)
+}
+
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
@@ -117,6 +132,27 @@ fn unwrap(file: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the hostile-input audit: a FIFO at the cache's path blocked every GPU run in
+    /// `open`, and a link to `/dev/zero` read until memory ran out.
+    #[cfg(unix)]
+    #[test]
+    fn only_regular_files_of_bounded_size_are_read() {
+        let dir = std::env::temp_dir().join(format!("rumus-pc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert_eq!(read(&fifo, MAX_FILE_BYTES), None);
+        assert_eq!(read(Path::new("/dev/zero"), MAX_FILE_BYTES), None);
+        assert_eq!(read(&dir, MAX_FILE_BYTES), None);
+        let good = dir.join("good");
+        write_atomic(&good, &wrap(b"payload")).unwrap();
+        let size = (HEADER + 7) as u64;
+        assert_eq!(read(&good, size).as_deref().and_then(unwrap), Some(&b"payload"[..]));
+        assert_eq!(read(&good, size - 1), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_wrapped_payload_comes_back_and_any_damage_is_refused() {

@@ -45,6 +45,11 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
     let source = crate::files::read_source(&opts.file)?;
+    for (flag, out) in [("--metrics", &opts.metrics), ("--plot", &opts.plot)] {
+        if let Some(out) = out {
+            crate::files::not_the_input(flag, out, "the script", &opts.file)?;
+        }
+    }
     let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);
     super::signal::install(host.interrupt());

@@ -392,3 +392,47 @@ fn transpose_can_be_turned_off_or_limited_to_names() {
         assert_eq!(floats(y), expected, "{file}");
     }
 }
+
+/// Found by the hostile-input audit: a rename rule with many targets copied a tensor once per
+/// target without charging the copies (a 4 MB tensor and 10,000 targets asked for 40 GB
+/// outside the memory budget), and every rule and `transpose` pattern is tried on every tensor
+/// of a file that may hold a million. The copies are charged, and rules are bounded.
+#[test]
+fn renames_are_bounded_and_their_copies_charged() {
+    use rumus::script::{HostOptions, Sandbox};
+    let sandbox = Sandbox { memory_budget: 64 << 20, ..Sandbox::bounded() };
+    let mut e = Engine::with_options(HostOptions {
+        sandbox,
+        device: "cpu".into(),
+        ..HostOptions::default()
+    });
+    e.run(MLP).unwrap();
+    let p = path("copies.safetensors");
+    save_torch(&p, &[("big", t(&[1 << 20], &vec![0.5; 1 << 20]))], Dtype::F32);
+    let many = |n: usize, f: &dyn Fn(usize) -> String| -> String {
+        (0..n).map(f).collect::<Vec<_>>().join(", ")
+    };
+    let copies = many(100, &|i| format!("\"c{i}\""));
+    let err = e
+        .eval(&format!(
+            "make().load(\"{}\", #{{ from: \"pytorch\", rename: #{{ big: [{copies}] }} }})",
+            p.display()
+        ))
+        .unwrap_err();
+    assert_eq!(err.kind, rumus::ErrorKind::Limit, "{err}");
+    assert!(err.message.contains("`big` copied to `c"), "{err}");
+    assert!(err.message.contains("64.0 MiB memory budget"), "{err}");
+    let targets = many(257, &|i| format!("\"c{i}\""));
+    let transpose = many(257, &|i| format!("\"c{i}\""));
+    for (opts, expected) in [
+        (format!("rename: #{{ big: [{targets}] }}"), "257 rename targets and 0 transpose patterns"),
+        (format!("transpose: [{transpose}]"), "0 rename targets and 257 transpose patterns"),
+    ] {
+        let err = e
+            .eval(&format!("make().load(\"{}\", #{{ from: \"pytorch\", {opts} }})", p.display()))
+            .unwrap_err();
+        let expected =
+            format!("{expected}: at most 256 of each (use `*` for the segments that vary)");
+        assert!(err.message.ends_with(&expected), "{err}");
+    }
+}

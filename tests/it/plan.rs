@@ -637,6 +637,29 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
     }
 }
 
+/// Found by the hostile-input audit: the picture's title names the model file, and a control
+/// character in the file's name went raw into the SVG, which no XML reader then accepts.
+#[test]
+fn rumus_plan_svg_escapes_control_characters_in_the_title() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/plan_svg");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("ctl\u{1}\u{202e}.rms");
+    std::fs::copy("scripts/xor.rms", &model).unwrap();
+    let out = dir.join("ctl.svg");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .arg("plan")
+        .arg(&model)
+        .args(["--set", "B=4", "--svg"])
+        .arg(&out)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(text.contains("ctl\\u{1}\\u{202e}.rms"), "{text}");
+}
+
 /// `rumus plan --svg` draws the step's memory: a well-formed SVG with one rectangle per value
 /// of the plan (a flat arena drawn as its members) in its kind's colour, plus one legend swatch
 /// per kind shown, and the peak (the kernel with the most live bytes) named.

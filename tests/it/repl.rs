@@ -253,6 +253,11 @@ mod terminal {
 
     impl Pty {
         fn spawn(args: &[&str]) -> Pty {
+            let home = std::env::temp_dir().join(format!("rumus-pty-{}", std::process::id()));
+            Pty::spawn_at_home(args, &home)
+        }
+
+        fn spawn_at_home(args: &[&str], home: &std::path::Path) -> Pty {
             let (mut master, mut slave) = (0, 0);
             // SAFETY: openpty writes two new descriptors into the given integers.
             let rc = unsafe {
@@ -268,13 +273,12 @@ mod terminal {
             // SAFETY: both descriptors are fresh and owned here.
             let (master, slave) =
                 unsafe { (std::fs::File::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-            let home = std::env::temp_dir().join(format!("rumus-pty-{}", std::process::id()));
-            std::fs::create_dir_all(&home).unwrap();
+            std::fs::create_dir_all(home).unwrap();
             let mut cmd = Command::new(env!("CARGO_BIN_EXE_rumus"));
             cmd.args(args)
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .env("TERM", "xterm")
-                .env("HOME", &home)
+                .env("HOME", home)
                 .stdin(Stdio::from(slave.try_clone().unwrap()))
                 .stdout(Stdio::from(slave.try_clone().unwrap()))
                 .stderr(Stdio::from(slave));
@@ -354,6 +358,29 @@ mod terminal {
         let status = pty.child.wait().unwrap();
         assert_eq!(status.code(), Some(5), "{}", pty.seen);
     }
+
+    /// Found by the hostile-input audit: a FIFO as `~/.rumus_history` blocked the REPL before
+    /// its first prompt, and bytes that are not UTF-8 typed at the prompt ended the session
+    /// ("line editor: invalid data"). The history is skipped, the line dropped with an error.
+    #[test]
+    fn a_fifo_history_and_bytes_that_are_not_utf8_do_not_end_the_session() {
+        let home = std::env::temp_dir().join(format!("rumus-pty-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&home);
+        std::fs::create_dir_all(&home).unwrap();
+        let fifo = home.join(".rumus_history");
+        assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let mut pty = Pty::spawn_at_home(&["repl", "--device", "cpu"], &home);
+        pty.wait_for("rumus> ");
+        pty.master.write_all(b"\xFF\xFE\r").unwrap();
+        pty.wait_for("invalid UTF-8 from the terminal: the line is dropped");
+        pty.send("40 + 2\r");
+        pty.wait_for("42");
+        pty.send(":quit\r");
+        let status = pty.child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{}", pty.seen);
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+    }
 }
 
 #[test]
@@ -375,5 +402,64 @@ fn error_inside_a_function_points_into_the_input_or_file_that_defined_it() {
     assert_eq!(
         out[1],
         format!("{name}:2:9: variable not found: missing\n        x + missing\n            ^\n")
+    );
+}
+
+/// Found by the hostile-input audit: each line of an input whose brackets stay open scans the
+/// whole input so far again, so 100,000 lines of `1,` after `let a = [` took 42 s. An input
+/// continues over at most 1,000 lines and 256 KiB; past that it is dropped with an error and
+/// the session goes on.
+#[test]
+fn a_long_open_input_is_dropped_with_an_error_and_the_session_goes_on() {
+    let expected = "an input may continue over at most 1000 lines and 262144 bytes (brackets were \
+                    still open); put longer code in a file and `:load` it\n";
+    let mut repl = Repl::new(HostOptions::default());
+    let mut lines = vec!["let a = ["];
+    lines.extend(std::iter::repeat_n("1,", 999));
+    assert!(feed_all(&mut repl, &lines).iter().all(|s| s == "<more>"));
+    assert_eq!(feed_all(&mut repl, &["1,", "40 + 2"]), [expected, "42\n"]);
+    let wide = "1,".repeat(500);
+    let mut lines = vec!["let a = ["];
+    lines.extend(std::iter::repeat_n(wide.as_str(), 261));
+    assert!(feed_all(&mut repl, &lines).iter().all(|s| s == "<more>"));
+    assert_eq!(feed_all(&mut repl, &[&wide, "40 + 2"]), [expected, "42\n"]);
+    // An input within both limits still runs.
+    let mut lines = vec!["let a = ["];
+    lines.extend(std::iter::repeat_n("1,", 998));
+    lines.extend(["];", "a.len()"]);
+    assert_eq!(feed_all(&mut repl, &lines).last().unwrap(), "998\n");
+}
+
+/// Found by the hostile-input audit: one line of stdin that was not UTF-8 ended a batch
+/// session with an I/O error, and a line without end was read whole into memory. Each is
+/// now an error at its line, skipped, and the session goes on.
+#[test]
+fn batch_mode_skips_a_line_that_is_not_utf8_or_too_long() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["repl", "--batch"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = b"print(1)\n\xFF\nprint(2)\r\nlet a = \"\xC3\xA9\xC3\";\nprint(3)\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 17 << 20));
+    input.extend(b"\nprint(4)");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1\n\
+         <stdin>:2:1: invalid UTF-8 (byte 0xFF): input must be UTF-8 text (skipped)\n\
+         2\n\
+         <stdin>:4:12: invalid UTF-8 (byte 0xC3): input must be UTF-8 text (skipped)\n\
+         3\n\
+         <stdin>:6: a line may have at most 16777216 bytes; this one has more (skipped)\n\
+         4\n"
     );
 }

@@ -317,6 +317,20 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
     check("print(tensor(9223372036854775807..=9223372036854775807).shape);", "[1]\n");
 }
 
+/// Found by the hostile-input audit: with every label equal to `ignore_index`, `accuracy` said
+/// 0.0 where `evaluate` said NaN; nothing was counted, so both say NaN.
+#[test]
+fn accuracy_with_every_label_ignored_is_nan_as_in_evaluate() {
+    let m = "model m(x: f32[B, 2]) { return linear(x, 3) as fc }
+             let net = m().compile(#{ batch: 2, ignore_index: -1 });
+             let x = randn([2, 2], 1); let y = tensor([-1, -1], \"i32\");";
+    check(
+        &format!("{m}\nprint(net.accuracy(x, y)); print(net.evaluate(x, y));"),
+        "NaN\n#{\"accuracy\": NaN, \"loss\": NaN}\n",
+    );
+    check(&format!("{m}\nprint(net.accuracy(x, tensor([-1, 2], \"i32\")) >= 0.0);"), "true\n");
+}
+
 /// Metrics on NaN or infinite values are NaN, never a score that treats the first class as the
 /// prediction (NaN logits with labels 0 used to score 1.0).
 #[test]
@@ -361,6 +375,10 @@ fn out_of_range_arguments_are_errors_not_wrong_answers() {
             "cosine: min_lr must be a finite number >= 0, got -1",
         ),
         ("n.predict(zeros([0, 2]))", "predict needs at least one example, got [0, 2]"),
+        // Found by the hostile-input audit: these were 0, -inf and inf.
+        ("zeros([0]).mean()", "mean: the tensor of shape [0] has no elements"),
+        ("zeros([2, 0]).max()", "max: the tensor of shape [2, 0] has no elements"),
+        ("tensor(3..3).min()", "min: the tensor of shape [0] has no elements"),
         (
             "n.accuracy(zeros([2, 2]), tensor([0.5, 1.0]))",
             "accuracy: label 0.5 is not a class index in 0..3",

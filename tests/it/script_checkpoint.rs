@@ -241,3 +241,52 @@ fn a_checkpoint_saved_before_the_safetensors_crate_loads_into_its_model() {
         e.eval("m.param(\"out.weight\") == tensor([[0.12241476029157639], [0.27652624249458313]])");
     assert!(same.unwrap().as_bool().unwrap());
 }
+
+/// A safetensors file of `n` one-element f32 tensors `t0.weight`, `t1.weight`, ... written
+/// directly (the header by hand: quicker than building `n` tensors).
+fn many_tensors(path: &std::path::Path, n: usize) {
+    let entries: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#""t{i}.weight":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}"#,
+                4 * i,
+                4 * i + 4
+            )
+        })
+        .collect();
+    let mut header = format!("{{{}}}", entries.join(",")).into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&header);
+    file.resize(file.len() + 4 * n, 0);
+    std::fs::write(path, file).unwrap();
+}
+
+/// Found by the hostile-input audit: `load` looked every parameter up in the file's list of
+/// tensors one by one, so a 40 MB file of 500,000 tensors loaded into a model of 20,000
+/// parameters took over a minute in one native call, beyond the sandbox's time limit. The
+/// answer now comes in about a second, well within a 20-second limit.
+#[test]
+fn a_checkpoint_of_many_tensors_loads_in_time_linear_in_its_size() {
+    use rumus::script::{HostOptions, Sandbox};
+    let sandbox =
+        Sandbox { timeout: Some(std::time::Duration::from_secs(20)), ..Sandbox::bounded() };
+    let mut e = Engine::with_options(HostOptions {
+        sandbox,
+        device: "cpu".into(),
+        ..HostOptions::default()
+    });
+    let path = dir().join("many_tensors.safetensors");
+    many_tensors(&path, 500_000);
+    let model = "model wide(x: f32[B, 1]) {\n    repeat 20000 as blocks {\n        param w[1] = zeros\n        x = x + w\n    }\n    return x\n}";
+    for from in ["rumus", "pytorch"] {
+        let err = e
+            .eval(&format!(
+                "{model}\nwide().compile(#{{ loss: \"mse\" }}).load(\"{}\", #{{ from: \"{from}\" }})",
+                path.display()
+            ))
+            .unwrap_err();
+        let expected = "checkpoint does not match the model: missing `blocks.0.w`";
+        assert!(err.message.contains(expected), "{from}: {err}");
+    }
+}

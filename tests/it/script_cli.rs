@@ -162,6 +162,54 @@ fn plot_draws_a_loss_over_decades_on_a_log_axis() {
     }
 }
 
+/// Found by the hostile-input audit: `plotters` panics on an axis of infinite span (steps of
+/// ±1e308) and loops forever on values of ±1e308 or on a log axis that reaches a subnormal
+/// number (a loss of 1e-310), and a log of thousands of metric names drew a panel for each
+/// (2,000 names: a 55 MB SVG). Points beyond f32's range are left out like NaN, a log axis
+/// starts at f32's smallest normal number, and a plot has at most 64 panels.
+#[test]
+fn plot_axes_stay_drawable_whatever_the_numbers() {
+    let cases: [&[(f64, f64)]; 5] = [
+        &[(1e308, 1.0), (-1e308, 2.0), (1.0, 3.0)],
+        &[(1.0, 1e308), (2.0, -1e308), (3.0, 1.0)],
+        &[(1.0, 1e-310), (2.0, 1.0)],
+        &[(1.0, 1e-300), (2.0, 1e300)],
+        &[(1.0, 3.4e38), (2.0, -3.4e38), (3.4e38, 1.0), (-3.4e38, 1.0)],
+    ];
+    for (i, points) in cases.into_iter().enumerate() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut c = rumus::plot::Curves::default();
+            for &(step, value) in points {
+                c.push("loss", step, value);
+            }
+            let _ = tx.send(c.svg().map(|svg| svg.contains(">\nloss\n</text>")));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(Ok(linear_title)) => assert!(linear_title, "case {i}: a linear axis titled `loss`"),
+            Ok(Err(e)) => panic!("case {i}: {e}"),
+            Err(e) => panic!("case {i}: no plot after 60 s ({e}; a panic or a hang)"),
+        }
+    }
+    // Found by the hostile-input audit: a NUL in a metric's name went raw into the SVG, which
+    // no XML reader accepts; control and invisible characters are escaped.
+    let mut c = rumus::plot::Curves::default();
+    c.push("<a>\0\u{202e}", 1.0, 1.0);
+    let svg = c.svg().unwrap();
+    assert!(svg.contains("&lt;a&gt;\\0\\u{202e}"), "{svg}");
+    assert!(!svg.contains(['\0', '\u{202e}']), "{svg}");
+    roxmltree::Document::parse(&svg).unwrap();
+    let mut c = rumus::plot::Curves::default();
+    for i in 0..1000 {
+        c.push(&format!("m{i}"), 1.0, 1.0);
+    }
+    assert_eq!(
+        c.svg().unwrap_err().message,
+        "more than 64 series to plot (the first beyond is `m64`): a plot has one panel per \
+         series; log fewer metric names"
+    );
+}
+
 #[test]
 fn plot_writes_an_svg_of_every_curve() {
     let f = script("plot.rms", TRAIN);
@@ -253,12 +301,61 @@ fn every_command_reads_source_files_the_same_checked_way() {
             )),
             "{command}: {err}"
         );
-        let (code, _, err) = rumus(&[command, "/dev/zero"]);
-        assert_eq!(code, 2, "{command}: {err}");
-        assert!(
-            err.starts_with("/dev/zero: a source file may have at most 16777216 bytes"),
-            "{command}: {err}"
-        );
+    }
+}
+
+/// Found by the hostile-input audit: every command that reads a file named on its command line
+/// (or by `:load` in the REPL) blocked forever opening a FIFO no process writes to. FIFOs and
+/// devices are refused at once, as in scripts.
+#[cfg(unix)]
+#[test]
+fn a_fifo_or_a_device_named_on_the_command_line_is_refused_at_once() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/script_cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.join("fifo.rms"));
+    let made = Command::new("mkfifo").arg(dir.join("fifo.rms")).status().unwrap();
+    assert!(made.success());
+    let fifo = "target/script_cli/fifo.rms";
+    let svg = "target/script_cli/fifo.svg";
+    for file in [fifo, "/dev/zero"] {
+        let runs: [&[&str]; 6] = [
+            &["run", file],
+            &["graph", file],
+            &["plan", file],
+            &["bench", file],
+            &["plot", file, "-o", svg],
+            &["repl", "--batch"],
+        ];
+        for args in runs {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
+                .args(args)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            std::io::Write::write_all(&mut stdin, format!(":load {file}\n").as_bytes()).unwrap();
+            drop(stdin);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while child.try_wait().unwrap().is_none() {
+                if std::time::Instant::now() > deadline {
+                    child.kill().unwrap();
+                    panic!("`rumus {}` with {file} still runs after 60 s", args.join(" "));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().unwrap();
+            // The REPL answers on stdout, commands on stderr.
+            let err = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
+            let expected = format!(
+                "{file}: is not a regular file (a FIFO, socket or device); rumus reads files only"
+            );
+            assert!(err.contains(&expected), "rumus {}: {err}", args.join(" "));
+            let code = if args[0] == "repl" { 0 } else { 2 };
+            assert_eq!(out.status.code(), Some(code), "rumus {}: {err}", args.join(" "));
+        }
     }
 }
 
@@ -273,6 +370,79 @@ fn check(args: &[&str], env: &[(&str, &str)], expected: (i32, &str)) {
     let err = String::from_utf8_lossy(&out.stderr);
     let got = (out.status.code().unwrap_or(-1), err.lines().next().unwrap_or(""));
     assert_eq!(got, expected, "rumus {args:?}");
+}
+
+/// Found by the hostile-input audit: `mpirun -np 4 rumus run` with a binary built without the
+/// feature `mpi` trained four independent models, each believing it was the whole job, and
+/// said nothing (`rumus launch` refuses such a binary). Each rank now stops with the reason.
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn ranks_of_a_binary_without_mpi_are_refused() {
+    let ok = script("ranks.rms", "print(1 + 1);\n");
+    let refused = "started as one of 4 ranks, but this rumus was built without the `mpi` feature, so each rank would train alone; build it with `cargo build --release --features mpi`";
+    check(&["run", &ok], &[("OMPI_COMM_WORLD_SIZE", "4")], (2, refused));
+    let bench = ["bench", "scripts/bench/mlp.rms", "--device", "cpu", "--set", "hidden=1"];
+    check(&bench, &[("PMI_SIZE", "4")], (2, refused));
+    // One rank (srun of a single task) or a size that is not a number is a job of one.
+    check(&["run", &ok], &[("PMI_SIZE", "1")], (0, ""));
+    check(&["run", &ok], &[("OMPI_COMM_WORLD_SIZE", "x")], (0, ""));
+}
+
+/// Found by the hostile-input audit: `rumus run f.rms --metrics f.rms` ran the script and then
+/// truncated it to write the log there (`--plot` would have replaced it with the drawing).
+#[test]
+fn outputs_that_name_their_own_input_are_refused() {
+    let f = script("self.rms", "print(1 + 1);\n");
+    let other_spelling = format!("./{}", f.replace("script_cli/", "script_cli/../script_cli/"));
+    for (flag, out) in [("--metrics", f.as_str()), ("--plot", other_spelling.as_str())] {
+        let expected =
+            format!("{flag} names the script {f} itself: writing there would destroy it");
+        check(&["run", &f, flag, out], &[], (2, &expected));
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert_eq!(std::fs::read_to_string(root.join(&f)).unwrap(), "print(1 + 1);\n");
+    // The same for the other commands that read one file and write another.
+    let log = script("self.jsonl", "{\"step\": 1, \"loss\": 2}\n");
+    let expected = format!("--output names the log {log} itself: writing there would destroy it");
+    check(&["plot", &log, "-o", &log], &[], (2, &expected));
+    let model = script("self_model.rms", "model m(x: f32[B, 2], B = 2) { return linear(x, 2) }\n");
+    let expected =
+        format!("--svg names the model file {model} itself: writing there would destroy it");
+    check(&["plan", &model, "--svg", &model], &[], (2, &expected));
+    assert!(std::fs::read_to_string(root.join(&log)).unwrap().starts_with("{\"step\""));
+    assert!(std::fs::read_to_string(root.join(&model)).unwrap().starts_with("model m"));
+}
+
+/// Found by the hostile-input audit: a variable that is not UTF-8 read as unset, so
+/// `RUMUS_DEVICE=$'\xff'` ran on the default device and an unreadable cooperative tile planned
+/// with the default one, silently. Both are errors naming the variable.
+#[cfg(unix)]
+#[test]
+fn environment_variables_that_are_not_text_are_errors() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"gpu\xFF");
+    let ok = script("env.rms", "print(1 + 1);\n");
+    for (var, args, expected) in [
+        (
+            "RUMUS_DEVICE",
+            vec!["run", ok.as_str()],
+            "RUMUS_DEVICE: \"gpu\\xFF\" is not UTF-8 text (valid choices: auto, gpu, cpu)",
+        ),
+        (
+            "RUMUS_MATMUL_COOP_TILE",
+            vec!["plan", "scripts/xor.rms", "--set", "B=2"],
+            "RUMUS_MATMUL_COOP_TILE: \"gpu\\xFF\" is not UTF-8 text",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(&args)
+            .env(var, bad)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!((out.status.code(), err.trim_end()), (Some(2), expected), "{var}");
+    }
 }
 
 #[test]

@@ -370,6 +370,31 @@ fn a_model_holds_its_charge_until_dropped_on_either_device() {
     }
 }
 
+/// Found by the hostile-input audit: a `predict` on the GPU at a batch size whose output is
+/// larger than one storage binding failed, but kept its evaluation copy (and that copy's
+/// charge, 6 GiB for 200,000 rows of 4096) for as long as the model lived. A copy that fails
+/// its first run is dropped with its charge; one that runs (an adapter with larger bindings)
+/// is kept, as any copy is.
+#[test]
+fn a_predict_that_fails_on_the_device_gives_its_charge_back() {
+    let (devices, _turn) = crate::common::gpu::devices_or_skip("a failed predict's charge");
+    for device in devices {
+        let mut h = budget_host(1024);
+        let code = format!(
+            "model wide(x: f32[B, 1]) {{ return linear(x, 4096) as fc }}\n\
+             let m = wide().compile(#{{ loss: \"mse\", device: \"{device}\" }});"
+        );
+        ok(&mut h, &code);
+        let before = h.ctx().budget.used();
+        // 8193 rows of 4096: just over WebGPU's default 128 MiB binding.
+        let failed = h.eval(&Source::new("p.rms", "let y = m.predict(zeros([8193, 1])); y = ();"));
+        if failed.is_err() {
+            assert_eq!(h.ctx().budget.used(), before, "{device}: {failed:?}");
+        }
+        still_usable(&mut h);
+    }
+}
+
 #[test]
 fn copies_made_inside_the_model_are_charged_too() {
     let mut h = budget_host(64);

@@ -23,7 +23,28 @@ pub fn entry(name: &str) -> Option<&'static str> {
 }
 
 /// The entry's name nearest to `name` (fewest single-character edits; the first in the
-/// reference's order among equals).
+/// reference's order among equals); none for a name longer than [`MAX_SUGGESTED`] characters,
+/// which is no misspelling of a function's name (the edit distance costs time in proportion to
+/// the length: a 16 MiB `:help` line took seconds).
 pub fn nearest(name: &str) -> Option<&'static str> {
+    if name.chars().nth(MAX_SUGGESTED).is_some() {
+        return None;
+    }
     names().min_by_key(|n| strsim::levenshtein(n, name))
+}
+
+/// Longest name [`nearest`] finds a suggestion for.
+pub const MAX_SUGGESTED: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the hostile-input audit.
+    #[test]
+    fn long_names_get_no_suggestion() {
+        assert_eq!(nearest("tensr"), Some("tensor"));
+        assert!(nearest(&"x".repeat(MAX_SUGGESTED)).is_some());
+        assert_eq!(nearest(&"x".repeat(16 << 20)), None);
+    }
 }

@@ -123,10 +123,11 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     };
     let mut tally = Tally::default();
     score_classes("accuracy", &output(t, x)?, y, ignore, &mut tally)?;
-    Ok(if tally.undefined {
+    // No label counted (every one ignored) leaves the fraction undefined, as in `evaluate`.
+    Ok(if tally.undefined || tally.count == 0 {
         FLOAT::NAN
     } else {
-        tally.correct as FLOAT / tally.count.max(1) as FLOAT
+        tally.correct as FLOAT / tally.count as FLOAT
     })
 }
 

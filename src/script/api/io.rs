@@ -7,7 +7,6 @@
 use super::super::convert::{script_err, to_u64, IntoScript, Opts, ScriptResult};
 use super::super::{lock, Ctx, Event, Total};
 use crate::err;
-use crate::error::Error;
 use crate::memory::read_all;
 use rhai::{Engine, Map, FLOAT, INT};
 use std::io::Read;
@@ -19,7 +18,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     let c = ctx.clone();
     engine.register_fn("read_text", move |path: &str| -> ScriptResult<String> {
         let p = c.sandbox.check_read(path).script()?;
-        let file = std::fs::File::open(&p).map_err(|e| Error::io(path, e)).script()?;
+        let file = crate::files::open_regular(&p).script()?;
         // Read at most one byte past the limit: a file that grows, or a FIFO, cannot run on.
         let limit = c.sandbox.max_string_size as u64;
         let mut charge = c.budget.empty();

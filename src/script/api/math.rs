@@ -63,25 +63,25 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         let get = reader(t);
         (0..t.numel()).map(|i| get(i) as f64).sum::<f64>()
     });
-    engine.register_fn("mean", |t: &mut ScriptTensor| {
-        let t = t.tensor();
+    engine.register_fn("mean", |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+        let t = nonempty(t.tensor(), "mean")?;
         let get = reader(t);
-        (0..t.numel()).map(|i| get(i) as f64).sum::<f64>() / t.numel().max(1) as f64
+        Ok((0..t.numel()).map(|i| get(i) as f64).sum::<f64>() / t.numel() as f64)
     });
     // NaN anywhere makes the largest and smallest element NaN (as in NumPy and PyTorch), not
     // the largest of the other elements.
     let nan_or = |f: fn(f32, f32) -> f32| {
         move |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { f(a, b) }
     };
-    engine.register_fn("max", move |t: &mut ScriptTensor| {
-        let t = t.tensor();
+    engine.register_fn("max", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+        let t = nonempty(t.tensor(), "max")?;
         let get = reader(t);
-        (0..t.numel()).map(get).fold(f32::NEG_INFINITY, nan_or(f32::max)) as FLOAT
+        Ok((0..t.numel()).map(get).fold(f32::NEG_INFINITY, nan_or(f32::max)) as FLOAT)
     });
-    engine.register_fn("min", move |t: &mut ScriptTensor| {
-        let t = t.tensor();
+    engine.register_fn("min", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+        let t = nonempty(t.tensor(), "min")?;
         let get = reader(t);
-        (0..t.numel()).map(get).fold(f32::INFINITY, nan_or(f32::min)) as FLOAT
+        Ok((0..t.numel()).map(get).fold(f32::INFINITY, nan_or(f32::min)) as FLOAT)
     });
     let c = ctx.clone();
     engine.register_fn("argmax", move |t: &mut ScriptTensor| argmax(&c, t.tensor()));
@@ -95,6 +95,18 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     engine.register_fn("==", |a: ScriptTensor, b: ScriptTensor| a == b);
     engine.register_fn("!=", |a: ScriptTensor, b: ScriptTensor| a != b);
+}
+
+/// `t`, or an error for `what` (a reduction with no answer on no elements: NumPy and PyTorch
+/// refuse `max` and `min` of nothing; the mean of nothing is not 0).
+fn nonempty<'t>(t: &'t Tensor, what: &str) -> ScriptResult<&'t Tensor> {
+    if t.numel() == 0 {
+        return Err(script_err(format!(
+            "{what}: the tensor of shape {} has no elements",
+            fmt_shape(t.shape())
+        )));
+    }
+    Ok(t)
 }
 
 /// Elementwise map, keeping the shape; the result is f32.

@@ -344,7 +344,9 @@ pub fn load(
     let ckpt = checkpoint::load(path, &mut held)?;
     let tensors = match torch {
         None => ckpt.tensors,
-        Some(opts) => torch::map(ckpt, &torch::targets(t.graph()), opts).map_err(at_path)?,
+        Some(opts) => {
+            torch::map(ckpt, &torch::targets(t.graph()), opts, &mut held).map_err(at_path)?
+        }
     };
     let values: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
     t.load_checkpoint(&values, strict).map_err(at_path)
