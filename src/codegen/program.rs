@@ -151,11 +151,15 @@ impl MatmulOptions {
     };
 }
 
+/// The fp32 kernels `RUMUS_MATMUL_TILE` can force on every product (`MatmulTile::fp32`).
+pub const FP32_TILES: [&str; 6] = ["large", "small", "register", "register8", "simt", "dot"];
+
 impl MatmulOptions {
     /// The defaults with the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when it is set (for
     /// trying tiles without a rebuild; see [`CoopTile::parse`]), an error naming the variable
     /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; a device that
-    /// cannot run it keeps the fp32 kernels, as `rumus plan` shows).
+    /// cannot run it keeps the fp32 kernels, as `rumus plan` shows); and an error when
+    /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`]).
     pub fn from_env() -> Result<MatmulOptions> {
         let coop_tile = match std::env::var("RUMUS_MATMUL_COOP_TILE") {
             Ok(v) if !v.trim().is_empty() => {
@@ -167,6 +171,19 @@ impl MatmulOptions {
             }
             _ => None,
         };
+        match std::env::var("RUMUS_MATMUL_TILE") {
+            Ok(v) if !v.is_empty() && !FP32_TILES.contains(&v.as_str()) => {
+                return Err(err!(
+                    Usage,
+                    "RUMUS_MATMUL_TILE: `{v}` is none of {}",
+                    FP32_TILES.join(", ")
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(err!(Usage, "RUMUS_MATMUL_TILE: {v:?} is not UTF-8 text"));
+            }
+            _ => {}
+        }
         Ok(MatmulOptions { coop_tile, ..MatmulOptions::DEFAULT })
     }
 }

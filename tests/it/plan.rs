@@ -637,6 +637,43 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
     }
 }
 
+/// `RUMUS_MATMUL_TILE` forces an fp32 kernel by name; a name of none is a usage error that
+/// lists them, where it used to be ignored.
+#[test]
+fn rumus_plan_refuses_an_unknown_fp32_tile() {
+    let run = |tile: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"));
+        cmd.args(["plan", "scripts/bench/mlp.rms", "--json"]).env("RUMUS_MATMUL_TILE", tile);
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+    };
+    let out = run("register");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kernels = v["matmul_kernels"].as_array().unwrap();
+    assert!(!kernels.is_empty() && kernels.iter().all(|k| k["tile"] == "register"), "{v}");
+    let out = run("registers");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        "RUMUS_MATMUL_TILE: `registers` is none of large, small, register, register8, simt, dot"
+    );
+}
+
+/// Found by the hostile-input audit: a product split along K whose slices start more than
+/// 2^32 elements apart in A (a transposed operand of 2^24 rows) overflowed the slice offset
+/// (a panic in a debug build, a wrong offset in a release one); such splits are not offered.
+#[test]
+fn rumus_plan_of_a_huge_model_offers_no_split_whose_offsets_overflow() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["plan", "scripts/bench/mlp.rms", "--set", "B=16777216", "--set", "hidden=65536"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// Found by the hostile-input audit: the picture's title names the model file, and a control
 /// character in the file's name went raw into the SVG, which no XML reader then accepts.
 #[test]
