@@ -372,15 +372,22 @@ fn coop_mode(precision: MatmulPrecision) -> Option<CoopMode> {
 
 /// Slices of K worth pricing for `spec`: 1, and for one long product (K at least 512) the
 /// powers of two up to 32 that divide K into slices of at least 128 with the partial products
-/// (scratch slot 0) under 2^26 words.
+/// (scratch slot 0) under 2^26 words and each slice's offset into A and B a u32 ([`partial`]).
 fn split_options(spec: &MatmulSpec) -> Vec<u32> {
     let mut out = vec![1];
     if spec.batch != 1 || spec.k < 512 {
         return out;
     }
     let mn = u64::from(spec.m) * u64::from(spec.n);
+    let stride = u64::from(spec.a.col_stride.max(spec.b.row_stride));
+    let offsets_fit = |s: u32| u64::from(spec.k / s) * stride <= u64::from(u32::MAX);
     let mut s = 2;
-    while s <= 32 && spec.k.is_multiple_of(s) && spec.k / s >= 128 && mn * u64::from(s) <= 1 << 26 {
+    while s <= 32
+        && spec.k.is_multiple_of(s)
+        && spec.k / s >= 128
+        && mn * u64::from(s) <= 1 << 26
+        && offsets_fit(s)
+    {
         out.push(s);
         s *= 2;
     }
