@@ -116,8 +116,9 @@ fn input_is_complete_when_nothing_is_left_open() {
     }
 }
 
-#[test]
-fn batch_mode_through_the_binary() {
+/// `rumus repl --batch` fed `input` on its standard input (written from a thread, so a long
+/// input cannot block on a full pipe while the REPL writes its answers).
+fn batch(input: Vec<u8>) -> std::process::Output {
     use std::io::Write;
     use std::process::{Command, Stdio};
     let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
@@ -127,8 +128,16 @@ fn batch_mode_through_the_binary() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(SESSION.join("\n").as_bytes()).unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
     let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    out
+}
+
+#[test]
+fn batch_mode_through_the_binary() {
+    let out = batch(SESSION.join("\n").into_bytes());
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("function not found: no_such_thing"), "{text}");
@@ -435,22 +444,10 @@ fn a_long_open_input_is_dropped_with_an_error_and_the_session_goes_on() {
 /// now an error at its line, skipped, and the session goes on.
 #[test]
 fn batch_mode_skips_a_line_that_is_not_utf8_or_too_long() {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
-        .args(["repl", "--batch"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
     let mut input = b"print(1)\n\xFF\nprint(2)\r\nlet a = \"\xC3\xA9\xC3\";\nprint(3)\n".to_vec();
     input.extend(std::iter::repeat_n(b'x', 17 << 20));
     input.extend(b"\nprint(4)");
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
+    let out = batch(input);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
