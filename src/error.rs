@@ -190,6 +190,18 @@ fn needs_escape(c: char) -> bool {
         || matches!(c, '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
 }
 
+/// The environment variable `name`: `None` when unset, an error naming it when its value is
+/// not UTF-8 text (`std::env::var` would make that look unset).
+pub fn env_text(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(crate::err!(Usage, "{name}: {v:?} is not UTF-8 text"))
+        }
+    }
+}
+
 /// `s` with every control or invisible character written as a Rust escape (`\n`, `\u{1b}`), so
 /// that text from a file cannot move the cursor, recolour the terminal or forge a line.
 pub fn escape(s: &str) -> Cow<'_, str> {

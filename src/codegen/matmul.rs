@@ -133,6 +133,17 @@ impl MatmulSpec {
     }
 }
 
+/// The fp32 kernels `RUMUS_MATMUL_TILE` forces on every product it fits, by name (checked
+/// by `MatmulOptions::from_env`; the SIMT kernel only where it fits the product).
+pub const FP32_TILES: [(&str, MatmulTile); 6] = [
+    ("large", MatmulTile::Large),
+    ("small", MatmulTile::Small),
+    ("register", MatmulTile::Register),
+    ("register8", MatmulTile::Register8),
+    ("simt", MatmulTile::Simt),
+    ("dot", MatmulTile::Dot),
+];
+
 /// Block-tile shape of the matmul kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulTile {
@@ -328,14 +339,10 @@ impl MatmulTile {
     /// The fp32 tile for `part` (see [`MatmulTile::choose_split`]); `simt`: whether the SIMT
     /// kernel fits the product.
     fn fp32(part: &MatmulSpec, target: &Target, simt: bool) -> MatmulTile {
-        match std::env::var("RUMUS_MATMUL_TILE").as_deref() {
-            Ok("large") => return MatmulTile::Large,
-            Ok("small") => return MatmulTile::Small,
-            Ok("register") => return MatmulTile::Register,
-            Ok("register8") => return MatmulTile::Register8,
-            Ok("simt") if simt => return MatmulTile::Simt,
-            Ok("dot") => return MatmulTile::Dot,
-            _ => {}
+        let forced = std::env::var("RUMUS_MATMUL_TILE").ok();
+        let forced = FP32_TILES.iter().find(|&&(name, _)| forced.as_deref() == Some(name));
+        if let Some(&(_, tile)) = forced.filter(|&&(_, t)| simt || t != MatmulTile::Simt) {
+            return tile;
         }
         let t = SIMT_TILE;
         let simt_blocks = u64::from(part.m.div_ceil(t.bm))

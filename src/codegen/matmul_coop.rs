@@ -549,22 +549,22 @@ impl<'a> Gen<'a> {
                 w.blank();
             }
         }
-        w.open(&format!("fn emu_store(v: array<f32, {e}>, base: u32, stride: u32, lane: u32)"));
-        w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
-        w.line(&format!("let flat = q * {}u + lane;", self.sg));
-        w.line("scratch[base + (flat / 16u) * stride + flat % 16u] = v[q];");
-        w.close();
-        w.close();
-        w.blank();
-        w.open(&format!(
-            "fn emu_store_c(v: array<f32, {e}>, base: u32, stride: u32, lane: u32, sc: f32)"
-        ));
-        w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
-        w.line(&format!("let flat = q * {}u + lane;", self.sg));
-        w.line("c[base + (flat / 16u) * stride + flat % 16u] = v[q] * sc;");
-        w.close();
-        w.close();
-        w.blank();
+        // A fragment into the scratch, and (`Gen::direct_store`) scaled straight into C.
+        let mut stores = vec![("emu_store", "", "scratch", "v[q]")];
+        if self.direct {
+            stores.push(("emu_store_c", ", sc: f32", "c", "v[q] * sc"));
+        }
+        for (name, extra, dst, value) in stores {
+            w.open(&format!(
+                "fn {name}(v: array<f32, {e}>, base: u32, stride: u32, lane: u32{extra})"
+            ));
+            w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
+            w.line(&format!("let flat = q * {}u + lane;", self.sg));
+            w.line(&format!("{dst}[base + (flat / 16u) * stride + flat % 16u] = {value};"));
+            w.close();
+            w.close();
+            w.blank();
+        }
     }
 
     fn load_frag(&self, w: &mut Wgsl, var: &str, buf: &Buf, idx: &str, stride: &str, role: &str) {

@@ -6,10 +6,11 @@
 //! identical source), a bind group and a dispatch, knowing nothing of what the kernel computes.
 //! A new kernel kind is a new function in codegen returning programs.
 
+use super::matmul::FP32_TILES;
 use super::matmul_coop::CoopTile;
 use super::MatmulPrecision;
 use crate::err;
-use crate::error::Result;
+use crate::error::{env_text, Result};
 
 /// One compute dispatch.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,38 +152,25 @@ impl MatmulOptions {
     };
 }
 
-/// The fp32 kernels `RUMUS_MATMUL_TILE` can force on every product (`MatmulTile::fp32`).
-pub const FP32_TILES: [&str; 6] = ["large", "small", "register", "register8", "simt", "dot"];
-
 impl MatmulOptions {
     /// The defaults with the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when it is set (for
     /// trying tiles without a rebuild; see [`CoopTile::parse`]), an error naming the variable
     /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; a device that
     /// cannot run it keeps the fp32 kernels, as `rumus plan` shows); and an error when
-    /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`]).
+    /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`](super::matmul::FP32_TILES)).
     pub fn from_env() -> Result<MatmulOptions> {
-        let coop_tile = match std::env::var("RUMUS_MATMUL_COOP_TILE") {
-            Ok(v) if !v.trim().is_empty() => {
+        let coop_tile = match env_text("RUMUS_MATMUL_COOP_TILE")? {
+            Some(v) if !v.trim().is_empty() => {
                 let tile = CoopTile::parse(&v).and_then(|t| t.check(32).map(|()| t));
                 Some(tile.map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?)
             }
-            Err(std::env::VarError::NotUnicode(v)) => {
-                return Err(err!(Usage, "RUMUS_MATMUL_COOP_TILE: {v:?} is not UTF-8 text"));
-            }
             _ => None,
         };
-        match std::env::var("RUMUS_MATMUL_TILE") {
-            Ok(v) if !v.is_empty() && !FP32_TILES.contains(&v.as_str()) => {
-                return Err(err!(
-                    Usage,
-                    "RUMUS_MATMUL_TILE: `{v}` is none of {}",
-                    FP32_TILES.join(", ")
-                ));
+        if let Some(v) = env_text("RUMUS_MATMUL_TILE")? {
+            if !v.is_empty() && !FP32_TILES.iter().any(|&(name, _)| name == v) {
+                let names: Vec<_> = FP32_TILES.iter().map(|&(name, _)| name).collect();
+                return Err(err!(Usage, "RUMUS_MATMUL_TILE: `{v}` is none of {}", names.join(", ")));
             }
-            Err(std::env::VarError::NotUnicode(v)) => {
-                return Err(err!(Usage, "RUMUS_MATMUL_TILE: {v:?} is not UTF-8 text"));
-            }
-            _ => {}
         }
         Ok(MatmulOptions { coop_tile, ..MatmulOptions::DEFAULT })
     }

@@ -45,12 +45,11 @@ impl DeviceChoice {
     /// The choice from `RUMUS_DEVICE`; `Auto` when the variable is unset or empty, an error
     /// when it is not text (it would otherwise read as unset).
     pub fn from_env() -> Result<DeviceChoice> {
-        match std::env::var("RUMUS_DEVICE") {
-            Ok(v) if !v.trim().is_empty() => {
+        let text = crate::error::env_text("RUMUS_DEVICE")
+            .map_err(|e| err!(Usage, "{} (valid choices: auto, gpu, cpu)", e.message))?;
+        match text {
+            Some(v) if !v.trim().is_empty() => {
                 v.parse().map_err(|e: Error| err!(Usage, "RUMUS_DEVICE: {}", e.message))
-            }
-            Err(std::env::VarError::NotUnicode(v)) => {
-                Err(err!(Usage, "RUMUS_DEVICE: {v:?} is not UTF-8 text (valid choices: auto, gpu, cpu)"))
             }
             _ => Ok(DeviceChoice::Auto),
         }
