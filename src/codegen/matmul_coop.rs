@@ -267,8 +267,11 @@ pub fn generate(k: &CoopKernel, access: [Access; 2], depth: u32, epilogue: Epilo
 /// declarations and body, and how many values it loads when its loads are split out.
 #[derive(Clone, Copy)]
 pub struct Epilogue<'a> {
+    /// Its bindings (`@binding(4)` on) and helper functions, at module scope.
     pub decls: &'a str,
+    /// The body of `fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar`.
     pub body: &'a str,
+    /// Values `epilogue_loads` returns an element, 0 when the loads are not split out.
     pub loads: u32,
 }
 
