@@ -1,9 +1,22 @@
 //! The conversion pre-pass of the cooperative matmuls: one dispatch that writes A and B as f16
-//! (scaled by the range pre-pass's powers of two; `high`: hi and lo parts, lo times
-//! 2^[`LO_SHIFT`](super::matmul_coop::LO_SHIFT)) into a workspace,
+//! (`high`: hi and lo parts, lo times 2^[`LO_SHIFT`](super::matmul_coop::LO_SHIFT)) into a
+//! workspace, each strip of [`STRIP`] rows of A (columns of B) scaled by its own power of two,
 //! so the product ([`super::matmul_coop`]) reads half the bytes and has no conversion, scaling,
 //! splitting or bounds check in its loop (issue-11 prototype, round 2: `medium` 150 TFLOP/s
 //! for the product alone at 4096³ against 83 converting in the loop).
+//!
+//! Range: a strip's exponent `e` brings its max-abs into `[2^14, 2^15)` (f16's largest
+//! finite is 65504); the product multiplies each fragment by `2^-ea · 2^-eb`, the exponents of
+//! its rows' strip and its columns' strip, before the epilogue (exact). Without it f16 turns
+//! elements beyond 65504 into infinities and flushes those below 6e-8; with one exponent per
+//! operand (before 2026-12-01, a separate max-abs pass), rows far below the operand's largest
+//! (the gradients of well-predicted tokens, a massive activation's neighbours) still lost
+//! their bits. A strip is one fragment's rows, so a fragment's scale is one number.
+//!
+//! Each strip is one workgroup's: it walks the strip's units twice, for their max-abs
+//! (reduced in workgroup memory), then to scale and store them; the second walk finds them in
+//! cache. The exponents go to their own words ([`exponent_words`]), written before the product
+//! reads them and read by nothing else: no state passes from one product to the next.
 //!
 //! The workspace holds planes of 16-byte units (8 halves), in this order: A hi, B hi, then for
 //! `high` A lo, B lo. Each plane is its operand in its own layout (`[batch][outer][contig]`,
@@ -19,22 +32,23 @@
 //! as `array<vec4<u32>>`, each word two halves from `pack2x16float`: the same bytes.
 //!
 //! Bindings: 0 the product's `Params`, 1 A, 2 B (`vec4<f32>` views with vector loads),
-//! [`WORKSPACE_BINDING`] the workspace, [`RANGE_BINDING`] the max-abs words (read) and the
-//! exponents (written, for the product). Entry point `main`,
-//! a grid-stride loop over the units of the hi planes.
+//! [`WORKSPACE_BINDING`] the workspace, [`EXPONENT_BINDING`] the exponents (written). Entry
+//! point `main`, a grid-stride loop over the strips.
 
 use super::matmul::MatmulSpec;
 use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
 use super::matmul_simt::{operands, params, quad_fn, slice, Access, Side};
-use super::maxabs::{EXPONENTS, RANGE_BINDING, RANGE_WORDS};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::writer::Wgsl;
 
 /// The binding of the f16 workspace, in the conversion and in the product.
 pub const WORKSPACE_BINDING: u32 = 14;
+/// The binding of the strips' exponents, in the conversion and in the product (after any
+/// epilogue's bindings).
+pub const EXPONENT_BINDING: u32 = 15;
 /// Threads per workgroup of the conversion.
 const THREADS: u32 = 256;
-/// Most workgroups of the conversion (each then converts several units).
+/// Most workgroups of the conversion (each then converts several strips).
 const MAX_GROUPS: u64 = 8192;
 
 /// Padded `(outer, contig)` extents of operand `side`'s plane, per batch.
@@ -87,18 +101,33 @@ pub(super) fn layout(w: &mut Wgsl, t: &CoopTile, access: [Access; 2]) {
     }
 }
 
+/// Rows of A (columns of B) that share an exponent: one fragment's, so a fragment's scale is
+/// one number and the product can store fragments straight into C.
+pub const STRIP: u32 = 16;
+
+/// Exponent words of `spec` on kernel `k`: one per strip of [`STRIP`] rows of A's padded
+/// plane, per batch of A, then one per strip of columns of B's, per batch of B (a broadcast
+/// operand has one batch).
+pub fn exponent_words(k: &CoopKernel, s: &MatmulSpec) -> u64 {
+    let t = &k.tile;
+    let pad = |x: u32, m: u32| u64::from(x).div_ceil(u64::from(m)) * u64::from(m);
+    let batches = |sb: u32| if sb == 0 { 1 } else { u64::from(s.batch) };
+    let strips = |x: u32, m: u32| pad(x, m) / u64::from(STRIP);
+    batches(s.a.batch_stride) * strips(s.m, t.bm) + batches(s.b.batch_stride) * strips(s.n, t.bn)
+}
+
 /// The conversion of `spec` on kernel `k` (A and B read as `access` says; the tile checked),
-/// over `params` (the product's uniform), A, B, the workspace and the range words.
+/// over `params` (the product's uniform), A, B, the workspace and the exponents.
 pub fn program(
     spec: &MatmulSpec,
     k: &CoopKernel,
     access: [Access; 2],
-    [params, a, b, ws, range]: [Resource; 5],
+    [params, a, b, ws, exps]: [Resource; 5],
     label: &str,
 ) -> Program {
     let s = spec;
-    let units = hi_halves(k, access, s).iter().sum::<u64>() / 8;
-    let groups = units.div_ceil(u64::from(THREADS)).clamp(1, MAX_GROUPS) as u32;
+    let strips = exponent_words(k, s);
+    let groups = strips.clamp(1, MAX_GROUPS) as u32;
     let bind = |at: u32, name: &str, resource: Resource, words: u64| Binding {
         at,
         name: name.to_string(),
@@ -115,7 +144,7 @@ pub fn program(
             bind(1, "a", a, s.a.words(s.batch, s.m, s.k)),
             bind(2, "b", b, s.b.words(s.batch, s.k, s.n)),
             bind(WORKSPACE_BINDING, "ws", ws, workspace_words(k, access, s)),
-            bind(RANGE_BINDING, "range", range, RANGE_WORDS),
+            bind(EXPONENT_BINDING, "exps", exps, strips),
         ],
         grid: Grid::Fixed([groups, 1, 1]),
         // Reads go through the quads (inside the operands), writes stay inside the planes.
@@ -129,7 +158,28 @@ pub(super) fn workspace_decl(emulate: bool, access: &str) -> String {
     format!("@group(0) @binding({WORKSPACE_BINDING}) var<storage, {access}> ws: array<{elem}>;")
 }
 
-/// The WGSL of the conversion (entry point `main`).
+/// WGSL lines, after [`layout`], that bind `sa` and `sb` (strips of A and of B per batch) and
+/// `na` (exponent words of A; B's follow).
+pub(super) fn strips(w: &mut Wgsl) {
+    w.line(&format!("let sa = Mp / {STRIP}u;"));
+    w.line(&format!("let sb = Np / {STRIP}u;"));
+    w.line("let na = select(p.batch, 1u, p.a_sb == 0u) * sa;");
+}
+
+/// `fn exponent(m: u32) -> i32`: the exponent `e` for max-abs bits `m` such that `2^e` brings
+/// the max-abs into `[2^14, 2^15)` (f16's largest finite is 65504), 0 for an all-zero strip,
+/// clamped to `[-126, 126]` so that `2^-e` is an exact normal f32.
+fn exponent_fn(w: &mut Wgsl) {
+    w.open("fn exponent(m: u32) -> i32");
+    w.block("if (m == 0u)", &["return 0;"]);
+    w.line("return clamp(141 - i32(m >> 23u), -126, 126);");
+    w.close();
+    w.blank();
+}
+
+/// The WGSL of the conversion (entry point `main`): a grid-stride loop over the strips, each
+/// converted by one workgroup in two passes over its units: their max-abs (reduced in
+/// workgroup memory), then the units scaled by `2^e` into the planes.
 fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     let t = &k.tile;
     let high = k.mode == CoopMode::High;
@@ -149,10 +199,11 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     operands(&mut w, access);
     w.line(&workspace_decl(k.emulate, "read_write"));
     w.line(&format!(
-        "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
+        "@group(0) @binding({EXPONENT_BINDING}) var<storage, read_write> exps: array<i32>;"
     ));
+    w.line(&format!("var<workgroup> red: array<u32, {THREADS}>;"));
     w.blank();
-    super::maxabs::exponent_fn(&mut w);
+    exponent_fn(&mut w);
     let slices = [Side::A, Side::B].map(|side| {
         let i = usize::from(side == Side::B);
         slice((t.bm, t.bn, t.bk), side, access[i])
@@ -163,6 +214,10 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     if high {
         super::matmul_coop::split_hi_fn(&mut w);
     }
+    w.line("fn bits(v: vec4<f32>) -> vec4<u32> {");
+    w.line("    return bitcast<vec4<u32>>(v) & vec4<u32>(0x7fffffffu);");
+    w.line("}");
+    w.blank();
     // One unit: 8 halves, as two vec4<f16> or four words of two packed halves.
     w.open("fn put(u: u32, v0: vec4<f32>, v1: vec4<f32>)");
     if k.emulate {
@@ -177,55 +232,94 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
     w.blank();
     w.line(&format!("@compute @workgroup_size({THREADS})"));
     w.open(
-        "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>)",
+        "fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32, @builtin(num_workgroups) nw: vec3<u32>)",
     );
     w.line("let M = p.m;");
     w.line("let N = p.n;");
     w.line("let K = p.k;");
     layout(&mut w, t, access);
-    w.line("let ea = exponent(range[0]);");
-    w.line("let eb = exponent(range[1]);");
-    // Every invocation computes the same exponents; one writes them for the product, which
-    // then sets the max-abs words back to zero (codegen/maxabs.rs).
-    w.block(
-        "if (gid.x == 0u)",
-        &[
-            &format!("range[{EXPONENTS}u] = bitcast<u32>(ea);"),
-            &format!("range[{}u] = bitcast<u32>(eb);", EXPONENTS + 1),
-        ],
-    );
-    w.line("let sca = ldexp(1.0, ea);");
-    w.line("let scb = ldexp(1.0, eb);");
-    w.line(&format!("let jump = nw.x * {THREADS}u;"));
-    w.open("for (var u = gid.x; u < ua + ub; u += jump)");
-    w.line("var v0: vec4<f32>;");
-    w.line("var v1: vec4<f32>;");
-    for (s, cond, rel, sc) in [(&slices[0], "if (u < ua)", "u", "sca"), (&slices[1], "else", "u - ua", "scb")]
-    {
+    strips(&mut w);
+    w.line("let nb = select(p.batch, 1u, p.b_sb == 0u) * sb;");
+    // Uniform: the strip depends only on the workgroup, so every invocation reaches the
+    // barriers.
+    w.open("for (var g = wid.x; g < na + nb; g += nw.x)");
+    for (side, s) in [Side::A, Side::B].into_iter().zip(&slices) {
         let x = s.x;
-        w.open(cond);
-        w.line(&format!("let r = {rel};"));
-        w.line(&format!("let row = r / ({x}_cp / 8u);"));
-        w.line(&format!("let c = (r % ({x}_cp / 8u)) * 8u;"));
-        w.line(&format!("let bi = row / {x}_op;"));
-        w.line(&format!("let o = row % {x}_op;"));
+        // The scaled axis (M of A, N of B) is the plane's outer one or its contiguous one.
+        let outer_scaled = (side == Side::A) == access[usize::from(side == Side::B)].row_major;
+        if side == Side::A {
+            w.open("if (g < na)");
+            w.line("let bi = g / sa;");
+            w.line("let st = g % sa;");
+            w.line("let plane = bi * a_ps;");
+        } else {
+            w.open("else");
+            w.line("let bi = (g - na) / sb;");
+            w.line("let st = (g - na) % sb;");
+            w.line("let plane = ua + bi * b_ps;");
+        }
         w.line(&format!("let base = p.{x}_off + bi * p.{x}_sb;"));
+        w.line(&format!("let row_units = {x}_cp / 8u;"));
+        // Unit @ of the strip: its row and unit column in the plane.
+        let (units, o, cu) = if outer_scaled {
+            (
+                format!("{STRIP}u * row_units"),
+                format!("st * {STRIP}u + @ / row_units"),
+                "@ % row_units".to_string(),
+            )
+        } else {
+            let per_row = STRIP / 8;
+            (
+                format!("{x}_op * {per_row}u"),
+                format!("@ / {per_row}u"),
+                format!("st * {per_row}u + @ % {per_row}u"),
+            )
+        };
+        w.line(&format!("let units = {units};"));
         let (ot, ct) = (s.outer_total, s.contig_total);
-        w.line(&format!("v0 = quad_{x}(base, o, c, {ot}, {ct}) * {sc};"));
-        w.line(&format!("v1 = quad_{x}(base, o, c + 4u, {ot}, {ct}) * {sc};"));
+        let load = |w: &mut Wgsl| {
+            w.line(&format!("let o = {};", o.replace('@', "r")));
+            w.line(&format!("let cu = {};", cu.replace('@', "r")));
+            w.line(&format!("let v0 = quad_{x}(base, o, cu * 8u, {ot}, {ct});"));
+            w.line(&format!("let v1 = quad_{x}(base, o, cu * 8u + 4u, {ot}, {ct});"));
+        };
+        let walk = format!("for (var r = t; r < units; r += {THREADS}u)");
+        w.line("var m = vec4<u32>(0u);");
+        w.open(&walk);
+        load(&mut w);
+        w.line("m = max(m, max(bits(v0), bits(v1)));");
+        w.close();
+        w.line("red[t] = max(max(m.x, m.y), max(m.z, m.w));");
+        w.line("workgroupBarrier();");
+        w.open(&format!("for (var h = {}u; h > 0u; h >>= 1u)", THREADS / 2));
+        w.block("if (t < h)", &["red[t] = max(red[t], red[t + h]);"]);
+        w.line("workgroupBarrier();");
+        w.close();
+        // Strip g's word: A's strips come first, B's follow.
+        w.line("let e = exponent(red[0]);");
+        w.block("if (t == 0u)", &["exps[g] = e;"]);
+        w.line("let sc = ldexp(1.0, e);");
+        w.open(&walk);
+        load(&mut w);
+        w.line("let u = plane + o * row_units + cu;");
+        if high {
+            w.line("let x0 = v0 * sc;");
+            w.line("let x1 = v1 * sc;");
+            w.line("let h0 = split_hi(x0);");
+            w.line("let h1 = split_hi(x1);");
+            w.line("put(u, h0, h1);");
+            // lo scaled by 2^LO_SHIFT into hi's range: unscaled, the lo of every element more
+            // than 2^15 below the strip's max-abs would be an f16 subnormal and lose bits.
+            let up = format!("{:?}", f64::from(1u32 << super::matmul_coop::LO_SHIFT));
+            w.line(&format!("put(ua + ub + u, (x0 - h0) * {up}, (x1 - h1) * {up});"));
+        } else {
+            w.line("put(u, v0 * sc, v1 * sc);");
+        }
+        w.close();
         w.close();
     }
-    if high {
-        w.line("let h0 = split_hi(v0);");
-        w.line("let h1 = split_hi(v1);");
-        w.line("put(u, h0, h1);");
-        // lo scaled by 2^LO_SHIFT into hi's range: unscaled, the lo of every element more
-        // than 2^15 below the max-abs would be an f16 subnormal and lose bits.
-        let up = format!("{:?}", f64::from(1u32 << super::matmul_coop::LO_SHIFT));
-        w.line(&format!("put(ua + ub + u, (v0 - h0) * {up}, (v1 - h1) * {up});"));
-    } else {
-        w.line("put(u, v0, v1);");
-    }
+    // `red` is read above until every invocation has its exponent.
+    w.line("workgroupBarrier();");
     w.close();
     w.close();
     w.finish()

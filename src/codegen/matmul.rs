@@ -7,8 +7,8 @@
 //! `matmul_cost.rs` ([`MatmulTile::choose_split`]): the template's register tiles, the
 //! generated SIMT kernel (`matmul_simt.rs`), the generated kernel for skinny products
 //! (`matmul_dot.rs`), or in the `high` and `medium` precision modes a
-//! cooperative-matrix kernel (`matmul_coop.rs`, after the range pre-pass of `maxabs.rs` and the
-//! conversion of its operands to f16 of `coop_convert.rs`) where the device has them. A split
+//! cooperative-matrix kernel (`matmul_coop.rs`, after the conversion of its operands to f16 of
+//! `coop_convert.rs`) where the device has them. A split
 //! product runs its partial products over slices of K into scratch, then a generated kernel
 //! that sums the slices and applies the epilogue. Dispatch labels name the product's shape and
 //! end with the tile that ran, so `rumus plan --wgsl` and profiles say which kernel each
@@ -18,7 +18,7 @@ use super::matmul_coop::{self, CoopKernel, CoopMode, CoopTile};
 use super::matmul_cost as cost;
 use super::matmul_dot::{self, DOT_BLOCK, DOT_LANES};
 use super::matmul_simt::{self, SIMT_TILE};
-use super::{coop_convert, maxabs};
+use super::coop_convert;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::templates::MATMUL;
 use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
@@ -29,10 +29,9 @@ use crate::graph::{Graph, NodeId};
 use crate::plan::{Kernel, Plan};
 use super::MatmulPrecision;
 
-/// The scratch slot of the cooperative kernels' `range` buffer (split-K partials use slot 0):
-/// unlike the other slots it carries a state between kernels (its max-abs words are zero
-/// between products, [`super::maxabs`]), so nothing else may bind it.
-pub const RANGE_SLOT: usize = 3;
+/// The scratch slot of the cooperative kernels' exponents ([`super::coop_convert`]; split-K
+/// partials use slot 0), written by a product's conversion and read by the product.
+pub const EXPONENT_SLOT: usize = 3;
 /// The scratch slot of the cooperative kernels' f16 workspace ([`super::coop_convert`]): like
 /// every scratch slot it lives only within one kernel's dispatches and is shared by every
 /// product of the plan, sized for the largest.
@@ -163,7 +162,7 @@ pub enum MatmulTile {
     /// across a workgroup's 256 threads, the partial sums added in workgroup memory.
     Dot,
     /// A cooperative-matrix kernel (`high` or `medium`, [`super::matmul_coop`]), after the
-    /// range pre-pass and the conversion to f16.
+    /// conversion to f16.
     Coop(CoopKernel),
 }
 
@@ -221,8 +220,8 @@ impl MatmulTile {
     /// not empty (K included), both operands have a unit stride, the tile splits evenly and
     /// fits the device's threads and workgroup memory, and the f16 workspace's halves can be
     /// indexed by a u32; `None` otherwise (an fp32 kernel computes it). The product binds no
-    /// more storage buffers than an fp32 one: the workspace and the range words instead of A
-    /// and B.
+    /// more storage buffers than an fp32 one: the workspace and the exponents instead of A and
+    /// B.
     pub fn coop_on(spec: &MatmulSpec, target: &Target, tile: CoopTile) -> Option<CoopKernel> {
         let mode = coop_mode(target.matmul.precision)?;
         let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
@@ -443,7 +442,7 @@ pub fn program(
     if let MatmulTile::Coop(k) = tile {
         return Err(err!(
             Invariant,
-            "the {} matmul is three programs (range pre-pass, conversion and product): use `programs`",
+            "the {} matmul is two programs (conversion and product): use `programs`",
             k.name()
         ));
     }
@@ -493,9 +492,9 @@ pub fn program(
 }
 
 /// The programs of `spec` on `tile`, labelled `label` and the tile's name: one for a template
-/// or SIMT tile, and for a cooperative tile three: the range pre-pass (into scratch slot
-/// [`RANGE_SLOT`]), the conversion of A and B to f16 (into scratch slot
-/// [`WORKSPACE_SLOT`]) and the product. Bindings as in [`program`].
+/// or SIMT tile, and for a cooperative tile two: the conversion of A and B to f16 (into
+/// scratch slot [`WORKSPACE_SLOT`], their strips' exponents into [`EXPONENT_SLOT`]) and the
+/// product. Bindings as in [`program`].
 pub fn programs(
     label: &str,
     spec: &MatmulSpec,
@@ -519,15 +518,13 @@ pub fn programs(
         ));
     };
     k.tile.check(k.subgroup)?;
-    let range = Resource::Scratch { slot: RANGE_SLOT };
+    let exps = Resource::Scratch { slot: EXPONENT_SLOT };
     let ws = Resource::Scratch { slot: WORKSPACE_SLOT };
-    let operands = [a.clone(), b.clone(), range.clone()];
-    let range_pass = maxabs::program(spec, access, operands, &format!("{label} range"));
     let convert = coop_convert::program(
         spec,
         &k,
         access,
-        [params_uniform(spec), a, b, ws.clone(), range.clone()],
+        [params_uniform(spec), a, b, ws.clone(), exps.clone()],
         &format!("{label} convert"),
     );
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
@@ -537,7 +534,8 @@ pub fn programs(
     bindings.extend(epilogue_bindings(epilogue));
     let ws_words = coop_convert::workspace_words(&k, access, spec);
     bindings.push(bind(coop_convert::WORKSPACE_BINDING, "ws", ws, ws_words));
-    bindings.push(bind(maxabs::RANGE_BINDING, "range", range, maxabs::RANGE_WORDS));
+    let exp_words = coop_convert::exponent_words(&k, spec);
+    bindings.push(bind(coop_convert::EXPONENT_BINDING, "exps", exps, exp_words));
     let (bm, bn) = tile.block();
     let s = spec;
     let product = Program {
@@ -558,7 +556,7 @@ pub fn programs(
         // epilogue 258 µs each on the H200.
         checks: ShaderChecks { bounds: false, loop_bounding: false },
     };
-    Ok(vec![range_pass, convert, product])
+    Ok(vec![convert, product])
 }
 
 /// The `Params` uniform of `s` (`shaders/matmul.wgsl`'s, read by every matmul kernel).

@@ -1,10 +1,10 @@
 //! The `medium` and `high` matmul kernels: f16 products with f32 accumulation on 16x16x16
 //! cooperative matrices (`enable wgpu_cooperative_matrix;`, tensor cores on NVIDIA).
 //!
-//! A product is three dispatches: the range pre-pass ([`super::maxabs`]), the conversion
-//! ([`super::coop_convert`]), which writes both operands scaled to f16 (`high`: hi and lo
-//! parts) into a workspace of zero-padded planes, and the product here, which reads only f16
-//! (and sets the pre-pass's max-abs words back to zero for the next product).
+//! A product is two dispatches: the conversion ([`super::coop_convert`]), which writes both
+//! operands scaled to f16 (`high`: hi and lo parts) into a workspace of zero-padded planes,
+//! with an exponent for each strip of 16 rows of A and 16 columns of B, and the product here,
+//! which reads only f16.
 //!
 //! A workgroup of `wm x wn` subgroups computes `bm x bn` of C; subgroup `(wr, wc)` owns
 //! `fm x fn` accumulator fragments. K goes in slices of `bk`: each thread loads its 16-byte
@@ -30,10 +30,10 @@
 //!   operands, median error against f64: 2.2e-7 before, 7.6e-8 with scaled lo parts alone,
 //!   3.9e-9 with both; fp32 1.5e-8), at 21 % of its speed (79.5 to 62.9 TFLOP/s).
 //!
-//! Range: the conversion multiplies each operand by `2^e`, `e` from its max-abs, so its largest
-//! element lands in `[2^14, 2^15)`; the product multiplies the result by `2^-ea · 2^-eb`
-//! before the epilogue (exact). Without it f16 turns elements beyond 65504 into infinities and
-//! flushes those below 6e-8.
+//! Range: the conversion multiplies each strip by `2^e`, `e` from its max-abs, so its largest
+//! element lands in `[2^14, 2^15)`; the product multiplies each fragment by `2^-ea · 2^-eb`
+//! (its rows' and its columns' strips) before the epilogue (exact). Without it f16 turns
+//! elements beyond 65504 into infinities and flushes those below 6e-8.
 //!
 //! Fragments reach C through a per-subgroup 16x16 f32 scratch in workgroup memory (there is no
 //! per-element access to a fragment): `coopStoreT`, barrier, each invocation applies the
@@ -43,18 +43,17 @@
 //! Emulated ([`CoopKernel::emulate`]), the workspace holds halves packed by `pack2x16float`,
 //! staged values are unpacked to f32, fragments become `vec2<u32>(offset, stride)` references
 //! into the staging memory and the cooperative operations plain functions with the same
-//! meaning, so the same three dispatches run (slowly) on adapters without cooperative matrices
+//! meaning, so the same two dispatches run (slowly) on adapters without cooperative matrices
 //! or f16: the GPU-vs-CPU tests on lavapipe and on Mesa's OpenGL adapter.
 //!
 //! Ported from the issue-11 prototype (round 2, pre-converted operands), correct at every shape
 //! it was run on on the H200 (`medium` 128x128x64 w2x4 and `high` 128x128x32 w4x2 were its
 //! fastest tiles).
 
-use super::coop_convert::{layout, workspace_decl};
+use super::coop_convert::{layout, strips, workspace_decl, EXPONENT_BINDING, STRIP};
 use super::matmul_simt::{
     block_entry, epilogue_and_store, params, slice, store_with_loads, Access, Side, Slice,
 };
-use super::maxabs::{EXPONENTS, RANGE_BINDING};
 use super::writer::Wgsl;
 use crate::err;
 use crate::error::Result;
@@ -237,22 +236,18 @@ struct Buf {
     row_major: bool,
 }
 
-/// The longest K whose products zero the range words before their K loop rather than after.
-/// Where the only write to `range` comes first, the H200's driver loads the exponents before
-/// the loop; after the loop, it cannot. Measured on the H200 (2026-12-01, `high`): before
-/// is faster up to K = 768 (4096x3072x768: 401 against 506 µs), after from K = 1024 on
-/// (4096x768x1536: 280 against 340 µs; 4096³: 85 against 65 TFLOP/s), where two more live
-/// registers in the loop cost more than the loads' latency saves.
-pub const RESET_FIRST_MAX_K: u32 = 768;
+/// The longest K whose `high` products store fragments straight into C ([`Gen::direct_store`];
+/// `medium` always does).
+pub const DIRECT_HIGH_MAX_K: u32 = 768;
 
 /// The WGSL of kernel `k` for products of depth `depth` (K) reading the f16 planes of A and B
 /// (laid out as `access` says) from the workspace of [`super::coop_convert`], with the
 /// epilogue's declarations (`@binding(4)` on) and body. The tile must pass
 /// [`CoopTile::check`].
 pub fn generate(k: &CoopKernel, access: [Access; 2], depth: u32, epilogue: Epilogue) -> String {
-    let short = depth <= RESET_FIRST_MAX_K;
+    let short = depth <= DIRECT_HIGH_MAX_K;
     let direct = epilogue.body.trim() == "return v;" && (k.mode == CoopMode::Medium || short);
-    let mut g = Gen::new(k, access, short, direct);
+    let mut g = Gen::new(k, access, direct);
     // Each invocation holds `loads` values for each of its elements of C until the scratch
     // path reaches them (64 elements with the tiles of `tiles`): up to 2 a element, fewer
     // registers than the K loop takes.
@@ -307,8 +302,6 @@ struct Gen<'a> {
     b_row: u32,
     stage_a: u32,
     stage_b: u32,
-    /// Zero the range words before the K loop ([`RESET_FIRST_MAX_K`]), else after it.
-    reset_first: bool,
     /// Blocks inside C store their fragments straight into it ([`Gen::direct_store`]).
     direct: bool,
     /// Values the epilogue loads per element, loaded for all of an invocation's elements
@@ -317,7 +310,7 @@ struct Gen<'a> {
 }
 
 impl<'a> Gen<'a> {
-    fn new(k: &'a CoopKernel, access: [Access; 2], reset_first: bool, direct: bool) -> Gen<'a> {
+    fn new(k: &'a CoopKernel, access: [Access; 2], direct: bool) -> Gen<'a> {
         let t = k.tile;
         let sa = slice((t.bm, t.bn, t.bk), Side::A, access[0]);
         let sb = slice((t.bm, t.bn, t.bk), Side::B, access[1]);
@@ -337,7 +330,6 @@ impl<'a> Gen<'a> {
             b_row,
             sa,
             sb,
-            reset_first,
             direct,
             loads: 0,
         }
@@ -413,7 +405,7 @@ impl<'a> Gen<'a> {
         w.lines(decls);
         w.line(&workspace_decl(k.emulate, "read"));
         w.line(&format!(
-            "@group(0) @binding({RANGE_BINDING}) var<storage, read_write> range: array<u32>;"
+            "@group(0) @binding({EXPONENT_BINDING}) var<storage, read_write> exps: array<i32>;"
         ));
         w.blank();
         let (abufs, bbufs) = self.bufs();
@@ -655,22 +647,13 @@ impl<'a> Gen<'a> {
         w.close();
     }
 
-    /// The max-abs words are used up (the conversion read them; the product reads only the
-    /// exponents): zero them for the next product, anywhere in the kernel.
-    fn reset_range(&self, w: &mut Wgsl) {
-        w.block(
-            "if (t == 0u && all(wid == vec3<u32>(0u)))",
-            &["range[0] = 0u;", "range[1] = 0u;"],
-        );
-    }
-
     /// For a product without an epilogue: a block inside C whose rows are contiguous and
     /// 16-byte aligned, with beta 0, stores each fragment scaled straight into C and returns,
     /// without the scratch's two barriers a fragment (uniform: the condition reads only the
     /// parameters and the block's position). Measured on the H200 (2026-12-01): `medium`
     /// 4096³ 148.5 to 155.1 TFLOP/s, gpt-small 4.21 to 4.16 ms; `high` gpt-small 5.42 to
     /// 5.20 ms, but `high` 4096³ 66.5 to 56.8, so `high` takes it only for products of K up
-    /// to [`RESET_FIRST_MAX_K`] (long ones keep the scratch path).
+    /// to [`DIRECT_HIGH_MAX_K`] (long ones keep the scratch path).
     fn direct_store(&self, w: &mut Wgsl) {
         let t = self.t;
         w.line(&format!("let inside = row0 + {}u <= M && col0 + {}u <= N;", t.bm, t.bn));
@@ -678,25 +661,40 @@ impl<'a> Gen<'a> {
             "let aligned = p.c_sj == 1u && p.c_si % 4u == 0u && p.c_off % 4u == 0u && p.c_sb % 4u == 0u;",
         );
         w.open("if (inside && aligned && p.beta == 0.0)");
-        w.line("let sc = p.alpha * una * unb;");
         w.line("let cs = p.c_si;");
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
                 let ci = format!("ci{fi}_{fj}");
+                let (una, unb) = self.unscale(w, fi, fj);
+                w.line(&format!("let sc{fi}_{fj} = p.alpha * {una} * {unb};"));
                 w.line(&format!(
                     "let {ci} = p.c_off + batch * p.c_sb + (row0 + a_sub + {}u) * cs + col0 + b_sub + {}u;",
                     fi * 16,
                     fj * 16
                 ));
                 if self.k.emulate {
-                    w.line(&format!("emu_store_c(acc{fi}_{fj}, {ci}, cs, lane, sc);"));
+                    w.line(&format!("emu_store_c(acc{fi}_{fj}, {ci}, cs, lane, sc{fi}_{fj});"));
                 } else {
-                    w.line(&format!("coopStoreT(acc{fi}_{fj} * sc, &c[{ci}], cs);"));
+                    w.line(&format!("coopStoreT(acc{fi}_{fj} * sc{fi}_{fj}, &c[{ci}], cs);"));
                 }
             }
         }
         w.line("return;");
         w.close();
+    }
+
+    /// The inverse scales of fragment `(fi, fj)`, bound by the lines written: those of its
+    /// strip of rows and of columns. Read where the fragment is stored, so they hold no
+    /// registers before (all six of a `high` block's read at once after the K loop took its
+    /// 4096³ product from 72 to 58 TFLOP/s on the H200); 2^-e is an exact
+    /// normal f32 for |e| <= 126 (the conversion clamps), so two multiplies undo the scaling
+    /// exactly, where an ldexp per element cost a quarter of the product's speed (prototype,
+    /// round 2).
+    fn unscale(&self, w: &mut Wgsl, fi: u32, fj: u32) -> (String, String) {
+        let (una, unb) = (format!("una{fi}_{fj}"), format!("unb{fi}_{fj}"));
+        w.line(&format!("let {una} = ldexp(1.0, -exps[ea + {fi}u]);"));
+        w.line(&format!("let {unb} = ldexp(1.0, -exps[eb + {fj}u]);"));
+        (una, unb)
     }
 
     fn main(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
@@ -708,9 +706,12 @@ impl<'a> Gen<'a> {
         w.line(&format!("let lane = t % {}u;", self.sg));
         w.line(&format!("let wr = warp / {}u;", t.wn));
         w.line(&format!("let wc = warp % {}u;", t.wn));
-        if self.reset_first {
-            self.reset_range(w);
-        }
+        // A store to `exps` that never runs (an empty product has no blocks): where the kernel
+        // holds none, NVIDIA's driver treats the read-only words as constants and loads them
+        // all at the kernel's start, holding registers through the K loop (H200, 2026-12-01:
+        // `high` 4096³ product 57 TFLOP/s without the store, 72 with it, gpt-medium `high`
+        // 63.5 against 60.4 ms a step).
+        w.block("if (p.m == 0u && t == 0u)", &["exps[0] = 0;"]);
         // Where this block's batch of each plane starts, in units.
         layout(w, &t, self.access);
         w.line("let a_cp8 = a_cp / 8u;");
@@ -781,15 +782,15 @@ impl<'a> Gen<'a> {
             w.line("workgroupBarrier();");
         }
         w.close();
-        // The inverse scales, read after the loop so they hold no registers during it (two
-        // more live registers cost the H200 30 %), computed once: 2^-e is an exact normal f32
-        // for |e| <= 126 (the pre-pass clamps), so two multiplies undo the scaling exactly,
-        // where an ldexp per element cost a quarter of the product's speed (prototype, round 2).
-        w.line(&format!("let una = ldexp(1.0, -bitcast<i32>(range[{EXPONENTS}u]));"));
-        w.line(&format!("let unb = ldexp(1.0, -bitcast<i32>(range[{}u]));", EXPONENTS + 1));
-        if !self.reset_first {
-            self.reset_range(w);
-        }
+        // Where this subgroup's exponents are: its first strip of rows (of A) and of columns
+        // (of B); each fragment reads its two as it is stored ([`Gen::unscale`]).
+        strips(w);
+        w.line(&format!(
+            "let ea = select(batch, 0u, p.a_sb == 0u) * sa + (row0 + a_sub) / {STRIP}u;"
+        ));
+        w.line(&format!(
+            "let eb = na + select(batch, 0u, p.b_sb == 0u) * sb + (col0 + b_sub) / {STRIP}u;"
+        ));
         for fi in 0..self.fm {
             for fj in 0..self.fnn {
                 if self.high {
@@ -832,12 +833,13 @@ impl<'a> Gen<'a> {
                     w.line(&format!("coopStoreT(acc{fi}_{fj}, &scratch[so], ss);"));
                 }
                 w.line("workgroupBarrier();");
+                let (una, unb) = self.unscale(w, fi, fj);
                 for q in 0..self.per_lane() {
                     let (i, j) = (format!("i{fi}_{fj}_{q}"), format!("j{fi}_{fj}_{q}"));
                     let (ie, je) = ij(fi, fj, q);
                     w.line(&format!("let {i} = {ie};"));
                     w.line(&format!("let {j} = {je};"));
-                    let v = format!("scratch[so + {}] * una * unb", flat(q));
+                    let v = format!("scratch[so + {}] * {una} * {unb}", flat(q));
                     let store = if self.loads > 0 {
                         format!("store_c_with({v}, batch, {i}, {j}, pre{fi}_{fj}_{q});")
                     } else {
@@ -856,28 +858,8 @@ impl<'a> Gen<'a> {
 mod tests {
     use super::*;
 
-    /// Products of K up to [`RESET_FIRST_MAX_K`] zero the range words before their K loop,
-    /// longer ones after it (where the exponents are read): (depth, reset before the loop).
-    #[test]
-    fn the_range_words_are_zeroed_before_the_loop_only_for_short_products() {
-        let row = Access { row_major: true, vector: true };
-        for emulate in [false, true] {
-            let k = CoopKernel { mode: CoopMode::High, tile: HIGH_TILE, subgroup: 32, emulate };
-            for (depth, first) in [(1, true), (768, true), (769, false), (4096, false)] {
-                let wgsl = generate(&k, [row, row], depth, Epilogue::NONE);
-                let at = |needle: &str| wgsl.find(needle).unwrap();
-                let reset = at("range[0] = 0u;");
-                assert_eq!(wgsl.matches("range[0] = 0u;").count(), 1, "{depth}");
-                let (k_loop, exponents) = (at("for (var s = 0u;"), at("let una = "));
-                let before = reset < k_loop;
-                assert_eq!(before, first, "depth {depth}, emulated {emulate}");
-                assert!(before || reset > exponents, "depth {depth}: zeroed before the exponents are read");
-            }
-        }
-    }
-
     /// Products without an epilogue store inside blocks straight into C: `medium` always,
-    /// `high` up to K = [`RESET_FIRST_MAX_K`]; with an epilogue, every block goes through the
+    /// `high` up to K = [`DIRECT_HIGH_MAX_K`]; with an epilogue, every block goes through the
     /// scratch.
     #[test]
     fn only_products_without_an_epilogue_store_straight_into_c() {

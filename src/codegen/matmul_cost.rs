@@ -17,7 +17,7 @@
 //! costs at least 0.2 µs a step of K; the dot kernel for skinny products is priced by its
 //! workgroups' rate and its threads' steps, fitted to the `mlp` model's products forced onto it.
 //!
-//! Bandwidth-bound work (the range pre-pass and the conversion of the cooperative kernels, the
+//! Bandwidth-bound work (the conversion pre-pass of the cooperative kernels, the
 //! split-K partials and their sum) costs its bytes at `BYTES_PER_US` plus `DISPATCH_US` a
 //! dispatch.
 //!
@@ -124,8 +124,8 @@ pub fn product_us(tile: MatmulTile, spec: &MatmulSpec) -> f64 {
     us + DISPATCH_US
 }
 
-/// Microseconds of a cooperative kernel's range pre-pass and conversion for `spec`: both read
-/// A and B as f32; the conversion writes them as f16 (`high`: hi and lo).
+/// Microseconds of a cooperative kernel's conversion pre-pass for `spec`: it reads A and B as
+/// f32 (twice, the second time from cache) and writes them as f16 (`high`: hi and lo).
 pub fn prepass_us(k: &CoopKernel, spec: &MatmulSpec) -> f64 {
     let elems = |batch_stride: u32, rows: u32, cols: u32| {
         let planes = if batch_stride == 0 { 1 } else { spec.batch };
@@ -134,7 +134,7 @@ pub fn prepass_us(k: &CoopKernel, spec: &MatmulSpec) -> f64 {
     let s = spec;
     let n = elems(s.a.batch_stride, s.m, s.k) + elems(s.b.batch_stride, s.k, s.n);
     let written = if k.mode == CoopMode::High { 4.0 } else { 2.0 };
-    2.0 * DISPATCH_US + n * (4.0 + 4.0 + written) / BYTES_PER_US
+    DISPATCH_US + n * (4.0 + written) / BYTES_PER_US
 }
 
 /// Microseconds that splitting `m x n` into `splits` slices of K adds: the partial products'

@@ -26,7 +26,6 @@ pub mod matmul_coop;
 pub mod matmul_cost;
 pub mod matmul_dot;
 pub mod matmul_simt;
-pub mod maxabs;
 pub mod precision;
 pub mod program;
 mod rows;

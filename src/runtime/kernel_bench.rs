@@ -18,8 +18,7 @@ use std::time::Instant;
 pub struct MatmulBench {
     /// The kernel the product ran on (`simt`, `coop-high`, ...).
     pub tile: String,
-    /// Every dispatch of the product counted (a cooperative kernel's range pre-pass and
-    /// conversion included).
+    /// Every dispatch of the product counted (a cooperative kernel's conversion included).
     pub tflops: f64,
     /// The product's last dispatch alone, repeated on operands already prepared (the same as
     /// `tflops` for a kernel of one dispatch).

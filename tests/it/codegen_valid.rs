@@ -4,11 +4,11 @@
 //! every matmul precision mode (the cooperative-matrix modules validated with naga's
 //! cooperative-matrix and f16 capabilities, on a faked cooperative adapter, no hardware
 //! needed), and none binds more storage buffers than the planner counted for its kernel (plus
-//! the range buffer of a cooperative product, which codegen checks against the device).
+//! the exponents of a cooperative product, which codegen checks against the device).
 
 use crate::common;
 
-use rumus::codegen::matmul::RANGE_SLOT;
+use rumus::codegen::matmul::EXPONENT_SLOT;
 use rumus::codegen::matmul_coop::{tiles, CoopMode};
 use rumus::codegen::wgsl::generate;
 use rumus::codegen::{compile, MatmulOptions, MatmulPrecision, Resource, Target};
@@ -124,7 +124,7 @@ fn validate_plans(
                     .bindings
                     .iter()
                     .filter(|b| !matches!(b.resource, Resource::Uniform(_) | Resource::Meta))
-                    .filter(|b| b.resource != Resource::Scratch { slot: RANGE_SLOT })
+                    .filter(|b| b.resource != Resource::Scratch { slot: EXPONENT_SLOT })
                     .count();
                 if storage > counted {
                     failures.push(format!("{}: binds {storage}, counted {counted}", prog.label));

@@ -1,15 +1,15 @@
-//! The cooperative-matrix matmuls (`high`, `medium`) and their range pre-pass against an f64
-//! reference, with the cooperative operations emulated in plain WGSL (`emulate_coop`), so they
-//! run on any adapter (lavapipe in CI): ragged and tiny shapes, both transposes, batches with
-//! offsets and broadcast, alpha and beta, and operands of 1e5 and 1e-8, which f16 cannot hold
-//! unscaled (shown by the same product run with the scaling switched off).
+//! The cooperative-matrix matmuls (`high`, `medium`) and their conversion pre-pass against an
+//! f64 reference, with the cooperative operations emulated in plain WGSL (`emulate_coop`), so
+//! they run on any adapter (lavapipe in CI): ragged and tiny shapes, both transposes, batches
+//! with offsets and broadcast, alpha and beta, operands of 1e5 and 1e-8, which f16 cannot hold
+//! unscaled, and operands whose strips of rows and columns span many orders of magnitude.
 //!
 //! Errors are `|c - ref| / (|alpha| Σ_k |a_ik b_kj| + |beta c|)`, as the issue-11 prototype
 //! measured them on the H200 (there: `high` 2e-7, `medium` 4e-6 median).
 
 use crate::common::gpu::or_skip;
 use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
-use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, RANGE_SLOT};
+use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, EXPONENT_SLOT};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
 use rumus::codegen::program::{scratch_words, Program};
 use rumus::codegen::wgsl::MatmulEpilogue;
@@ -25,9 +25,8 @@ fn kernel(mode: CoopMode) -> CoopKernel {
     CoopKernel { mode, tile: TILE, subgroup: 32, emulate: true }
 }
 
-/// Run `programs` over `buffers` on scratch as a new plan's: every slot NaN (the conversion
-/// must write all the product reads) but the range slot, zeroed (exponents 0 when the range
-/// pre-pass is skipped). The scratch buffers, for a look afterwards.
+/// Run `programs` over `buffers` on scratch as a new plan's, every slot NaN (the conversion
+/// must write all the product reads). The scratch buffers, for a look afterwards.
 fn run_fresh(
     gpu: &Gpu,
     launcher: &mut Launcher,
@@ -36,11 +35,7 @@ fn run_fresh(
 ) -> Vec<wgpu::Buffer> {
     let scratch: Vec<_> = scratch_words(programs.iter())
         .iter()
-        .enumerate()
-        .map(|(slot, &w)| {
-            let fill = if slot == RANGE_SLOT { 0.0 } else { f32::NAN };
-            gpu.upload_f32("scratch", &vec![fill; w.max(1) as usize]).unwrap()
-        })
+        .map(|&w| gpu.upload_f32("scratch", &vec![f32::NAN; w.max(1) as usize]).unwrap())
         .collect();
     let res = Resources {
         buffers: buffers.iter().map(Range::whole).collect(),
@@ -53,30 +48,25 @@ fn run_fresh(
     scratch
 }
 
-/// Largest error of `spec` in `mode` with A scaled by `sa` and B by `sb`; with `scaled` false
-/// the range pre-pass is skipped and the exponents are 0 (what the conversion and the product
-/// compute without scaling).
+/// Largest error of `spec` in `mode` with A scaled by `sa` and B by `sb`.
 fn worst_error(
     gpu: &Gpu,
     launcher: &mut Launcher,
     mode: CoopMode,
     spec: &MatmulSpec,
     scales: (f32, f32),
-    scaled: bool,
 ) -> f64 {
-    worst_errors(gpu, launcher, mode, &[(*spec, scales)], scaled).0[0]
+    worst_errors(gpu, launcher, mode, &[(*spec, scales)])[0]
 }
 
 /// The largest error of each product of `products` (spec, scales of A and B) in `mode`, run
-/// one after the other in one submission over the same scratch buffers, as a plan runs them;
-/// and the range slot's words afterwards.
+/// one after the other in one submission over the same scratch buffers, as a plan runs them.
 fn worst_errors(
     gpu: &Gpu,
     launcher: &mut Launcher,
     mode: CoopMode,
     products: &[(MatmulSpec, (f32, f32))],
-    scaled: bool,
-) -> (Vec<f64>, Vec<i32>) {
+) -> Vec<f64> {
     let len = |s: &MatmulSpec, op: &Operand, rows: u32, cols: u32| {
         (op.offset
             + (s.batch - 1) * op.batch_stride
@@ -103,15 +93,12 @@ fn worst_errors(
             buffers.push(gpu.upload_f32("operand", v).unwrap());
         }
         let operands = [0, 1, 2].map(|j| Resource::Buffer(3 * i + j));
-        let mut p = matmul::programs("test", &s, tile, None, operands).unwrap();
-        assert_eq!(p.len(), 3, "range pre-pass, conversion, product");
-        if !scaled {
-            p.remove(0);
-        }
+        let p = matmul::programs("test", &s, tile, None, operands).unwrap();
+        assert_eq!(p.len(), 2, "conversion, product");
         programs.extend(p);
         checks.push((s, c_old, want, norm));
     }
-    let scratch = run_fresh(gpu, launcher, &programs, &buffers);
+    run_fresh(gpu, launcher, &programs, &buffers);
     let mut errors = Vec::new();
     for (i, (s, c_old, want, norm)) in checks.iter().enumerate() {
         let got = gpu.read_f32_range(&buffers[3 * i + 2], 0..c_old.len()).unwrap();
@@ -129,8 +116,7 @@ fn worst_errors(
         }
         errors.push(worst);
     }
-    let range = gpu.read_i32_range(&scratch[RANGE_SLOT], 0..4).unwrap();
-    (errors, range)
+    errors
 }
 
 fn tolerance(mode: CoopMode) -> f64 {
@@ -146,7 +132,7 @@ fn shapes() -> Vec<(&'static str, MatmulSpec)> {
     let (m, n, k) = (17, 33, 45);
     vec![
         ("1x1x1", c(1, 1, 1, 1)),
-        // Longer than RESET_FIRST_MAX_K: the product zeroes the range words after its loop.
+        // Longer than DIRECT_HIGH_MAX_K: `high` goes through the scratch without an epilogue.
         ("long k", c(1, 9, 20, 800)),
         ("ragged nn", c(1, m, n, k)),
         // Whole blocks of the tile inside C, no epilogue: fragments go straight into C.
@@ -178,15 +164,27 @@ fn cooperative_kernels_match_the_reference_on_ragged_shapes() {
     let gl = gpu.info.backend == wgpu::Backend::Gl;
     for mode in [CoopMode::High, CoopMode::Medium] {
         for (name, spec) in shapes().into_iter().take(if gl { 2 } else { usize::MAX }) {
-            let err = worst_error(gpu, &mut launcher, mode, &spec, (1.0, 1.0), true);
+            let err = worst_error(gpu, &mut launcher, mode, &spec, (1.0, 1.0));
             assert!(err <= tolerance(mode), "{mode:?} {name}: worst error {err:e}");
         }
     }
 }
 
-/// Operands of 1e5 overflow f16 and of 1e-8 flush to zero; the range pre-pass keeps the error
-/// of in-range operands. Unscaled (exponents 0), the same products are far off: the scaling,
-/// not luck, passes the test.
+/// `x` rounded to f16 and back, in f64: infinite from 65520 on, steps of 2^-24 below 2^-14
+/// (subnormals), 11 significant bits between. What an operand holds in f16 unscaled.
+fn through_f16(x: f32) -> f64 {
+    let x = f64::from(x);
+    if x.abs() >= 65520.0 {
+        return x.signum() * f64::INFINITY;
+    }
+    let e = x.abs().log2().floor().max(-14.0);
+    let quantum = (e - 10.0).exp2();
+    (x / quantum).round() * quantum
+}
+
+/// Operands of 1e5 overflow f16 and of 1e-8 flush to zero; the scaling keeps the error of
+/// in-range operands. The same operands rounded to f16 unscaled give products far off (on
+/// the host, in f64): the scaling, not luck, passes the test.
 #[test]
 fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
     let Some((gpu, _turn)) = or_skip("range_scaling_keeps_huge_and_tiny_operands_accurate") else {
@@ -194,43 +192,94 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
     };
     let spec =
         MatmulSpec { b: Operand::transposed(45, 33), ..MatmulSpec::contiguous(1, 17, 33, 45) };
+    let all = [(1e5, 1e-8), (1e-8, 1e-8), (1e5, 1e5)];
     let mut launcher = Launcher::default();
     for mode in [CoopMode::High, CoopMode::Medium] {
         let gl = gpu.info.backend == wgpu::Backend::Gl; // slow there: one case
-        let all = [(1e5, 1e-8), (1e-8, 1e-8), (1e5, 1e5)];
         for scales in all.into_iter().take(if gl { 1 } else { all.len() }) {
-            let scaled = worst_error(gpu, &mut launcher, mode, &spec, scales, true);
+            let scaled = worst_error(gpu, &mut launcher, mode, &spec, scales);
             assert!(scaled <= tolerance(mode), "{mode:?} {scales:?}: scaled error {scaled:e}");
-            let unscaled = worst_error(gpu, &mut launcher, mode, &spec, scales, false);
-            assert!(unscaled > 1e-2, "{mode:?} {scales:?}: unscaled error {unscaled:e}");
         }
+    }
+    let (m, n, k) = (17, 33, 45);
+    for (sa, sb) in all {
+        let a: Vec<f32> = random(m * k, 1).into_iter().map(|x| x * sa).collect();
+        let b: Vec<f32> = random(k * n, 2).into_iter().map(|x| x * sb).collect();
+        let mut worst = 0.0f64;
+        for i in 0..m {
+            for j in 0..n {
+                let (mut exact, mut rounded, mut norm) = (0.0, 0.0, 0.0);
+                for q in 0..k {
+                    let (x, y) = (a[i * k + q], b[j * k + q]);
+                    exact += f64::from(x) * f64::from(y);
+                    rounded += through_f16(x) * through_f16(y);
+                    norm += f64::from(x.abs()) * f64::from(y.abs());
+                }
+                let err = (rounded - exact).abs() / norm;
+                worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+            }
+        }
+        assert!(worst > 1e-2, "{sa:e} x {sb:e}: unscaled f16 error only {worst:e}");
     }
 }
 
-/// The range pre-pass accumulates each operand's max-abs with `atomicMax` into words the
-/// product sets back to zero (before its K loop for a short product, after it for a long one):
-/// each product of operands 1e8 smaller than the one before (the plan's products share the
-/// range slot) gets its own range, not the larger one left behind, and the words are zero
-/// again afterwards.
+/// Each strip of 16 rows of A (columns of B) has its own exponent: rows of 1e4 and rows of
+/// 1e-9 in one operand (with one exponent for the whole operand, as before 2026-12-01, the
+/// small rows lie 2^43 below its max-abs and flush to zero: every element of their rows of C
+/// is wrong), batched, B transposed. Then products one after another over the same scratch,
+/// operands 1e8 smaller each time, each judged on its own.
 #[test]
-fn each_product_gets_its_own_range_after_a_larger_one() {
-    let Some((gpu, _turn)) = or_skip("each_product_gets_its_own_range_after_a_larger_one") else {
+fn every_strip_of_rows_and_columns_gets_its_own_range() {
+    let Some((gpu, _turn)) = or_skip("every_strip_of_rows_and_columns_gets_its_own_range") else {
         return;
     };
-    // The middle product is long enough to zero the words after its loop, the others before.
-    let spec = MatmulSpec::contiguous(1, 17, 33, 45);
-    let long = MatmulSpec::contiguous(1, 9, 20, 800);
+    let (m, n, k) = (64usize, 48usize, 40usize);
+    let spec = MatmulSpec {
+        b: Operand::transposed(k as u32, n as u32),
+        ..MatmulSpec::contiguous(2, m as u32, n as u32, k as u32)
+    };
+    // Strips alternate between 1e4 and 1e-9: A's rows, B's columns (B^T's rows).
+    let mut a = random(2 * m * k, 1);
+    for (idx, v) in a.iter_mut().enumerate() {
+        *v *= if (idx % (m * k)) / k / 16 % 2 == 0 { 1e4 } else { 1e-9 };
+    }
+    let mut b = random(2 * k * n, 2);
+    for (idx, v) in b.iter_mut().enumerate() {
+        *v *= if (idx % (k * n)) / k / 16 % 2 == 0 { 1e-9 } else { 1e4 };
+    }
+    let zeros = vec![0.0; 2 * m * n];
+    let want = matmul_ref(&spec, &a, &b, &zeros, |v, _| v);
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let norm = matmul_ref(&spec, &abs(&a), &abs(&b), &zeros, |v, _| v);
     let mut launcher = Launcher::default();
     for mode in [CoopMode::High, CoopMode::Medium] {
-        let products = [(spec, (1e5, 1e5)), (long, (1e-3, 1e-3)), (spec, (1e-11, 1e-11))];
-        let (errors, range) = worst_errors(gpu, &mut launcher, mode, &products, true);
+        let buffers: Vec<_> =
+            [&a, &b, &zeros].iter().map(|v| gpu.upload_f32("operand", v).unwrap()).collect();
+        let tile = MatmulTile::Coop(kernel(mode));
+        let programs =
+            matmul::programs("test", &spec, tile, None, [0, 1, 2].map(Resource::Buffer)).unwrap();
+        run_fresh(gpu, &mut launcher, &programs, &buffers);
+        let got = gpu.read_f32_range(&buffers[2], 0..zeros.len()).unwrap();
+        for (idx, &g) in got.iter().enumerate() {
+            let err = (f64::from(g) - want[idx]).abs() / norm[idx];
+            assert!(
+                err <= tolerance(mode),
+                "{mode:?}: batch {}, element ({}, {}): got {g:e}, want {:e}",
+                idx / (m * n),
+                idx % (m * n) / n,
+                idx % n,
+                want[idx]
+            );
+        }
+        let products = [
+            (spec, (1e5, 1e5)),
+            (MatmulSpec::contiguous(1, 9, 20, 800), (1e-3, 1e-3)),
+            (MatmulSpec::contiguous(1, 17, 33, 45), (1e-11, 1e-11)),
+        ];
+        let errors = worst_errors(gpu, &mut launcher, mode, &products);
         for (e, (_, scales)) in errors.iter().zip(&products) {
             assert!(*e <= tolerance(mode), "{mode:?} {scales:?} after the others: {errors:?}");
         }
-        assert_eq!(range[..2], [0, 0], "{mode:?}: max-abs words left behind");
-        // The last product's exponents: its operands' max-abs (below 1e-11, about 2^-37)
-        // into [2^14, 2^15), not the middle product's (about 2^24).
-        assert!(range[2] > 40 && range[3] > 40, "{mode:?}: exponents {range:?}");
     }
 }
 
@@ -261,15 +310,25 @@ fn the_kernel_benchmark_reports_each_mode_with_its_error() {
     }
 }
 
-/// The range pre-pass alone leaves each operand's exact max-abs bits in the range words,
-/// wherever in the operand the largest magnitude lies: the first and the last element and
-/// elements between, of operands read as `vec4`s and as single elements, spread over several
-/// workgroups, over batches shorter than a thread's stride, strided with gaps, split-K views
-/// and broadcast. Every element outside the operands is NaN, whose bits exceed any number's:
-/// a read outside an operand shows.
+/// `exponent(m)` of the conversion on the host: `2^e` brings max-abs bits `m` into
+/// `[2^14, 2^15)`, 0 for zero, clamped to `[-126, 126]`.
+fn exponent(bits: u32) -> i32 {
+    if bits == 0 {
+        0
+    } else {
+        (141 - (bits >> 23) as i32).clamp(-126, 126)
+    }
+}
+
+/// The conversion alone gives each strip of 16 rows of A and of 16 columns of B (per batch,
+/// one batch for a broadcast operand) the exponent of the strip's own max-abs, wherever in
+/// the strip the largest magnitude lies: the first and the last element and elements between,
+/// of operands read as `vec4`s and as single elements, transposed, over batches, strided with
+/// gaps, split-K views and broadcast. Every element outside the operands is NaN, whose bits
+/// exceed any number's: a read outside an operand shows.
 #[test]
-fn the_range_pass_finds_each_operands_max_abs_wherever_it_lies() {
-    let Some((gpu, _turn)) = or_skip("the_range_pass_finds_each_operands_max_abs_wherever_it_lies")
+fn the_conversion_gives_each_strip_the_exponent_of_its_max_abs() {
+    let Some((gpu, _turn)) = or_skip("the_conversion_gives_each_strip_the_exponent_of_its_max_abs")
     else {
         return;
     };
@@ -278,9 +337,17 @@ fn the_range_pass_finds_each_operands_max_abs_wherever_it_lies() {
     let split_k = Operand { offset: 0, batch_stride: 24, row_stride: 48, col_stride: 1 };
     let cases = [
         ("1x1x1", c(1, 1, 1, 1)),
-        ("vec4, several workgroups", c(1, 96, 64, 200)),
-        ("single elements, several workgroups", c(1, 61, 37, 203)),
-        ("100 batches of 3x8, a stride of many batches", c(100, 3, 5, 8)),
+        ("vec4, several strips", c(1, 96, 64, 200)),
+        ("single elements, ragged strips", c(1, 61, 37, 203)),
+        (
+            "A and B transposed",
+            MatmulSpec {
+                a: Operand::transposed(40, 50),
+                b: Operand::transposed(60, 40),
+                ..c(1, 50, 60, 40)
+            },
+        ),
+        ("100 batches of 3x8", c(100, 3, 5, 8)),
         (
             "gaps between rows and batches, B transposed and broadcast",
             MatmulSpec {
@@ -296,54 +363,63 @@ fn the_range_pass_finds_each_operands_max_abs_wherever_it_lies() {
     ];
     let tile = MatmulTile::Coop(kernel(CoopMode::High));
     let mut launcher = Launcher::default();
+    let strip = 16usize;
+    let pad = |x: u32, to: u32| (x.div_ceil(to) * to) as usize;
     for (name, s) in cases {
-        let ops = [(s.a, s.m, s.k, 1), (s.b, s.k, s.n, 2)];
-        let elements: Vec<Vec<usize>> = ops
+        // Per operand: (operand, rows, cols, whether the strips run across rows, strips).
+        let ops = [
+            (s.a, s.m, s.k, true, pad(s.m, TILE.bm) / strip),
+            (s.b, s.k, s.n, false, pad(s.n, TILE.bn) / strip),
+        ];
+        let batches = |op: &Operand| if op.batch_stride == 0 { 1 } else { s.batch };
+        // The elements of each (batch, strip) of each operand.
+        let members: Vec<Vec<Vec<usize>>> = ops
             .iter()
-            .map(|&(op, rows, cols, _)| {
-                let mut v = Vec::new();
-                for bt in 0..if op.batch_stride == 0 { 1 } else { s.batch } {
-                    for r in 0..rows {
-                        v.extend((0..cols).map(|c| at(&op, bt, r, c)));
+            .map(|&(op, rows, cols, by_row, strips)| {
+                let mut all = Vec::new();
+                for bt in 0..batches(&op) {
+                    for st in 0..strips {
+                        let mut v = Vec::new();
+                        for r in 0..rows as usize {
+                            for q in 0..cols as usize {
+                                let along = if by_row { r } else { q };
+                                if along / strip == st {
+                                    v.push(at(&op, bt, r as u32, q as u32));
+                                }
+                            }
+                        }
+                        all.push(v);
                     }
                 }
-                v.sort_unstable();
-                v.dedup();
-                v
+                all
             })
             .collect();
         // The largest magnitude at the first, the last and three elements between.
         for pick in [0.0, 1.0, 0.31, 0.5, 0.77] {
-            let mut want = [0i32; 2];
+            let mut want = Vec::new();
             let buffers: Vec<_> = ops
                 .iter()
-                .zip(&elements)
+                .zip(&members)
                 .enumerate()
-                .map(|(i, (&(op, rows, cols, seed), inside))| {
-                    let len = inside.last().unwrap() + 1 + 5;
-                    let mut v = outside_nan(random(len, seed), &op, s.batch, rows, cols);
+                .map(|(i, (&(op, rows, cols, _, _), strips))| {
+                    let len = strips.iter().flatten().max().unwrap() + 1 + 5;
+                    let mut v = outside_nan(random(len, i as u64 + 1), &op, s.batch, rows, cols);
+                    let inside: Vec<usize> = strips.iter().flatten().copied().collect();
                     let spike = inside[((inside.len() - 1) as f64 * pick) as usize];
                     v[spike] = if i == 0 { -1e3 } else { 2e3 };
-                    want[i] = v[spike].abs().to_bits() as i32;
+                    for members in strips {
+                        let bits = members.iter().map(|&e| v[e].abs().to_bits()).max();
+                        want.push(exponent(bits.unwrap_or(0)));
+                    }
                     gpu.upload_f32("operand", &v).unwrap()
                 })
                 .collect();
-            let c_buf = gpu.upload_f32("c", &[0.0; 4]).unwrap();
-            let res_all = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
-            let programs = matmul::programs("test", &s, tile, None, res_all).unwrap();
-            let words = scratch_words(programs.iter());
-            let range = gpu.upload_f32("range", &vec![0.0; words[RANGE_SLOT] as usize]).unwrap();
-            let scratch: Vec<_> = (0..words.len())
-                .map(|slot| if slot == RANGE_SLOT { &range } else { &c_buf })
-                .collect();
-            let res = Resources {
-                buffers: [&buffers[0], &buffers[1], &c_buf].into_iter().map(Range::whole).collect(),
-                scratch,
-                ..Resources::default()
-            };
-            let pass = launcher.prepare(gpu, &programs[0], &res).unwrap();
-            gpu.run(&[&pass]).unwrap();
-            let got = gpu.read_i32_range(&range, 0..2).unwrap();
+            let mut buffers = buffers;
+            buffers.push(gpu.upload_f32("c", &[0.0; 4]).unwrap());
+            let programs =
+                matmul::programs("test", &s, tile, None, [0, 1, 2].map(Resource::Buffer)).unwrap();
+            let scratch = run_fresh(gpu, &mut launcher, &programs[..1], &buffers);
+            let got = gpu.read_i32_range(&scratch[EXPONENT_SLOT], 0..want.len()).unwrap();
             assert_eq!(got, want, "{name}, largest magnitude at {pick} of each operand");
         }
     }
@@ -493,7 +569,7 @@ fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> s
             let operands = [0, 1, 2].map(Resource::Buffer);
             let tile = MatmulTile::Coop(kernel(mode));
             let programs = matmul::programs("test", &s, tile, Some(&epilogue), operands).unwrap();
-            assert!(programs[2].wgsl.contains("store_c_with("), "the loads go ahead");
+            assert!(programs[1].wgsl.contains("store_c_with("), "the loads go ahead");
             run_fresh(gpu, &mut launcher, &programs, &buffers);
             let got = gpu.read_f32_range(&buffers[2], 0..c_old.len()).unwrap();
             for (idx, (&g, &p)) in got.iter().zip(&product).enumerate() {

@@ -542,8 +542,8 @@ fn arenas_hold_at_most_one_default_binding() {
     assert_eq!(p.updates.len(), 1 + 3 * 2);
 }
 
-/// In the cooperative modes `rumus plan --wgsl` lists each product's three programs in
-/// dispatch order (range pre-pass, the conversion to f16, the product) and
+/// In the cooperative modes `rumus plan --wgsl` lists each product's two programs in
+/// dispatch order (the conversion to f16, the product) and
 /// `rumus plan --json` counts exactly the dispatches listed (what `rumus bench` reports as
 /// `dispatches_per_step` for the same plan).
 #[test]
@@ -574,14 +574,13 @@ fn rumus_plan_lists_and_counts_the_cooperative_products_dispatches() {
             (0..labels.len()).filter(|&i| labels[i].ends_with(&product)).collect();
         assert_eq!(products.is_empty(), mode == "highest", "{mode}: {labels:?}");
         for i in products {
-            let want = ["range", "convert"].map(|s| format!("{product} {s}"));
-            let before = &labels[i.saturating_sub(2)..i];
-            let ok = before.len() == 2 && before.iter().zip(&want).all(|(l, w)| l.ends_with(w));
+            let before = i.checked_sub(1).map(|j| labels[j]);
+            let ok = before.is_some_and(|b| b.ends_with(&format!("{product} convert")));
             assert!(ok, "{mode}: {} after {before:?}", labels[i]);
         }
         counts.push(labels.len());
     }
-    // Both cooperative modes plan the same products, each with its pre-passes.
+    // Both cooperative modes plan the same products, each with its conversion.
     assert_eq!(counts[1], counts[2]);
     assert!(counts[1] > counts[0], "{counts:?}");
 }
