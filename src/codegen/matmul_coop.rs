@@ -236,7 +236,7 @@ struct Buf {
     row_major: bool,
 }
 
-/// The longest K whose `high` products store fragments straight into C ([`Gen::direct_store`];
+/// The longest K whose `high` products store fragments straight into C (`Gen::direct_store`;
 /// `medium` always does).
 pub const DIRECT_HIGH_MAX_K: u32 = 768;
 
