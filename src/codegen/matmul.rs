@@ -368,6 +368,43 @@ impl MatmulTile {
 }
 
 /// The cooperative mode computing products in `precision`; `None` for `highest` (fp32).
+/// A cooperative tile forced on every product (`RUMUS_MATMUL_COOP_TILE`) that `target` cannot
+/// run for any product, for its threads or its workgroup memory, is an error that says so:
+/// every product would otherwise fall back to fp32 without a word.
+pub fn check_forced_coop_tile(target: &Target) -> Result<()> {
+    let (Some(mode), Some(tile)) = (coop_mode(target.matmul.precision), target.matmul.coop_tile)
+    else {
+        return Ok(());
+    };
+    let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
+        (_, true) => (32, true),
+        (Some(sg), false) => (sg, false),
+        (None, false) => return Ok(()),
+    };
+    let refuse = |why: String| err!(Usage, "RUMUS_MATMUL_COOP_TILE: cooperative tile {}: {why}", tile.name());
+    tile.check(subgroup).map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?;
+    let k = CoopKernel { mode, tile, subgroup, emulate };
+    let (threads, most) = (k.threads(), target.max_invocations);
+    if threads > most {
+        return Err(refuse(format!(
+            "{threads} threads a workgroup, and this device runs at most {most}"
+        )));
+    }
+    let layouts = [true, false].map(|row_major| matmul_simt::Access { row_major, vector: false });
+    let bytes = layouts
+        .iter()
+        .flat_map(|&a| layouts.iter().map(move |&b| k.workgroup_bytes([a, b])))
+        .min()
+        .unwrap_or(0);
+    if bytes > target.max_workgroup_bytes {
+        return Err(refuse(format!(
+            "at least {bytes} bytes of workgroup memory in `{}`, and this device has {}",
+            target.matmul.precision, target.max_workgroup_bytes
+        )));
+    }
+    Ok(())
+}
+
 fn coop_mode(precision: MatmulPrecision) -> Option<CoopMode> {
     match precision {
         MatmulPrecision::Highest => None,

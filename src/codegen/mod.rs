@@ -50,6 +50,7 @@ use program::KernelPrograms;
 /// The programs of every kernel of `plan`, and of its updates, for a device described by
 /// `target`.
 pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> {
+    matmul::check_forced_coop_tile(target)?;
     let mut out = PlanPrograms::default();
     if plan.kernels.iter().any(|k| checks_data(&k.kind)) {
         out.status_words = wgsl::status_words(plan);

@@ -155,8 +155,9 @@ impl MatmulOptions {
 impl MatmulOptions {
     /// The defaults with the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when it is set (for
     /// trying tiles without a rebuild; see [`CoopTile::parse`]), an error naming the variable
-    /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; a device that
-    /// cannot run it keeps the fp32 kernels, as `rumus plan` shows); and an error when
+    /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; compiling for a
+    /// device whose threads or workgroup memory it exceeds is an error too,
+    /// [`check_forced_coop_tile`](super::matmul::check_forced_coop_tile)); and an error when
     /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`](super::matmul::FP32_TILES)).
     pub fn from_env() -> Result<MatmulOptions> {
         let coop_tile = match env_text("RUMUS_MATMUL_COOP_TILE")? {

@@ -628,6 +628,17 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
             "64x64x24w2x2",
             "cooperative tile 64x64x24 w2x2: the slice depth must be a positive multiple of 16",
         ),
+        // Tiles that parse and split, but that no product can run on this device (the H200's
+        // limits: 1024 threads, 48 KiB of workgroup memory); they used to fall back to fp32
+        // for every product without a word.
+        (
+            "1024x1024x1024w32x32",
+            "cooperative tile 1024x1024x1024 w32x32: 32768 threads a workgroup, and this device runs at most 1024",
+        ),
+        (
+            "256x256x64w2x4",
+            "cooperative tile 256x256x64 w2x4: at least 75776 bytes of workgroup memory in `medium`, and this device has 49152",
+        ),
     ] {
         let out = run(&["--matmul-precision", "medium"], Some(tile));
         assert_eq!(out.status.code(), Some(2));
