@@ -193,6 +193,9 @@ impl Gpu {
             DeviceChoice::Auto => true,
             DeviceChoice::Gpu => false,
         };
+        // Settings are checked before any adapter is looked for, so a mistyped one is refused
+        // the same way on every machine.
+        super::pipeline_cache::enabled()?;
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
@@ -231,6 +234,7 @@ impl Gpu {
     /// Create the device on `adapter` with `limits` (at most the adapter's own) and a
     /// non-panicking uncaptured-error handler.
     pub fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Gpu> {
+        let cache_on = super::pipeline_cache::enabled()?;
         let info = adapter.get_info();
         let mut features = adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::PIPELINE_CACHE);
         let cooperative = cooperative_subgroup(&adapter);
@@ -271,7 +275,7 @@ impl Gpu {
             }
         }));
         let limits = device.limits();
-        let pipeline_cache = DiskCache::open(&device, &info);
+        let pipeline_cache = DiskCache::open(&device, &info, cache_on);
         Ok(Gpu { info, device, queue, limits, cooperative, host_import, uncaptured, pipeline_cache })
     }
 

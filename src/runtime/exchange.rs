@@ -395,6 +395,26 @@ impl Exchange {
     }
 }
 
+/// Whether `RUMUS_EXCHANGE` asks for the staged exchange: `staged`; unset, empty or
+/// `host-shared` leave the choice to the machine, and anything else is a usage error (a
+/// mistyped value used to be ignored). Read where ranks agree on the exchange; every rank of
+/// a job has the same environment, so all refuse alike.
+fn staged_requested() -> Result<bool> {
+    parse_exchange(crate::error::env_text("RUMUS_EXCHANGE")?.as_deref())
+}
+
+fn parse_exchange(v: Option<&str>) -> Result<bool> {
+    match v.map(str::trim) {
+        None | Some("" | "host-shared") => Ok(false),
+        Some("staged") => Ok(true),
+        Some(other) => Err(err!(
+            Usage,
+            "RUMUS_EXCHANGE: `{}` is neither `staged` nor `host-shared`",
+            crate::error::escape(other)
+        )),
+    }
+}
+
 impl Shared {
     /// The byte where rank `rank`'s copy of bucket `bucket` starts in the region, for steps of
     /// parity `parity`.
@@ -424,7 +444,7 @@ impl Shared {
         let largest = buckets.iter().map(|b| b.bytes).max().unwrap_or(0);
         let scratch = ranks as u64 * largest;
         let region = (2 * ranks as u64 * slot).next_multiple_of(REGION_ALIGN as u64);
-        let staged = std::env::var("RUMUS_EXCHANGE").is_ok_and(|v| v.trim() == "staged");
+        let staged = staged_requested()?;
         let cannot = if staged {
             Some("RUMUS_EXCHANGE=staged".to_string())
         } else if !gpu.host_import.is_some_and(|a| (REGION_ALIGN as u64).is_multiple_of(a)) {
@@ -505,5 +525,21 @@ impl Shared {
             kernels.push((offset, bind, uniform));
         }
         Ok((host, scratch, pipeline, kernels))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exchange_setting_is_staged_or_host_shared_and_nothing_else() {
+        for (v, staged) in
+            [(None, false), (Some(""), false), (Some("host-shared"), false), (Some(" staged"), true)]
+        {
+            assert_eq!(parse_exchange(v).unwrap(), staged, "{v:?}");
+        }
+        let e = parse_exchange(Some("stagged")).unwrap_err();
+        assert_eq!(e.message, "RUMUS_EXCHANGE: `stagged` is neither `staged` nor `host-shared`");
     }
 }

@@ -17,6 +17,7 @@
 //! Where: `$RUMUS_CACHE_DIR`, else `$XDG_CACHE_HOME/rumus`, else `$HOME/.cache/rumus`; one
 //! file per adapter (`wgpu::util::pipeline_cache_key`). `RUMUS_PIPELINE_CACHE=off` disables it.
 
+use crate::error::{env_text, Result};
 use crate::files::write_atomic;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -34,13 +35,30 @@ pub struct DiskCache {
     saved: Mutex<Option<Vec<u8>>>,
 }
 
+/// Whether `RUMUS_PIPELINE_CACHE` leaves the cache on: unset, empty or `on`; `off` turns it
+/// off, and anything else is a usage error (a mistyped `of` used to leave it on silently).
+pub fn enabled() -> Result<bool> {
+    parse_setting(env_text("RUMUS_PIPELINE_CACHE")?.as_deref())
+}
+
+fn parse_setting(v: Option<&str>) -> Result<bool> {
+    match v.map(str::trim) {
+        None | Some("" | "on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(other) => Err(crate::err!(
+            Usage,
+            "RUMUS_PIPELINE_CACHE: `{}` is neither `on` nor `off`",
+            crate::error::escape(other)
+        )),
+    }
+}
+
 impl DiskCache {
     /// The cache for `device` on the adapter `info`, loaded from its file where that holds a
-    /// valid one; `None` where the device has no pipeline cache or caching is off.
-    pub fn open(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Option<DiskCache> {
-        if !device.features().contains(wgpu::Features::PIPELINE_CACHE)
-            || std::env::var("RUMUS_PIPELINE_CACHE").is_ok_and(|v| v == "off")
-        {
+    /// valid one; `None` where the device has no pipeline cache or caching is off
+    /// ([`enabled`], read before the device opened).
+    pub fn open(device: &wgpu::Device, info: &wgpu::AdapterInfo, enabled: bool) -> Option<DiskCache> {
+        if !enabled || !device.features().contains(wgpu::Features::PIPELINE_CACHE) {
             return None;
         }
         let path = cache_dir()?.join("pipelines").join(wgpu::util::pipeline_cache_key(info)?);
@@ -132,6 +150,17 @@ fn unwrap(file: &[u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_setting_is_on_or_off_and_nothing_else() {
+        for (v, on) in [(None, true), (Some(""), true), (Some("on"), true), (Some(" off "), false)] {
+            assert_eq!(parse_setting(v).unwrap(), on, "{v:?}");
+        }
+        let e = parse_setting(Some("of")).unwrap_err();
+        assert_eq!(e.message, "RUMUS_PIPELINE_CACHE: `of` is neither `on` nor `off`");
+        let e = parse_setting(Some("\u{1b}[2J")).unwrap_err();
+        assert_eq!(e.message, "RUMUS_PIPELINE_CACHE: `\\u{1b}[2J` is neither `on` nor `off`");
+    }
 
     /// Found by the hostile-input audit: a FIFO at the cache's path blocked every GPU run in
     /// `open`, and a link to `/dev/zero` read until memory ran out.

@@ -832,3 +832,22 @@ fn the_arena_starts_where_the_peak_is_least() {
     // A peak where the concat is live whatever the start: from the first member written.
     check(&[0, 0, 0, 0, 0, 0, 100], &[(1, 5), (3, 5)], 1);
 }
+
+/// `RUMUS_PIPELINE_CACHE` is `on` or `off`: anything else is a usage error, given before any
+/// adapter is looked for (so on every machine alike), where a mistyped `of` used to leave the
+/// cache on without a word.
+#[test]
+fn a_mistyped_pipeline_cache_setting_is_refused_before_a_device_opens() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["bench", "scripts/bench/mlp.rms", "--device", "gpu", "--steps", "1"])
+        .env("RUMUS_PIPELINE_CACHE", "of")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.lines().any(|l| l == "RUMUS_PIPELINE_CACHE: `of` is neither `on` nor `off`"),
+        "{err}"
+    );
+}
