@@ -34,7 +34,7 @@ fn main() -> Result<(), rumus::Error> {
     for _ in 0..300 {
         loss = net.train_step(&x, &[4, 2], &y)?;
     }
-    println!("loss after {} steps: {loss:.4}", net.trainer().step());
+    println!("loss after {} steps: {loss:.4}", net.trainer()?.step());
 
     // Query one point at a time: any batch size works for prediction.
     for point in [[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]] {

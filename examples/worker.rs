@@ -118,7 +118,7 @@ fn answer(engine: &mut Engine, job: Job) -> Result<Reply, Error> {
             for _ in 0..steps {
                 loss = net.train_step(&XOR_X, &[4, 2], &y)?;
             }
-            let step = net.trainer().step();
+            let step = net.trainer()?.step();
             Ok(Reply::Trained { step, loss })
         }
         Job::Evaluate => {

@@ -20,15 +20,14 @@
 //! ```
 
 use crate::error::{Result, Source};
+pub use crate::script::api::model::TrainerGuard;
 use crate::script::{
     load_checkpoint, save_checkpoint, ExitRequest, Host, HostOptions, Interrupt, Sandbox,
     ScriptTrainer,
 };
-use crate::session::Trainer;
 use crate::tensor::Tensor;
 use crate::{err, Error};
 use std::path::Path;
-use std::sync::MutexGuard;
 
 /// An embedded rumus session.
 pub struct Engine {
@@ -130,7 +129,7 @@ impl Compiled {
         let x = Tensor::f32(x_shape, x.to_vec())?;
         let input = self.first_input()?;
         self.trainer
-            .lock()
+            .lock()?
             .train_step(&[(input.as_str(), &x), (crate::session::TARGET_INPUT, target)])
     }
 
@@ -147,23 +146,25 @@ impl Compiled {
 
     /// Every output for named inputs.
     pub fn predict_named(&self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
-        self.trainer.lock().predict(inputs)
+        self.trainer.lock()?.predict(inputs)
     }
 
     /// Save parameters, optimizer state and step count (atomically, safetensors).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        save_checkpoint(&self.trainer.lock(), path.as_ref())
+        save_checkpoint(&*self.trainer.lock()?, path.as_ref())
     }
 
     /// Load a checkpoint written by [`Compiled::save`]: every parameter must be in it (see
     /// [`Trainer::load_checkpoint`]).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
-        load_checkpoint(&mut self.trainer.lock(), path.as_ref(), true, None).map(drop)
+        load_checkpoint(&mut *self.trainer.lock()?, path.as_ref(), true, None).map(drop)
     }
 
     /// The underlying trainer (parameters by name, plan report, step count), locked until the
-    /// guard is dropped: drop it before evaluating script code that uses the same model.
-    pub fn trainer(&self) -> MutexGuard<'_, Trainer> {
+    /// guard is dropped. While this thread holds it, script code and other calls on this
+    /// thread that use the same model are errors (they would wait for the guard forever);
+    /// other threads wait for it.
+    pub fn trainer(&self) -> Result<TrainerGuard<'_>> {
         self.trainer.lock()
     }
 

@@ -42,7 +42,7 @@
 //! let target = Tensor::f32(&[2, 1], vec![1.0, 0.0])?;
 //! let loss = net.train_step(&[0.0, 1.0, 1.0, 0.0], &[2, 2], &target)?;
 //! assert!(loss.is_finite());
-//! assert_eq!(net.trainer().step(), 1);
+//! assert_eq!(net.trainer()?.step(), 1);
 //! # Ok::<(), rumus::Error>(())
 //! ```
 

@@ -172,7 +172,7 @@ let two = tied().compile(#{ batch: 2, dims: #{ T: 2 } });
     ))
     .unwrap();
     let one = e.compiled("one").unwrap();
-    let tr = one.trainer();
+    let tr = one.trainer().unwrap();
     assert_eq!(tr.parameter("wte.weight").unwrap(), wte);
     let head = tr.parameter("head.weight").unwrap();
     assert_eq!(head.shape(), [4, 5]);
@@ -189,7 +189,7 @@ let two = tied().compile(#{ batch: 2, dims: #{ T: 2 } });
         Dtype::F32,
     );
     e.run(&format!("two.load(\"{}\", #{{ from: \"pytorch\", {rename} }})", p.display())).unwrap();
-    assert_eq!(e.compiled("two").unwrap().trainer().parameter("wte.weight").unwrap(), wte);
+    assert_eq!(e.compiled("two").unwrap().trainer().unwrap().parameter("wte.weight").unwrap(), wte);
 
     // ... and an error when they differ.
     let mut other = wte.clone();
@@ -254,7 +254,7 @@ fn a_nanogpt_state_dict_gives_the_logits_of_the_same_weights_loaded_natively() {
     e.run(GPT).unwrap();
     let a = e.compiled("a").unwrap();
     let names: Vec<String> =
-        a.trainer().graph().parameters().into_iter().map(|(_, n)| n.to_string()).collect();
+        a.trainer().unwrap().graph().parameters().into_iter().map(|(_, n)| n.to_string()).collect();
     let linear = |n: &str| {
         n.ends_with(".weight") && ["qkv", "proj", "fc", "head"].iter().any(|l| n.contains(l))
     };
@@ -268,7 +268,7 @@ fn a_nanogpt_state_dict_gives_the_logits_of_the_same_weights_loaded_natively() {
         let mut native: Vec<(String, Tensor)> = Vec::new();
         let mut torch: Vec<(String, Tensor)> = Vec::new();
         for n in &names {
-            let mut v = a.trainer().parameter(n).unwrap();
+            let mut v = a.trainer().unwrap().parameter(n).unwrap();
             if dtype == Dtype::F16 {
                 v = round_f16(&v);
             }

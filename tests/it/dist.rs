@@ -249,8 +249,8 @@ fn run_rank_reporting(
         out.lock().unwrap().push_str(&format!("error: {}\n", e.message));
     }
     let m = h.get("m").and_then(|m| m.try_cast::<ScriptTrainer>());
-    let params = m.as_ref().map(|m| m.lock().parameters().unwrap()).unwrap_or_default();
-    let report = m.map(|m| m.lock().plan_report()).unwrap_or_default();
+    let params = m.as_ref().map(|m| m.lock().unwrap().parameters().unwrap()).unwrap_or_default();
+    let report = m.map(|m| m.lock().unwrap().plan_report()).unwrap_or_default();
     let printed = out.lock().unwrap().clone();
     (printed, params, report)
 }

@@ -78,3 +78,47 @@ fn a_worker_thread_owns_an_engine_and_answers_jobs() {
     ];
     assert_eq!(summary, expected);
 }
+
+/// While the host holds `Compiled::trainer()`'s guard, using the same model again on that
+/// thread (from script code or through the handle) is an error saying what to do, where it
+/// used to wait for the guard forever; once the guard is dropped everything works, and another
+/// thread that wants the model waits for the guard instead of failing.
+#[test]
+fn a_host_holding_the_trainer_gets_an_error_not_a_hang() {
+    use rumus::script::HostOptions;
+    let mut engine =
+        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
+    engine
+        .run(
+            "model m(x: f32[B, 2]) { return linear(x, 1) as fc }
+             let net = m().compile(#{ batch: 2, optimizer: sgd(#{ lr: 0.1 }) });",
+        )
+        .unwrap();
+    let net = engine.compiled("net").unwrap();
+    let said = "this model is already in use on this thread (a guard from `Compiled::trainer()` is alive): drop it before using the model again";
+    let guard = net.trainer().unwrap();
+    assert_eq!(guard.step(), 0);
+    for code in ["net.step", "net.plan()", "net.predict(#{ x: tensor([[1.0, 2.0]]) })"] {
+        let e = engine.eval(code).unwrap_err();
+        assert!(e.message.contains(said), "`{code}`: {}", e.message);
+    }
+    assert_eq!(net.trainer().unwrap_err().message, said);
+    assert_eq!(net.predict(&[1.0, 2.0], &[1, 2]).unwrap_err().message, said);
+    drop(guard);
+    assert_eq!(engine.eval("net.step").unwrap().as_int().unwrap(), 0);
+
+    // Another thread holds it: this one waits, then goes on.
+    let (locked, go) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    std::thread::scope(|s| {
+        let net = &net;
+        s.spawn(move || {
+            let g = net.trainer().unwrap();
+            locked.0.send(()).unwrap();
+            go.1.recv().unwrap();
+            drop(g);
+        });
+        locked.1.recv().unwrap();
+        go.0.send(()).unwrap();
+        assert_eq!(net.trainer().unwrap().step(), 0);
+    });
+}

@@ -108,8 +108,16 @@ impl Checkpoint {
         let mut models = Vec::new();
         for name in ["m0", "m1", "m2"] {
             let model = engine.compiled(name).expect("compiled in SETUP");
-            let state = model.trainer().state_tensors().expect("state of a CPU model");
-            let params = model.trainer().parameters().expect("parameters of a CPU model");
+            let state = model
+                .trainer()
+                .expect("no guard is alive")
+                .state_tensors()
+                .expect("state of a CPU model");
+            let params = model
+                .trainer()
+                .expect("no guard is alive")
+                .parameters()
+                .expect("parameters of a CPU model");
             let path = dir.join("seed.safetensors");
             model.save(&path).expect("save a seed checkpoint");
             corpus.push(std::fs::read(&path).expect("read a seed checkpoint"));
@@ -123,12 +131,20 @@ impl Checkpoint {
     fn load_into(&self, k: usize, path: &Path, loaded: &ckpt::Checkpoint) -> Result<(), Failure> {
         let (model, initial) = &self.models[k];
         let initial: Vec<(&str, &Tensor)> = initial.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        model.trainer().load_state(&initial).expect("reset to the initial state");
+        model
+            .trainer()
+            .expect("no guard is alive")
+            .load_state(&initial)
+            .expect("reset to the initial state");
         if let Err(e) = model.load(path) {
             return check::error(&e);
         }
         super::accepted();
-        let state = model.trainer().state_tensors().expect("state of a CPU model");
+        let state = model
+            .trainer()
+            .expect("no guard is alive")
+            .state_tensors()
+            .expect("state of a CPU model");
         for (name, t) in &loaded.tensors {
             match state.iter().find(|(n, _)| n == name) {
                 Some((_, now)) if same(now, t) => {}
@@ -153,7 +169,9 @@ impl Checkpoint {
             (idx.clone(), idx)
         };
         let input = if k == 0 { "x" } else { "idx" };
-        if let Err(e) = model.trainer().train_step(&[(input, &x), ("target", &y)]) {
+        if let Err(e) =
+            model.trainer().expect("no guard is alive").train_step(&[(input, &x), ("target", &y)])
+        {
             check::error(&e)?;
         }
         if let Err(e) = model.predict_named(&[(input, &x)]) {

@@ -48,7 +48,7 @@ pub fn display(v: &rhai::Dynamic) -> String {
 /// The text of the REPL's `:plan`, `:graph` and `:params` for a script value.
 pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
     if let Some(t) = value.clone().try_cast::<model::ScriptTrainer>() {
-        let tr = t.lock();
+        let tr = t.lock()?;
         return Ok(match what {
             "plan" => format!("{}\n", tr.plan_report()),
             "graph" => {

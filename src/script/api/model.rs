@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
 
 /// A model template with its hyperparameters, as scripts hold it.
 #[derive(Clone)]
@@ -44,6 +45,9 @@ pub struct HeldTrainer {
     /// The compiled model; [`ScriptTrainer::lock`] it for each call, never across a call into
     /// rhai or a host sink.
     trainer: Mutex<Trainer>,
+    /// The thread holding `trainer`'s lock, if any: a second lock on that thread would wait
+    /// for itself forever, so it is refused instead.
+    holder: Mutex<Option<ThreadId>>,
     /// The model's inputs in declaration order (not the target or the learning rate).
     pub inputs: Vec<String>,
     /// The output the loss reads (and `predict(x)` returns).
@@ -55,9 +59,53 @@ pub struct HeldTrainer {
 }
 
 impl ScriptTrainer {
-    /// The trainer, locked until the guard is dropped.
-    pub fn lock(&self) -> MutexGuard<'_, Trainer> {
-        lock(&self.0.trainer)
+    /// The trainer, locked until the guard is dropped; waits while another thread holds it,
+    /// and is an error where this thread already does (a host holding
+    /// `Compiled::trainer()`'s guard while it runs script code that uses the model), which
+    /// would otherwise wait for itself forever.
+    pub fn lock(&self) -> Result<TrainerGuard<'_>> {
+        let me = std::thread::current().id();
+        if *lock(&self.0.holder) == Some(me) {
+            return Err(crate::err!(
+                Usage,
+                "this model is already in use on this thread (a guard from `Compiled::trainer()` is alive): drop it before using the model again"
+            ));
+        }
+        let guard = lock(&self.0.trainer);
+        *lock(&self.0.holder) = Some(me);
+        Ok(TrainerGuard { guard, holder: &self.0.holder })
+    }
+}
+
+/// A locked trainer ([`ScriptTrainer::lock`], `Compiled::trainer`); dereferences to it.
+pub struct TrainerGuard<'a> {
+    guard: MutexGuard<'a, Trainer>,
+    holder: &'a Mutex<Option<ThreadId>>,
+}
+
+impl Deref for TrainerGuard<'_> {
+    type Target = Trainer;
+    fn deref(&self) -> &Trainer {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for TrainerGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Trainer {
+        &mut self.guard
+    }
+}
+
+impl std::fmt::Debug for TrainerGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TrainerGuard(step {})", self.guard.step())
+    }
+}
+
+impl Drop for TrainerGuard<'_> {
+    fn drop(&mut self) {
+        // Before the trainer's own lock is released (fields drop after this).
+        *lock(self.holder) = None;
     }
 }
 
@@ -202,19 +250,27 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("predict", move |t: &mut ScriptTrainer, feeds: Map| {
         outputs_map(&c, predict(t, tensors_of(&feeds)?)?)
     });
-    engine.register_get("step", |t: &mut ScriptTrainer| t.lock().step() as INT);
-    engine.register_get("lr", |t: &mut ScriptTrainer| t.lock().current_lr() as FLOAT);
+    engine.register_get("step", |t: &mut ScriptTrainer| -> ScriptResult<INT> {
+        Ok(t.lock().script()?.step() as INT)
+    });
+    engine.register_get("lr", |t: &mut ScriptTrainer| -> ScriptResult<FLOAT> {
+        Ok(t.lock().script()?.current_lr() as FLOAT)
+    });
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: FLOAT| set_lr(t, lr));
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: INT| set_lr(t, lr as FLOAT));
-    engine.register_get("device", |t: &mut ScriptTrainer| t.lock().device_name());
-    engine.register_fn("plan", |t: &mut ScriptTrainer| t.lock().plan_report());
-    engine.register_fn("params", |t: &mut ScriptTrainer| -> Array {
-        let tr = t.lock();
-        tr.graph().parameters().into_iter().map(|(_, n)| n.into()).collect()
+    engine.register_get("device", |t: &mut ScriptTrainer| -> ScriptResult<String> {
+        Ok(t.lock().script()?.device_name())
+    });
+    engine.register_fn("plan", |t: &mut ScriptTrainer| -> ScriptResult<String> {
+        Ok(t.lock().script()?.plan_report())
+    });
+    engine.register_fn("params", |t: &mut ScriptTrainer| -> ScriptResult<Array> {
+        let tr = t.lock().script()?;
+        Ok(tr.graph().parameters().into_iter().map(|(_, n)| n.into()).collect())
     });
     let c = ctx.clone();
     engine.register_fn("param", move |t: &mut ScriptTrainer, name: &str| {
-        let tr = t.lock();
+        let tr = t.lock().script()?;
         // Charged before the copy is read; a name that is no parameter charges nothing.
         let shape = tr.graph().persistent_named(name).map(|id| tr.graph().shape(id).to_vec());
         let bytes = shape.as_deref().map_or(0, |s| s.iter().product::<usize>() as u64 * 4);
@@ -223,7 +279,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         Ok::<_, Box<rhai::EvalAltResult>>(ScriptTensor::new(tr.parameter(name).script()?, charge))
     });
     engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
-        let mut tr = t.lock();
+        let mut tr = t.lock().script()?;
         tr.parameter(name).script()?; // parameters only, not optimizer state
         tr.load_state(&[(name, v.tensor())]).script()
     });
@@ -232,20 +288,20 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         let p = c.sandbox.check_write(path).script()?;
         // Rank 0 writes; the others go on once it has (a broadcast from rank 0 waits for it).
         if c.comm.rank() == 0 {
-            save(&t.lock(), &p).script()?;
+            save(&*t.lock().script()?, &p).script()?;
         }
         c.comm.broadcast(&mut [0.0]).script()
     });
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str| {
         let p = c.sandbox.check_read(path).script()?;
-        load(&mut t.lock(), &p, true, None).script().map(drop)
+        load(&mut *t.lock().script()?, &p, true, None).script().map(drop)
     });
     let c = ctx.clone();
     engine.register_fn("load", move |t: &mut ScriptTrainer, path: &str, opts: Map| {
         let (strict, from) = load_options(&opts)?;
         let p = c.sandbox.check_read(path).script()?;
-        let report = load(&mut t.lock(), &p, strict, from.as_ref()).script()?;
+        let report = load(&mut *t.lock().script()?, &p, strict, from.as_ref()).script()?;
         let names =
             |v: Vec<String>| Dynamic::from_array(v.into_iter().map(Dynamic::from).collect());
         let mut m = Map::new();
@@ -258,12 +314,14 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
 /// `net.lr = value`: the base learning rate from the next step on.
 fn set_lr(t: &ScriptTrainer, lr: FLOAT) -> ScriptResult<()> {
     let lr = to_f32(lr, "lr")?;
-    t.lock().set_lr(lr).script()
+    t.lock().script()?.set_lr(lr).script()
 }
 
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
-    let tr = t.lock();
-    format!("trainer on {} at step {}", tr.device_name(), tr.step())
+    match t.lock() {
+        Ok(tr) => format!("trainer on {} at step {}", tr.device_name(), tr.step()),
+        Err(_) => "trainer (in use on this thread)".to_string(),
+    }
 }
 
 /// Outputs by name, each charged as a script tensor.
@@ -288,7 +346,7 @@ fn train_step(
     feeds: Vec<(String, ScriptTensor)>,
 ) -> ScriptResult<FLOAT> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
-    let mut tr = t.lock();
+    let mut tr = t.lock().script()?;
     let lr = tr.current_lr();
     let loss = tr.train_step(&feeds).script()?;
     let (step, update) = (tr.step(), (tr.micro_batch() == 0).then(|| tr.update_loss()));
@@ -307,7 +365,7 @@ fn predict(
     feeds: Vec<(String, ScriptTensor)>,
 ) -> ScriptResult<Vec<(String, Tensor)>> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
-    t.lock().predict(&feeds).script()
+    t.lock().script()?.predict(&feeds).script()
 }
 
 /// Write every persistent value (parameters, optimizer state, step count) atomically. The host
@@ -514,6 +572,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let trainer = m.model.compile(cfg).script()?;
     Ok(ScriptTrainer(Arc::new(HeldTrainer {
         trainer: Mutex::new(trainer),
+        holder: Mutex::new(None),
         inputs,
         output,
         loss,
