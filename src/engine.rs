@@ -155,7 +155,7 @@ impl Compiled {
     }
 
     /// Load a checkpoint written by [`Compiled::save`]: every parameter must be in it (see
-    /// [`Trainer::load_checkpoint`]).
+    /// [`Trainer::load_checkpoint`](crate::session::Trainer::load_checkpoint)).
     pub fn load(&self, path: impl AsRef<Path>) -> Result<()> {
         load_checkpoint(&mut *self.trainer.lock()?, path.as_ref(), true, None).map(drop)
     }

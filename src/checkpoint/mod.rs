@@ -20,7 +20,9 @@
 //! a hostile file), refuses duplicate header keys (which the crate would silently collapse),
 //! names the tensor in each message, and converts elements: F32 and I32 are kept bit for bit,
 //! F16, BF16 and F64 are converted to f32 (F64 values outside f32's range are an error, not an
-//! infinity; NaN and infinities stay what they are). Files written before rumus used the crate are the same format and load as they
+//! infinity; NaN and infinities stay what they are), and the other integer types and BOOL to
+//! i32 (a value outside i32's range is an error naming it; PyTorch files carry such buffers:
+//! `num_batches_tracked` as I64, attention masks as BOOL or U8). Files written before rumus used the crate are the same format and load as they
 //! are.
 //!
 //! This module owns the byte format only. Which names a model expects is the model's business;
@@ -52,7 +54,8 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 pub const METADATA_KEY: &str = "__metadata__";
 
 /// The file dtypes rumus reads, as a message lists them.
-const READABLE: &str = "F32, I32, and F16, BF16 and F64 converted to f32";
+const READABLE: &str =
+    "F32, I32, F16, BF16 and F64 (as f32), and I8, U8, I16, U16, U32, I64, U64 and BOOL (as i32)";
 
 /// A loaded checkpoint.
 #[derive(Clone, Debug, PartialEq)]
@@ -322,16 +325,19 @@ fn entry(name: &str, value: Value) -> Result<TensorInfo> {
 /// Bytes per element of the file dtypes rumus reads.
 fn element_bytes(dtype: Dtype) -> Option<usize> {
     match dtype {
-        Dtype::F16 | Dtype::BF16 => Some(2),
-        Dtype::F32 | Dtype::I32 => Some(4),
-        Dtype::F64 => Some(8),
+        Dtype::BOOL | Dtype::I8 | Dtype::U8 => Some(1),
+        Dtype::F16 | Dtype::BF16 | Dtype::I16 | Dtype::U16 => Some(2),
+        Dtype::F32 | Dtype::I32 | Dtype::U32 => Some(4),
+        Dtype::F64 | Dtype::I64 | Dtype::U64 => Some(8),
         _ => None,
     }
 }
 
 /// The elements of `raw` (little-endian, its length a multiple of the dtype's width) as f32
 /// or i32. F32 and I32 keep their bits; F16 and BF16 widen exactly; F64 rounds, and a finite
-/// value beyond f32's range is an error naming its index.
+/// value beyond f32's range is an error naming its index; the other integers convert exactly,
+/// a value beyond i32's range an error naming its index; BOOL is 0 or 1, any other byte an
+/// error.
 fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String> {
     fn each<const N: usize, T>(raw: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
         raw.chunks_exact(N)
@@ -354,8 +360,35 @@ fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String>
                 .map(|(i, v)| crate::num::f32_of(v).map_err(|m| format!("element {i}: {m}")))
                 .collect::<std::result::Result<_, _>>()?,
         ),
+        Dtype::I8 => TensorData::I32(each(raw, |b| i32::from(i8::from_le_bytes(b)))),
+        Dtype::U8 => TensorData::I32(each(raw, |b: [u8; 1]| i32::from(b[0]))),
+        Dtype::I16 => TensorData::I32(each(raw, |b| i32::from(i16::from_le_bytes(b)))),
+        Dtype::U16 => TensorData::I32(each(raw, |b| i32::from(u16::from_le_bytes(b)))),
+        Dtype::U32 => TensorData::I32(narrow(each(raw, |b| i128::from(u32::from_le_bytes(b))))?),
+        Dtype::I64 => TensorData::I32(narrow(each(raw, |b| i128::from(i64::from_le_bytes(b))))?),
+        Dtype::U64 => TensorData::I32(narrow(each(raw, |b| i128::from(u64::from_le_bytes(b))))?),
+        Dtype::BOOL => TensorData::I32(
+            raw.iter()
+                .enumerate()
+                .map(|(i, &b)| match b {
+                    0 | 1 => Ok(i32::from(b)),
+                    _ => Err(format!("element {i}: byte {b} is not a boolean (0 or 1)")),
+                })
+                .collect::<std::result::Result<_, _>>()?,
+        ),
         other => return Err(format!("dtype {other} is not supported (rumus reads {READABLE})")),
     })
+}
+
+/// `values` as i32, or an error naming the first element outside i32's range.
+fn narrow(values: Vec<i128>) -> std::result::Result<Vec<i32>, String> {
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            i32::try_from(v).map_err(|_| format!("element {i}: {v} is outside the i32 range"))
+        })
+        .collect()
 }
 
 /// A host tensor as the crate's writer sees it.

@@ -278,8 +278,8 @@ fn malformed_files_each_get_their_own_message() {
         ),
         (
             "unsupported dtype",
-            file(r#"{"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}}"#, &f8),
-            "tensor `a`: dtype I64 is not supported (rumus reads F32, I32, and F16, BF16 and F64 converted to f32)",
+            file(r#"{"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}}"#, &f8),
+            "tensor `a`: dtype C64 is not supported (rumus reads F32, I32, F16, BF16 and F64 (as f32), and I8, U8, I16, U16, U32, I64, U64 and BOOL (as i32))",
         ),
         (
             "dtype too wide for its bytes",
@@ -399,16 +399,16 @@ fn a_header_that_overflows_the_crates_own_reader_is_an_error() {
     let entries: Vec<String> = (0..8u64)
         .map(|i| {
             format!(
-                r#""t{i}":{{"dtype":"BOOL","shape":[{s}],"data_offsets":[{},{}]}}"#,
+                r#""t{i}":{{"dtype":"F8_E4M3","shape":[{s}],"data_offsets":[{},{}]}}"#,
                 i * s,
                 (i + 1) * s
             )
         })
         .collect();
     check(&[(
-        "eight BOOL tensors ending at 2^64 - 8",
+        "eight one-byte tensors ending at 2^64 - 8",
         file(&format!("{{{}}}", entries.join(",")), &[]),
-        "tensor `t0`: dtype BOOL is not supported (rumus reads F32, I32, and F16, BF16 and F64 converted to f32)",
+        "tensor `t0`: dtype F8_E4M3 is not supported (rumus reads F32, I32, F16, BF16 and F64 (as f32), and I8, U8, I16, U16, U32, I64, U64 and BOOL (as i32))",
     )]);
 }
 
@@ -432,6 +432,75 @@ fn valid_hand_written_files_load() {
     // Fields the format does not define are ignored, as the reference implementation does.
     let extra = file(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}}"#, &[0; 4]);
     assert_eq!(from_bytes(&extra).unwrap().get("a").unwrap().as_f32().unwrap(), &[0.0]);
+}
+
+/// PyTorch files carry integer and boolean buffers (`num_batches_tracked` as I64, masks as
+/// BOOL or U8): every integer type and BOOL read as i32, exactly, where they used to fail the
+/// whole file; a value beyond i32's range and a BOOL byte other than 0 or 1 are errors naming
+/// the tensor and the element.
+#[test]
+fn integer_and_boolean_tensors_read_as_i32() {
+    let le = |v: &[i128], width: usize| -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()[..width].to_vec()).collect()
+    };
+    let values: [i128; 3] = [-3, 0, 7];
+    for (dtype, width, want) in [
+        ("I8", 1, vec![-3, 0, 7]),
+        ("I16", 2, vec![-3, 0, 7]),
+        ("I64", 8, vec![-3, 0, 7]),
+        ("U8", 1, vec![253, 0, 7]),
+        ("U16", 2, vec![65533, 0, 7]),
+    ] {
+        let data = le(&values, width);
+        let h = format!(
+            r#"{{"a":{{"dtype":"{dtype}","shape":[3],"data_offsets":[0,{}]}}}}"#,
+            data.len()
+        );
+        let c = from_bytes(&file(&h, &data)).unwrap();
+        assert_eq!(c.get("a").unwrap().as_i32().unwrap(), &want[..], "{dtype}");
+    }
+    let unsigned =
+        |dtype: &str, v: &[u64], width: usize| from_bytes(&unsigned_bytes(v, width, dtype));
+    let ok = unsigned("U32", &[5, 2147483647], 4).unwrap();
+    assert_eq!(ok.get("a").unwrap().as_i32().unwrap(), &[5, i32::MAX]);
+    let ok = unsigned("U64", &[9], 8).unwrap();
+    assert_eq!(ok.get("a").unwrap().as_i32().unwrap(), &[9]);
+    let bools = file(r#"{"m":{"dtype":"BOOL","shape":[2,2],"data_offsets":[0,4]}}"#, &[1, 0, 0, 1]);
+    assert_eq!(from_bytes(&bools).unwrap().get("m").unwrap().as_i32().unwrap(), &[1, 0, 0, 1]);
+    let big = le(&[1, 3_000_000_000], 8);
+    check(&[
+        (
+            "I64 beyond i32",
+            file(r#"{"a":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}}"#, &big),
+            "tensor `a`: element 1: 3000000000 is outside the i32 range",
+        ),
+        (
+            "U32 beyond i32",
+            unsigned_bytes(&[4294967295], 4, "U32"),
+            "tensor `a`: element 0: 4294967295 is outside the i32 range",
+        ),
+        (
+            "U64 beyond i64",
+            unsigned_bytes(&[u64::MAX], 8, "U64"),
+            "tensor `a`: element 0: 18446744073709551615 is outside the i32 range",
+        ),
+        (
+            "BOOL byte 2",
+            file(r#"{"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}}"#, &[0, 1, 2]),
+            "tensor `m`: element 2: byte 2 is not a boolean (0 or 1)",
+        ),
+    ]);
+}
+
+/// A one-tensor file `a` of unsigned `values`, `width` bytes each, as `dtype`.
+fn unsigned_bytes(values: &[u64], width: usize, dtype: &str) -> Vec<u8> {
+    let data: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()[..width].to_vec()).collect();
+    let h = format!(
+        r#"{{"a":{{"dtype":"{dtype}","shape":[{}],"data_offsets":[0,{}]}}}}"#,
+        values.len(),
+        data.len()
+    );
+    file(&h, &data)
 }
 
 #[test]
