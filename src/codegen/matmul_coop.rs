@@ -859,6 +859,31 @@ mod tests {
     use super::*;
 
     /// Products without an epilogue store inside blocks straight into C: `medium` always,
+    /// The product binds the exponents read-write and holds a store to them that never runs
+    /// (an empty product has no blocks): it looks like dead code, and without it NVIDIA's
+    /// driver loads the exponents at the kernel's start (`high` 4096³ 72 -> 57 TFLOP/s on the
+    /// H200). Each fragment reads its own strips' exponents, after the K loop.
+    #[test]
+    fn the_product_keeps_its_never_run_store_to_the_exponents() {
+        let row = Access { row_major: true, vector: true };
+        for (mode, tile) in [(CoopMode::Medium, MEDIUM_TILE), (CoopMode::High, HIGH_TILE)] {
+            let k = CoopKernel { mode, tile, subgroup: 32, emulate: false };
+            let wgsl = generate(&k, [row, row], 4096, Epilogue::NONE);
+            assert!(wgsl.contains("var<storage, read_write> exps: array<i32>;"), "{mode:?}");
+            let store = wgsl.find("if (p.m == 0u && t == 0u) {").expect("the store");
+            assert!(wgsl[store..].contains("exps[0] = 0;"), "{mode:?}");
+            let k_loop = wgsl.find("for (var s = 0u;").unwrap();
+            let first_read = wgsl.find("-exps[ea").unwrap();
+            assert!(store < k_loop && k_loop < first_read, "{mode:?}");
+            // Once a fragment on each path that stores it: the scratch, and for `medium` the
+            // direct store too (`high` stores directly only up to DIRECT_HIGH_MAX_K).
+            let frags = (k.tile.bm / k.tile.wm / 16) * (k.tile.bn / k.tile.wn / 16);
+            let paths = if mode == CoopMode::Medium { 2 } else { 1 };
+            assert_eq!(wgsl.matches("-exps[ea").count() as u32, frags * paths, "{mode:?}");
+        }
+    }
+
+    /// Products without an epilogue store inside blocks straight into C: `medium` always,
     /// `high` up to K = [`DIRECT_HIGH_MAX_K`]; with an epilogue, every block goes through the
     /// scratch.
     #[test]
