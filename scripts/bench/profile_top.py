@@ -3,12 +3,13 @@
 
 Reads the JSON of `rumus bench FILE --device gpu --profile --json` (one object, or the last
 line of the output) and prints the TOP slowest dispatches, then the matmul dispatches summed
-per shape and stage (product, range pre-pass, its finish, conversion, split-K sum), with the
-product's TFLOP/s where the label names its shape.
+per shape and stage (product, conversion, split-K sum; and for profiles of binaries before
+2026-12-01's per-strip exponents the range pre-pass and its finish), with the product's
+TFLOP/s where the label names its shape. Stages no dispatch of the profile has are left out.
 
     python3 scripts/bench/profile_top.py bench.json [TOP]
 
-Labels look like `matmul #812 4096x768x3072 coop-high range`: kind, output node, the shape
+Labels look like `matmul #812 4096x768x3072 coop-high convert`: kind, output node, the shape
 (`BxMxNxK` when batched), the tile, then the stage for a pre-pass.
 """
 
@@ -91,7 +92,8 @@ def main():
             flops[key] = flops.get(key, 0.0) + 2.0 * b * m * n * k
     if not shapes:
         return
-    cols = ["product", "range", "range finish", "convert", "split-k sum"]
+    every = ["product", "range", "range finish", "convert", "split-k sum"]
+    cols = [c for c in every if any(c in stages for stages in shapes.values())]
     print("\nmatmul per shape and tile: ms (dispatches) per stage; TFLOP/s of the products")
     print(f"  {'shape':<18} {'tile':<22} {'total':>8} " + " ".join(f"{c:>16}" for c in cols) + "   TFLOP/s")
     order = sorted(shapes.items(), key=lambda kv: -sum(v[0] for v in kv[1].values()))
