@@ -19,4 +19,7 @@ $B bench scripts/bench/gpt-medium.rms --device gpu --json 2>&1 | tail -1 | tee $
 for s in digits_mlp; do
   timeout 200 $B run scripts/$s.rms --device gpu 2>&1 | grep -v XDG | tail -12 | tee $OUT/run-$s.txt
 done
-MODELS=mlp,gpt-small,gpt-medium python3 scripts/bench/torch_baselines.py eager eager-tf32 eager-bf16 2>&1 | tee $OUT/torch.txt
+# TORCH=0 leaves PyTorch out (when its figures of the same day stand and device time is short).
+if [ "${TORCH:-1}" != 0 ]; then
+  MODELS=mlp,gpt-small,gpt-medium python3 scripts/bench/torch_baselines.py eager eager-tf32 eager-bf16 2>&1 | tee $OUT/torch.txt
+fi
