@@ -223,17 +223,11 @@ impl MatmulTile {
     /// more storage buffers than an fp32 one: the workspace and the exponents instead of A and
     /// B.
     pub fn coop_on(spec: &MatmulSpec, target: &Target, tile: CoopTile) -> Option<CoopKernel> {
-        let mode = coop_mode(target.matmul.precision)?;
-        let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
-            (_, true) => (32, true),
-            (Some(sg), false) => (sg, false),
-            (None, false) => return None,
-        };
-        let k = CoopKernel { mode, tile, subgroup, emulate };
+        let k = coop_kernel(target, tile)?;
         let access = matmul_simt::accesses(spec)?;
         let s = spec;
         let fits = [s.batch, s.m, s.n, s.k].iter().all(|&d| d > 0)
-            && k.tile.check(subgroup).is_ok()
+            && k.tile.check(k.subgroup).is_ok()
             && k.threads() <= target.max_invocations
             && k.workgroup_bytes(access) <= target.max_workgroup_bytes
             && coop_convert::workspace_halves(&k, access, s) <= u64::from(u32::MAX);
@@ -367,23 +361,29 @@ impl MatmulTile {
     }
 }
 
-/// The cooperative mode computing products in `precision`; `None` for `highest` (fp32).
+/// The cooperative kernel on `tile` for `target`: its precision's mode, on the device's
+/// subgroups, or emulated (subgroups of 32); `None` in `highest` or without cooperative
+/// matrices.
+fn coop_kernel(target: &Target, tile: CoopTile) -> Option<CoopKernel> {
+    let mode = coop_mode(target.matmul.precision)?;
+    let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
+        (_, true) => (32, true),
+        (Some(sg), false) => (sg, false),
+        (None, false) => return None,
+    };
+    Some(CoopKernel { mode, tile, subgroup, emulate })
+}
+
 /// A cooperative tile forced on every product (`RUMUS_MATMUL_COOP_TILE`) that `target` cannot
 /// run for any product, for its threads or its workgroup memory, is an error that says so:
 /// every product would otherwise fall back to fp32 without a word.
 pub fn check_forced_coop_tile(target: &Target) -> Result<()> {
-    let (Some(mode), Some(tile)) = (coop_mode(target.matmul.precision), target.matmul.coop_tile)
-    else {
+    let Some(k) = target.matmul.coop_tile.and_then(|tile| coop_kernel(target, tile)) else {
         return Ok(());
     };
-    let (subgroup, emulate) = match (target.cooperative, target.matmul.emulate_coop) {
-        (_, true) => (32, true),
-        (Some(sg), false) => (sg, false),
-        (None, false) => return Ok(()),
-    };
+    let tile = k.tile;
     let refuse = |why: String| err!(Usage, "RUMUS_MATMUL_COOP_TILE: cooperative tile {}: {why}", tile.name());
-    tile.check(subgroup).map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?;
-    let k = CoopKernel { mode, tile, subgroup, emulate };
+    tile.check(k.subgroup).map_err(|e| err!(Usage, "RUMUS_MATMUL_COOP_TILE: {}", e.message))?;
     let (threads, most) = (k.threads(), target.max_invocations);
     if threads > most {
         return Err(refuse(format!(
@@ -405,6 +405,7 @@ pub fn check_forced_coop_tile(target: &Target) -> Result<()> {
     Ok(())
 }
 
+/// The cooperative mode computing products in `precision`; `None` for `highest` (fp32).
 fn coop_mode(precision: MatmulPrecision) -> Option<CoopMode> {
     match precision {
         MatmulPrecision::Highest => None,
