@@ -361,7 +361,7 @@ fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String>
                 .collect::<std::result::Result<_, _>>()?,
         ),
         Dtype::I8 => TensorData::I32(each(raw, |b| i32::from(i8::from_le_bytes(b)))),
-        Dtype::U8 => TensorData::I32(each(raw, |b: [u8; 1]| i32::from(b[0]))),
+        Dtype::U8 => TensorData::I32(each(raw, |b| i32::from(u8::from_le_bytes(b)))),
         Dtype::I16 => TensorData::I32(each(raw, |b| i32::from(i16::from_le_bytes(b)))),
         Dtype::U16 => TensorData::I32(each(raw, |b| i32::from(u16::from_le_bytes(b)))),
         Dtype::U32 => TensorData::I32(narrow(each(raw, |b| i128::from(u32::from_le_bytes(b))))?),

@@ -220,10 +220,14 @@ impl World {
     }
 }
 
+/// The variables in which MPI launchers announce the world size: OpenMPI's
+/// `OMPI_COMM_WORLD_SIZE`, MPICH's and Slurm's `PMI_SIZE`.
+const LAUNCHER_SIZE: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
+
 /// Whether an MPI launcher started this process (it sets the world size in the environment:
 /// OpenMPI's `OMPI_COMM_WORLD_SIZE`, MPICH's and Slurm's `PMI_SIZE`).
 pub fn launched() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().any(|v| std::env::var_os(v).is_some())
+    LAUNCHER_SIZE.iter().any(|v| std::env::var_os(v).is_some())
 }
 
 /// The number of ranks a launcher announced, where it is a number.

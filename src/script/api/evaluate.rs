@@ -134,13 +134,15 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
 /// The scored output of the model for input `x`, charged while it is held.
 fn output(t: &ScriptTrainer, x: &Tensor) -> ScriptResult<(Tensor, crate::memory::Charge)> {
     let input = t.inputs.first().cloned().unwrap_or_default();
-    let out = t.lock().script()?.predict(&[(input.as_str(), x)]).script()?;
+    let (out, budget) = {
+        let mut tr = t.lock().script()?;
+        (tr.predict(&[(input.as_str(), x)]).script()?, tr.budget().clone())
+    };
     let v = out
         .into_iter()
         .find(|(n, _)| *n == t.output)
         .map(|(_, v)| v)
         .ok_or_else(|| script_err("the model has no output to score"))?;
-    let budget = t.lock().script()?.budget().clone();
     let held = budget.charge(v.bytes(), "the outputs being scored").script()?;
     Ok((v, held))
 }
