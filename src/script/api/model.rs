@@ -317,6 +317,8 @@ fn set_lr(t: &ScriptTrainer, lr: FLOAT) -> ScriptResult<()> {
     t.lock().script()?.set_lr(lr).script()
 }
 
+/// How a trainer prints in scripts and the REPL: its device and step (or, where this thread
+/// holds its lock, only that).
 pub fn describe_trainer(t: &ScriptTrainer) -> String {
     match t.lock() {
         Ok(tr) => format!("trainer on {} at step {}", tr.device_name(), tr.step()),
