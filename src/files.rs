@@ -274,18 +274,35 @@ mod tests {
 
     #[test]
     fn a_source_file_over_the_limit_is_refused() {
-        let path = scratch("big").join("big.rms");
+        let dir = scratch("big");
+        let path = dir.join("big.rms");
         fs::File::create(&path).unwrap().set_len(MAX_SOURCE_FILE_BYTES + 1).unwrap();
         let e = read_source(&path).unwrap_err();
         let expected = "a source file may have at most 16777216 bytes; this one has more";
         assert_eq!(e.to_string(), format!("{}: {expected}", path.display()));
     }
 
-    fn scratch(name: &str) -> PathBuf {
+    /// A fresh directory for one test, removed with its contents when dropped.
+    struct Scratch(PathBuf);
+
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch(name: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("rumus-files-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        dir
+        Scratch(dir)
     }
 
     fn names(dir: &Path) -> Vec<String> {

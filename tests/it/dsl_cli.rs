@@ -52,8 +52,7 @@ fn without_params_prints_dot() {
 
 #[test]
 fn a_mistake_exits_1_with_the_rendered_error() {
-    let dir = std::env::temp_dir().join(format!("rumus-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::ScratchDir::new("cli");
     let path = dir.join("bad.rms");
     std::fs::write(&path, "model m(x: f32[2]) {\n    return relux(x)\n}\n").unwrap();
     let p = path.to_str().unwrap();

@@ -252,18 +252,24 @@ mod terminal {
     use std::sync::mpsc;
     use std::time::Duration;
 
+    use crate::common::ScratchDir;
+
     /// A child on the slave side of a new pty, with the master's output collected by a thread.
     struct Pty {
         child: std::process::Child,
         master: std::fs::File,
         output: mpsc::Receiver<u8>,
         seen: String,
+        /// The child's home, when the Pty made it.
+        _home: Option<ScratchDir>,
     }
 
     impl Pty {
         fn spawn(args: &[&str]) -> Pty {
-            let home = std::env::temp_dir().join(format!("rumus-pty-{}", std::process::id()));
-            Pty::spawn_at_home(args, &home)
+            let home = ScratchDir::new("pty");
+            let mut pty = Pty::spawn_at_home(args, &home);
+            pty._home = Some(home);
+            pty
         }
 
         fn spawn_at_home(args: &[&str], home: &std::path::Path) -> Pty {
@@ -313,7 +319,7 @@ mod terminal {
                 }
             });
             let _ = master.as_raw_fd();
-            Pty { child, master, output, seen: String::new() }
+            Pty { child, master, output, seen: String::new(), _home: None }
         }
 
         fn send(&mut self, bytes: &str) {
@@ -373,9 +379,7 @@ mod terminal {
     /// ("line editor: invalid data"). The history is skipped, the line dropped with an error.
     #[test]
     fn a_fifo_history_and_bytes_that_are_not_utf8_do_not_end_the_session() {
-        let home = std::env::temp_dir().join(format!("rumus-pty-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&home);
-        std::fs::create_dir_all(&home).unwrap();
+        let home = ScratchDir::new("pty-fifo");
         let fifo = home.join(".rumus_history");
         assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
         let mut pty = Pty::spawn_at_home(&["repl", "--device", "cpu"], &home);

@@ -12,6 +12,36 @@ use rumus::graph::{BinaryOp, Graph, NodeId, UnaryOp};
 use rumus::rng::Rng;
 use rumus::Result;
 
+/// A fresh directory under the system's temporary folder, named for `name`, the test process
+/// and a count (tests run in parallel), removed with its contents when dropped: tests leave
+/// nothing behind.
+pub struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    pub fn new(name: &str) -> ScratchDir {
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let dir = std::env::temp_dir().join(format!("rumus-{name}-{pid}-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// How an input's values are drawn.
 #[derive(Clone, Copy)]
 pub enum Dom {
