@@ -241,7 +241,7 @@ impl MatmulTile {
         match (coop_mode(target.matmul.precision), target.matmul.coop_tile) {
             (None, _) => Vec::new(),
             (Some(_), Some(t)) => vec![t],
-            (Some(mode), None) => matmul_coop::tiles(mode).to_vec(),
+            (Some(mode), None) => matmul_coop::tiles(mode),
         }
     }
 

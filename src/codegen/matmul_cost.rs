@@ -29,7 +29,7 @@
 //! for 34 dispatches, which take the GPU about 0.27 ms) is not part of the model.
 
 use super::matmul::{MatmulSpec, MatmulTile};
-use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
+use super::matmul_coop::{CoopKernel, CoopMode, CoopTile, WIDE_MEDIUM_TILE};
 
 /// Bytes a microsecond of a bandwidth-bound kernel (LayerNorm measured 3.2 TB/s on the H200).
 const BYTES_PER_US: f64 = 2.5e6;
@@ -45,7 +45,8 @@ enum Rate {
     /// wave costs a whole one (large blocks, one a multiprocessor: the cooperative tiles). The
     /// fixed part grows with K up to 256: `high` products of K = 128 and 196 on the half tile
     /// (the `mlp` model's) took 8 and 11 µs a wave, where `c0 + c1 · K` gives 20 and 22.
-    Waves { slots: f64, c0: f64, c1: f64 },
+    /// Below `min_k` the tile is not priced (measured slower there than the others).
+    Waves { slots: f64, c0: f64, c1: f64, min_k: u32 },
     /// `c0` plus the flops of the product's whole blocks (a block past M or N computes, or
     /// idles in, its whole tile) at `flops_per_us`, scaled down while the grid has fewer
     /// than `saturation` blocks (the fp32 kernels, bound by more than the multiprocessors'
@@ -60,8 +61,16 @@ enum Rate {
 }
 
 /// The rate of a cooperative tile: measured for the two sizes the model chooses between
-/// (128x128 and 64x128), scaled by block area for other tiles (overrides and tests).
+/// (128x128 and 64x128) and `medium`'s tile for long products, scaled by block area for other
+/// tiles (overrides and tests).
 fn coop_rate(mode: CoopMode, t: &CoopTile) -> Rate {
+    if mode == CoopMode::Medium && *t == WIDE_MEDIUM_TILE {
+        // Two blocks a multiprocessor, a wave `40 + 0.039 · K` µs: fitted to gpt-medium's
+        // products of K 768 to 4096 on the H200 (2026-12-01, BENCHMARKS.md), whose epilogues it
+        // includes. Not priced below K = 2048: at K 768 it took 258 µs where the 128x128x64
+        // tile took 199 (4096x3072x768, half with a GELU-gradient epilogue).
+        return Rate::Waves { slots: 2.0 * MULTIPROCESSORS, c0: 40.0, c1: 0.039, min_k: 2048 };
+    }
     let ((c0, c1), (h0, h1)) = match mode {
         CoopMode::High => ((20.0, 0.055), (14.0, 0.043)),
         CoopMode::Medium => ((30.0, 0.022), (20.0, 0.016)),
@@ -74,7 +83,7 @@ fn coop_rate(mode: CoopMode, t: &CoopTile) -> Rate {
         let f = area * 2.0;
         (h0 * f.max(0.25), h1 * f)
     };
-    Rate::Waves { slots: MULTIPROCESSORS, c0, c1 }
+    Rate::Waves { slots: MULTIPROCESSORS, c0, c1, min_k: 0 }
 }
 
 fn rate(tile: MatmulTile) -> Rate {
@@ -106,7 +115,8 @@ pub fn product_us(tile: MatmulTile, spec: &MatmulSpec) -> f64 {
     let blocks =
         f64::from(spec.m.div_ceil(bm)) * f64::from(spec.n.div_ceil(bn)) * f64::from(spec.batch);
     let us = match rate(tile) {
-        Rate::Waves { slots, c0, c1 } => {
+        Rate::Waves { min_k, .. } if spec.k < min_k => return f64::INFINITY,
+        Rate::Waves { slots, c0, c1, .. } => {
             let k = f64::from(spec.k);
             (blocks / slots).ceil() * (c0 * (k / 256.0).min(1.0) + c1 * k)
         }
@@ -149,7 +159,7 @@ pub fn split_us(m: u32, n: u32, splits: u32) -> f64 {
 mod tests {
     use super::*;
     use crate::codegen::matmul::Operand;
-    use crate::codegen::matmul_coop::HIGH_TILE;
+    use crate::codegen::matmul_coop::{HIGH_TILE, WIDE_MEDIUM_TILE};
 
     /// The fitted rates give back the profiled products they were fitted to, within 25 %
     /// (µs of the product dispatch on the H200, the profile's overhead taken out).
@@ -161,10 +171,22 @@ mod tests {
             subgroup: 32,
             emulate: false,
         });
+        let wide = MatmulTile::Coop(CoopKernel {
+            mode: CoopMode::Medium,
+            tile: WIDE_MEDIUM_TILE,
+            subgroup: 32,
+            emulate: false,
+        });
         let c = MatmulSpec::contiguous;
         let t = |m, n, k| MatmulSpec { a: Operand::transposed(m, k), ..c(1, m, n, k) };
         for (tile, spec, measured) in [
             (high, c(1, 768, 2304, 4096), 213.0),
+            // gpt-medium's products and 4096x3072x3072 (bias epilogue), `medium`.
+            (wide, c(1, 4096, 768, 3072), 184.0),
+            (wide, t(768, 3072, 4096), 197.0),
+            (wide, t(3072, 768, 4096), 217.0),
+            (wide, c(1, 4096, 768, 2304), 127.0),
+            (wide, c(1, 4096, 3072, 3072), 483.0),
             (high, c(1, 4096, 3072, 768), 387.0),
             (high, c(1, 4096, 768, 768), 128.0),
             (high, c(1, 4096, 768, 3072), 412.0),
@@ -223,7 +245,13 @@ mod tests {
             // 32 blocks of 128x128: the half tile fills twice as many multiprocessors.
             (High, c(1, 4096, 256, 768), "coop-high 64x128x32 w2x4 split 1"),
             (Medium, c(1, 4096, 256, 256), "coop-medium 64x128x64 w2x4 split 1"),
-            (Medium, t(768, 3072, 4096), "coop-medium 128x128x64 w2x4 split 1"),
+            // A long K and a wave of blocks: medium's tile for long products.
+            (Medium, t(768, 3072, 4096), "coop-medium 128x128x32 w2x2 split 1"),
+            (Medium, c(1, 4096, 768, 3072), "coop-medium 128x128x32 w2x2 split 1"),
+            (Medium, c(1, 4096, 4096, 4096), "coop-medium 128x128x32 w2x2 split 1"),
+            // Below a wave of its blocks (108 here) or K below 2048: the 128x128x64 tile.
+            (Medium, t(768, 2304, 4096), "coop-medium 128x128x64 w2x4 split 1"),
+            (Medium, c(1, 4096, 3072, 768), "coop-medium 128x128x64 w2x4 split 1"),
             (Medium, t(768, 768, 4096), "coop-medium 128x128x64 w2x4 split 2"),
             // Batched, K = 64: a wave of the half tile costs little more than its pre-passes.
             (High, c(12, 256, 256, 64), "coop-high 64x128x32 w2x4 split 1"),

@@ -18,14 +18,18 @@ use rumus::plan::limits::{guarded, storage_bindings};
 use rumus::plan::{plan, KernelKind, Limits, PlanOptions};
 use rumus::DType;
 
-/// Parse and validate `src`; a module that enables f16 (the cooperative kernels, emulated or
-/// not) with the capabilities a cooperative adapter gives it, every other one with none.
+/// Parse and validate `src`; a module that enables f16 (the cooperative kernels) with the
+/// capabilities a cooperative adapter gives it, an emulated cooperative one (tests: halves
+/// packed into words) with `pack2x16float`'s (wgpu's `SHADER_F16_IN_F32` downlevel flag, which
+/// lavapipe and Mesa's OpenGL give), every other one with none.
 fn validate(label: &str, src: &str) -> Result<(), String> {
     use naga::valid::Capabilities;
     let module = naga::front::wgsl::parse_str(src)
         .map_err(|e| format!("{label}: parse: {}\n{src}", e.emit_to_string(src)))?;
     let caps = if src.starts_with("enable f16;") {
         Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
+    } else if src.contains(", emulated (codegen/") {
+        Capabilities::SHADER_FLOAT16_IN_FLOAT32
     } else {
         Capabilities::default()
     };
@@ -94,7 +98,7 @@ fn validate_plans(
             MatmulOptions { precision, ..MatmulOptions::DEFAULT },
             MatmulOptions { precision, emulate_coop: true, ..MatmulOptions::DEFAULT },
         ];
-        for (tile, split_k) in tiles(mode).into_iter().zip([None, Some(2)]) {
+        for (tile, split_k) in tiles(mode).into_iter().zip([None, Some(2)].into_iter().cycle()) {
             matmuls.push(MatmulOptions {
                 precision,
                 coop_tile: Some(tile),
