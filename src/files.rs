@@ -12,7 +12,7 @@
 //! never half of one. Temporary files that an earlier, killed write to the same target left
 //! behind are removed by the next write; every failure is an error.
 //!
-//! The one other file rumus writes is the metrics log (`rumus run --metrics`), appended line by
+//! The one other file rumus writes is the metrics log (`rumus run --metrics`, [`create_log`]), appended line by
 //! line as the run goes so that it can be followed and a killed run keeps its lines;
 //! `tests/it/script_writes.rs` checks that no other code creates, overwrites or renames files.
 
@@ -153,18 +153,71 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// An error when the output `out` (given by `flag`) names the same existing file as the input
-/// `input` (`what`), links and relative spellings resolved: writing the output would destroy
-/// the input (`rumus run f.rms --metrics f.rms`).
-pub fn not_the_input(flag: &str, out: &Path, what: &str, input: &Path) -> Result<()> {
-    match (fs::canonicalize(out), fs::canonicalize(input)) {
-        (Ok(a), Ok(b)) if a == b => Err(err!(
-            Usage,
-            "{flag} names {what} {} itself: writing there would destroy it",
-            input.display()
-        )),
-        _ => Ok(()),
+/// Check, before any work, that the output `out` (given by `flag`) can be written when the work
+/// is done: not a folder, not a device, FIFO or socket (which [`write_atomic`] refuses and
+/// opening for a log would block on), in an existing folder where a file can be created (a
+/// probe file is created and removed), and not the input `input` (`what`) itself, links and
+/// relative spellings resolved (`rumus run f.rms --metrics f.rms` would destroy the script).
+/// A usage error that names the flag: a long run is not thrown away at its end.
+pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path) -> Result<()> {
+    let shown = out.display();
+    let refuse = |why: String| err!(Usage, "{flag} {shown}: {why}");
+    if let (Ok(a), Ok(b)) = (fs::canonicalize(out), fs::canonicalize(input)) {
+        if a == b {
+            let why = format!("names {what} {} itself: writing there would destroy it", input.display());
+            return Err(refuse(why));
+        }
     }
+    let Some(name) = out.file_name().filter(|_| !out.is_dir()) else {
+        return Err(refuse("is a folder, not a file name".into()));
+    };
+    if fs::metadata(out).is_ok_and(|m| !m.is_file()) {
+        let why = "is not a regular file (a device, FIFO or socket); rumus writes files only";
+        return Err(refuse(why.into()));
+    }
+    let folder = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let probe = folder.join(format!(
+        ".{}.{}.{:016x}.tmp",
+        name.to_string_lossy(),
+        std::process::id(),
+        unpredictable()
+    ));
+    match create_exclusive(&probe) {
+        Ok(_) => {
+            let _ = fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(refuse(format!("the folder {} does not exist", folder.display())))
+        }
+        Err(e) => Err(refuse(format!("cannot be written there: {e}"))),
+    }
+}
+
+/// Create (or empty) the log file `path` to append lines to as a run goes (the metrics log):
+/// only a regular file. A FIFO is opened non-blocking, so it is refused instead of waiting for
+/// a reader; a device is refused too.
+pub fn create_log(path: &Path) -> Result<fs::File> {
+    let shown = path.display();
+    let special = || err!(Io, "{shown}: is not a regular file (a device, FIFO or socket); rumus writes files only");
+    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(special());
+    }
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = opts.open(path).map_err(|e| Error::io(&shown, e))?;
+    if !file.metadata().map_err(|e| Error::io(&shown, e))?.is_file() {
+        return Err(special());
+    }
+    Ok(file)
 }
 
 /// A random number from the standard library's per-process random hash keys.

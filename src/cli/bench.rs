@@ -138,7 +138,7 @@ pub fn plan_svg(
     precision: Option<MatmulPrecision>,
     out: &std::path::Path,
 ) -> Result<()> {
-    crate::files::not_the_input("--svg", out, "the model file", std::path::Path::new(&spec.file))?;
+    crate::files::check_output("--svg", out, "the model file", std::path::Path::new(&spec.file))?;
     let t = training_step(spec)?;
     let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
     let scratch = crate::codegen::compile(&t.graph, &p, &plan_target(precision)?)?.scratch_bytes();

@@ -47,7 +47,7 @@ pub fn run(opts: RunOptions) -> Result<u8> {
     let source = crate::files::read_source(&opts.file)?;
     for (flag, out) in [("--metrics", &opts.metrics), ("--plot", &opts.plot)] {
         if let Some(out) = out {
-            crate::files::not_the_input(flag, out, "the script", &opts.file)?;
+            crate::files::check_output(flag, out, "the script", &opts.file)?;
         }
     }
     let rank0 = host_opts.comm.rank() == 0;
@@ -119,9 +119,7 @@ struct Progress {
 impl Progress {
     fn new(log_every: u64, metrics: Option<&Path>, interrupt: Interrupt) -> Result<Progress> {
         let metrics = match metrics {
-            Some(p) => {
-                Some((p.to_path_buf(), File::create(p).map_err(|e| Error::io(p.display(), e))?))
-            }
+            Some(p) => Some((p.to_path_buf(), crate::files::create_log(p)?)),
             None => None,
         };
         let target = if std::io::stderr().is_terminal() {
