@@ -815,3 +815,17 @@ m.rms:2:12: 6e38 is outside the range of f32 (about ±3.4e38)
 "#,
     );
 }
+
+/// Found by the hostile-input audit: an empty slice made a value with an empty axis, whose mean
+/// trained to NaN without a word (and a loss on it named no position). Refused where it is made.
+#[test]
+fn an_op_that_makes_an_empty_axis_is_refused_at_the_call() {
+    check(
+        "model m(x: f32[B, 4]) {\n    return mean(slice(x, 1, 2, 2), [1], true)\n}\n",
+        r#"
+m.rms:2:17: slice gives [2, 0], an empty axis: a model's values need every dimension at least 1
+        return mean(slice(x, 1, 2, 2), [1], true)
+                    ^^^^^^^^^^^^^^^^^
+"#,
+    );
+}

@@ -46,7 +46,20 @@ impl Lowerer<'_> {
             }
             Lowering::Node(f) => f(&mut a),
         };
-        Ok(Value::Tensor(id.map_err(|e| e.at(span))?))
+        let id = id.map_err(|e| e.at(span))?;
+        // A model's inputs have no empty axis, so only an op can make one (an empty slice): a
+        // mean over it would be 0/0 and a loss of it NaN, so it is refused where it is made.
+        let shape = self.g.shape(id);
+        if shape.contains(&0) {
+            let e = err!(
+                Shape,
+                "{} gives {}, an empty axis: a model's values need every dimension at least 1",
+                sig.name,
+                crate::tensor::fmt_shape(shape)
+            );
+            return Err(e.at(span));
+        }
+        Ok(Value::Tensor(id))
     }
 }
 
@@ -167,14 +180,17 @@ impl Args<'_, '_> {
         let pname = self.sig.params.get(i).map_or("?", |p| p.name);
         let mut out = [0; 2];
         for (o, v) in out.iter_mut().zip(&ints) {
-            *o = usize::try_from(*v).ok().filter(|&v| v >= min && v <= MAX_DIM as usize).ok_or_else(|| {
-                err!(
-                    Shape,
-                    "{}: `{pname}` must be between {min} and {MAX_DIM}, got {v}",
-                    self.sig.name
-                )
-                .at(self.span_of(i))
-            })?;
+            *o = usize::try_from(*v)
+                .ok()
+                .filter(|&v| v >= min && v <= MAX_DIM as usize)
+                .ok_or_else(|| {
+                    err!(
+                        Shape,
+                        "{}: `{pname}` must be between {min} and {MAX_DIM}, got {v}",
+                        self.sig.name
+                    )
+                    .at(self.span_of(i))
+                })?;
         }
         Ok(out)
     }
