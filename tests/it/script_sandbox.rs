@@ -329,7 +329,54 @@ fn long_strings_and_arrays_are_refused() {
         &mut h,
         "let a = tensor(0..2000).to_array();",
         ErrorKind::Limit,
-        "to_array: a tensor of 2000 elements is over the array size limit of 1000",
+        "to_array: a tensor of shape [2000] makes 0 nested arrays and 2000 numbers, 2000 array \
+         entries in all, over the array size limit of 1000",
+    );
+}
+
+/// Found by the hostile-input audit: `to_array` checked the element count (0 for a shape
+/// `[10^12, 0]`) but makes one array per leading index, and the process aborted allocating
+/// 16 TB of them. It counts every array entry it makes (as rhai's own limit counts them), and
+/// charges them to the memory budget while it builds them; and a script tensor's dimension is at
+/// most 2^31, as in the model language.
+#[test]
+fn to_array_counts_the_arrays_it_makes_not_only_the_elements() {
+    let sandbox = Sandbox { max_array_size: 1000, ..Sandbox::default() };
+    let mut h = Host::new(HostOptions { sandbox, ..HostOptions::default() });
+    check_err(
+        &mut h,
+        "let t = zeros([40, 40, 0]);\nlet a = t.to_array();",
+        ErrorKind::Limit,
+        "t.rms:2:11: to_array: a tensor of shape [40, 40, 0] makes 1640 nested arrays and 0 \
+         numbers, 1640 array entries in all, over the array size limit of 1000",
+    );
+    check_err(
+        &mut h,
+        "let a = zeros([10, 10, 10]).to_array();",
+        ErrorKind::Limit,
+        "makes 110 nested arrays and 1000 numbers, 1110 array entries in all",
+    );
+    ok(
+        &mut h,
+        "let a = zeros([30, 30, 0]).to_array(); if a.len() != 30 || a[29].len() != 30 { throw a; }",
+    );
+    for (code, d) in [
+        ("zeros([1000000000000, 0])", "1000000000000"),
+        ("ones([0, 2147483649])", "2147483649"),
+        ("tensor(0..0).reshape([0, 4294967296])", "4294967296"),
+    ] {
+        let over = "is over the limit of 2147483648 (2^31), the largest the model language accepts";
+        check_err(&mut h, code, ErrorKind::Shape, &format!("dimension {d} {over}"));
+    }
+    ok(&mut h, "let t = zeros([2147483648, 0]);");
+    // Without an array size limit the memory budget bounds what it builds.
+    let sandbox = Sandbox { max_array_size: 0, memory_budget: 64 << 20, ..Sandbox::default() };
+    let mut h = Host::new(HostOptions { sandbox, ..HostOptions::default() });
+    check_err(
+        &mut h,
+        "let a = zeros([1 << 20, 1 << 20, 0]).to_array();",
+        ErrorKind::Limit,
+        "to_array of a tensor of shape [1048576, 1048576, 0] needs",
     );
 }
 

@@ -5,6 +5,7 @@
 
 use super::super::convert::{script_err, to_f32, to_i32, to_u64, IntoScript, ScriptResult};
 use super::super::Ctx;
+use crate::dsl::lower::MAX_DIM;
 use crate::memory::{Budget, Charge};
 use crate::num;
 use crate::rng::Rng;
@@ -61,11 +62,32 @@ pub(super) fn alloc(
     shape: &[usize],
     fill: impl FnOnce(usize) -> ScriptResult<TensorData>,
 ) -> ScriptResult<ScriptTensor> {
-    let n = checked_numel(shape).script()?;
+    let n = checked_shape(shape).script()?;
     let charge = ctx.budget.charge(n as u64 * 4, what(shape)).script()?;
     let t = Tensor::new(shape, fill(n)?).script()?;
     Ok(ScriptTensor::new(t, charge))
 }
+
+/// Largest dimension of a script tensor: the model language's limit ([`MAX_DIM`]), so every
+/// script tensor has a shape a model could be given, and one whose element count is 0 (which
+/// the element limit lets through at any size) cannot make `to_array` build 10^12 arrays.
+pub const MAX_SCRIPT_DIM: u64 = MAX_DIM as u64;
+
+/// The element count of a script tensor of `shape`, or an error when a dimension is over
+/// [`MAX_SCRIPT_DIM`] or the shape over the element or rank limit ([`checked_numel`]).
+pub fn checked_shape(shape: &[usize]) -> crate::Result<usize> {
+    if let Some(&d) = shape.iter().find(|&&d| d as u64 > MAX_SCRIPT_DIM) {
+        return Err(crate::Error::shape(format!(
+            "shape {}: dimension {d} is over the limit of {MAX_SCRIPT_DIM} (2^31), the largest the model language accepts",
+            fmt_shape(shape)
+        )));
+    }
+    checked_numel(shape)
+}
+
+/// The smallest block a heap allocation takes, and the most an allocator rounds one up: what a
+/// small object costs besides its own bytes, for charging many small objects honestly.
+pub(super) const HEAP_BLOCK: u64 = 32;
 
 /// Element `i` of a tensor as f32 (i32 elements converted), without copying the tensor.
 pub(super) fn reader(t: &Tensor) -> impl Fn(usize) -> f32 + '_ {
@@ -152,7 +174,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("reshape", move |t: &mut ScriptTensor, shape: Array| {
         let shape = dims(&shape)?;
         let t = t.tensor();
-        if checked_numel(&shape).script()? != t.numel() {
+        if checked_shape(&shape).script()? != t.numel() {
             return Err(script_err(format!(
                 "cannot reshape {} into {}",
                 fmt_shape(t.shape()),
@@ -403,18 +425,39 @@ fn index_set(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT], v: Dynamic) -> Script
     Ok(())
 }
 
-/// Nested arrays of the elements (floats for f32, integers for i32), within the sandbox's
-/// array size limit.
+/// Nested arrays of the elements (floats for f32, integers for i32). What it builds is bounded
+/// before it is built: every array entry it makes (each nested array and each number, counted
+/// as rhai's own array size limit counts them) against the sandbox's array size limit, and
+/// their bytes against the memory budget while they are built. For a shape `[d0, ..., dn-1]`
+/// that is `d0 + d0·d1 + ... + d0···dn-1` entries, of which the last term are numbers: a tensor
+/// with no elements can still make many arrays (`[10^6, 10^6, 0]` makes 10^12).
 fn to_array(ctx: &Ctx, t: &Tensor) -> ScriptResult<Dynamic> {
-    let limit = ctx.sandbox.max_array_size;
-    if limit > 0 && t.numel() > limit {
+    let shape = t.shape();
+    // Partial products are at most the nonzero product, at most 2^40 ([`checked_numel`]),
+    // so with at most 32 terms no sum overflows.
+    let mut arrays = 0u64; // nested arrays: d0 + d0·d1 + ... + d0···dn-2
+    let mut outer = 1u64;
+    for &d in shape.iter().take(shape.len().saturating_sub(1)) {
+        outer *= d as u64;
+        arrays += outer;
+    }
+    let numbers = t.numel() as u64;
+    let entries = arrays + numbers;
+    let limit = ctx.sandbox.max_array_size as u64;
+    if limit > 0 && entries > limit {
         return Err(crate::err!(
             Limit,
-            "to_array: a tensor of {} elements is over the array size limit of {limit}",
-            t.numel()
+            "to_array: a tensor of shape {} makes {arrays} nested arrays and {numbers} numbers, {entries} array entries in all, over the array size limit of {limit}",
+            fmt_shape(shape)
         ))
         .script();
     }
+    // Each entry is a script value; each nested array also a boxed vector and its buffer.
+    let value = std::mem::size_of::<Dynamic>() as u64;
+    let array = std::mem::size_of::<Array>() as u64 + 2 * HEAP_BLOCK;
+    let bytes = entries * value + arrays * array;
+    let what = format!("to_array of a tensor of shape {}", fmt_shape(shape));
+    let _building = ctx.budget.charge(bytes, what).script()?;
     Ok(nested(t))
 }
 
