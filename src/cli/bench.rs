@@ -7,6 +7,7 @@
 //! `--set name=value`.
 
 use crate::backend::{Backend, GradSync, RunOptions};
+use crate::codegen::PlanPrograms;
 use crate::codegen::{MatmulOptions, MatmulPrecision, Target};
 use crate::cpu::CpuBackend;
 use crate::dist::Communicator;
@@ -19,11 +20,12 @@ use crate::graph::{
 };
 use crate::plan::picture::{self, Phases};
 use crate::plan::report::PlanReport;
-use crate::plan::{plan, PlanOptions};
+use crate::plan::{plan, Plan, PlanOptions};
 use crate::rng::Rng;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
 use crate::tensor::{DType, Tensor};
+use crate::Source;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Instant;
@@ -49,8 +51,9 @@ pub struct ModelSpec {
     pub remat_matmuls: bool,
 }
 
-/// Lower the model of `spec` and extend it into a training step.
-pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
+/// Lower the model of `spec` and extend it into a training step; the model file's source, for
+/// the positions of later errors (the planner's and the code generator's point at an op).
+pub fn training_step(spec: &ModelSpec) -> Result<(TrainGraph, Arc<Source>)> {
     let src = crate::files::read_source(std::path::Path::new(&spec.file))?;
     // A `.rms` file may be a script with model blocks in it; only the blocks matter here.
     let module = if spec.file.ends_with(".rms") { dsl::load_rms(&src) } else { dsl::load(&src) }
@@ -72,10 +75,25 @@ pub fn training_step(spec: &ModelSpec) -> Result<TrainGraph> {
         bindings.push((k.as_str(), value));
     }
     let mut g = dsl::lower(&module, &name, &bindings, None).map_err(|e| e.in_source(&src))?;
-    let loss = cross_entropy_on_first_output(&mut g)?;
+    let loss = cross_entropy_on_first_output(&mut g).map_err(|e| e.in_source(&src))?;
     let cfg = OptimConfig::new(Optimizer::adamw());
     let opts = TrainOptions { remat: !spec.no_remat, remat_matmuls: spec.remat_matmuls };
-    training_graph_with(g, loss, &cfg, opts)
+    Ok((training_graph_with(g, loss, &cfg, opts).map_err(|e| e.in_source(&src))?, src))
+}
+
+/// The training step of `spec` planned and compiled for `target`, errors at their op in the
+/// model file.
+fn compiled(
+    spec: &ModelSpec,
+    fusion: bool,
+    target: &Target,
+) -> Result<(TrainGraph, Plan, PlanPrograms)> {
+    let (t, src) = training_step(spec)?;
+    let at = |e: crate::Error| e.in_source(&src);
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })
+        .map_err(at)?;
+    let programs = crate::codegen::compile(&t.graph, &p, target).map_err(at)?;
+    Ok((t, p, programs))
 }
 
 fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
@@ -107,10 +125,8 @@ pub fn plan_command(
     as_json: bool,
     precision: Option<MatmulPrecision>,
 ) -> Result<String> {
-    let t = training_step(spec)?;
-    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
     let target = plan_target(precision)?;
-    let programs = crate::codegen::compile(&t.graph, &p, &target)?;
+    let (t, p, programs) = compiled(spec, fusion, &target)?;
     let dispatches = programs.all().count();
     let mut r = PlanReport::new(&t.graph, &p, dispatches, programs.scratch_bytes());
     let mut matmuls = Vec::new();
@@ -139,9 +155,8 @@ pub fn plan_svg(
     out: &std::path::Path,
 ) -> Result<()> {
     crate::files::check_output("--svg", out, "the model file", std::path::Path::new(&spec.file))?;
-    let t = training_step(spec)?;
-    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    let scratch = crate::codegen::compile(&t.graph, &p, &plan_target(precision)?)?.scratch_bytes();
+    let (t, p, programs) = compiled(spec, fusion, &plan_target(precision)?)?;
+    let scratch = programs.scratch_bytes();
     let phases = Phases { backward_start: t.backward_start, update_start: t.update_start };
     let layout = picture::layout(&t.graph, &p, phases, scratch);
     let title = format!(
@@ -161,9 +176,7 @@ pub fn plan_wgsl(
     kernel: Option<usize>,
     precision: Option<MatmulPrecision>,
 ) -> Result<String> {
-    let t = training_step(spec)?;
-    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })?;
-    crate::codegen::compile(&t.graph, &p, &plan_target(precision)?)?.listing(kernel)
+    compiled(spec, fusion, &plan_target(precision)?)?.2.listing(kernel)
 }
 
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'
@@ -373,7 +386,7 @@ pub fn bench_model(
         return Err(err!(Usage, "--steps must be from 1 to {max} and --warmup from 0 to {max}"));
     }
     let start = Instant::now();
-    let t = training_step(spec)?;
+    let (t, src) = training_step(spec)?;
     let numel = |id: NodeId| t.graph.shape(id).iter().map(|&d| d as u128).product::<u128>();
     let params = t.graph.parameters().iter().map(|&(id, _)| numel(id)).sum::<u128>();
     // What the backend and the feeds will hold, against the default memory budget, so that a
@@ -398,7 +411,7 @@ pub fn bench_model(
             mode = b.matmul.precision;
             b.sync = sync;
             setup_ms = start.elapsed().as_secs_f64() * 1e3;
-            let p = b.plan_for(&[t.loss], true)?;
+            let p = b.plan_for(&[t.loss], true).map_err(|e| e.in_source(&src))?;
             report = Some(PlanReport::new(&t.graph, &p.plan, p.n_dispatches(), p.scratch_bytes));
             gpu_backend = Some(b);
         }
@@ -494,7 +507,8 @@ pub fn bench_model(
     let r = match report {
         Some(r) => r,
         None => {
-            let p = plan(&t.graph, &[t.loss], true, PlanOptions::default())?;
+            let p = plan(&t.graph, &[t.loss], true, PlanOptions::default())
+                .map_err(|e| e.in_source(&src))?;
             PlanReport::new(&t.graph, &p, 0, 0)
         }
     };

@@ -109,7 +109,7 @@ fn fill(template: &super::templates::Template, d: usize, extra: &[(&str, &str)])
     if d == 0 || d > MAX_WG * MAX_CPT {
         return Err(err!(
             Device,
-            "layer_norm: last axis of {d} is outside the supported 1..={}",
+            "layer_norm over a last axis of {d}: the GPU's LayerNorm kernels take 1 to {}; run this model on the CPU (--device cpu)",
             MAX_WG * MAX_CPT
         ));
     }

@@ -62,7 +62,12 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
             .filter(|&&id| !matches!(g.node(id).op, Op::Constant { .. }))
             .map(|&id| g.node(id).op.name())
             .collect();
-        let (programs, matmul) = kernel(g, plan, k, target)?;
+        // An error a kernel's code meets (a size no kernel takes) points at its op.
+        let span = k.fused.iter().map(|&id| g.node(id).span).find(|s| !s.is_none());
+        let (programs, matmul) = kernel(g, plan, k, target).map_err(|e| match span {
+            Some(s) => e.at(s),
+            None => e,
+        })?;
         out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs, matmul });
     }
     for (u, &(dst, value)) in plan.updates.iter().enumerate() {
@@ -94,8 +99,7 @@ fn kernel(
     let mut matmul_kernel = None;
     match &k.kind {
         KernelKind::MatMul { matmul, register } => {
-            if let Some((programs, tile)) =
-                matmul::lower(g, plan, k, (*matmul, *register), target)?
+            if let Some((programs, tile)) = matmul::lower(g, plan, k, (*matmul, *register), target)?
             {
                 return Ok((programs, Some(tile)));
             }

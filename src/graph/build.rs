@@ -53,14 +53,24 @@ impl Graph {
         if name.is_empty() {
             return Err(err!(Name, "{kind} name must not be empty").at(self.span));
         }
-        if self.named(name).is_some() {
-            return Err(err!(
+        let Some(existing) = self.named(name) else { return Ok(()) };
+        let node = self.node(existing);
+        let theirs = match node.op {
+            Op::Input { .. } => "input",
+            Op::Parameter { .. } => "parameter",
+            _ => "state",
+        };
+        let mut e = err!(Name, "duplicate name `{name}`: another input, parameter or state has it");
+        // A name rumus gives its own values, taken by the model: say which and what to do, at
+        // the model's declaration.
+        if name == crate::session::TARGET_INPUT || name.starts_with("optim.") {
+            e = err!(
                 Name,
-                "duplicate name `{name}`: another input, parameter or state has it"
-            )
-            .at(self.span));
+                "the model's {theirs} `{name}` takes a name rumus gives its own {kind} (`{}`: the labels a loss reads; `optim.`: the optimizer's state): rename it",
+                crate::session::TARGET_INPUT
+            );
         }
-        Ok(())
+        Err(e.at(if node.span.is_none() { self.span } else { node.span }))
     }
 
     // ---- sources ----

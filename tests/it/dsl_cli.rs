@@ -64,3 +64,50 @@ fn a_mistake_exits_1_with_the_rendered_error() {
     let (code, _, _) = rumus(&["graph"]);
     assert_eq!(code, 2);
 }
+
+/// Found by the hostile-input audit: an error of the planner or the code generator (here a
+/// LayerNorm wider than the GPU kernels take) named no place and no way out.
+#[test]
+fn a_plan_error_points_at_its_op_and_says_what_to_do() {
+    let dir = crate::common::ScratchDir::new("cli-plan");
+    let path = dir.join("wide.rms");
+    std::fs::write(
+        &path,
+        "model m(x: f32[B, 10000], B = 2) {\n    return layer_norm(x) as ln\n}\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (code, _, err) = rumus(&["plan", p]);
+    assert_eq!(code, 1);
+    let message = "layer_norm over a last axis of 10000: the GPU's LayerNorm kernels take 1 to 8192; run this model on the CPU (--device cpu)";
+    assert_eq!(err, format!("{p}:2:12: {message}\n        return layer_norm(x) as ln\n               ^^^^^^^^^^^^^^^^^^^\n"));
+}
+
+/// Found by the hostile-input audit: a model input named `target`, or a parameter under a block
+/// called `optim`, took a name rumus gives its own values and failed as "duplicate name" at the
+/// script's `compile`. The error is at the model's declaration and says which name is reserved.
+#[test]
+fn a_model_value_with_a_name_rumus_uses_itself_is_refused_at_its_declaration() {
+    let dir = crate::common::ScratchDir::new("cli-reserved");
+    let cases = [
+        (
+            "model m(x: f32[B, 4], target: f32[B, 4], B = 2) {\n    return linear(x + target, 3)\n}\n",
+            "1:23: the model's input `target` takes a name rumus gives its own input",
+            "    model m(x: f32[B, 4], target: f32[B, 4], B = 2) {\n                          ^^^^^^\n",
+        ),
+        (
+            "block optim(x) {\n    param step[1] = zeros\n    return x * step\n}\nmodel m(x: f32[B, 4], B = 2) {\n    return linear(optim(x) as optim, 3)\n}\n",
+            "2:5: the model's parameter `optim.step` takes a name rumus gives its own state",
+            "        param step[1] = zeros\n        ^^^^^^^^^^^^^^^^^^^^^\n",
+        ),
+    ];
+    let why = "(`target`: the labels a loss reads; `optim.`: the optimizer's state): rename it";
+    for (i, (model, at, shown)) in cases.iter().enumerate() {
+        let path = dir.join(format!("reserved{i}.rms"));
+        std::fs::write(&path, model).unwrap();
+        let p = path.to_str().unwrap();
+        let (code, _, err) = rumus(&["plan", p]);
+        assert_eq!(code, 1);
+        assert_eq!(err, format!("{p}:{at} {why}\n{shown}"));
+    }
+}

@@ -733,7 +733,7 @@ fn rumus_plan_svg_draws_each_value_and_the_peak() {
         no_remat: false,
         remat_matmuls: false,
     };
-    let t = rumus::cli::bench::training_step(&spec).unwrap();
+    let (t, _) = rumus::cli::bench::training_step(&spec).unwrap();
     let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
     let arenas: Vec<usize> = p.buffers.iter().filter_map(|b| b.within.map(|w| w.0)).collect();
     let values: Vec<_> = p.values.iter().filter(|v| !arenas.contains(&v.buffer)).collect();
