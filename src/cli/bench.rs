@@ -66,7 +66,10 @@ pub fn training_step(spec: &ModelSpec) -> Result<(TrainGraph, Arc<Source>)> {
         },
     };
     let mut bindings = Vec::new();
-    for (k, v) in &spec.sets {
+    for (i, (k, v)) in spec.sets.iter().enumerate() {
+        if let Some((_, first)) = spec.sets[..i].iter().find(|(name, _)| name == k) {
+            return Err(err!(Usage, "--set {k} is given twice ({first} and {v}): give it once"));
+        }
         let value = match (v.parse::<i64>(), v.parse::<f64>()) {
             (Ok(i), _) => Value::Int(i),
             (_, Ok(f)) if f.is_finite() => Value::Float(f),

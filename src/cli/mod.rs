@@ -33,6 +33,7 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
         Parsed::Print(text) => return print_text(&text),
         Parsed::Command(c) => c,
     };
+    check_settings()?;
     match command {
         Command::Run(a) => {
             let world = World::init()?;
@@ -127,6 +128,18 @@ fn host_options(a: HostArgs) -> Result<HostOptions> {
 }
 
 /// `--device`, else `RUMUS_DEVICE` (named in its error), else `auto`.
+/// The `RUMUS_*` settings of the GPU path, checked before any command runs: a value a setting
+/// does not know is the same usage error on every machine and for every command, not only
+/// where (and when) the setting is read (a CPU-only run never read `RUMUS_PIPELINE_CACHE`).
+/// `RUMUS_DEVICE` is the exception: `--device` overrides it, so it is checked where no flag
+/// does.
+fn check_settings() -> Result<()> {
+    crate::codegen::MatmulOptions::from_env()?;
+    crate::runtime::pipeline_cache::enabled()?;
+    crate::runtime::exchange::staged_requested()?;
+    Ok(())
+}
+
 fn device(flag: Option<DeviceChoice>) -> Result<DeviceChoice> {
     flag.map_or_else(DeviceChoice::from_env, Ok)
 }

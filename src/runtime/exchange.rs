@@ -399,7 +399,7 @@ impl Exchange {
 /// `host-shared` leave the choice to the machine, and anything else is a usage error (a
 /// mistyped value used to be ignored). Read where ranks agree on the exchange; every rank of
 /// a job has the same environment, so all refuse alike.
-fn staged_requested() -> Result<bool> {
+pub(crate) fn staged_requested() -> Result<bool> {
     parse_exchange(crate::error::env_text("RUMUS_EXCHANGE")?.as_deref())
 }
 

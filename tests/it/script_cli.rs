@@ -587,6 +587,34 @@ fn resource_sized_options_are_checked_against_memory_before_allocating() {
     }
 }
 
+/// Found by the hostile-input audit: `--set B=2 --set B=3` kept the last value without a word.
+#[test]
+fn a_setting_given_twice_is_refused() {
+    let expected = "--set B is given twice (2 and 3): give it once";
+    check(&["plan", "scripts/bench/mlp.rms", "--set", "B=2", "--set", "B=3"], &[], (2, expected));
+}
+
+/// Found by the hostile-input audit: on a machine without a GPU (or with `--device cpu`) the GPU
+/// path's settings were never read, so a mistyped value passed unseen where the README says it
+/// is refused. Every command refuses it, on every machine.
+#[test]
+fn the_gpu_settings_are_checked_by_every_command_on_every_machine() {
+    let ok = script("ok.rms", "print(1 + 1);\n");
+    let cases = [
+        ("RUMUS_PIPELINE_CACHE", "maybe", "RUMUS_PIPELINE_CACHE: `maybe` is neither `on` nor `off`"),
+        ("RUMUS_EXCHANGE", "foo", "RUMUS_EXCHANGE: `foo` is neither `staged` nor `host-shared`"),
+        (
+            "RUMUS_MATMUL_TILE",
+            "zz",
+            "RUMUS_MATMUL_TILE: `zz` is none of large, small, register, register8, simt, dot",
+        ),
+    ];
+    for (name, value, expected) in cases {
+        check(&["run", &ok, "--device", "cpu"], &[(name, value)], (2, expected));
+        check(&["graph", "scripts/gpt.rms", "--params"], &[(name, value)], (2, expected));
+    }
+}
+
 #[test]
 fn device_from_the_environment_is_named_as_such() {
     let ok = script("ok.rms", "print(1 + 1);\n");
