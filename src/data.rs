@@ -292,22 +292,31 @@ pub fn rank_batches(
     ranks: usize,
     keep_last: bool,
 ) -> Vec<&[usize]> {
+    rank_batch_rows(order, size, rank, ranks, keep_last).collect()
+}
+
+/// The batches of [`rank_batches`] one at a time, so that a caller can count them and charge
+/// what it will build from them before it builds any (the list of a large data set at batch
+/// size 1 is as long as the data set).
+pub fn rank_batch_rows(
+    order: &[usize],
+    size: usize,
+    rank: usize,
+    ranks: usize,
+    keep_last: bool,
+) -> impl Iterator<Item = &[usize]> + Clone {
     let global = size.saturating_mul(ranks).max(1);
-    let mut out = Vec::new();
-    for rows in order.chunks(global) {
+    order.chunks(global).filter_map(move |rows| {
         let m = rows.len();
         let share = if m == global {
             &rows[rank * size..(rank + 1) * size]
         } else if keep_last {
             &rows[rank * m / ranks..(rank + 1) * m / ranks]
         } else {
-            continue;
+            return None;
         };
-        if !share.is_empty() {
-            out.push(share);
-        }
-    }
-    out
+        (!share.is_empty()).then_some(share)
+    })
 }
 
 /// `0..n` shuffled by `seed`.

@@ -5,10 +5,10 @@
 
 use super::super::convert::{script_err, to_u64, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::Ctx;
-use super::tensor::ScriptTensor;
+use super::tensor::{self, held_bytes, ScriptTensor, HEAP_BLOCK};
 use crate::data::{self, CsvOptions, Dataset, Header, Labels};
 use crate::memory::Charge;
-use crate::tensor::fmt_shape;
+use crate::tensor::{fmt_shape, Tensor};
 use rhai::{Array, Dynamic, Engine, Map, INT};
 use std::sync::Arc;
 
@@ -40,28 +40,29 @@ impl ScriptDataset {
         self.x.tensor().shape().first().copied().unwrap_or(0)
     }
 
-    /// A dataset read by a loader, whose charge covers its tensors and names.
-    fn from_loaded(d: Dataset, mut charge: Charge) -> ScriptDataset {
+    /// A dataset read by a loader, whose charge covers its tensors' elements and its names;
+    /// the rest of what the two script tensors hold is charged here, before they are made.
+    fn from_loaded(d: Dataset, mut charge: Charge) -> ScriptResult<ScriptDataset> {
         let (x, y, names) = d.into_parts();
-        let cx = charge.split_off(x.bytes());
-        let cy = charge.split_off(y.bytes());
-        ScriptDataset {
+        let mut held = |t: &Tensor| -> ScriptResult<Charge> {
+            let mut c = charge.split_off(t.bytes());
+            c.resize(held_bytes(t.shape()), tensor::what(t.shape())).script()?;
+            Ok(c)
+        };
+        let (cx, cy) = (held(&x)?, held(&y)?);
+        Ok(ScriptDataset {
             x: ScriptTensor::new(x, cx),
             y: ScriptTensor::new(y, cy),
             classes: Arc::new(Classes { names, _charge: charge }),
-        }
+        })
     }
 
     /// The examples at `rows` (in that order), charged before they are copied.
     fn select(&self, ctx: &Ctx, rows: &[usize]) -> ScriptResult<ScriptDataset> {
         let pick = |t: &ScriptTensor| -> ScriptResult<ScriptTensor> {
-            let t = t.tensor();
-            let row_bytes = t.bytes() / t.shape()[0].max(1) as u64;
-            let mut shape = t.shape().to_vec();
-            shape[0] = rows.len();
-            let what = format!("a tensor of shape {}", fmt_shape(&shape));
-            let charge = ctx.budget.charge(row_bytes * rows.len() as u64, what).script()?;
-            Ok(ScriptTensor::new(data::gather_rows(t, rows).script()?, charge))
+            let shape = rows_shape(t, rows.len());
+            let charge = ctx.budget.charge(held_bytes(&shape), tensor::what(&shape)).script()?;
+            Ok(ScriptTensor::new(data::gather_rows(t.tensor(), rows).script()?, charge))
         };
         Ok(ScriptDataset { x: pick(&self.x)?, y: pick(&self.y)?, classes: self.classes.clone() })
     }
@@ -73,6 +74,22 @@ impl ScriptDataset {
         Ok((data::shuffled(n, to_u64(seed, "seed")?), charge))
     }
 }
+
+/// The shape of `n` rows of `t`.
+fn rows_shape(t: &ScriptTensor, n: usize) -> Vec<usize> {
+    let mut shape = t.tensor().shape().to_vec();
+    if let Some(first) = shape.first_mut() {
+        *first = n;
+    }
+    shape
+}
+
+/// What a batch holds besides its two tensors: its slot in the array of batches, and the
+/// script value's two boxes around the batch (rhai boxes a custom type twice).
+const BATCH_OVERHEAD: u64 = (std::mem::size_of::<Dynamic>()
+    + std::mem::size_of::<Box<dyn std::any::Any>>()
+    + std::mem::size_of::<ScriptBatch>()) as u64
+    + 2 * HEAP_BLOCK;
 
 /// Register `Dataset`, `Batch` and the loaders.
 pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
@@ -151,7 +168,10 @@ pub fn describe(d: &ScriptDataset) -> String {
 
 /// Shuffled batches; only full ones unless `keep_last` (compiled models have a fixed batch).
 /// In a data-parallel job each rank takes its share of each global batch of `size × ranks`
-/// ([`data::rank_batches`]).
+/// ([`data::rank_batches`]). Everything the list holds (each batch's tensors with their
+/// overhead, the batch values, the array) is counted against the array size limit and charged
+/// to the memory budget before any of it is built: a batch of one row costs a few hundred bytes,
+/// not the 8 of its elements.
 fn batches(
     ctx: &Ctx,
     d: &ScriptDataset,
@@ -165,10 +185,30 @@ fn batches(
     }
     let (order, _held) = d.order(ctx, seed)?;
     let (rank, ranks) = (ctx.comm.rank(), ctx.comm.world_size());
-    let mut out = Array::new();
-    for rows in data::rank_batches(&order, size, rank, ranks, keep_last) {
-        let b = d.select(ctx, rows)?;
-        out.push(Dynamic::from(ScriptBatch { x: b.x, y: b.y }));
+    let parts = data::rank_batch_rows(&order, size, rank, ranks, keep_last);
+    let count = parts.clone().count();
+    let limit = ctx.sandbox.max_array_size;
+    if limit > 0 && count > limit {
+        return Err(crate::err!(
+            Limit,
+            "batches: batch size {size} makes {count} batches, over the array size limit of {limit}: use larger batches"
+        ))
+        .script();
+    }
+    let held = |t: &ScriptTensor, rows: &[usize]| held_bytes(&rows_shape(t, rows.len()));
+    let cost = |rows: &[usize]| held(&d.x, rows) + held(&d.y, rows) + BATCH_OVERHEAD;
+    let bytes = parts.clone().map(cost).fold(0u64, u64::saturating_add);
+    let what = format!("a list of {count} batches");
+    let mut charge = ctx.budget.charge(bytes, what).script()?;
+    let mut out = Array::with_capacity(count);
+    for rows in parts {
+        // Each tensor takes its part of the charge; the batch's own bytes go with its x.
+        let take = |t: &ScriptTensor, charge: Charge| -> ScriptResult<ScriptTensor> {
+            Ok(ScriptTensor::new(data::gather_rows(t.tensor(), rows).script()?, charge))
+        };
+        let x = take(&d.x, charge.split_off(held(&d.x, rows) + BATCH_OVERHEAD))?;
+        let y = take(&d.y, charge.split_off(held(&d.y, rows)))?;
+        out.push(Dynamic::from(ScriptBatch { x, y }));
     }
     Ok(out)
 }
@@ -191,7 +231,7 @@ fn csv(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
     };
     let mut charge = ctx.budget.empty();
     let d = data::read_csv(&p, &opts, &mut charge).script()?;
-    Ok(ScriptDataset::from_loaded(d, charge))
+    ScriptDataset::from_loaded(d, charge)
 }
 
 fn text(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
@@ -205,5 +245,5 @@ fn text(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
     drop(bytes);
     let held = d.x().bytes() + d.y().bytes();
     charge.resize(held, "").script()?;
-    Ok(ScriptDataset::from_loaded(d, charge))
+    ScriptDataset::from_loaded(d, charge)
 }

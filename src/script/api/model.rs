@@ -6,7 +6,7 @@
 
 use super::super::convert::{script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult};
 use super::super::{lock, Ctx, Event};
-use super::tensor::ScriptTensor;
+use super::tensor::{held_bytes, ScriptTensor};
 use crate::checkpoint::{self, torch};
 use crate::dsl::ast::{DimPat, SigParam};
 use crate::dsl::{self, Module, Value};
@@ -273,7 +273,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         let tr = t.lock().script()?;
         // Charged before the copy is read; a name that is no parameter charges nothing.
         let shape = tr.graph().persistent_named(name).map(|id| tr.graph().shape(id).to_vec());
-        let bytes = shape.as_deref().map_or(0, |s| s.iter().product::<usize>() as u64 * 4);
+        let bytes = shape.as_deref().map_or(0, held_bytes);
         let what = format!("a copy of parameter `{name}`");
         let charge = c.budget.charge(bytes, what).script()?;
         Ok::<_, Box<rhai::EvalAltResult>>(ScriptTensor::new(tr.parameter(name).script()?, charge))

@@ -33,7 +33,8 @@ impl PartialEq for ScriptTensor {
 }
 
 impl ScriptTensor {
-    /// A tensor whose bytes `charge` covers (charged before the tensor was allocated).
+    /// A tensor whose bytes `charge` covers: [`held_bytes`] of its shape, charged before the
+    /// tensor was allocated.
     pub fn new(tensor: Tensor, charge: Charge) -> ScriptTensor {
         ScriptTensor(Arc::new(Held { tensor, _charge: charge }))
     }
@@ -41,13 +42,24 @@ impl ScriptTensor {
     /// Charge an existing tensor (one allocated under a charge of its own that ends now, such
     /// as a model's output) to `budget`.
     pub fn adopt(budget: &Budget, tensor: Tensor) -> crate::Result<ScriptTensor> {
-        let charge = budget.charge(tensor.bytes(), what(tensor.shape()))?;
+        let charge = budget.charge(held_bytes(tensor.shape()), what(tensor.shape()))?;
         Ok(ScriptTensor::new(tensor, charge))
     }
 
     pub fn tensor(&self) -> &Tensor {
         &self.0.tensor
     }
+}
+
+/// The bytes a script tensor of `shape` holds, what its charge covers: its elements, and
+/// besides them the shared block (reference counts, the tensor's vectors, its charge), its
+/// shape's buffer, and a heap block's rounding for each of those three allocations. A script
+/// that makes millions of small tensors (the batches of a large data set at batch size 1) is
+/// charged what they really take, not 4 bytes each.
+pub fn held_bytes(shape: &[usize]) -> u64 {
+    let numel = shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+    let header = (2 * std::mem::size_of::<usize>() + std::mem::size_of::<Held>()) as u64;
+    numel.saturating_mul(4).saturating_add(header + 3 * HEAP_BLOCK + 8 * shape.len() as u64)
 }
 
 /// How a tensor is named in an over-budget error.
@@ -63,7 +75,7 @@ pub(super) fn alloc(
     fill: impl FnOnce(usize) -> ScriptResult<TensorData>,
 ) -> ScriptResult<ScriptTensor> {
     let n = checked_shape(shape).script()?;
-    let charge = ctx.budget.charge(n as u64 * 4, what(shape)).script()?;
+    let charge = ctx.budget.charge(held_bytes(shape), what(shape)).script()?;
     let t = Tensor::new(shape, fill(n)?).script()?;
     Ok(ScriptTensor::new(t, charge))
 }
@@ -76,13 +88,14 @@ pub const MAX_SCRIPT_DIM: u64 = MAX_DIM as u64;
 /// The element count of a script tensor of `shape`, or an error when a dimension is over
 /// [`MAX_SCRIPT_DIM`] or the shape over the element or rank limit ([`checked_numel`]).
 pub fn checked_shape(shape: &[usize]) -> crate::Result<usize> {
+    let n = checked_numel(shape)?;
     if let Some(&d) = shape.iter().find(|&&d| d as u64 > MAX_SCRIPT_DIM) {
         return Err(crate::Error::shape(format!(
             "shape {}: dimension {d} is over the limit of {MAX_SCRIPT_DIM} (2^31), the largest the model language accepts",
             fmt_shape(shape)
         )));
     }
-    checked_numel(shape)
+    Ok(n)
 }
 
 /// The smallest block a heap allocation takes, and the most an allocator rounds one up: what a
