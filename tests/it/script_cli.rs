@@ -601,7 +601,11 @@ fn a_setting_given_twice_is_refused() {
 fn the_gpu_settings_are_checked_by_every_command_on_every_machine() {
     let ok = script("ok.rms", "print(1 + 1);\n");
     let cases = [
-        ("RUMUS_PIPELINE_CACHE", "maybe", "RUMUS_PIPELINE_CACHE: `maybe` is neither `on` nor `off`"),
+        (
+            "RUMUS_PIPELINE_CACHE",
+            "maybe",
+            "RUMUS_PIPELINE_CACHE: `maybe` is neither `on` nor `off`",
+        ),
         ("RUMUS_EXCHANGE", "foo", "RUMUS_EXCHANGE: `foo` is neither `staged` nor `host-shared`"),
         (
             "RUMUS_MATMUL_TILE",
