@@ -132,9 +132,11 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    /// An error unless every rate and factor is a finite number >= 0 (a NaN factor would turn
-    /// every later learning rate into NaN).
-    pub fn check(&self) -> Result<()> {
+    /// An error unless the schedule's settings are consistent with the base rate `lr`: every
+    /// rate and factor a finite number >= 0 (a NaN factor would turn every later learning rate
+    /// into NaN), a cosine's `min_lr` at most `lr` (it decays from `lr` to `min_lr`) and its
+    /// warm-up no longer than `total`.
+    pub fn check(&self, lr: f32) -> Result<()> {
         let (what, v) = match *self {
             Schedule::Constant => return Ok(()),
             Schedule::Step { gamma, .. } => ("step_lr: gamma", gamma),
@@ -143,25 +145,78 @@ impl Schedule {
         if !(v.is_finite() && v >= 0.0) {
             return Err(err!(InvalidArgument, "{what} must be a finite number >= 0, got {v}"));
         }
+        if let Schedule::Cosine { warmup, total, min_lr } = *self {
+            if min_lr > lr {
+                return Err(err!(
+                    InvalidArgument,
+                    "cosine: min_lr {} is above the learning rate {}: the schedule decays from the learning rate down to min_lr; give a smaller min_lr or a larger lr",
+                    show(min_lr),
+                    show(lr)
+                ));
+            }
+            if warmup > total {
+                return Err(err!(
+                    InvalidArgument,
+                    "cosine: warmup {warmup} is longer than total {total}: the rate warms up over the first `warmup` steps and reaches min_lr at step `total`; give a total of at least {warmup}"
+                ));
+            }
+        }
         Ok(())
     }
 
-    /// The learning rate for (0-based) step `step` with base rate `lr`.
-    pub fn lr_at(&self, lr: f32, step: u64) -> f32 {
-        match *self {
-            Schedule::Constant => lr,
+    /// The learning rate for (0-based) step `step` with base rate `lr`, computed in f64 (as
+    /// PyTorch computes schedules) and rounded once to f32, the type the step is fed. An error
+    /// naming the schedule and the step when it is not a finite f32 (a `gamma` above 1 grows
+    /// the rate past f32's range), never an infinite rate that turns the model into NaN.
+    pub fn lr_at(&self, lr: f32, step: u64) -> Result<f32> {
+        let base = f64::from(lr);
+        let (rate, name) = match *self {
+            Schedule::Constant => (base, "the constant schedule"),
             Schedule::Step { every, gamma } => {
-                lr * gamma.powi((step / every.max(1)).min(i32::MAX as u64) as i32)
+                let decays = (step / every.max(1)).min(i32::MAX as u64) as i32;
+                // 0 × an overflowed power would be NaN; a rate of 0 stays 0.
+                let rate = if lr == 0.0 { 0.0 } else { base * f64::from(gamma).powi(decays) };
+                (rate, "step_lr")
             }
             Schedule::Cosine { warmup, total, min_lr } => {
-                if step < warmup {
-                    return lr * (step + 1) as f32 / warmup as f32;
-                }
-                let span = total.saturating_sub(warmup).max(1);
-                let t = (step - warmup).min(span) as f32 / span as f32;
-                min_lr + 0.5 * (lr - min_lr) * (1.0 + (std::f32::consts::PI * t).cos())
+                let rate = if step < warmup {
+                    base * (step + 1) as f64 / warmup as f64
+                } else {
+                    let span = total.saturating_sub(warmup).max(1);
+                    let t = (step - warmup).min(span) as f64 / span as f64;
+                    let min = f64::from(min_lr);
+                    min + 0.5 * (base - min) * (1.0 + (std::f64::consts::PI * t).cos())
+                };
+                (rate, "cosine")
             }
+        };
+        match crate::num::f32_of(rate) {
+            Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+            _ => Err(match *self {
+                Schedule::Step { every, gamma } => err!(
+                    InvalidArgument,
+                    "step_lr: the learning rate for step {step}, lr {} × gamma {}^{}, is beyond f32's range (about 3.4e38): use a gamma of at most 1, or a larger `every`",
+                    show(lr),
+                    show(gamma),
+                    step / every.max(1)
+                ),
+                _ => err!(
+                    InvalidArgument,
+                    "{name}: the learning rate for step {step} is {}, not a finite f32 >= 0",
+                    crate::num::show(rate)
+                ),
+            }),
         }
+    }
+}
+
+/// An f32 setting for a message: as written for everyday magnitudes, in exponent form for
+/// very large or very small ones.
+fn show(v: f32) -> String {
+    if v == 0.0 || !v.is_finite() || (1e-4..1e16).contains(&v.abs()) {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
     }
 }
 
@@ -250,7 +305,7 @@ impl Model {
                 cfg.lr
             ));
         }
-        cfg.schedule.check()?;
+        cfg.schedule.check(cfg.lr)?;
         let mut g = self.instantiate(&cfg.dims)?;
         let loss = attach_loss(&mut g, &cfg.loss)?;
         let train = training_graph_with(g, loss, &cfg.optimizer, cfg.remat)?;
@@ -464,8 +519,9 @@ impl Trainer {
         &self.cfg.budget
     }
 
-    /// The learning rate the next step will use.
-    pub fn current_lr(&self) -> f32 {
+    /// The learning rate the next step will use; an error when the schedule gives one that is
+    /// not a finite f32 ([`Schedule::lr_at`]).
+    pub fn current_lr(&self) -> Result<f32> {
         self.cfg.schedule.lr_at(self.cfg.lr, self.step)
     }
 
@@ -496,7 +552,7 @@ impl Trainer {
     pub fn train_step(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
         let g = &self.train.graph;
         let mut feeds = resolve_feeds(g, inputs)?;
-        let mut host = self.train.optim.host_feeds(self.current_lr(), self.step);
+        let mut host = self.train.optim.host_feeds(self.current_lr()?, self.step);
         host.extend(self.train.optim.micro_batch_feed(self.micro));
         feeds.extend(host.iter().map(|(id, t)| (*id, t)));
         let k = self.accumulate();

@@ -393,3 +393,69 @@ fn out_of_range_arguments_are_errors_not_wrong_answers() {
     }
     check("print(tensor(5..3).shape);", "[0]\n");
 }
+
+/// Found by the hostile-input audit: `step_lr(#{ every: 1, gamma: 1e30 })` drove `net.lr` to
+/// inf and the loss to NaN, and the run exited 0; `cosine` took a `min_lr` above the learning
+/// rate. Every schedule's rate is checked where it is computed, as a finite f32 (what `net.lr =`
+/// accepts), and inconsistent settings are refused at `compile`.
+#[test]
+fn schedules_give_finite_learning_rates_or_an_error_naming_the_step() {
+    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }
+        let x = zeros([1, 2]); let y = zeros([1, 3]);\n";
+    let over = "step_lr: the learning rate for step 2, lr 0.001 × gamma 1e30^2, is beyond f32's \
+                range (about 3.4e38): use a gamma of at most 1, or a larger `every`";
+    check(
+        &format!(
+            "{M}let n = m().compile(#{{ loss: \"mse\", schedule: step_lr(#{{ every: 1, gamma: 1e30 }}) }});
+             for i in 0..5 {{ print(n.step); n.train_step(x, y); }}"
+        ),
+        &format!("0\n1\n2\nerror: {over}\n"),
+    );
+    check(
+        &format!(
+            "{M}let n = m().compile(#{{ loss: \"mse\", schedule: step_lr(#{{ gamma: 1e30 }}) }});
+             n.train_step(x, y); n.train_step(x, y); print(n.step); n.lr"
+        ),
+        &format!("2\nerror: {over}\n"),
+    );
+    // A rate of 0 stays 0, and a gamma below 1 decays toward 0, for as long as it runs.
+    check(
+        &format!(
+            "{M}let n = m().compile(#{{ loss: \"mse\", lr: 0, schedule: step_lr(#{{ gamma: 1e30 }}) }});
+             for i in 0..40 {{ n.train_step(x, y); }} print(n.lr);
+             let n = m().compile(#{{ loss: \"mse\", lr: 1, schedule: step_lr(#{{ gamma: 1e-30 }}) }});
+             for i in 0..3 {{ n.train_step(x, y); }} print(n.lr);"
+        ),
+        "0.0\n0.0\n",
+    );
+    let cases = [
+        (
+            "m().compile(#{ schedule: cosine(#{ total: 10, min_lr: 3e38 }) })",
+            "cosine: min_lr 3e38 is above the learning rate 0.001: the schedule decays from the \
+             learning rate down to min_lr; give a smaller min_lr or a larger lr",
+        ),
+        (
+            "m().compile(#{ lr: 0.01, schedule: cosine(#{ total: 10, min_lr: 0.1 }) })",
+            "cosine: min_lr 0.1 is above the learning rate 0.01: the schedule decays from the \
+             learning rate down to min_lr; give a smaller min_lr or a larger lr",
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ warmup: 20, total: 10 }) })",
+            "cosine: warmup 20 is longer than total 10: the rate warms up over the first `warmup` \
+             steps and reaches min_lr at step `total`; give a total of at least 20",
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    // A cosine from the largest rate f32 holds stays within it, warm-up included.
+    check(
+        &format!(
+            "{M}let n = m().compile(#{{ loss: \"mse\", optimizer: sgd(#{{ lr: 3e38 }}),
+                schedule: cosine(#{{ warmup: 4, total: 8, min_lr: 3e38 }}) }});
+             let rates = []; for i in 0..10 {{ rates.push(n.lr / 3e38); n.train_step(x, y); }}
+             print(rates.map(|r| (r * 100.0).round() / 100.0));"
+        ),
+        "[0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]\n",
+    );
+}

@@ -254,7 +254,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         Ok(t.lock().script()?.step() as INT)
     });
     engine.register_get("lr", |t: &mut ScriptTrainer| -> ScriptResult<FLOAT> {
-        Ok(t.lock().script()?.current_lr() as FLOAT)
+        Ok(t.lock().script()?.current_lr().script()? as FLOAT)
     });
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: FLOAT| set_lr(t, lr));
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: INT| set_lr(t, lr as FLOAT));
@@ -349,7 +349,7 @@ fn train_step(
 ) -> ScriptResult<FLOAT> {
     let feeds: Vec<(&str, &Tensor)> = feeds.iter().map(|(n, v)| (n.as_str(), v.tensor())).collect();
     let mut tr = t.lock().script()?;
-    let lr = tr.current_lr();
+    let lr = tr.current_lr().script()?;
     let loss = tr.train_step(&feeds).script()?;
     let (step, update) = (tr.step(), (tr.micro_batch() == 0).then(|| tr.update_loss()));
     drop(tr); // the event sink may use the trainer
