@@ -278,10 +278,6 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
         ("m().compile(#{ lr: 1e39 })", format!("compile: `lr`: 1e39 {f32_range}")),
         ("m().compile(#{ clip: -1e40 })", format!("compile: `clip`: -1e40 {f32_range}")),
         (
-            "m().compile(#{ dims: #{ B: -3 } })",
-            "compile: dimension `B` must be an integer >= 0, got -3".into(),
-        ),
-        (
             "m().compile(#{ optimizer: adam(#{ betas: 0.9 }) })",
             "adam: unknown setting `betas` (settings: type, lr, beta1, beta2, eps, weight_decay, groups)"
                 .into(),
@@ -457,5 +453,76 @@ fn schedules_give_finite_learning_rates_or_an_error_naming_the_step() {
              print(rates.map(|r| (r * 100.0).round() / 100.0));"
         ),
         "[0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]\n",
+    );
+}
+
+/// Found by the hostile-input audit: `compile(#{ dims: #{ B: 3, T: 4, hidden: 100 } })` dropped
+/// `B` (the batch stayed 1, and the next call failed on a confusing shape) and ignored `hidden`
+/// without a word; a top-level `lr` and the optimizer's `lr` silently gave way to one another,
+/// and `ignore_index` was ignored by losses other than cross-entropy. Each is an error that says
+/// what to write instead.
+#[test]
+fn compile_refuses_settings_it_would_ignore_or_that_conflict() {
+    const M: &str = "model m(x: f32[B, T, 2], hidden = 8) { return linear(x, hidden) }
+        model k(x: f32[B, 2]) { return linear(x, 3) }\n";
+    let valid = "(the dimensions of model `m`'s inputs: T)";
+    let cases = [
+        (
+            "m().compile(#{ dims: #{ B: 3, T: 4 } })".to_string(),
+            "compile: `B` is the batch dimension: set it with `batch:`, as in \
+             `compile(#{ batch: 32 })`, not in `dims`"
+                .to_string(),
+        ),
+        (
+            "m().compile(#{ dims: #{ T: 4, hidden: 100 } })".into(),
+            format!(
+                "compile: `hidden` is a hyperparameter of model `m`, not a dimension of its \
+                 inputs: pass it to the model, as in `m(#{{ hidden: ... }})` {valid}"
+            ),
+        ),
+        (
+            "m().compile(#{ dims: #{ t: 4 } })".into(),
+            format!(
+                "compile: `dims` names `t`, which is not a dimension of model `m`'s inputs {valid}"
+            ),
+        ),
+        (
+            "k().compile(#{ dims: #{ T: 4 } })".into(),
+            "compile: `dims` names `T`, which is not a dimension of model `k`'s inputs (model \
+             `k` has no input dimensions to set besides the batch)"
+                .into(),
+        ),
+        (
+            "m(#{ T: 4 }).compile(#{ dims: #{ T: 4 } })".into(),
+            "compile: dimension `T` is already set by the model's hyperparameters, \
+             `m(#{ T: ... })`: set it in one place"
+                .into(),
+        ),
+        (
+            "m().compile(#{ dims: #{ T: -3 } })".into(),
+            "compile: dimension `T` must be an integer >= 0, got -3".into(),
+        ),
+        (
+            "k().compile(#{ lr: 0.1, optimizer: adam(#{ lr: 0.01 }) })".into(),
+            "compile: the learning rate is given twice, as `lr: 0.1` and as the optimizer's \
+             `lr: 0.01`: give it in one place"
+                .into(),
+        ),
+        (
+            "k().compile(#{ loss: \"mse\", ignore_index: 0 })".into(),
+            "compile: `ignore_index` applies to the \"cross_entropy\" loss, not \"mse\": remove it"
+                .into(),
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    check(
+        &format!(
+            "{M}let n = m().compile(#{{ batch: 3, dims: #{{ T: 4 }}, lr: 0.5, optimizer: sgd(#{{ lr: 0.5 }}) }});
+             print(n.predict(zeros([3, 4, 2])).shape); print(n.lr);
+             n.train_step(zeros([3, 4, 2]), tensor([[0, 1, 2, 3], [4, 5, 6, 7], [0, 0, 0, 0]], \"i32\"));"
+        ),
+        "[3, 4, 8]\n0.5\n",
     );
 }

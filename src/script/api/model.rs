@@ -32,6 +32,17 @@ pub struct ScriptModel {
     pub model: Model,
     module: Arc<Module>,
     hyper: Vec<(String, Value)>,
+    /// The names of the model's input dimensions and hyperparameters, to check `compile`'s
+    /// `dims` against.
+    names: Arc<ModelNames>,
+}
+
+/// What a model's signature names.
+struct ModelNames {
+    /// The named dimensions of its tensor inputs, in order, each once.
+    dims: Vec<String>,
+    /// Its hyperparameters.
+    hyper: Vec<String>,
 }
 
 /// A compiled model, shared by every script variable (and every host handle) that holds it,
@@ -132,22 +143,22 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
         hp.iter().map(|(k, v)| Ok((k.to_string(), value(v, k)?))).collect::<ScriptResult<_>>()?;
     // Dimensions the model's inputs name (others, like a `B` the model does not use, are
     // not passed on).
-    let declared: Vec<String> = module
-        .item(name)
-        .map(|(item, _)| {
-            item.params
-                .iter()
-                .flat_map(|p| match p {
-                    SigParam::Tensor { dims, .. } => dims.as_slice(),
-                    _ => &[],
-                })
-                .filter_map(|d| match d {
-                    DimPat::Name(n) => Some(n.name.clone()),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut names = ModelNames { dims: Vec::new(), hyper: Vec::new() };
+    for p in module.item(name).map_or(&[][..], |(item, _)| &item.params) {
+        match p {
+            SigParam::Tensor { dims, .. } => {
+                for d in dims {
+                    if let DimPat::Name(n) = d {
+                        if !names.dims.contains(&n.name) {
+                            names.dims.push(n.name.clone());
+                        }
+                    }
+                }
+            }
+            SigParam::Hyper { name, .. } => names.hyper.push(name.name.clone()),
+        }
+    }
+    let declared = names.dims.clone();
     let (m, n, h) = (module.clone(), name.to_string(), hyper.clone());
     let build = move |dims: &Dims| -> Result<Graph> {
         let mut bindings: Vec<(&str, Value)> =
@@ -159,7 +170,12 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
         }
         dsl::lower(&m, &n, &bindings, None)
     };
-    let m = ScriptModel { model: Model::new(name, Arc::new(build)), module: module.clone(), hyper };
+    let m = ScriptModel {
+        model: Model::new(name, Arc::new(build)),
+        module: module.clone(),
+        hyper,
+        names: Arc::new(names),
+    };
     // Instantiate once with every free dimension 1, so mistakes surface at this call.
     model_graph(&m).script()?;
     Ok(m)
@@ -510,6 +526,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     let mut dims = Dims::new();
     if let Some(d) = o.map("dims")? {
         for (k, v) in d.iter() {
+            check_dim_key(m, k)?;
             let n = v.as_int().map_err(|_| {
                 script_err(format!(
                     "compile: dimension `{k}` must be an integer, got {}",
@@ -531,7 +548,13 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             .ok_or_else(|| script_err("the model has no outputs"))?,
     };
     let inputs = input_names(&probe);
-    let loss = match o.string("loss")?.as_deref().unwrap_or("cross_entropy") {
+    let loss_name = o.string("loss")?.unwrap_or_else(|| "cross_entropy".into());
+    if loss_name != "cross_entropy" && o.get("ignore_index").is_some() {
+        return Err(script_err(format!(
+            "compile: `ignore_index` applies to the \"cross_entropy\" loss, not \"{loss_name}\": remove it"
+        )));
+    }
+    let loss = match loss_name.as_str() {
         "cross_entropy" => Loss::CrossEntropy {
             output: output.clone(),
             ignore_index: o.int("ignore_index", i32::MIN.into(), i32::MAX.into())?,
@@ -545,7 +568,14 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         }
     };
     let (optimizer, opt_lr, groups) = optimizer(o.get("optimizer"))?;
-    let lr = o.f32("lr")?.or(opt_lr).unwrap_or(1e-3);
+    let lr = match (o.f32("lr")?, opt_lr) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(script_err(format!(
+                "compile: the learning rate is given twice, as `lr: {a}` and as the optimizer's `lr: {b}`: give it in one place"
+            )))
+        }
+        (a, b) => a.or(b).unwrap_or(1e-3),
+    };
     let schedule = schedule(o.get("schedule"))?;
     let clip_norm = o.f32("clip")?;
     let accumulate = o.int("accumulate", 1, MAX_ACCUMULATE as i64)?.unwrap_or(1);
@@ -580,6 +610,36 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
         loss,
         batch,
     })))
+}
+
+/// An error unless `key` of `compile`'s `dims` names a dimension of the model's inputs that
+/// the script may set: not the batch `B` (set by `batch`), not one the model's hyperparameters
+/// already set, and not a name the model does not have (which would be silently ignored).
+fn check_dim_key(m: &ScriptModel, key: &str) -> ScriptResult<()> {
+    let name = &m.model.name;
+    let names = &m.names;
+    let settable: Vec<&str> = names
+        .dims
+        .iter()
+        .map(String::as_str)
+        .filter(|d| *d != "B" && !m.hyper.iter().any(|(k, _)| k == d))
+        .collect();
+    if settable.contains(&key) {
+        return Ok(());
+    }
+    let valid = match settable.as_slice() {
+        [] => format!("model `{name}` has no input dimensions to set besides the batch"),
+        some => format!("the dimensions of model `{name}`'s inputs: {}", some.join(", ")),
+    };
+    Err(script_err(if key == "B" {
+        "compile: `B` is the batch dimension: set it with `batch:`, as in `compile(#{ batch: 32 })`, not in `dims`".to_string()
+    } else if m.hyper.iter().any(|(k, _)| k == key) {
+        format!("compile: dimension `{key}` is already set by the model's hyperparameters, `{name}(#{{ {key}: ... }})`: set it in one place")
+    } else if names.hyper.iter().any(|h| h == key) {
+        format!("compile: `{key}` is a hyperparameter of model `{name}`, not a dimension of its inputs: pass it to the model, as in `{name}(#{{ {key}: ... }})` ({valid})")
+    } else {
+        format!("compile: `dims` names `{key}`, which is not a dimension of model `{name}`'s inputs ({valid})")
+    }))
 }
 
 fn input_names(g: &Graph) -> Vec<String> {
