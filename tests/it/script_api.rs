@@ -310,7 +310,14 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
     for (code, expected) in cases {
         check(&format!("{M}{code}"), &format!("error: {expected}\n"));
     }
-    check("print(tensor(9223372036854775807..=9223372036854775807).shape);", "[1]\n");
+    // The inclusive end at i64::MAX does not overflow; the element has no exact f32 value.
+    check(
+        "print(tensor(-9223372036854775808..=-9223372036854775808).shape);
+         tensor(9223372036854775807..=9223372036854775807)",
+        "[1]\nerror: tensor: 9223372036854775807 has no exact f32 value (f32 holds every \
+         integer up to 16777216 = 2^24, and only some beyond): make the tensor \"i32\", or \
+         write the number as a float to accept rounding\n",
+    );
 }
 
 /// Found by the hostile-input audit: with every label equal to `ignore_index`, `accuracy` said
@@ -525,4 +532,72 @@ fn compile_refuses_settings_it_would_ignore_or_that_conflict() {
         ),
         "[3, 4, 8]\n0.5\n",
     );
+}
+
+/// Found by the hostile-input audit: i32 tensors were computed through f32, so
+/// `tensor([16777217, 1], "i32")` summed to 16777217.0, its `max` was 16777216.0 and `t + 0` an
+/// f32 tensor `[16777216, 1]`; `tensor(16777216..16777220)` held duplicates; and `full([2],
+/// 1e400)`, `t + 1e400` and `t[[1, 1]] = 1e400` stored infinity where 1e39 was refused. i32
+/// tensors compute exactly, and every script number going into a tensor is checked the same way.
+#[test]
+fn i32_tensors_compute_exactly_and_script_numbers_convert_checked() {
+    check(
+        "let t = tensor([16777217, 1], \"i32\");
+         print(t.sum()); print(t.max()); print(t.min()); print(t.mean());
+         print(t + 0); print(t * 2 - 1); print(t[0]); let r = t.reshape([2, 1]); let r0 = r[0]; print(r0.item());
+         print(tensor([2147483647, 2147483647, 2147483647], \"i32\").sum());
+         print(tensor(16777216..16777220, \"i32\")); print(tensor(-2..=1, \"i32\"));
+         print(tensor([16777216, 16777217], \"i32\").argmax());",
+        "16777218\n16777217\n1\n8388609.0\n\
+         tensor i32[2] [16777217, 1]\ntensor i32[2] [33554433, 1]\n16777217\n16777217\n\
+         6442450941\n\
+         tensor i32[4] [16777216, 16777217, 16777218, 16777219]\ntensor i32[4] [-2, -1, 0, 1]\n\
+         tensor i32[] 1\n",
+    );
+    // i32 with i32 (or an integer) stays i32, dividing toward zero as rhai does; with f32 or a
+    // float it is f32; to_f32() is the explicit conversion, and rounds.
+    check(
+        "let i = tensor([7, -7], \"i32\");
+         print(i / 2); print(i + tensor([[10], [20]], \"i32\")); print(-i); print(pow(i, 2));
+         print(abs(i)); print(relu(i)); print(max(i, 0)); print(i + 0.5); print(i * tensor([0.5]));
+         print(tensor([16777217], \"i32\").to_f32()); print(zeros([1]) + 16777216);",
+        "tensor i32[2] [3, -3]\ntensor i32[2, 2] [[17, 3], [27, 13]]\ntensor i32[2] [-7, 7]\n\
+         tensor i32[2] [49, 49]\ntensor i32[2] [7, 7]\ntensor i32[2] [7, 0]\n\
+         tensor i32[2] [7, 0]\ntensor f32[2] [7.5, -6.5]\ntensor f32[2] [3.5, -3.5]\n\
+         tensor f32[1] [16777216]\ntensor f32[1] [16777216]\n",
+    );
+    let inexact = "has no exact f32 value (f32 holds every integer up to 16777216 = 2^24, and \
+                   only some beyond)";
+    let convert = "keep the computation in i32 (integers), or convert with to_f32(), which rounds";
+    let not_finite =
+        "inf is not a finite number (a number beyond f64's range, such as 1e400, reads as infinity)";
+    let i32_range = "is outside i32's range (-2147483648..=2147483647)";
+    let cases = [
+        (
+            "tensor(16777216..16777220)",
+            format!("tensor: 16777217 {inexact}: make the tensor \"i32\", or write the number as a float to accept rounding"),
+        ),
+        ("tensor([16777217])", format!("tensor element: 16777217 {inexact}: make the tensor \"i32\", or write the number as a float to accept rounding")),
+        ("full([2], -16777217)", format!("full: -16777217 {inexact}: make the tensor \"i32\", or write the number as a float to accept rounding")),
+        ("zeros([2]) + 16777217", format!("`+`: 16777217 {inexact}: make the tensor \"i32\", or write the number as a float to accept rounding")),
+        ("tensor([16777217], \"i32\") + 0.5", format!("`+`: the i32 element 16777217 {inexact}: {convert}")),
+        ("tensor([1, -16777219], \"i32\") * zeros([2])", format!("`*`: the i32 element -16777219 {inexact}: {convert}")),
+        ("tensor([16777217], \"i32\").exp()", format!("`exp`: the i32 element 16777217 {inexact}: {convert}")),
+        ("tensor([2147483647], \"i32\") + 1", format!("`+` on i32 tensors: 2147483647 + 1 {i32_range}")),
+        ("tensor([65536], \"i32\") * tensor([65536], \"i32\")", format!("`*` on i32 tensors: 65536 * 65536 {i32_range}")),
+        ("tensor([1], \"i32\") * 4294967296", "`*`: must be an integer in -2147483648..=2147483647, got 4294967296".into()),
+        ("tensor([1], \"i32\") / 0", "`/` on i32 tensors: 1 / 0 divides by zero".into()),
+        ("-tensor([-2147483648], \"i32\")", "`-` on an i32 tensor: -(-2147483648) is outside i32's range".into()),
+        ("pow(tensor([2], \"i32\"), 31)", format!("`pow` on i32 tensors: pow(2, 31) {i32_range}")),
+        ("pow(tensor([2], \"i32\"), -1)", "`pow` on i32 tensors: pow(2, -1) has a negative exponent, and no i32 value: convert with to_f32() first".into()),
+        ("tensor(2147483647..=2147483648, \"i32\")", "tensor: element must be an integer in -2147483648..=2147483647, got 2147483648".into()),
+        ("full([2], 1e400)", format!("full: {not_finite}")),
+        ("zeros([2]) + 1e400", format!("`+`: {not_finite}")),
+        ("-1e400 * zeros([2])", format!("`*`: -{not_finite}")),
+        ("let t = zeros([2, 2]); t[[1, 1]] = 1e400;", format!("tensor element: {not_finite}")),
+        ("tensor([1.0, 1e400])", format!("tensor element: {not_finite}")),
+    ];
+    for (code, expected) in cases {
+        check(code, &format!("error: {expected}\n"));
+    }
 }

@@ -1,87 +1,241 @@
 //! Arithmetic on script tensors, for data preparation: elementwise operators and functions with
 //! NumPy broadcasting, reductions (`sum`, `mean`, `max`, `min`), `argmax`, and `sample` (seeded,
 //! for generating text). NaN is never hidden: it propagates through `max` and `min` and counts
-//! as the largest element for `argmax`.
+//! as the largest element for `argmax`. Numbers never silently lose precision, wrap or
+//! saturate: i32 tensors with i32 tensors or integers compute in i32 (an overflow, or a division
+//! by zero, is an error; `/` divides toward zero, as rhai divides integers), their reductions
+//! are exact integers, and where an i32 tensor meets f32 (or a float) each element must have
+//! an exact f32 value; `to_f32()` is the explicit, rounding conversion.
 
-use super::super::convert::{script_err, to_f32, to_u64, ScriptResult};
+use super::super::convert::{script_err, to_u64, ScriptResult};
 use super::super::Ctx;
-use super::tensor::{alloc, reader, ScriptTensor};
+use super::tensor::{alloc, exact_in_f32, reader, Number, ScriptTensor};
 use crate::rng::Rng;
 use crate::tensor::{fmt_shape, Tensor, TensorData};
-use rhai::{Engine, FLOAT, INT};
+use rhai::{Dynamic, Engine, FLOAT, INT};
 use std::sync::Arc;
+
+/// An elementwise operator on two operands: its f32 form, and its i32 form for two i32
+/// operands (an i32 tensor, or an integer), which is exact or an error (a message fragment:
+/// an overflow, a division by zero), never a wrapped or saturated result.
+#[derive(Clone, Copy)]
+struct BinOp {
+    name: &'static str,
+    f: fn(f32, f32) -> f32,
+    i: fn(i32, i32) -> Result<i32, String>,
+}
+
+/// `a op b` is outside i32's range.
+fn overflow(a: i32, op: &str, b: i32) -> String {
+    format!("{a} {op} {b} is outside i32's range ({}..={})", i32::MIN, i32::MAX)
+}
+
+const OPS: [BinOp; 7] = [
+    BinOp {
+        name: "+",
+        f: |a, b| a + b,
+        i: |a, b| a.checked_add(b).ok_or_else(|| overflow(a, "+", b)),
+    },
+    BinOp {
+        name: "-",
+        f: |a, b| a - b,
+        i: |a, b| a.checked_sub(b).ok_or_else(|| overflow(a, "-", b)),
+    },
+    BinOp {
+        name: "*",
+        f: |a, b| a * b,
+        i: |a, b| a.checked_mul(b).ok_or_else(|| overflow(a, "*", b)),
+    },
+    BinOp {
+        name: "/",
+        f: |a, b| a / b,
+        // As rhai divides integers: toward zero.
+        i: |a, b| match b {
+            0 => Err(format!("{a} / 0 divides by zero")),
+            _ => a.checked_div(b).ok_or_else(|| overflow(a, "/", b)),
+        },
+    },
+    BinOp {
+        name: "pow",
+        f: f32::powf,
+        i: |a, b| {
+            match u32::try_from(b) {
+            Err(_) => Err(format!(
+                "pow({a}, {b}) has a negative exponent, and no i32 value: convert with to_f32() first"
+            )),
+            Ok(e) => a.checked_pow(e).ok_or_else(|| {
+                format!("pow({a}, {b}) is outside i32's range ({}..={})", i32::MIN, i32::MAX)
+            }),
+        }
+        },
+    },
+    BinOp { name: "max", f: f32::max, i: |a, b| Ok(a.max(b)) },
+    BinOp { name: "min", f: f32::min, i: |a, b| Ok(a.min(b)) },
+];
+
+/// One side of an elementwise operation.
+#[derive(Clone, Copy)]
+enum Operand<'a> {
+    Tensor(&'a Tensor),
+    Number(Number),
+}
+
+impl Operand<'_> {
+    fn shape(&self) -> &[usize] {
+        match self {
+            Operand::Tensor(t) => t.shape(),
+            Operand::Number(_) => &[],
+        }
+    }
+
+    fn is_int(&self) -> bool {
+        match self {
+            Operand::Tensor(t) => t.as_i32().is_some(),
+            Operand::Number(n) => matches!(n, Number::Int(_)),
+        }
+    }
+}
+
+/// An operand's elements as f32 (i32 elements checked to be exact first).
+enum F32s<'a> {
+    F32(&'a [f32]),
+    I32(&'a [i32]),
+    One(f32),
+}
+
+impl F32s<'_> {
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            F32s::F32(v) => v[i],
+            F32s::I32(v) => v[i] as f32,
+            F32s::One(x) => *x,
+        }
+    }
+}
+
+/// An operand's elements as i32.
+enum I32s<'a> {
+    I32(&'a [i32]),
+    One(i32),
+}
+
+impl I32s<'_> {
+    fn get(&self, i: usize) -> i32 {
+        match self {
+            I32s::I32(v) => v[i],
+            I32s::One(x) => *x,
+        }
+    }
+}
+
+/// `x` read as f32 for operation `name`: an integer or i32 element f32 cannot hold exactly,
+/// or a number that is not a finite f32, is an error ([`Number::f32`], [`exact_in_f32`]).
+fn f32s<'a>(x: Operand<'a>, name: &str) -> ScriptResult<F32s<'a>> {
+    let what = format!("`{name}`");
+    Ok(match x {
+        Operand::Tensor(t) => match t.data() {
+            TensorData::F32(v) => F32s::F32(v),
+            TensorData::I32(v) => {
+                exact_in_f32(v, &what)?;
+                F32s::I32(v)
+            }
+        },
+        Operand::Number(n) => F32s::One(n.f32(&what)?),
+    })
+}
+
+/// `x` (an i32 tensor or an integer) read as i32 for operation `name`.
+fn i32s<'a>(x: Operand<'a>, name: &str) -> ScriptResult<I32s<'a>> {
+    Ok(match x {
+        Operand::Tensor(t) => I32s::I32(t.as_i32().unwrap_or_default()),
+        Operand::Number(n) => I32s::One(n.i32(&format!("`{name}`:"))?),
+    })
+}
 
 /// Register the operators and functions on `Tensor`.
 pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
-    // Arithmetic.
-    for (name, f) in [
-        ("+", (|a, b| a + b) as fn(f32, f32) -> f32),
-        ("-", |a, b| a - b),
-        ("*", |a, b| a * b),
-        ("/", |a, b| a / b),
-        ("pow", f32::powf),
-        ("max", f32::max),
-        ("min", f32::min),
-    ] {
+    // Arithmetic: i32 with i32 (or an integer) stays i32, exactly; anything with f32 (or a
+    // float) is f32.
+    for op in OPS {
         let c = ctx.clone();
-        engine.register_fn(name, move |a: ScriptTensor, b: ScriptTensor| {
-            broadcast(&c, a.tensor(), b.tensor(), f)
+        engine.register_fn(op.name, move |a: ScriptTensor, b: ScriptTensor| {
+            binary(&c, op, Operand::Tensor(a.tensor()), Operand::Tensor(b.tensor()))
         });
         let c = ctx.clone();
-        engine.register_fn(name, move |a: ScriptTensor, b: FLOAT| {
-            let b = to_f32(b, &format!("`{name}`"))?;
-            map(&c, a.tensor(), |x| f(x, b))
+        engine.register_fn(op.name, move |a: ScriptTensor, b: FLOAT| {
+            binary(&c, op, Operand::Tensor(a.tensor()), Operand::Number(Number::Float(b)))
         });
         let c = ctx.clone();
-        engine.register_fn(name, move |a: ScriptTensor, b: INT| {
-            map(&c, a.tensor(), |x| f(x, b as f32))
+        engine.register_fn(op.name, move |a: ScriptTensor, b: INT| {
+            binary(&c, op, Operand::Tensor(a.tensor()), Operand::Number(Number::Int(b)))
         });
         let c = ctx.clone();
-        engine.register_fn(name, move |a: FLOAT, b: ScriptTensor| {
-            let a = to_f32(a, &format!("`{name}`"))?;
-            map(&c, b.tensor(), |x| f(a, x))
+        engine.register_fn(op.name, move |a: FLOAT, b: ScriptTensor| {
+            binary(&c, op, Operand::Number(Number::Float(a)), Operand::Tensor(b.tensor()))
         });
         let c = ctx.clone();
-        engine.register_fn(name, move |a: INT, b: ScriptTensor| {
-            map(&c, b.tensor(), |x| f(a as f32, x))
+        engine.register_fn(op.name, move |a: INT, b: ScriptTensor| {
+            binary(&c, op, Operand::Number(Number::Int(a)), Operand::Tensor(b.tensor()))
         });
     }
     let c = ctx.clone();
-    engine.register_fn("-", move |a: ScriptTensor| map(&c, a.tensor(), |x| -x));
-    for (name, f) in [
-        ("exp", f32::exp as fn(f32) -> f32),
-        ("ln", f32::ln),
-        ("sqrt", f32::sqrt),
-        ("abs", f32::abs),
-        ("relu", |x: f32| x.max(0.0)),
-    ] {
+    engine.register_fn("-", move |a: ScriptTensor| {
+        let neg = |x: i32| x.checked_neg().ok_or_else(|| format!("-({x}) is outside i32's range"));
+        unary(&c, "-", a.tensor(), |x| -x, Some(neg))
+    });
+    for (name, f) in [("exp", f32::exp as fn(f32) -> f32), ("ln", f32::ln), ("sqrt", f32::sqrt)] {
         let c = ctx.clone();
-        engine.register_fn(name, move |a: &mut ScriptTensor| map(&c, a.tensor(), f));
+        engine.register_fn(name, move |a: &mut ScriptTensor| unary(&c, name, a.tensor(), f, None));
     }
-    engine.register_fn("sum", |t: &mut ScriptTensor| {
+    let c = ctx.clone();
+    engine.register_fn("abs", move |a: &mut ScriptTensor| {
+        let abs =
+            |x: i32| x.checked_abs().ok_or_else(|| format!("abs({x}) is outside i32's range"));
+        unary(&c, "abs", a.tensor(), f32::abs, Some(abs))
+    });
+    let c = ctx.clone();
+    engine.register_fn("relu", move |a: &mut ScriptTensor| {
+        unary(&c, "relu", a.tensor(), |x| x.max(0.0), Some(|x: i32| Ok(x.max(0))))
+    });
+    // Reductions: of an i32 tensor exact, as integers (the mean a float); of an f32 tensor
+    // summed in f64.
+    engine.register_fn("sum", |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
         let t = t.tensor();
-        let get = reader(t);
-        (0..t.numel()).map(|i| get(i) as f64).sum::<f64>()
+        match t.data() {
+            TensorData::I32(v) => Ok(Dynamic::from_int(int_sum(v, "sum")?)),
+            TensorData::F32(v) => Ok(Dynamic::from_float(v.iter().map(|&x| f64::from(x)).sum())),
+        }
     });
     engine.register_fn("mean", |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = nonempty(t.tensor(), "mean")?;
-        let get = reader(t);
-        Ok((0..t.numel()).map(|i| get(i) as f64).sum::<f64>() / t.numel() as f64)
+        let total = match t.data() {
+            TensorData::I32(v) => v.iter().map(|&x| i128::from(x)).sum::<i128>() as f64,
+            TensorData::F32(v) => v.iter().map(|&x| f64::from(x)).sum(),
+        };
+        Ok(total / t.numel() as f64)
     });
     // NaN anywhere makes the largest and smallest element NaN (as in NumPy and PyTorch), not
     // the largest of the other elements.
     let nan_or = |f: fn(f32, f32) -> f32| {
         move |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { f(a, b) }
     };
-    engine.register_fn("max", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+    engine.register_fn("max", move |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
         let t = nonempty(t.tensor(), "max")?;
-        let get = reader(t);
-        Ok((0..t.numel()).map(get).fold(f32::NEG_INFINITY, nan_or(f32::max)) as FLOAT)
+        Ok(match t.data() {
+            TensorData::I32(v) => Dynamic::from_int(v.iter().copied().max().unwrap_or(0).into()),
+            TensorData::F32(v) => Dynamic::from_float(
+                v.iter().copied().fold(f32::NEG_INFINITY, nan_or(f32::max)).into(),
+            ),
+        })
     });
-    engine.register_fn("min", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+    engine.register_fn("min", move |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
         let t = nonempty(t.tensor(), "min")?;
-        let get = reader(t);
-        Ok((0..t.numel()).map(get).fold(f32::INFINITY, nan_or(f32::min)) as FLOAT)
+        Ok(match t.data() {
+            TensorData::I32(v) => Dynamic::from_int(v.iter().copied().min().unwrap_or(0).into()),
+            TensorData::F32(v) => {
+                Dynamic::from_float(v.iter().copied().fold(f32::INFINITY, nan_or(f32::min)).into())
+            }
+        })
     });
     let c = ctx.clone();
     engine.register_fn("argmax", move |t: &mut ScriptTensor| argmax(&c, t.tensor()));
@@ -97,6 +251,15 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("!=", |a: ScriptTensor, b: ScriptTensor| a != b);
 }
 
+/// The exact sum of i32 elements, as a script integer (an error only past i64's range, which
+/// takes more than 2^32 elements).
+fn int_sum(v: &[i32], what: &str) -> ScriptResult<INT> {
+    let total: i128 = v.iter().map(|&x| i128::from(x)).sum();
+    INT::try_from(total).map_err(|_| {
+        script_err(format!("{what}: the sum {total} is outside the range of script integers"))
+    })
+}
+
 /// `t`, or an error for `what` (a reduction with no answer on no elements: NumPy and PyTorch
 /// refuse `max` and `min` of nothing; the mean of nothing is not 0).
 fn nonempty<'t>(t: &'t Tensor, what: &str) -> ScriptResult<&'t Tensor> {
@@ -109,57 +272,107 @@ fn nonempty<'t>(t: &'t Tensor, what: &str) -> ScriptResult<&'t Tensor> {
     Ok(t)
 }
 
-/// Elementwise map, keeping the shape; the result is f32.
-pub(super) fn map(ctx: &Ctx, t: &Tensor, f: impl Fn(f32) -> f32) -> ScriptResult<ScriptTensor> {
-    let get = reader(t);
-    alloc(ctx, t.shape(), |n| Ok(TensorData::F32((0..n).map(|i| f(get(i))).collect())))
+/// Elementwise `f` of one tensor, keeping its shape: an i32 tensor stays i32 where the function
+/// has an exact i32 form `i` (an error where it has no i32 result), and is read as f32 (each
+/// element checked exact) where it has none; an f32 tensor stays f32.
+fn unary(
+    ctx: &Ctx,
+    name: &str,
+    t: &Tensor,
+    f: fn(f32) -> f32,
+    i: Option<fn(i32) -> Result<i32, String>>,
+) -> ScriptResult<ScriptTensor> {
+    match (t.data(), i) {
+        (TensorData::I32(v), Some(i)) => alloc(ctx, t.shape(), |_| {
+            let on_i32 = |m: String| script_err(format!("`{name}` on an i32 tensor: {m}"));
+            let out = v.iter().map(|&x| i(x).map_err(on_i32)).collect::<ScriptResult<_>>()?;
+            Ok(TensorData::I32(out))
+        }),
+        _ => {
+            let get = f32s(Operand::Tensor(t), name)?;
+            alloc(ctx, t.shape(), |n| Ok(TensorData::F32((0..n).map(|k| f(get.get(k))).collect())))
+        }
+    }
 }
 
-/// Elementwise `f(a, b)` with NumPy broadcasting.
-fn broadcast(
-    ctx: &Ctx,
-    a: &Tensor,
-    b: &Tensor,
-    f: fn(f32, f32) -> f32,
-) -> ScriptResult<ScriptTensor> {
+/// Elementwise `a op b` with NumPy broadcasting (a number is a tensor of shape `[]`): i32 when
+/// both operands are i32 (an i32 tensor or an integer), computed exactly; f32 otherwise.
+fn binary(ctx: &Ctx, op: BinOp, a: Operand, b: Operand) -> ScriptResult<ScriptTensor> {
     let (sa, sb) = (a.shape(), b.shape());
     let out_shape = crate::graph::shape::broadcast_shapes(sa, sb).ok_or_else(|| {
         script_err(format!("cannot broadcast shapes {} and {}", fmt_shape(sa), fmt_shape(sb)))
     })?;
-    let rank = out_shape.len();
-    let pad = |s: &[usize]| -> Vec<usize> {
-        let mut v = vec![1; rank - s.len()];
-        v.extend_from_slice(s);
-        v
-    };
-    let strides = |p: &[usize]| -> Vec<usize> {
-        let mut s = vec![0; rank];
-        let mut acc = 1;
-        for i in (0..rank).rev() {
-            s[i] = if p[i] == 1 { 0 } else { acc };
-            acc *= p[i];
-        }
-        s
-    };
-    let (st_a, st_b) = (strides(&pad(sa)), strides(&pad(sb)));
-    let (ga, gb) = (reader(a), reader(b));
-    alloc(ctx, &out_shape, |n| {
-        let mut out = Vec::with_capacity(n);
-        let mut idx = vec![0usize; rank];
-        for _ in 0..n {
-            let ia: usize = idx.iter().zip(&st_a).map(|(i, s)| i * s).sum();
-            let ib: usize = idx.iter().zip(&st_b).map(|(i, s)| i * s).sum();
-            out.push(f(ga(ia), gb(ib)));
-            for d in (0..rank).rev() {
-                idx[d] += 1;
-                if idx[d] < out_shape[d] {
-                    break;
-                }
-                idx[d] = 0;
+    let pairs = || Pairs::new(sa, sb, &out_shape);
+    if a.is_int() && b.is_int() {
+        let (ga, gb) = (i32s(a, op.name)?, i32s(b, op.name)?);
+        alloc(ctx, &out_shape, |n| {
+            let on_i32 = |m: String| script_err(format!("`{}` on i32 tensors: {m}", op.name));
+            let mut out = Vec::with_capacity(n);
+            for (ia, ib) in pairs().take(n) {
+                out.push((op.i)(ga.get(ia), gb.get(ib)).map_err(on_i32)?);
             }
+            Ok(TensorData::I32(out))
+        })
+    } else {
+        let (ga, gb) = (f32s(a, op.name)?, f32s(b, op.name)?);
+        alloc(ctx, &out_shape, |n| {
+            let out = pairs().take(n).map(|(ia, ib)| (op.f)(ga.get(ia), gb.get(ib))).collect();
+            Ok(TensorData::F32(out))
+        })
+    }
+}
+
+/// The flat indices into two broadcast operands of each element of their result, in order.
+struct Pairs {
+    shape: Vec<usize>,
+    strides: [Vec<usize>; 2],
+    idx: Vec<usize>,
+    done: bool,
+}
+
+impl Pairs {
+    fn new(sa: &[usize], sb: &[usize], out: &[usize]) -> Pairs {
+        let rank = out.len();
+        let strides = |s: &[usize]| -> Vec<usize> {
+            let mut p = vec![1; rank - s.len()];
+            p.extend_from_slice(s);
+            let mut st = vec![0; rank];
+            let mut acc = 1;
+            for i in (0..rank).rev() {
+                st[i] = if p[i] == 1 { 0 } else { acc };
+                acc *= p[i];
+            }
+            st
+        };
+        Pairs {
+            shape: out.to_vec(),
+            strides: [strides(sa), strides(sb)],
+            idx: vec![0; rank],
+            done: out.contains(&0),
         }
-        Ok(TensorData::F32(out))
-    })
+    }
+}
+
+impl Iterator for Pairs {
+    type Item = (usize, usize);
+
+    fn next(&mut self) -> Option<(usize, usize)> {
+        if self.done {
+            return None;
+        }
+        let at = |st: &[usize]| self.idx.iter().zip(st).map(|(i, s)| i * s).sum();
+        let item = (at(&self.strides[0]), at(&self.strides[1]));
+        self.done = true;
+        for d in (0..self.shape.len()).rev() {
+            self.idx[d] += 1;
+            if self.idx[d] < self.shape[d] {
+                self.done = false;
+                break;
+            }
+            self.idx[d] = 0;
+        }
+        Some(item)
+    }
 }
 
 /// The rows of the last axis of `t` (which must have one, non-empty), for `op`'s errors.
@@ -214,13 +427,13 @@ fn sample(ctx: &Ctx, t: &Tensor, temperature: FLOAT, seed: INT) -> ScriptResult<
         let mut out = Vec::with_capacity(n);
         for r in 0..n {
             let row = (0..d).map(|i| get(r * d + i));
-            let top = row.clone().fold(f32::NEG_INFINITY, |m, x| m.max(x)) as f64;
+            let top = row.clone().fold(f64::NEG_INFINITY, |m, x| m.max(x));
             if row.clone().any(|x| x.is_nan()) || !top.is_finite() {
                 return Err(script_err("sample: a row of logits is NaN, infinite or all -inf"));
             }
             let mut total = 0.0;
             for (w, x) in weights.iter_mut().zip(row) {
-                *w = ((x as f64 - top) / temperature).exp();
+                *w = ((x - top) / temperature).exp();
                 total += *w;
             }
             // The first index whose running sum passes u * total; the largest logit has weight

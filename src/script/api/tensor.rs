@@ -3,7 +3,7 @@
 //! [`super::math`]. Every tensor a binding creates is charged to the session's memory budget before it is allocated,
 //! and holds that charge until the last script value sharing it is dropped.
 
-use super::super::convert::{script_err, to_f32, to_i32, to_u64, IntoScript, ScriptResult};
+use super::super::convert::{script_err, to_i32, to_u64, IntoScript, ScriptResult};
 use super::super::Ctx;
 use crate::dsl::lower::MAX_DIM;
 use crate::memory::{Budget, Charge};
@@ -102,12 +102,80 @@ pub fn checked_shape(shape: &[usize]) -> crate::Result<usize> {
 /// small object costs besides its own bytes, for charging many small objects honestly.
 pub(super) const HEAP_BLOCK: u64 = 32;
 
-/// Element `i` of a tensor as f32 (i32 elements converted), without copying the tensor.
-pub(super) fn reader(t: &Tensor) -> impl Fn(usize) -> f32 + '_ {
+/// Element `i` of a tensor as f64, which holds every f32 and every i32 exactly, without
+/// copying the tensor: for comparisons and sums that must not round i32 elements through f32.
+pub(super) fn reader(t: &Tensor) -> impl Fn(usize) -> f64 + '_ {
     let data = t.data();
     move |i| match data {
-        TensorData::F32(v) => v[i],
-        TensorData::I32(v) => v[i] as f32,
+        TensorData::F32(v) => f64::from(v[i]),
+        TensorData::I32(v) => f64::from(v[i]),
+    }
+}
+
+/// A script number on its way into a tensor (an element, a fill value, an operand).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Number {
+    Int(INT),
+    Float(FLOAT),
+}
+
+/// The largest integer below which f32 holds every integer exactly (2^24).
+const F32_EXACT: u64 = 1 << 24;
+
+impl Number {
+    /// A script number (or a boolean, as 0 or 1).
+    pub(super) fn of(d: &Dynamic) -> ScriptResult<Number> {
+        if let Ok(i) = d.as_int() {
+            Ok(Number::Int(i))
+        } else if let Ok(f) = d.as_float() {
+            Ok(Number::Float(f))
+        } else if let Ok(b) = d.as_bool() {
+            Ok(Number::Int(INT::from(b)))
+        } else {
+            Err(not_a_number(d))
+        }
+    }
+
+    /// The number as f32: the one conversion every script number going into an f32 tensor
+    /// takes. An integer must have an exact f32 value (every integer up to 2^24 has; beyond,
+    /// f32 skips some, and 16777217 would silently become 16777216); a float must be finite (a
+    /// literal beyond f64's range, such as 1e400, reads as infinity) and within f32's range,
+    /// and rounds to the nearest f32, as every float does. `what` starts the error.
+    pub(super) fn f32(self, what: &str) -> ScriptResult<f32> {
+        match self {
+            Number::Int(i) => {
+                let f = i as f32;
+                if f as i128 == i128::from(i) {
+                    return Ok(f);
+                }
+                Err(script_err(format!(
+                    "{what}: {i} has no exact f32 value (f32 holds every integer up to {F32_EXACT} = 2^24, and only some beyond): make the tensor \"i32\", or write the number as a float to accept rounding"
+                )))
+            }
+            Number::Float(v) if !v.is_finite() => Err(script_err(format!(
+                "{what}: {v} is not a finite number (a number beyond f64's range, such as 1e400, reads as infinity)"
+            ))),
+            Number::Float(v) => num::f32_of(v).map_err(|m| script_err(format!("{what}: {m}"))),
+        }
+    }
+
+    /// The number as i32: a whole number in i32's range.
+    pub(super) fn i32(self, what: &str) -> ScriptResult<i32> {
+        match self {
+            Number::Int(i) => to_i32(i, what),
+            Number::Float(f) => num::i32_of(f).map_err(|m| script_err(format!("{what} {m}"))),
+        }
+    }
+}
+
+/// An error unless every element of `v` has an exact f32 value, for an i32 tensor used where
+/// f32 is computed (`what` names the operation); an explicit `to_f32()` rounds instead.
+pub(super) fn exact_in_f32(v: &[i32], what: &str) -> ScriptResult<()> {
+    match v.iter().find(|&&x| x.unsigned_abs() > F32_EXACT as u32 && (x as f32) as i64 != i64::from(x)) {
+        None => Ok(()),
+        Some(x) => Err(script_err(format!(
+            "{what}: the i32 element {x} has no exact f32 value (f32 holds every integer up to {F32_EXACT} = 2^24, and only some beyond): keep the computation in i32 (integers), or convert with to_f32(), which rounds"
+        ))),
     }
 }
 
@@ -123,20 +191,33 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         from_array(&c, &a, parse_dtype(dtype)?)
     });
     let c = ctx.clone();
-    engine.register_fn("tensor", move |r: Range<INT>| from_range(&c, r.start, r.end.into()));
+    engine.register_fn("tensor", move |r: Range<INT>| {
+        from_range(&c, r.start, r.end.into(), DType::F32)
+    });
     let c = ctx.clone();
     engine.register_fn("tensor", move |r: RangeInclusive<INT>| {
-        from_range(&c, *r.start(), i128::from(*r.end()) + 1)
+        from_range(&c, *r.start(), i128::from(*r.end()) + 1, DType::F32)
+    });
+    let c = ctx.clone();
+    engine.register_fn("tensor", move |r: Range<INT>, dtype: &str| {
+        from_range(&c, r.start, r.end.into(), parse_dtype(dtype)?)
+    });
+    let c = ctx.clone();
+    engine.register_fn("tensor", move |r: RangeInclusive<INT>, dtype: &str| {
+        from_range(&c, *r.start(), i128::from(*r.end()) + 1, parse_dtype(dtype)?)
     });
     let c = ctx.clone();
     engine.register_fn("zeros", move |shape: Array| filled(&c, &shape, 0.0));
     let c = ctx.clone();
     engine.register_fn("ones", move |shape: Array| filled(&c, &shape, 1.0));
     let c = ctx.clone();
-    engine
-        .register_fn("full", move |shape: Array, v: FLOAT| filled(&c, &shape, to_f32(v, "full")?));
+    engine.register_fn("full", move |shape: Array, v: FLOAT| {
+        filled(&c, &shape, Number::Float(v).f32("full")?)
+    });
     let c = ctx.clone();
-    engine.register_fn("full", move |shape: Array, v: INT| filled(&c, &shape, v as f32));
+    engine.register_fn("full", move |shape: Array, v: INT| {
+        filled(&c, &shape, Number::Int(v).f32("full")?)
+    });
     let c = ctx.clone();
     engine
         .register_fn("randn", move |shape: Array, seed: INT| random(&c, &shape, seed, Rng::normal));
@@ -154,7 +235,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     let c = ctx.clone();
     engine.register_fn("to_array", move |t: &mut ScriptTensor| to_array(&c, t.tensor()));
-    engine.register_fn("item", |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+    engine.register_fn("item", |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
         let t = t.tensor();
         if t.numel() != 1 {
             return Err(script_err(format!(
@@ -163,7 +244,10 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
                 t.numel()
             )));
         }
-        Ok(reader(t)(0) as FLOAT)
+        Ok(match t.data() {
+            TensorData::F32(v) => Dynamic::from_float(v[0].into()),
+            TensorData::I32(v) => Dynamic::from_int(v[0].into()),
+        })
     });
     engine.register_fn("to_string", |t: &mut ScriptTensor| t.to_string());
     engine.register_fn("to_debug", |t: &mut ScriptTensor| t.to_string());
@@ -197,18 +281,30 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         alloc(&c, &shape, |_| Ok(t.data().clone()))
     });
     let c = ctx.clone();
-    engine
-        .register_fn("to_f32", move |t: &mut ScriptTensor| super::math::map(&c, t.tensor(), |x| x));
+    engine.register_fn("to_f32", move |t: &mut ScriptTensor| {
+        // An explicit conversion: i32 elements beyond 2^24 round to the nearest f32, as
+        // NumPy's `astype` rounds (implicit conversions refuse them instead).
+        let t = t.tensor();
+        alloc(&c, t.shape(), |_| {
+            Ok(match t.data() {
+                TensorData::F32(v) => TensorData::F32(v.clone()),
+                TensorData::I32(v) => TensorData::F32(v.iter().map(|&x| x as f32).collect()),
+            })
+        })
+    });
     let c = ctx.clone();
     engine.register_fn("to_i32", move |t: &mut ScriptTensor| {
         // Rounds toward zero, like `as` and NumPy's `astype`; NaN, infinities and numbers
         // outside i32's range are errors.
         let t = t.tensor();
-        let get = reader(t);
-        let whole =
-            |i| num::i32_of(get(i).trunc().into()).map_err(|m| script_err(format!("to_i32: {m}")));
-        alloc(&c, t.shape(), |n| {
-            Ok(TensorData::I32((0..n).map(whole).collect::<ScriptResult<_>>()?))
+        let whole = |x: &f32| {
+            num::i32_of(f64::from(x.trunc())).map_err(|m| script_err(format!("to_i32: {m}")))
+        };
+        alloc(&c, t.shape(), |_| {
+            Ok(TensorData::I32(match t.data() {
+                TensorData::F32(v) => v.iter().map(whole).collect::<ScriptResult<_>>()?,
+                TensorData::I32(v) => v.clone(),
+            }))
         })
     });
 }
@@ -241,30 +337,14 @@ fn parse_dtype(s: &str) -> ScriptResult<DType> {
     }
 }
 
-/// A script number (or boolean, as 0 or 1) as an f32 element, checked.
+/// A script number (or boolean, as 0 or 1) as an f32 element, checked ([`Number::f32`]).
 fn f32_element(d: &Dynamic) -> ScriptResult<f32> {
-    if let Ok(i) = d.as_int() {
-        Ok(i as f32)
-    } else if let Ok(f) = d.as_float() {
-        to_f32(f, "tensor element")
-    } else if let Ok(b) = d.as_bool() {
-        Ok(f32::from(u8::from(b)))
-    } else {
-        Err(not_a_number(d))
-    }
+    Number::of(d)?.f32("tensor element")
 }
 
 /// A script number (or boolean) as an i32 element: a whole number in i32's range.
 fn i32_element(d: &Dynamic) -> ScriptResult<i32> {
-    if let Ok(i) = d.as_int() {
-        to_i32(i, "tensor element")
-    } else if let Ok(f) = d.as_float() {
-        num::i32_of(f).map_err(|m| script_err(format!("tensor element {m}")))
-    } else if let Ok(b) = d.as_bool() {
-        Ok(i32::from(b))
-    } else {
-        Err(not_a_number(d))
-    }
+    Number::of(d)?.i32("tensor element")
 }
 
 fn not_a_number(d: &Dynamic) -> Box<rhai::EvalAltResult> {
@@ -339,13 +419,23 @@ fn walk(
     Ok(())
 }
 
-/// `start..end` (`end` exclusive, wide enough for `..=i64::MAX`) as an f32 vector.
-fn from_range(ctx: &Ctx, start: INT, end: i128) -> ScriptResult<ScriptTensor> {
+/// `start..end` (`end` exclusive, wide enough for `..=i64::MAX`) as a vector of `dtype`; every
+/// element is checked as a script integer written out would be ([`Number`]).
+fn from_range(ctx: &Ctx, start: INT, end: i128, dtype: DType) -> ScriptResult<ScriptTensor> {
     let n = (end - i128::from(start)).max(0); // an empty range is an empty tensor
     let n = usize::try_from(n)
         .map_err(|_| script_err(format!("tensor: a range of {n} elements is too long")))?;
+    // Every element lies in i64's range: the range's ends do, and it holds no more than them.
+    let at = |i: usize| Number::Int((i128::from(start) + i as i128) as INT);
     alloc(ctx, &[n], |n| {
-        Ok(TensorData::F32((0..n).map(|i| (i128::from(start) + i as i128) as f32).collect()))
+        Ok(match dtype {
+            DType::F32 => {
+                TensorData::F32((0..n).map(|i| at(i).f32("tensor")).collect::<ScriptResult<_>>()?)
+            }
+            DType::I32 => TensorData::I32(
+                (0..n).map(|i| at(i).i32("tensor: element")).collect::<ScriptResult<_>>()?,
+            ),
+        })
     })
 }
 
