@@ -40,9 +40,15 @@ pub struct Batch {
 /// Whether the first non-empty line of a CSV file is a header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Header {
-    /// A header when any of its feature fields is not a number.
+    /// Decided by the row itself: a header when none of its fields is a number (`x1,x2,label`),
+    /// data when every feature field is one (the label may be a class name), and an error
+    /// otherwise: a row of numbers and text is either a data row with a mistake (`x,2,0`),
+    /// which must not be dropped as a header without a word, or a header with numbers in it
+    /// (scikit-learn's `150,4,setosa,versicolor,virginica`), which must be named one.
     Auto,
+    /// The first row is a header, skipped whatever it holds (`header: true` in scripts).
     Present,
+    /// The first row is data (`header: false`).
     Absent,
 }
 
@@ -398,10 +404,21 @@ fn parse_csv(
             let is_header = match opts.header {
                 Header::Present => true,
                 Header::Absent => false,
-                Header::Auto => fields
-                    .iter()
-                    .enumerate()
-                    .any(|(i, f)| Some(i) != opts.label_col && f.parse::<f32>().is_err()),
+                Header::Auto => {
+                    let number = |f: &&str| f.parse::<f32>().is_ok();
+                    let mut features =
+                        fields.iter().enumerate().filter(|&(i, _)| Some(i) != opts.label_col);
+                    match features.find(|(_, f)| !number(f)) {
+                        None => false,
+                        Some(_) if !fields.iter().any(number) => true,
+                        Some((i, f)) => {
+                            return Err(at(format!(
+                                "the first row mixes numbers and text, so it is neither a header (no field a number) nor data (every feature a number): column {}, `{f}`, is not a number; fix the field, or give `header: true` if the row is a header",
+                                i + 1
+                            )))
+                        }
+                    }
+                }
             };
             if is_header {
                 continue;

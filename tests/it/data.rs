@@ -58,7 +58,9 @@ fn digits_has_1797_rows_of_64_features_and_labels_0_to_9() {
 
 #[test]
 fn iris_has_a_header_150_rows_and_labels_0_to_2() {
-    // The first line is scikit-learn's header: `150,4,setosa,versicolor,virginica`.
+    // The first line is scikit-learn's header, `150,4,setosa,versicolor,virginica`: numbers and
+    // text, so it must be named a header.
+    let labelled = |col| CsvOptions { header: Header::Present, ..labelled(col) };
     let d = read_csv(&data_file("iris.csv"), &labelled(4)).unwrap();
     assert_eq!(d.x().shape(), &[150, 4]);
     let y = d.y().as_i32().unwrap();
@@ -244,6 +246,41 @@ fn quoted_fields_and_crlf_line_ends_split_as_csv_does() {
     std::fs::write(&path, "1,\"a\nb\"\n2,x,y\n").unwrap();
     let e = read_csv(&path, &labelled(1)).unwrap_err();
     assert_eq!(e.message, format!("{}:3: expected 2 fields, found 3", path.display()));
+}
+
+/// Found by the hostile-input audit: a first row that looked like data but held a typo
+/// (`x,2,0`) was taken as a header and dropped without a word, while the same typo in the second
+/// row was an error. A first row is a header when none of its fields is a number, data when
+/// every feature field is one, and anything between is an error that says to name a header or
+/// fix the field.
+#[test]
+fn a_first_row_is_a_header_only_when_none_of_its_fields_is_a_number() {
+    let dir = scratch("first_row");
+    let l2 = labelled(2);
+    let mixed = "the first row mixes numbers and text, so it is neither a header (no field a \
+                 number) nor data (every feature a number)";
+    let cases: &[(&str, &[u8], &CsvOptions, String)] = &[
+        ("typo_first", b"x,2,0\n3,4,1\n", &l2, format!(":1: {mixed}: column 1, `x`, is not a number; fix the field, or give `header: true` if the row is a header")),
+        ("typo_second", b"1,2,0\nx,4,1\n", &l2, ":2: column 1: `x` is not a number".into()),
+        ("typo_first_no_header", b"x,2,0\n3,4,1\n", &CsvOptions { header: Header::Absent, ..labelled(2) }, ":1: column 1: `x` is not a number".into()),
+        // A numbered header, as scikit-learn writes one, says so.
+        ("sklearn_header", b"2,2,a,b\n1,2,0\n", &l2, format!(":1: {mixed}: column 4, `b`, is not a number; fix the field, or give `header: true` if the row is a header")),
+        ("no_labels", b"1,2,x\n3,4,5\n", &CsvOptions::default(), format!(":1: {mixed}: column 3, `x`, is not a number; fix the field, or give `header: true` if the row is a header")),
+    ];
+    for (case, text, opts, expected) in cases {
+        check(&dir, case, text, opts, expected);
+    }
+    // Text only: a header, whatever the label column holds; numeric features with a named
+    // class: data.
+    let path = dir.join("ok.csv");
+    std::fs::write(&path, "x1,,label\n1,2,a\n3,4,b\n").unwrap();
+    assert_eq!(read_csv(&path, &l2).unwrap().x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
+    std::fs::write(&path, "1,2,a\n3,4,b\n").unwrap();
+    assert_eq!(read_csv(&path, &l2).unwrap().classes(), ["a", "b"]);
+    // Named, a header is skipped whatever it holds.
+    std::fs::write(&path, "x,2,0\n3,4,1\n").unwrap();
+    let named = CsvOptions { header: Header::Present, ..labelled(2) };
+    assert_eq!(read_csv(&path, &named).unwrap().x().as_f32().unwrap(), &[3.0, 4.0]);
 }
 
 #[test]
