@@ -601,3 +601,36 @@ fn i32_tensors_compute_exactly_and_script_numbers_convert_checked() {
         check(code, &format!("error: {expected}\n"));
     }
 }
+
+/// Found while testing the i32 fix: a method called on a row (`t[1].sum()`, `t[0].item()`)
+/// failed with "index of 1 numbers into a tensor of shape [2, 2]", because rhai writes the row
+/// back through the index setter after a method call, and the setter took single elements only.
+/// `t[i] = row` sets a row; writing back an unchanged row copies nothing.
+#[test]
+fn rows_can_be_used_and_set_through_an_index() {
+    check(
+        "let t = tensor([[1, 2], [3, 4]]); print(t[1].sum()); print(t[0].to_array());
+         let i = tensor([[7], [8]], \"i32\"); print(i[1].item());
+         t[0] = tensor([5, 6]); print(t); let u = t; u[-1] = zeros([2]); print(t); print(u);",
+        "7.0\n[1.0, 2.0]\n8\ntensor f32[2, 2] [[5, 6], [3, 4]]\n\
+         tensor f32[2, 2] [[5, 6], [3, 4]]\ntensor f32[2, 2] [[5, 6], [0, 0]]\n",
+    );
+    let cases = [
+        (
+            "let t = zeros([2, 2]); t[0] = tensor([1, 2, 3]);",
+            "row 0 of a tensor f32[2, 2] takes a tensor f32[2], got f32[3]",
+        ),
+        (
+            "let t = zeros([2, 2]); t[0] = tensor([1, 2], \"i32\");",
+            "row 0 of a tensor f32[2, 2] takes a tensor f32[2], got i32[2]",
+        ),
+        (
+            "let t = zeros([2, 2]); t[1] = 5;",
+            "row 1 of a tensor f32[2, 2] takes a tensor f32[2], got i64",
+        ),
+        ("let t = zeros([2, 2]); t[2] = zeros([2]);", "row 2 is out of range for shape [2, 2]"),
+    ];
+    for (code, expected) in cases {
+        check(code, &format!("error: {expected}\n"));
+    }
+}

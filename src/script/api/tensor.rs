@@ -511,6 +511,9 @@ fn index_get(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT]) -> ScriptResult<Dynam
 /// `t[..] = v`: the tensor is copied first when another script value shares it (the copy is
 /// charged like any new tensor).
 fn index_set(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT], v: Dynamic) -> ScriptResult<()> {
+    if let ([i], true) = (idx, t.tensor().shape().len() > 1) {
+        return row_set(ctx, t, *i, v);
+    }
     let i = flat_index(t.tensor(), idx)?;
     let (xf, xi) = match t.tensor().dtype() {
         DType::F32 => (f32_element(&v)?, 0),
@@ -519,11 +522,70 @@ fn index_set(ctx: &Ctx, t: &mut ScriptTensor, idx: &[INT], v: Dynamic) -> Script
     if Arc::get_mut(&mut t.0).is_none() {
         *t = alloc(ctx, t.tensor().shape(), |_| Ok(t.tensor().data().clone()))?;
     }
-    let held = Arc::get_mut(&mut t.0).expect("not shared after the copy");
+    let held = unshared(&mut t.0)?;
     if let Some(d) = held.tensor.as_f32_mut() {
         d[i] = xf;
     } else if let Some(d) = held.tensor.as_i32_mut() {
         d[i] = xi;
+    }
+    Ok(())
+}
+
+/// The tensor of a script value just copied for writing (the copy is this value's alone).
+fn unshared(t: &mut Arc<Held>) -> ScriptResult<&mut Held> {
+    Arc::get_mut(t)
+        .ok_or_else(|| crate::err!(Invariant, "a tensor copied for writing is still shared"))
+        .script()
+}
+
+/// `t[i] = row`: row `i` of a tensor of rank 2 or more, from a tensor of the row's shape and
+/// dtype. rhai also writes a row back this way after a method call on it (`t[0].sum()`), so a
+/// row equal to the one there changes nothing and copies nothing.
+fn row_set(ctx: &Ctx, t: &mut ScriptTensor, i: INT, v: Dynamic) -> ScriptResult<()> {
+    let (shape, dtype) = (t.tensor().shape().to_vec(), t.tensor().dtype());
+    let d = shape[0];
+    let r = if i < 0 { i + d as INT } else { i };
+    if r < 0 || r as usize >= d {
+        return Err(script_err(format!("row {i} is out of range for shape {}", fmt_shape(&shape))));
+    }
+    let (row_shape, r) = (&shape[1..], r as usize);
+    let wrong = |got: String| {
+        script_err(format!(
+            "row {i} of a tensor {dtype}{} takes a tensor {dtype}{}, got {got}",
+            fmt_shape(&shape),
+            fmt_shape(row_shape)
+        ))
+    };
+    let Some(row) = v.read_lock::<ScriptTensor>() else {
+        return Err(wrong(v.type_name().to_string()));
+    };
+    let row = row.tensor();
+    if row.shape() != row_shape || row.dtype() != dtype {
+        return Err(wrong(format!("{}{}", row.dtype(), fmt_shape(row.shape()))));
+    }
+    let len = row.numel();
+    let span = r * len..(r + 1) * len;
+    let same = match (t.tensor().data(), row.data()) {
+        (TensorData::F32(a), TensorData::F32(b)) => {
+            a[span.clone()].iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        }
+        (TensorData::I32(a), TensorData::I32(b)) => a[span.clone()] == b[..],
+        _ => false,
+    };
+    if same {
+        return Ok(());
+    }
+    if Arc::get_mut(&mut t.0).is_none() {
+        *t = alloc(ctx, &shape, |_| Ok(t.tensor().data().clone()))?;
+    }
+    let held = unshared(&mut t.0)?;
+    match (held.tensor.as_f32_mut(), row.data()) {
+        (Some(a), TensorData::F32(b)) => a[span].copy_from_slice(b),
+        _ => {
+            if let (Some(a), TensorData::I32(b)) = (held.tensor.as_i32_mut(), row.data()) {
+                a[span].copy_from_slice(b);
+            }
+        }
     }
     Ok(())
 }
