@@ -634,3 +634,22 @@ fn rows_can_be_used_and_set_through_an_index() {
         check(code, &format!("error: {expected}\n"));
     }
 }
+
+/// A tensor's text shows at most 1000 elements: `print` of a tensor with many short axes built
+/// a string of every element (gigabytes for a billion), and went through every index of a long
+/// axis to skip all but six.
+#[test]
+fn printing_a_tensor_shows_at_most_a_thousand_elements() {
+    let out = run("print(zeros([8, 8, 8, 8])); print(zeros([4, 4, 4, 4, 4, 4, 4, 4, 4, 4]));");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for line in lines {
+        assert_eq!(line.matches('0').count(), 1000, "{line}");
+        assert!(line.len() < 10_000 && line.ends_with(", ...]"), "{line}");
+    }
+    check(
+        "print(zeros([2147483648, 0])); print(tensor(0..2000000)); print(tensor([[1, 2], [3, 4]]));",
+        "tensor f32[2147483648, 0] []\ntensor f32[2000000] [0, 1, 2, ..., 1999997, 1999998, 1999999]\n\
+         tensor f32[2, 2] [[1, 2], [3, 4]]\n",
+    );
+}

@@ -644,38 +644,46 @@ fn nested(t: &Tensor) -> Dynamic {
     build(t, t.shape(), 0)
 }
 
+/// The most elements a tensor's text shows; the rest are `...`, so printing a tensor of a
+/// billion elements makes a line, not gigabytes.
+pub const PRINTED_ELEMENTS: usize = 1000;
+
 impl fmt::Display for ScriptTensor {
-    /// `tensor f32[2, 2] [[1, 2], [3, 4]]`, long axes elided with `...`.
+    /// `tensor f32[2, 2] [[1, 2], [3, 4]]`: axes longer than 8 show their first and last 3
+    /// entries around `...`, and after [`PRINTED_ELEMENTS`] elements the rest are `...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fn rows(t: &Tensor, shape: &[usize], offset: usize, out: &mut String) {
-            match shape.split_first() {
-                None => match t.data() {
+        fn rows(t: &Tensor, shape: &[usize], offset: usize, out: &mut String, left: &mut usize) {
+            let Some((&d, rest)) = shape.split_first() else {
+                *left = left.saturating_sub(1);
+                match t.data() {
                     TensorData::F32(v) => out.push_str(&format!("{}", v[offset])),
                     TensorData::I32(v) => out.push_str(&v[offset].to_string()),
-                },
-                Some((&d, rest)) => {
-                    let row: usize = rest.iter().product();
-                    out.push('[');
-                    for i in 0..d {
-                        if d > 8 && i == 3 {
-                            out.push_str("..., ");
-                        }
-                        if d > 8 && (3..d - 3).contains(&i) {
-                            continue;
-                        }
-                        rows(t, rest, offset + i * row, out);
-                        if i + 1 < d {
-                            out.push_str(", ");
-                        }
-                    }
-                    out.push(']');
                 }
+                return;
+            };
+            let row: usize = rest.iter().product();
+            let shown: Vec<usize> =
+                if d > 8 { (0..3).chain(d - 3..d).collect() } else { (0..d).collect() };
+            out.push('[');
+            for (k, &i) in shown.iter().enumerate() {
+                if k > 0 {
+                    out.push_str(", ");
+                }
+                if d > 8 && k == 3 {
+                    out.push_str("..., ");
+                }
+                if *left == 0 {
+                    out.push_str("...");
+                    break;
+                }
+                rows(t, rest, offset + i * row, out, left);
             }
+            out.push(']');
         }
         let t = self.tensor();
         let mut s = String::new();
         if t.numel() > 0 || t.shape().is_empty() {
-            rows(t, t.shape(), 0, &mut s);
+            rows(t, t.shape(), 0, &mut s, &mut PRINTED_ELEMENTS.clone());
         } else {
             s.push_str("[]");
         }
