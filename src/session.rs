@@ -463,6 +463,24 @@ impl Trainer {
         self.step
     }
 
+    /// Take `exact`, a checkpoint's step count from its metadata, as the step count just loaded
+    /// from its f32 `optim.step` tensor, which counts exactly only up to 2^24 (as PyTorch's
+    /// does: adding 1 to 2^24 in f32 gives 2^24 again): past that the tensor stays near 2^24,
+    /// and the metadata, which `save` writes, is the count. Below 2^24 the two must be equal.
+    pub fn restore_exact_step(&mut self, exact: u64) -> Result<()> {
+        const EXACT: u64 = 1 << 24;
+        let agree = if self.step < EXACT { exact == self.step } else { exact >= EXACT };
+        if !agree {
+            return Err(err!(
+                Checkpoint,
+                "the metadata's step {exact} does not match `{STEP_STATE}`, which holds {}",
+                self.step
+            ));
+        }
+        self.step = exact;
+        Ok(())
+    }
+
     /// Micro-batches per update (1 without gradient accumulation).
     pub fn accumulate(&self) -> usize {
         self.train.optim.accumulation.as_ref().map_or(1, |a| a.micro_batches)
@@ -716,6 +734,7 @@ impl Trainer {
                     err!(Checkpoint, "`{STEP_STATE}` must be a whole number of steps >= 0, got {v}")
                 })?);
             }
+            crate::checkpoint::check_state_values(name, t)?;
             writes.push((id, t));
         }
         // A backend copies each value as it writes it.

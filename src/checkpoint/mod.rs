@@ -289,6 +289,32 @@ impl<'a> Layout<'a> {
     }
 }
 
+/// Values no model's parameter or state can hold, refused where a checkpoint's tensor is written
+/// into the model (they made the next step's loss NaN without a word): a NaN or an infinity, a
+/// negative second moment of Adam. The file itself may hold them (a tensor the model does not
+/// load, a mask of -inf).
+pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
+    let Some(v) = t.as_f32() else { return Ok(()) };
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        return Err(err!(
+            Checkpoint,
+            "tensor `{name}` holds {} at element {i}: rumus loads finite values only (was the file saved after a step whose loss was NaN?)",
+            v[i]
+        ));
+    }
+    let second_moments = format!("optim.{}.", crate::graph::optim::SECOND_MOMENT);
+    if name.starts_with(&second_moments) {
+        if let Some(i) = v.iter().position(|&x| x < 0.0) {
+            return Err(err!(
+                Checkpoint,
+                "tensor `{name}` is an Adam second moment, which is never negative, but element {i} is {}",
+                v[i]
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One header entry, parsed by the crate's `TensorInfo` and checked on its own: a dtype rumus
 /// reads, at most `MAX_ELEMENTS` elements, offsets in order and as many bytes as the shape needs.
 fn entry(name: &str, value: Value) -> Result<TensorInfo> {

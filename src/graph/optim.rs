@@ -40,6 +40,9 @@ pub const FIRST_MICRO_BATCH_INPUT: &str = "optim.first_micro_batch";
 pub fn is_host_input(name: &str) -> bool {
     name == LR_INPUT || name == FIRST_MICRO_BATCH_INPUT || BIAS_CORRECTION_INPUTS.contains(&name)
 }
+/// Adam's and AdamW's second moments are the states `optim.v.<parameter>` (never negative).
+pub const SECOND_MOMENT: &str = "v";
+
 /// Name of the step-count state (the number of updates applied so far).
 pub const STEP_STATE: &str = "optim.step";
 
@@ -447,7 +450,7 @@ fn update_rule(
             let decoupled = matches!(cfg.optimizer, Optimizer::AdamW { .. });
             let d = if decoupled { d } else { add_l2(g, d, p, weight_decay)? };
             let (ms, m) = moment(g, "m")?;
-            let (vs, v) = moment(g, "v")?;
+            let (vs, v) = moment(g, SECOND_MOMENT)?;
             let new_m = ema(g, m, d, beta1)?;
             let d2 = g.square(d)?;
             let new_v = ema(g, v, d2, beta2)?;

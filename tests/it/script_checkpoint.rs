@@ -293,3 +293,79 @@ fn a_checkpoint_of_many_tensors_loads_in_time_linear_in_its_size() {
         assert!(err.message.contains(expected), "{from}: {err}");
     }
 }
+
+/// Found by the hostile-input audit: `optim.step` is f32 (as PyTorch's is), which counts exactly
+/// only to 2^24 (2^24 + 1 rounds back to 2^24), so a model saved after more steps came back with
+/// fewer, and its schedule restarted from the wrong step. The metadata `save` writes holds the
+/// count; it wins where the tensor cannot hold it, and must agree with it where it can.
+#[test]
+fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
+    let mut e = Engine::new();
+    e.run(MODEL).unwrap();
+    let dir = dir();
+    let (first, path) = (dir.join("step_exact0.safetensors"), dir.join("step_exact.safetensors"));
+    let (f, p) = (first.to_string_lossy(), path.to_string_lossy());
+    e.run(&format!("let a = make(); train(a, data, 0, 2); a.save(\"{f}\"); let b = make();"))
+        .unwrap();
+    let write = |tensor: f32, meta: &str| {
+        use rumus::memory::Budget;
+        let saved = rumus::checkpoint::load(&first, &mut Budget::unlimited().empty()).unwrap();
+        let step = rumus::Tensor::scalar(tensor);
+        let tensors: Vec<(&str, &rumus::Tensor)> = saved
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), if n == "optim.step" { &step } else { t }))
+            .collect();
+        let mut metadata = saved.metadata.clone();
+        metadata.insert("step".into(), meta.into());
+        rumus::checkpoint::save(&path, &tensors, &metadata).unwrap();
+    };
+    let step = |e: &mut Engine| e.compiled("b").unwrap().trainer().unwrap().step();
+    write(16_777_216.0, "16777219");
+    e.run(&format!("b.load(\"{p}\");")).unwrap();
+    assert_eq!(step(&mut e), 16_777_219);
+    // Three more steps, saved and loaded again: the count goes on exactly.
+    e.run(&format!("train(b, data, 0, 3); b.save(\"{p}\"); let c = make(); c.load(\"{p}\");"))
+        .unwrap();
+    assert_eq!(e.compiled("c").unwrap().trainer().unwrap().step(), 16_777_222);
+    // Below 2^24 the tensor is exact, and a metadata count that differs is an error.
+    write(5.0, "16777219");
+    let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
+    assert!(
+        err.message
+            .ends_with("the metadata's step 16777219 does not match `optim.step`, which holds 5"),
+        "{err}"
+    );
+}
+
+/// Found by the hostile-input audit: a checkpoint whose parameters hold NaN, or whose Adam second
+/// moments are negative (which no run makes), loaded without a word and the next loss was NaN.
+#[test]
+fn values_no_model_can_hold_are_refused_when_loaded() {
+    let mut e = Engine::new();
+    e.run(MODEL).unwrap();
+    let dir = dir();
+    let (first, path) = (dir.join("values0.safetensors"), dir.join("values.safetensors"));
+    let (f, p) = (first.to_string_lossy(), path.to_string_lossy());
+    e.run(&format!("let a = make(); train(a, data, 0, 2); a.save(\"{f}\"); let b = make();"))
+        .unwrap();
+    let cases = [
+        ("fc1.weight", f32::NAN, "tensor `fc1.weight` holds NaN at element 4: rumus loads finite values only (was the file saved after a step whose loss was NaN?)"),
+        ("fc1.bias", f32::NEG_INFINITY, "tensor `fc1.bias` holds -inf at element 4"),
+        ("optim.v.fc1.weight", -1e-3, "tensor `optim.v.fc1.weight` is an Adam second moment, which is never negative, but element 4 is -0.001"),
+    ];
+    for (name, bad, expected) in cases {
+        use rumus::memory::Budget;
+        let saved = rumus::checkpoint::load(&first, &mut Budget::unlimited().empty()).unwrap();
+        let mut tensors = saved.tensors.clone();
+        let t = &mut tensors.iter_mut().find(|(n, _)| n == name).unwrap().1;
+        t.as_f32_mut().unwrap()[4] = bad;
+        let refs: Vec<(&str, &rumus::Tensor)> =
+            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        rumus::checkpoint::save(&path, &refs, &saved.metadata).unwrap();
+        let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
+        assert_eq!(err.kind, rumus::ErrorKind::Checkpoint, "{err}");
+        assert!(err.message.contains(expected), "{err}");
+        assert_eq!(e.compiled("b").unwrap().trainer().unwrap().step(), 0, "nothing was loaded");
+    }
+}

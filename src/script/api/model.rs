@@ -418,6 +418,7 @@ pub fn load(
     t.check_between_updates("load").map_err(at_path)?; // before reading the file
     let mut held = t.budget().empty();
     let ckpt = checkpoint::load(path, &mut held)?;
+    let exact_step = ckpt.metadata.get("step").cloned();
     let tensors = match torch {
         None => ckpt.tensors,
         Some(opts) => {
@@ -425,7 +426,19 @@ pub fn load(
         }
     };
     let values: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
-    t.load_checkpoint(&values, strict).map_err(at_path)
+    let report = t.load_checkpoint(&values, strict).map_err(at_path)?;
+    // The step count beyond f32's whole numbers (2^24), from the metadata `save` writes.
+    let loaded_step = values.iter().any(|(n, _)| *n == crate::graph::optim::STEP_STATE);
+    if let (Some(text), true) = (exact_step, loaded_step) {
+        let exact = text.parse::<u64>().map_err(|_| {
+            at_path(crate::err!(
+                Checkpoint,
+                "the metadata's step `{text}` is not a whole number of steps"
+            ))
+        })?;
+        t.restore_exact_step(exact).map_err(at_path)?;
+    }
+    Ok(report)
 }
 
 /// `load`'s options: `strict`, and for `from: "pytorch"` how the state dict maps (`rename`,
