@@ -298,7 +298,7 @@ pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
     if let Some(i) = v.iter().position(|x| !x.is_finite()) {
         return Err(err!(
             Checkpoint,
-            "tensor `{name}` holds {} at element {i}: rumus loads finite values only (was the file saved after a step whose loss was NaN?)",
+            "tensor `{name}` holds {} at element {i}: a model takes finite values only (was it saved after a step whose loss was NaN?)",
             v[i]
         ));
     }

@@ -350,7 +350,7 @@ fn values_no_model_can_hold_are_refused_when_loaded() {
     e.run(&format!("let a = make(); train(a, data, 0, 2); a.save(\"{f}\"); let b = make();"))
         .unwrap();
     let cases = [
-        ("fc1.weight", f32::NAN, "tensor `fc1.weight` holds NaN at element 4: rumus loads finite values only (was the file saved after a step whose loss was NaN?)"),
+        ("fc1.weight", f32::NAN, "tensor `fc1.weight` holds NaN at element 4: a model takes finite values only (was it saved after a step whose loss was NaN?)"),
         ("fc1.bias", f32::NEG_INFINITY, "tensor `fc1.bias` holds -inf at element 4"),
         ("optim.v.fc1.weight", -1e-3, "tensor `optim.v.fc1.weight` is an Adam second moment, which is never negative, but element 4 is -0.001"),
     ];
