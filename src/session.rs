@@ -734,7 +734,6 @@ impl Trainer {
                     err!(Checkpoint, "`{STEP_STATE}` must be a whole number of steps >= 0, got {v}")
                 })?);
             }
-            crate::checkpoint::check_state_values(name, t)?;
             writes.push((id, t));
         }
         // A backend copies each value as it writes it.
@@ -804,6 +803,11 @@ impl Trainer {
         }
         let known: Vec<(&str, &Tensor)> =
             tensors.iter().copied().filter(|(n, _)| known(n).is_some()).collect();
+        // A file's values must be ones a run could have made (a host or script setting a value
+        // itself may set any).
+        for &(name, t) in known.iter().filter(|(n, _)| *n != STEP_STATE) {
+            crate::checkpoint::check_state_values(name, t)?; // the step is checked as a count
+        }
         self.load_state(&known)?;
         self.broadcast_state()?;
         Ok(LoadReport { missing, unexpected })

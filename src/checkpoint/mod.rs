@@ -289,10 +289,10 @@ impl<'a> Layout<'a> {
     }
 }
 
-/// Values no model's parameter or state can hold, refused where a checkpoint's tensor is written
-/// into the model (they made the next step's loss NaN without a word): a NaN or an infinity, a
+/// Values no run makes in a parameter or state, refused where a checkpoint's tensor is loaded
+/// into a model (they made the next step's loss NaN without a word): a NaN or an infinity, a
 /// negative second moment of Adam. The file itself may hold them (a tensor the model does not
-/// load, a mask of -inf).
+/// load, a mask of -inf), and a host or script may still set such a value itself.
 pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
     let Some(v) = t.as_f32() else { return Ok(()) };
     if let Some(i) = v.iter().position(|x| !x.is_finite()) {
