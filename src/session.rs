@@ -463,22 +463,9 @@ impl Trainer {
         self.step
     }
 
-    /// Take `exact`, a checkpoint's step count from its metadata, as the step count just loaded
-    /// from its f32 `optim.step` tensor, which counts exactly only up to 2^24 (as PyTorch's
-    /// does: adding 1 to 2^24 in f32 gives 2^24 again): past that the tensor stays near 2^24,
-    /// and the metadata, which `save` writes, is the count. Below 2^24 the two must be equal.
-    pub fn restore_exact_step(&mut self, exact: u64) -> Result<()> {
-        const EXACT: u64 = 1 << 24;
-        let agree = if self.step < EXACT { exact == self.step } else { exact >= EXACT };
-        if !agree {
-            return Err(err!(
-                Checkpoint,
-                "the metadata's step {exact} does not match `{STEP_STATE}`, which holds {}",
-                self.step
-            ));
-        }
+    /// Set the step count to `exact`, a count [`exact_step`] gave for the checkpoint just loaded.
+    pub fn set_loaded_step(&mut self, exact: u64) {
         self.step = exact;
-        Ok(())
     }
 
     /// Micro-batches per update (1 without gradient accumulation).
@@ -851,6 +838,29 @@ fn bytes_of(g: &Graph, id: NodeId) -> u64 {
 }
 
 /// A step count stored as f32: a whole number in `0..=2^53` (so that counting on never wraps).
+/// The step count of a checkpoint whose f32 `optim.step` tensor holds `tensor` and whose
+/// metadata (written by `save`) says `metadata`. The tensor counts exactly only to 2^24, as
+/// PyTorch's does (adding 1 to 2^24 in f32 gives 2^24 again), so past that it holds exactly 2^24
+/// and the metadata is the count; below, the two must be equal. At most 2^53, as the tensor.
+/// `None` when the tensor is not a count at all (loading reports that).
+pub fn exact_step(tensor: f32, metadata: &str) -> Result<Option<u64>> {
+    const EXACT: u64 = 1 << 24;
+    let Some(t) = steps(tensor) else { return Ok(None) };
+    let exact = metadata.parse::<u64>().ok().filter(|&n| n <= 1 << 53).ok_or_else(|| {
+        err!(
+            Checkpoint,
+            "the metadata's step `{metadata}` is not a whole number of steps from 0 to 2^53"
+        )
+    })?;
+    if exact == t || (t == EXACT && exact > EXACT) {
+        return Ok(Some(exact));
+    }
+    Err(err!(
+        Checkpoint,
+        "the metadata's step {exact} does not match `{STEP_STATE}`, which holds {t}"
+    ))
+}
+
 fn steps(v: f32) -> Option<u64> {
     (v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= (1u64 << 53) as f32).then_some(v as u64)
 }

@@ -328,14 +328,22 @@ fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
     e.run(&format!("train(b, data, 0, 3); b.save(\"{p}\"); let c = make(); c.load(\"{p}\");"))
         .unwrap();
     assert_eq!(e.compiled("c").unwrap().trainer().unwrap().step(), 16_777_222);
-    // Below 2^24 the tensor is exact, and a metadata count that differs is an error.
-    write(5.0, "16777219");
-    let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
-    assert!(
-        err.message
-            .ends_with("the metadata's step 16777219 does not match `optim.step`, which holds 5"),
-        "{err}"
-    );
+    // Below 2^24 the tensor is exact, and a metadata count that differs is an error; past
+    // 2^53 (the tensor's own bound) the metadata is refused too. Either way nothing is loaded.
+    e.run("let d = make();").unwrap();
+    for (tensor, meta, expected) in [
+        (5.0, "16777219", "the metadata's step 16777219 does not match `optim.step`, which holds 5"),
+        (
+            16_777_216.0,
+            "18446744073709551615",
+            "the metadata's step `18446744073709551615` is not a whole number of steps from 0 to 2^53",
+        ),
+    ] {
+        write(tensor, meta);
+        let err = e.eval(&format!("d.load(\"{p}\")")).unwrap_err();
+        assert!(err.message.ends_with(expected), "{err}");
+        assert_eq!(e.compiled("d").unwrap().trainer().unwrap().step(), 0, "nothing was loaded");
+    }
 }
 
 /// Found by the hostile-input audit: a checkpoint whose parameters hold NaN, or whose Adam second

@@ -426,17 +426,17 @@ pub fn load(
         }
     };
     let values: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    // The step count beyond f32's whole numbers (2^24), from the metadata `save` writes:
+    // checked before anything is loaded.
+    let step_tensor = values.iter().find(|(n, _)| *n == crate::graph::optim::STEP_STATE);
+    let tensor_step = step_tensor.and_then(|(_, v)| v.as_f32()).and_then(|v| v.first().copied());
+    let exact = match (exact_step, tensor_step) {
+        (Some(text), Some(v)) => crate::session::exact_step(v, &text).map_err(at_path)?,
+        _ => None,
+    };
     let report = t.load_checkpoint(&values, strict).map_err(at_path)?;
-    // The step count beyond f32's whole numbers (2^24), from the metadata `save` writes.
-    let loaded_step = values.iter().any(|(n, _)| *n == crate::graph::optim::STEP_STATE);
-    if let (Some(text), true) = (exact_step, loaded_step) {
-        let exact = text.parse::<u64>().map_err(|_| {
-            at_path(crate::err!(
-                Checkpoint,
-                "the metadata's step `{text}` is not a whole number of steps"
-            ))
-        })?;
-        t.restore_exact_step(exact).map_err(at_path)?;
+    if let Some(n) = exact {
+        t.set_loaded_step(n);
     }
     Ok(report)
 }
