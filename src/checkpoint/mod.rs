@@ -291,7 +291,7 @@ impl<'a> Layout<'a> {
 
 /// Values no run makes in a parameter or state, refused where a checkpoint's tensor is loaded
 /// into a model (they made the next step's loss NaN without a word): a NaN or an infinity, a
-/// negative second moment of Adam. The file itself may hold them (a tensor the model does not
+/// negative variance (Adam's second moment, batch norm's running variance). The file itself may hold them (a tensor the model does not
 /// load, a mask of -inf), and a host or script may still set such a value itself.
 pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
     let Some(v) = t.as_f32() else { return Ok(()) };
@@ -302,17 +302,23 @@ pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
             v[i]
         ));
     }
+    // Variances: Adam's second moments and batch norm's running variances.
     let second_moments = format!("optim.{}.", crate::graph::optim::SECOND_MOMENT);
-    if name.starts_with(&second_moments) {
-        if let Some(i) = v.iter().position(|&x| x < 0.0) {
-            return Err(err!(
-                Checkpoint,
-                "tensor `{name}` is an Adam second moment, which is never negative, but element {i} is {}",
-                v[i]
-            ));
-        }
+    let what = if name.starts_with(&second_moments) {
+        "an Adam second moment"
+    } else if name == "running_var" || name.ends_with(".running_var") {
+        "a batch norm running variance"
+    } else {
+        return Ok(());
+    };
+    match v.iter().position(|&x| x < 0.0) {
+        Some(i) => Err(err!(
+            Checkpoint,
+            "tensor `{name}` is {what}, which is never negative, but element {i} is {}",
+            v[i]
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// One header entry, parsed by the crate's `TensorInfo` and checked on its own: a dtype rumus

@@ -127,7 +127,6 @@ fn host_options(a: HostArgs) -> Result<HostOptions> {
     })
 }
 
-/// `--device`, else `RUMUS_DEVICE` (named in its error), else `auto`.
 /// The `RUMUS_*` settings of the GPU path, checked before any command runs: a value a setting
 /// does not know is the same usage error on every machine and for every command, not only
 /// where (and when) the setting is read (a CPU-only run never read `RUMUS_PIPELINE_CACHE`).
@@ -140,6 +139,7 @@ fn check_settings() -> Result<()> {
     Ok(())
 }
 
+/// `--device`, else `RUMUS_DEVICE` (named in its error), else `auto`.
 fn device(flag: Option<DeviceChoice>) -> Result<DeviceChoice> {
     flag.map_or_else(DeviceChoice::from_env, Ok)
 }

@@ -60,17 +60,18 @@ impl Graph {
             Op::Parameter { .. } => "parameter",
             _ => "state",
         };
-        let mut e = err!(Name, "duplicate name `{name}`: another input, parameter or state has it");
         // A name rumus gives its own values, taken by the model: say which and what to do, at
-        // the model's declaration.
+        // the model's declaration (the new node is rumus's own, made after the model's).
         if name == crate::session::TARGET_INPUT || name.starts_with("optim.") {
-            e = err!(
+            let e = err!(
                 Name,
                 "the model's {theirs} `{name}` takes a name rumus gives its own {kind} (`{}`: the labels a loss reads; `optim.`: the optimizer's state): rename it",
                 crate::session::TARGET_INPUT
             );
+            return Err(e.at(if node.span.is_none() { self.span } else { node.span }));
         }
-        Err(e.at(if node.span.is_none() { self.span } else { node.span }))
+        Err(err!(Name, "duplicate name `{name}`: another input, parameter or state has it")
+            .at(self.span))
     }
 
     // ---- sources ----

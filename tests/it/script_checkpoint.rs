@@ -377,3 +377,28 @@ fn values_no_model_can_hold_are_refused_when_loaded() {
         assert_eq!(e.compiled("b").unwrap().trainer().unwrap().step(), 0, "nothing was loaded");
     }
 }
+
+/// Found by the hostile-input audit: a negative batch norm running variance loaded and every
+/// prediction was NaN.
+#[test]
+fn a_negative_running_variance_is_refused_when_loaded() {
+    let mut e = Engine::new();
+    let dir = dir();
+    let (first, path) = (dir.join("bn0.safetensors"), dir.join("bn.safetensors"));
+    let (f, p) = (first.to_string_lossy(), path.to_string_lossy());
+    e.run(&format!(
+        "model m(x: f32[B, 2]) {{ return batch_norm(linear(x, 3) as fc) as bn }}
+         let a = m().compile(#{{ batch: 2 }}); a.save(\"{f}\"); let b = m().compile(#{{ batch: 2 }});"
+    ))
+    .unwrap();
+    use rumus::memory::Budget;
+    let saved = rumus::checkpoint::load(&first, &mut Budget::unlimited().empty()).unwrap();
+    let mut tensors = saved.tensors.clone();
+    let var = &mut tensors.iter_mut().find(|(n, _)| n == "bn.running_var").unwrap().1;
+    var.as_f32_mut().unwrap()[1] = -2.0;
+    let refs: Vec<(&str, &rumus::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    rumus::checkpoint::save(&path, &refs, &saved.metadata).unwrap();
+    let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
+    let expected = "tensor `bn.running_var` is a batch norm running variance, which is never negative, but element 1 is -2";
+    assert!(err.message.ends_with(expected), "{err}");
+}
