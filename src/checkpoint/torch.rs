@@ -193,11 +193,31 @@ pub fn map(
              (use `*` for the segments that vary)"
         ));
     }
+    if let Transpose::Only(patterns) = &opts.transpose {
+        if patterns.iter().any(|p| p.0.is_empty()) {
+            return Err(err!(InvalidArgument, "transpose: an empty pattern matches nothing"));
+        }
+    }
     let targets: HashMap<&str, &Target> = targets.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut out: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
     let mut problems = Vec::new();
+    // A rule or pattern that matches no tensor is a mistake (a typo would load the state dict
+    // untransposed or unrenamed without a word).
+    let mut renamed = vec![false; opts.rename.len()];
+    let mut flipped = vec![false; patterns];
+    let first_names: Vec<String> = ckpt.tensors.iter().take(3).map(|(n, _)| n.clone()).collect();
     for (source, tensor) in ckpt.tensors {
-        for (i, name) in rename(&opts.rename, &source)?.into_iter().enumerate() {
+        let (rule, names) = rename(&opts.rename, &source)?;
+        if let Some(r) = rule {
+            renamed[r] = true;
+        }
+        for (i, name) in names.into_iter().enumerate() {
+            if let Transpose::Only(patterns) = &opts.transpose {
+                let segs: Vec<&str> = name.split('.').collect();
+                for (used, p) in flipped.iter_mut().zip(patterns) {
+                    *used |= p.match_prefix(&segs).is_some();
+                }
+            }
             if i > 0 {
                 let what = format!("`{source}` copied to `{name}` as well");
                 charge.grow(tensor.bytes(), what)?;
@@ -248,6 +268,23 @@ pub fn map(
             }
         }
     }
+    let seen = crate::checkpoint::name_list(&first_names);
+    if let Some(r) = renamed.iter().position(|&used| !used) {
+        return Err(err!(
+            InvalidArgument,
+            "rename: `{}` matches no tensor of the state dict (its names begin {seen})",
+            opts.rename[r].from
+        ));
+    }
+    if let (Transpose::Only(patterns), Some(p)) =
+        (&opts.transpose, flipped.iter().position(|&used| !used))
+    {
+        return Err(err!(
+            InvalidArgument,
+            "transpose: `{}` matches no tensor name (after renaming; the state dict's begin {seen})",
+            patterns[p]
+        ));
+    }
     if !problems.is_empty() {
         return Err(err!(
             Checkpoint,
@@ -258,11 +295,12 @@ pub fn map(
     Ok(out.into_iter().map(|(name, (_, t))| (name, t)).collect())
 }
 
-/// The names `source` lands on under `rules`.
-fn rename(rules: &[Rename], source: &str) -> Result<Vec<String>> {
+/// The names `source` lands on under `rules`, and which rule renamed it.
+fn rename(rules: &[Rename], source: &str) -> Result<(Option<usize>, Vec<String>)> {
     let segs: Vec<&str> = source.split('.').collect();
     let mut best: Option<(&Rename, Vec<&str>)> = None;
-    for rule in rules {
+    let mut index = None;
+    for (r, rule) in rules.iter().enumerate() {
         let Some(caps) = rule.from.match_prefix(&segs) else { continue };
         match &best {
             Some((b, _)) if b.from.0.len() > rule.from.0.len() => {}
@@ -274,14 +312,18 @@ fn rename(rules: &[Rename], source: &str) -> Result<Vec<String>> {
                     rule.from
                 ));
             }
-            _ => best = Some((rule, caps)),
+            _ => {
+                best = Some((rule, caps));
+                index = Some(r);
+            }
         }
     }
     let Some((rule, caps)) = best else {
-        return Ok(vec![source.to_string()]);
+        return Ok((None, vec![source.to_string()]));
     };
     let rest = &segs[rule.from.0.len()..];
-    rule.to
+    let names = rule
+        .to
         .iter()
         .map(|to| {
             let mut name = to.fill(&caps);
@@ -295,7 +337,8 @@ fn rename(rules: &[Rename], source: &str) -> Result<Vec<String>> {
             }
             Ok(name.join("."))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((index, names))
 }
 
 /// A 2-D tensor `[r, c]` as `[c, r]`.

@@ -344,6 +344,20 @@ fn load_options_are_checked() {
             "load: `transpose` must be true, false or a list of name patterns, got string",
         ),
         (r#"#{ from: "pytorch", strict: 1 }"#, "load: `strict` must be true or false, got i64"),
+        // Found by the hostile-input audit: a rule or pattern that matches nothing (a typo)
+        // loaded the state dict unrenamed or untransposed without a word.
+        (
+            r#"#{ from: "pytorch", rename: #{ "0": "fc1", "2": "fc2", "9": "x" } }"#,
+            "rename: `9` matches no tensor of the state dict (its names begin `0.bias`, `0.weight`, `2.bias`)",
+        ),
+        (
+            r#"#{ from: "pytorch", rename: #{ "0": "fc1", "2": "fc2" }, transpose: ["fc1", "fc9"] }"#,
+            "transpose: `fc9` matches no tensor name (after renaming; the state dict's begin `0.bias`, `0.weight`, `2.bias`)",
+        ),
+        (
+            r#"#{ from: "pytorch", transpose: [""] }"#,
+            "transpose: an empty pattern matches nothing",
+        ),
     ];
     let mut wrong = Vec::new();
     for (opts, expected) in cases {
