@@ -587,6 +587,24 @@ fn resource_sized_options_are_checked_against_memory_before_allocating() {
     }
 }
 
+/// Found by the hostile-input audit: a model named like a script function replaced it without a
+/// word (`model exit` made `exit()` build a model, and the script ran on past it); one named
+/// like a keyword could never be called.
+#[test]
+fn a_model_named_like_a_script_function_or_keyword_is_refused() {
+    for (name, why) in [
+        ("exit", "is a word of the script language, so the model could not be called: rename it"),
+        ("seed", "is a function of the script API (see `:help seed`), which the model would replace: rename it"),
+        ("let", "is a word of the script language, so the model could not be called: rename it"),
+    ] {
+        let f = script(
+            &format!("named_{name}.rms"),
+            &format!("print(1);\nmodel {name}(x: f32[B, 2]) {{ return linear(x, 3) as fc }}\n"),
+        );
+        check(&["run", &f, "--device", "cpu"], &[], (1, &format!("{f}:2:7: model `{name}`: `{name}` {why}")));
+    }
+}
+
 /// Found by the hostile-input audit: `--set B=2 --set B=3` kept the last value without a word.
 #[test]
 fn a_setting_given_twice_is_refused() {
