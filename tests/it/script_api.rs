@@ -548,20 +548,20 @@ fn i32_tensors_compute_exactly_and_script_numbers_convert_checked() {
          print(tensor([2147483647, 2147483647, 2147483647], \"i32\").sum());
          print(tensor(16777216..16777220, \"i32\")); print(tensor(-2..=1, \"i32\"));
          print(tensor([16777216, 16777217], \"i32\").argmax());",
-        "16777218\n16777217\n1\n8388609.0\n\
-         tensor i32[2] [16777217, 1]\ntensor i32[2] [33554433, 1]\n16777217\n16777217\n\
-         6442450941\n\
+        "16777218.0\n16777217.0\n1.0\n8388609.0\n\
+         tensor i32[2] [16777217, 1]\ntensor i32[2] [33554433, 1]\n16777217\n16777217.0\n\
+         6442450941.0\n\
          tensor i32[4] [16777216, 16777217, 16777218, 16777219]\ntensor i32[4] [-2, -1, 0, 1]\n\
          tensor i32[] 1\n",
     );
-    // i32 with i32 (or an integer) stays i32, dividing toward zero as rhai does; with f32 or a
-    // float it is f32; to_f32() is the explicit conversion, and rounds.
+    // i32 with i32 (or an integer) stays i32, except under `/` (true division, in f32); with
+    // f32 or a float it is f32; to_f32() is the explicit conversion, and rounds.
     check(
         "let i = tensor([7, -7], \"i32\");
-         print(i / 2); print(i + tensor([[10], [20]], \"i32\")); print(-i); print(pow(i, 2));
+         print(i.div_floor(2)); print(i + tensor([[10], [20]], \"i32\")); print(-i); print(pow(i, 2));
          print(abs(i)); print(relu(i)); print(max(i, 0)); print(i + 0.5); print(i * tensor([0.5]));
          print(tensor([16777217], \"i32\").to_f32()); print(zeros([1]) + 16777216);",
-        "tensor i32[2] [3, -3]\ntensor i32[2, 2] [[17, 3], [27, 13]]\ntensor i32[2] [-7, 7]\n\
+        "tensor i32[2] [3, -4]\ntensor i32[2, 2] [[17, 3], [27, 13]]\ntensor i32[2] [-7, 7]\n\
          tensor i32[2] [49, 49]\ntensor i32[2] [7, 7]\ntensor i32[2] [7, 0]\n\
          tensor i32[2] [7, 0]\ntensor f32[2] [7.5, -6.5]\ntensor f32[2] [3.5, -3.5]\n\
          tensor f32[1] [16777216]\ntensor f32[1] [16777216]\n",
@@ -586,7 +586,7 @@ fn i32_tensors_compute_exactly_and_script_numbers_convert_checked() {
         ("tensor([2147483647], \"i32\") + 1", format!("`+` on i32 tensors: 2147483647 + 1 {i32_range}")),
         ("tensor([65536], \"i32\") * tensor([65536], \"i32\")", format!("`*` on i32 tensors: 65536 * 65536 {i32_range}")),
         ("tensor([1], \"i32\") * 4294967296", "`*`: must be an integer in -2147483648..=2147483647, got 4294967296".into()),
-        ("tensor([1], \"i32\") / 0", "`/` on i32 tensors: 1 / 0 divides by zero".into()),
+        ("tensor([1], \"i32\").div_floor(0)", "`div_floor` on i32 tensors: div_floor(1, 0) divides by zero".into()),
         ("-tensor([-2147483648], \"i32\")", "`-` on an i32 tensor: -(-2147483648) is outside i32's range".into()),
         ("pow(tensor([2], \"i32\"), 31)", format!("`pow` on i32 tensors: pow(2, 31) {i32_range}")),
         ("pow(tensor([2], \"i32\"), -1)", "`pow` on i32 tensors: pow(2, -1) has a negative exponent, and no i32 value: convert with to_f32() first".into()),
@@ -612,7 +612,7 @@ fn rows_can_be_used_and_set_through_an_index() {
         "let t = tensor([[1, 2], [3, 4]]); print(t[1].sum()); print(t[0].to_array());
          let i = tensor([[7], [8]], \"i32\"); print(i[1].item());
          t[0] = tensor([5, 6]); print(t); let u = t; u[-1] = zeros([2]); print(t); print(u);",
-        "7.0\n[1.0, 2.0]\n8\ntensor f32[2, 2] [[5, 6], [3, 4]]\n\
+        "7.0\n[1.0, 2.0]\n8.0\ntensor f32[2, 2] [[5, 6], [3, 4]]\n\
          tensor f32[2, 2] [[5, 6], [3, 4]]\ntensor f32[2, 2] [[5, 6], [0, 0]]\n",
     );
     let cases = [
@@ -651,5 +651,82 @@ fn printing_a_tensor_shows_at_most_a_thousand_elements() {
         "print(zeros([2147483648, 0])); print(tensor(0..2000000)); print(tensor([[1, 2], [3, 4]]));",
         "tensor f32[2147483648, 0] []\ntensor f32[2000000] [0, 1, 2, ..., 1999997, 1999998, 1999999]\n\
          tensor f32[2, 2] [[1, 2], [3, 4]]\n",
+    );
+}
+
+/// Found by review: after i32 tensors began computing exactly, `tensor([1, 2, 3], "i32") / 2`
+/// divided toward zero (`[0, 1, 1]`), so `d.x / 255` of a text dataset's i32 bytes became 0 or 1
+/// without a word, and `correct.sum() / n` was rhai's integer division, 0. `/` is true division
+/// (f32, as in NumPy and PyTorch), `div_floor` divides integers on request, and reductions and
+/// `item` are floats, exact for i32 tensors or an error past 2^53.
+#[test]
+fn i32_division_is_true_division_and_reductions_are_floats() {
+    check(
+        "let x = tensor([1, 2, 3, 255], \"i32\");
+         print(x / 2); print(x / 255); print(1 / tensor([4], \"i32\")); print(x / tensor([2.0]));
+         print(x / tensor([0, 1, 1, 1], \"i32\")); print((x / 2).dtype);
+         let correct = tensor([1, 0, 1], \"i32\"); print(correct.sum() / 3);
+         print(x.max() / 2); print(x.min()); print(x[3]); print(tensor([5], \"i32\").item() / 2);",
+        "tensor f32[4] [0.5, 1, 1.5, 127.5]\n\
+         tensor f32[4] [0.003921569, 0.007843138, 0.011764706, 1]\ntensor f32[1] [0.25]\n\
+         tensor f32[4] [0.5, 1, 1.5, 127.5]\ntensor f32[4] [inf, 2, 3, 255]\nf32\n\
+         0.6666666666666666\n127.5\n1.0\n255\n2.5\n",
+    );
+    // Integer division on request, rounding down as Python's `//` does.
+    check(
+        "let i = tensor([7, -7, 6, -6], \"i32\"); print(i.div_floor(2)); print(i.div_floor(-2));
+         print(div_floor(7, tensor([2, -2], \"i32\")));
+         print(tensor([-2147483648], \"i32\").div_floor(1));",
+        "tensor i32[4] [3, -4, 3, -3]\ntensor i32[4] [-4, 3, -3, 3]\ntensor i32[2] [3, -4]\n\
+         tensor i32[1] [-2147483648]\n",
+    );
+    let f64_exact = "is beyond 2^53 = 9007199254740992, past which a float (f64) does not hold \
+                     every integer: reduce smaller parts of the tensor, or convert with to_f32() \
+                     first to accept rounding";
+    let cases = [
+        (
+            "tensor([16777217], \"i32\") / 2".to_string(),
+            "`/`: the i32 element 16777217 has no exact f32 value (f32 holds every integer up to \
+             16777216 = 2^24, and only some beyond): keep the computation in i32 (integers), or \
+             convert with to_f32(), which rounds"
+                .to_string(),
+        ),
+        (
+            "tensor([-2147483648], \"i32\").div_floor(-1)".into(),
+            "`div_floor` on i32 tensors: div_floor(-2147483648, -1) is outside i32's range \
+             (-2147483648..=2147483647)"
+                .into(),
+        ),
+        (
+            "zeros([2]).div_floor(2)".into(),
+            "`div_floor` divides integers: it takes i32 tensors and integers, got an f32 tensor \
+             and an integer; convert an f32 tensor with to_i32() (which rounds toward zero) \
+             first, or use `/` for true division"
+                .into(),
+        ),
+        (
+            "tensor([1], \"i32\").div_floor(2.0)".into(),
+            "`div_floor` divides integers: it takes i32 tensors and integers, got an i32 tensor \
+             and a float; convert an f32 tensor with to_i32() (which rounds toward zero) first, \
+             or use `/` for true division"
+                .into(),
+        ),
+        // 4194305 elements of 2^31 - 1: 9007201398030335, past 2^53.
+        (
+            "(zeros([4194305]).to_i32() + 2147483647).sum()".into(),
+            format!("sum: the exact result 9007201398030335 {f64_exact}"),
+        ),
+        (
+            "(zeros([4194305]).to_i32() - 2147483647).sum()".into(),
+            format!("sum: the exact result -9007201398030335 {f64_exact}"),
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&code, &format!("error: {expected}\n"));
+    }
+    // Exactly 2^53 is still exact: 4194304 elements of 2^31.
+    check(
+        "print((zeros([4194304]).to_i32() - 2147483647 - 1).sum().to_int());",
+        "-9007199254740992\n",
     );
 }

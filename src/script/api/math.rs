@@ -2,63 +2,79 @@
 //! NumPy broadcasting, reductions (`sum`, `mean`, `max`, `min`), `argmax`, and `sample` (seeded,
 //! for generating text). NaN is never hidden: it propagates through `max` and `min` and counts
 //! as the largest element for `argmax`. Numbers never silently lose precision, wrap or
-//! saturate: i32 tensors with i32 tensors or integers compute in i32 (an overflow, or a division
-//! by zero, is an error; `/` divides toward zero, as rhai divides integers), their reductions
-//! are exact integers, and where an i32 tensor meets f32 (or a float) each element must have
-//! an exact f32 value; `to_f32()` is the explicit, rounding conversion.
+//! saturate: i32 tensors with i32 tensors or integers compute in i32 under `+ - *`, `pow`,
+//! `max`, `min` and `div_floor` (an overflow, or a division by zero, is an error); `/` is true
+//! division, in f32, as in NumPy and PyTorch; reductions are floats, of i32 tensors exact (an
+//! error past 2^53); and where an i32 tensor meets f32 (or a float) each element must have an
+//! exact f32 value; `to_f32()` is the explicit, rounding conversion.
 
 use super::super::convert::{script_err, to_u64, ScriptResult};
 use super::super::Ctx;
 use super::tensor::{alloc, exact_in_f32, reader, Number, ScriptTensor};
 use crate::rng::Rng;
 use crate::tensor::{fmt_shape, Tensor, TensorData};
-use rhai::{Dynamic, Engine, FLOAT, INT};
+use rhai::{Engine, FLOAT, INT};
 use std::sync::Arc;
 
-/// An elementwise operator on two operands: its f32 form, and its i32 form for two i32
-/// operands (an i32 tensor, or an integer), which is exact or an error (a message fragment:
-/// an overflow, a division by zero), never a wrapped or saturated result.
+/// An elementwise operator on two operands: its f32 form, for operands of which either is f32
+/// (an f32 tensor, or a float), and its i32 form, for two i32 operands (an i32 tensor, or an
+/// integer), which is exact or an error (a message fragment: an overflow, a division by zero),
+/// never a wrapped or saturated result. An operator without an i32 form computes i32 operands
+/// in f32 (`/` is true division, as in NumPy and PyTorch); one without an f32 form takes i32
+/// operands only (`div_floor`).
 #[derive(Clone, Copy)]
 struct BinOp {
     name: &'static str,
-    f: fn(f32, f32) -> f32,
-    i: fn(i32, i32) -> Result<i32, String>,
+    f: Option<fn(f32, f32) -> f32>,
+    i: Option<IntOp>,
 }
+
+/// The exact i32 form of an operator: its result, or what stops it (a message fragment).
+type IntOp = fn(i32, i32) -> Result<i32, String>;
 
 /// `a op b` is outside i32's range.
 fn overflow(a: i32, op: &str, b: i32) -> String {
     format!("{a} {op} {b} is outside i32's range ({}..={})", i32::MIN, i32::MAX)
 }
 
-const OPS: [BinOp; 7] = [
+const OPS: [BinOp; 8] = [
     BinOp {
         name: "+",
-        f: |a, b| a + b,
-        i: |a, b| a.checked_add(b).ok_or_else(|| overflow(a, "+", b)),
+        f: Some(|a, b| a + b),
+        i: Some(|a, b| a.checked_add(b).ok_or_else(|| overflow(a, "+", b))),
     },
     BinOp {
         name: "-",
-        f: |a, b| a - b,
-        i: |a, b| a.checked_sub(b).ok_or_else(|| overflow(a, "-", b)),
+        f: Some(|a, b| a - b),
+        i: Some(|a, b| a.checked_sub(b).ok_or_else(|| overflow(a, "-", b))),
     },
     BinOp {
         name: "*",
-        f: |a, b| a * b,
-        i: |a, b| a.checked_mul(b).ok_or_else(|| overflow(a, "*", b)),
+        f: Some(|a, b| a * b),
+        i: Some(|a, b| a.checked_mul(b).ok_or_else(|| overflow(a, "*", b))),
     },
+    // True division, of i32 operands too (each must have an exact f32 value): `x / 255` of an
+    // i32 tensor is a fraction, never silently 0 or 1.
+    BinOp { name: "/", f: Some(|a, b| a / b), i: None },
+    // Integer division, rounding toward negative infinity (Python's and NumPy's `//`).
     BinOp {
-        name: "/",
-        f: |a, b| a / b,
-        // As rhai divides integers: toward zero.
-        i: |a, b| match b {
-            0 => Err(format!("{a} / 0 divides by zero")),
-            _ => a.checked_div(b).ok_or_else(|| overflow(a, "/", b)),
-        },
+        name: "div_floor",
+        f: None,
+        i: Some(|a, b| {
+            if b == 0 {
+                return Err(format!("div_floor({a}, 0) divides by zero"));
+            }
+            let q = a.checked_div(b).ok_or_else(|| {
+                format!("div_floor({a}, {b}) is outside i32's range ({}..={})", i32::MIN, i32::MAX)
+            })?;
+            // Toward zero, then one down where the exact quotient is negative and not whole.
+            Ok(if a % b != 0 && (a < 0) != (b < 0) { q - 1 } else { q })
+        }),
     },
     BinOp {
         name: "pow",
-        f: f32::powf,
-        i: |a, b| {
+        f: Some(f32::powf),
+        i: Some(|a, b| {
             match u32::try_from(b) {
             Err(_) => Err(format!(
                 "pow({a}, {b}) has a negative exponent, and no i32 value: convert with to_f32() first"
@@ -67,10 +83,10 @@ const OPS: [BinOp; 7] = [
                 format!("pow({a}, {b}) is outside i32's range ({}..={})", i32::MIN, i32::MAX)
             }),
         }
-        },
+        }),
     },
-    BinOp { name: "max", f: f32::max, i: |a, b| Ok(a.max(b)) },
-    BinOp { name: "min", f: f32::min, i: |a, b| Ok(a.min(b)) },
+    BinOp { name: "max", f: Some(f32::max), i: Some(|a, b| Ok(a.max(b))) },
+    BinOp { name: "min", f: Some(f32::min), i: Some(|a, b| Ok(a.min(b))) },
 ];
 
 /// One side of an elementwise operation.
@@ -92,6 +108,16 @@ impl Operand<'_> {
         match self {
             Operand::Tensor(t) => t.as_i32().is_some(),
             Operand::Number(n) => matches!(n, Number::Int(_)),
+        }
+    }
+
+    /// What the operand is, for messages.
+    fn describe(&self) -> &'static str {
+        match self {
+            Operand::Tensor(t) if t.as_i32().is_some() => "an i32 tensor",
+            Operand::Tensor(_) => "an f32 tensor",
+            Operand::Number(Number::Int(_)) => "an integer",
+            Operand::Number(_) => "a float",
         }
     }
 }
@@ -197,44 +223,42 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("relu", move |a: &mut ScriptTensor| {
         unary(&c, "relu", a.tensor(), |x| x.max(0.0), Some(|x: i32| Ok(x.max(0))))
     });
-    // Reductions: of an i32 tensor exact, as integers (the mean a float); of an f32 tensor
-    // summed in f64.
-    engine.register_fn("sum", |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
-        let t = t.tensor();
-        match t.data() {
-            TensorData::I32(v) => Ok(Dynamic::from_int(int_sum(v, "sum")?)),
-            TensorData::F32(v) => Ok(Dynamic::from_float(v.iter().map(|&x| f64::from(x)).sum())),
+    // Reductions are floats, so `correct.sum() / n` divides as floats: of an i32 tensor
+    // computed exactly (an error past 2^53, where f64 stops holding every integer), of an f32
+    // tensor summed in f64.
+    engine.register_fn("sum", |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
+        match t.tensor().data() {
+            TensorData::I32(v) => exact_float(int_sum(v), "sum"),
+            TensorData::F32(v) => Ok(v.iter().map(|&x| f64::from(x)).sum()),
         }
     });
     engine.register_fn("mean", |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = nonempty(t.tensor(), "mean")?;
         let total = match t.data() {
-            TensorData::I32(v) => v.iter().map(|&x| i128::from(x)).sum::<i128>() as f64,
+            TensorData::I32(v) => int_sum(v) as f64,
             TensorData::F32(v) => v.iter().map(|&x| f64::from(x)).sum(),
         };
         Ok(total / t.numel() as f64)
     });
     // NaN anywhere makes the largest and smallest element NaN (as in NumPy and PyTorch), not
-    // the largest of the other elements.
+    // the largest of the other elements. Every i32 is exact in f64.
     let nan_or = |f: fn(f32, f32) -> f32| {
         move |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { f(a, b) }
     };
-    engine.register_fn("max", move |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
+    engine.register_fn("max", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = nonempty(t.tensor(), "max")?;
         Ok(match t.data() {
-            TensorData::I32(v) => Dynamic::from_int(v.iter().copied().max().unwrap_or(0).into()),
-            TensorData::F32(v) => Dynamic::from_float(
-                v.iter().copied().fold(f32::NEG_INFINITY, nan_or(f32::max)).into(),
-            ),
+            TensorData::I32(v) => v.iter().copied().max().unwrap_or(0).into(),
+            TensorData::F32(v) => {
+                v.iter().copied().fold(f32::NEG_INFINITY, nan_or(f32::max)).into()
+            }
         })
     });
-    engine.register_fn("min", move |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
+    engine.register_fn("min", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = nonempty(t.tensor(), "min")?;
         Ok(match t.data() {
-            TensorData::I32(v) => Dynamic::from_int(v.iter().copied().min().unwrap_or(0).into()),
-            TensorData::F32(v) => {
-                Dynamic::from_float(v.iter().copied().fold(f32::INFINITY, nan_or(f32::min)).into())
-            }
+            TensorData::I32(v) => v.iter().copied().min().unwrap_or(0).into(),
+            TensorData::F32(v) => v.iter().copied().fold(f32::INFINITY, nan_or(f32::min)).into(),
         })
     });
     let c = ctx.clone();
@@ -251,13 +275,24 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("!=", |a: ScriptTensor, b: ScriptTensor| a != b);
 }
 
-/// The exact sum of i32 elements, as a script integer (an error only past i64's range, which
-/// takes more than 2^32 elements).
-fn int_sum(v: &[i32], what: &str) -> ScriptResult<INT> {
-    let total: i128 = v.iter().map(|&x| i128::from(x)).sum();
-    INT::try_from(total).map_err(|_| {
-        script_err(format!("{what}: the sum {total} is outside the range of script integers"))
-    })
+/// The exact sum of i32 elements: in i64 over runs of 2^32 elements (which no run can
+/// overflow: 2^32 · 2^31 = 2^63), the runs in i128.
+fn int_sum(v: &[i32]) -> i128 {
+    v.chunks(1 << 32).map(|run| i128::from(run.iter().map(|&x| i64::from(x)).sum::<i64>())).sum()
+}
+
+/// The largest integer below which f64 holds every integer exactly (2^53).
+const F64_EXACT: i128 = 1 << 53;
+
+/// An exact integer result of `what` as a script float: an error beyond ±2^53, where f64
+/// holds only some integers and the value would silently round.
+fn exact_float(v: i128, what: &str) -> ScriptResult<FLOAT> {
+    if v.abs() > F64_EXACT {
+        return Err(script_err(format!(
+            "{what}: the exact result {v} is beyond 2^53 = {F64_EXACT}, past which a float (f64) does not hold every integer: reduce smaller parts of the tensor, or convert with to_f32() first to accept rounding"
+        )));
+    }
+    Ok(v as FLOAT)
 }
 
 /// `t`, or an error for `what` (a reduction with no answer on no elements: NumPy and PyTorch
@@ -303,20 +338,28 @@ fn binary(ctx: &Ctx, op: BinOp, a: Operand, b: Operand) -> ScriptResult<ScriptTe
         script_err(format!("cannot broadcast shapes {} and {}", fmt_shape(sa), fmt_shape(sb)))
     })?;
     let pairs = || Pairs::new(sa, sb, &out_shape);
-    if a.is_int() && b.is_int() {
+    if let (true, Some(i)) = (a.is_int() && b.is_int(), op.i) {
         let (ga, gb) = (i32s(a, op.name)?, i32s(b, op.name)?);
         alloc(ctx, &out_shape, |n| {
             let on_i32 = |m: String| script_err(format!("`{}` on i32 tensors: {m}", op.name));
             let mut out = Vec::with_capacity(n);
             for (ia, ib) in pairs().take(n) {
-                out.push((op.i)(ga.get(ia), gb.get(ib)).map_err(on_i32)?);
+                out.push(i(ga.get(ia), gb.get(ib)).map_err(on_i32)?);
             }
             Ok(TensorData::I32(out))
         })
     } else {
+        let Some(f) = op.f else {
+            return Err(script_err(format!(
+                "`{}` divides integers: it takes i32 tensors and integers, got {} and {}; convert an f32 tensor with to_i32() (which rounds toward zero) first, or use `/` for true division",
+                op.name,
+                a.describe(),
+                b.describe()
+            )));
+        };
         let (ga, gb) = (f32s(a, op.name)?, f32s(b, op.name)?);
         alloc(ctx, &out_shape, |n| {
-            let out = pairs().take(n).map(|(ia, ib)| (op.f)(ga.get(ia), gb.get(ib))).collect();
+            let out = pairs().take(n).map(|(ia, ib)| f(ga.get(ia), gb.get(ib))).collect();
             Ok(TensorData::F32(out))
         })
     }

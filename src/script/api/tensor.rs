@@ -235,7 +235,8 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     let c = ctx.clone();
     engine.register_fn("to_array", move |t: &mut ScriptTensor| to_array(&c, t.tensor()));
-    engine.register_fn("item", |t: &mut ScriptTensor| -> ScriptResult<Dynamic> {
+    // A float, as the reductions are (every i32 is exact in f64).
+    engine.register_fn("item", |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = t.tensor();
         if t.numel() != 1 {
             return Err(script_err(format!(
@@ -245,8 +246,8 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
             )));
         }
         Ok(match t.data() {
-            TensorData::F32(v) => Dynamic::from_float(v[0].into()),
-            TensorData::I32(v) => Dynamic::from_int(v[0].into()),
+            TensorData::F32(v) => v[0].into(),
+            TensorData::I32(v) => v[0].into(),
         })
     });
     engine.register_fn("to_string", |t: &mut ScriptTensor| t.to_string());
