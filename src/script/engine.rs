@@ -50,6 +50,9 @@ pub struct Sandbox {
     pub read_roots: Vec<PathBuf>,
     /// Folders (and everything below them) that scripts may write.
     pub write_roots: Vec<PathBuf>,
+    /// Files no script may write, though they lie below a write root: the script being run
+    /// (`net.save("train.rms")` would destroy it). Resolved paths ([`Sandbox::protect`]).
+    pub protected: Vec<PathBuf>,
 }
 
 impl Default for Sandbox {
@@ -68,6 +71,7 @@ impl Default for Sandbox {
             memory_budget: crate::memory::default_limit(),
             read_roots: vec![cwd.clone()],
             write_roots: vec![cwd.clone()],
+            protected: Vec::new(),
             base_dir: cwd,
         }
     }
@@ -87,6 +91,13 @@ impl Sandbox {
     /// Allow reads below `dir` (the folder of a script being run, a data folder a host grants).
     pub fn allow_read(&mut self, dir: impl Into<PathBuf>) {
         self.read_roots.push(dir.into());
+    }
+
+    /// Refuse writes to `file` (the script being run), links and relative spellings resolved.
+    pub fn protect(&mut self, file: &Path) {
+        if let Ok(resolved) = file.canonicalize() {
+            self.protected.push(resolved);
+        }
     }
 
     /// Allow writes (and reads) below `dir`.
@@ -125,6 +136,13 @@ impl Sandbox {
         let inside = |p: &Path| within(p, &self.write_roots);
         if inside(&resolved) && resolved.is_dir() {
             return Err(err!(Io, "writing `{path}`: it is a folder; give a file name"));
+        }
+        if let Some(p) = self.protected.iter().find(|p| **p == resolved) {
+            return Err(err!(
+                Io,
+                "writing `{path}` would replace the running script {}: write somewhere else",
+                p.display()
+            ));
         }
         if resolved.parent().is_some_and(inside) {
             Ok(resolved)

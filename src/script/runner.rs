@@ -44,6 +44,7 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .unwrap_or(Path::new("."))
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
+    host_opts.sandbox.protect(&opts.file);
     let source = crate::files::read_source(&opts.file)?;
     for (flag, out) in [("--metrics", &opts.metrics), ("--plot", &opts.plot)] {
         if let Some(out) = out {

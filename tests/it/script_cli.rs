@@ -605,6 +605,22 @@ fn a_model_named_like_a_script_function_or_keyword_is_refused() {
     }
 }
 
+/// Found by the hostile-input audit: `net.save("train.rms")` in `train.rms` replaced the running
+/// script with a checkpoint (the command line's own outputs were already refused there).
+#[test]
+fn a_script_cannot_write_over_itself() {
+    let text = "model m(x: f32[B, 2]) { return linear(x, 3) as fc }\nlet n = m().compile(#{ batch: 2 });\nn.save(\"target/script_cli/self_save.rms\");\n";
+    let f = script("self_save.rms", text);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let resolved = root.join(&f).canonicalize().unwrap();
+    let expected = format!(
+        "{f}:3:3: writing `target/script_cli/self_save.rms` would replace the running script {}: write somewhere else",
+        resolved.display()
+    );
+    check(&["run", &f, "--device", "cpu"], &[], (2, &expected));
+    assert_eq!(std::fs::read_to_string(root.join(&f)).unwrap(), text);
+}
+
 /// Found by the hostile-input audit: `--set B=2 --set B=3` kept the last value without a word.
 #[test]
 fn a_setting_given_twice_is_refused() {
