@@ -51,6 +51,7 @@ use program::KernelPrograms;
 /// `target`.
 pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> {
     matmul::check_forced_coop_tile(target)?;
+    crate::plan::limits::check_addressable(g, plan)?;
     let mut out = PlanPrograms::default();
     if plan.kernels.iter().any(|k| checks_data(&k.kind)) {
         out.status_words = wgsl::status_words(plan);

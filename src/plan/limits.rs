@@ -275,27 +275,38 @@ pub fn concat_parts(reads: &[Vec<NodeId>], max: Option<u32>) -> Vec<std::ops::Ra
 /// Refuse a plan with a value larger than one storage binding: the error names the value (its
 /// op, shape and bytes, at its position in the model when it has one) and the limit.
 pub fn check_binding_bytes(g: &Graph, plan: &Plan, max_bytes: u64) -> Result<()> {
-    for v in &plan.values {
-        if v.bytes <= max_bytes {
-            continue;
-        }
-        let node = g.node(v.node);
-        let what = match &node.op {
-            Op::Input { name } => format!("input `{name}`"),
-            Op::Parameter { name, .. } => format!("parameter `{name}`"),
-            Op::State { name, .. } => format!("state `{name}`"),
-            op => format!("the result of `{}`", op.name()),
-        };
-        return Err(err!(
-            Device,
-            "{what} ({}{}) takes {} bytes, more than the {} bytes the adapter allows in one \
-             storage binding (max_storage_buffer_binding_size); use smaller dimensions",
-            node.dtype,
-            fmt_shape(&node.shape),
-            v.bytes,
-            max_bytes
+    check_values(g, plan, max_bytes, |bytes| {
+        format!(
+            "takes {bytes} bytes, more than the {max_bytes} bytes the adapter allows in one \
+             storage binding (max_storage_buffer_binding_size); use smaller dimensions"
         )
-        .at(node.span));
-    }
-    Ok(())
+    })
+}
+
+/// Refuse a plan with a value the kernels cannot address: they index elements, and count
+/// workgroups, in WGSL's `u32`, so a value of 2^32 elements or more would wrap (its kernels
+/// would dispatch nothing, without a word). Whatever the device's limits.
+pub fn check_addressable(g: &Graph, plan: &Plan) -> Result<()> {
+    let max_bytes = 4 * u64::from(u32::MAX);
+    check_values(g, plan, max_bytes, |bytes| {
+        format!(
+            "takes {bytes} bytes, {} elements or more: the GPU kernels index at most 2^32 - 1 \
+             (u32); use smaller dimensions",
+            1u64 << 32
+        )
+    })
+}
+
+/// The first value of `plan` over `max_bytes`, as an error naming it with `why(bytes)`.
+fn check_values(g: &Graph, plan: &Plan, max_bytes: u64, why: impl Fn(u64) -> String) -> Result<()> {
+    let Some(v) = plan.values.iter().find(|v| v.bytes > max_bytes) else { return Ok(()) };
+    let node = g.node(v.node);
+    let what = match &node.op {
+        Op::Input { name } => format!("input `{name}`"),
+        Op::Parameter { name, .. } => format!("parameter `{name}`"),
+        Op::State { name, .. } => format!("state `{name}`"),
+        op => format!("the result of `{}`", op.name()),
+    };
+    Err(err!(Device, "{what} ({}{}) {}", node.dtype, fmt_shape(&node.shape), why(v.bytes))
+        .at(node.span))
 }

@@ -111,3 +111,18 @@ fn a_model_value_with_a_name_rumus_uses_itself_is_refused_at_its_declaration() {
         assert_eq!(err, format!("{p}:{at} {why}\n{shown}"));
     }
 }
+
+/// Found by the hostile-input audit: a value of 2^32 elements or more wrapped the kernels' u32
+/// workgroup counts to 0, and `rumus plan` listed kernels that compute nothing.
+#[test]
+fn a_value_the_kernels_cannot_index_is_refused_by_name() {
+    let dir = crate::common::ScratchDir::new("cli-u32");
+    let path = dir.join("big.rms");
+    let model = "model m(x: f32[4, 2]) {\n    param w[2, 1073741824] = zeros\n    return relu(x @ w)\n}\n";
+    std::fs::write(&path, model).unwrap();
+    let p = path.to_str().unwrap();
+    let (code, _, err) = rumus(&["plan", p]);
+    assert_eq!(code, 1);
+    let message = "the result of `relu` (f32[4, 1073741824]) takes 17179869184 bytes, 4294967296 elements or more: the GPU kernels index at most 2^32 - 1 (u32); use smaller dimensions";
+    assert_eq!(err.lines().next().unwrap(), format!("{p}:3:12: {message}"));
+}
