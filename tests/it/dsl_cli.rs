@@ -118,7 +118,8 @@ fn a_model_value_with_a_name_rumus_uses_itself_is_refused_at_its_declaration() {
 fn a_value_the_kernels_cannot_index_is_refused_by_name() {
     let dir = crate::common::ScratchDir::new("cli-u32");
     let path = dir.join("big.rms");
-    let model = "model m(x: f32[4, 2]) {\n    param w[2, 1073741824] = zeros\n    return relu(x @ w)\n}\n";
+    let model =
+        "model m(x: f32[4, 2]) {\n    param w[2, 1073741824] = zeros\n    return relu(x @ w)\n}\n";
     std::fs::write(&path, model).unwrap();
     let p = path.to_str().unwrap();
     let (code, _, err) = rumus(&["plan", p]);
