@@ -730,3 +730,54 @@ fn i32_division_is_true_division_and_reductions_are_floats() {
         "-9007199254740992\n",
     );
 }
+
+/// Found by review: arithmetic with a number (`x / 255.0`) went through the general
+/// broadcasting iterator element by element, and ranges checked every element for f32
+/// exactness. Operands of the result's element count or of one element are read in one flat
+/// loop, ranges whose ends are exact are checked once; every path gives what broadcasting
+/// defines, and the checks still name the first element that fails.
+#[test]
+fn elementwise_fast_paths_give_what_broadcasting_defines() {
+    check(
+        "print(tensor([[1, 2, 3]]) + tensor([10, 20, 30]));
+         print(tensor([[1], [2]]) + tensor([10, 20, 30]));
+         print(tensor([[1], [2]]) * tensor([3])); print(tensor([[1, 2], [3, 4]]) - 1.5);
+         print(tensor([[1, 2], [3, 4]], \"i32\") * tensor([[2]], \"i32\"));
+         print(tensor([[1, 2], [3, 4]], \"i32\") + tensor([10, 20], \"i32\"));
+         print(2 - tensor([[1, 2], [3, 4]], \"i32\")); print(zeros([2, 0]) + zeros([1, 0]));
+         print(-tensor([1, -2], \"i32\")); print(tensor([4.0, 9.0]).sqrt());",
+        "tensor f32[1, 3] [[11, 22, 33]]\ntensor f32[2, 3] [[11, 21, 31], [12, 22, 32]]\n\
+         tensor f32[2, 1] [[3], [6]]\ntensor f32[2, 2] [[-0.5, 0.5], [1.5, 2.5]]\n\
+         tensor i32[2, 2] [[2, 4], [6, 8]]\ntensor i32[2, 2] [[11, 22], [13, 24]]\n\
+         tensor i32[2, 2] [[1, 0], [-1, -2]]\ntensor f32[2, 0] []\ntensor i32[2] [-1, 2]\n\
+         tensor f32[2] [2, 3]\n",
+    );
+    check(
+        "print(tensor(-16777216..=-16777214)); print(tensor(16777214..=16777216));
+         print(tensor(2147483646..=2147483647, \"i32\"));
+         print(tensor(-2147483648..-2147483646, \"i32\")); print(tensor(5..2));",
+        "tensor f32[3] [-16777216, -16777215, -16777214]\n\
+         tensor f32[3] [16777214, 16777215, 16777216]\ntensor i32[2] [2147483646, 2147483647]\n\
+         tensor i32[2] [-2147483648, -2147483647]\ntensor f32[0] []\n",
+    );
+    let inexact = "has no exact f32 value (f32 holds every integer up to 16777216 = 2^24, and \
+                   only some beyond): make the tensor \"i32\", or write the number as a float to \
+                   accept rounding";
+    let cases = [
+        ("tensor(16777215..16777219)", format!("tensor: 16777217 {inexact}")),
+        ("tensor(-16777219..0)", format!("tensor: -16777219 {inexact}")),
+        (
+            "tensor(-2147483649..-2147483646, \"i32\")",
+            "tensor: element must be an integer in -2147483648..=2147483647, got -2147483649"
+                .into(),
+        ),
+        (
+            "tensor([[2147483647], [1]], \"i32\") + tensor([0, 1], \"i32\")",
+            "`+` on i32 tensors: 2147483647 + 1 is outside i32's range (-2147483648..=2147483647)"
+                .into(),
+        ),
+    ];
+    for (code, expected) in cases {
+        check(code, &format!("error: {expected}\n"));
+    }
+}

@@ -122,7 +122,9 @@ impl Operand<'_> {
     }
 }
 
-/// An operand's elements as f32 (i32 elements checked to be exact first).
+/// An operand's elements as f32 (i32 elements checked to be exact first); a tensor of one
+/// element is read as that element.
+#[derive(Clone, Copy)]
 enum F32s<'a> {
     F32(&'a [f32]),
     I32(&'a [i32]),
@@ -130,28 +132,65 @@ enum F32s<'a> {
 }
 
 impl F32s<'_> {
-    fn get(&self, i: usize) -> f32 {
+    /// The element count, or `None` for one element (any index reads it).
+    fn len(self) -> Option<usize> {
         match self {
-            F32s::F32(v) => v[i],
-            F32s::I32(v) => v[i] as f32,
-            F32s::One(x) => *x,
+            F32s::F32(v) => Some(v.len()),
+            F32s::I32(v) => Some(v.len()),
+            F32s::One(_) => None,
         }
     }
 }
 
-/// An operand's elements as i32.
+/// An operand's elements as i32; a tensor of one element is read as that element.
+#[derive(Clone, Copy)]
 enum I32s<'a> {
     I32(&'a [i32]),
     One(i32),
 }
 
 impl I32s<'_> {
-    fn get(&self, i: usize) -> i32 {
+    /// The element count, or `None` for one element (any index reads it).
+    fn len(self) -> Option<usize> {
         match self {
-            I32s::I32(v) => v[i],
-            I32s::One(x) => *x,
+            I32s::I32(v) => Some(v.len()),
+            I32s::One(_) => None,
         }
     }
+}
+
+/// `$body` with `$get` a closure reading element `k` of `$x` (an [`F32s`] or an [`I32s`]):
+/// one copy of `$body` for each kind of operand, so the loops in it index a slice (or read a
+/// constant) with no decision per element.
+macro_rules! reading {
+    (F32s: $x:expr, $get:ident => $body:expr) => {
+        match $x {
+            F32s::F32(v) => {
+                let $get = |k: usize| v[k];
+                $body
+            }
+            F32s::I32(v) => {
+                let $get = |k: usize| v[k] as f32;
+                $body
+            }
+            F32s::One(x) => {
+                let $get = |_: usize| x;
+                $body
+            }
+        }
+    };
+    (I32s: $x:expr, $get:ident => $body:expr) => {
+        match $x {
+            I32s::I32(v) => {
+                let $get = |k: usize| v[k];
+                $body
+            }
+            I32s::One(x) => {
+                let $get = |_: usize| x;
+                $body
+            }
+        }
+    };
 }
 
 /// `x` read as f32 for operation `name`: an integer or i32 element f32 cannot hold exactly,
@@ -160,10 +199,14 @@ fn f32s<'a>(x: Operand<'a>, name: &str) -> ScriptResult<F32s<'a>> {
     let what = format!("`{name}`");
     Ok(match x {
         Operand::Tensor(t) => match t.data() {
+            TensorData::F32(v) if v.len() == 1 => F32s::One(v[0]),
             TensorData::F32(v) => F32s::F32(v),
             TensorData::I32(v) => {
                 exact_in_f32(v, &what)?;
-                F32s::I32(v)
+                match v[..] {
+                    [x] => F32s::One(x as f32),
+                    _ => F32s::I32(v),
+                }
             }
         },
         Operand::Number(n) => F32s::One(n.f32(&what)?),
@@ -173,7 +216,10 @@ fn f32s<'a>(x: Operand<'a>, name: &str) -> ScriptResult<F32s<'a>> {
 /// `x` (an i32 tensor or an integer) read as i32 for operation `name`.
 fn i32s<'a>(x: Operand<'a>, name: &str) -> ScriptResult<I32s<'a>> {
     Ok(match x {
-        Operand::Tensor(t) => I32s::I32(t.as_i32().unwrap_or_default()),
+        Operand::Tensor(t) => match t.as_i32().unwrap_or_default() {
+            &[x] => I32s::One(x),
+            v => I32s::I32(v),
+        },
         Operand::Number(n) => I32s::One(n.i32(&format!("`{name}`:"))?),
     })
 }
@@ -318,51 +364,92 @@ fn unary(
     i: Option<fn(i32) -> Result<i32, String>>,
 ) -> ScriptResult<ScriptTensor> {
     match (t.data(), i) {
-        (TensorData::I32(v), Some(i)) => alloc(ctx, t.shape(), |_| {
+        (TensorData::I32(v), Some(i)) => alloc(ctx, t.shape(), |n| {
             let on_i32 = |m: String| script_err(format!("`{name}` on an i32 tensor: {m}"));
-            let out = v.iter().map(|&x| i(x).map_err(on_i32)).collect::<ScriptResult<_>>()?;
+            // Filled to the element count charged, never grown past it.
+            let mut out = Vec::with_capacity(n);
+            for &x in v {
+                out.push(i(x).map_err(on_i32)?);
+            }
             Ok(TensorData::I32(out))
         }),
         _ => {
-            let get = f32s(Operand::Tensor(t), name)?;
-            alloc(ctx, t.shape(), |n| Ok(TensorData::F32((0..n).map(|k| f(get.get(k))).collect())))
+            let x = f32s(Operand::Tensor(t), name)?;
+            alloc(ctx, t.shape(), |n| {
+                Ok(TensorData::F32(reading!(F32s: x, get => (0..n).map(|k| f(get(k))).collect())))
+            })
         }
     }
 }
 
 /// Elementwise `a op b` with NumPy broadcasting (a number is a tensor of shape `[]`): i32 when
-/// both operands are i32 (an i32 tensor or an integer), computed exactly; f32 otherwise.
+/// both operands are i32 (an i32 tensor or an integer) and the operator has an exact i32 form;
+/// f32 otherwise.
 fn binary(ctx: &Ctx, op: BinOp, a: Operand, b: Operand) -> ScriptResult<ScriptTensor> {
     let (sa, sb) = (a.shape(), b.shape());
     let out_shape = crate::graph::shape::broadcast_shapes(sa, sb).ok_or_else(|| {
         script_err(format!("cannot broadcast shapes {} and {}", fmt_shape(sa), fmt_shape(sb)))
     })?;
-    let pairs = || Pairs::new(sa, sb, &out_shape);
+    // Operands of the result's element count (the same shape, but for leading or inner axes
+    // of 1) or of one element (a number, or a tensor like `[1]`) are read by the result's flat
+    // index in one loop; the others broadcast through `Pairs`.
+    let pairs = |n: usize, lens: [Option<usize>; 2]| {
+        let flat = lens.iter().all(|l| l.is_none_or(|l| l == n));
+        (!flat).then(|| Pairs::new(sa, sb, &out_shape))
+    };
     if let (true, Some(i)) = (a.is_int() && b.is_int(), op.i) {
         let (ga, gb) = (i32s(a, op.name)?, i32s(b, op.name)?);
-        alloc(ctx, &out_shape, |n| {
-            let on_i32 = |m: String| script_err(format!("`{}` on i32 tensors: {m}", op.name));
-            let mut out = Vec::with_capacity(n);
-            for (ia, ib) in pairs().take(n) {
-                out.push(i(ga.get(ia), gb.get(ib)).map_err(on_i32)?);
-            }
+        let on_i32 = |m: String| script_err(format!("`{}` on i32 tensors: {m}", op.name));
+        return alloc(ctx, &out_shape, |n| {
+            let pairs = pairs(n, [ga.len(), gb.len()]);
+            let out = reading!(I32s: ga, x => reading!(I32s: gb, y => {
+                each(n, pairs, x, y, |x, y| i(x, y).map_err(on_i32))?
+            }));
             Ok(TensorData::I32(out))
-        })
-    } else {
-        let Some(f) = op.f else {
-            return Err(script_err(format!(
-                "`{}` divides integers: it takes i32 tensors and integers, got {} and {}; convert an f32 tensor with to_i32() (which rounds toward zero) first, or use `/` for true division",
-                op.name,
-                a.describe(),
-                b.describe()
-            )));
-        };
-        let (ga, gb) = (f32s(a, op.name)?, f32s(b, op.name)?);
-        alloc(ctx, &out_shape, |n| {
-            let out = pairs().take(n).map(|(ia, ib)| f(ga.get(ia), gb.get(ib))).collect();
-            Ok(TensorData::F32(out))
-        })
+        });
     }
+    let Some(f) = op.f else {
+        return Err(script_err(format!(
+            "`{}` divides integers: it takes i32 tensors and integers, got {} and {}; convert an f32 tensor with to_i32() (which rounds toward zero) first, or use `/` for true division",
+            op.name,
+            a.describe(),
+            b.describe()
+        )));
+    };
+    let (ga, gb) = (f32s(a, op.name)?, f32s(b, op.name)?);
+    alloc(ctx, &out_shape, |n| {
+        let pairs = pairs(n, [ga.len(), gb.len()]);
+        let out = reading!(F32s: ga, x => reading!(F32s: gb, y => {
+            each(n, pairs, x, y, |x, y| Ok(f(x, y)))?
+        }));
+        Ok(TensorData::F32(out))
+    })
+}
+
+/// The `n` results of `f` on the elements of two operands read by `a` and `b`: at the same flat
+/// index when `pairs` is `None`, else at the pairs of indices it gives. Filled to `n`, the count
+/// charged, never grown past it.
+fn each<A, B, R>(
+    n: usize,
+    pairs: Option<Pairs>,
+    a: impl Fn(usize) -> A,
+    b: impl Fn(usize) -> B,
+    f: impl Fn(A, B) -> ScriptResult<R>,
+) -> ScriptResult<Vec<R>> {
+    let mut out = Vec::with_capacity(n);
+    match pairs {
+        None => {
+            for k in 0..n {
+                out.push(f(a(k), b(k))?);
+            }
+        }
+        Some(pairs) => {
+            for (ia, ib) in pairs.take(n) {
+                out.push(f(a(ia), b(ib))?);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The flat indices into two broadcast operands of each element of their result, in order.

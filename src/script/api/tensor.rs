@@ -298,12 +298,19 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         // Rounds toward zero, like `as` and NumPy's `astype`; NaN, infinities and numbers
         // outside i32's range are errors.
         let t = t.tensor();
-        let whole = |x: &f32| {
+        let whole = |x: f32| {
             num::i32_of(f64::from(x.trunc())).map_err(|m| script_err(format!("to_i32: {m}")))
         };
-        alloc(&c, t.shape(), |_| {
+        alloc(&c, t.shape(), |n| {
             Ok(TensorData::I32(match t.data() {
-                TensorData::F32(v) => v.iter().map(whole).collect::<ScriptResult<_>>()?,
+                TensorData::F32(v) => {
+                    // Filled to the element count charged, never grown past it.
+                    let mut out = Vec::with_capacity(n);
+                    for &x in v {
+                        out.push(whole(x)?);
+                    }
+                    out
+                }
                 TensorData::I32(v) => v.clone(),
             }))
         })
@@ -421,21 +428,44 @@ fn walk(
 }
 
 /// `start..end` (`end` exclusive, wide enough for `..=i64::MAX`) as a vector of `dtype`; every
-/// element is checked as a script integer written out would be ([`Number`]).
+/// element is checked as a script integer written out would be ([`Number`]): once for the whole
+/// range where both ends are within the range every element converts exactly (±2^24 for f32,
+/// i32's range), else element by element, so the error names the first that does not.
 fn from_range(ctx: &Ctx, start: INT, end: i128, dtype: DType) -> ScriptResult<ScriptTensor> {
     let n = (end - i128::from(start)).max(0); // an empty range is an empty tensor
     let n = usize::try_from(n)
         .map_err(|_| script_err(format!("tensor: a range of {n} elements is too long")))?;
     // Every element lies in i64's range: the range's ends do, and it holds no more than them.
-    let at = |i: usize| Number::Int((i128::from(start) + i as i128) as INT);
+    let at = |i: usize| (i128::from(start) + i as i128) as INT;
+    let within = |lo: i128, hi: i128| {
+        n == 0 || ((lo..=hi).contains(&i128::from(start)) && (lo..=hi).contains(&(end - 1)))
+    };
     alloc(ctx, &[n], |n| {
+        // Filled to the element count charged, never grown past it.
         Ok(match dtype {
             DType::F32 => {
-                TensorData::F32((0..n).map(|i| at(i).f32("tensor")).collect::<ScriptResult<_>>()?)
+                let exact = F32_EXACT as i128;
+                let mut v = Vec::with_capacity(n);
+                if within(-exact, exact) {
+                    v.extend((0..n).map(|i| at(i) as f32));
+                } else {
+                    for i in 0..n {
+                        v.push(Number::Int(at(i)).f32("tensor")?);
+                    }
+                }
+                TensorData::F32(v)
             }
-            DType::I32 => TensorData::I32(
-                (0..n).map(|i| at(i).i32("tensor: element")).collect::<ScriptResult<_>>()?,
-            ),
+            DType::I32 => {
+                let mut v = Vec::with_capacity(n);
+                if within(i32::MIN.into(), i32::MAX.into()) {
+                    v.extend((0..n).map(|i| at(i) as i32));
+                } else {
+                    for i in 0..n {
+                        v.push(Number::Int(at(i)).i32("tensor: element")?);
+                    }
+                }
+                TensorData::I32(v)
+            }
         })
     })
 }
