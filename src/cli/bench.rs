@@ -186,8 +186,20 @@ pub fn plan_wgsl(
 /// classes, the learning rate 1e-3.
 pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> {
     let g = &t.graph;
-    let logits = g.node(t.loss).inputs.first().map_or(&[][..], |&id| g.shape(id));
-    let classes = *logits.last().unwrap_or(&1) as u64;
+    // Each i32 input in the range every op that reads it takes: an embedding's rows, a
+    // cross-entropy's classes (the vocabulary may be smaller than the classes, or larger).
+    let mut bound: std::collections::HashMap<NodeId, u64> = std::collections::HashMap::new();
+    for (_, n) in g.nodes() {
+        let (range, index) = match (&n.op, n.inputs.as_slice()) {
+            (Op::Embedding, &[table, idx]) => (g.shape(table).first().copied(), idx),
+            (Op::CrossEntropy { .. }, &[logits, labels]) => {
+                (g.shape(logits).last().copied(), labels)
+            }
+            _ => continue,
+        };
+        let range = range.unwrap_or(1) as u64;
+        bound.entry(index).and_modify(|b| *b = (*b).min(range)).or_insert(range);
+    }
     let mut rng = Rng::new(seed);
     let mut feeds = t.optim.host_feeds(1e-3, 0);
     for (id, n) in g.nodes() {
@@ -196,7 +208,8 @@ pub fn random_feeds(t: &TrainGraph, seed: u64) -> Result<Vec<(NodeId, Tensor)>> 
         let t = if is_host_input(name) {
             continue;
         } else if n.dtype == DType::I32 {
-            Tensor::i32(&n.shape, (0..len).map(|_| rng.below(classes.max(1)) as i32).collect())?
+            let below = bound.get(&id).copied().unwrap_or(1).max(1);
+            Tensor::i32(&n.shape, (0..len).map(|_| rng.below(below) as i32).collect())?
         } else {
             Tensor::f32(&n.shape, (0..len).map(|_| rng.normal() as f32).collect())?
         };

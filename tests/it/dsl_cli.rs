@@ -127,3 +127,18 @@ fn a_value_the_kernels_cannot_index_is_refused_by_name() {
     let message = "the result of `relu` (f32[4, 1073741824]) takes 17179869184 bytes, 4294967296 elements or more: the GPU kernels index at most 2^32 - 1 (u32); use smaller dimensions";
     assert_eq!(err.lines().next().unwrap(), format!("{p}:3:12: {message}"));
 }
+
+/// Found by the hostile-input audit: `rumus bench` drew every i32 input below the logits'
+/// classes, so a model whose embedding has fewer rows than it has classes could not be benched
+/// ("index 9 is out of range for 4 rows"). Each index input is drawn in the range its readers take.
+#[test]
+fn bench_draws_each_index_input_in_the_range_its_embedding_takes() {
+    let dir = crate::common::ScratchDir::new("cli-bench-vocab");
+    let path = dir.join("vocab.rms");
+    let model = "model g(idx: i32[B, T]) {\n    return linear(embedding(idx, 4, 8) as wte, 10) as head\n}\n";
+    std::fs::write(&path, model).unwrap();
+    let p = path.to_str().unwrap();
+    let args = ["bench", p, "--device", "cpu", "--set", "B=2", "--set", "T=3", "--steps", "2"];
+    let (code, _, err) = rumus(&args);
+    assert_eq!(code, 0, "{err}");
+}
