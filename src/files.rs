@@ -115,28 +115,52 @@ pub fn source_from_bytes(name: String, bytes: Vec<u8>) -> Result<Arc<Source>> {
     }
 }
 
+/// What a target named `path` is before rumus writes to it: its folder and file name, and
+/// whether something other than a regular file is already there (a device, FIFO or socket).
+/// A folder is no target.
+struct Target {
+    folder: PathBuf,
+    name: String,
+    special: bool,
+}
+
+/// Why a path is refused as an output, as the messages say it.
+const A_FOLDER: &str = "is a folder, not a file name";
+const SPECIAL: &str = "is not a regular file (a device, FIFO or socket); rumus writes files only";
+
+impl Target {
+    fn of(path: &Path) -> std::result::Result<Target, &'static str> {
+        let name = match path.file_name() {
+            Some(n) if !path.is_dir() => n.to_string_lossy().into_owned(),
+            _ => return Err(A_FOLDER),
+        };
+        let folder = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let special = fs::metadata(path).is_ok_and(|m| !m.is_file());
+        Ok(Target { folder, name, special })
+    }
+
+    /// A fresh temporary name beside the target: `.<name>.<pid>.<random>.tmp`.
+    fn temporary(&self) -> PathBuf {
+        let (pid, random) = (std::process::id(), unpredictable());
+        self.folder.join(format!(".{}.{pid}.{random:016x}.tmp", self.name))
+    }
+}
+
 /// Write `bytes` to `path` atomically (see the module documentation). `path` must name a file
 /// (not a folder) in an existing folder, and what is there already must be a regular file:
 /// the rename would put a file in the place of a device, FIFO or socket (`-o /dev/stdout`
 /// run as root would replace the link `/dev/stdout`, and `/dev/full` the device).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let shown = path.display();
-    let name = match path.file_name() {
-        Some(n) if !path.is_dir() => n.to_string_lossy().into_owned(),
-        _ => return Err(err!(Io, "{shown}: is a folder, not a file name")),
-    };
-    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return Err(err!(
-            Io,
-            "{shown}: is not a regular file (a device, FIFO or socket); rumus writes files only"
-        ));
+    let target = Target::of(path).map_err(|why| err!(Io, "{shown}: {why}"))?;
+    if target.special {
+        return Err(err!(Io, "{shown}: {SPECIAL}"));
     }
-    let folder = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    remove_stale_temps(&folder, &name);
-    let tmp = folder.join(format!(".{name}.{}.{:016x}.tmp", std::process::id(), unpredictable()));
+    remove_stale_temps(&target.folder, &target.name);
+    let tmp = target.temporary();
     let written = create_exclusive(&tmp).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()
@@ -147,19 +171,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     // Make the rename itself durable where the platform allows it (a folder cannot always be
     // opened or synced; the data is already on disk, so nothing is lost if this fails).
-    if let Ok(dir) = fs::File::open(&folder) {
+    if let Ok(dir) = fs::File::open(&target.folder) {
         let _ = dir.sync_all();
     }
     Ok(())
 }
 
+/// How a command-line output is written: a file replaced whole ([`write_atomic`]), or a log
+/// appended line by line as the run goes ([`create_log`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Written whole when the work is done: a regular file only.
+    File,
+    /// Appended to as the run goes: a file, a pipe or a device.
+    Log,
+}
+
 /// Check, before any work, that the output `out` (given by `flag`) can be written when the work
-/// is done: not a folder, not a device, FIFO or socket (which [`write_atomic`] refuses and
-/// opening for a log would block on), in an existing folder where a file can be created (a
-/// probe file is created and removed), and not the input `input` (`what`) itself, links and
-/// relative spellings resolved (`rumus run f.rms --metrics f.rms` would destroy the script).
-/// A usage error that names the flag: a long run is not thrown away at its end.
-pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path) -> Result<()> {
+/// needs it: not the input `input` (`what`) itself, links and relative spellings resolved
+/// (`rumus run f.rms --metrics f.rms` would destroy the script); not a folder; for a file, not
+/// a device, FIFO or socket (which [`write_atomic`] refuses), in an existing folder where a
+/// file can be created (a probe file is created and removed). A log may be a pipe or a device
+/// (`--metrics /dev/null`, `--metrics >(jq .)`). A usage error that names the flag: a long run
+/// is not thrown away at its end.
+pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path, kind: Output) -> Result<()> {
     let shown = out.display();
     let refuse = |why: String| err!(Usage, "{flag} {shown}: {why}");
     if let (Ok(a), Ok(b)) = (fs::canonicalize(out), fs::canonicalize(input)) {
@@ -168,54 +203,60 @@ pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path) -> Result<
             return Err(refuse(why));
         }
     }
-    let Some(name) = out.file_name().filter(|_| !out.is_dir()) else {
-        return Err(refuse("is a folder, not a file name".into()));
-    };
-    if fs::metadata(out).is_ok_and(|m| !m.is_file()) {
-        let why = "is not a regular file (a device, FIFO or socket); rumus writes files only";
-        return Err(refuse(why.into()));
+    let target = Target::of(out).map_err(|why| refuse(why.into()))?;
+    match (target.special, kind) {
+        (true, Output::Log) => return Ok(()),
+        (true, Output::File) => return Err(refuse(SPECIAL.into())),
+        (false, _) => {}
     }
-    let folder = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let probe = folder.join(format!(
-        ".{}.{}.{:016x}.tmp",
-        name.to_string_lossy(),
-        std::process::id(),
-        unpredictable()
-    ));
+    let probe = target.temporary();
     match create_exclusive(&probe) {
         Ok(_) => {
             let _ = fs::remove_file(&probe);
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(refuse(format!("the folder {} does not exist", folder.display())))
+            Err(refuse(format!("the folder {} does not exist", target.folder.display())))
         }
         Err(e) => Err(refuse(format!("cannot be written there: {e}"))),
     }
 }
 
-/// Create (or empty) the log file `path` to append lines to as a run goes (the metrics log):
-/// only a regular file. A FIFO is opened non-blocking, so it is refused instead of waiting for
-/// a reader; a device is refused too.
+/// Create (or empty) the log `path` to append lines to as a run goes (the metrics log). A
+/// regular file is created or emptied; a pipe or device is written as it is. A FIFO is opened
+/// without waiting, so one that no process reads is an error at once instead of a run that
+/// blocks forever before its first step; then its writes wait for the reader as usual.
 pub fn create_log(path: &Path) -> Result<fs::File> {
     let shown = path.display();
-    let special = || err!(Io, "{shown}: is not a regular file (a device, FIFO or socket); rumus writes files only");
-    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return Err(special());
-    }
+    let target = Target::of(path).map_err(|why| err!(Io, "{shown}: {why}"))?;
     let mut opts = fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true);
+    if !target.special {
+        opts.create(true).truncate(true);
+    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
         opts.custom_flags(libc::O_NONBLOCK);
     }
-    let file = opts.open(path).map_err(|e| Error::io(&shown, e))?;
-    if !file.metadata().map_err(|e| Error::io(&shown, e))?.is_file() {
-        return Err(special());
+    let file = opts.open(path).map_err(|e| {
+        #[cfg(unix)]
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            return err!(Io, "{shown}: a FIFO that no process reads: start its reader first");
+        }
+        Error::io(&shown, e)
+    })?;
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns.
+        unsafe {
+            let fd = file.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
     }
     Ok(file)
 }

@@ -146,7 +146,7 @@ impl Curves {
 /// `rumus plot LOG -o OUT`: read a metrics log and write its curves as SVG.
 pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
     let name = log.display().to_string();
-    crate::files::check_output("--output", out, "the log", log)?;
+    crate::files::check_output("--output", out, "the log", log, crate::files::Output::File)?;
     let mut charge = crate::memory::Budget::new(MAX_LOG_BYTES).empty();
     let file = crate::files::open_regular(log)?;
     let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;

@@ -157,7 +157,13 @@ pub fn plan_svg(
     precision: Option<MatmulPrecision>,
     out: &std::path::Path,
 ) -> Result<()> {
-    crate::files::check_output("--svg", out, "the model file", std::path::Path::new(&spec.file))?;
+    crate::files::check_output(
+        "--svg",
+        out,
+        "the model file",
+        std::path::Path::new(&spec.file),
+        crate::files::Output::File,
+    )?;
     let (t, p, programs) = compiled(spec, fusion, &plan_target(precision)?)?;
     let scratch = programs.scratch_bytes();
     let phases = Phases { backward_start: t.backward_start, update_start: t.update_start };

@@ -46,9 +46,12 @@ pub fn run(opts: RunOptions) -> Result<u8> {
     host_opts.sandbox.allow_read(folder);
     host_opts.sandbox.protect(&opts.file);
     let source = crate::files::read_source(&opts.file)?;
-    for (flag, out) in [("--metrics", &opts.metrics), ("--plot", &opts.plot)] {
+    use crate::files::Output;
+    for (flag, out, kind) in
+        [("--metrics", &opts.metrics, Output::Log), ("--plot", &opts.plot, Output::File)]
+    {
         if let Some(out) = out {
-            crate::files::check_output(flag, out, "the script", &opts.file)?;
+            crate::files::check_output(flag, out, "the script", &opts.file, kind)?;
         }
     }
     let rank0 = host_opts.comm.rank() == 0;

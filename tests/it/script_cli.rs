@@ -744,15 +744,21 @@ fn output_write_errors_are_errors() {
     assert_eq!(run(&["run", &f], full()), (Some(2), disk_full.clone()));
     assert_eq!(run(&["graph", "scripts/gpt.rms"], full()), (Some(2), disk_full.clone()));
     assert_eq!(run(&["help"], full()), (Some(2), disk_full));
+    let m = script("metric.rms", "log_metric(\"a\", 1.0);\n");
+    assert_eq!(
+        run(&["run", &m, "--metrics", "/dev/full"], Stdio::null()),
+        (Some(2), "/dev/full: No space left on device (os error 28)\n".to_string())
+    );
 }
 
-/// Found by the hostile-input audit: `--metrics` naming a FIFO blocked the run forever before
-/// its first line (opening a FIFO waits for a reader), and a device or a missing folder given
-/// to `--metrics`, `--plot` or `plan --svg` was found out only when the run wrote there (for
-/// `--plot`, after the whole run). Each is a usage error before any work.
+/// Found by the hostile-input audit: `--metrics` naming a FIFO that no process reads blocked the
+/// run forever before its first line, and a device or a missing folder given to `--plot` or
+/// `plan --svg` was found out only when the run wrote there (for `--plot`, after the whole run).
+/// The drawings are files: anything else is a usage error before any work. The metrics log may
+/// be a pipe or a device (`/dev/null`, `>(jq .)`), but a FIFO nobody reads is an error at once.
 #[cfg(unix)]
 #[test]
-fn outputs_that_cannot_be_files_are_refused_before_the_run() {
+fn outputs_that_cannot_be_written_are_refused_before_the_run() {
     let m = script("metric.rms", "log_metric(\"a\", 1.0);\n");
     let dir = crate::common::ScratchDir::new("outputs");
     let fifo = dir.join("m.fifo");
@@ -761,22 +767,22 @@ fn outputs_that_cannot_be_files_are_refused_before_the_run() {
     let missing = dir.join("no/such/folder/m.svg");
     let missing = missing.to_str().unwrap().to_string();
     let special = "is not a regular file (a device, FIFO or socket); rumus writes files only";
+    for out in [fifo.as_str(), "/dev/full", "/dev/null"] {
+        check(&["run", &m, "--plot", out], &[], (2, &format!("--plot {out}: {special}")));
+    }
     for flag in ["--metrics", "--plot"] {
-        for out in [fifo.as_str(), "/dev/full", "/dev/null"] {
-            check(&["run", &m, flag, out], &[], (2, &format!("{flag} {out}: {special}")));
-        }
         let folder = dir.to_str().unwrap();
-        check(
-            &["run", &m, flag, folder],
-            &[],
-            (2, &format!("{flag} {folder}: is a folder, not a file name")),
-        );
+        let expected = format!("{flag} {folder}: is a folder, not a file name");
+        check(&["run", &m, flag, folder], &[], (2, &expected));
         let expected = format!(
             "{flag} {missing}: the folder {} does not exist",
             dir.join("no/such/folder").display()
         );
         check(&["run", &m, flag, &missing], &[], (2, &expected));
     }
+    let unread = format!("{fifo}: a FIFO that no process reads: start its reader first");
+    check(&["run", &m, "--metrics", &fifo], &[], (2, &unread));
+    check(&["run", &m, "--metrics", "/dev/null"], &[], (0, ""));
     let model = script("svg_model.rms", "model m(x: f32[B, 2], B = 2) { return linear(x, 2) }\n");
     check(&["plan", &model, "--svg", &fifo], &[], (2, &format!("--svg {fifo}: {special}")));
     use std::os::unix::fs::FileTypeExt;

@@ -127,11 +127,9 @@ fn a_full_disk_stops_the_script_with_an_error() {
         log_every: 0,
         plot: None,
     };
-    // A device in the log's place is refused before the run (it would never be a log file).
     let e = runner::run(opts).unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Usage);
-    let special = "is not a regular file (a device, FIFO or socket); rumus writes files only";
-    assert_eq!(e.message, format!("--metrics /dev/full: {special}"));
+    assert_eq!(e.kind, ErrorKind::Io);
+    assert_eq!(e.message, "/dev/full: No space left on device (os error 28)");
 
     // Standard output on a full disk, through the command: the script stops at the first print.
     std::fs::write(
