@@ -58,9 +58,26 @@ pub fn to_i32(v: INT, what: &str) -> ScriptResult<i32> {
     checked(num::int_in(v, i32::MIN.into(), i32::MAX.into()), what)
 }
 
-/// `v` as f32: a finite number outside f32's range is an error, never infinity.
+/// `v` as f32: the one conversion of a script float to f32, for options (`lr`, `clip`, ...) and
+/// for tensor elements alike. NaN and infinities are errors ([`not_finite`]), and so is a finite
+/// number outside f32's range (it would become infinite); others round to the nearest f32.
 pub fn to_f32(v: FLOAT, what: &str) -> ScriptResult<f32> {
+    if !v.is_finite() {
+        return Err(script_err(format!("{what}: {}", not_finite(v))));
+    }
     num::f32_of(v).map_err(|m| script_err(format!("{what}: {m}")))
+}
+
+/// Why a script float that is not finite is refused, a message fragment: a literal beyond
+/// f64's range (1e400) reads as infinity, so an infinity is no proof that one was meant.
+pub fn not_finite(v: FLOAT) -> String {
+    if v.is_nan() {
+        "NaN is not a finite number".to_string()
+    } else {
+        format!(
+            "{v} is not a finite number (a number beyond f64's range, such as 1e400, reads as infinity)"
+        )
+    }
 }
 
 fn checked<T>(r: Result<T, String>, what: &str) -> ScriptResult<T> {

@@ -58,7 +58,11 @@ fn malformed_tensors_are_script_errors() {
         "tensor([[1, 2], [3]])",
         "error: tensor: ragged array: rows of length 2 and 1 at depth 1\n",
     );
-    check("tensor([1, \"a\"])", "error: tensor elements must be numbers, got string\n");
+    check(
+        "tensor([1, \"a\"])",
+        "error: tensor elements must be numbers, got the string \"a\" (the only strings taken \
+         are \"inf\" and \"-inf\", for an infinity)\n",
+    );
     check("zeros([2, -1])", "error: shape: negative dimension -1\n");
     check("tensor([1], \"f64\")", "error: unknown dtype `f64`: expected \"f32\" or \"i32\"\n");
     check("tensor([1, 2]).item()", "error: item: tensor of shape [2] has 2 elements, not one\n");
@@ -371,7 +375,7 @@ fn out_of_range_arguments_are_errors_not_wrong_answers() {
         ),
         (
             "m().compile(#{ schedule: step_lr(#{ gamma: 0.0 / 0.0 }) })",
-            "step_lr: gamma must be a finite number >= 0, got NaN",
+            "step_lr: `gamma`: NaN is not a finite number",
         ),
         (
             "m().compile(#{ schedule: cosine(#{ min_lr: -1 }) })",
@@ -571,6 +575,7 @@ fn i32_tensors_compute_exactly_and_script_numbers_convert_checked() {
     let convert = "keep the computation in i32 (integers), or convert with to_f32(), which rounds";
     let not_finite =
         "inf is not a finite number (a number beyond f64's range, such as 1e400, reads as infinity)";
+    let on_purpose = "write an infinity on purpose as the string \"inf\" or \"-inf\"";
     let i32_range = "is outside i32's range (-2147483648..=2147483647)";
     let cases = [
         (
@@ -591,11 +596,14 @@ fn i32_tensors_compute_exactly_and_script_numbers_convert_checked() {
         ("pow(tensor([2], \"i32\"), 31)", format!("`pow` on i32 tensors: pow(2, 31) {i32_range}")),
         ("pow(tensor([2], \"i32\"), -1)", "`pow` on i32 tensors: pow(2, -1) has a negative exponent, and no i32 value: convert with to_f32() first".into()),
         ("tensor(2147483647..=2147483648, \"i32\")", "tensor: element must be an integer in -2147483648..=2147483647, got 2147483648".into()),
-        ("full([2], 1e400)", format!("full: {not_finite}")),
+        ("full([2], 1e400)", format!("full: {not_finite}: {on_purpose}")),
         ("zeros([2]) + 1e400", format!("`+`: {not_finite}")),
         ("-1e400 * zeros([2])", format!("`*`: -{not_finite}")),
-        ("let t = zeros([2, 2]); t[[1, 1]] = 1e400;", format!("tensor element: {not_finite}")),
-        ("tensor([1.0, 1e400])", format!("tensor element: {not_finite}")),
+        (
+            "let t = zeros([2, 2]); t[[1, 1]] = 1e400;",
+            format!("tensor element: {not_finite}: {on_purpose}"),
+        ),
+        ("tensor([1.0, 1e400])", format!("tensor element: {not_finite}: {on_purpose}")),
     ];
     for (code, expected) in cases {
         check(code, &format!("error: {expected}\n"));
@@ -780,4 +788,75 @@ fn elementwise_fast_paths_give_what_broadcasting_defines() {
     for (code, expected) in cases {
         check(code, &format!("error: {expected}\n"));
     }
+}
+
+/// Found by review: the options' f32 conversion (`lr`, `clip`, `gamma`, `min_lr`, `scale`,
+/// `net.lr =`) let NaN and infinities through where tensor elements refused them, so
+/// `compile(#{ lr: 0.0/0.0, optimizer: adam(#{ lr: 0.0/0.0 }) })` said "the learning rate is
+/// given twice, as NaN and NaN"; and no script could put -inf into a tensor (an attention
+/// mask). One conversion refuses NaN and infinities for both; an infinity meant is written as
+/// the string "inf" or "-inf", while a float that overflowed (1e400) stays an error.
+#[test]
+fn options_refuse_nan_and_infinities_and_tensors_take_inf_written_as_a_string() {
+    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }\n";
+    let nan = "NaN is not a finite number";
+    let inf = "inf is not a finite number (a number beyond f64's range, such as 1e400, reads as \
+               infinity)";
+    let cases = [
+        (
+            "m().compile(#{ lr: 0.0 / 0.0, optimizer: adam(#{ lr: 0.0 / 0.0 }) })".to_string(),
+            format!("adam: `lr`: {nan}"),
+        ),
+        ("m().compile(#{ lr: 0.0 / 0.0 })".into(), format!("compile: `lr`: {nan}")),
+        ("m().compile(#{ lr: 1e400 })".into(), format!("compile: `lr`: {inf}")),
+        ("m().compile(#{ clip: 0.0 / 0.0 })".into(), format!("compile: `clip`: {nan}")),
+        ("m().compile(#{ clip: 1e400 })".into(), format!("compile: `clip`: {inf}")),
+        (
+            "m().compile(#{ schedule: step_lr(#{ gamma: 1e400 }) })".into(),
+            format!("step_lr: `gamma`: {inf}"),
+        ),
+        (
+            "m().compile(#{ schedule: cosine(#{ min_lr: 0.0 / 0.0 }) })".into(),
+            format!("cosine: `min_lr`: {nan}"),
+        ),
+        (
+            "csv(\"scripts/data/blobs.csv\", #{ label_col: 2, scale: 0.0 / 0.0 })".into(),
+            format!("csv: `scale`: {nan}"),
+        ),
+        ("let n = m().compile(); n.lr = 1e400;".into(), format!("lr: {inf}")),
+        ("let n = m().compile(); n.lr = 0.0 / 0.0;".into(), format!("lr: {nan}")),
+        ("zeros([2]) * (0.0 / 0.0)".into(), format!("`*`: {nan}")),
+        ("tensor([0.0 / 0.0])".into(), format!("tensor element: {nan}")),
+        (
+            "full([2], \"-infinity\")".into(),
+            "full: the value must be a number, or the string \"inf\" or \"-inf\" for an \
+             infinity, got the string \"-infinity\""
+                .into(),
+        ),
+        (
+            "tensor([\"nan\"])".into(),
+            "tensor elements must be numbers, got the string \"nan\" (the only strings taken are \
+             \"inf\" and \"-inf\", for an infinity)"
+                .into(),
+        ),
+        (
+            "tensor([1, \"-inf\"], \"i32\")".into(),
+            "tensor element -inf is not a whole number in i32's range (-2147483648..=2147483647)"
+                .into(),
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    // An attention mask: -inf above the diagonal, and what softmax-style code does with it.
+    check(
+        "let mask = zeros([3, 3]);
+         for i in 0..3 { for j in (i + 1)..3 { mask[[i, j]] = \"-inf\"; } }
+         print(mask); print(full([2], \"inf\")); print(tensor([[0, \"-inf\"], [\"+inf\", 1]]));
+         print((mask + 1.0).exp()); print(mask.max()); print(mask.min());",
+        "tensor f32[3, 3] [[0, -inf, -inf], [0, 0, -inf], [0, 0, 0]]\ntensor f32[2] [inf, inf]\n\
+         tensor f32[2, 2] [[0, -inf], [inf, 1]]\n\
+         tensor f32[3, 3] [[2.7182817, 0, 0], [2.7182817, 2.7182817, 0], [2.7182817, 2.7182817, 2.7182817]]\n\
+         0.0\n-inf\n",
+    );
 }

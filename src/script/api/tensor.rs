@@ -3,7 +3,9 @@
 //! [`super::math`]. Every tensor a binding creates is charged to the session's memory budget before it is allocated,
 //! and holds that charge until the last script value sharing it is dropped.
 
-use super::super::convert::{script_err, to_i32, to_u64, IntoScript, ScriptResult};
+use super::super::convert::{
+    not_finite, script_err, to_f32, to_i32, to_u64, IntoScript, ScriptResult,
+};
 use super::super::Ctx;
 use crate::dsl::lower::MAX_DIM;
 use crate::memory::{Budget, Charge};
@@ -117,13 +119,21 @@ pub(super) fn reader(t: &Tensor) -> impl Fn(usize) -> f64 + '_ {
 pub(super) enum Number {
     Int(INT),
     Float(FLOAT),
+    /// An infinity written on purpose, as the string `"inf"` or `"-inf"` (`negative`): a float
+    /// that is infinite may be a literal that overflowed (1e400), so it is refused.
+    Infinity {
+        negative: bool,
+    },
 }
 
 /// The largest integer below which f32 holds every integer exactly (2^24).
 const F32_EXACT: u64 = 1 << 24;
 
+/// How a script writes an infinity into a tensor, for messages.
+const INFINITY_HINT: &str = "write an infinity on purpose as the string \"inf\" or \"-inf\"";
+
 impl Number {
-    /// A script number (or a boolean, as 0 or 1).
+    /// A script number (or a boolean, as 0 or 1, or the string `"inf"` or `"-inf"`).
     pub(super) fn of(d: &Dynamic) -> ScriptResult<Number> {
         if let Ok(i) = d.as_int() {
             Ok(Number::Int(i))
@@ -131,16 +141,33 @@ impl Number {
             Ok(Number::Float(f))
         } else if let Ok(b) = d.as_bool() {
             Ok(Number::Int(INT::from(b)))
+        } else if let Some(s) = d.read_lock::<rhai::ImmutableString>() {
+            Number::infinity(&s).ok_or_else(|| {
+                script_err(format!(
+                    "tensor elements must be numbers, got the string {:?} (the only strings taken are \"inf\" and \"-inf\", for an infinity)",
+                    s.as_str()
+                ))
+            })
         } else {
             Err(not_a_number(d))
         }
     }
 
+    /// The infinity a string names: `"inf"` (or `"+inf"`) or `"-inf"`.
+    pub(super) fn infinity(s: &str) -> Option<Number> {
+        match s {
+            "inf" | "+inf" => Some(Number::Infinity { negative: false }),
+            "-inf" => Some(Number::Infinity { negative: true }),
+            _ => None,
+        }
+    }
+
     /// The number as f32: the one conversion every script number going into an f32 tensor
     /// takes. An integer must have an exact f32 value (every integer up to 2^24 has; beyond,
-    /// f32 skips some, and 16777217 would silently become 16777216); a float must be finite (a
-    /// literal beyond f64's range, such as 1e400, reads as infinity) and within f32's range,
-    /// and rounds to the nearest f32, as every float does. `what` starts the error.
+    /// f32 skips some, and 16777217 would silently become 16777216); a float goes through
+    /// [`to_f32`]: it must be finite (a literal beyond f64's range, such as 1e400, reads as
+    /// infinity) and within f32's range, and rounds to the nearest f32, as every float does;
+    /// an infinity written as a string is one. `what` starts the error.
     pub(super) fn f32(self, what: &str) -> ScriptResult<f32> {
         match self {
             Number::Int(i) => {
@@ -152,10 +179,20 @@ impl Number {
                     "{what}: {i} has no exact f32 value (f32 holds every integer up to {F32_EXACT} = 2^24, and only some beyond): make the tensor \"i32\", or write the number as a float to accept rounding"
                 )))
             }
-            Number::Float(v) if !v.is_finite() => Err(script_err(format!(
-                "{what}: {v} is not a finite number (a number beyond f64's range, such as 1e400, reads as infinity)"
-            ))),
-            Number::Float(v) => num::f32_of(v).map_err(|m| script_err(format!("{what}: {m}"))),
+            Number::Float(v) => to_f32(v, what),
+            Number::Infinity { negative: false } => Ok(f32::INFINITY),
+            Number::Infinity { negative: true } => Ok(f32::NEG_INFINITY),
+        }
+    }
+
+    /// [`Number::f32`] of a value a script writes into a tensor (an element, `full`'s value),
+    /// where an infinity is written as a string: the error for a float that is infinite says so.
+    pub(super) fn stored_f32(self, what: &str) -> ScriptResult<f32> {
+        match self {
+            Number::Float(v) if v.is_infinite() => {
+                Err(script_err(format!("{what}: {}: {INFINITY_HINT}", not_finite(v))))
+            }
+            n => n.f32(what),
         }
     }
 
@@ -164,6 +201,10 @@ impl Number {
         match self {
             Number::Int(i) => to_i32(i, what),
             Number::Float(f) => num::i32_of(f).map_err(|m| script_err(format!("{what} {m}"))),
+            Number::Infinity { negative } => {
+                let v = if negative { f64::NEG_INFINITY } else { f64::INFINITY };
+                num::i32_of(v).map_err(|m| script_err(format!("{what} {m}")))
+            }
         }
     }
 }
@@ -212,11 +253,20 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("ones", move |shape: Array| filled(&c, &shape, 1.0));
     let c = ctx.clone();
     engine.register_fn("full", move |shape: Array, v: FLOAT| {
-        filled(&c, &shape, Number::Float(v).f32("full")?)
+        filled(&c, &shape, Number::Float(v).stored_f32("full")?)
     });
     let c = ctx.clone();
     engine.register_fn("full", move |shape: Array, v: INT| {
         filled(&c, &shape, Number::Int(v).f32("full")?)
+    });
+    let c = ctx.clone();
+    engine.register_fn("full", move |shape: Array, v: &str| {
+        let n = Number::infinity(v).ok_or_else(|| {
+            script_err(format!(
+                "full: the value must be a number, or the string \"inf\" or \"-inf\" for an infinity, got the string {v:?}"
+            ))
+        })?;
+        filled(&c, &shape, n.f32("full")?)
     });
     let c = ctx.clone();
     engine
@@ -345,9 +395,10 @@ fn parse_dtype(s: &str) -> ScriptResult<DType> {
     }
 }
 
-/// A script number (or boolean, as 0 or 1) as an f32 element, checked ([`Number::f32`]).
+/// A script number (or boolean, as 0 or 1, or `"inf"` or `"-inf"`) as an f32 element, checked
+/// ([`Number::stored_f32`]).
 fn f32_element(d: &Dynamic) -> ScriptResult<f32> {
-    Number::of(d)?.f32("tensor element")
+    Number::of(d)?.stored_f32("tensor element")
 }
 
 /// A script number (or boolean) as an i32 element: a whole number in i32's range.
@@ -363,10 +414,7 @@ fn not_a_number(d: &Dynamic) -> Box<rhai::EvalAltResult> {
 /// tensor is charged, a second walk fills it.
 fn from_array(ctx: &Ctx, a: &Array, dtype: DType) -> ScriptResult<ScriptTensor> {
     let mut shape = Vec::new();
-    walk(a, 0, &mut shape, &mut |d| match d.is_int() || d.is_float() || d.is_bool() {
-        true => Ok(()),
-        false => Err(not_a_number(d)),
-    })?;
+    walk(a, 0, &mut shape, &mut |d| Number::of(d).map(drop))?;
     alloc(ctx, &shape, |n| {
         let mut shape = Vec::new();
         Ok(match dtype {
