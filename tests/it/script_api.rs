@@ -860,3 +860,64 @@ fn options_refuse_nan_and_infinities_and_tensors_take_inf_written_as_a_string() 
          0.0\n-inf\n",
     );
 }
+
+/// Found by review: `compile(#{ loss: "msee", ignore_index: 0 })` complained about
+/// `ignore_index` before the misspelt loss; `batch:` on a model whose inputs have no `B` was
+/// ignored; and a `B` passed to the model silently overrode `batch:` (training at the model's
+/// `B`, and `predict` then worked at no other batch size), while a model's default `B` gave way
+/// to `batch:`. `batch` sets `B`; a `B` passed to the model is the batch when `batch` is not
+/// given, and the two may not differ; a model's default `B` is the batch when neither is given.
+#[test]
+fn the_batch_is_set_once_and_predict_works_at_any_batch_size() {
+    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }
+        model d(x: f32[B, 2], B = 4) { return linear(x, 3) }
+        model k(x: f32[4, 2]) { return linear(x, 3) }\n";
+    let cases = [
+        (
+            "m().compile(#{ loss: \"msee\", ignore_index: 0 })",
+            "unknown loss `msee`: expected \"cross_entropy\", \"mse\" or \"output\"",
+        ),
+        (
+            "m().compile(#{ loss: \"output\", ignore_index: 0 })",
+            "compile: `ignore_index` applies to the \"cross_entropy\" loss, not \"output\": \
+             remove it",
+        ),
+        (
+            "m(#{ B: 1 }).compile(#{ batch: 2 })",
+            "compile: the batch size is given twice, as `batch: 2` and as `m(#{ B: 1 })`: give \
+             it once (`batch` sets `B`)",
+        ),
+        (
+            "d(#{ B: 3 }).compile(#{ batch: 2 })",
+            "compile: the batch size is given twice, as `batch: 2` and as `d(#{ B: 3 })`: give \
+             it once (`batch` sets `B`)",
+        ),
+        (
+            "k().compile(#{ batch: 4 })",
+            "compile: `batch: 4` sets the batch dimension `B`, and model `k`'s inputs have none: \
+             remove `batch`, or name the inputs' batch dimension `B`",
+        ),
+    ];
+    for (code, expected) in cases {
+        check(&format!("{M}{code}"), &format!("error: {expected}\n"));
+    }
+    // The batch each way of giving it trains at (the input a training step takes), and predict
+    // at other batch sizes.
+    check(
+        &format!(
+            "{M}fn fits(n, b) {{
+                 try {{ n.train_step(zeros([b, 2]), zeros([b]).to_i32()); return true; }}
+                 catch {{ return false; }}
+             }}
+             for n in [m(#{{ B: 2 }}).compile(), m(#{{ B: 2 }}).compile(#{{ batch: 2 }}),
+                       d().compile(), d().compile(#{{ batch: 2 }}), d(#{{ B: 5 }}).compile(),
+                       m().compile()] {{
+                 let b = []; for x in [1, 2, 4, 5] {{ if fits(n, x) {{ b.push(x); }} }}
+                 print(`${{b}} ${{n.predict(zeros([3, 2])).shape}} ${{n.predict(zeros([1, 2])).shape}}`);
+             }}
+             let t = k().compile(); print(t.predict(zeros([4, 2])).shape);"
+        ),
+        "[2] [3, 3] [1, 3]\n[2] [3, 3] [1, 3]\n[4] [3, 3] [1, 3]\n[2] [3, 3] [1, 3]\n\
+         [5] [3, 3] [1, 3]\n[1] [3, 3] [1, 3]\n[4, 3]\n",
+    );
+}

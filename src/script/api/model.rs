@@ -43,6 +43,22 @@ struct ModelNames {
     dims: Vec<String>,
     /// Its hyperparameters.
     hyper: Vec<String>,
+    /// The first input with the batch dimension `B`, and B's axis in it.
+    batch_axis: Option<(String, usize)>,
+}
+
+/// The batch dimension: `compile`'s `batch` sets it, and `predict` sets it to its input's rows.
+const BATCH: &str = "B";
+
+impl ModelNames {
+    /// Whether the sizes `compile` and `predict` give (`Dims`) set dimension `d` of a model
+    /// given hyperparameters `hyper`: a dimension of the model's inputs, unless `hyper` sets it;
+    /// the batch `B` always (`compile` refuses a `batch` that differs from a `B` in `hyper`).
+    /// The one rule for which dimensions a script sets, for building the graph and for
+    /// checking `dims`.
+    fn set_by_dims(&self, hyper: &[(String, Value)], d: &str) -> bool {
+        self.dims.iter().any(|x| x == d) && (d == BATCH || !hyper.iter().any(|(k, _)| k == d))
+    }
 }
 
 /// A compiled model, shared by every script variable (and every host handle) that holds it,
@@ -143,14 +159,17 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
         hp.iter().map(|(k, v)| Ok((k.to_string(), value(v, k)?))).collect::<ScriptResult<_>>()?;
     // Dimensions the model's inputs name (others, like a `B` the model does not use, are
     // not passed on).
-    let mut names = ModelNames { dims: Vec::new(), hyper: Vec::new() };
+    let mut names = ModelNames { dims: Vec::new(), hyper: Vec::new(), batch_axis: None };
     for p in module.item(name).map_or(&[][..], |(item, _)| &item.params) {
         match p {
-            SigParam::Tensor { dims, .. } => {
-                for d in dims {
+            SigParam::Tensor { dims, name: input, .. } => {
+                for (axis, d) in dims.iter().enumerate() {
                     if let DimPat::Name(n) = d {
                         if !names.dims.contains(&n.name) {
                             names.dims.push(n.name.clone());
+                        }
+                        if n.name == BATCH && names.batch_axis.is_none() {
+                            names.batch_axis = Some((input.name.clone(), axis));
                         }
                     }
                 }
@@ -158,13 +177,14 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
             SigParam::Hyper { name, .. } => names.hyper.push(name.name.clone()),
         }
     }
-    let declared = names.dims.clone();
-    let (m, n, h) = (module.clone(), name.to_string(), hyper.clone());
+    let names = Arc::new(names);
+    let (m, n, h, known) = (module.clone(), name.to_string(), hyper.clone(), names.clone());
     let build = move |dims: &Dims| -> Result<Graph> {
+        // The sizes come after the hyperparameters, so a batch size replaces a `B` among them.
         let mut bindings: Vec<(&str, Value)> =
             h.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         for (d, &size) in dims {
-            if declared.contains(d) && !h.iter().any(|(k, _)| k == d) {
+            if known.set_by_dims(&h, d) {
                 bindings.push((d.as_str(), Value::Int(size as i64)));
             }
         }
@@ -174,7 +194,7 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
         model: Model::new(name, Arc::new(build)),
         module: module.clone(),
         hyper,
-        names: Arc::new(names),
+        names,
     };
     // Instantiate once with every free dimension 1, so mistakes surface at this call.
     model_graph(&m).script()?;
@@ -549,9 +569,18 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             dims.insert(k.to_string(), to_usize(n, &format!("compile: dimension `{k}`"))?);
         }
     }
-    let batch = o.usize("batch", 1)?.unwrap_or(1);
-    dims.insert("B".into(), batch);
+    let batch = batch_size(m, o.usize("batch", 1)?)?;
+    if let Some(b) = batch {
+        dims.insert(BATCH.into(), b);
+    }
     let probe = m.model.instantiate(&dims).script()?;
+    // Without a batch given, a model whose `B` has a default trains at that size.
+    let batch = batch.unwrap_or_else(|| {
+        let input = m.names.batch_axis.as_ref().and_then(|(input, axis)| {
+            probe.input_named(input).and_then(|id| probe.shape(id).get(*axis).copied())
+        });
+        input.unwrap_or(1)
+    });
     let output = match o.string("output")? {
         Some(out) => out,
         None => probe
@@ -562,18 +591,27 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     };
     let inputs = input_names(&probe);
     let loss_name = o.string("loss")?.unwrap_or_else(|| "cross_entropy".into());
-    if loss_name != "cross_entropy" && o.get("ignore_index").is_some() {
-        return Err(script_err(format!(
-            "compile: `ignore_index` applies to the \"cross_entropy\" loss, not \"{loss_name}\": remove it"
-        )));
-    }
+    let no_ignore_index = || -> ScriptResult<()> {
+        if o.get("ignore_index").is_some() {
+            return Err(script_err(format!(
+                "compile: `ignore_index` applies to the \"cross_entropy\" loss, not \"{loss_name}\": remove it"
+            )));
+        }
+        Ok(())
+    };
     let loss = match loss_name.as_str() {
         "cross_entropy" => Loss::CrossEntropy {
             output: output.clone(),
             ignore_index: o.int("ignore_index", i32::MIN.into(), i32::MAX.into())?,
         },
-        "mse" => Loss::Mse { output: output.clone() },
-        "output" => Loss::Output { output: output.clone() },
+        "mse" => {
+            no_ignore_index()?;
+            Loss::Mse { output: output.clone() }
+        }
+        "output" => {
+            no_ignore_index()?;
+            Loss::Output { output: output.clone() }
+        }
         other => {
             return Err(script_err(format!(
                 "unknown loss `{other}`: expected \"cross_entropy\", \"mse\" or \"output\""
@@ -625,9 +663,51 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
     })))
 }
 
+/// The batch size `compile` sets `B` to, from its `batch` (`given`): `None` where the model's
+/// own default for `B` stands. A `B` passed to the model is the batch size, and `batch` may
+/// repeat it but not differ; a model whose inputs have no `B` takes no `batch`, which would be
+/// ignored.
+fn batch_size(m: &ScriptModel, given: Option<usize>) -> ScriptResult<Option<usize>> {
+    let name = &m.model.name;
+    let passed = m.hyper.iter().find(|(k, _)| k == BATCH).map(|(_, v)| v);
+    if m.names.batch_axis.is_none() {
+        return match given {
+            Some(b) => Err(script_err(format!(
+                "compile: `batch: {b}` sets the batch dimension `B`, and model `{name}`'s inputs have none: remove `batch`, or name the inputs' batch dimension `B`"
+            ))),
+            None => Ok(None),
+        };
+    }
+    let passed = match passed {
+        None => None,
+        // Lowering the model refused any other `B` when it was instantiated.
+        Some(v) => Some(
+            match v {
+                Value::Int(b) => usize::try_from(*b).ok().filter(|&b| b >= 1),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                script_err(format!(
+                    "compile: `B` given to model `{name}` is the batch size, and must be a whole number >= 1"
+                ))
+            })?,
+        ),
+    };
+    match (given, passed) {
+        (Some(b), Some(p)) if b != p => Err(script_err(format!(
+            "compile: the batch size is given twice, as `batch: {b}` and as `{name}(#{{ B: {p} }})`: give it once (`batch` sets `B`)"
+        ))),
+        (Some(b), _) | (None, Some(b)) => Ok(Some(b)),
+        // No batch given: the model's default for `B` where it has one, else 1.
+        (None, None) if m.names.hyper.iter().any(|h| h == BATCH) => Ok(None),
+        (None, None) => Ok(Some(1)),
+    }
+}
+
 /// An error unless `key` of `compile`'s `dims` names a dimension of the model's inputs that
-/// the script may set: not the batch `B` (set by `batch`), not one the model's hyperparameters
-/// already set, and not a name the model does not have (which would be silently ignored).
+/// the script may set ([`ModelNames::set_by_dims`]): not the batch `B` (set by `batch`), not one
+/// the model's hyperparameters already set, and not a name the model does not have (which would
+/// be silently ignored).
 fn check_dim_key(m: &ScriptModel, key: &str) -> ScriptResult<()> {
     let name = &m.model.name;
     let names = &m.names;
@@ -635,7 +715,7 @@ fn check_dim_key(m: &ScriptModel, key: &str) -> ScriptResult<()> {
         .dims
         .iter()
         .map(String::as_str)
-        .filter(|d| *d != "B" && !m.hyper.iter().any(|(k, _)| k == d))
+        .filter(|d| *d != BATCH && names.set_by_dims(&m.hyper, d))
         .collect();
     if settable.contains(&key) {
         return Ok(());
@@ -644,7 +724,7 @@ fn check_dim_key(m: &ScriptModel, key: &str) -> ScriptResult<()> {
         [] => format!("model `{name}` has no input dimensions to set besides the batch"),
         some => format!("the dimensions of model `{name}`'s inputs: {}", some.join(", ")),
     };
-    Err(script_err(if key == "B" {
+    Err(script_err(if key == BATCH {
         "compile: `B` is the batch dimension: set it with `batch:`, as in `compile(#{ batch: 32 })`, not in `dims`".to_string()
     } else if m.hyper.iter().any(|(k, _)| k == key) {
         format!("compile: dimension `{key}` is already set by the model's hyperparameters, `{name}(#{{ {key}: ... }})`: set it in one place")
