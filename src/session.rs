@@ -718,7 +718,11 @@ impl Trainer {
             if name == STEP_STATE {
                 let v = t.as_f32().and_then(|v| v.first().copied()).unwrap_or(f32::NAN);
                 step = Some(steps(v).ok_or_else(|| {
-                    err!(Checkpoint, "`{STEP_STATE}` must be a whole number of steps >= 0, got {v}")
+                    err!(
+                        Checkpoint,
+                        "`{STEP_STATE}` must be a whole number of steps from 0 to 2^53, got {}",
+                        show(v)
+                    )
                 })?);
             }
             writes.push((id, t));

@@ -333,9 +333,52 @@ fn repeat_float() {
     check(
         "model m(x: f32[2, 3]) {\n    repeat 1.5 {\n        x = relu(x)\n    }\n    return x\n}\n",
         r#"
-m.rms:2:12: repeat count must be a positive integer, got 1.5
+m.rms:2:12: repeat count must be a positive integer, got the float 1.5: an integer has no decimal point
         repeat 1.5 {
                ^^^
+"#,
+    );
+}
+
+/// Found by review: a count of 2.0 said "got 2", which reads as a valid count.
+#[test]
+fn repeat_whole_float() {
+    check(
+        "model m(x: f32[2, 3], n = 2.0) {\n    repeat n {\n        x = relu(x)\n    }\n    return x\n}\n",
+        r#"
+m.rms:2:12: repeat count must be a positive integer, got the float 2.0: an integer has no decimal point
+        repeat n {
+               ^
+"#,
+    );
+}
+
+/// Found by review: `causal_self_attention(x, 2.0)` said "must be a list of dimensions, got a
+/// list"; the message shows the list and the entry that is not an integer (the heads, 2.0).
+#[test]
+fn float_entry_in_a_list_of_dimensions() {
+    check(
+        "model m(x: f32[2, 3, 8]) {\n    return causal_self_attention(x, 2.0)\n}\n",
+        r#"
+m.rms:2:12: in `causal_self_attention`: argument `shape` of `reshape` must be a list of dimensions, got [2, 3, 2.0, 4.0], where 2.0 is a float, not an integer
+        return causal_self_attention(x, 2.0)
+               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+"#,
+    );
+    check(
+        "model m(x: f32[2, 3]) {\n    return sum(x, [0, 1.0])\n}\n",
+        r#"
+m.rms:2:19: argument `axes` of `sum` must be a list of integers, got [0, 1.0], where 1.0 is a float, not an integer
+        return sum(x, [0, 1.0])
+                      ^^^^^^^^
+"#,
+    );
+    check(
+        "model m(x: f32[2, 3]) {\n    return sum(x, [0, x])\n}\n",
+        r#"
+m.rms:2:19: argument `axes` of `sum` must be a list of integers, got [0, a tensor], where an entry is a tensor
+        return sum(x, [0, x])
+                      ^^^^^^
 "#,
     );
 }

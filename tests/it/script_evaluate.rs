@@ -103,6 +103,19 @@ fn evaluate_rejects_what_it_cannot_score() {
             "n.evaluate(zeros([0, 2]), tensor([], \"i32\"))",
             "evaluate needs x and y with the same number of examples (at least one), got [0, 2] and [0]",
         ),
+        // Found by review: accuracy on no data said "predict needs at least one example".
+        (
+            "n.accuracy(zeros([0, 2]), tensor([], \"i32\"))",
+            "accuracy needs x and y with the same number of examples (at least one), got [0, 2] and [0]",
+        ),
+        (
+            "n.accuracy(dataset(zeros([0, 2]), tensor([], \"i32\")))",
+            "accuracy needs x and y with the same number of examples (at least one), got [0, 2] and [0]",
+        ),
+        (
+            "n.accuracy(x, tensor([0, 1], \"i32\"))",
+            "accuracy needs x and y with the same number of examples (at least one), got [3, 2] and [2]",
+        ),
         ("n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ batch: 0 })", "evaluate: `batch` must be"),
         ("n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ bach: 2 })", "evaluate: unknown setting `bach`"),
         (

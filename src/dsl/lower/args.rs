@@ -113,6 +113,23 @@ impl Args<'_, '_> {
         self.args.get(i).and_then(Option::as_ref)
     }
 
+    /// Argument `i`, the list `list`, has an entry `bad` of the wrong kind: the message shows
+    /// the list and the entry (a dimension of 4.0 read as "got a list" said nothing of why).
+    fn wrong_entry(&self, i: usize, want: &str, list: &[Value], bad: &Value) -> Error {
+        let pname = self.sig.params.get(i).map_or("?", |p| p.name);
+        let why = match bad {
+            Value::Float(_) => format!("{} is a float, not an integer", bad.show()),
+            other => format!("an entry is {}", other.kind()),
+        };
+        err!(
+            Name,
+            "argument `{pname}` of `{}` must be {want}, got {}, where {why}",
+            self.sig.name,
+            Value::List(list.to_vec()).show()
+        )
+        .at(self.span_of(i))
+    }
+
     fn wrong(&self, i: usize, want: &str) -> Error {
         let got = self.get(i).map_or("nothing", |a| a.0.kind());
         let pname = self.sig.params.get(i).map_or("?", |p| p.name);
@@ -172,7 +189,7 @@ impl Args<'_, '_> {
                 .iter()
                 .map(|v| match v {
                     Value::Int(x) => Ok(*x),
-                    _ => Err(self.wrong(i, "an integer or a list of two")),
+                    _ => Err(self.wrong_entry(i, "an integer or a list of two", vs, v)),
                 })
                 .collect::<Result<_>>()?,
             _ => return Err(self.wrong(i, "an integer or a list of two")),
@@ -253,7 +270,7 @@ impl Args<'_, '_> {
                 .iter()
                 .map(|v| match v {
                     Value::Int(x) => self.axis_value(*x, rank, i),
-                    _ => Err(self.wrong(i, "a list of integers")),
+                    _ => Err(self.wrong_entry(i, "a list of integers", vs, v)),
                 })
                 .collect(),
             Some(Value::Int(x)) => Ok(vec![self.axis_value(*x, rank, i)?]),
@@ -283,7 +300,7 @@ impl Args<'_, '_> {
                     )
                     .at(self.span_of(i)))
                 }
-                _ => return Err(self.wrong(i, "a list of dimensions")),
+                _ => return Err(self.wrong_entry(i, "a list of dimensions", vs, v)),
             }
         }
         let known = checked_numel(&out).map_err(|e| e.at(self.span_of(i)))?;

@@ -61,7 +61,10 @@ impl Lowerer<'_> {
             v => {
                 let shown = match v {
                     Value::Int(n) => n.to_string(),
-                    Value::Float(f) => f.to_string(),
+                    // 2.0 printed as 2 read as the integer it was not.
+                    Value::Float(_) => {
+                        format!("the float {}: an integer has no decimal point", v.show())
+                    }
                     other => other.kind().to_string(),
                 };
                 return Err(err!(Name, "repeat count must be a positive integer, got {shown}")

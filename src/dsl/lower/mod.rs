@@ -48,6 +48,25 @@ pub enum Value {
 }
 
 impl Value {
+    /// The value as a message shows it: numbers and lists written out (a float with its
+    /// decimal point, `2.0`, so it reads apart from the integer 2; at most 8 entries of a list),
+    /// a tensor by its kind.
+    fn show(&self) -> String {
+        match self {
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => format!("{f:?}"),
+            Value::Bool(b) => b.to_string(),
+            Value::Tensor(_) => "a tensor".to_string(),
+            Value::List(vs) => {
+                let mut items: Vec<String> = vs.iter().take(8).map(Value::show).collect();
+                if vs.len() > 8 {
+                    items.push(format!("... ({} entries)", vs.len()));
+                }
+                format!("[{}]", items.join(", "))
+            }
+        }
+    }
+
     fn kind(&self) -> &'static str {
         match self {
             Value::Int(_) => "an integer",

@@ -74,14 +74,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
             ))
         }
     };
-    let n = x.shape().first().copied().unwrap_or(0);
-    if n == 0 || y.shape().first() != Some(&n) {
-        return Err(script_err(format!(
-            "evaluate needs x and y with the same number of examples (at least one), got {} and {}",
-            fmt_shape(x.shape()),
-            fmt_shape(y.shape())
-        )));
-    }
+    let n = examples("evaluate", x, y)?;
     let mut tally = Tally::default();
     for start in (0..n).step_by(batch) {
         let rows: Vec<usize> = (start..n.min(start + batch)).collect();
@@ -121,6 +114,7 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         Loss::CrossEntropy { ignore_index, .. } => *ignore_index,
         _ => None,
     };
+    examples("accuracy", x, y)?;
     let mut tally = Tally::default();
     score_classes("accuracy", &output(t, x)?, y, ignore, &mut tally)?;
     // No label counted (every one ignored) leaves the fraction undefined, as in `evaluate`.
@@ -129,6 +123,21 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
     } else {
         tally.correct as FLOAT / tally.count as FLOAT
     })
+}
+
+/// The number of examples of `x` and `y` (their first dimension), or an error for `what` when
+/// they differ or there are none (no score of nothing, which `predict` would refuse less
+/// clearly).
+fn examples(what: &str, x: &Tensor, y: &Tensor) -> ScriptResult<usize> {
+    let n = x.shape().first().copied().unwrap_or(0);
+    if n == 0 || y.shape().first() != Some(&n) {
+        return Err(script_err(format!(
+            "{what} needs x and y with the same number of examples (at least one), got {} and {}",
+            fmt_shape(x.shape()),
+            fmt_shape(y.shape())
+        )));
+    }
+    Ok(n)
 }
 
 /// The scored output of the model for input `x`, charged while it is held.
