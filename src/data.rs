@@ -405,15 +405,16 @@ fn parse_csv(
                 Header::Present => true,
                 Header::Absent => false,
                 Header::Auto => {
-                    let number = |f: &&str| f.parse::<f32>().is_ok();
+                    // The rule data rows are read by ([`is_number`]): a finite number, so
+                    // `nan` and `inf` read as names, here as in a label column.
                     let mut features =
                         fields.iter().enumerate().filter(|&(i, _)| Some(i) != opts.label_col);
-                    match features.find(|(_, f)| !number(f)) {
+                    match features.find_map(|(i, f)| parse_number(f).err().map(|m| (i, m))) {
                         None => false,
-                        Some(_) if !fields.iter().any(number) => true,
-                        Some((i, f)) => {
+                        Some(_) if !fields.iter().any(|f| is_number(f)) => true,
+                        Some((i, m)) => {
                             return Err(at(format!(
-                                "the first row mixes numbers and text, so it is neither a header (no field a number) nor data (every feature a number): column {}, `{f}`, is not a number; fix the field, or give `header: true` if the row is a header",
+                                "the first row mixes numbers and text, so it is neither a header (no field a number) nor data (every feature a number): column {}: {m}; fix the field, or give `header: true` if the row is a header",
                                 i + 1
                             )))
                         }
@@ -554,6 +555,12 @@ fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) 
     }
 }
 
+/// Whether a field is a number as data rows read it ([`parse_number`]): the one rule for
+/// telling numbers from names (a header's fields, class labels).
+fn is_number(field: &str) -> bool {
+    parse_number(field).is_ok()
+}
+
 fn parse_number(field: &str) -> std::result::Result<f32, String> {
     match field.parse::<f32>() {
         Ok(v) if v.is_finite() => Ok(v),
@@ -569,7 +576,7 @@ fn push_class(classes: &mut Option<ClassLabels>, field: &str, charge: &mut Charg
         return Err(err!(Io, "empty label"));
     }
     let labels = classes.get_or_insert_with(|| {
-        if field.parse::<f64>().is_ok() {
+        if is_number(field) {
             ClassLabels::Numbers(Vec::new())
         } else {
             ClassLabels::Names { ids: Vec::new(), names: Vec::new(), index: HashMap::new() }

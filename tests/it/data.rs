@@ -134,7 +134,7 @@ fn malformed_csv_errors_name_file_and_line() {
         ("not_a_number", b"1,2,0\n3,x,1\n", &l2, ":2: column 2: `x` is not a number"),
         ("empty_field", b"1,2,0\n3,,1\n", &l2, ":2: column 2: `` is not a number"),
         ("infinite", b"1,2,0\n3,inf,1\n", &l2, ":2: column 2: `inf` is not a finite number"),
-        ("nan", b"1,nan,0\n", &l2, ":1: column 2: `nan` is not a finite number"),
+        ("nan", b"1,2,0\n1,nan,0\n", &l2, ":2: column 2: `nan` is not a finite number"),
         (
             "fractional_label",
             b"1,2,0\n3,4,1.5\n",
@@ -259,13 +259,48 @@ fn a_first_row_is_a_header_only_when_none_of_its_fields_is_a_number() {
     let l2 = labelled(2);
     let mixed = "the first row mixes numbers and text, so it is neither a header (no field a \
                  number) nor data (every feature a number)";
+    let fix = "fix the field, or give `header: true` if the row is a header";
     let cases: &[(&str, &[u8], &CsvOptions, String)] = &[
-        ("typo_first", b"x,2,0\n3,4,1\n", &l2, format!(":1: {mixed}: column 1, `x`, is not a number; fix the field, or give `header: true` if the row is a header")),
+        (
+            "typo_first",
+            b"x,2,0\n3,4,1\n",
+            &l2,
+            format!(":1: {mixed}: column 1: `x` is not a number; {fix}"),
+        ),
         ("typo_second", b"1,2,0\nx,4,1\n", &l2, ":2: column 1: `x` is not a number".into()),
-        ("typo_first_no_header", b"x,2,0\n3,4,1\n", &CsvOptions { header: Header::Absent, ..labelled(2) }, ":1: column 1: `x` is not a number".into()),
+        (
+            "typo_first_no_header",
+            b"x,2,0\n3,4,1\n",
+            &CsvOptions { header: Header::Absent, ..labelled(2) },
+            ":1: column 1: `x` is not a number".into(),
+        ),
         // A numbered header, as scikit-learn writes one, says so.
-        ("sklearn_header", b"2,2,a,b\n1,2,0\n", &l2, format!(":1: {mixed}: column 4, `b`, is not a number; fix the field, or give `header: true` if the row is a header")),
-        ("no_labels", b"1,2,x\n3,4,5\n", &CsvOptions::default(), format!(":1: {mixed}: column 3, `x`, is not a number; fix the field, or give `header: true` if the row is a header")),
+        (
+            "sklearn_header",
+            b"2,2,a,b\n1,2,0\n",
+            &l2,
+            format!(":1: {mixed}: column 4: `b` is not a number; {fix}"),
+        ),
+        (
+            "no_labels",
+            b"1,2,x\n3,4,5\n",
+            &CsvOptions::default(),
+            format!(":1: {mixed}: column 3: `x` is not a number; {fix}"),
+        ),
+        // Found by review: the header check took `nan` and `inf` for numbers (f32's parser)
+        // while data rows refuse them; one rule reads both, so a first row of `1,nan` is mixed.
+        (
+            "nan_first",
+            b"1,nan,0\n",
+            &l2,
+            format!(":1: {mixed}: column 2: `nan` is not a finite number; {fix}"),
+        ),
+        (
+            "inf_first",
+            b"inf,2,0\n",
+            &l2,
+            format!(":1: {mixed}: column 1: `inf` is not a finite number; {fix}"),
+        ),
     ];
     for (case, text, opts, expected) in cases {
         check(&dir, case, text, opts, expected);
@@ -277,6 +312,12 @@ fn a_first_row_is_a_header_only_when_none_of_its_fields_is_a_number() {
     assert_eq!(read_csv(&path, &l2).unwrap().x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0]);
     std::fs::write(&path, "1,2,a\n3,4,b\n").unwrap();
     assert_eq!(read_csv(&path, &l2).unwrap().classes(), ["a", "b"]);
+    // Fields named `nan` and `inf` are names, not numbers: a header, and class labels.
+    std::fs::write(&path, "nan,inf,label\n1,2,inf\n3,4,nan\n5,6,inf\n").unwrap();
+    let d = read_csv(&path, &l2).unwrap();
+    assert_eq!(d.x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(d.classes(), ["inf", "nan"]);
+    assert_eq!(d.y().as_i32().unwrap(), &[0, 1, 0]);
     // Named, a header is skipped whatever it holds.
     std::fs::write(&path, "x,2,0\n3,4,1\n").unwrap();
     let named = CsvOptions { header: Header::Present, ..labelled(2) };
