@@ -486,13 +486,19 @@ impl Trainer {
     /// An error when micro-batches are accumulated toward the next update: a checkpoint
     /// holds what an update leaves, not a partial sum of gradients.
     pub fn check_between_updates(&self, what: &str) -> Result<()> {
+        self.check_between_updates_as(what, "a checkpoint holds no partial sums of gradients")
+    }
+
+    /// An error when micro-batches are accumulated toward the next update, for `what`, which
+    /// cannot come between them `why` (a message fragment).
+    pub fn check_between_updates_as(&self, what: &str, why: &str) -> Result<()> {
         if self.micro == 0 {
             return Ok(());
         }
         let k = self.accumulate();
         Err(err!(
             InvalidArgument,
-            "cannot {what} with {} of {k} micro-batches of the next update accumulated (a checkpoint holds no partial sums of gradients); {what} after a multiple of {k} train_step calls",
+            "cannot {what} with {} of {k} micro-batches of the next update accumulated ({why}); {what} after a multiple of {k} train_step calls",
             self.micro
         ))
     }

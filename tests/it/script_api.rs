@@ -921,3 +921,29 @@ fn the_batch_is_set_once_and_predict_works_at_any_batch_size() {
          [5] [3, 3] [1, 3]\n[1] [3, 3] [1, 3]\n[4, 3]\n",
     );
 }
+
+/// Found by review: `set_param` between the micro-batches of an accumulated update was
+/// accepted (the update then applied gradients taken at the old values to the new ones), while
+/// `save` and `load` were refused there. It is refused the same way.
+#[test]
+fn set_param_between_micro_batches_is_refused_like_save_and_load() {
+    check(
+        "model m(x: f32[B, 2]) { return linear(x, 3) as fc }
+         let n = m().compile(#{ batch: 2, accumulate: 2, loss: \"mse\" });
+         let x = zeros([2, 2]); let y = zeros([2, 3]);
+         n.set_param(\"fc.bias\", ones([3])); print(n.param(\"fc.bias\"));
+         n.train_step(x, y);
+         try { n.set_param(\"fc.bias\", zeros([3])); } catch (e) { print(e); }
+         print(n.param(\"fc.bias\"));
+         n.train_step(x, y); n.set_param(\"fc.bias\", zeros([3])); print(n.param(\"fc.bias\"));
+         n.train_step(x, y); n.set_param(\"fc.bias\", ones([3]));",
+        "tensor f32[3] [1, 1, 1]\n\
+         cannot set_param with 1 of 2 micro-batches of the next update accumulated (their \
+         gradients were taken at the parameters' current values, and the update would apply them \
+         to the new ones); set_param after a multiple of 2 train_step calls\n\
+         tensor f32[3] [1, 1, 1]\ntensor f32[3] [0, 0, 0]\n\
+         error: cannot set_param with 1 of 2 micro-batches of the next update accumulated (their \
+         gradients were taken at the parameters' current values, and the update would apply them \
+         to the new ones); set_param after a multiple of 2 train_step calls\n",
+    );
+}

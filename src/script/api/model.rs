@@ -316,7 +316,12 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     engine.register_fn("set_param", |t: &mut ScriptTrainer, name: &str, v: ScriptTensor| {
         let mut tr = t.lock().script()?;
-        tr.parameter(name).script()?; // parameters only, not optimizer state
+        // Parameters only, not optimizer state; refused where save and load are, as the
+        // accumulated gradients belong to the old values.
+        tr.parameter(name).script()?;
+        let why = "their gradients were taken at the parameters' current values, and the update \
+                   would apply them to the new ones";
+        tr.check_between_updates_as("set_param", why).script()?;
         tr.load_state(&[(name, v.tensor())]).script()
     });
     let c = ctx.clone();
