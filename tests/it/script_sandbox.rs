@@ -3,6 +3,7 @@
 //! one, and the session stays usable afterwards.
 
 use rumus::error::Source;
+use rumus::memory::human;
 use rumus::script::{ExitRequest, Host, HostOptions, Sandbox};
 use rumus::ErrorKind;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -119,12 +120,24 @@ fn broadcasting_two_vectors_is_charged_before_allocating() {
 #[test]
 fn many_tensors_share_one_budget_and_give_it_back_when_dropped() {
     let mut h = budget_host(65);
-    // 16 MiB each (and a few hundred bytes besides the elements): the fifth does not fit.
+    // 16 MiB each and a few hundred bytes besides the elements (measured, not assumed): the
+    // fifth does not fit, and the error says exactly what four left.
+    let (limit, before) = (h.ctx().budget.limit(), h.ctx().budget.used());
+    ok(&mut h, "let one = zeros([4 << 20]);");
+    let each = h.ctx().budget.used() - before;
+    ok(&mut h, "one = ();");
+    assert_eq!(h.ctx().budget.used(), before);
     check_err(
         &mut h,
         "let keep = [];\nfor i in 0..10 { keep.push(zeros([4 << 20])); }",
         ErrorKind::Limit,
-        "t.rms:2:28: a tensor of shape [4194304] needs 16.0 MiB but only 1023.2 KiB of the 65.0 MiB",
+        &format!(
+            "t.rms:2:28: a tensor of shape [4194304] needs {} but only {} of the {} memory budget \
+             is free",
+            human(each),
+            human(limit - before - 4 * each),
+            human(limit)
+        ),
     );
     // `keep` still holds four; dropped, the budget is free again.
     ok(&mut h, "keep = (); let k = []; for i in 0..4 { k.push(zeros([4 << 20])); }");
@@ -484,29 +497,37 @@ fn copies_made_inside_the_model_are_charged_too() {
          let m = wide().compile(#{ loss: \"mse\" });
          let w = zeros([1, 1 << 20]);
          let y = m.predict(zeros([1, 1]));
+         let x1 = zeros([1, 1]); let y1 = tensor([0], \"i32\");
          let fill = [];
          try { for i in 0..100 { fill.push(zeros([1 << 18])); } } catch {}";
     ok(&mut h, setup);
+    // What is free is measured (it depends on what each value holds besides its elements);
+    // each call below charges nothing before the charge that fails, and gives back what it
+    // charged when it fails.
+    let (limit, used) = (h.ctx().budget.limit(), h.ctx().budget.used());
+    let only =
+        format!("but only {} of the {} memory budget is free", human(limit - used), human(limit));
     check_err(
         &mut h,
         "m.set_param(\"fc.weight\", w);",
         ErrorKind::Limit,
-        "copying values into the model needs 4.0 MiB",
+        &format!("copying values into the model needs 4.0 MiB {only}"),
     );
     check_err(
         &mut h,
-        "m.accuracy(zeros([1, 1]), tensor([0], \"i32\"))",
+        "m.accuracy(x1, y1)",
         ErrorKind::Limit,
-        "model `wide` evaluated on a batch of 1 needs 8.0 MiB but only 10", // 1019.6 KiB
+        &format!("model `wide` evaluated on a batch of 1 needs 8.0 MiB {only}"),
     );
     check_err(
         &mut h,
         "let p = m.param(\"fc.weight\");",
         ErrorKind::Limit,
-        "a copy of parameter `fc.weight` needs 4.0 MiB but only 10",
+        &format!("a copy of parameter `fc.weight` needs 4.0 MiB {only}"),
     );
+    assert_eq!(h.ctx().budget.used(), used);
     // With room again, both work.
-    ok(&mut h, "fill = (); m.set_param(\"fc.weight\", w); let a = m.accuracy(zeros([1, 1]), tensor([0], \"i32\"));");
+    ok(&mut h, "fill = (); m.set_param(\"fc.weight\", w); let a = m.accuracy(x1, y1);");
 }
 
 #[test]
