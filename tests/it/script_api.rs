@@ -655,6 +655,11 @@ fn printing_a_tensor_shows_at_most_a_thousand_elements() {
         assert_eq!(line.matches('0').count(), 1000, "{line}");
         assert!(line.len() < 10_000 && line.ends_with(", ...]"), "{line}");
     }
+    // Found by review: cut off inside the row before an elided middle, the text read
+    // `..., ...`; one `...` stands for both.
+    let line = run("print(zeros([9, 8, 7, 7]));");
+    assert_eq!(line.matches('0').count(), 1000, "{line}");
+    assert!(!line.contains("..., ...") && line.ends_with("0, ...], ...], ...], ...]\n"), "{line}");
     check(
         "print(zeros([2147483648, 0])); print(tensor(0..2000000)); print(tensor([[1, 2], [3, 4]]));",
         "tensor f32[2147483648, 0] []\ntensor f32[2000000] [0, 1, 2, ..., 1999997, 1999998, 1999999]\n\

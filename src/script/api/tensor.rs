@@ -748,12 +748,13 @@ impl fmt::Display for ScriptTensor {
                 if k > 0 {
                     out.push_str(", ");
                 }
-                if d > 8 && k == 3 {
-                    out.push_str("..., ");
-                }
+                // Cut off here: one `...` for the rest, the elided middle included.
                 if *left == 0 {
                     out.push_str("...");
                     break;
+                }
+                if d > 8 && k == 3 {
+                    out.push_str("..., ");
                 }
                 rows(t, rest, offset + i * row, out, left);
             }
