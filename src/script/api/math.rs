@@ -226,8 +226,8 @@ fn i32s<'a>(x: Operand<'a>, name: &str) -> ScriptResult<I32s<'a>> {
 
 /// Register the operators and functions on `Tensor`.
 pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
-    // Arithmetic: i32 with i32 (or an integer) stays i32, exactly; anything with f32 (or a
-    // float) is f32.
+    // Arithmetic: i32 with i32 (or an integer) stays i32, exactly, under every operator with an
+    // i32 form (all but `/`, true division); anything with f32 (or a float) is f32.
     for op in OPS {
         let c = ctx.clone();
         engine.register_fn(op.name, move |a: ScriptTensor, b: ScriptTensor| {
