@@ -43,7 +43,11 @@ pub fn bench_matmul_mode(
     options: MatmulOptions,
 ) -> Result<MatmulBench> {
     let spec = MatmulSpec::contiguous(1, n, n, n);
-    let tile = MatmulTile::choose(&spec, &gpu.target(options));
+    let target = gpu.target(options);
+    // A forced tile the device cannot run is an error here as in a plan, not fp32 figures
+    // reported under the tile's name.
+    matmul::check_forced_coop_tile(&target)?;
+    let tile = MatmulTile::choose(&spec, &target);
     let len = n as usize * n as usize;
     let mut rng = Rng::new(11);
     let a: Vec<f32> = (0..len).map(|_| rng.normal() as f32).collect();

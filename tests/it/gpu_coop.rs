@@ -586,3 +586,28 @@ fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> s
         }
     }
 }
+
+/// A forced cooperative tile the device cannot run is an error in the kernel benchmark, as in a
+/// plan: the benchmark ran fp32 and reported its figures under the forced tile.
+#[test]
+fn the_kernel_benchmark_refuses_a_forced_tile_the_device_cannot_run() {
+    let Some((gpu, _turn)) =
+        or_skip("the_kernel_benchmark_refuses_a_forced_tile_the_device_cannot_run")
+    else {
+        return;
+    };
+    let tile = CoopTile { bm: 128, bn: 128, bk: 128, wm: 8, wn: 8, stages: 1 };
+    let options = MatmulOptions {
+        precision: MatmulPrecision::Medium,
+        coop_tile: Some(tile),
+        emulate_coop: true,
+        ..MatmulOptions::DEFAULT
+    };
+    let most = gpu.target(options).max_invocations;
+    let r = bench_matmul_mode(gpu, 64, 1, options);
+    let Err(e) = r else { panic!("accepted on a device of {most} threads: {r:?}") };
+    let expected = format!(
+        "RUMUS_MATMUL_COOP_TILE: cooperative tile 128x128x128 w8x8: 2048 threads a workgroup, and this device runs at most {most}"
+    );
+    assert_eq!(e.message, expected);
+}
