@@ -140,6 +140,29 @@ fn rewrite(
     rumus::checkpoint::save(path, &tensors, &saved.metadata).unwrap();
 }
 
+/// Write `path` as the checkpoint at `from` after `edit` has changed its tensors and metadata.
+fn edited(
+    from: &std::path::Path,
+    path: &std::path::Path,
+    edit: impl FnOnce(
+        &mut Vec<(String, rumus::Tensor)>,
+        &mut std::collections::BTreeMap<String, String>,
+    ),
+) {
+    use rumus::memory::Budget;
+    let mut saved = rumus::checkpoint::load(from, &mut Budget::unlimited().empty()).unwrap();
+    edit(&mut saved.tensors, &mut saved.metadata);
+    let refs: Vec<(&str, &rumus::Tensor)> =
+        saved.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    rumus::checkpoint::save(path, &refs, &saved.metadata).unwrap();
+}
+
+/// Element `i` of tensor `name` among `tensors`, to change.
+fn element<'a>(tensors: &'a mut [(String, rumus::Tensor)], name: &str, i: usize) -> &'a mut f32 {
+    let t = &mut tensors.iter_mut().find(|(n, _)| n == name).unwrap().1;
+    &mut t.as_f32_mut().unwrap()[i]
+}
+
 /// What a case keeps of a full checkpoint, adds to it, and the strict error and the
 /// non-strict report it gives.
 type Case<'a> =
@@ -309,17 +332,10 @@ fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
     e.run(&format!("let a = make(); train(a, data, 0, 2); a.save(\"{f}\"); let b = make();"))
         .unwrap();
     let write = |tensor: f32, meta: &str| {
-        use rumus::memory::Budget;
-        let saved = rumus::checkpoint::load(&first, &mut Budget::unlimited().empty()).unwrap();
-        let step = rumus::Tensor::scalar(tensor);
-        let tensors: Vec<(&str, &rumus::Tensor)> = saved
-            .tensors
-            .iter()
-            .map(|(n, t)| (n.as_str(), if n == "optim.step" { &step } else { t }))
-            .collect();
-        let mut metadata = saved.metadata.clone();
-        metadata.insert("step".into(), meta.into());
-        rumus::checkpoint::save(&path, &tensors, &metadata).unwrap();
+        edited(&first, &path, |tensors, metadata| {
+            *element(tensors, "optim.step", 0) = tensor;
+            metadata.insert("step".into(), meta.into());
+        })
     };
     let step = |e: &mut Engine| e.compiled("b").unwrap().trainer().unwrap().step();
     write(16_777_216.0, "16777219");
@@ -364,14 +380,7 @@ fn values_no_model_can_hold_are_refused_when_loaded() {
         ("optim.v.fc1.weight", -1e-3, "tensor `optim.v.fc1.weight` is an Adam second moment, which is never negative, but element 4 is -0.001"),
     ];
     for (name, bad, expected) in cases {
-        use rumus::memory::Budget;
-        let saved = rumus::checkpoint::load(&first, &mut Budget::unlimited().empty()).unwrap();
-        let mut tensors = saved.tensors.clone();
-        let t = &mut tensors.iter_mut().find(|(n, _)| n == name).unwrap().1;
-        t.as_f32_mut().unwrap()[4] = bad;
-        let refs: Vec<(&str, &rumus::Tensor)> =
-            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        rumus::checkpoint::save(&path, &refs, &saved.metadata).unwrap();
+        edited(&first, &path, |tensors, _| *element(tensors, name, 4) = bad);
         let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
         assert_eq!(err.kind, rumus::ErrorKind::Checkpoint, "{err}");
         assert!(err.message.contains(expected), "{err}");
@@ -392,13 +401,7 @@ fn a_negative_running_variance_is_refused_when_loaded() {
          let a = m().compile(#{{ batch: 2 }}); a.save(\"{f}\"); let b = m().compile(#{{ batch: 2 }});"
     ))
     .unwrap();
-    use rumus::memory::Budget;
-    let saved = rumus::checkpoint::load(&first, &mut Budget::unlimited().empty()).unwrap();
-    let mut tensors = saved.tensors.clone();
-    let var = &mut tensors.iter_mut().find(|(n, _)| n == "bn.running_var").unwrap().1;
-    var.as_f32_mut().unwrap()[1] = -2.0;
-    let refs: Vec<(&str, &rumus::Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    rumus::checkpoint::save(&path, &refs, &saved.metadata).unwrap();
+    edited(&first, &path, |tensors, _| *element(tensors, "bn.running_var", 1) = -2.0);
     let err = e.eval(&format!("b.load(\"{p}\")")).unwrap_err();
     let expected = "tensor `bn.running_var` is a batch norm running variance, which is never negative, but element 1 is -2";
     assert!(err.message.ends_with(expected), "{err}");
