@@ -2,10 +2,11 @@
 //! and after the passes that extend it.
 
 use super::autodiff;
-use super::ir::{Graph, NodeId};
+use super::ir::{Graph, NodeId, Op};
 use super::optim::{self, OptimConfig, OptimNodes};
 use super::remat;
 use super::verify::verify;
+use crate::err;
 use crate::error::Result;
 
 /// A graph whose one evaluation is a whole training step.
@@ -66,6 +67,7 @@ pub fn training_graph_with(
     opts: TrainOptions,
 ) -> Result<TrainGraph> {
     verify(&g)?; // the forward graph is well-formed before anything is appended
+    batch_statistics_need_two_values(&g)?;
     let params: Vec<NodeId> = g.parameters().into_iter().map(|(id, _)| id).collect();
     let backward_start = g.n_nodes();
     let mut grads = autodiff::grad(&mut g, loss, &params)?; // backward nodes, same arena
@@ -85,4 +87,29 @@ pub fn training_graph_with(
     g.set_output("loss", loss);
     verify(&g)?; // and still well-formed after both passes
     Ok(TrainGraph { graph: g, loss, grads: pairs, optim, backward_start, update_start })
+}
+
+/// A batch statistic (batch norm's mean and variance in training, chosen by `TrainingSelect`)
+/// over a single value per channel is that value itself: its normalized output is 0 and its
+/// variance 0, so training learns nothing from it (PyTorch refuses it too). Refused at the
+/// op, with the number of values it averages.
+fn batch_statistics_need_two_values(g: &Graph) -> Result<()> {
+    let numel = |id: NodeId| g.shape(id).iter().product::<usize>().max(1);
+    for (_, n) in g.nodes() {
+        let (Op::TrainingSelect, Some(&stat)) = (&n.op, n.inputs.first()) else { continue };
+        let stat_node = g.node(stat);
+        let (Op::Reduce { .. }, Some(&x)) = (&stat_node.op, stat_node.inputs.first()) else {
+            continue;
+        };
+        let count = numel(x) / numel(stat);
+        if count < 2 {
+            return Err(err!(
+                Shape,
+                "batch_norm in training averages {count} value per channel (shape {}): its batch statistics need at least 2; train with a larger batch",
+                crate::tensor::fmt_shape(g.shape(x))
+            )
+            .at(n.span));
+        }
+    }
+    Ok(())
 }

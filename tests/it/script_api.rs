@@ -952,3 +952,17 @@ fn set_param_between_micro_batches_is_refused_like_save_and_load() {
          to the new ones); set_param after a multiple of 2 train_step calls\n",
     );
 }
+
+/// Found by the hostile-input audit: batch norm trained over one value per channel (a batch of
+/// 1 on `[B, C]`), whose normalized output is 0: the model learned nothing and said nothing
+/// (PyTorch refuses it). Refused when the training step is built; a batch of 2 trains.
+#[test]
+fn batch_norm_over_one_value_per_channel_is_refused_for_training() {
+    let model = "model m(x: f32[B, 2]) { return batch_norm(linear(x, 3) as fc) as bn }";
+    let mut e = rumus::Engine::new();
+    e.run(model).unwrap();
+    let err = e.eval("m().compile(#{ batch: 1 })").unwrap_err();
+    let expected = "batch_norm in training averages 1 value per channel (shape [1, 3]): its batch statistics need at least 2; train with a larger batch";
+    assert!(err.message.ends_with(expected), "{err}");
+    e.run("let n = m().compile(#{ batch: 2 });").unwrap();
+}
