@@ -39,9 +39,14 @@ pub fn i32_of(v: f64) -> Result<i32, String> {
 }
 
 /// A number for a message: as written for everyday magnitudes, in exponent form for very large
-/// or very small ones (so 1e39 does not print as forty digits).
-pub fn show(v: f64) -> String {
-    if v == 0.0 || !v.is_finite() || (1e-4..1e16).contains(&v.abs()) {
+/// or very small ones (so 1e39 does not print as forty digits). An f32 is shown as an f32 (0.1,
+/// not the 0.10000000149011612 it widens to).
+pub fn show<T>(v: T) -> String
+where
+    T: Copy + Into<f64> + std::fmt::Display + std::fmt::LowerExp,
+{
+    let x: f64 = v.into();
+    if x == 0.0 || !x.is_finite() || (1e-4..1e16).contains(&x.abs()) {
         format!("{v}")
     } else {
         format!("{v:e}")

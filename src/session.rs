@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::graph::optim::{is_host_input, STEP_STATE};
 use crate::graph::{training_graph_with, Graph, NodeId, Op, OptimConfig, TrainGraph, TrainOptions};
 use crate::memory::{Budget, Charge};
+use crate::num::show;
 use crate::plan::PlanOptions;
 use crate::runtime::backend::GpuBackend;
 use crate::runtime::{shared_gpu, DeviceChoice};
@@ -203,20 +204,10 @@ impl Schedule {
                 _ => err!(
                     InvalidArgument,
                     "{name}: the learning rate for step {step} is {}, not a finite f32 >= 0",
-                    crate::num::show(rate)
+                    show(rate)
                 ),
             }),
         }
-    }
-}
-
-/// An f32 setting for a message: as written for everyday magnitudes, in exponent form for
-/// very large or very small ones.
-fn show(v: f32) -> String {
-    if v == 0.0 || !v.is_finite() || (1e-4..1e16).contains(&v.abs()) {
-        format!("{v}")
-    } else {
-        format!("{v:e}")
     }
 }
 
