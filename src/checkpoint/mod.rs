@@ -306,7 +306,7 @@ pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
     let second_moments = format!("optim.{}.", crate::graph::optim::SECOND_MOMENT);
     let what = if name.starts_with(&second_moments) {
         "an Adam second moment"
-    } else if name == "running_var" || name.ends_with(".running_var") {
+    } else if name.rsplit('.').next() == Some(crate::graph::conv::RUNNING_VAR) {
         "a batch norm running variance"
     } else {
         return Ok(());

@@ -20,6 +20,9 @@ use crate::err;
 use crate::error::{Error, Result};
 use crate::tensor::{fmt_shape, DType};
 
+/// The last segment of a batch norm's running variance state (never negative), PyTorch's name.
+pub const RUNNING_VAR: &str = "running_var";
+
 /// The geometry of a 2-D sliding window over the last two axes of an `[N, C, H, W]` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Window {
@@ -352,7 +355,7 @@ impl Graph {
             ("weight", weight),
             ("bias", bias),
             ("running_mean", running[0]),
-            ("running_var", running[1]),
+            (RUNNING_VAR, running[1]),
         ] {
             if self.shape(id) != [c] {
                 return Err(err!(
@@ -412,10 +415,10 @@ impl Graph {
     }
 
     /// The running statistics of a batch norm: state values `{prefix}running_mean` (zeros) and
-    /// `{prefix}running_var` (ones), `[C]`, PyTorch's names.
+    /// `{prefix}`[`RUNNING_VAR`] (ones), `[C]`, PyTorch's names.
     pub fn batch_norm_state(&mut self, prefix: &str, c: usize) -> Result<[NodeId; 2]> {
         let mean = self.state(&format!("{prefix}running_mean"), &[c], Init::Zeros)?;
-        let var = self.state(&format!("{prefix}running_var"), &[c], Init::Ones)?;
+        let var = self.state(&format!("{prefix}{RUNNING_VAR}"), &[c], Init::Ones)?;
         Ok([mean, var])
     }
 
