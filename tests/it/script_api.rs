@@ -966,3 +966,27 @@ fn batch_norm_over_one_value_per_channel_is_refused_for_training() {
     assert!(err.message.ends_with(expected), "{err}");
     e.run("let n = m().compile(#{ batch: 2 });").unwrap();
 }
+
+/// `max(a, b)`, `min(a, b)` and `relu` of a NaN were the other operand (`f32::max` drops a
+/// NaN), where the reductions, the model language's `maximum`, NumPy and PyTorch give NaN.
+#[test]
+fn elementwise_max_min_and_relu_keep_nan() {
+    let nan = "let nan = tensor([1.0, -1.0]).ln();";
+    check(
+        &format!("{nan} print(max(nan, 0.0)); print(max(0, nan));"),
+        "tensor f32[2] [0, NaN]\ntensor f32[2] [0, NaN]\n",
+    );
+    check(
+        &format!("{nan} print(min(nan, zeros([2]))); print(min(1.0, nan));"),
+        "tensor f32[2] [0, NaN]\ntensor f32[2] [0, NaN]\n",
+    );
+    check(
+        &format!("{nan} print(nan.relu()); print(nan.max()); print(nan.min());"),
+        "tensor f32[2] [0, NaN]\nNaN\nNaN\n",
+    );
+    // Ties and signed zeros as the graph's `maximum` and `relu`: the first operand on a tie.
+    check(
+        "print(tensor([-0.0]).relu().to_array()); print(max(tensor([-2.0, 3.0]), 1));",
+        "[-0.0]\ntensor f32[2] [1, 3]\n",
+    );
+}

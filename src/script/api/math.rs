@@ -11,6 +11,7 @@
 use super::super::convert::{script_err, to_u64, ScriptResult};
 use super::super::Ctx;
 use super::tensor::{alloc, exact_in_f32, reader, Number, ScriptTensor};
+use crate::graph::scalar::Scalar;
 use crate::rng::Rng;
 use crate::tensor::{fmt_shape, Tensor, TensorData};
 use rhai::{Engine, FLOAT, INT};
@@ -85,8 +86,9 @@ const OPS: [BinOp; 8] = [
         }
         }),
     },
-    BinOp { name: "max", f: Some(f32::max), i: Some(|a, b| Ok(a.max(b))) },
-    BinOp { name: "min", f: Some(f32::min), i: Some(|a, b| Ok(a.min(b))) },
+    // The graph's NaN-propagating forms (`f32::max` returns the other operand of a NaN).
+    BinOp { name: "max", f: Some(Scalar::max_nan), i: Some(|a, b| Ok(a.max(b))) },
+    BinOp { name: "min", f: Some(Scalar::min_nan), i: Some(|a, b| Ok(a.min(b))) },
 ];
 
 /// One side of an elementwise operation.
@@ -267,7 +269,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     let c = ctx.clone();
     engine.register_fn("relu", move |a: &mut ScriptTensor| {
-        unary(&c, "relu", a.tensor(), |x| x.max(0.0), Some(|x: i32| Ok(x.max(0))))
+        unary(&c, "relu", a.tensor(), |x| x.max_nan(0.0), Some(|x: i32| Ok(x.max(0))))
     });
     // Reductions are floats, so `correct.sum() / n` divides as floats: of an i32 tensor
     // computed exactly (an error past 2^53, where f64 stops holding every integer), of an f32
@@ -288,23 +290,18 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     // NaN anywhere makes the largest and smallest element NaN (as in NumPy and PyTorch), not
     // the largest of the other elements. Every i32 is exact in f64.
-    let nan_or = |f: fn(f32, f32) -> f32| {
-        move |a: f32, b: f32| if a.is_nan() || b.is_nan() { f32::NAN } else { f(a, b) }
-    };
     engine.register_fn("max", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = nonempty(t.tensor(), "max")?;
         Ok(match t.data() {
             TensorData::I32(v) => v.iter().copied().max().unwrap_or(0).into(),
-            TensorData::F32(v) => {
-                v.iter().copied().fold(f32::NEG_INFINITY, nan_or(f32::max)).into()
-            }
+            TensorData::F32(v) => v.iter().copied().fold(f32::NEG_INFINITY, Scalar::max_nan).into(),
         })
     });
     engine.register_fn("min", move |t: &mut ScriptTensor| -> ScriptResult<FLOAT> {
         let t = nonempty(t.tensor(), "min")?;
         Ok(match t.data() {
             TensorData::I32(v) => v.iter().copied().min().unwrap_or(0).into(),
-            TensorData::F32(v) => v.iter().copied().fold(f32::INFINITY, nan_or(f32::min)).into(),
+            TensorData::F32(v) => v.iter().copied().fold(f32::INFINITY, Scalar::min_nan).into(),
         })
     });
     let c = ctx.clone();
