@@ -872,3 +872,25 @@ m.rms:2:17: slice gives [2, 0], an empty axis: a model's values need every dimen
 "#,
     );
 }
+
+/// `i64::MIN / -1` panicked: the whole-number check took the remainder with `%`, which
+/// overflows there in any build.
+#[test]
+fn integer_division_that_overflows() {
+    check(
+        "model m(x: f32[2, 4], k = -9223372036854775807 - 1) {\n    return reshape(x, [k / -1, 4])\n}\n",
+        r#"
+m.rms:2:24: integer overflow in `-9223372036854775808 / -1`
+        return reshape(x, [k / -1, 4])
+                           ^^^^^^
+"#,
+    );
+    check(
+        "model m(x: f32[2, 4], k = -9223372036854775807 - 1) {\n    return reshape(x, [k / 3, 4])\n}\n",
+        r#"
+m.rms:2:24: `k / 3` is `-9223372036854775808 / 3`, not a whole number
+        return reshape(x, [k / 3, 4])
+                           ^^^^^
+"#,
+    );
+}

@@ -224,10 +224,14 @@ impl Lowerer<'_> {
                         if y == 0 {
                             return Err(err!(Name, "division by zero").at(span));
                         }
-                        if x % y != 0 {
-                            return Err(err!(Name, "`{x} / {y}` is not a whole number").at(span));
+                        // `%` itself overflows on i64::MIN / -1 (a panic in any build).
+                        match x.checked_rem(y) {
+                            Some(0) => x.checked_div(y),
+                            Some(_) => {
+                                return Err(err!(Name, "`{x} / {y}` is not a whole number").at(span))
+                            }
+                            None => None,
                         }
-                        x.checked_div(y)
                     }
                     BinOp::Matmul => {
                         return Err(err!(Name, "`@` needs two tensors, got two integers").at(span))
