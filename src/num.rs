@@ -28,6 +28,22 @@ pub fn f32_of(v: f64) -> Result<f32, String> {
     Ok(f)
 }
 
+/// The largest integer below which f32 holds every integer exactly (2^24).
+pub const F32_EXACT: u64 = 1 << 24;
+
+/// An integer someone wrote as f32, when f32 holds it exactly (every integer up to 2^24, and
+/// only some beyond): an integer is meant exactly, so rounding 16777217 to 16777216 is an
+/// error, not a silently different number. A float that rounds is a float ([`f32_of`]).
+pub fn f32_of_int(v: i64) -> Result<f32, String> {
+    let f = v as f32;
+    if f as i128 == i128::from(v) {
+        return Ok(f);
+    }
+    Err(format!(
+        "{v} has no exact f32 value (f32 holds every integer up to {F32_EXACT} = 2^24, and only some beyond)"
+    ))
+}
+
 /// `v` as i32, when it is a whole number in i32's range (NaN, infinities and fractions are
 /// errors).
 pub fn i32_of(v: f64) -> Result<i32, String> {
@@ -76,6 +92,14 @@ mod tests {
             ("1e39".into(), "0.9".into(), "-2.5e-7".into(), "0".into())
         );
         assert!(f32_of(f64::NAN).unwrap().is_nan());
+        assert_eq!(f32_of_int(-16777216), Ok(-16777216.0));
+        assert_eq!(f32_of_int(16777218), Ok(16777218.0));
+        assert_eq!(f32_of_int(i64::MIN), Ok(-9223372036854775808.0));
+        assert_eq!(
+            f32_of_int(16777217),
+            Err("16777217 has no exact f32 value (f32 holds every integer up to 16777216 = 2^24, and only some beyond)".into())
+        );
+        assert!(f32_of_int(i64::MAX).is_err());
         assert_eq!(f32_of(1e-50), Ok(0.0));
         assert_eq!(f32_of(3.4e38), Ok(3.4e38));
         assert_eq!(i32_of(-7.0), Ok(-7));

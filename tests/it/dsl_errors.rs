@@ -894,3 +894,32 @@ m.rms:2:24: `k / 3` is `-9223372036854775808 / 3`, not a whole number
 "#,
     );
 }
+
+/// An integer written where the graph stores an f32 (a constant operand, an op's number, an
+/// initializer's argument) must have an exact f32 value, as in scripts: `x * 16777217`
+/// multiplied by 16777216 without a word. A float rounds, as floats do.
+#[test]
+fn an_integer_without_an_exact_f32_value() {
+    let msg = "16777217 has no exact f32 value (f32 holds every integer up to 16777216 = 2^24, \
+               and only some beyond): write it as a float (16777217.0) to accept rounding";
+    check(
+        "model m(x: f32[2, 4]) {\n    return x * 16777217\n}\n",
+        &format!("m.rms:2:12: {msg}\n        return x * 16777217\n               ^^^^^^^^^^^^"),
+    );
+    check(
+        "model m(x: f32[2, 4]) {\n    param w[4] = normal(0, 16777217)\n    return x * w\n}\n",
+        &format!(
+            "m.rms:2:28: {msg}\n        param w[4] = normal(0, 16777217)\n                               ^^^^^^^^"
+        ),
+    );
+    check(
+        "model m(x: f32[2, 4]) {\n    return maximum(x, -16777217)\n}\n",
+        &format!(
+            "m.rms:2:23: {}\n        return maximum(x, -16777217)\n                          ^^^^^^^^^",
+            msg.replace("16777217", "-16777217")
+        ),
+    );
+    for ok in ["x * 16777216 + 16777218", "x * 16777217.0", "x * (16777216 + 1.0)"] {
+        check(&format!("model m(x: f32[2, 4]) {{\n    return {ok}\n}}\n"), "ok");
+    }
+}

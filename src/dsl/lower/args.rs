@@ -143,7 +143,7 @@ impl Args<'_, '_> {
         match self.get(i).map(|a| a.0.clone()) {
             Some(Value::Tensor(t)) => Ok(t),
             Some(v @ (Value::Int(_) | Value::Float(_))) => {
-                let c = f32_at(num(&v), self.span_of(i))?;
+                let c = f32_at(&v, self.span_of(i))?;
                 Ok(self.g().constant(c))
             }
             _ => Err(self.wrong(i, "a tensor")),
@@ -232,7 +232,10 @@ impl Args<'_, '_> {
 
     /// A static number as the f32 the graph stores.
     pub(crate) fn f32(&self, i: usize) -> Result<f32> {
-        f32_at(self.float(i)?, self.span_of(i))
+        match self.get(i).map(|a| &a.0) {
+            Some(v @ (Value::Int(_) | Value::Float(_))) => f32_at(v, self.span_of(i)),
+            _ => Err(self.wrong(i, "a number")),
+        }
     }
 
     /// `true` or `false`.

@@ -142,7 +142,7 @@ impl Lowerer<'_> {
         for a in args {
             let at = self.span(a.value.span);
             match self.expr(&a.value, frame)? {
-                v @ (Value::Int(_) | Value::Float(_)) => nums.push(f32_at(num(&v), at)?),
+                v @ (Value::Int(_) | Value::Float(_)) => nums.push(f32_at(&v, at)?),
                 other => {
                     return Err(err!(
                         Name,
@@ -279,7 +279,7 @@ impl Lowerer<'_> {
     fn tensor(&mut self, v: &Value, span: Span) -> Result<NodeId> {
         match v {
             Value::Tensor(t) => Ok(*t),
-            Value::Int(_) | Value::Float(_) => Ok(self.g.constant(f32_at(num(v), span)?)),
+            Value::Int(_) | Value::Float(_) => Ok(self.g.constant(f32_at(v, span)?)),
             other => Err(err!(Name, "expected a tensor, got {}", other.kind()).at(span)),
         }
     }

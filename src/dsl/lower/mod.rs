@@ -242,9 +242,15 @@ impl Lowerer<'_> {
 }
 
 /// A static number as the f32 the graph stores: a finite number outside f32's range is an error
-/// at `span`, as an out-of-range literal is.
-fn f32_at(v: f64, span: Span) -> Result<f32> {
-    crate::num::f32_of(v).map_err(|m| err!(Name, "{m}").at(span))
+/// at `span`, as an out-of-range literal is, and so is an integer without an exact f32 value
+/// (16777217 would be 16777216; a float rounds, as floats do).
+fn f32_at(v: &Value, span: Span) -> Result<f32> {
+    match v {
+        Value::Int(i) => crate::num::f32_of_int(*i).map_err(|m| {
+            err!(Name, "{m}: write it as a float ({i}.0) to accept rounding").at(span)
+        }),
+        v => crate::num::f32_of(num(v)).map_err(|m| err!(Name, "{m}").at(span)),
+    }
 }
 
 /// A static number as f64 (NaN for anything else; callers match numbers first).

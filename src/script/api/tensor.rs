@@ -126,9 +126,6 @@ pub(super) enum Number {
     },
 }
 
-/// The largest integer below which f32 holds every integer exactly (2^24).
-const F32_EXACT: u64 = 1 << 24;
-
 /// How a script writes an infinity into a tensor, for messages.
 const INFINITY_HINT: &str = "write an infinity on purpose as the string \"inf\" or \"-inf\"";
 
@@ -170,15 +167,11 @@ impl Number {
     /// an infinity written as a string is one. `what` starts the error.
     pub(super) fn f32(self, what: &str) -> ScriptResult<f32> {
         match self {
-            Number::Int(i) => {
-                let f = i as f32;
-                if f as i128 == i128::from(i) {
-                    return Ok(f);
-                }
-                Err(script_err(format!(
-                    "{what}: {i} has no exact f32 value (f32 holds every integer up to {F32_EXACT} = 2^24, and only some beyond): make the tensor \"i32\", or write the number as a float to accept rounding"
-                )))
-            }
+            Number::Int(i) => num::f32_of_int(i).map_err(|m| {
+                script_err(format!(
+                    "{what}: {m}: make the tensor \"i32\", or write the number as a float to accept rounding"
+                ))
+            }),
             Number::Float(v) => to_f32(v, what),
             Number::Infinity { negative: false } => Ok(f32::INFINITY),
             Number::Infinity { negative: true } => Ok(f32::NEG_INFINITY),
@@ -212,10 +205,10 @@ impl Number {
 /// An error unless every element of `v` has an exact f32 value, for an i32 tensor used where
 /// f32 is computed (`what` names the operation); an explicit `to_f32()` rounds instead.
 pub(super) fn exact_in_f32(v: &[i32], what: &str) -> ScriptResult<()> {
-    match v.iter().find(|&&x| x.unsigned_abs() > F32_EXACT as u32 && (x as f32) as i64 != i64::from(x)) {
+    match v.iter().find_map(|&x| num::f32_of_int(x.into()).err()) {
         None => Ok(()),
-        Some(x) => Err(script_err(format!(
-            "{what}: the i32 element {x} has no exact f32 value (f32 holds every integer up to {F32_EXACT} = 2^24, and only some beyond): keep the computation in i32 (integers), or convert with to_f32(), which rounds"
+        Some(m) => Err(script_err(format!(
+            "{what}: the i32 element {m}: keep the computation in i32 (integers), or convert with to_f32(), which rounds"
         ))),
     }
 }
@@ -492,7 +485,7 @@ fn from_range(ctx: &Ctx, start: INT, end: i128, dtype: DType) -> ScriptResult<Sc
         // Filled to the element count charged, never grown past it.
         Ok(match dtype {
             DType::F32 => {
-                let exact = F32_EXACT as i128;
+                let exact = num::F32_EXACT as i128;
                 let mut v = Vec::with_capacity(n);
                 if within(-exact, exact) {
                     v.extend((0..n).map(|i| at(i) as f32));
