@@ -136,3 +136,33 @@ fn layout_ops_read_in_place_are_no_kernel() {
     // copied out of their one buffer.
     check("attention heads merged", &["slice reshape", "slice reshape"]);
 }
+
+/// An elementwise value that a matmul reads only transposed (a weight gradient's `Hᵀ` of a
+/// rematerialized activation) is written in its own row-major order and read as a view: its
+/// kernel computes the activation alone, with no transposing store, and no copy is made.
+#[test]
+fn an_activation_read_transposed_by_a_product_is_written_in_its_own_order() {
+    let mut g = Graph::new();
+    let x = g.input("x", &[2, 8, 4], DType::F32).unwrap();
+    let dy = g.input("dy", &[16, 3], DType::F32).unwrap();
+    let h = g.gelu_tanh(x).unwrap();
+    let flat = g.reshape(h, &[16, 4]).unwrap();
+    let ht = g.permute(flat, &[1, 0]).unwrap();
+    let dw = g.matmul(ht, dy).unwrap();
+    let p = plan(&g, &[dw], false, PlanOptions::default()).unwrap();
+    let ops = |k: &rumus::plan::Kernel| {
+        k.fused.iter().map(|&n| g.node(n).op.name()).collect::<Vec<_>>().join(" ")
+    };
+    let kernels: Vec<String> = p.kernels.iter().map(ops).collect();
+    assert_eq!(kernels, ["gelu_tanh", "matmul"]);
+    assert_eq!(p.alias[ht.index()], Some(h), "the transpose is a view of the activation's buffer");
+    assert!(p.view[ht.index()].is_some());
+    // Read by a kernel that inlines it, the transpose stays in that kernel's expression.
+    let mut g2 = Graph::new();
+    let x = g2.input("x", &[4, 4], DType::F32).unwrap();
+    let h = g2.gelu_tanh(x).unwrap();
+    let ht = g2.permute(h, &[1, 0]).unwrap();
+    let y = g2.exp(ht).unwrap();
+    let p = plan(&g2, &[y], false, PlanOptions::default()).unwrap();
+    assert_eq!(p.kernels.len(), 1);
+}
