@@ -165,9 +165,17 @@ fn resolve(base: &Path, path: &str) -> Result<PathBuf> {
     if let Ok(c) = p.canonicalize() {
         return Ok(c);
     }
+    // The last name as written: `components` drops a trailing `/` and `.`, which made
+    // `save("ckpt/")` write a file `ckpt` and `read_text("notes.txt/")` read `notes.txt`.
+    let written = path.rsplit(std::path::is_separator).next().unwrap_or(path);
     let name = match p.components().next_back() {
-        Some(Component::Normal(n)) => n.to_owned(),
-        _ => return Err(err!(Io, "{path}: not a file name")),
+        Some(Component::Normal(n)) if n == written => n.to_owned(),
+        _ => {
+            return Err(err!(
+                Io,
+                "{path}: not a file name (a path ending in `/`, `.` or `..` names a folder)"
+            ))
+        }
     };
     let parent = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),

@@ -627,3 +627,40 @@ fn relative_paths_resolve_against_the_sandboxs_base_dir() {
         "reading `../../../Cargo.toml` is not allowed",
     );
 }
+
+/// A path ending in `/`, `/.` or `/..` names a folder: `save("ckpt/")` wrote a file `ckpt`, and
+/// `read_text("note.txt/")` read `note.txt` (the resolver took the path's last component, which
+/// drops a trailing `/` and `.`).
+#[test]
+fn a_path_ending_in_a_slash_names_a_folder_not_a_file() {
+    let base = crate::common::ScratchDir::new("sandbox-slash");
+    std::fs::write(base.join("note.txt"), "a note").unwrap();
+    let sandbox = Sandbox {
+        base_dir: base.to_path_buf(),
+        read_roots: vec![base.to_path_buf()],
+        write_roots: vec![base.to_path_buf()],
+        ..Sandbox::default()
+    };
+    let mut h = Host::new(HostOptions { sandbox, ..HostOptions::default() });
+    let folder = "not a file name (a path ending in `/`, `.` or `..` names a folder)";
+    for (code, path) in [
+        ("write_text(\"ckpt/\", \"x\")", "ckpt/"),
+        ("write_text(\"ckpt/.\", \"x\")", "ckpt/."),
+        ("read_text(\"note.txt/\")", "note.txt/"),
+        ("read_text(\"note.txt/.\")", "note.txt/."),
+        ("csv(\"note.txt/\")", "note.txt/"),
+        ("text(\"note.txt/\", #{ seq_len: 2 })", "note.txt/"),
+    ] {
+        check_err(&mut h, code, ErrorKind::Io, &format!("{path}: {folder}"));
+    }
+    assert!(!base.join("ckpt").exists(), "a file `ckpt` was written");
+    // An existing folder's own spellings are folders, as before; a plain name is a file.
+    check_err(
+        &mut h,
+        "write_text(\"./\", \"x\")",
+        ErrorKind::Io,
+        "it is a folder; give a file name",
+    );
+    ok(&mut h, "write_text(\"sub.txt\", read_text(\"./note.txt\"))");
+    assert_eq!(std::fs::read_to_string(base.join("sub.txt")).unwrap(), "a note");
+}
