@@ -990,3 +990,16 @@ fn elementwise_max_min_and_relu_keep_nan() {
         "[-0.0]\ntensor f32[2] [1, 3]\n",
     );
 }
+
+/// `len` of a tensor of rank 0 was 1; it has no first dimension (NumPy and PyTorch refuse too).
+#[test]
+fn len_of_a_tensor_of_rank_0_is_an_error() {
+    check(
+        "zeros([]).len()",
+        "error: len: a tensor of shape [] (rank 0) has no first dimension; numel() counts its element\n",
+    );
+    check(
+        "print(zeros([]).numel()); print(zeros([0, 3]).len()); print(tensor([[1, 2]]).len());",
+        "1\n0\n1\n",
+    );
+}

@@ -273,8 +273,15 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_get("dtype", |t: &mut ScriptTensor| t.tensor().dtype().name().to_string());
     engine.register_fn("numel", |t: &mut ScriptTensor| t.tensor().numel() as INT);
     engine.register_fn("rank", |t: &mut ScriptTensor| t.tensor().shape().len() as INT);
-    engine.register_fn("len", |t: &mut ScriptTensor| {
-        t.tensor().shape().first().copied().unwrap_or(1) as INT
+    // A tensor of rank 0 has no first dimension: its `len` was 1, where NumPy and PyTorch
+    // refuse (`numel()` counts its one element).
+    engine.register_fn("len", |t: &mut ScriptTensor| -> ScriptResult<INT> {
+        match t.tensor().shape().first() {
+            Some(&n) => Ok(n as INT),
+            None => Err(script_err(
+                "len: a tensor of shape [] (rank 0) has no first dimension; numel() counts its element",
+            )),
+        }
     });
     let c = ctx.clone();
     engine.register_fn("to_array", move |t: &mut ScriptTensor| to_array(&c, t.tensor()));
