@@ -6,7 +6,8 @@
 //! `broadcast_to`, `permute`, `slice`, `reshape` and `causal_mask`) is inlined when it has
 //! exactly one consumer and that consumer can evaluate an expression operand: another
 //! elementwise node, a reduction (as its prologue), or a concat (which reads a permuted or
-//! sliced input in place). A matmul whose only use is an elementwise chain runs inside that
+//! sliced input in place); but not into a chain of reshapes and permutes that only matmuls
+//! read (they read the chain as a view of its row-major store instead of a transposed copy). A matmul whose only use is an elementwise chain runs inside that
 //! chain's kernel, which then computes the chain as the matmul's epilogue. A LayerNorm's input
 //! gradient whose only use is an `add` with a buffer computed before it stays in registers: its
 //! kernel writes the sum. Every other node is materialized by a kernel of its own kind. Last, an
