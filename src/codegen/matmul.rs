@@ -272,8 +272,8 @@ impl MatmulTile {
     ///   accurate than `high`, and the plan's labels name the kernel). An emulated cooperative
     ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
     ///   is taken wherever it fits.
-    /// - fp32: `RUMUS_MATMUL_TILE` (`large`, `small`, `register`, `register8`, `simt` where it
-    ///   fits, `dot`) when set, for benchmarking; else the SIMT kernel when its blocks number
+    /// - fp32: `target.matmul.fp32_tile` (`RUMUS_MATMUL_TILE`: `large`, `small`, `register`,
+    ///   `register8`, `simt` where it fits, `dot`) when set, for benchmarking; else the SIMT kernel when its blocks number
     ///   at least `target.matmul.simt_min_workgroups` unsplit or split, else the register tile
     ///   measured fastest on the H200, 8 x 4 per thread while that gives two workgroups per
     ///   multiprocessor, else 4 x 4, or the dot kernel for skinny products (a few rows or
@@ -332,9 +332,7 @@ impl MatmulTile {
     /// The fp32 tile for `part` (see [`MatmulTile::choose_split`]); `simt`: whether the SIMT
     /// kernel fits the product.
     fn fp32(part: &MatmulSpec, target: &Target, simt: bool) -> MatmulTile {
-        let forced = std::env::var("RUMUS_MATMUL_TILE").ok();
-        let forced = FP32_TILES.iter().find(|&&(name, _)| forced.as_deref() == Some(name));
-        if let Some(&(_, tile)) = forced.filter(|&&(_, t)| simt || t != MatmulTile::Simt) {
+        if let Some(tile) = target.matmul.fp32_tile.filter(|&t| simt || t != MatmulTile::Simt) {
             return tile;
         }
         let t = SIMT_TILE;

@@ -6,7 +6,7 @@
 //! identical source), a bind group and a dispatch, knowing nothing of what the kernel computes.
 //! A new kernel kind is a new function in codegen returning programs.
 
-use super::matmul::FP32_TILES;
+use super::matmul::{MatmulTile, FP32_TILES};
 use super::matmul_coop::CoopTile;
 use super::MatmulPrecision;
 use crate::err;
@@ -138,6 +138,9 @@ pub struct MatmulOptions {
     /// 512, slices of at least 128), instead of as the cost model chooses: for tests, which run
     /// the split-K path at sizes a software adapter computes quickly. `None` in use.
     pub split_k: Option<u32>,
+    /// The fp32 kernel every product it fits runs on (`None`: chosen per product;
+    /// `RUMUS_MATMUL_TILE` sets it, for trying kernels without a rebuild).
+    pub fp32_tile: Option<MatmulTile>,
 }
 
 impl MatmulOptions {
@@ -149,6 +152,7 @@ impl MatmulOptions {
         coop_tile: None,
         emulate_coop: false,
         split_k: None,
+        fp32_tile: None,
     };
 }
 
@@ -167,13 +171,18 @@ impl MatmulOptions {
             }
             _ => None,
         };
-        if let Some(v) = env_text("RUMUS_MATMUL_TILE")? {
-            if !v.is_empty() && !FP32_TILES.iter().any(|&(name, _)| name == v) {
-                let names: Vec<_> = FP32_TILES.iter().map(|&(name, _)| name).collect();
-                return Err(err!(Usage, "RUMUS_MATMUL_TILE: `{v}` is none of {}", names.join(", ")));
-            }
-        }
-        Ok(MatmulOptions { coop_tile, ..MatmulOptions::DEFAULT })
+        let fp32_tile = match env_text("RUMUS_MATMUL_TILE")? {
+            Some(v) if !v.is_empty() => match FP32_TILES.iter().find(|&&(name, _)| name == v) {
+                Some(&(_, tile)) => Some(tile),
+                None => {
+                    let names: Vec<_> = FP32_TILES.iter().map(|&(name, _)| name).collect();
+                    let names = names.join(", ");
+                    return Err(err!(Usage, "RUMUS_MATMUL_TILE: `{v}` is none of {names}"));
+                }
+            },
+            _ => None,
+        };
+        Ok(MatmulOptions { coop_tile, fp32_tile, ..MatmulOptions::DEFAULT })
     }
 }
 
