@@ -116,6 +116,16 @@ fn evaluate_rejects_what_it_cannot_score() {
             "n.accuracy(x, tensor([0, 1], \"i32\"))",
             "accuracy needs x and y with the same number of examples (at least one), got [3, 2] and [2]",
         ),
+        // Found by the third hostile-input audit: labels of another shape with as many
+        // elements were paired with rows in memory order.
+        (
+            "n.evaluate(x, tensor([[0], [1], [2]], \"i32\"))",
+            "evaluate: labels of shape [3, 1] for outputs of shape [3, 3]: give one label per row of outputs, shape [3]",
+        ),
+        (
+            "n.accuracy(x, tensor([[0], [1], [2]], \"i32\"))",
+            "accuracy: labels of shape [3, 1] for outputs of shape [3, 3]: give one label per row of outputs, shape [3]",
+        ),
         ("n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ batch: 0 })", "evaluate: `batch` must be"),
         ("n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ bach: 2 })", "evaluate: unknown setting `bach`"),
         (

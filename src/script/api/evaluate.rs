@@ -93,7 +93,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
         };
         let out = output(t, xb)?;
         match ignore {
-            Some(ignore) => score_classes("evaluate", &out, yb, ignore, &mut tally)?,
+            Some(ignore) => score_classes("evaluate", &out, yb, ignore, n, &mut tally)?,
             None => score_mse(&out, yb, &mut tally)?,
         }
     }
@@ -114,9 +114,9 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         Loss::CrossEntropy { ignore_index, .. } => *ignore_index,
         _ => None,
     };
-    examples("accuracy", x, y)?;
+    let n = examples("accuracy", x, y)?;
     let mut tally = Tally::default();
-    score_classes("accuracy", &output(t, x)?, y, ignore, &mut tally)?;
+    score_classes("accuracy", &output(t, x)?, y, ignore, n, &mut tally)?;
     // No label counted (every one ignored) leaves the fraction undefined, as in `evaluate`.
     Ok(if tally.undefined || tally.count == 0 {
         FLOAT::NAN
@@ -157,14 +157,17 @@ fn output(t: &ScriptTrainer, x: &Tensor) -> ScriptResult<(Tensor, crate::memory:
 }
 
 /// Add cross-entropy and correct predictions of `logits` (`[..., classes]`) against `labels`
-/// (one per row, i32 or whole f32 numbers) to `tally`; `what` names the caller in errors.
+/// (one per row, in the rows' shape, i32 or whole f32 numbers) to `tally`; `what` names the
+/// caller in errors, `examples` the whole set's size (which errors show, not the batch's).
 fn score_classes(
     what: &str,
     (logits, _held): &(Tensor, crate::memory::Charge),
     labels: &Tensor,
     ignore: Option<i32>,
+    examples: usize,
     tally: &mut Tally,
 ) -> ScriptResult<()> {
+    let labels_shape = labels.shape();
     let labels: Vec<f64> = match labels.data() {
         TensorData::F32(v) => v.iter().map(|&l| l as f64).collect(),
         TensorData::I32(v) => v.iter().map(|&l| l as f64).collect(),
@@ -173,11 +176,24 @@ fn score_classes(
         return Err(script_err(format!("{what}: the output has no class axis")));
     };
     let v = logits.as_f32().ok_or_else(|| script_err(format!("{what}: the output is not f32")))?;
-    if classes == 0 || v.len() / classes != labels.len() {
+    // One label per row of outputs, in the rows' shape: labels of another shape with as many
+    // elements (`[B, 1]`, or `[T, B]` for outputs `[B, T, C]`) would be paired with rows they
+    // do not belong to, as `train_step` refuses too.
+    let rows = &logits.shape()[..logits.shape().len() - 1];
+    if classes == 0 || labels_shape != rows {
+        // Shapes of the whole set, not of the batch.
+        let whole = |s: &[usize]| {
+            let mut s = s.to_vec();
+            if let Some(first) = s.first_mut() {
+                *first = examples;
+            }
+            fmt_shape(&s)
+        };
         return Err(script_err(format!(
-            "{what}: {} rows of output for {} labels",
-            v.len() / classes.max(1),
-            labels.len()
+            "{what}: labels of shape {} for outputs of shape {}: give one label per row of outputs, shape {}",
+            whole(labels_shape),
+            whole(logits.shape()),
+            whole(rows)
         )));
     }
     for (row, &label) in v.chunks(classes).zip(&labels) {
