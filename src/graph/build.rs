@@ -359,7 +359,11 @@ impl Graph {
     ) -> Result<NodeId> {
         if !(eps > 0.0 && eps.is_finite()) {
             return Err(
-                err!(InvalidArgument, "layer_norm: eps must be positive, got {eps}").at(self.span)
+                err!(
+                    InvalidArgument,
+                    "layer_norm: eps must be positive, got {eps} (a number below about 1.4e-45 is 0 in f32)"
+                )
+                .at(self.span)
             );
         }
         self.check_ids("layer_norm", &[x, weight, bias])?;

@@ -143,7 +143,7 @@ impl Optimizer {
         if !(eps32 > 0.0 && eps32.is_finite() && wd32 >= 0.0 && wd32.is_finite()) {
             return Err(err!(
                 InvalidArgument,
-                "{name}: eps must be positive and weight_decay >= 0, got {} and {}",
+                "{name}: eps must be positive and weight_decay >= 0 as f32s (they are applied in f32, where a number below about 1.4e-45 is 0), got {} and {}",
                 show(eps),
                 show(wd)
             ));

@@ -294,6 +294,12 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
             "m().compile(#{ optimizer: adamw(#{ lr: 1e39 }) })",
             format!("adamw: `lr`: 1e39 {f32_range}"),
         ),
+        // Found by the third hostile-input audit: "got 1e-50" read as if 1e-50 were refused for
+        // not being positive.
+        (
+            "m().compile(#{ optimizer: adam(#{ eps: 1e-50 }) })",
+            "adam: eps must be positive and weight_decay >= 0 as f32s (they are applied in f32, where a number below about 1.4e-45 is 0), got 1e-50 and 0".into(),
+        ),
         (
             "m().compile(#{ schedule: step_lr(#{ every: 0 }) })",
             "step_lr: `every` must be an integer >= 1, got 0".into(),

@@ -99,7 +99,7 @@ fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
             |g, [x, y, _]| g.layer_norm(x, y, y, 1e-5),
             "layer_norm: weight and bias must be [3], the last axis of x (shapes [2, 3], [4], [4])",
         ),
-        (|g, [x, _, _]| g.layer_norm(x, x, x, 0.0), "layer_norm: eps must be positive, got 0"),
+        (|g, [x, _, _]| g.layer_norm(x, x, x, 0.0), "layer_norm: eps must be positive, got 0 (a number below about 1.4e-45 is 0 in f32)"),
         (
             |g, [x, _, _]| g.attention(x, x, x),
             "attention: q, k, v must be [B, H, T, Dh], all of one shape, got [2, 3], [2, 3], [2, 3]",
