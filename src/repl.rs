@@ -181,13 +181,20 @@ impl Repl {
     fn command(&mut self, cmd: &str) -> Result<Option<String>> {
         let (name, arg) = cmd.split_once(char::is_whitespace).unwrap_or((cmd, ""));
         let arg = arg.trim();
+        // What each command takes: nothing, or one argument it cannot do without.
+        let usage = |form: &str| crate::err!(Usage, "usage: {form}; try :help");
         let text = match name {
-            "q" | "quit" | "exit" => return Ok(None),
+            "q" | "quit" | "exit" if arg.is_empty() => return Ok(None),
+            "q" | "quit" | "exit" => return Err(usage(&format!(":{name} (it takes nothing)"))),
             "help" | "h" if arg.is_empty() => help(),
             "help" | "h" => help_on(arg)?,
+            "load" if arg.is_empty() => return Err(usage(":load FILE")),
             "load" => {
                 let _ = self.host.eval_file(std::path::Path::new(arg))?;
                 String::new()
+            }
+            "plan" | "graph" | "params" if arg.is_empty() => {
+                return Err(usage(&format!(":{name} NAME (a variable holding a model or trainer)")))
             }
             "plan" | "graph" | "params" => {
                 let value =

@@ -64,6 +64,15 @@ fn functions_defined_earlier_stay_callable() {
     assert_eq!(repl.eval_line("tensor(0..2)"), "tensor f32[2] [0, 1]\n");
     assert_eq!(repl.eval_line(":nope"), "unknown command `:nope`; try :help\n");
     assert!(repl.eval_line(":help").contains(":load FILE"));
+    // Found by the third hostile-input audit: a command missing its argument said "no
+    // variable ``", and `:quit now` quit.
+    assert_eq!(
+        repl.eval_line(":plan"),
+        "usage: :plan NAME (a variable holding a model or trainer); try :help\n"
+    );
+    assert_eq!(repl.eval_line(":load   "), "usage: :load FILE; try :help\n");
+    assert_eq!(repl.eval_line(":quit now"), "usage: :quit (it takes nothing); try :help\n");
+    assert_eq!(repl.eval_line("1 + 1"), "2\n", "the session goes on");
     let (start, names) = repl.complete("let a = ten", 11);
     assert_eq!((start, names), (8, vec!["tensor".to_string()]));
 }
