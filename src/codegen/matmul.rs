@@ -273,11 +273,11 @@ impl MatmulTile {
     ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
     ///   is taken wherever it fits.
     /// - fp32: `target.matmul.fp32_tile` (`RUMUS_MATMUL_TILE`: `large`, `small`, `register`,
-    ///   `register8`, `simt` where it fits, `dot`) when set, for benchmarking; else the SIMT kernel when its blocks number
-    ///   at least `target.matmul.simt_min_workgroups` unsplit or split, else the register tile
-    ///   measured fastest on the H200, 8 x 4 per thread while that gives two workgroups per
-    ///   multiprocessor, else 4 x 4, or the dot kernel for skinny products (a few rows or
-    ///   columns, a long K) where the cost model prices it below that tile and its grid of
+    ///   `register8`, `simt` where it fits, `dot`) when set, for benchmarking; else the SIMT kernel
+    ///   when its blocks number at least `target.matmul.simt_min_workgroups` unsplit or split, else
+    ///   the register tile measured fastest on the H200, 8 x 4 per thread while that gives two
+    ///   workgroups per multiprocessor, else 4 x 4, or the dot kernel for skinny products (a few
+    ///   rows or columns, a long K) where the cost model prices it below that tile and its grid of
     ///   4x4 blocks fits the device's.
     ///
     /// `target.matmul.split_k` (tests) forces the slices wherever the product allows them.
