@@ -158,13 +158,13 @@ fn output(t: &ScriptTrainer, x: &Tensor) -> ScriptResult<(Tensor, crate::memory:
 
 /// Add cross-entropy and correct predictions of `logits` (`[..., classes]`) against `labels`
 /// (one per row, in the rows' shape, i32 or whole f32 numbers) to `tally`; `what` names the
-/// caller in errors, `examples` the whole set's size (which errors show, not the batch's).
+/// caller in errors, `n_examples` the whole set's size (which errors show, not the batch's).
 fn score_classes(
     what: &str,
     (logits, _held): &(Tensor, crate::memory::Charge),
     labels: &Tensor,
     ignore: Option<i32>,
-    examples: usize,
+    n_examples: usize,
     tally: &mut Tally,
 ) -> ScriptResult<()> {
     let labels_shape = labels.shape();
@@ -185,7 +185,7 @@ fn score_classes(
         let whole = |s: &[usize]| {
             let mut s = s.to_vec();
             if let Some(first) = s.first_mut() {
-                *first = examples;
+                *first = n_examples;
             }
             fmt_shape(&s)
         };
