@@ -352,14 +352,16 @@ pub fn gather_rows(t: &Tensor, rows: &[usize]) -> Result<Tensor> {
     Tensor::new(&shape, data)
 }
 
-/// How labels of a [`Labels::Classes`] column turned out to be written.
+/// How labels of a [`Labels::Classes`] column turned out to be written (the first label decides,
+/// and every other must be written the same way), with the first label and its line.
 enum ClassLabels {
-    Numbers(Vec<i32>),
+    Numbers { labels: Vec<i32>, first_line: usize },
     /// Per row, the index of its name in `names` (first-seen order).
     Names {
         ids: Vec<usize>,
         names: Vec<String>,
         index: HashMap<String, usize>,
+        first_line: usize,
     },
 }
 
@@ -446,7 +448,7 @@ fn parse_csv(
                                 .map_err(|m| at(format!("column {}: {m}", i + 1)))?,
                         )
                     }
-                    Labels::Classes => push_class(&mut classes, field, charge).map_err(|e| {
+                    Labels::Classes => push_class(&mut classes, field, line_no, charge).map_err(|e| {
                         let msg = format!("{name}:{line_no}: column {}: {}", i + 1, e.message);
                         Error::new(e.kind, msg)
                     })?,
@@ -480,7 +482,7 @@ fn parse_csv(
     let (y, names) = match (opts.label_col, opts.labels, classes) {
         (None, _, _) => (Tensor::zeros(&[n_rows, 0], DType::F32)?, Vec::new()),
         (Some(_), Labels::Targets, _) => (Tensor::f32(&[n_rows], targets)?, Vec::new()),
-        (Some(_), Labels::Classes, Some(ClassLabels::Numbers(labels))) => {
+        (Some(_), Labels::Classes, Some(ClassLabels::Numbers { labels, .. })) => {
             (Tensor::i32(&[n_rows], labels)?, Vec::new())
         }
         (Some(_), Labels::Classes, Some(ClassLabels::Names { ids, names, .. })) => {
@@ -569,22 +571,35 @@ fn parse_number(field: &str) -> std::result::Result<f32, String> {
     }
 }
 
-/// Add one class label; the first label decides between numbers and names. A new name is
-/// charged (its bytes and a map entry) before it is stored.
-fn push_class(classes: &mut Option<ClassLabels>, field: &str, charge: &mut Charge) -> Result<()> {
+/// Add one class label (of line `line`); the first label decides between numbers and names,
+/// and a label written the other way is an error ([`is_number`], the rule the header and the
+/// data are read by): a typo among integer labels would otherwise turn every label into a name,
+/// sorted as text (`10` before `2`), and silently renumber the classes. A new name is charged
+/// (its bytes and a map entry) before it is stored.
+fn push_class(
+    classes: &mut Option<ClassLabels>,
+    field: &str,
+    line: usize,
+    charge: &mut Charge,
+) -> Result<()> {
     if field.is_empty() {
         return Err(err!(Io, "empty label"));
     }
     let labels = classes.get_or_insert_with(|| {
         if is_number(field) {
-            ClassLabels::Numbers(Vec::new())
+            ClassLabels::Numbers { labels: Vec::new(), first_line: line }
         } else {
-            ClassLabels::Names { ids: Vec::new(), names: Vec::new(), index: HashMap::new() }
+            ClassLabels::Names {
+                ids: Vec::new(),
+                names: Vec::new(),
+                index: HashMap::new(),
+                first_line: line,
+            }
         }
     });
     let rows = || "class labels".to_string();
     match labels {
-        ClassLabels::Numbers(v) => match field.parse::<i64>() {
+        ClassLabels::Numbers { labels: v, first_line } => match field.parse::<i64>() {
             Ok(l) if l < 0 => Err(err!(Io, "label {l} is negative")),
             Ok(l) => {
                 let l = i32::try_from(l).map_err(|_| err!(Io, "label {l} is too large"))?;
@@ -592,9 +607,21 @@ fn push_class(classes: &mut Option<ClassLabels>, field: &str, charge: &mut Charg
                 v.push(l);
                 Ok(())
             }
-            Err(_) => Err(err!(Io, "label `{field}` is not an integer")),
+            Err(_) if is_number(field) => Err(err!(Io, "label `{field}` is not an integer")),
+            Err(_) => Err(err!(
+                Io,
+                "label `{field}` is a name, but the column's first label (`{}`, line {first_line}) is a number: class labels are all integers or all names; fix the one that is wrong",
+                v.first().map_or(String::new(), i32::to_string)
+            )),
         },
-        ClassLabels::Names { ids, names, index } => {
+        ClassLabels::Names { ids, names, index, first_line } => {
+            if is_number(field) {
+                let first = names.first().map_or("", String::as_str);
+                return Err(err!(
+                    Io,
+                    "label `{field}` is a number, but the column's first label (`{first}`, line {first_line}) is a name: class labels are all integers or all names; fix the one that is wrong"
+                ));
+            }
             let id = match index.get(field) {
                 Some(&id) => id,
                 None => {

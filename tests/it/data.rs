@@ -89,6 +89,37 @@ fn string_labels_map_sorted_names_to_0_to_k() {
     assert_eq!(d.x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
 }
 
+/// A class column is all integers or all names. A typo among integer labels used to turn every
+/// label into a name when it came first (`x, 0, 1, ..., 10` sorted as text put `10` before `2`
+/// and silently renumbered the classes), and was an error when it came later; both are errors
+/// now, naming the label and the column's first one.
+#[test]
+fn class_labels_mixing_integers_and_names_are_an_error() {
+    let dir = scratch("mixed_labels");
+    let l2 = labelled(2);
+    let name_first = "label `10` is a number, but the column's first label (`x`, line 1) is a name: class labels are all integers or all names; fix the one that is wrong";
+    check(
+        &dir,
+        "name_first",
+        b"1,2,x\n3,4,10\n5,6,2\n",
+        &l2,
+        &format!(":2: column 3: {name_first}"),
+    );
+    let number_first = "label `x` is a name, but the column's first label (`3`, line 2) is a number: class labels are all integers or all names; fix the one that is wrong";
+    check(
+        &dir,
+        "number_first",
+        b"a,b,c\n1,2,3\n\n3,4,x\n",
+        &l2,
+        &format!(":4: column 3: {number_first}"),
+    );
+    // `nan` and `inf` are names, by the one rule, so they mix with names but not integers.
+    let path = dir.join("names.csv");
+    std::fs::write(&path, "1,2,nan\n3,4,b\n5,6,inf\n").unwrap();
+    assert_eq!(read_csv(&path, &l2).unwrap().classes(), ["b", "inf", "nan"]);
+    check(&dir, "nan_after_integers", b"1,2,0\n3,4,nan\n", &l2, ":2: column 3: label `nan` is a name, but the column's first label (`0`, line 1) is a number: class labels are all integers or all names; fix the one that is wrong");
+}
+
 #[test]
 fn gzip_and_plain_files_give_the_same_data() {
     let dir = scratch("gzip");
