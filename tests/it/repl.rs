@@ -160,7 +160,7 @@ fn error_in_a_call_of_a_model_from_an_earlier_input_points_at_the_call() {
     let out = feed_all(
         &mut repl,
         &[
-            "model m(x: f32[B, 3], k = 2) {",
+            "model m(x: f32[2, 3], k = 2) {",
             "    return reshape(linear(x, k), [1, 4])",
             "}",
             "let a = 1;",
@@ -176,7 +176,7 @@ fn error_in_a_call_of_a_model_from_an_earlier_input_points_at_the_call() {
     // A mistake inside the model, in the input that defined it.
     assert_eq!(
         out[5],
-        "<repl:1>:2:12: reshape: cannot reshape [1, 3] (3 elements) into [1, 4] (4 elements)\n        return reshape(linear(x, k), [1, 4])\n               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "<repl:1>:2:12: reshape: cannot reshape [2, 3] (6 elements) into [1, 4] (4 elements)\n        return reshape(linear(x, k), [1, 4])\n               ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
     );
 }
 

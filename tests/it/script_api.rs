@@ -88,7 +88,7 @@ fn throw_without_a_message_says_so() {
 #[test]
 fn caught_errors_show_their_message() {
     let model = "model m(x: f32[B, 2]) {\n    return linear(x, 1)\n}\n";
-    let bad = "model bad(x: f32[B, 2]) {\n    return x @ x\n}\n";
+    let bad = "model bad(x: f32[3, 2]) {\n    return x @ x\n}\n";
     let show = "print(e); print(e.to_string()); print(`caught: ${e}`); print(e.message); \
                 print(e.line); print(e.position); print(type_of(e));";
     let missing = std::env::current_dir().unwrap().join("missing.csv");
@@ -96,7 +96,7 @@ fn caught_errors_show_their_message() {
     let unknown = "compile: unknown setting `bach` (settings: batch, dims, loss, output, \
                    ignore_index, optimizer, lr, schedule, clip, accumulate, device, seed, \
                    matmul_precision, remat)";
-    let shape = "matmul: inner dimensions differ: [1, 2] @ [1, 2] (2 vs 1)";
+    let shape = "matmul: inner dimensions differ: [3, 2] @ [3, 2] (2 vs 3)";
     // (model blocks, the failing call, its text, its message, line, column)
     let cases: &[(&str, &str, String, &str, &str, &str)] = &[
         // A bad option map.
@@ -1007,5 +1007,34 @@ fn len_of_a_tensor_of_rank_0_is_an_error() {
     check(
         "print(zeros([]).numel()); print(zeros([0, 3]).len()); print(tensor([[1, 2]]).len());",
         "1\n0\n1\n",
+    );
+}
+
+/// Found by audit: a model was instantiated once with its free dimensions at 1 to surface
+/// mistakes early, and so refused models that need a free dimension above 1 (`x @ x` of an
+/// `f32[B, 4]` at batch 4, `B / 2`), naming shapes of a batch of 1 the script never asked for.
+/// Such a model is accepted, and lowered at its real sizes by `compile` and `predict`, which
+/// report a mistake with them; the model's own mistakes still surface at the call.
+#[test]
+fn a_model_that_needs_a_free_dimension_above_1_is_accepted_and_checked_at_its_sizes() {
+    const M: &str = "model sq(x: f32[B, 4]) { return x @ x }
+        model half(x: f32[B, 4]) { return reshape(x, [B / 2, 8]) }
+        model bad(x: f32[B, 4]) { return linear(x, 2.5) }\n";
+    check(
+        &format!(
+            "{M}let t = sq().compile(#{{ batch: 4, loss: \"mse\" }});
+             print(t.predict(ones([4, 4])));
+             print(half().compile(#{{ batch: 2, loss: \"mse\" }}).predict(tensor([[1, 2, 3, 4], [5, 6, 7, 8]])));
+             try {{ sq().compile(#{{ batch: 3, loss: \"mse\" }}); }} catch (e) {{ print(e.message); }}
+             try {{ t.predict(ones([3, 4])); }} catch (e) {{ print(e.message); }}
+             try {{ half().compile(#{{ batch: 3, loss: \"mse\" }}); }} catch (e) {{ print(e.message); }}
+             bad()"
+        ),
+        "tensor f32[4, 4] [[4, 4, 4, 4], [4, 4, 4, 4], [4, 4, 4, 4], [4, 4, 4, 4]]\n\
+         tensor f32[1, 8] [[1, 2, 3, 4, 5, 6, 7, 8]]\n\
+         matmul: inner dimensions differ: [3, 4] @ [3, 4] (4 vs 3)\n\
+         matmul: inner dimensions differ: [3, 4] @ [3, 4] (4 vs 3)\n\
+         `B / 2` is `3 / 2`, not a whole number\n\
+         error: in `linear`: a dimension must be an integer, got a number\n",
     );
 }
