@@ -40,6 +40,11 @@ pub fn dropout_keep(seed: u64, step: u64, i: usize, p: f32) -> bool {
     (h >> 8) as f32 * (1.0 / 16_777_216.0) >= p
 }
 
+/// The largest magnitude [`Rng::normal`] can return: its radius `sqrt(-2 ln u)` at the smallest
+/// `u`, 2^-53, is `sqrt(106 ln 2)`, about 8.5716 (and the cosine is at most 1). An initializer
+/// `normal(mean, std)` stays within `|mean| + NORMAL_BOUND · std`.
+pub const NORMAL_BOUND: f64 = 8.5717;
+
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         let mut x = seed;
@@ -74,7 +79,7 @@ impl Rng {
         ((self.next_u64() as u128 * n as u128) >> 64) as u64
     }
 
-    /// Standard normal by Box-Muller.
+    /// Standard normal by Box-Muller; never larger in magnitude than [`NORMAL_BOUND`].
     pub fn normal(&mut self) -> f64 {
         let u1 = 1.0 - self.uniform(); // (0, 1]
         let u2 = self.uniform();
@@ -101,6 +106,13 @@ mod tests {
             assert_eq!(a.next_u64(), b.next_u64());
         }
         assert_ne!(Rng::new(7).next_u64(), Rng::new(8).next_u64());
+    }
+
+    #[test]
+    fn normal_bound_holds_at_the_smallest_uniform() {
+        // `1 - uniform()` is at least 2^-53, where the radius is largest.
+        let radius = (-2.0 * (1.0f64 / (1u64 << 53) as f64).ln()).sqrt();
+        assert!(radius <= NORMAL_BOUND && NORMAL_BOUND - radius < 1e-3, "{radius}");
     }
 
     #[test]

@@ -447,6 +447,17 @@ fn check_init(init: &Init, shape: &[usize]) -> Result<()> {
                 "normal initializer needs a finite mean and std >= 0, got normal({mean}, {std})"
             ))
         }
+        Init::Normal { mean, std }
+            if mean.abs() as f64 + crate::rng::NORMAL_BOUND * std as f64 > f32::MAX as f64 =>
+        {
+            Err(err!(
+                Shape,
+                "normal initializer normal({}, {}) can draw values beyond f32's range (mean ± {:.2} · std must stay within about ±3.4e38, or a parameter starts infinite): use a smaller mean or std",
+                crate::num::show(mean),
+                crate::num::show(std),
+                crate::rng::NORMAL_BOUND
+            ))
+        }
         Init::Uniform { low, high } if !(low.is_finite() && high.is_finite() && low <= high) => {
             Err(err!(
                 Shape,

@@ -306,6 +306,20 @@ m.rms:2:18: bad initializer; expected one of zeros, ones, normal(mean, std), uni
 
 #[test]
 fn bad_initializer_argument() {
+    // Found by audit: a normal whose draws pass f32's range started a parameter at infinity
+    // (which a checkpoint load then refused); every draw is within 8.57 standard deviations.
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = normal(1e38, 1e38)\n    return x + w\n}\n",
+        r#"
+m.rms:2:5: normal initializer normal(1e38, 1e38) can draw values beyond f32's range (mean ± 8.57 · std must stay within about ±3.4e38, or a parameter starts infinite): use a smaller mean or std
+        param w[3] = normal(1e38, 1e38)
+        ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+"#,
+    );
+    check(
+        "model m(x: f32[2, 3]) {\n    param w[3] = normal(-3e38, 4e36)\n    return x + w\n}\n",
+        "ok",
+    );
     check(
         "model m(x: f32[2, 3]) {\n    param w[3] = uniform(1.0, -1.0)\n    return x + w\n}\n",
         r#"
