@@ -40,12 +40,16 @@ use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
 use super::matmul_simt::{operands, params, quad_fn, slice, Access, Side};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::writer::Wgsl;
+use crate::err;
+use crate::error::Result;
 
 /// The binding of the f16 workspace, in the conversion and in the product.
 pub const WORKSPACE_BINDING: u32 = 14;
 /// The binding of the strips' exponents, in the conversion and in the product (after any
 /// epilogue's bindings).
 pub const EXPONENT_BINDING: u32 = 15;
+/// The binding of B's column sums, in a conversion that writes them.
+pub const SUM_BINDING: u32 = 13;
 /// Threads per workgroup of the conversion.
 const THREADS: u32 = 256;
 /// Most workgroups of the conversion (each then converts several strips).
@@ -117,15 +121,21 @@ pub fn exponent_words(k: &CoopKernel, s: &MatmulSpec) -> u64 {
 }
 
 /// The conversion of `spec` on kernel `k` (A and B read as `access` says; the tile checked),
-/// over `params` (the product's uniform), A, B, the workspace and the exponents.
+/// over `params` (the product's uniform), A, B, the workspace and the exponents; with `sums`
+/// it also writes the sums over K of B's columns there (`[batch, n]`, row-major; B must be
+/// row-major, so that each invocation walks the same columns of a strip at every row).
 pub fn program(
     spec: &MatmulSpec,
     k: &CoopKernel,
     access: [Access; 2],
     [params, a, b, ws, exps]: [Resource; 5],
+    sums: Option<Resource>,
     label: &str,
-) -> Program {
+) -> Result<Program> {
     let s = spec;
+    if sums.is_some() && !access[1].row_major {
+        return Err(err!(Invariant, "{label}: column sums of a B that is not row-major"));
+    }
     let strips = exponent_words(k, s);
     let groups = strips.clamp(1, MAX_GROUPS) as u32;
     let bind = |at: u32, name: &str, resource: Resource, words: u64| Binding {
@@ -134,22 +144,28 @@ pub fn program(
         resource,
         words,
     };
-    Program {
+    let summing = sums.is_some();
+    let mut bindings = vec![
+        bind(0, "p", params, 0),
+        bind(1, "a", a, s.a.words(s.batch, s.m, s.k)),
+        bind(2, "b", b, s.b.words(s.batch, s.k, s.n)),
+        bind(WORKSPACE_BINDING, "ws", ws, workspace_words(k, access, s)),
+        bind(EXPONENT_BINDING, "exps", exps, strips),
+    ];
+    if let Some(sums) = sums {
+        bindings.push(bind(SUM_BINDING, "sums", sums, u64::from(s.batch) * u64::from(s.n)));
+    }
+    Ok(Program {
         label: label.to_string(),
-        wgsl: generate(k, access),
+        wgsl: generate(k, access, summing),
         entry: "main",
         workgroup_size: THREADS,
-        bindings: vec![
-            bind(0, "p", params, 0),
-            bind(1, "a", a, s.a.words(s.batch, s.m, s.k)),
-            bind(2, "b", b, s.b.words(s.batch, s.k, s.n)),
-            bind(WORKSPACE_BINDING, "ws", ws, workspace_words(k, access, s)),
-            bind(EXPONENT_BINDING, "exps", exps, strips),
-        ],
+        bindings,
         grid: Grid::Fixed([groups, 1, 1]),
-        // Reads go through the quads (inside the operands), writes stay inside the planes.
+        // Reads go through the quads (inside the operands), writes stay inside the planes
+        // (and the sums inside `[batch, n]`).
         checks: ShaderChecks { bounds: false, loop_bounding: false },
-    }
+    })
 }
 
 /// `@binding` of the workspace, as each kernel sees it.
@@ -180,7 +196,13 @@ fn exponent_fn(w: &mut Wgsl) {
 /// The WGSL of the conversion (entry point `main`): a grid-stride loop over the strips, each
 /// converted by one workgroup in two passes over its units: their max-abs (reduced in
 /// workgroup memory), then the units scaled by `2^e` into the planes.
-fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
+///
+/// With `sums`, each invocation also adds up the units it reads of a strip of B in its first
+/// pass (B row-major: an invocation walks one unit column of 8 at every row it takes), the
+/// workgroup adds the invocations' sums of each unit column in the same tree as the max-abs,
+/// and two invocations write the strip's 16 column sums: deterministic, in f32, of the values
+/// as read (before scaling).
+fn generate(k: &CoopKernel, access: [Access; 2], sums: bool) -> String {
     let t = &k.tile;
     let high = k.mode == CoopMode::High;
     let mut w = Wgsl::new();
@@ -202,6 +224,12 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
         "@group(0) @binding({EXPONENT_BINDING}) var<storage, read_write> exps: array<i32>;"
     ));
     w.line(&format!("var<workgroup> red: array<u32, {THREADS}>;"));
+    if sums {
+        w.line(&format!(
+            "@group(0) @binding({SUM_BINDING}) var<storage, read_write> sums: array<f32>;"
+        ));
+        w.line(&format!("var<workgroup> part: array<vec4<f32>, {}>;", 2 * THREADS));
+    }
     w.blank();
     exponent_fn(&mut w);
     let slices = [Side::A, Side::B].map(|side| {
@@ -284,17 +312,53 @@ fn generate(k: &CoopKernel, access: [Access; 2]) -> String {
             w.line(&format!("let v1 = quad_{x}(base, o, cu * 8u + 4u, {ot}, {ct});"));
         };
         let walk = format!("for (var r = t; r < units; r += {THREADS}u)");
+        // B row-major: the strip's 16 columns are 2 units a row, and an invocation always
+        // takes the unit `t % 2` (THREADS is even).
+        let sum = sums && side == Side::B && !outer_scaled;
         w.line("var m = vec4<u32>(0u);");
+        if sum {
+            w.line("var s0 = vec4<f32>(0.0);");
+            w.line("var s1 = vec4<f32>(0.0);");
+        }
         w.open(&walk);
         load(&mut w);
         w.line("m = max(m, max(bits(v0), bits(v1)));");
+        if sum {
+            w.line("s0 += v0;");
+            w.line("s1 += v1;");
+        }
         w.close();
         w.line("red[t] = max(max(m.x, m.y), max(m.z, m.w));");
+        if sum {
+            w.line("part[2u * t] = s0;");
+            w.line("part[2u * t + 1u] = s1;");
+        }
         w.line("workgroupBarrier();");
         w.open(&format!("for (var h = {}u; h > 0u; h >>= 1u)", THREADS / 2));
-        w.block("if (t < h)", &["red[t] = max(red[t], red[t + h]);"]);
+        w.open("if (t < h)");
+        w.line("red[t] = max(red[t], red[t + h]);");
+        if sum {
+            // Down to invocations 0 and 1, each the sum of its unit column.
+            w.block(
+                "if (h > 1u)",
+                &[
+                    "part[2u * t] += part[2u * (t + h)];",
+                    "part[2u * t + 1u] += part[2u * (t + h) + 1u];",
+                ],
+            );
+        }
+        w.close();
         w.line("workgroupBarrier();");
         w.close();
+        if sum {
+            w.open("if (t < 2u)");
+            w.line(&format!("let j = st * {STRIP}u + t * 8u;"));
+            w.line("var s = array<vec4<f32>, 2>(part[2u * t], part[2u * t + 1u]);");
+            w.open("for (var q = 0u; q < 8u; q++)");
+            w.block("if (j + q < N)", &["sums[bi * N + j + q] = s[q / 4u][q % 4u];"]);
+            w.close();
+            w.close();
+        }
         // Strip g's word: A's strips come first, B's follow.
         w.line("let e = exponent(red[0]);");
         w.block("if (t == 0u)", &["exps[g] = e;"]);

@@ -32,6 +32,10 @@ use super::MatmulPrecision;
 /// The scratch slot of the cooperative kernels' exponents ([`super::coop_convert`]; split-K
 /// partials use slot 0), written by a product's conversion and read by the product.
 pub const EXPONENT_SLOT: usize = 3;
+/// The scratch slot of the per-slice column sums a split cooperative product's conversion
+/// writes when its kernel also sums B ([`crate::plan::KernelKind::MatMul`]'s `sum`), added up by the
+/// split-K sum.
+pub const SUM_SLOT: usize = 4;
 /// The scratch slot of the cooperative kernels' f16 workspace ([`super::coop_convert`]): like
 /// every scratch slot it lives only within one kernel's dispatches and is shared by every
 /// product of the plan, sized for the largest.
@@ -536,7 +540,21 @@ pub fn programs(
     spec: &MatmulSpec,
     tile: MatmulTile,
     epilogue: Option<&MatmulEpilogue>,
+    operands: [Resource; 3],
+) -> Result<Vec<Program>> {
+    programs_summing(label, spec, tile, epilogue, operands, None)
+}
+
+/// [`programs`], and with `sums` on a cooperative tile the conversion also writes the sums
+/// over K of B's columns, `[batch, n]` row-major, into `sums` (B must be row-major:
+/// [`coop_convert::program`]). Other tiles have no conversion and ignore `sums`.
+pub fn programs_summing(
+    label: &str,
+    spec: &MatmulSpec,
+    tile: MatmulTile,
+    epilogue: Option<&MatmulEpilogue>,
     [a, b, c]: [Resource; 3],
+    sums: Option<Resource>,
 ) -> Result<Vec<Program>> {
     let label = format!("{label} {}", tile.name());
     let MatmulTile::Coop(k) = tile else {
@@ -561,8 +579,9 @@ pub fn programs(
         &k,
         access,
         [params_uniform(spec), a, b, ws.clone(), exps.clone()],
+        sums,
         &format!("{label} convert"),
-    );
+    )?;
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
     let bind = |at, name: &str, resource, words| Binding { at, name: name.into(), resource, words };
     let c_words = spec.c.words(spec.batch, spec.m, spec.n);
@@ -664,7 +683,9 @@ pub fn lower(
     let (m, n, kk) = (so[r - 2], so[r - 1], sa[sa.len() - 1]);
     let batch: usize = so[..r - 2].iter().product();
     if m * n * batch == 0 {
-        return Ok(Some((Vec::new(), "empty"))); // an empty product: nothing to write
+        // An empty product: nothing to write but the sum of B, if the kernel computes one.
+        let sum = k.without_sum(g).1.map(|r| super::wgsl::generate(g, plan, &r, target));
+        return Ok(Some((sum.unwrap_or_default(), "empty")));
     }
     let fits = |v: usize| u32::try_from(v).is_ok();
     if ![m, n, kk, batch, m * n * batch].iter().all(|&v| fits(v)) {
@@ -700,11 +721,28 @@ pub fn lower(
     if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
         return Ok(None); // the generated kernel splits any grid
     }
-    if splits > 1 {
-        let programs = split_k_programs(&spec, (tile, splits), [a, b, c], &epilogue, &label)?;
-        return Ok(Some((programs, tile.name())));
+    // A sum of B the kernel computes too: in a cooperative product's conversion when B is
+    // the summed value, unstrided; else by the reduction's own dispatches after the product.
+    let (_, reduce) = k.without_sum(g);
+    let summed = reduce.as_ref().map(|r| r.outputs[0]);
+    let in_conversion = summed.filter(|&s| {
+        let whole_b = spec.b.offset == 0 && spec.b.row_stride == spec.n && spec.b.col_stride == 1;
+        let same = |x: NodeId| plan.value_of(x).map(|v| v.node);
+        matches!(tile, MatmulTile::Coop(_))
+            && batch == 1
+            && whole_b
+            && same(g.node(s).inputs[0]) == same(b_src)
+    });
+    let sums = in_conversion.and_then(buffer);
+    let mut progs = if splits > 1 {
+        split_k_programs(&spec, (tile, splits), [a, b, c], &epilogue, &label, sums.clone())?
+    } else {
+        programs_summing(&label, &spec, tile, Some(&epilogue), [a, b, c], sums.clone())?
+    };
+    if let (Some(r), None) = (&reduce, sums) {
+        progs.extend(super::wgsl::generate(g, plan, r, target));
     }
-    Ok(Some((programs(&label, &spec, tile, Some(&epilogue), [a, b, c])?, tile.name())))
+    Ok(Some((progs, tile.name())))
 }
 
 /// Workgroups of the split-K sum at most: about four waves of an H200-class GPU's resident
@@ -715,19 +753,26 @@ pub const SUM_WORKGROUPS: u32 = 4096;
 /// Split-K: `splits` partial products over slices of K on `tile` (one batched matmul into
 /// scratch slot 0), then one generated kernel that sums the slices and applies the epilogue
 /// ([`split_k_sum`]).
+///
+/// With `sums`, the partial products' conversion writes each slice's column sums of B into
+/// scratch slot [`SUM_SLOT`] and the split-K sum adds them up into `sums`.
 fn split_k_programs(
     spec: &MatmulSpec,
     (tile, splits): (MatmulTile, u32),
     [a, b, c]: [Resource; 3],
     epilogue: &MatmulEpilogue,
     label: &str,
+    sums: Option<Resource>,
 ) -> Result<Vec<Program>> {
     let parts = Resource::Scratch { slot: 0 };
     let part = partial(spec, splits);
-    let mut out =
-        programs(&format!("{label} split-k {splits}"), &part, tile, None, [a, b, parts.clone()])?;
+    let slices = sums.as_ref().map(|_| Resource::Scratch { slot: SUM_SLOT });
+    let label_k = format!("{label} split-k {splits}");
+    let ops = [a, b, parts.clone()];
+    let mut out = programs_summing(&label_k, &part, tile, None, ops, slices.clone())?;
     let shape = (spec.m, spec.n, splits);
-    out.push(split_k_sum(shape, [parts, c], epilogue, SUM_WORKGROUPS, label));
+    let sums = slices.zip(sums).map(|(p, s)| [p, s]);
+    out.push(split_k_sum(shape, [parts, c], epilogue, SUM_WORKGROUPS, label, sums));
     Ok(out)
 }
 
@@ -739,13 +784,15 @@ fn split_k_programs(
 /// `vec4`s (every slice then starts on a vector), otherwise single elements. It runs at most
 /// `max_workgroups` workgroups ([`SUM_WORKGROUPS`] in a plan), a thread taking the vectors `t`,
 /// `t + stride`, … of the output. The epilogue runs per element at its own `(0, i, j)`,
-/// whatever row each lane of a vector falls in.
+/// whatever row each lane of a vector falls in. With `sums` (`[slices, out]`) it also adds
+/// the `splits` row-major `[n]` slices of column sums into `out`.
 pub fn split_k_sum(
     (m, n, splits): (u32, u32, u32),
     [parts, c]: [Resource; 2],
     epilogue: &MatmulEpilogue,
     max_workgroups: u32,
     label: &str,
+    sums: Option<[Resource; 2]>,
 ) -> Program {
     let mn = u64::from(m) * u64::from(n);
     let lanes: u64 = if mn.is_multiple_of(4) { 4 } else { 1 };
@@ -759,6 +806,10 @@ pub fn split_k_sum(
     w.line("alias scalar = f32;");
     w.line(&format!("@group(0) @binding(0) var<storage, read> parts: array<{ty}>;"));
     w.line(&format!("@group(0) @binding(1) var<storage, read_write> c: array<{ty}>;"));
+    if sums.is_some() {
+        w.line("@group(0) @binding(2) var<storage, read> slices: array<f32>;");
+        w.line("@group(0) @binding(3) var<storage, read_write> sums: array<f32>;");
+    }
     w.lines(&epilogue.decls);
     w.blank();
     w.open("fn epilogue(v: scalar, batch: u32, i: u32, j: u32) -> scalar");
@@ -769,6 +820,15 @@ pub fn split_k_sum(
     w.open(&format!("fn main({MAIN_ARGS})"));
     w.line(&format!("let t = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
     w.block(&format!("if (t >= {stride}u)"), &["return;"]);
+    if sums.is_some() {
+        w.open(&format!("for (var j = t; j < {n}u; j += {stride}u)"));
+        w.line("var s = slices[j];");
+        for s in 1..splits {
+            w.line(&format!("s += slices[{}u + j];", u64::from(s) * u64::from(n)));
+        }
+        w.line("sums[j] = s;");
+        w.close();
+    }
     w.open(&format!("for (var r = 0u; r < {rounds}u; r++)"));
     w.line(&format!("let g = t + r * {stride}u;"));
     w.block(&format!("if (g >= {vectors}u)"), &["return;"]);
@@ -793,6 +853,11 @@ pub fn split_k_sum(
         Binding { at: 0, name: "parts".into(), resource: parts, words: mn * u64::from(splits) },
         Binding { at: 1, name: "c".into(), resource: c, words: mn },
     ];
+    if let Some([slices, out]) = sums {
+        let words = u64::from(n);
+        bindings.push(Binding { at: 2, name: "slices".into(), resource: slices, words: words * u64::from(splits) });
+        bindings.push(Binding { at: 3, name: "sums".into(), resource: out, words });
+    }
     bindings.extend(epilogue_bindings(Some(epilogue)));
     Program {
         label: format!("{label} split-k sum"),

@@ -99,7 +99,7 @@ fn kernel(
 ) -> Result<(Vec<Program>, Option<&'static str>)> {
     let mut matmul_kernel = None;
     match &k.kind {
-        KernelKind::MatMul { matmul, register } => {
+        KernelKind::MatMul { matmul, register, .. } => {
             if let Some((programs, tile)) = matmul::lower(g, plan, k, (*matmul, *register), target)?
             {
                 return Ok((programs, Some(tile)));

@@ -244,8 +244,12 @@ fn stages(g: &Graph, k: &Kernel, target: &Target) -> usize {
 /// dispatch order, leaving out dispatches with nothing to compute or check (a zero-size value).
 /// Only buffers the code reads or writes are bound (an automatic pipeline layout leaves out
 /// the others): a kernel over zero-size values may touch none of its inputs.
+/// A matmul kernel that also sums its operand is the matmul's programs, then the reduction's.
 pub fn generate(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Vec<Program> {
-    (0..stages(g, k, target)).filter_map(|stage| generate_stage(g, plan, k, target, stage)).collect()
+    let (k, sum) = k.without_sum(g);
+    let stages = (0..stages(g, &k, target)).filter_map(|stage| generate_stage(g, plan, &k, target, stage));
+    let sum = sum.map(|r| generate(g, plan, &r, target)).unwrap_or_default();
+    stages.chain(sum).collect()
 }
 
 fn generate_stage(

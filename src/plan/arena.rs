@@ -309,12 +309,14 @@ fn placeable(
         if !placeable {
             continue;
         }
-        // No kernel may read one place of c's buffer and write another: m's writer reads
-        // nothing inside c, and m's readers (but c's own kernels) write nothing inside.
+        // No kernel may read one place of c's buffer and write another (wgpu refuses a buffer
+        // bound read-only and writable in one dispatch): m's writer reads nothing inside c,
+        // and m's readers (but c's own kernels) write nothing inside. A writer may write
+        // several places (a LayerNorm backward its weight's and a bias's gradients, a weight
+        // gradient's kernel its bias's): two written ranges are fine.
         let is_inside = |x: &NodeId| inside.contains(&owner(*x));
         let writer = &f.kernels[writers[&m][0]];
-        let mut conflict =
-            writer.inputs.iter().any(is_inside) || writer.outputs.iter().any(is_inside);
+        let mut conflict = writer.inputs.iter().any(is_inside);
         for &k in readers.get(&m).into_iter().flatten() {
             let kernel = &f.kernels[k];
             let own =

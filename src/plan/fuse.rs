@@ -10,10 +10,12 @@
 //! of its row-major store instead of a transposed copy). A matmul whose only use is an elementwise
 //! chain runs inside that chain's kernel, which then computes the chain as the matmul's epilogue. A
 //! LayerNorm's input gradient whose only use is an `add` with a buffer computed before it stays in
-//! registers: its kernel writes the sum. Every other node is materialized by a kernel of its own
-//! kind. Last, an elementwise kernel whose outputs only one later elementwise kernel reads, at its
-//! own elements, is merged into it: one kernel with several outputs (an optimizer's moments and
-//! parameters).
+//! registers: its kernel writes the sum. A sum over the rows of what a LayerNorm backward
+//! writes, or of the B operand of a product without an epilogue (a bias gradient beside its
+//! weight gradient), is computed by that kernel. Every other node is materialized by a kernel
+//! of its own kind. Last, an elementwise kernel whose outputs only one later elementwise kernel
+//! reads, at its own elements, is merged into it: one kernel with several outputs (an
+//! optimizer's moments and parameters).
 //!
 //! A chain of layout ops (`slice`, `permute`, `reshape`) over a materialized value that would
 //! otherwise be copied is a strided view ([`super::view`]) when every kernel that reads it reads
@@ -288,6 +290,35 @@ fn fuse_once(
         }
     }
 
+    // Column sums of the value a product reads as its B operand, over every axis but the last
+    // (the bias gradient of the linear layer whose weight gradient the product is: both read
+    // the output gradient, the product with its rows as K): the product's kernel computes them
+    // (see `KernelKind::MatMul`). Indexed by the matmul, the sum. Only a product that is its
+    // kernel's output (no epilogue), reading the whole value unstrided as `[K, N]`, and only
+    // when nothing reads the sum before that kernel runs.
+    let mut mm_sum: Vec<Option<NodeId>> = vec![None; n];
+    if fusion {
+        for (id, node) in g.nodes() {
+            let i = id.index();
+            if !live[i] || !materialized[i] || taken[i] || !matches!(node.op, Op::MatMul) || node.shape.len() != 2 {
+                continue;
+            }
+            let b = node.inputs[1];
+            let v = alias[b.index()].unwrap_or(b);
+            let unstrided = view[b.index()].is_none() && view[v.index()].is_none() && materialized[v.index()];
+            if !unstrided || g.shape(v).last() != g.shape(b).last() {
+                continue;
+            }
+            let sum = column_sum(g, v, &live, &alias, &consumers).filter(|&s| {
+                !apart(id, s) && !taken[s.index()] && read_after(s, id, &consumers, &materialized, &alias)
+            });
+            if let Some(s) = sum {
+                taken[s.index()] = true;
+                mm_sum[i] = Some(s);
+            }
+        }
+    }
+
     // The kernel that computes a stats node: its first consumer of the op that reads it
     // (`layer_norm` or `attention`), in one pass writing both. A later consumer (a
     // rematerialized copy in the backward pass) reads the stats the first one wrote.
@@ -319,7 +350,7 @@ fn fuse_once(
             Op::Attention => KernelKind::Attention { with_stats: stats_home(node.inputs[3]) == Some(id) },
             Op::AttentionGradKv => KernelKind::AttentionGradKv,
             Op::AttentionGradQ => KernelKind::AttentionGradQ,
-            Op::MatMul => KernelKind::MatMul { matmul: id, register: id },
+            Op::MatMul => KernelKind::MatMul { matmul: id, register: id, sum: mm_sum[i] },
             Op::Reduce { .. } => KernelKind::Reduce,
             Op::Softmax => KernelKind::Softmax,
             Op::LogSoftmax => KernelKind::LogSoftmax,
@@ -402,7 +433,7 @@ fn fuse_once(
             | Op::Permute { .. }
             | Op::BroadcastTo
             | Op::Slice { .. } => match epilogue_of[i] {
-                Some((matmul, register)) => KernelKind::MatMul { matmul, register },
+                Some((matmul, register)) => KernelKind::MatMul { matmul, register, sum: None },
                 None => KernelKind::Elementwise,
             },
         };
@@ -410,11 +441,14 @@ fn fuse_once(
         let mut inputs = Vec::new();
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
-        if let KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } = kind {
-            for extra in [weight_grad, col_sum].into_iter().flatten() {
-                outputs.insert(0, extra);
-                fused.push(extra);
-            }
+        let extras = match kind {
+            KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } => [weight_grad, col_sum],
+            KernelKind::MatMul { sum, .. } => [sum, None],
+            _ => [None, None],
+        };
+        for extra in extras.into_iter().flatten() {
+            outputs.insert(0, extra);
+            fused.push(extra);
         }
         // The stats a layer_norm or attention kernel computes: an output, not an input (and
         // the operands the stats read are read by the op itself).
@@ -892,7 +926,7 @@ fn collect(
 ) {
     fused.push(id);
     for &x in &g.node(id).inputs {
-        if let KernelKind::MatMul { matmul, register } = kind {
+        if let KernelKind::MatMul { matmul, register, .. } = kind {
             if x == *register {
                 // The matmul's own operands are this kernel's buffers.
                 fused.extend([*matmul, *register]);

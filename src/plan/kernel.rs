@@ -2,7 +2,7 @@
 //! dispatch labels use) and which values it reads, writes and computes inside ([`Kernel`]).
 //! Fusion ([`super::fuse`]) makes them; codegen turns each kind into programs.
 
-use crate::graph::NodeId;
+use crate::graph::{Graph, NodeId};
 
 /// What a kernel computes; codegen turns each kind into its programs.
 #[derive(Clone, Debug, PartialEq)]
@@ -12,10 +12,15 @@ pub enum KernelKind {
     /// A matmul whose result feeds the output's expression (the epilogue) in registers.
     /// `register` is the node the epilogue sees as the accumulator: the matmul itself, or a
     /// reshape of it (the matmul's rows and columns then map to the output's coordinates through
-    /// the linear index).
+    /// the linear index). With `sum` it also computes that `sum` of its B operand's value
+    /// over every axis but the last (the gradient of the bias of the linear layer whose weight
+    /// gradient this product is): a cooperative product's conversion sums the columns it
+    /// converts anyway, any other product is followed by the reduction's own dispatches
+    /// ([`Kernel::without_sum`]).
     MatMul {
         matmul: NodeId,
         register: NodeId,
+        sum: Option<NodeId>,
     },
     /// A reduction whose input may be an inlined expression (the prologue).
     Reduce,
@@ -97,4 +102,28 @@ pub struct Kernel {
     pub inputs: Vec<NodeId>,
     /// Every graph node computed inside it, outputs included, in arena order.
     pub fused: Vec<NodeId>,
+}
+
+impl Kernel {
+    /// A matmul kernel that also computes a sum of its operand, split in two: the kernel
+    /// without it, and the reduction computing the sum alone from the value's buffer. Any
+    /// other kernel is itself and `None`.
+    pub fn without_sum(&self, g: &Graph) -> (Kernel, Option<Kernel>) {
+        let KernelKind::MatMul { matmul, register, sum: Some(s) } = self.kind else {
+            return (self.clone(), None);
+        };
+        let base = Kernel {
+            kind: KernelKind::MatMul { matmul, register, sum: None },
+            outputs: self.outputs.iter().copied().filter(|&o| o != s).collect(),
+            inputs: self.inputs.clone(),
+            fused: self.fused.iter().copied().filter(|&f| f != s).collect(),
+        };
+        let reduce = Kernel {
+            kind: KernelKind::Reduce,
+            outputs: vec![s],
+            inputs: vec![g.node(s).inputs[0]],
+            fused: vec![s],
+        };
+        (base, Some(reduce))
+    }
 }

@@ -97,7 +97,9 @@ pub fn guarded(g: &Graph, plan: &Plan, k: &Kernel) -> bool {
 
 /// The storage buffers kernel `k` binds, with `buffer` naming the buffer of each value it
 /// reads or writes (values in one buffer count once):
-/// - the matmul template binds its operands and result (3), then each buffer its epilogue reads;
+/// - the matmul template binds its operands and result (3), then each buffer its epilogue reads,
+///   and the sum of an operand it computes too (its split-K sum binds the partials, the
+///   result, the sum's partials and the sum);
 /// - LayerNorm forward binds x, weight, bias, y and stats (5), its backward x, weight, stats,
 ///   dy, dx, the partial sums and dweight/dbias (7), and the addend when it adds one (8),
 ///   whatever the kernel's own values are;
@@ -123,11 +125,11 @@ pub fn storage_bindings(
         b.len()
     };
     match &k.kind {
-        KernelKind::MatMul { register, .. } => {
+        KernelKind::MatMul { register, sum, .. } => {
             let out = *k.outputs.last().expect("a kernel writes a value");
             let epilogue =
                 if out == *register { Vec::new() } else { reads(g, k, &[out], Some(*register)) };
-            3 + distinct(epilogue)
+            3 + distinct(epilogue) + usize::from(sum.is_some())
         }
         KernelKind::LayerNorm { .. } | KernelKind::LayerNormStats => 5,
         KernelKind::LayerNormGradInput { add: Some(_), .. } => 8,
@@ -183,7 +185,7 @@ pub fn split_point(
 ) -> Option<NodeId> {
     let out = *k.outputs.last()?;
     let register = match k.kind {
-        KernelKind::MatMul { register, matmul } => Some((register, matmul)),
+        KernelKind::MatMul { register, matmul, .. } => Some((register, matmul)),
         _ => None,
     };
     let owners = |ids: Vec<NodeId>| {

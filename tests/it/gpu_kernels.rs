@@ -455,7 +455,7 @@ fn split_k_sum_matches_a_plain_sum() {
             extra: vec![2],
         };
         let res = [Resource::Buffer(0), Resource::Buffer(1)];
-        let p = matmul::split_k_sum((m, n, splits), res, &epilogue, max, "sum");
+        let p = matmul::split_k_sum((m, n, splits), res, &epilogue, max, "sum", None);
         assert_eq!(p.grid, Grid::Linear(workgroups), "{name}");
         let pb = gpu.upload_f32("parts", &parts).unwrap();
         let cb = gpu.upload_f32("c", &vec![f32::NAN; mn + 4]).unwrap();

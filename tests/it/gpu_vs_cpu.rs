@@ -164,6 +164,73 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
     }
 }
 
+/// A linear layer's bias gradient, in the `high` and `medium` modes, is summed by the
+/// conversion of its weight gradient's product (which converts the output gradient as B),
+/// checked against the CPU in `high`:
+/// whole (48 rows), and in split-K slices added up by the split-K sum (1024 rows in 8 slices),
+/// over 40 columns, so that the last strip of 16 is ragged. No reduction runs for it.
+#[test]
+fn bias_gradients_summed_by_the_conversion_in_the_cooperative_modes_match_the_cpu() {
+    let Some((gpu, _turn)) =
+        or_skip("bias_gradients_summed_by_the_conversion_in_the_cooperative_modes_match_the_cpu")
+    else {
+        return;
+    };
+    let linear = |name: &str, rows: usize| {
+        let inputs: [(&[usize], common::Dom); 3] = [
+            (&[rows, 20], common::Dom::Any),
+            (&[20, 40], common::Dom::Any),
+            (&[40], common::Dom::Any),
+        ];
+        common::case(name, &inputs, |g, x| {
+            let y = g.matmul(x[0], x[1])?;
+            g.add(y, x[2])
+        })
+    };
+    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
+    for precision in [MatmulPrecision::High, MatmulPrecision::Medium] {
+        for (rows, split_k, sums) in
+            [(48, None, &["convert"][..]), (1024, Some(8), &["convert", "split-k sum"])]
+        {
+            let coop = MatmulOptions {
+                precision,
+                coop_tile: Some(tile),
+                emulate_coop: true,
+                split_k,
+                ..MatmulOptions::DEFAULT
+            };
+            let c = linear("linear", rows);
+            // The numbers in `high`: `medium`'s single f16 product puts dW and dX (K up to
+            // 1024) beyond any tolerance that would still catch a wrong sum; its conversion
+            // sums with the same code, only its stores differ.
+            if precision == MatmulPrecision::High {
+                let name = format!("linear {rows} rows");
+                every_case_on(gpu, vec![linear(&name, rows)], |_| true, |b| b.matmul = coop);
+            }
+            let b = build(&c).unwrap();
+            let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+            backend.matmul = coop;
+            let mut want = vec![b.out];
+            want.extend(b.grads.iter().map(|&(_, d)| d));
+            let plan = backend.plan_for(&want, true).unwrap();
+            let labels = plan.dispatch_labels();
+            assert!(
+                !labels.iter().any(|l| l.starts_with("reduce")),
+                "{precision} {rows}: {labels:?}"
+            );
+            let programs = rumus::codegen::compile(&b.g, &plan.plan, &gpu.target(coop)).unwrap();
+            let summing = programs.all().filter(|p| p.bindings.iter().any(|b| b.name == "sums"));
+            let summing: Vec<&str> = summing.map(|p| p.label.as_str()).collect();
+            // The conversion writes the sums (a split product's slices' sums into scratch, which
+            // the split-K sum adds up).
+            assert_eq!(summing.len(), sums.len(), "{precision} {rows}: {summing:?}");
+            for (label, end) in summing.iter().zip(sums) {
+                assert!(label.ends_with(end), "{precision} {rows}: {summing:?}");
+            }
+        }
+    }
+}
+
 /// Every case of `cases` whose name `only` accepts, on `gpu`, with the backend's kernel choices
 /// set by `configure`.
 fn every_case_on(

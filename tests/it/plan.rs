@@ -73,6 +73,36 @@ fn layer_norm_backward_adds_residuals_and_sums_biases_and_attention_needs_no_red
     verify(&t.graph, &p, None).unwrap();
 }
 
+/// The bias gradients a LayerNorm backward does not sum (the qkv projection's and the MLP's
+/// first layer's, and the head's) are summed by the kernel of the weight gradient that reads
+/// the same output gradient as B: no reduction kernel sums a gradient over the rows.
+#[test]
+fn weight_gradient_kernels_sum_the_remaining_bias_gradients() {
+    let t = gpt_step(2);
+    let p = train_plan(&t, true, true);
+    let sums: Vec<_> = (p.kernels.iter())
+        .filter_map(|k| match k.kind {
+            KernelKind::MatMul { matmul, register, sum: Some(s) } => Some((k, matmul, register, s)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sums.len(), 5, "two a layer and the head's");
+    for &(k, matmul, register, s) in &sums {
+        assert_eq!(matmul, register, "a product without an epilogue");
+        assert_eq!(k.outputs, vec![s, matmul], "the sum, then the product");
+        let b = t.graph.node(matmul).inputs[1];
+        let summed = t.graph.node(s).inputs[0];
+        assert_eq!(p.value_of(summed).unwrap().node, p.value_of(b).unwrap().node);
+    }
+    let rows = |k: &&rumus::plan::Kernel| {
+        let x = t.graph.shape(t.graph.node(k.outputs[0]).inputs[0]);
+        k.kind == KernelKind::Reduce && t.graph.shape(k.outputs[0]).len() == 1 && x.len() > 1
+    };
+    let left: Vec<_> = p.kernels.iter().filter(rows).collect();
+    assert!(left.is_empty(), "{left:?}");
+    verify(&t.graph, &p, None).unwrap();
+}
+
 /// The op case the GPU is checked on against the CPU (`layer_norm residual`) plans the same
 /// kernel: its LayerNorm backward adds the residual's gradient and sums the bias's.
 #[test]
@@ -319,9 +349,11 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     let text = String::from_utf8(out.stdout).unwrap();
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("// kernel ")).collect();
     // (The output layer's transposed weight is read in place by the input gradient's product,
-    // and Adam's moments and the parameters are updated by one kernel, the last.)
-    assert_eq!(headers.len(), 12, "{headers:?}");
-    assert!(headers[11].contains("square mul mul add div sqrt"), "{headers:?}");
+    // each weight gradient's kernel computes its bias's gradient, and Adam's moments and the
+    // parameters are updated by one kernel, the last.)
+    assert_eq!(headers.len(), 10, "{headers:?}");
+    assert_eq!(headers.iter().filter(|h| h.ends_with("matmul (sum matmul)")).count(), 2);
+    assert!(headers[9].contains("square mul mul add div sqrt"), "{headers:?}");
     assert_eq!(headers[0], "// kernel 0: matmul (matmul add relu)");
     assert_eq!(headers[2], "// kernel 2: cross_entropy (cross_entropy)");
     // The products run without the runtime's bounds checks: kernel 0's epilogue clamps its
@@ -341,8 +373,10 @@ fn rumus_plan_wgsl_prints_each_kernel() {
             m.push('\n');
         }
     }
-    // One dispatch per kernel, two for cross-entropy (rows, then their sum).
-    assert_eq!(modules.len(), 13, "one dispatch per kernel of this plan, two for cross-entropy");
+    // One dispatch per kernel, two for cross-entropy (rows, then their sum) and for each weight
+    // gradient's kernel (its fp32 product has no conversion to sum the bias's gradient in:
+    // the product, then the reduction).
+    assert_eq!(modules.len(), 13, "one dispatch per kernel of this plan, two for three");
     for m in &modules {
         let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
@@ -360,7 +394,7 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(text.contains(&one), "kernel 2 alone is printed as in the whole listing");
 
     for (args, message) in [
-        (&["--wgsl", "12"][..], "there is no kernel 12: the plan has 12 kernels, numbered from 0"),
+        (&["--wgsl", "10"][..], "there is no kernel 10: the plan has 10 kernels, numbered from 0"),
         (
             &["--wgsl", "99999999999999999999999"],
             "--wgsl: there is no kernel 99999999999999999999999",
