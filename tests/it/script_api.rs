@@ -52,6 +52,33 @@ fn arithmetic_broadcasts() {
     check("print(tensor(0..6).reshape([2, 3]));", "tensor f32[2, 3] [[0, 1, 2], [3, 4, 5]]\n");
 }
 
+/// Found by the hostile-input audit: `reshape([-1, 3])` said `shape: negative dimension -1`,
+/// where the model language and PyTorch infer one `-1` dimension.
+#[test]
+fn reshape_infers_one_minus_one_dimension() {
+    check("print(zeros([2, 3]).reshape([-1, 3]).shape);", "[2, 3]\n");
+    check("print(tensor(0..6).reshape([3, -1]));", "tensor f32[3, 2] [[0, 1], [2, 3], [4, 5]]\n");
+    check("print(zeros([2, 3, 4]).reshape([-1]).shape);", "[24]\n");
+    check("print(zeros([0, 3]).reshape([-1, 3]).shape);", "[0, 3]\n");
+    check(
+        "zeros([2, 3]).reshape([-1, 4])",
+        "error: cannot reshape [2, 3] (6 elements) into [-1, 4]: 6 is not a multiple of 4, the product of the other dimensions\n",
+    );
+    check(
+        "zeros([0, 3]).reshape([-1, 0])",
+        "error: cannot reshape [0, 3] (0 elements) into [-1, 0]: the other dimensions hold 0 elements, so -1 could be any size\n",
+    );
+    check(
+        "zeros([2, 3]).reshape([-1, -1])",
+        "error: reshape: [-1, -1] has more than one -1; only one dimension can be inferred\n",
+    );
+    check(
+        "zeros([2, 3]).reshape([-2, -3])",
+        "error: reshape: dimension -2 of [-2, -3] is negative; only -1 (one dimension inferred from the element count) is allowed\n",
+    );
+    check("zeros([2, 3]).reshape([4, 2])", "error: cannot reshape [2, 3] into [4, 2]\n");
+}
+
 #[test]
 fn malformed_tensors_are_script_errors() {
     check(

@@ -320,8 +320,8 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     // Conversion.
     let c = ctx.clone();
     engine.register_fn("reshape", move |t: &mut ScriptTensor, shape: Array| {
-        let shape = dims(&shape)?;
         let t = t.tensor();
+        let shape = reshape_dims(&shape, t.shape())?;
         if checked_shape(&shape).script()? != t.numel() {
             return Err(script_err(format!(
                 "cannot reshape {} into {}",
@@ -375,6 +375,55 @@ pub fn dims(a: &Array) -> ScriptResult<Vec<usize>> {
             usize::try_from(d).map_err(|_| script_err(format!("shape: negative dimension {d}")))
         })
         .collect()
+}
+
+/// The shape `t.reshape(a)` asks for, of a tensor of shape `from`: one `-1` entry is inferred
+/// from the element count, as in the model language and PyTorch.
+fn reshape_dims(a: &Array, from: &[usize]) -> ScriptResult<Vec<usize>> {
+    let asked = ints(a, "reshape")?;
+    let written = || {
+        let dims: Vec<String> = asked.iter().map(ToString::to_string).collect();
+        format!("[{}]", dims.join(", "))
+    };
+    let mut out = Vec::with_capacity(asked.len());
+    let mut infer = None;
+    for (k, &d) in asked.iter().enumerate() {
+        match d {
+            -1 if infer.is_some() => {
+                return Err(script_err(format!(
+                    "reshape: {} has more than one -1; only one dimension can be inferred",
+                    written()
+                )))
+            }
+            -1 => {
+                infer = Some(k);
+                out.push(1);
+            }
+            _ => out.push(usize::try_from(d).map_err(|_| {
+                script_err(format!(
+                    "reshape: dimension {d} of {} is negative; only -1 (one dimension inferred from the element count) is allowed",
+                    written()
+                ))
+            })?),
+        }
+    }
+    let Some(k) = infer else { return Ok(out) };
+    let known = checked_shape(&out).script()?;
+    let n: usize = from.iter().product();
+    if known == 0 || !n.is_multiple_of(known) {
+        let why = if known == 0 {
+            "the other dimensions hold 0 elements, so -1 could be any size".to_string()
+        } else {
+            format!("{n} is not a multiple of {known}, the product of the other dimensions")
+        };
+        return Err(script_err(format!(
+            "cannot reshape {} ({n} elements) into {}: {why}",
+            fmt_shape(from),
+            written()
+        )));
+    }
+    out[k] = n / known;
+    Ok(out)
 }
 
 fn ints(a: &Array, what: &str) -> ScriptResult<Vec<INT>> {
