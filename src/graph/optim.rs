@@ -112,39 +112,48 @@ impl Optimizer {
         }
     }
 
+    /// Each setting in its range; a message names only the settings this optimizer has.
     fn check(&self) -> Result<()> {
-        let (b1, b2, eps, wd) = match *self {
+        let name = self.name();
+        let wd = match *self {
             Optimizer::Sgd { momentum, weight_decay } => {
                 if !(0.0..1.0).contains(&momentum) {
                     return Err(err!(
                         InvalidArgument,
-                        "sgd: momentum must be in [0, 1), got {}",
+                        "{name}: momentum must be in [0, 1), got {}",
                         show(momentum)
                     ));
                 }
-                (0.0, 0.0, 1.0, weight_decay)
+                weight_decay
             }
             Optimizer::Adam { beta1, beta2, eps, weight_decay }
             | Optimizer::AdamW { beta1, beta2, eps, weight_decay } => {
-                (beta1, beta2, eps, weight_decay)
+                if !(0.0..1.0).contains(&beta1) || !(0.0..1.0).contains(&beta2) {
+                    return Err(err!(
+                        InvalidArgument,
+                        "{name}: betas must be in [0, 1), got ({}, {})",
+                        show(beta1),
+                        show(beta2)
+                    ));
+                }
+                // eps is applied in f32: it must stay positive there.
+                let eps32 = eps as f32;
+                if !(eps32 > 0.0 && eps32.is_finite()) {
+                    return Err(err!(
+                        InvalidArgument,
+                        "{name}: eps must be positive as an f32 (it is applied in f32, where a number below about 1.4e-45 is 0), got {}",
+                        show(eps)
+                    ));
+                }
+                weight_decay
             }
         };
-        let name = self.name();
-        if !(0.0..1.0).contains(&b1) || !(0.0..1.0).contains(&b2) {
+        // weight_decay is applied in f32 too.
+        let wd32 = wd as f32;
+        if !(wd32 >= 0.0 && wd32.is_finite()) {
             return Err(err!(
                 InvalidArgument,
-                "{name}: betas must be in [0, 1), got ({}, {})",
-                show(b1),
-                show(b2)
-            ));
-        }
-        // eps and weight_decay are applied in f32: eps must stay positive there.
-        let (eps32, wd32) = (eps as f32, wd as f32);
-        if !(eps32 > 0.0 && eps32.is_finite() && wd32 >= 0.0 && wd32.is_finite()) {
-            return Err(err!(
-                InvalidArgument,
-                "{name}: eps must be positive and weight_decay >= 0 as f32s (they are applied in f32, where a number below about 1.4e-45 is 0), got {} and {}",
-                show(eps),
+                "{name}: weight_decay must be >= 0 and finite as an f32 (it is applied in f32), got {}",
                 show(wd)
             ));
         }

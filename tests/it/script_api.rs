@@ -325,7 +325,7 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
         // not being positive.
         (
             "m().compile(#{ optimizer: adam(#{ eps: 1e-50 }) })",
-            "adam: eps must be positive and weight_decay >= 0 as f32s (they are applied in f32, where a number below about 1.4e-45 is 0), got 1e-50 and 0".into(),
+            "adam: eps must be positive as an f32 (it is applied in f32, where a number below about 1.4e-45 is 0), got 1e-50".into(),
         ),
         (
             "m().compile(#{ schedule: step_lr(#{ every: 0 }) })",
@@ -355,6 +355,32 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
          integer up to 16777216 = 2^24, and only some beyond): make the tensor \"i32\", or \
          write the number as a float to accept rounding\n",
     );
+}
+
+/// Found by the fourth hostile-input audit: SGD's settings message named `eps`, which SGD does
+/// not have, and each optimizer's message named eps and weight_decay whichever was wrong.
+#[test]
+fn each_optimizers_message_names_only_settings_it_has() {
+    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }\n";
+    let wd = "weight_decay must be >= 0 and finite as an f32 (it is applied in f32)";
+    let eps = "eps must be positive as an f32 (it is applied in f32, where a number below about 1.4e-45 is 0)";
+    let cases = [
+        ("sgd(#{ lr: 0.1, weight_decay: -1 })", format!("sgd: {wd}, got -1")),
+        ("sgd(#{ weight_decay: 1e39 })", format!("sgd: {wd}, got 1e39")),
+        ("adam(#{ weight_decay: -1 })", format!("adam: {wd}, got -1")),
+        ("adamw(#{ weight_decay: -0.5 })", format!("adamw: {wd}, got -0.5")),
+        ("adam(#{ eps: 0 })", format!("adam: {eps}, got 0")),
+        ("adamw(#{ eps: -1, weight_decay: -1 })", format!("adamw: {eps}, got -1")),
+        ("adamw(#{ beta1: 1 })", "adamw: betas must be in [0, 1), got (1, 0.999)".into()),
+        ("sgd(#{ momentum: -0.1 })", "sgd: momentum must be in [0, 1), got -0.1".into()),
+    ];
+    for (optimizer, expected) in cases {
+        let code = format!("{M}m().compile(#{{ optimizer: {optimizer} }})");
+        check(&code, &format!("error: {expected}\n"));
+        if optimizer.starts_with("sgd") {
+            assert!(!expected.contains("eps") && !expected.contains("beta"), "{expected}");
+        }
+    }
 }
 
 /// Found by the hostile-input audit: with every label equal to `ignore_index`, `accuracy` said
