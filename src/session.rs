@@ -394,6 +394,7 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
         err!(Name, "the model has no output `{output}` (outputs: {})", names.join(", "))
     })?;
     let shape = g.shape(out).to_vec();
+    check_loss_input(loss, output, g.dtype(out), &shape)?;
     Ok(match loss {
         Loss::CrossEntropy { ignore_index, .. } => {
             let labels = &shape[..shape.len().saturating_sub(1)];
@@ -406,6 +407,31 @@ fn attach_loss(g: &mut Graph, loss: &Loss) -> Result<NodeId> {
         }
         Loss::Output { .. } => out,
     })
+}
+
+/// That `loss` can read model output `output` of `dtype` and `shape`: every loss needs f32
+/// values (and "output" a scalar), said with the loss's name and what to do rather than by the
+/// op inside the loss that refuses them (`sub: operand must be f32`).
+fn check_loss_input(loss: &Loss, output: &str, dtype: DType, shape: &[usize]) -> Result<()> {
+    let (name, needs) = match loss {
+        Loss::CrossEntropy { .. } => ("cross_entropy", "f32 logits"),
+        Loss::Mse { .. } => ("mse", "f32 predictions"),
+        Loss::Output { .. } => ("output", "an f32 scalar, the loss itself"),
+    };
+    let scalar = !matches!(loss, Loss::Output { .. }) || shape.is_empty();
+    if dtype == DType::F32 && scalar {
+        return Ok(());
+    }
+    let todo = if dtype != DType::F32 {
+        "return f32 values from the model (i32 values are indices: `embedding` turns them into f32 vectors)"
+    } else {
+        "make the model reduce it to a scalar (`mean` or `sum`), or use another loss"
+    };
+    Err(err!(
+        Shape,
+        "the \"{name}\" loss needs {needs}, and the model's output `{output}` is {dtype}{}: {todo}",
+        fmt_shape(shape)
+    ))
 }
 
 /// A forward graph at other dimensions on its own backend, with the generation of the

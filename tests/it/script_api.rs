@@ -383,6 +383,39 @@ fn each_optimizers_message_names_only_settings_it_has() {
     }
 }
 
+/// Found by the fourth hostile-input audit: an i32 output under `loss: "mse"` failed with the
+/// message of the op inside the loss (`sub: operand must be f32, got i32[2, 2, 2]`), naming
+/// neither the loss nor what to do.
+#[test]
+fn a_loss_given_an_output_it_cannot_read_says_which_loss_needs_what() {
+    const M: &str = "model ints(x: i32[B, 2, 2]) { return x }
+        model vec(x: f32[B, 2]) { return linear(x, 3) }\n";
+    let cases = [
+        (
+            "ints().compile(#{ batch: 2, loss: \"mse\" })",
+            "the \"mse\" loss needs f32 predictions, and the model's output `x` is i32[2, 2, 2]: return f32 values from the model (i32 values are indices: `embedding` turns them into f32 vectors)",
+        ),
+        (
+            "ints().compile(#{ batch: 2, loss: \"cross_entropy\" })",
+            "the \"cross_entropy\" loss needs f32 logits, and the model's output `x` is i32[2, 2, 2]: return f32 values from the model (i32 values are indices: `embedding` turns them into f32 vectors)",
+        ),
+        (
+            "ints().compile(#{ batch: 2, loss: \"output\" })",
+            "the \"output\" loss needs an f32 scalar, the loss itself, and the model's output `x` is i32[2, 2, 2]: return f32 values from the model (i32 values are indices: `embedding` turns them into f32 vectors)",
+        ),
+        (
+            "vec().compile(#{ batch: 2, loss: \"output\" })",
+            "the \"output\" loss needs an f32 scalar, the loss itself, and the model's output `output` is f32[2, 3]: make the model reduce it to a scalar (`mean` or `sum`), or use another loss",
+        ),
+    ];
+    for (code, expected) in cases {
+        let got = run(&format!("{M}{code}"));
+        assert!(got.starts_with("error: ") && got.contains(expected), "{code}:\n{got}");
+    }
+    // The same output under a loss that reads it compiles.
+    check(&format!("{M}vec().compile(#{{ batch: 2, loss: \"mse\" }}); print(1);"), "1\n");
+}
+
 /// Found by the hostile-input audit: with every label equal to `ignore_index`, `accuracy` said
 /// 0.0 where `evaluate` said NaN; nothing was counted, so both say NaN.
 #[test]
