@@ -26,9 +26,18 @@ pub fn parse(args: &[String]) -> Result<Parsed> {
     let argv = std::iter::once("rumus").chain(args.iter().map(String::as_str));
     match Cli::try_parse_from(argv) {
         Ok(cli) => Ok(Parsed::Command(cli.command)),
-        Err(e) if matches!(e.kind(), ClapKind::DisplayHelp | ClapKind::DisplayVersion) => {
-            Ok(Parsed::Print(e.render().to_string()))
+        Err(e) if e.kind() == ClapKind::DisplayVersion => {
+            // clap prints the version at the flag and ignores what follows it.
+            let flag = args.iter().position(|a| a == "--version" || a == "-V");
+            match flag.and_then(|i| Some((&args[i], args.get(i + 1)?))) {
+                Some((flag, extra)) => Err(Error::new(
+                    ErrorKind::Usage,
+                    format!("unexpected argument `{extra}` after {flag}, which takes none"),
+                )),
+                None => Ok(Parsed::Print(e.render().to_string())),
+            }
         }
+        Err(e) if e.kind() == ClapKind::DisplayHelp => Ok(Parsed::Print(e.render().to_string())),
         Err(e) => Err(usage_error(&e, args.first().map(String::as_str))),
     }
 }

@@ -62,7 +62,9 @@ pub fn training_step(spec: &ModelSpec) -> Result<(TrainGraph, Arc<Source>)> {
         Some(m) => m.clone(),
         None => match module.models().find(|it| !module.is_std(&it.name.name)) {
             Some(m) => m.name.name.clone(),
-            None => return Err(err!(Usage, "{}: no model in this file", spec.file)),
+            // What the file holds, as "no model named `m`" is for `--model m`: a model error
+            // (exit code 1), as `rumus graph` reports it.
+            None => return Err(err!(Name, "{}: no model in this file", spec.file)),
         },
     };
     let mut bindings = Vec::new();

@@ -513,6 +513,40 @@ fn help_and_version_print_and_exit_zero() {
     }
 }
 
+/// Found by the fourth hostile-input audit: "no model in this file" exited 1 from `rumus graph`
+/// but 2 from `plan` and `bench`, and `rumus --version extra` ignored `extra`.
+#[test]
+fn every_command_gives_a_mistake_the_same_exit_code() {
+    let none = script("no_model.rms", "print(1 + 1);\n");
+    let one = script("one_model.rms", "model m(x: f32[B, 4]) { return linear(x, 2) }\n");
+    for command in ["graph", "plan", "bench"] {
+        // What the file holds is a model error, exit code 1, as an unknown `--model` is.
+        check(&[command, &none], &[], (1, &format!("{none}: no model in this file")));
+        check(&[command, &one, "--model", "n"], &[], (1, "no model named `n`"));
+        // A flag the command does not know is a usage error, exit code 2.
+        check(
+            &[command, &one, "--frob"],
+            &[],
+            (
+                2,
+                &format!(
+                    "unexpected argument `--frob`; `rumus {command} --help` lists the options"
+                ),
+            ),
+        );
+    }
+    for flag in ["--version", "-V"] {
+        check(
+            &[flag, "extra"],
+            &[],
+            (2, &format!("unexpected argument `extra` after {flag}, which takes none")),
+        );
+        let (code, out, err) = rumus(&[flag]);
+        assert_eq!((code, err.as_str()), (0, ""), "{flag}");
+        assert_eq!(out, format!("rumus {}\n", env!("CARGO_PKG_VERSION")));
+    }
+}
+
 /// Usage errors are one line in our style, exit code 2: mistyped commands and flags get a
 /// suggestion, a missing argument names what is missing and where the usage is.
 #[test]
