@@ -67,7 +67,7 @@ pub enum Command {
     Launch(LaunchArgs),
     /// An interactive session (`:help` inside lists its commands)
     Repl(ReplArgs),
-    /// Print a model as Graphviz DOT, or its parameters
+    /// Print a model as Graphviz DOT, or its parameters (dimensions --set does not give are 1)
     Graph(GraphArgs),
     /// Draw a metrics log (`rumus run --metrics`): the loss and every logged metric against the step
     Plot(PlotArgs),
@@ -154,6 +154,8 @@ pub struct GraphArgs {
     /// Which model of the file [default: its only one]
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
+    #[command(flatten)]
+    pub set: SetArgs,
     /// Print the parameters (dotted name, shape, initializer) instead of the graph
     #[arg(long)]
     pub params: bool,
@@ -169,15 +171,23 @@ pub struct PlotArgs {
     pub output: PathBuf,
 }
 
+/// `--set NAME=VALUE`, repeated: the model's hyperparameters and dimensions, for `graph`,
+/// `plan` and `bench` alike.
+#[derive(Args)]
+pub struct SetArgs {
+    /// Set a hyperparameter or dimension of the model (repeat for several)
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = name_value)]
+    pub sets: Vec<(String, String)>,
+}
+
 /// The model of `plan` and `bench`: `--model NAME` and `--set NAME=VALUE`, repeated.
 #[derive(Args)]
 pub struct ModelArgs {
     /// Which model of the file [default: its first one]
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
-    /// Set a hyperparameter or dimension of the model (repeat for several)
-    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = name_value)]
-    pub sets: Vec<(String, String)>,
+    #[command(flatten)]
+    pub set: SetArgs,
     /// Keep every forward value the backward pass reads alive instead of recomputing the cheap
     /// ones there (rematerialization, on by default)
     #[arg(long)]

@@ -6,12 +6,12 @@
 //! `scripts/bench/torch_baselines.py`, the PyTorch side. Hyperparameters come from the model's defaults, overridden by
 //! `--set name=value`.
 
+use super::model::{lower_model, Pick};
 use crate::backend::{Backend, GradSync, RunOptions};
 use crate::codegen::PlanPrograms;
 use crate::codegen::{MatmulOptions, MatmulPrecision, Target};
 use crate::cpu::CpuBackend;
 use crate::dist::Communicator;
-use crate::dsl::{self, Value};
 use crate::err;
 use crate::error::Result;
 use crate::graph::optim::is_host_input;
@@ -54,32 +54,8 @@ pub struct ModelSpec {
 /// Lower the model of `spec` and extend it into a training step; the model file's source, for
 /// the positions of later errors (the planner's and the code generator's point at an op).
 pub fn training_step(spec: &ModelSpec) -> Result<(TrainGraph, Arc<Source>)> {
-    let src = crate::files::read_source(std::path::Path::new(&spec.file))?;
-    // A `.rms` file may be a script with model blocks in it; only the blocks matter here.
-    let module = if spec.file.ends_with(".rms") { dsl::load_rms(&src) } else { dsl::load(&src) }
-        .map_err(|e| e.in_source(&src))?;
-    let name = match &spec.model {
-        Some(m) => m.clone(),
-        None => match module.models().find(|it| !module.is_std(&it.name.name)) {
-            Some(m) => m.name.name.clone(),
-            // What the file holds, as "no model named `m`" is for `--model m`: a model error
-            // (exit code 1), as `rumus graph` reports it.
-            None => return Err(err!(Name, "{}: no model in this file", spec.file)),
-        },
-    };
-    let mut bindings = Vec::new();
-    for (i, (k, v)) in spec.sets.iter().enumerate() {
-        if let Some((_, first)) = spec.sets[..i].iter().find(|(name, _)| name == k) {
-            return Err(err!(Usage, "--set {k} is given twice ({first} and {v}): give it once"));
-        }
-        let value = match (v.parse::<i64>(), v.parse::<f64>()) {
-            (Ok(i), _) => Value::Int(i),
-            (_, Ok(f)) if f.is_finite() => Value::Float(f),
-            _ => return Err(err!(Usage, "--set {k}={v}: the value must be a finite number")),
-        };
-        bindings.push((k.as_str(), value));
-    }
-    let mut g = dsl::lower(&module, &name, &bindings, None).map_err(|e| e.in_source(&src))?;
+    let m = lower_model(&spec.file, spec.model.as_deref(), Pick::First, &spec.sets, None)?;
+    let (mut g, src) = (m.graph, m.src);
     let loss = cross_entropy_on_first_output(&mut g).map_err(|e| e.in_source(&src))?;
     let cfg = OptimConfig::new(Optimizer::adamw());
     let opts = TrainOptions { remat: !spec.no_remat, remat_matmuls: spec.remat_matmuls };

@@ -1,36 +1,22 @@
-//! The logic of `rumus graph FILE [--model NAME] [--params]`: load a model file (standalone or
-//! `.rms`), instantiate one model (input dimensions left unset are 1), and render either its
+//! The logic of `rumus graph FILE [--model NAME] [--set NAME=VALUE] [--params]`: load a model
+//! file (standalone or `.rms`), instantiate one model (`--set` sets hyperparameters and input
+//! dimensions, as for `rumus plan`; dimensions left unset are 1), and render either its
 //! parameter list or its graph as Graphviz DOT.
 
-use crate::dsl::{load, load_rms, lower};
-use crate::err;
+use super::model::{lower_model, Pick};
 use crate::error::Result;
 use crate::graph::{Graph, Init, Op};
 use crate::tensor::fmt_shape;
 
 /// Run `rumus graph`: the text to print, or an error (rendered with its source position).
-pub fn cli_graph(path: &str, model: Option<&str>, params: bool) -> Result<String> {
-    let src = crate::files::read_source(std::path::Path::new(path))?;
-    let module = if path.ends_with(".rms") { load_rms(&src)? } else { load(&src)? };
-    let name = match model {
-        Some(m) => m.to_string(),
-        None => {
-            let user: Vec<String> = module.models().map(|m| m.name.name.clone()).collect();
-            match user.as_slice() {
-                [one] => one.clone(),
-                [] => return Err(err!(Name, "{path}: no model in this file")),
-                many => {
-                    return Err(err!(
-                        Usage,
-                        "{path} has several models ({}); pick one with --model",
-                        many.join(", ")
-                    ))
-                }
-            }
-        }
-    };
-    let graph = lower(&module, &name, &[], Some(1)).map_err(|e| e.in_source(&src))?;
-    Ok(if params { param_table(&graph) } else { dot(&graph, &name) })
+pub fn cli_graph(
+    path: &str,
+    model: Option<&str>,
+    sets: &[(String, String)],
+    params: bool,
+) -> Result<String> {
+    let m = lower_model(path, model, Pick::Only, sets, Some(1))?;
+    Ok(if params { param_table(&m.graph) } else { dot(&m.graph, &m.name) })
 }
 
 /// One line per parameter: dotted name, shape, initializer.

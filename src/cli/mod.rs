@@ -4,6 +4,7 @@
 //! pipe on stdout is success).
 //!
 //! - [`graph`]: `rumus graph`, a model's parameters or its graph as DOT;
+//! - [`model`]: the model file, `--model` and `--set` of `graph`, `plan` and `bench`;
 //! - `rumus plot`: a metrics log's curves as SVG (`crate::plot`);
 //! - [`mod@bench`]: `rumus plan` and `rumus bench`, a model file's training step planned (its
 //!   kernels, their WGSL, a picture of its memory) or timed;
@@ -16,6 +17,7 @@ mod args;
 pub mod bench;
 pub mod graph;
 pub mod launch;
+pub mod model;
 
 use crate::dist::World;
 use crate::runtime::DeviceChoice;
@@ -67,7 +69,9 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
             }
             .map(i32::from)
         }
-        Command::Graph(a) => print_text(&graph::cli_graph(&a.file, a.model.as_deref(), a.params)?),
+        Command::Graph(a) => {
+            print_text(&graph::cli_graph(&a.file, a.model.as_deref(), &a.set.sets, a.params)?)
+        }
         Command::Plot(a) => crate::plot::plot_log(&a.log, &a.output).map(|()| 0),
         Command::Plan(a) => {
             let spec = model_spec(a.file, a.model);
@@ -147,7 +151,7 @@ fn device(flag: Option<DeviceChoice>) -> Result<DeviceChoice> {
 /// The model of `plan` and `bench`.
 fn model_spec(file: String, m: args::ModelArgs) -> bench::ModelSpec {
     let (no_remat, remat_matmuls) = (m.no_remat, m.remat_matmuls);
-    bench::ModelSpec { file, model: m.model, sets: m.sets, no_remat, remat_matmuls }
+    bench::ModelSpec { file, model: m.model, sets: m.set.sets, no_remat, remat_matmuls }
 }
 
 /// Write to stdout. A closed pipe (`rumus graph m.rms | head`) is not an error; any other

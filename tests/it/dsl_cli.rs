@@ -65,6 +65,58 @@ fn a_mistake_exits_1_with_the_rendered_error() {
     assert_eq!(code, 2);
 }
 
+/// Found by the fourth hostile-input audit: `rumus graph` drew a model at free dimensions 1 and
+/// had no `--set`, so a model valid only at a larger size (`x @ x` of `f32[B, 4]`, B = 4) could
+/// not be drawn. `--set` works as for `rumus plan` (one implementation), and the error at the
+/// default size says to use it.
+#[test]
+fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
+    let dir = crate::common::ScratchDir::new("cli_set");
+    let path = dir.join("sq.rms");
+    std::fs::write(
+        &path,
+        "model sq(x: f32[B, 4]) {\n    return x @ x\n}\nmodel lin(x: f32[B, 2], hidden = 3) {\n    return linear(x, hidden)\n}\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let (code, out, err) = rumus(&["graph", p, "--model", "sq", "--set", "B=4"]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    assert!(out.starts_with("digraph \"sq\" {") && out.contains("[4, 4]"), "{out}");
+    // Without the size: the error at B = 1 says how to give it.
+    let (code, _, err) = rumus(&["graph", p, "--model", "sq"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.starts_with(&format!("{p}:2:12: "))
+            && err.contains("(dimensions that --set does not give are 1 here: give their sizes with --set NAME=VALUE)"),
+        "{err}"
+    );
+    // A hyperparameter, and the same `--set` rules and messages as `rumus plan`.
+    let (code, out, _) = rumus(&["graph", p, "--model", "lin", "--set", "hidden=5", "--params"]);
+    assert_eq!(code, 0);
+    assert!(out.contains(" [2, 5] ") && out.contains(" [5] "), "{out}");
+    for command in ["graph", "plan"] {
+        let twice = [command, p, "--model", "lin", "--set", "hidden=5", "--set", "hidden=6"];
+        let (code, _, err) = rumus(&twice);
+        assert_eq!(
+            (code, err.as_str()),
+            (2, "--set hidden is given twice (5 and 6): give it once\n")
+        );
+        let (code, _, err) = rumus(&[command, p, "--set", "B"]);
+        assert_eq!((code, err.as_str()), (2, "--set: needs NAME=VALUE, got `B`\n"));
+        let (code, _, err) = rumus(&[command, p, "--model", "lin", "--set", "hidden=x"]);
+        assert_eq!(
+            (code, err.as_str()),
+            (2, "--set hidden=x: the value must be a finite number\n")
+        );
+    }
+    // Two models and no `--model`: `graph` asks for one (`plan` takes the first).
+    let (code, _, err) = rumus(&["graph", p, "--set", "B=4"]);
+    assert_eq!(
+        (code, err.as_str()),
+        (2, format!("{p} has several models (sq, lin); pick one with --model\n").as_str())
+    );
+}
+
 /// Found by the hostile-input audit: an error of the planner or the code generator (here a
 /// LayerNorm wider than the GPU kernels take) named no place and no way out.
 #[test]
