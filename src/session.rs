@@ -21,7 +21,7 @@ pub use crate::codegen::MatmulPrecision;
 use crate::cpu::CpuBackend;
 use crate::dist::Communicator;
 use crate::err;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Source};
 use crate::graph::optim::{is_host_input, STEP_STATE};
 use crate::graph::{training_graph_with, Graph, NodeId, Op, OptimConfig, TrainGraph, TrainOptions};
 use crate::memory::{Budget, Charge};
@@ -274,21 +274,42 @@ pub struct Model {
     /// The model's name, used in error messages.
     pub name: String,
     build: GraphBuilder,
+    /// The text the spans of the graph's nodes point into (a model written in the model
+    /// language), so that an error raised at a node later (building the training step,
+    /// planning, checking a step's values) points at its line there.
+    source: Option<Arc<Source>>,
 }
 
 impl Model {
     /// A model called `name` whose forward graph `build` makes.
     pub fn new(name: &str, build: GraphBuilder) -> Model {
-        Model { name: name.to_string(), build }
+        Model { name: name.to_string(), build, source: None }
+    }
+
+    /// The model with the text its graphs' spans point into.
+    pub fn with_source(self, source: Arc<Source>) -> Model {
+        Model { source: Some(source), ..self }
+    }
+
+    /// `e` pointing into the model's text, where it has a span there and no text yet.
+    fn placed(&self, e: Error) -> Error {
+        match &self.source {
+            Some(s) => e.in_source(s),
+            None => e,
+        }
     }
 
     /// The forward graph at the given dimensions.
     pub fn instantiate(&self, dims: &Dims) -> Result<Graph> {
-        (self.build)(dims)
+        (self.build)(dims).map_err(|e| self.placed(e))
     }
 
     /// Instantiate, append loss, backward and optimizer, and place the result on a device.
     pub fn compile(&self, cfg: CompileConfig) -> Result<Trainer> {
+        self.compile_at(cfg).map_err(|e| self.placed(e))
+    }
+
+    fn compile_at(&self, cfg: CompileConfig) -> Result<Trainer> {
         if !(cfg.lr.is_finite() && cfg.lr >= 0.0) {
             return Err(err!(
                 InvalidArgument,
@@ -578,6 +599,10 @@ impl Trainer {
     /// accumulators, and every `accumulate`-th step also applies the update (the step count,
     /// the learning rate and its schedule count updates).
     pub fn train_step(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
+        self.train_step_at(inputs).map_err(|e| self.model.placed(e))
+    }
+
+    fn train_step_at(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
         let g = &self.train.graph;
         let mut feeds = resolve_feeds(g, inputs)?;
         let mut host = self.train.optim.host_feeds(self.current_lr()?, self.step);
@@ -607,6 +632,10 @@ impl Trainer {
     /// Evaluate the model's outputs (dropout off, batch norm on its running statistics) on inputs whose leading dimension is any
     /// batch size; other named dimensions are those the model was compiled with.
     pub fn predict(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        self.predict_at(inputs).map_err(|e| self.model.placed(e))
+    }
+
+    fn predict_at(&mut self, inputs: &[(&str, &Tensor)]) -> Result<Vec<(String, Tensor)>> {
         let batch = inputs.first().and_then(|(_, t)| t.shape().first().copied()).unwrap_or(0);
         if batch == 0 {
             let shape =

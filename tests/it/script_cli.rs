@@ -267,6 +267,16 @@ fn errors_in_either_language_point_into_the_file() {
     let (code, _, err) = rumus(&["run", &f]);
     assert_eq!(code, 1);
     assert!(err.starts_with(&format!("{f}:5:")), "{err}");
+    // A mistake found while the training step is built (after the model was lowered) points
+    // at its op in the model, not at the script's `compile` call.
+    let f = script(
+        "train_err.rms",
+        "model m(x: f32[B, 2, 1, 1]) {\n    h = batch_norm(x) as bn\n    return linear(reshape(h, [B, 2]), 3)\n}\nlet net = m().compile(#{ batch: 1 });\n",
+    );
+    let (code, _, err) = rumus(&["run", &f]);
+    assert_eq!(code, 1);
+    let want = format!("{f}:2:9: batch_norm in training averages 1 value per channel");
+    assert!(err.starts_with(&want), "{err}");
 }
 
 /// Bytes written to `target/script_cli/NAME`; the path to pass.

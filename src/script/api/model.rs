@@ -191,7 +191,10 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
         dsl::lower(&m, &n, &bindings, None)
     };
     let m = ScriptModel {
-        model: Model::new(name, Arc::new(build)),
+        model: match module.item(name) {
+            Some((_, src)) => Model::new(name, Arc::new(build)).with_source(src.clone()),
+            None => Model::new(name, Arc::new(build)),
+        },
         module: module.clone(),
         hyper,
         names,
