@@ -33,8 +33,8 @@ use super::MatmulPrecision;
 /// partials use slot 0), written by a product's conversion and read by the product.
 pub const EXPONENT_SLOT: usize = 3;
 /// The scratch slot of the per-slice column sums a split cooperative product's conversion
-/// writes when its kernel also sums B ([`crate::plan::KernelKind::MatMul`]'s `sum`), added up by the
-/// split-K sum.
+/// writes when its kernel also sums B (`sum` of [`crate::plan::KernelKind::MatMul`]), added
+/// up by the split-K sum.
 pub const SUM_SLOT: usize = 4;
 /// The scratch slot of the cooperative kernels' f16 workspace ([`super::coop_convert`]): like
 /// every scratch slot it lives only within one kernel's dispatches and is shared by every
@@ -855,7 +855,8 @@ pub fn split_k_sum(
     ];
     if let Some([slices, out]) = sums {
         let words = u64::from(n);
-        bindings.push(Binding { at: 2, name: "slices".into(), resource: slices, words: words * u64::from(splits) });
+        let all = words * u64::from(splits);
+        bindings.push(Binding { at: 2, name: "slices".into(), resource: slices, words: all });
         bindings.push(Binding { at: 3, name: "sums".into(), resource: out, words });
     }
     bindings.extend(epilogue_bindings(Some(epilogue)));

@@ -300,18 +300,20 @@ fn fuse_once(
     if fusion {
         for (id, node) in g.nodes() {
             let i = id.index();
-            if !live[i] || !materialized[i] || taken[i] || !matches!(node.op, Op::MatMul) || node.shape.len() != 2 {
+            let product = matches!(node.op, Op::MatMul) && node.shape.len() == 2;
+            if !live[i] || !materialized[i] || taken[i] || !product {
                 continue;
             }
             let b = node.inputs[1];
             let v = alias[b.index()].unwrap_or(b);
-            let unstrided = view[b.index()].is_none() && view[v.index()].is_none() && materialized[v.index()];
+            let unstrided =
+                view[b.index()].is_none() && view[v.index()].is_none() && materialized[v.index()];
             if !unstrided || g.shape(v).last() != g.shape(b).last() {
                 continue;
             }
-            let sum = column_sum(g, v, &live, &alias, &consumers).filter(|&s| {
-                !apart(id, s) && !taken[s.index()] && read_after(s, id, &consumers, &materialized, &alias)
-            });
+            let free = |s: NodeId| !apart(id, s) && !taken[s.index()];
+            let sum = column_sum(g, v, &live, &alias, &consumers)
+                .filter(|&s| free(s) && read_after(s, id, &consumers, &materialized, &alias));
             if let Some(s) = sum {
                 taken[s.index()] = true;
                 mm_sum[i] = Some(s);
