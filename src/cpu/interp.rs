@@ -329,13 +329,15 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], axes: &[usize]) 
         .collect()
 }
 
-/// Σ x in index order, starting from 0.
+/// Σ x in index order, starting from 0, added in f64 and rounded once: in f32, a long sum
+/// loses what each addend falls below the total's last bit (2^24 ones summed to 16,777,216,
+/// a million-class softmax row to 1.004).
 pub fn sum<T: Float>(x: &[T]) -> T {
-    let mut s = T::zero();
+    let mut s = 0.0f64;
     for &v in x {
-        s += v;
+        s += v.to_f64();
     }
-    s
+    T::from_f64(s)
 }
 
 // ---- shape ----

@@ -2,7 +2,7 @@
 //! dropout, each gradient-helper op right after the op it differentiates (llm.c style).
 //!
 //! Row-wise ops work on the last axis: a `[..., D]` tensor is a list of rows of length `D`, and
-//! every sum over a row runs from its first element to its last.
+//! every sum over a row runs from its first element to its last, added in f64.
 
 use super::interp::sum;
 use super::{Float, RunOptions};
@@ -34,14 +34,14 @@ pub fn log_softmax<T: Float>(x: &[T], d: usize) -> Vec<T> {
     out
 }
 
-/// max + ln Σ e^(x - max) of one row.
+/// max + ln Σ e^(x - max) of one row (the sum added in f64, as [`sum`]).
 fn log_sum_exp<T: Float>(row: &[T]) -> T {
     let m = row_max(row);
-    let mut s = T::zero();
+    let mut s = 0.0f64;
     for &v in row {
-        s += (v - m).exp();
+        s += (v - m).exp().to_f64();
     }
-    m + s.ln()
+    m + T::from_f64(s).ln()
 }
 
 fn row_max<T: Float>(row: &[T]) -> T {
@@ -185,20 +185,20 @@ pub fn cross_entropy<T: Float>(
     labels: &[i32],
     ignore_index: Option<i32>,
 ) -> Result<Vec<T>> {
-    let mut total = T::zero();
+    let mut total = 0.0f64;
     let mut count = 0usize;
     for (row, &label) in logits.chunks(c.max(1)).zip(labels) {
         if Some(label) == ignore_index {
             continue;
         }
         let k = check_label("cross_entropy", label, c)?;
-        total += log_sum_exp(row) - row[k];
+        total += (log_sum_exp(row) - row[k]).to_f64();
         count += 1;
     }
     if count == 0 {
         return Ok(vec![T::zero()]);
     }
-    Ok(vec![total / T::from_f64(count as f64)])
+    Ok(vec![T::from_f64(total) / T::from_f64(count as f64)])
 }
 
 /// The logits gradient of [`cross_entropy`]: (softmax − onehot) · dloss / count per counted row,

@@ -846,3 +846,28 @@ fn f32_agrees_with_f64() {
         }
     }
 }
+
+/// Long sums in f32 are added in f64 and rounded once: 2^24 + 4 ones sum to 16,777,220 (added
+/// in f32 they stopped at 2^24), and a softmax over a million equal logits gives each class
+/// 1e-6 and cross-entropy ln(1e6) (added in f32 the row's total came to 1.004).
+#[test]
+fn long_sums_in_f32_lose_nothing_to_the_order() {
+    let n = (1 << 24) + 4;
+    let sum = Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdim: false };
+    let floats = |b: Buf<f32>| match b {
+        Buf::F(v) => v,
+        Buf::I(_) => panic!("an f32 op gave i32"),
+    };
+    let (_, out) = eval_op::<f32>(&sum, &[f(&[n], &vec![1.0; n])], &[], EVAL).unwrap();
+    assert_eq!(floats(out), [16_777_220.0]);
+    let c = 1_000_000;
+    let (_, p) = eval_op::<f32>(&Op::Softmax, &[f(&[1, c], &vec![0.0; c])], &[], EVAL).unwrap();
+    let p = floats(p);
+    assert!(p.iter().all(|&v| (v - 1e-6).abs() < 1e-12), "{}", p[0]);
+    let ce = Op::CrossEntropy { ignore_index: None };
+    let ins = [f(&[1, c], &vec![0.0; c]), i(&[1], &[7])];
+    let (_, loss) = eval_op::<f32>(&ce, &ins, &[], EVAL).unwrap();
+    let want = (c as f64).ln();
+    let got = f64::from(floats(loss)[0]);
+    assert!((got - want).abs() < 1e-5 * want, "{got} against {want}");
+}
