@@ -71,23 +71,18 @@ pub fn lower_model(
             // A mistake of the default size alone (`x @ x` of an `f32[B, 4]` is a model only
             // at B = 4), which lowering at another size does not repeat, says how to give the
             // sizes.
-            if let Some(d) = default_dim {
-                let again = dsl::lower(&module, &name, &bindings, Some(d + OTHER_DIM));
-                if again.err().is_none_or(|again| again.message != e.message) {
-                    e.message.push_str(&format!(
-                        " (dimensions that --set does not give are {d} here: give their sizes with --set NAME=VALUE)"
-                    ));
-                }
+            if let Some(d) =
+                default_dim.filter(|&d| dsl::size_dependent(&module, &name, &bindings, d, &e))
+            {
+                e.message.push_str(&format!(
+                    " (dimensions that --set does not give are {d} here: give their sizes with --set NAME=VALUE)"
+                ));
             }
             return Err(e.in_source(&src));
         }
     };
     Ok(Lowered { graph, name, src })
 }
-
-/// How much larger than the default size the dimensions are in the lowering that tells a
-/// mistake of the model from one of the default size.
-const OTHER_DIM: i64 = 5;
 
 /// The `--set NAME=VALUE` values as the model's bindings: each name once, each value a finite
 /// number.

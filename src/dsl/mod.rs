@@ -86,7 +86,7 @@ pub mod lower;
 pub mod ops;
 pub mod resolve;
 
-pub use lower::{lower, Value};
+pub use lower::{lower, size_dependent, Value};
 pub use resolve::{resolve, Module};
 
 use crate::error::{Result, Source};

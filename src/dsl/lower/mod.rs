@@ -26,7 +26,7 @@ pub(crate) use args::Args;
 use super::ast::*;
 use super::resolve::Module;
 use crate::err;
-use crate::error::{Result, Span};
+use crate::error::{Error, Result, Span};
 use crate::graph::{Graph, NodeId};
 use std::collections::{HashMap, HashSet};
 
@@ -77,6 +77,24 @@ impl Value {
         }
     }
 }
+
+/// Whether `e`, the error of lowering `model` with its unset dimensions at `default_dim`, comes
+/// from that size (`x @ x` of an `f32[B, 4]` is a model only at B = 4; `B / 2` at B = 1) rather
+/// than from the model itself: lowered again with them 5 larger (`OTHER_DIM`), the model does not
+/// fail with the same message.
+pub fn size_dependent(
+    module: &Module,
+    model: &str,
+    bindings: &[(&str, Value)],
+    default_dim: i64,
+    e: &Error,
+) -> bool {
+    let again = lower(module, model, bindings, Some(default_dim + OTHER_DIM));
+    again.err().is_none_or(|again| again.message != e.message)
+}
+
+/// How much larger than the default size [`size_dependent`] sets the unset dimensions.
+const OTHER_DIM: i64 = 5;
 
 /// Instantiate `model` from `module` into a graph. `bindings` set hyperparameters and the named
 /// dimensions of the model's inputs (e.g. `B`, `T`); a dimension left unset takes `default_dim`

@@ -202,20 +202,14 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
     // Instantiate once with every free dimension 1, so mistakes surface at this call. Only
     // mistakes whatever the free dimensions are: a model may need them to be more than 1
     // (`x @ x` of an `f32[B, 4]` at batch 4, `B / 2`), and `compile` and `predict` lower it at
-    // the real sizes, where a mistake is reported with them. Lowered again with the free
-    // dimensions at another size, a mistake of the model itself fails the same way.
+    // the real sizes, where a mistake is reported with them.
     if let Err(e) = model_graph(&m) {
-        match lower_at(&m, OTHER_FREE_DIM) {
-            Err(again) if again.message == e.message => return Err(e).script(),
-            _ => {}
+        if !dsl::size_dependent(&m.module, &m.model.name, &hyper_bindings(&m), 1, &e) {
+            return Err(e).script();
         }
     }
     Ok(m)
 }
-
-/// The size [`instantiate`] gives free dimensions in its second lowering, to tell a model's
-/// own mistakes from those of free dimensions of 1.
-const OTHER_FREE_DIM: i64 = 6;
 
 /// A script value as a model-language value.
 fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
@@ -907,12 +901,10 @@ pub fn params_text(g: &Graph) -> String {
 
 /// The forward graph of a model with every dimension it does not fix set to 1, for `:graph`.
 pub fn model_graph(m: &ScriptModel) -> Result<Graph> {
-    lower_at(m, 1)
+    dsl::lower(&m.module, &m.model.name, &hyper_bindings(m), Some(1))
 }
 
-/// The forward graph of a model with every dimension it does not fix set to `free`.
-fn lower_at(m: &ScriptModel, free: i64) -> Result<Graph> {
-    let bindings: Vec<(&str, Value)> =
-        m.hyper.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    dsl::lower(&m.module, &m.model.name, &bindings, Some(free))
+/// A model's hyperparameters as the model language's bindings.
+fn hyper_bindings(m: &ScriptModel) -> Vec<(&str, Value)> {
+    m.hyper.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
 }
