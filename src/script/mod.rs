@@ -296,13 +296,15 @@ impl Host {
     }
 
     fn eval_inner(&mut self, source: &Arc<Source>) -> Result<Dynamic> {
-        let script_text = rms::define_models(source, &mut self.engine, &mut self.models)?;
+        let script_text =
+            rms::define_models(source, &mut self.engine, &mut self.models, &self.functions)?;
         calls::check_width(&script_text).map_err(|e| e.in_source(source))?;
         let mut ast = self
             .engine
             .compile_with_scope(&self.scope, &script_text)
             .map_err(|e| self.convert(e.into(), source))?;
         ast.set_source(source.name.as_str());
+        rms::check_functions(source, &script_text, &ast, &self.models)?;
         for f in ast.iter_functions() {
             self.fn_sources.insert(f.name.to_string(), source.clone());
         }

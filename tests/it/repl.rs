@@ -79,6 +79,38 @@ fn functions_defined_earlier_stay_callable() {
 
 /// `:help NAME` shows the reference's entry (compiled in), `:help` lists every name, and an
 /// unknown name suggests the nearest one.
+/// Found by the hostile-input audit: a script function and a model of one name, defined in two
+/// inputs, left the name calling the function (rhai runs a script function before a native one)
+/// whichever came first.
+#[test]
+fn a_model_and_a_script_function_of_one_name_are_refused_across_inputs() {
+    let mut repl = Repl::new(HostOptions::default());
+    let out = feed_all(
+        &mut repl,
+        &[
+            "fn f() { 1 }",
+            "model f(x: f32[B, 2]) { return x }",
+            "model g(x: f32[B, 2]) { return x }",
+            "fn g(o) { 2 }",
+            "f()",
+            "type_of(g())",
+        ],
+    );
+    assert_eq!(
+        out[1],
+        "<repl:2>:1:7: model `f`: a script function `f` is already defined (`fn f`), and a call \
+         `f(..)` would run the function instead of the model: rename one\n    \
+         model f(x: f32[B, 2]) { return x }\n          ^\n"
+    );
+    assert_eq!(
+        out[3],
+        "<repl:4>:1:4: fn `g`: a model `g` is defined, and a call `g(..)` would run this \
+         function instead of the model: rename one\n    fn g(o) { 2 }\n       ^\n"
+    );
+    assert_eq!(out[4], "1\n", "the refused model was not defined");
+    assert_eq!(out[5], "Model\n", "the refused function was not defined");
+}
+
 #[test]
 fn help_shows_the_reference_entry_of_a_name() {
     let mut repl = Repl::new(HostOptions::default());

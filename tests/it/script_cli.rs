@@ -649,6 +649,23 @@ fn a_model_named_like_a_script_function_or_keyword_is_refused() {
     }
 }
 
+/// Found by the hostile-input audit: a script function named like a model of the file replaced
+/// the model's call without a word (`fn q() { 1 }` beside `model q` made `q()` return 1), in
+/// either order in the file, and for either call (`fn q(o)` replaced `q(#{ .. })`).
+#[test]
+fn a_script_function_named_like_a_model_is_refused() {
+    let model = "model q(x: f32[B, 2]) { return linear(x, 3) as fc }";
+    let why = "fn `q`: a model `q` is defined, and a call `q(..)` would run this function \
+               instead of the model: rename one";
+    for (file, text, at) in [
+        ("fn_after.rms", format!("{model}\nfn q() {{ 1 }}\nprint(q());\n"), "2:4"),
+        ("fn_before.rms", format!("fn  q(o) {{ 1 }}\n{model}\nprint(q(#{{}}));\n"), "1:5"),
+    ] {
+        let f = script(file, &text);
+        check(&["run", &f, "--device", "cpu"], &[], (1, &format!("{f}:{at}: {why}")));
+    }
+}
+
 /// Found by the hostile-input audit: `net.save("train.rms")` in `train.rms` replaced the running
 /// script with a checkpoint (the command line's own outputs were already refused there).
 #[test]
