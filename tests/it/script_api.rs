@@ -895,7 +895,8 @@ fn elementwise_fast_paths_give_what_broadcasting_defines() {
 /// the string "inf" or "-inf", while a float that overflowed (1e400) stays an error.
 #[test]
 fn options_refuse_nan_and_infinities_and_tensors_take_inf_written_as_a_string() {
-    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }\n";
+    const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }
+        model s(x: f32[B, 2], s = 1.0) { return x * s }\n";
     let nan = "NaN is not a finite number";
     let inf = "inf is not a finite number (a number beyond f64's range, such as 1e400, reads as \
                infinity)";
@@ -924,6 +925,12 @@ fn options_refuse_nan_and_infinities_and_tensors_take_inf_written_as_a_string() 
         ("let n = m().compile(); n.lr = 0.0 / 0.0;".into(), format!("lr: {nan}")),
         ("zeros([2]) * (0.0 / 0.0)".into(), format!("`*`: {nan}")),
         ("tensor([0.0 / 0.0])".into(), format!("tensor element: {nan}")),
+        // Found by the hostile-input audit: a hyperparameter reached the model as a NaN or an
+        // infinite constant (`x * s` was NaN everywhere), where the model language and `--set`
+        // refuse both; in a list too.
+        ("s(#{ s: 0.0 / 0.0 })".into(), format!("hyperparameter `s`: {nan}")),
+        ("s(#{ s: 1e400 })".into(), format!("hyperparameter `s`: {inf}")),
+        ("s(#{ s: [1.0, -1e400] })".into(), format!("hyperparameter `s`: -{inf}")),
         (
             "full([2], \"-infinity\")".into(),
             "full: the value must be a number, or the string \"inf\" or \"-inf\" for an \

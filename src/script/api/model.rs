@@ -4,7 +4,9 @@
 //! checkpoints. Optimizers and schedules are maps built by `sgd`, `adam`, `adamw`, `step_lr`
 //! and `cosine`, so scripts can print and tweak them.
 
-use super::super::convert::{script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult};
+use super::super::convert::{
+    not_finite, script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult,
+};
 use super::super::{lock, Ctx, Event};
 use super::tensor::{held_bytes, ScriptTensor};
 use crate::checkpoint::{self, torch};
@@ -211,11 +213,16 @@ fn instantiate(module: &Arc<Module>, name: &str, hp: &Map) -> ScriptResult<Scrip
     Ok(m)
 }
 
-/// A script value as a model-language value.
+/// A script value as a model-language value. A float must be finite, as every number of the
+/// model language is (its literals and its arithmetic refuse NaN and infinities, and so does
+/// `--set`): `m(#{ scale: 0.0 / 0.0 })` made `x * scale` a NaN constant without a word.
 fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
     if let Ok(i) = v.as_int() {
         Ok(Value::Int(i))
     } else if let Ok(f) = v.as_float() {
+        if !f.is_finite() {
+            return Err(script_err(format!("hyperparameter `{key}`: {}", not_finite(f))));
+        }
         Ok(Value::Float(f))
     } else if let Ok(b) = v.as_bool() {
         Ok(Value::Bool(b))
