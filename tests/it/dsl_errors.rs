@@ -912,6 +912,22 @@ m.rms:2:24: `k / 3` is `-9223372036854775808 / 3`, not a whole number
 /// An integer written where the graph stores an f32 (a constant operand, an op's number, an
 /// initializer's argument) must have an exact f32 value, as in scripts: `x * 16777217`
 /// multiplied by 16777216 without a word. A float rounds, as floats do.
+/// Found by the hostile-input audit: a static number that overflows was written out in full
+/// (`1e300 * 1e300` as 301 digits, clipped), not as the numbers written.
+#[test]
+fn static_arithmetic_that_overflows_names_its_operands_as_written() {
+    check(
+        "model m(x: f32[2, 4]) {\n    return x * (1e300 * 1e300)\n}\n",
+        "m.rms:2:16: `1e300 * 1e300` is not a finite number\n        \
+         return x * (1e300 * 1e300)\n                   ^^^^^^^^^^^^^^^",
+    );
+    check(
+        "model m(x: f32[2, 4]) {\n    return x * exp(1e300)\n}\n",
+        "m.rms:2:16: `exp(1e300)` is not a finite number\n        \
+         return x * exp(1e300)\n                   ^^^^^^^^^^",
+    );
+}
+
 #[test]
 fn an_integer_without_an_exact_f32_value() {
     let msg = "16777217 has no exact f32 value (f32 holds every integer up to 16777216 = 2^24, \

@@ -32,6 +32,7 @@ impl Lowerer<'_> {
                 let x = num(v);
                 let r = f(x);
                 if !r.is_finite() {
+                    let x = crate::num::show(x);
                     return Err(err!(Name, "`{}({x})` is not a finite number", sig.name).at(span));
                 }
                 return Ok(Value::Float(r));

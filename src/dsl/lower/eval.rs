@@ -251,6 +251,7 @@ impl Lowerer<'_> {
                     }
                 };
                 if !r.is_finite() {
+                    let (x, y) = (crate::num::show(x), crate::num::show(y));
                     return Err(err!(Name, "`{x} {sym} {y}` is not a finite number").at(span));
                 }
                 Ok(Float(r))
