@@ -234,9 +234,49 @@ pub fn from_rhai(
             "`import` is not available in rumus scripts: define the functions in this file"
         ),
         EvalAltResult::ErrorParsing(..) => err!(Parse, "{}", lower(&without_position(err))),
+        EvalAltResult::ErrorFunctionNotFound(signature, at) => {
+            let said = EvalAltResult::ErrorFunctionNotFound(signature.clone(), at);
+            let said = lower(&without_position(said));
+            match forms(&signature) {
+                Some((name, forms)) => err!(
+                    Script,
+                    "{said}; `{name}` is called as {forms} (`:help {name}` in the REPL, or \
+                     docs/script-api.md)"
+                ),
+                None => err!(Script, "{said}"),
+            }
+        }
         other => err!(Script, "{}", lower(&without_position(other))),
     };
     place(e, pos, &source)
+}
+
+/// For a call rhai found no function for (`signature`: the name, then the argument types)
+/// whose name is a rumus function: the name and its forms as the script API reference gives
+/// them (the code spans of its entry's first paragraph that call it, as `name(..)` or
+/// `receiver.name(..)`, or read it as a property), e.g. `net.predict(x)`
+/// for a `predict` given a model instead of a trainer.
+fn forms(signature: &str) -> Option<(&str, String)> {
+    let name = signature.split([' ', '(']).next()?;
+    let entry = super::api::doc::entry(name)?;
+    let first = entry.lines().skip(1).take_while(|l| !l.trim().is_empty()).collect::<Vec<_>>();
+    let text = first.join(" ");
+    let call = format!("{name}(");
+    let spans: Vec<String> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| {
+            // `name(...)` or `receiver.name(...)`, not an example that calls it on the way.
+            // A property (`t.shape`) is a form too.
+            let (receiver, rest) = span.split_once('.').unwrap_or(("", span));
+            let plain = receiver.chars().all(|c| c.is_alphanumeric() || c == '_');
+            span.starts_with(&call) || (plain && (rest.starts_with(&call) || rest == name))
+        })
+        .map(|span| format!("`{span}`"))
+        .take(6)
+        .collect();
+    (!spans.is_empty()).then(|| (name, spans.join(", ")))
 }
 
 /// Attach the position `pos` in `source` to `e`, unless it already has a position (a span and

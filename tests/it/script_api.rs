@@ -95,6 +95,31 @@ fn malformed_tensors_are_script_errors() {
     check("tensor([1, 2]).item()", "error: item: tensor of shape [2] has 2 elements, not one\n");
 }
 
+/// A rumus function called with arguments it has no form for (a model where a trainer is
+/// wanted, a property called like a method) says how it is called, from the script API
+/// reference; a name rumus does not have keeps rhai's message alone.
+#[test]
+fn a_call_no_form_matches_shows_the_forms_of_the_function() {
+    let model = "model m(a: f32[B, 2]) { return linear(a, 3) }\nlet mm = m(#{ B: 2 });\n";
+    check(
+        &format!("{model}mm.predict(tensor([[1.0, 2.0]]))"),
+        "error: function not found: predict (Model, Tensor); `predict` is called as \
+         `net.predict(x)`, `net.predict(#{ ... })` (`:help predict` in the REPL, or \
+         docs/script-api.md)\n",
+    );
+    check(
+        "tensor([1.0]).shape(2)",
+        "error: function not found: shape (Tensor, i64); `shape` is called as `t.shape` \
+         (`:help shape` in the REPL, or docs/script-api.md)\n",
+    );
+    check(
+        "reshape(tensor([1.0]))",
+        "error: function not found: reshape (Tensor); `reshape` is called as \
+         `t.reshape(shape)` (`:help reshape` in the REPL, or docs/script-api.md)\n",
+    );
+    check("tensor([1.0]).foo(3)", "error: function not found: foo (Tensor, i64)\n");
+}
+
 /// Found by the fuzz driver: `throw` with no value (or an empty one) gave an error with an
 /// empty message.
 #[test]
