@@ -503,7 +503,12 @@ impl<'a> Gen<'a> {
         }
     }
 
-    /// Plain-WGSL stand-ins for the cooperative operations (see the module docs).
+    /// Plain-WGSL stand-ins for the cooperative operations (see the module docs). The 16-deep
+    /// loop of `emu_mma_*` stays a loop: unrolled (as drivers do with a constant bound), each
+    /// product took Mesa's llvmpipe minutes to compile on OpenGL (a compute shader with
+    /// barriers is an LLVM coroutine there, and splitting it grows with the blocks of the
+    /// unrolled loads), 512 s for `gpu_coop`'s ragged-shapes test with a cold shader cache
+    /// against 67 s kept a loop (2 cores, shared).
     fn emulation(&self, w: &mut Wgsl, abufs: &[Buf], bbufs: &[Buf]) {
         let e = self.per_lane();
         // Element (r, c) of a fragment at vec4 index f.x with a stride of f.y vec4s.
@@ -528,11 +533,14 @@ impl<'a> Gen<'a> {
                     ab.name, bb.name
                 ));
                 w.line("var out = acc;");
+                // 16, in a form the driver cannot evaluate (`lane` is below 32), so that it
+                // keeps the loop instead of unrolling it (see `emulation`).
+                w.line("let depth = 16u + (lane >> 16u);");
                 w.open(&format!("for (var q = 0u; q < {e}u; q++)"));
                 w.line(&format!("let flat = q * {}u + lane;", self.sg));
                 w.line("var s = out[q];");
                 w.block(
-                    "for (var kk = 0u; kk < 16u; kk++)",
+                    "for (var kk = 0u; kk < depth; kk++)",
                     &[&format!(
                         "s += emu_{}(fa, flat / 16u, kk) * emu_{}(fb, kk, flat % 16u);",
                         ab.name, bb.name
