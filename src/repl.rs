@@ -249,6 +249,12 @@ fn help_on(name: &str) -> Result<String> {
         return Ok(format!("{entry}\n"));
     }
     let name = escape(name);
+    if name.starts_with(':') {
+        return Err(crate::err!(
+            Usage,
+            "`{name}` is a REPL command, not a script function: :help lists both"
+        ));
+    }
     Err(match api::doc::nearest(&name) {
         Some(near) => crate::err!(
             Usage,

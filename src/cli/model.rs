@@ -92,8 +92,17 @@ fn bindings(sets: &[(String, String)]) -> Result<Vec<(&str, Value)>> {
         if let Some((_, first)) = sets[..i].iter().find(|(name, _)| name == k) {
             return Err(err!(Usage, "--set {k} is given twice ({first} and {v}): give it once"));
         }
+        let integer = v.strip_prefix(['-', '+']).unwrap_or(v);
         let value = match (v.parse::<i64>(), v.parse::<f64>()) {
             (Ok(i), _) => Value::Int(i),
+            // Read as a float it would be a "number" where the model wants an integer.
+            _ if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) => {
+                return Err(err!(
+                    Usage,
+                    "--set {k}={v}: the integer is beyond the largest a model takes, {}",
+                    i64::MAX
+                ));
+            }
             (_, Ok(f)) if f.is_finite() => Value::Float(f),
             _ => return Err(err!(Usage, "--set {k}={v}: the value must be a finite number")),
         };

@@ -108,6 +108,17 @@ fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
             (code, err.as_str()),
             (2, "--set hidden=x: the value must be a finite number\n")
         );
+        // An integer past i64 was read as a float: "must be an integer, got a number".
+        let huge = [command, p, "--model", "lin", "--set", "B=99999999999999999999"];
+        let (code, _, err) = rumus(&huge);
+        assert_eq!(
+            (code, err.as_str()),
+            (
+                2,
+                "--set B=99999999999999999999: the integer is beyond the largest a model takes, \
+                 9223372036854775807\n"
+            )
+        );
     }
     // Two models and no `--model`: `graph` asks for one (`plan` takes the first).
     let (code, _, err) = rumus(&["graph", p, "--set", "B=4"]);

@@ -136,6 +136,12 @@ fn help_shows_the_reference_entry_of_a_name() {
         ":help evalute",
         "no script function `evalute`; did you mean `evaluate`? (:help lists them)\n",
     );
+    // Found by the hostile-input audit: a REPL command was offered a function (`exp`).
+    check(
+        &mut repl,
+        ":help :help",
+        "`:help` is a REPL command, not a script function: :help lists both\n",
+    );
 }
 
 /// Each case: lines fed one by one, and what each gave (`<more>` while the input is incomplete).
