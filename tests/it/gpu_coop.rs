@@ -7,7 +7,7 @@
 //! Errors are `|c - ref| / (|alpha| Σ_k |a_ik b_kj| + |beta c|)`, as the issue-11 prototype
 //! measured them on the H200 (there: `high` 2e-7, `medium` 4e-6 median).
 
-use crate::common::gpu::or_skip;
+use crate::common::gpu::{coop_or_skip, or_skip};
 use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, EXPONENT_SLOT};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
@@ -155,15 +155,14 @@ fn shapes() -> Vec<(&'static str, MatmulSpec)> {
 
 #[test]
 fn cooperative_kernels_match_the_reference_on_ragged_shapes() {
-    let Some((gpu, _turn)) = or_skip("cooperative_kernels_match_the_reference_on_ragged_shapes")
+    let Some((gpu, _turn)) =
+        coop_or_skip("cooperative_kernels_match_the_reference_on_ragged_shapes")
     else {
         return;
     };
     let mut launcher = Launcher::default(); // one compile per distinct module
-                                            // Mesa's OpenGL adapter runs the emulated kernels very slowly: there one shape.
-    let gl = gpu.info.backend == wgpu::Backend::Gl;
     for mode in [CoopMode::High, CoopMode::Medium] {
-        for (name, spec) in shapes().into_iter().take(if gl { 2 } else { usize::MAX }) {
+        for (name, spec) in shapes() {
             let err = worst_error(gpu, &mut launcher, mode, &spec, (1.0, 1.0));
             assert!(err <= tolerance(mode), "{mode:?} {name}: worst error {err:e}");
         }
@@ -187,7 +186,8 @@ fn through_f16(x: f32) -> f64 {
 /// the host, in f64): the scaling, not luck, passes the test.
 #[test]
 fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
-    let Some((gpu, _turn)) = or_skip("range_scaling_keeps_huge_and_tiny_operands_accurate") else {
+    let Some((gpu, _turn)) = coop_or_skip("range_scaling_keeps_huge_and_tiny_operands_accurate")
+    else {
         return;
     };
     let spec =
@@ -195,8 +195,7 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
     let all = [(1e5, 1e-8), (1e-8, 1e-8), (1e5, 1e5)];
     let mut launcher = Launcher::default();
     for mode in [CoopMode::High, CoopMode::Medium] {
-        let gl = gpu.info.backend == wgpu::Backend::Gl; // slow there: one case
-        for scales in all.into_iter().take(if gl { 1 } else { all.len() }) {
+        for scales in all {
             let scaled = worst_error(gpu, &mut launcher, mode, &spec, scales);
             assert!(scaled <= tolerance(mode), "{mode:?} {scales:?}: scaled error {scaled:e}");
         }
@@ -230,7 +229,8 @@ fn range_scaling_keeps_huge_and_tiny_operands_accurate() {
 /// operands 1e8 smaller each time, each judged on its own.
 #[test]
 fn every_strip_of_rows_and_columns_gets_its_own_range() {
-    let Some((gpu, _turn)) = or_skip("every_strip_of_rows_and_columns_gets_its_own_range") else {
+    let Some((gpu, _turn)) = coop_or_skip("every_strip_of_rows_and_columns_gets_its_own_range")
+    else {
         return;
     };
     let (m, n, k) = (64usize, 48usize, 40usize);
@@ -288,7 +288,7 @@ fn every_strip_of_rows_and_columns_gets_its_own_range() {
 /// fp32 on the dot kernel: a few blocks, K too long for one thread to walk alone).
 #[test]
 fn the_kernel_benchmark_reports_each_mode_with_its_error() {
-    let Some((gpu, _turn)) = or_skip("the_kernel_benchmark_reports_each_mode_with_its_error")
+    let Some((gpu, _turn)) = coop_or_skip("the_kernel_benchmark_reports_each_mode_with_its_error")
     else {
         return;
     };
@@ -328,7 +328,8 @@ fn exponent(bits: u32) -> i32 {
 /// exceed any number's: a read outside an operand shows.
 #[test]
 fn the_conversion_gives_each_strip_the_exponent_of_its_max_abs() {
-    let Some((gpu, _turn)) = or_skip("the_conversion_gives_each_strip_the_exponent_of_its_max_abs")
+    let Some((gpu, _turn)) =
+        coop_or_skip("the_conversion_gives_each_strip_the_exponent_of_its_max_abs")
     else {
         return;
     };
@@ -482,7 +483,8 @@ fn sorted_errors(
 /// error of a 4096³ product fell from 2.2e-7 to 3.9e-9, fp32's 1.5e-8; BENCHMARKS.md.)
 #[test]
 fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
-    let Some((gpu, _turn)) = or_skip("high_keeps_fp32_accuracy_for_operands_spanning_magnitudes")
+    let Some((gpu, _turn)) =
+        coop_or_skip("high_keeps_fp32_accuracy_for_operands_spanning_magnitudes")
     else {
         return;
     };
@@ -513,9 +515,7 @@ fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
     ];
     let mut launcher = Launcher::default();
     let stats = |e: &[f64]| (e[e.len() / 2], e[e.len() - 1]);
-    // Mesa's OpenGL adapter runs the emulated kernels very slowly: there the last case only.
-    let gl = gpu.info.backend == wgpu::Backend::Gl;
-    for (name, (a, b)) in cases.iter().skip(if gl { cases.len() - 1 } else { 0 }) {
+    for (name, (a, b)) in &cases {
         let fp32 = stats(&sorted_errors(gpu, &mut launcher, MatmulTile::Register, &spec, a, b));
         let tile = MatmulTile::Coop(kernel(CoopMode::High));
         let high = stats(&sorted_errors(gpu, &mut launcher, tile, &spec, a, b));
@@ -533,7 +533,8 @@ fn high_keeps_fp32_accuracy_for_operands_spanning_magnitudes() {
 /// element against the reference: a load handed to another element's epilogue fails it.
 #[test]
 fn epilogue_loads_issued_ahead_reach_their_own_elements() {
-    let Some((gpu, _turn)) = or_skip("epilogue_loads_issued_ahead_reach_their_own_elements") else {
+    let Some((gpu, _turn)) = coop_or_skip("epilogue_loads_issued_ahead_reach_their_own_elements")
+    else {
         return;
     };
     let mut launcher = Launcher::default();

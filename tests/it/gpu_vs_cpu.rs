@@ -10,7 +10,7 @@
 
 use crate::common;
 
-use crate::common::gpu::{both_or_skip, or_skip};
+use crate::common::gpu::{both_or_skip, coop_or_skip, or_skip};
 use common::{attention_cases, attention_long, build, cases, feeds, Case};
 use rumus::backend::Backend;
 use rumus::codegen::matmul_coop::CoopTile;
@@ -123,7 +123,8 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
 /// so its tolerance is wider.
 #[test]
 fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
-    let Some((gpu, _turn)) = or_skip("matmul_cases_match_the_cpu_in_the_cooperative_modes") else {
+    let Some((gpu, _turn)) = coop_or_skip("matmul_cases_match_the_cpu_in_the_cooperative_modes")
+    else {
         return;
     };
     let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
@@ -136,16 +137,10 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
             ..MatmulOptions::DEFAULT
         };
         // Software adapters compile and run each emulated module slowly: one case per kind of
-        // product, and on Mesa's OpenGL adapter the plain product alone.
-        let gl = gpu.info.backend == wgpu::Backend::Gl;
+        // product.
         let some =
             ["matmul", "matmul batched broadcast", "matmul long k", "matmul empty k then relu"];
-        every_case_on(
-            gpu,
-            cases(),
-            |name| some.contains(&name) && (!gl || name == "matmul"),
-            |b| b.matmul = coop,
-        );
+        every_case_on(gpu, cases(), |name| some.contains(&name), |b| b.matmul = coop);
         let c = cases().into_iter().find(|c| c.name == "matmul").unwrap();
         let b = build(&c).unwrap();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
@@ -171,9 +166,9 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
 /// over 40 columns, so that the last strip of 16 is ragged. No reduction runs for it.
 #[test]
 fn bias_gradients_summed_by_the_conversion_in_the_cooperative_modes_match_the_cpu() {
-    let Some((gpu, _turn)) =
-        or_skip("bias_gradients_summed_by_the_conversion_in_the_cooperative_modes_match_the_cpu")
-    else {
+    let Some((gpu, _turn)) = coop_or_skip(
+        "bias_gradients_summed_by_the_conversion_in_the_cooperative_modes_match_the_cpu",
+    ) else {
         return;
     };
     let linear = |name: &str, rows: usize| {
@@ -657,7 +652,8 @@ fn evaluation_mode_matches_the_cpu_reference() {
 /// cooperative kernel.
 #[test]
 fn conv_cases_match_the_cpu_in_the_cooperative_modes() {
-    let Some((gpu, _turn)) = or_skip("conv_cases_match_the_cpu_in_the_cooperative_modes") else {
+    let Some((gpu, _turn)) = coop_or_skip("conv_cases_match_the_cpu_in_the_cooperative_modes")
+    else {
         return;
     };
     let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };

@@ -44,6 +44,26 @@ pub fn or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
     Some((gpu, GpuTurn::take(gpu)))
 }
 
+/// For the tests of the emulated cooperative-matrix kernels (plain WGSL standing in for tensor
+/// cores): [`or_skip`], and also `None` (after a notice on stderr) on Mesa's OpenGL adapter,
+/// where llvmpipe compiles each of their barrier-heavy modules for 20 s to minutes (LLVM's
+/// coroutine splitting; 2026-12-02, a 2-core machine with a cold shader cache: one test 512 s,
+/// the README's `cargo test` with Vulkan hidden well over half an hour). They run on every
+/// Vulkan adapter (lavapipe in CI); `RUMUS_TEST_GL_COOP=1` runs them on OpenGL too.
+pub fn coop_or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
+    let (gpu, turn) = or_skip(test)?;
+    let forced = std::env::var("RUMUS_TEST_GL_COOP").is_ok_and(|v| v == "1");
+    if gpu.info.backend == wgpu::Backend::Gl && !forced {
+        eprintln!(
+            "note: skipping {test} on the OpenGL adapter: its emulated cooperative-matrix \
+             modules take minutes each to compile there (they run on Vulkan, lavapipe \
+             included; RUMUS_TEST_GL_COOP=1 runs them here)"
+        );
+        return None;
+    }
+    Some((gpu, turn))
+}
+
 /// For tests that run on the CPU backend and, where there is an adapter, on the GPU too: the
 /// device names to run on, and the test's turn at the GPU (keep it alive while the test runs:
 /// on OpenGL adapters a test that let it go shared the one context with other tests and wgpu
