@@ -367,7 +367,8 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool) -> String {
         // The second walk goes backwards: the units the first walk read last are the ones
         // still in cache. Walked forwards again, an operand larger than the L2 cache (a
         // weight gradient's B over 4096 rows: 48 MB) finds none of it there.
-        w.line(&format!("let walks = select(0u, (units - t + {}u) / {THREADS}u, t < units);", THREADS - 1));
+        let last = THREADS - 1;
+        w.line(&format!("let walks = select(0u, (units - t + {last}u) / {THREADS}u, t < units);"));
         w.open("for (var i = walks; i > 0u; i--)");
         w.line(&format!("let r = t + (i - 1u) * {THREADS}u;"));
         load(&mut w);

@@ -254,8 +254,8 @@ pub fn from_rhai(
 /// For a call rhai found no function for (`signature`: the name, then the argument types)
 /// whose name is a rumus function: the name and its forms as the script API reference gives
 /// them (the code spans of its entry's first paragraph that call it, as `name(..)` or
-/// `receiver.name(..)`, or read it as a property), e.g. `net.predict(x)`
-/// for a `predict` given a model instead of a trainer.
+/// `receiver.name(..)`, or read it as a property), e.g. `net.predict(x)` for a `predict` given
+/// a model instead of a trainer.
 fn forms(signature: &str) -> Option<(&str, String)> {
     let name = signature.split([' ', '(']).next()?;
     let entry = super::api::doc::entry(name)?;

@@ -45,11 +45,12 @@ pub fn or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
 }
 
 /// For the tests of the emulated cooperative-matrix kernels (plain WGSL standing in for tensor
-/// cores): [`or_skip`], and also `None` (after a notice on stderr) on Mesa's OpenGL adapter,
-/// where llvmpipe compiles each of their barrier-heavy modules for 20 s to minutes (LLVM's
-/// coroutine splitting; 2026-12-02, a 2-core machine with a cold shader cache: one test 512 s,
-/// the README's `cargo test` with Vulkan hidden well over half an hour). They run on every
-/// Vulkan adapter (lavapipe in CI); `RUMUS_TEST_GL_COOP=1` runs them on OpenGL too.
+/// cores): [`or_skip`], and also `None` (after a notice on stderr) on Mesa's OpenGL adapter
+/// even where the GPU tests run there ([`gl_wanted`]): llvmpipe compiles each of their
+/// barrier-heavy modules there for 20 s to minutes (LLVM's coroutine splitting; 2026-12-02, 2
+/// cores, cold shader cache: `gpu_coop`'s ragged-shapes test alone 512 s before the emulated
+/// loop was kept a loop, 67 s after). They run on every Vulkan adapter (lavapipe in CI);
+/// `RUMUS_TEST_GL_COOP=1` runs them on OpenGL too.
 pub fn coop_or_skip(test: &str) -> Option<(&'static Gpu, GpuTurn)> {
     let (gpu, turn) = or_skip(test)?;
     let forced = std::env::var("RUMUS_TEST_GL_COOP").is_ok_and(|v| v == "1");
@@ -112,8 +113,9 @@ fn skip_unless_ci(test: &str, gpu: Result<&'static Gpu>) -> Option<&'static Gpu>
 /// (`RUMUS_EXPECT_BACKEND`), or when `RUMUS_TEST_GL=1` asks. Elsewhere they print a notice and
 /// return there: Mesa's OpenGL path compiles the WGSL of a training test for minutes with its
 /// shader cache cold (2026-12-02, 2 cores, `cargo nextest`: each of the two
-/// `accumulate::*_micro_batches_*` tests 228 s; the whole suite takes about 80 s on lavapipe),
-/// so the README's `cargo test` on a machine without Vulkan took hours.
+/// `accumulate::*_micro_batches_*` tests 228 s; the whole suite takes 427 s on lavapipe with
+/// its caches cold, about 80 s warm), so the README's `cargo test` on a machine without Vulkan
+/// took hours.
 fn gl_wanted() -> bool {
     let set = |name: &str, value: &str| std::env::var(name).is_ok_and(|v| v == value);
     set("CI", "true") || set("RUMUS_TEST_GL", "1") || std::env::var("RUMUS_EXPECT_BACKEND").is_ok()
