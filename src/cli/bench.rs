@@ -613,6 +613,14 @@ pub fn bench_cpu_matmul(n: usize, reps: usize) -> Result<String> {
     }
     check_host_memory(3 * (n as u128).pow(2) * 4, &format!("a {n} x {n} matmul"))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n >= 4096 {
+        // Long work says what it is doing: a 20000³ product takes minutes on a small machine.
+        eprintln!(
+            "note: timing {n} x {n} x {n} f32 products on {threads} threads: a warm-up, then \
+             {reps} timed runs, fewer once {} s have passed (Ctrl-C stops)",
+            crate::cpu::LONG_RUN_S
+        );
+    }
     let gflops = crate::cpu::bench_matmul(n, reps.max(1));
     Ok(format!("{}\n", json!({"cpu_matmul_n": n, "threads": threads, "gflops": gflops})))
 }

@@ -178,16 +178,22 @@ fn gemm_into<T: Float>(a: &[T], b: &[T], c: &mut [T], (m, k, n): (usize, usize, 
 }
 
 /// Multiply two deterministic `n × n` f32 matrices (after one warm-up) at least `min_reps`
-/// times and for at least half a second, and return the median product's rate in GFLOP/s
-/// (2·n³ flops per product). Backs `rumus bench --cpu-matmul`; `scripts/bench/numpy_matmul.py`
-/// measures numpy the same way.
+/// times and for at least half a second, but no more once [`LONG_RUN_S`] have passed with one
+/// product timed (a 20000³ product takes minutes on 2 cores: six would take half an hour), and
+/// return the median product's rate in GFLOP/s (2·n³ flops per product). Backs `rumus bench
+/// --cpu-matmul`; `scripts/bench/numpy_matmul.py` measures numpy the same way.
 pub fn bench_matmul(n: usize, min_reps: usize) -> f64 {
     let a: Vec<f32> = (0..n * n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
     let b: Vec<f32> = (0..n * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0).collect();
     let shape = [n, n];
     std::hint::black_box(matmul(&a, &shape, &b, &shape));
     let (start, mut times) = (Instant::now(), Vec::new());
-    while times.len() < min_reps.max(1) || start.elapsed().as_secs_f64() < 0.5 {
+    loop {
+        let (done, elapsed) = (times.len(), start.elapsed().as_secs_f64());
+        let enough = done >= min_reps.max(1) || (done >= 1 && elapsed >= LONG_RUN_S);
+        if enough && elapsed >= 0.5 {
+            break;
+        }
         let t = Instant::now();
         std::hint::black_box(matmul(&a, &shape, &b, &shape));
         times.push(t.elapsed().as_secs_f64().max(1e-9));
@@ -195,6 +201,9 @@ pub fn bench_matmul(n: usize, min_reps: usize) -> f64 {
     times.sort_by(f64::total_cmp);
     2.0 * (n as f64).powi(3) / times[times.len() / 2] / 1e9
 }
+
+/// Seconds after which [`bench_matmul`] stops once it has timed one product.
+pub const LONG_RUN_S: f64 = 10.0;
 
 #[cfg(test)]
 mod tests {

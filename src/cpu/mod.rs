@@ -31,7 +31,7 @@ pub use crate::graph::float::Float;
 pub use crate::rng::dropout_keep;
 pub use backend::CpuBackend;
 pub use exec::{Executor, HostStep};
-pub use matmul::{bench_matmul, matmul, matmul_reference};
+pub use matmul::{bench_matmul, matmul, matmul_reference, LONG_RUN_S};
 
 use crate::tensor::DType;
 

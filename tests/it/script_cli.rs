@@ -955,3 +955,19 @@ fn cooperative_modes_fall_back_to_highest_without_cooperative_matrices() {
         }
     }
 }
+
+/// `rumus bench --cpu-matmul` at a size that takes a while says what it is timing before it
+/// starts (long work shows progress), and still prints its figure.
+#[test]
+fn a_long_cpu_matmul_benchmark_says_what_it_times() {
+    let (code, out, err) = rumus(&["bench", "--cpu-matmul", "--size", "4096"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.starts_with("note: timing 4096 x 4096 x 4096 f32 products on ")
+            && err.contains("a warm-up, then 5 timed runs, fewer once 10 s have passed"),
+        "{err}"
+    );
+    assert!(out.contains("\"cpu_matmul_n\":4096"), "{out}");
+    let (_, _, quiet) = rumus(&["bench", "--cpu-matmul", "--size", "64"]);
+    assert_eq!(quiet, "", "a short run prints only its figure");
+}
