@@ -77,8 +77,6 @@ fn functions_defined_earlier_stay_callable() {
     assert_eq!((start, names), (8, vec!["tensor".to_string()]));
 }
 
-/// `:help NAME` shows the reference's entry (compiled in), `:help` lists every name, and an
-/// unknown name suggests the nearest one.
 /// Found by the hostile-input audit: a script function and a model of one name, defined in two
 /// inputs, left the name calling the function (rhai runs a script function before a native one)
 /// whichever came first.
@@ -111,6 +109,8 @@ fn a_model_and_a_script_function_of_one_name_are_refused_across_inputs() {
     assert_eq!(out[5], "Model\n", "the refused function was not defined");
 }
 
+/// `:help NAME` shows the reference's entry (compiled in), `:help` lists every name, and an
+/// unknown name suggests the nearest one.
 #[test]
 fn help_shows_the_reference_entry_of_a_name() {
     let mut repl = Repl::new(HostOptions::default());
