@@ -507,7 +507,7 @@ pub fn program(
             ));
         };
         checks = trusted;
-        matmul_simt::generate(&SIMT_TILE, access, decls, body)
+        matmul_simt::generate(&SIMT_TILE, access, decls, body, epilogue.map_or(0, |e| e.loads))
     } else {
         MATMUL.fill(&[
             ("BM", &bm.to_string()),

@@ -140,10 +140,21 @@ pub(super) fn slice((bm, bn, bk): (u32, u32, u32), side: Side, access: Access) -
     }
 }
 
+/// The most epilogue values an invocation loads ahead of its stores at a time (registers on
+/// top of the accumulators): the rows of its tile go in groups that load at most this many.
+const LOADS_AHEAD: u32 = 32;
+
 /// The WGSL of the kernel on tile `t` reading A and B as `access` says, with the epilogue's
-/// declarations (`@binding(4)` on) and body (of `fn epilogue(v, batch, i, j) -> scalar`).
-/// The tile must split evenly (see [`tile_fits`]).
-pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> String {
+/// declarations (`@binding(4)` on) and body (of `fn epilogue(v, batch, i, j) -> scalar`);
+/// `loads`: values `epilogue_loads` returns an element (`MatmulEpilogue::loads`), 0 when the
+/// epilogue's loads are not split out. The tile must split evenly (see [`tile_fits`]).
+pub fn generate(
+    t: &SimtTile,
+    access: [Access; 2],
+    decls: &str,
+    body: &str,
+    loads: u32,
+) -> String {
     let threads = t.threads();
     let (tx, ty) = (t.bn / t.tn, t.bm / t.tm);
     let (as4, bs4) = ((t.bm + PAD) / 4, (t.bn + PAD) / 4);
@@ -166,6 +177,9 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
     w.line(&format!("var<workgroup> sb: array<vec4<f32>, {}>;", t.stages * stage_b));
     w.blank();
     epilogue_and_store(&mut w, body);
+    if loads > 0 {
+        store_with_loads(&mut w, loads);
+    }
     for (s, acc) in [(&sa, access[0]), (&sb, access[1])] {
         quad_fn(&mut w, s, acc.vector);
     }
@@ -242,17 +256,41 @@ pub fn generate(t: &SimtTile, access: [Access; 2], decls: &str, body: &str) -> S
     w.close();
     for r in 0..t.tm {
         w.line(&format!("let i{r} = row0 + {}u + ty * 4u;", (r / 4) * 4 * ty + r % 4));
-        w.open(&format!("if (i{r} < M)"));
-        for q in 0..tn4 {
-            w.line(&format!("let j{r}_{q} = col0 + {}u + tx * 4u;", q * 4 * tx));
-            for (e, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-                w.block(
-                    &format!("if (j{r}_{q} + {e}u < N)"),
-                    &[&format!("store_c(c{r}_{q}.{comp}, batch, i{r}, j{r}_{q} + {e}u);")],
-                );
+    }
+    for q in 0..tn4 {
+        w.line(&format!("let j{q} = col0 + {}u + tx * 4u;", q * 4 * tx));
+    }
+    // An epilogue that reads other buffers loads a group of rows' values before storing them,
+    // so the loads wait for memory together: stored one element after another behind its
+    // bounds checks, each load waited in turn (the cooperative kernels' lesson, `22697b2`).
+    let group = if loads == 0 { t.tm } else { (LOADS_AHEAD / (t.tn * loads)).clamp(1, t.tm) };
+    for rows in (0..t.tm).collect::<Vec<_>>().chunks(group as usize) {
+        if loads > 0 {
+            for &r in rows {
+                for q in 0..tn4 {
+                    for e in 0..4 {
+                        w.line(&format!(
+                            "let pre{r}_{q}_{e} = epilogue_loads(batch, i{r}, j{q} + {e}u);"
+                        ));
+                    }
+                }
             }
         }
-        w.close();
+        for &r in rows {
+            w.open(&format!("if (i{r} < M)"));
+            for q in 0..tn4 {
+                for (e, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                    let at = format!("c{r}_{q}.{comp}, batch, i{r}, j{q} + {e}u");
+                    let store = if loads > 0 {
+                        format!("store_c_with({at}, pre{r}_{q}_{e});")
+                    } else {
+                        format!("store_c({at});")
+                    };
+                    w.block(&format!("if (j{q} + {e}u < N)"), &[&store]);
+                }
+            }
+            w.close();
+        }
     }
     w.close();
     w.finish()

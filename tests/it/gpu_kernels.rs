@@ -427,6 +427,64 @@ fn matmul_epilogue_bias_relu() {
     }
 }
 
+/// The SIMT kernel with an epilogue whose loads are split out (`MatmulEpilogue::loads`): each
+/// invocation loads a residual and a bias for a group of its rows before storing them, then
+/// applies `v · residual + bias` element by element. Whole blocks and ragged ones, B as stored
+/// and transposed, each element against the reference: a load handed to another element's
+/// epilogue fails it.
+#[test]
+fn matmul_simt_epilogue_loads_ahead_reach_their_own_elements() {
+    let Some((gpu, _turn)) = or_skip("matmul_simt_epilogue_loads_ahead_reach_their_own_elements")
+    else {
+        return;
+    };
+    for (m, n, k, transposed) in [(128, 256, 16, false), (130, 260, 24, true), (9, 13, 7, false)] {
+        let mut s = MatmulSpec::contiguous(1, m, n, k);
+        if transposed {
+            s.b = Operand::transposed(k, n);
+        }
+        let n_ = n as usize;
+        let decls = format!(
+            "@group(0) @binding(4) var<storage, read> e0: array<f32>;
+@group(0) @binding(5) var<storage, read> e1: array<f32>;
+fn epilogue_loads(batch: u32, i: u32, j: u32) -> array<f32, 2> {{
+    let r = e0[min(i * {n}u + j, arrayLength(&e0) - 1u)];
+    return array<f32, 2>(r, e1[min(j, arrayLength(&e1) - 1u)]);
+}}
+fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> scalar {{
+    return v * pre[0] + pre[1];
+}}"
+        );
+        let epilogue = MatmulEpilogue {
+            decls,
+            body: "return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));".into(),
+            extra: vec![3, 4],
+            loads: 2,
+        };
+        let (a, b) = (random((m * k) as usize, 1), random((k * n) as usize, 2));
+        let (residual, bias) = (random((m * n) as usize, 3), random(n_, 4));
+        let c_old = vec![f32::NAN; (m * n) as usize];
+        let operands = [0, 1, 2].map(Resource::Buffer);
+        let wgsl = matmul::program(&s, MatmulTile::Simt, Some(&epilogue), operands).unwrap().wgsl;
+        assert!(wgsl.contains("store_c_with("), "the loads go ahead");
+        let extra = [&residual, &bias].map(|v| gpu.upload_f32("epilogue", v).unwrap());
+        let got = run_matmul(
+            gpu,
+            MatmulTile::Simt,
+            Some(&epilogue),
+            &s,
+            [&a, &b, &c_old],
+            &[&extra[0], &extra[1]],
+        );
+        let product = matmul_ref(&s, &a, &b, &vec![0.0; c_old.len()], |v, _| v);
+        let want: Vec<f64> = (0..product.len())
+            .map(|e| product[e] * f64::from(residual[e]) + f64::from(bias[e % n_]))
+            .collect();
+        let name = format!("simt epilogue loads {m}x{n}x{k}, B transposed: {transposed}");
+        assert_close(&name, &got, &want, 1e-4);
+    }
+}
+
 /// The split-K sum against a plain sum of its slices, with an epilogue that reads a buffer at
 /// `(i, j)` and its batch: as 4-element vectors (rows of 36, and rows of 6 whose vectors span
 /// two rows) and single elements (25 columns), on one workgroup (so each thread sums two or
