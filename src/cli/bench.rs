@@ -564,18 +564,20 @@ pub fn bench_kernels(
     let gpu = shared_gpu(device)?
         .ok_or_else(|| err!(Device, "kernel benchmarks need a GPU (--device gpu)"))?;
     use crate::codegen::matmul::MatmulTile;
+    use crate::codegen::matmul_simt::SIMT_TILES;
     use crate::runtime::kernel_bench::{bench_matmul, bench_matmul_mode};
     let options =
         MatmulOptions { precision: gpu.matmul_precision(precision), ..MatmulOptions::from_env()? };
     let mode = bench_matmul_mode(gpu, n, 20, options)?;
     let mut tiles = serde_json::Map::new();
-    for (name, tile) in [
-        ("simt", MatmulTile::Simt),
+    let simt = SIMT_TILES.iter().map(|&(name, t)| (name, MatmulTile::Simt(t)));
+    let templates = [
         ("register8", MatmulTile::Register8),
         ("register", MatmulTile::Register),
         ("large", MatmulTile::Large),
         ("small", MatmulTile::Small),
-    ] {
+    ];
+    for (name, tile) in simt.chain(templates) {
         tiles.insert(name.to_string(), json!(bench_matmul(gpu, n, 20, tile)?));
     }
     let gbps = crate::runtime::kernel_bench::bench_layer_norm(gpu, rows, d, 20)?;

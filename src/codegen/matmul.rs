@@ -17,7 +17,7 @@
 use super::matmul_coop::{self, CoopKernel, CoopMode, CoopTile};
 use super::matmul_cost as cost;
 use super::matmul_dot::{self, DOT_BLOCK, DOT_LANES};
-use super::matmul_simt::{self, SIMT_TILE};
+use super::matmul_simt::{self, SimtTile, SIMT_TILES};
 use super::coop_convert;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::templates::MATMUL;
@@ -138,12 +138,14 @@ impl MatmulSpec {
 
 /// The fp32 kernels `RUMUS_MATMUL_TILE` forces on every product it fits, by name (checked
 /// by `MatmulOptions::from_env`; the SIMT kernel only where it fits the product).
-pub const FP32_TILES: [(&str, MatmulTile); 6] = [
+pub const FP32_TILES: [(&str, MatmulTile); 8] = [
     ("large", MatmulTile::Large),
     ("small", MatmulTile::Small),
     ("register", MatmulTile::Register),
     ("register8", MatmulTile::Register8),
-    ("simt", MatmulTile::Simt),
+    ("simt", MatmulTile::Simt(SIMT_TILES[0].1)),
+    ("simt-128x128", MatmulTile::Simt(SIMT_TILES[1].1)),
+    ("simt-128x64", MatmulTile::Simt(SIMT_TILES[2].1)),
     ("dot", MatmulTile::Dot),
 ];
 
@@ -159,9 +161,10 @@ pub enum MatmulTile {
     Register,
     /// 128×64 blocks, 8×4 per thread in registers (entry point `main_reg8`).
     Register8,
-    /// The generated fp32 SIMT kernel ([`super::matmul_simt`]): 128×256 blocks, 8×16 per
-    /// thread, slices double-buffered in workgroup memory, compiled without the loop guard.
-    Simt,
+    /// The generated fp32 SIMT kernel ([`super::matmul_simt`]) on one of its tiles
+    /// ([`SIMT_TILES`]): slices double-buffered in workgroup memory, compiled without the loop
+    /// guard.
+    Simt(SimtTile),
     /// The generated fp32 kernel for skinny products ([`super::matmul_dot`]): 4×4 blocks, K
     /// across a workgroup's 256 threads, the partial sums added in workgroup memory.
     Dot,
@@ -180,10 +183,7 @@ impl MatmulTile {
             MatmulTile::Large => (128, 128, 8, 8, 8),
             MatmulTile::Small | MatmulTile::Register => (64, 64, 8, 4, 4),
             MatmulTile::Register8 => (128, 64, 8, 8, 4),
-            MatmulTile::Simt => {
-                let t = SIMT_TILE;
-                (t.bm, t.bn, t.bk, t.tm, t.tn)
-            }
+            MatmulTile::Simt(t) => (t.bm, t.bn, t.bk, t.tm, t.tn),
         }
     }
 
@@ -194,7 +194,7 @@ impl MatmulTile {
             MatmulTile::Register8 => "main_reg8",
             MatmulTile::Large
             | MatmulTile::Small
-            | MatmulTile::Simt
+            | MatmulTile::Simt(_)
             | MatmulTile::Dot
             | MatmulTile::Coop(_) => "main",
         }
@@ -207,7 +207,7 @@ impl MatmulTile {
             MatmulTile::Small => "small",
             MatmulTile::Register => "register",
             MatmulTile::Register8 => "register8",
-            MatmulTile::Simt => "simt",
+            MatmulTile::Simt(t) => t.name(),
             MatmulTile::Dot => "dot",
             MatmulTile::Coop(k) => k.name(),
         }
@@ -249,12 +249,11 @@ impl MatmulTile {
         }
     }
 
-    /// Whether the SIMT kernel can compute `spec` on `target`: one batch (batched products,
-    /// attention's, stay on the template; a split's partial products are checked unsplit),
-    /// operands with a unit stride, and the kernel's threads and workgroup memory within the
-    /// device's limits.
-    pub fn simt_fits(spec: &MatmulSpec, target: &Target) -> bool {
-        let t = SIMT_TILE;
+    /// Whether the SIMT kernel on tile `t` can compute `spec` on `target`: one batch (batched
+    /// products, attention's, stay on the template; a split's partial products are checked
+    /// unsplit), operands with a unit stride, and the kernel's threads and workgroup memory
+    /// within the device's limits.
+    pub fn simt_fits(t: &SimtTile, spec: &MatmulSpec, target: &Target) -> bool {
         spec.batch == 1
             && matmul_simt::accesses(spec).is_some()
             && t.threads() <= target.max_invocations
@@ -316,7 +315,7 @@ impl MatmulTile {
     fn best(part: &MatmulSpec, target: &Target, split: u32) -> MatmulTile {
         let unsplit_batch = if split > 1 { 1 } else { part.batch };
         let one = MatmulSpec { batch: unsplit_batch, ..*part };
-        let fp32 = Self::fp32(part, target, Self::simt_fits(&one, target));
+        let fp32 = Self::fp32(part, target, &one);
         let coop = Self::coop_tiles(target)
             .into_iter()
             .filter_map(|t| Self::coop_on(part, target, t))
@@ -333,22 +332,36 @@ impl MatmulTile {
         }
     }
 
-    /// The fp32 tile for `part` (see [`MatmulTile::choose_split`]); `simt`: whether the SIMT
-    /// kernel fits the product.
-    fn fp32(part: &MatmulSpec, target: &Target, simt: bool) -> MatmulTile {
-        if let Some(tile) = target.matmul.fp32_tile.filter(|&t| simt || t != MatmulTile::Simt) {
+    /// The fp32 tile for `part` (see [`MatmulTile::choose_split`]); `one`: the product of one
+    /// batch the SIMT kernel must fit.
+    fn fp32(part: &MatmulSpec, target: &Target, one: &MatmulSpec) -> MatmulTile {
+        let fits = |t: &SimtTile| Self::simt_fits(t, one, target);
+        let forced = target.matmul.fp32_tile.filter(|t| match t {
+            MatmulTile::Simt(s) => fits(s),
+            _ => true,
+        });
+        if let Some(tile) = forced {
             return tile;
         }
-        let t = SIMT_TILE;
-        let simt_blocks = u64::from(part.m.div_ceil(t.bm))
-            * u64::from(part.n.div_ceil(t.bn))
-            * u64::from(part.batch);
-        let blocks = u64::from(part.m.div_ceil(128))
-            * u64::from(part.n.div_ceil(64))
-            * u64::from(part.batch);
-        if simt && simt_blocks >= u64::from(target.matmul.simt_min_workgroups) {
-            return MatmulTile::Simt;
+        let blocks_of = |bm: u32, bn: u32| {
+            u64::from(part.m.div_ceil(bm)) * u64::from(part.n.div_ceil(bn)) * u64::from(part.batch)
+        };
+        // The SIMT tile the cost model prices lowest, of those that fit with enough blocks.
+        // Where cooperative products compete, only the 128x256 tile: with the smaller ones
+        // the model sent gpt-small's products to fp32 and its `high` step went from 4.75 to
+        // 5.25 ms on the H200 (2026-12-02), its waves priced below what they took there.
+        let min_blocks = u64::from(target.matmul.simt_min_workgroups);
+        let tiles = if coop_kernel(target, matmul_coop::HIGH_TILE).is_some() { 1 } else { 3 };
+        let simt = SIMT_TILES[..tiles]
+            .iter()
+            .map(|&(_, t)| t)
+            .filter(|t| fits(t) && blocks_of(t.bm, t.bn) >= min_blocks)
+            .map(|t| (cost::product_us(MatmulTile::Simt(t), part), t))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((_, t)) = simt {
+            return MatmulTile::Simt(t);
         }
+        let blocks = blocks_of(128, 64);
         let tile = if blocks >= 264 { MatmulTile::Register8 } else { MatmulTile::Register };
         let grid = target.max_workgroups_per_dimension;
         let dot_fits = DOT_LANES <= target.max_invocations
@@ -497,7 +510,7 @@ pub fn program(
         checks = trusted;
         workgroup_size = DOT_LANES;
         matmul_dot::generate(decls, body)
-    } else if tile == MatmulTile::Simt {
+    } else if let MatmulTile::Simt(t) = tile {
         let Some(access) = matmul_simt::accesses(spec) else {
             return Err(err!(
                 Invariant,
@@ -507,7 +520,7 @@ pub fn program(
             ));
         };
         checks = trusted;
-        matmul_simt::generate(&SIMT_TILE, access, decls, body, epilogue.map_or(0, |e| e.loads))
+        matmul_simt::generate(&t, access, decls, body, epilogue.map_or(0, |e| e.loads))
     } else {
         MATMUL.fill(&[
             ("BM", &bm.to_string()),

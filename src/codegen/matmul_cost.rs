@@ -30,6 +30,7 @@
 
 use super::matmul::{MatmulSpec, MatmulTile};
 use super::matmul_coop::{CoopKernel, CoopMode, CoopTile, WIDE_MEDIUM_TILE};
+use super::matmul_simt::SimtTile;
 
 /// Bytes a microsecond of a bandwidth-bound kernel (LayerNorm measured 3.2 TB/s on the H200).
 const BYTES_PER_US: f64 = 2.5e6;
@@ -86,6 +87,25 @@ fn coop_rate(mode: CoopMode, t: &CoopTile) -> Rate {
     Rate::Waves { slots: MULTIPROCESSORS, c0, c1, min_k: 0 }
 }
 
+/// The rate of a SIMT tile: waves of one block a multiprocessor, each `c0 + c1 · K`, fitted
+/// to `--profile` of gpt-small and gpt-medium (`highest`) and the 4096³ product on the H200
+/// with every product forced onto each tile (2026-12-02, BENCHMARKS.md): a block computes at
+/// 0.31 (128x256), 0.305 (128x128) and 0.275 (128x64) TFLOP/s, the fixed part of a wave is
+/// 34, 18 and 14 µs. Within 15 % of most products (see the tests); it ranks the tiles as
+/// measured except where a product's blocks are many waves of the smaller tiles (4096x3072x768:
+/// 128x256 priced lowest, 128x128 measured 13 % faster). Other tiles (tests) are priced by
+/// area.
+fn simt_rate(t: &SimtTile) -> Rate {
+    let (c0, per_block_flops_per_us) = match (t.bm, t.bn) {
+        (128, 256) => (34.0, 0.31e6),
+        (128, 128) => (18.0, 0.305e6),
+        (128, 64) => (14.0, 0.275e6),
+        _ => (18.0 * f64::from(t.bm * t.bn) / 16384.0, 0.3e6),
+    };
+    let c1 = 2.0 * f64::from(t.bm * t.bn) / per_block_flops_per_us;
+    Rate::Waves { slots: MULTIPROCESSORS, c0, c1, min_k: 0 }
+}
+
 fn rate(tile: MatmulTile) -> Rate {
     let template = |tflops: f64| Rate::Throughput {
         saturation: 2.0 * MULTIPROCESSORS,
@@ -95,10 +115,7 @@ fn rate(tile: MatmulTile) -> Rate {
     };
     match tile {
         MatmulTile::Coop(k) => coop_rate(k.mode, &k.tile),
-        // 72 blocks ran at full speed: split into 144 they were 5 % slower (2026-12-01).
-        MatmulTile::Simt => {
-            Rate::Throughput { saturation: 64.0, flops_per_us: 24.5e6, c0: 20.0, step: 0.0 }
-        }
+        MatmulTile::Simt(t) => simt_rate(&t),
         // 64x64 blocks: 768x2304x4096 took 1.66 ms on 432 of them.
         MatmulTile::Register | MatmulTile::Small => template(9.0),
         MatmulTile::Register8 | MatmulTile::Large => template(12.0),
@@ -160,6 +177,7 @@ mod tests {
     use super::*;
     use crate::codegen::matmul::Operand;
     use crate::codegen::matmul_coop::{HIGH_TILE, WIDE_MEDIUM_TILE};
+    use crate::codegen::matmul_simt::{NARROW_TILE, SIMT_TILE, SQUARE_TILE};
 
     /// The fitted rates give back the profiled products they were fitted to, within 25 %
     /// (µs of the product dispatch on the H200, the profile's overhead taken out).
@@ -179,6 +197,7 @@ mod tests {
         });
         let c = MatmulSpec::contiguous;
         let t = |m, n, k| MatmulSpec { a: Operand::transposed(m, k), ..c(1, m, n, k) };
+        let simt = MatmulTile::Simt;
         for (tile, spec, measured) in [
             (high, c(1, 768, 2304, 4096), 213.0),
             // gpt-medium's products and 4096x3072x3072 (bias epilogue), `medium`.
@@ -190,7 +209,20 @@ mod tests {
             (high, c(1, 4096, 3072, 768), 387.0),
             (high, c(1, 4096, 768, 768), 128.0),
             (high, c(1, 4096, 768, 3072), 412.0),
-            (MatmulTile::Simt, c(1, 4096, 768, 3072), 772.0),
+            // Every product of gpt-medium's `highest` step forced onto each SIMT tile, and
+            // 4096³ (2026-12-02).
+            (simt(SIMT_TILE), c(1, 4096, 768, 3072), 724.0),
+            (simt(SIMT_TILE), c(1, 4096, 3072, 768), 661.0),
+            (simt(SIMT_TILE), t(3072, 768, 4096), 841.0),
+            (simt(SIMT_TILE), c(1, 4096, 4096, 4096), 3304.0),
+            (simt(SQUARE_TILE), c(1, 4096, 3072, 768), 574.0),
+            (simt(SQUARE_TILE), c(1, 4096, 768, 768), 200.0),
+            (simt(SQUARE_TILE), c(1, 4096, 256, 256), 49.5),
+            (simt(SQUARE_TILE), t(3072, 768, 4096), 820.0),
+            (simt(NARROW_TILE), c(1, 4096, 768, 3072), 577.0),
+            (simt(NARROW_TILE), c(1, 4096, 768, 768), 160.0),
+            (simt(NARROW_TILE), t(3072, 768, 4096), 709.0),
+            (simt(NARROW_TILE), c(1, 4096, 2304, 768), 473.0),
             (MatmulTile::Register, c(1, 768, 2304, 4096), 1664.0),
             (MatmulTile::Register, c(1, 4096, 256, 768), 194.0),
             // The `mlp` model's products (profiled with 50 copies a dispatch, 2026-12-01).
@@ -230,13 +262,17 @@ mod tests {
             format!("{name} split {splits}")
         };
         let table = [
-            // Few SIMT blocks and a long K: split (was the 4x4 register tile at 8.6 TFLOP/s).
-            (Highest, t(768, 2304, 4096), "simt split 2"),
-            (Highest, t(768, 768, 4096), "simt split 4"),
-            // 72 SIMT blocks already run at full speed.
-            (Highest, t(3072, 768, 4096), "simt split 1"),
-            (Highest, c(1, 4096, 768, 3072), "simt split 1"),
-            (Highest, c(1, 4096, 256, 256), "register split 1"),
+            // The SIMT tile whose waves fill the multiprocessors best, split where the blocks
+            // of one slice of K are less than a wave (2026-12-02: gpt-medium `highest` 92.4 ->
+            // 86.2 ms on the H200 against the 128x256 tile alone).
+            (Highest, t(768, 2304, 4096), "simt-128x128 split 1"),
+            (Highest, t(768, 768, 4096), "simt-128x64 split 4"),
+            (Highest, t(3072, 768, 4096), "simt-128x128 split 4"),
+            (Highest, c(1, 4096, 768, 3072), "simt-128x128 split 2"),
+            (Highest, c(1, 4096, 768, 768), "simt-128x64 split 1"),
+            (Highest, c(1, 4096, 3072, 768), "simt split 1"),
+            (Highest, c(1, 4096, 4096, 4096), "simt split 1"),
+            (Highest, c(1, 4096, 256, 256), "simt-128x64 split 1"),
             // 144 or 192 blocks of 128x128 are two waves of 132: split K to fill them.
             (High, t(768, 3072, 4096), "coop-high 128x128x32 w4x2 split 4"),
             (High, c(1, 4096, 768, 3072), "coop-high 128x128x32 w4x2 split 2"),

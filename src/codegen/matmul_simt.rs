@@ -27,7 +27,7 @@ use super::writer::Wgsl;
 /// Tile of the SIMT kernel: a workgroup computes `bm x bn` of C, each thread `tm x tn` in
 /// registers, K in slices of `bk` (`stages` 1: one staging buffer and two barriers per slice;
 /// 2: double buffer and one barrier).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SimtTile {
     pub bm: u32,
     pub bn: u32,
@@ -37,8 +37,19 @@ pub struct SimtTile {
     pub stages: u32,
 }
 
-/// The tile measured fastest on the H200 (128x256x8, 8x16 per thread, two stages).
+/// The tile measured fastest on the H200 for large products (128x256x8, 8x16 per thread, two
+/// stages): 41.6 TFLOP/s at 4096³ where [`SQUARE_TILE`] reaches 39.0 and [`NARROW_TILE`] 30.0.
 pub const SIMT_TILE: SimtTile = SimtTile { bm: 128, bn: 256, bk: 8, tm: 8, tn: 16, stages: 2 };
+/// 128x128 blocks, 8x8 per thread: twice the blocks of [`SIMT_TILE`] for products of a few
+/// waves (gpt-medium's 4096x3072x768: 574 µs against 661 on the H200, 2026-12-02).
+pub const SQUARE_TILE: SimtTile = SimtTile { bm: 128, bn: 128, bk: 8, tm: 8, tn: 8, stages: 2 };
+/// 128x64 blocks, 8x8 per thread, 128 threads: for products of a narrow C, whose blocks of
+/// [`SIMT_TILE`] do not fill the multiprocessors (4096x768x3072: 577 µs against 724).
+pub const NARROW_TILE: SimtTile = SimtTile { bm: 128, bn: 64, bk: 8, tm: 8, tn: 8, stages: 2 };
+
+/// The SIMT tiles the cost model chooses between, with the names plans and profiles give them.
+pub const SIMT_TILES: [(&str, SimtTile); 3] =
+    [("simt", SIMT_TILE), ("simt-128x128", SQUARE_TILE), ("simt-128x64", NARROW_TILE)];
 
 /// Floats of padding after each staged row.
 const PAD: u32 = 4;
@@ -47,6 +58,11 @@ impl SimtTile {
     /// Threads per workgroup.
     pub fn threads(&self) -> u32 {
         (self.bm / self.tm) * (self.bn / self.tn)
+    }
+
+    /// The name of a tile of [`SIMT_TILES`] (`simt-other` for any other).
+    pub fn name(&self) -> &'static str {
+        SIMT_TILES.iter().find(|(_, t)| t == self).map_or("simt-other", |&(name, _)| name)
     }
 
     /// Bytes of workgroup memory the kernel declares.

@@ -113,8 +113,14 @@ fn time(gpu: &Gpu, warm: &[&Dispatch], all: &[&Dispatch]) -> Result<f64> {
 pub fn bench_matmul(gpu: &Gpu, n: u32, iters: u32, tile: MatmulTile) -> Result<f64> {
     let spec = MatmulSpec::contiguous(1, n, n, n);
     let target = gpu.target(MatmulOptions::default());
-    if tile == MatmulTile::Simt && !MatmulTile::simt_fits(&spec, &target) {
-        return Err(err!(Device, "the simt matmul does not fit this adapter's workgroup limits"));
+    if let MatmulTile::Simt(t) = tile {
+        if !MatmulTile::simt_fits(&t, &spec, &target) {
+            return Err(err!(
+                Device,
+                "the {} matmul does not fit this adapter's workgroup limits",
+                t.name()
+            ));
+        }
     }
     let len = n as usize * n as usize;
     let data: Vec<f32> = (0..len).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();

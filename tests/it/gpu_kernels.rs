@@ -5,6 +5,7 @@
 use crate::common::gpu::or_skip;
 use rumus::codegen::layer_norm::{self, Backward, Forward};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand};
+use rumus::codegen::matmul_simt::{NARROW_TILE, SIMT_TILE, SIMT_TILES};
 use rumus::codegen::wgsl::MatmulEpilogue;
 use rumus::codegen::{Grid, Resource, ShaderChecks};
 use rumus::rng::Rng;
@@ -154,12 +155,14 @@ fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
     [bt * m * k, bt * k * n, bt * m * n]
 }
 
-const ALL_TILES: [MatmulTile; 6] = [
+const ALL_TILES: [MatmulTile; 8] = [
     MatmulTile::Large,
     MatmulTile::Small,
     MatmulTile::Register,
     MatmulTile::Register8,
-    MatmulTile::Simt,
+    MatmulTile::Simt(SIMT_TILES[0].1),
+    MatmulTile::Simt(SIMT_TILES[1].1),
+    MatmulTile::Simt(SIMT_TILES[2].1),
     MatmulTile::Dot,
 ];
 
@@ -206,9 +209,10 @@ fn matmul_compiled_without_runtime_checks_gives_the_same_product() {
 }
 
 /// The generated SIMT kernel is compiled without naga's bounds checks, so it must keep every
-/// read inside its operands and every write inside C itself: at ragged M, N and K crossing its
-/// 128x256x8 blocks, for both layouts of each operand, aligned (`vec4` loads) or not, batched,
-/// with operands at offsets inside buffers whose other elements are NaN.
+/// read inside its operands and every write inside C itself: on each of its tiles, at ragged
+/// M, N and K crossing its blocks (128x256, 128x128, 128x64), for both layouts of each operand,
+/// aligned (`vec4` loads) or not, batched, with operands at offsets inside buffers whose other
+/// elements are NaN.
 #[test]
 fn matmul_simt_at_ragged_shapes_stays_inside_its_operands() {
     // (case, batch, a transposed, b transposed, k, offset of A and B, trailing words of A
@@ -219,7 +223,9 @@ fn matmul_simt_at_ragged_shapes_stays_inside_its_operands() {
         ("nt aligned at offset", 1, false, true, 12, 8, 4, true),
         ("tt batched", 2, true, true, 13, 1, 2, false),
     ];
-    for (case, batch, ta, tb, k, offset, tail, vector) in cases {
+    let tiles = SIMT_TILES.map(|(_, t)| MatmulTile::Simt(t));
+    let runs = tiles.iter().flat_map(|&tile| cases.iter().map(move |&case| (tile, case)));
+    for (tile, (case, batch, ta, tb, k, offset, tail, vector)) in runs {
         let (m, n) = (130u32, 260u32);
         let mut s = MatmulSpec::contiguous(batch, m, n, k);
         if ta {
@@ -231,7 +237,7 @@ fn matmul_simt_at_ragged_shapes_stays_inside_its_operands() {
         s.a = s.a.at(offset);
         s.b = s.b.at(offset);
         let operands = [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
-        let wgsl = matmul::program(&s, MatmulTile::Simt, None, operands).unwrap().wgsl;
+        let wgsl = matmul::program(&s, tile, None, operands).unwrap().wgsl;
         let vec4_a = wgsl.contains("@binding(1) var<storage, read> a: array<vec4<f32>>;");
         let vec4_b = wgsl.contains("@binding(2) var<storage, read> b: array<vec4<f32>>;");
         assert_eq!((vec4_a, vec4_b), (vector, vector), "{case}: vector loads");
@@ -241,7 +247,8 @@ fn matmul_simt_at_ragged_shapes_stays_inside_its_operands() {
             offset as usize + bt * (k * n) as usize + tail,
             bt * (m * n) as usize,
         ];
-        check_matmul(&format!("matmul_simt {case}"), MatmulTile::Simt, s, lens, Some(f32::NAN));
+        let name = format!("matmul_simt {case} on {}", tile.name());
+        check_matmul(&name, tile, s, lens, Some(f32::NAN));
     }
 }
 
@@ -307,7 +314,7 @@ fn matmul_simt_is_compiled_without_runtime_checks() {
         body: "return v + bias[j];".to_string(),
         extra: vec![3],
     };
-    for tile in [MatmulTile::Simt, MatmulTile::Dot] {
+    for tile in [MatmulTile::Simt(SIMT_TILE), MatmulTile::Simt(NARROW_TILE), MatmulTile::Dot] {
         let p = matmul::program(&s, tile, None, operands.clone()).unwrap();
         assert_eq!(p.checks, ShaderChecks { bounds: false, loop_bounding: false }, "{tile:?}");
         let p = matmul::program(&s, tile, Some(&epilogue), operands.clone()).unwrap();
@@ -421,7 +428,7 @@ fn matmul_epilogue_bias_relu() {
     let relu = |v: f64, j: u32| (v + f64::from(bias[j as usize])).max(0.0);
     let want = matmul_ref(&s, &a, &b, &zeros, relu);
     assert_close("matmul_epilogue_bias_relu", &got, &want, 1e-4);
-    for tile in [MatmulTile::Simt, MatmulTile::Dot] {
+    for tile in [MatmulTile::Simt(SIMT_TILE), MatmulTile::Simt(NARROW_TILE), MatmulTile::Dot] {
         let got = run_matmul(gpu, tile, Some(&epilogue), &s, [&a, &b, &zeros], &[&bias_buf]);
         assert_close(&format!("matmul_epilogue_bias_relu {tile:?}"), &got, &want, 1e-4);
     }
@@ -465,17 +472,12 @@ fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> s
         let (residual, bias) = (random((m * n) as usize, 3), random(n_, 4));
         let c_old = vec![f32::NAN; (m * n) as usize];
         let operands = [0, 1, 2].map(Resource::Buffer);
-        let wgsl = matmul::program(&s, MatmulTile::Simt, Some(&epilogue), operands).unwrap().wgsl;
+        let tile = MatmulTile::Simt(if transposed { NARROW_TILE } else { SIMT_TILE });
+        let wgsl = matmul::program(&s, tile, Some(&epilogue), operands).unwrap().wgsl;
         assert!(wgsl.contains("store_c_with("), "the loads go ahead");
         let extra = [&residual, &bias].map(|v| gpu.upload_f32("epilogue", v).unwrap());
-        let got = run_matmul(
-            gpu,
-            MatmulTile::Simt,
-            Some(&epilogue),
-            &s,
-            [&a, &b, &c_old],
-            &[&extra[0], &extra[1]],
-        );
+        let got =
+            run_matmul(gpu, tile, Some(&epilogue), &s, [&a, &b, &c_old], &[&extra[0], &extra[1]]);
         let product = matmul_ref(&s, &a, &b, &vec![0.0; c_old.len()], |v, _| v);
         let want: Vec<f64> = (0..product.len())
             .map(|e| product[e] * f64::from(residual[e]) + f64::from(bias[e % n_]))

@@ -699,7 +699,10 @@ fn rumus_plan_refuses_an_unknown_fp32_tile() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim_end(),
-        "RUMUS_MATMUL_TILE: `registers` is none of large, small, register, register8, simt, dot"
+        concat!(
+            "RUMUS_MATMUL_TILE: `registers` is none of large, small, register, register8, simt, ",
+            "simt-128x128, simt-128x64, dot"
+        )
     );
 }
 

@@ -705,7 +705,10 @@ fn the_gpu_settings_are_checked_by_every_command_on_every_machine() {
         (
             "RUMUS_MATMUL_TILE",
             "zz",
-            "RUMUS_MATMUL_TILE: `zz` is none of large, small, register, register8, simt, dot",
+            concat!(
+                "RUMUS_MATMUL_TILE: `zz` is none of large, small, register, register8, simt, ",
+                "simt-128x128, simt-128x64, dot"
+            ),
         ),
     ];
     for (name, value, expected) in cases {
