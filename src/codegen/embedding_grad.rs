@@ -12,6 +12,7 @@
 //! 4 the block counts, 5 each row's start.
 
 use super::gather::{check_index, in_range};
+use super::loops::{halvings, Loops};
 use super::wgsl::{open_main, thread_index, Binder, Ctx, WG};
 use super::writer::Wgsl;
 use crate::graph::{Graph, NodeId};
@@ -55,7 +56,7 @@ pub(super) fn embedding_grad(
     binder: &Binder,
     ctx: &mut Ctx,
     out: NodeId,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let node = g.node(out);
     let (idx, dy) = (node.inputs[0], node.inputs[1]);
     let (n, rows, d) = sizes(g, out);
@@ -68,7 +69,7 @@ pub(super) fn embedding_grad(
         check_index(w, &x, n, &ok);
         w.block(&format!("if (i < {n_out}u)"), &[&format!("{yn}[i] = 0.0;")]);
         w.close();
-        return ((n_out.max(n) as u32).div_ceil(WG), WG);
+        return ((n_out.max(n) as u32).div_ceil(WG), WG, Loops::NONE);
     }
     let p = passes(rows);
     let blocks = n.div_ceil(BLOCK);
@@ -111,7 +112,7 @@ pub(super) fn embedding_grad(
                     w.line("workgroupBarrier();");
                     w.line(&format!("{hist}[lid * {blocks}u + b] = atomicLoad(&bins[lid]);"));
                     w.close();
-                    (blocks as u32, BLOCK as u32)
+                    (blocks as u32, BLOCK as u32, Loops::NONE)
                 }
                 1 => {
                     // The exclusive scan of the counts, digit-major: thread t scans its stretch.
@@ -139,7 +140,9 @@ pub(super) fn embedding_grad(
                         &[&format!("let c = {hist}[i];"), &format!("{hist}[i] = run;"), "run += c;"],
                     );
                     w.close();
-                    (1, BLOCK as u32)
+                    // A stretch of the counts twice; the first thread scans the stretches.
+                    let stretch = Loops::flat(per as u64);
+                    (1, BLOCK as u32, stretch.then(Loops::flat(BLOCK as u64)).then(stretch))
                 }
                 _ => {
                     let to = written_by(pass);
@@ -169,7 +172,8 @@ pub(super) fn embedding_grad(
                     w.line(&format!("{vo}[at] = val;"));
                     w.close();
                     w.close();
-                    (blocks as u32, BLOCK as u32)
+                    // The digits of the threads before this one.
+                    (blocks as u32, BLOCK as u32, Loops::flat(BLOCK as u64 - 1))
                 }
             }
         }
@@ -189,7 +193,8 @@ pub(super) fn embedding_grad(
             w.close();
             w.line(&format!("{start}[v] = lo;"));
             w.close();
-            ((rows as u32 + 1).div_ceil(WG), WG)
+            // A binary search over the n keys.
+            ((rows as u32 + 1).div_ceil(WG), WG, Loops::flat(halvings(n as u64)))
         }
         _ => {
             let v = ctx.scratch_of(vals, n, "u32");
@@ -206,7 +211,8 @@ pub(super) fn embedding_grad(
             );
             w.line(&format!("{yn}[i] = acc;"));
             w.close();
-            ((n_out as u32).div_ceil(WG), WG)
+            // The row's occurrences: as many as the data puts there, every index at most.
+            ((n_out as u32).div_ceil(WG), WG, Loops::flat(n as u64))
         }
     }
 }

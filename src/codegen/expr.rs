@@ -5,6 +5,7 @@
 //! through broadcasting and the index-remapping views (`broadcast_to`, `permute`, `slice`).
 //! Shapes are static, so every size and stride is a literal.
 
+use super::loops::Loops;
 use super::trace::{Operand, Trace, Wgsl};
 use crate::graph::scalar::Scalar;
 use crate::graph::{Graph, NodeId, Op, Window};
@@ -34,6 +35,8 @@ pub struct ExprEmitter<'a> {
     /// loads are issued ahead of its values: `MatmulEpilogue::loads`).
     pub hoisted: Option<std::cell::RefCell<Vec<String>>>,
     pub body: String,
+    /// The loops `body` holds (a product's sum over K, [`ExprEmitter::emit_matmul`]).
+    pub loops: Loops,
     next: usize,
 }
 
@@ -150,6 +153,7 @@ impl<'a> ExprEmitter<'a> {
             clamp_loads: false,
             hoisted: None,
             body: String::new(),
+            loops: Loops::NONE,
             next: 0,
         }
     }
@@ -209,6 +213,7 @@ impl<'a> ExprEmitter<'a> {
         let _ = writeln!(self.body, "for (var {kk} = 0u; {kk} < {k}u; {kk}++) {{");
         let _ = writeln!(self.body, "{v} += {la} * {lb};");
         let _ = writeln!(self.body, "}}");
+        self.loops = self.loops.then(Loops::flat(k as u64));
         v
     }
 

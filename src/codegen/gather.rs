@@ -2,6 +2,7 @@
 //! or a run of them). Embedding backward is in `embedding_grad.rs`.
 
 use super::expr::{decompose, linear_index, ExprEmitter};
+use super::loops::Loops;
 use super::wgsl::{open_main, thread_index, Binder, WG};
 use super::writer::Wgsl;
 use crate::graph::{Graph, NodeId, Op};
@@ -27,7 +28,12 @@ pub(super) fn check_index(w: &mut Wgsl, x: &str, n_idx: usize, ok: &str) {
 
 /// Embedding: thread `i` gathers output element `i`, and checks index `i` (reported as the CPU
 /// reports it, a bad index reads row 0).
-pub(super) fn embedding(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -> (u32, u32) {
+pub(super) fn embedding(
+    g: &Graph,
+    w: &mut Wgsl,
+    binder: &Binder,
+    out: NodeId,
+) -> (u32, u32, Loops) {
     let node = g.node(out);
     let (table, idx) = (node.inputs[0], node.inputs[1]);
     let (vocab, d) = (g.shape(table)[0], g.shape(table)[1]);
@@ -46,7 +52,7 @@ pub(super) fn embedding(g: &Graph, w: &mut Wgsl, binder: &Binder, out: NodeId) -
         w.close();
     }
     w.close();
-    ((n_out.max(n_idx) as u32).div_ceil(WG), WG)
+    ((n_out.max(n_idx) as u32).div_ceil(WG), WG, Loops::NONE)
 }
 
 /// The part of a concat's output that inputs `parts` fill: one thread per element it writes.
@@ -63,7 +69,7 @@ pub(super) fn concat(
     names: &dyn Fn(usize) -> String,
     out: NodeId,
     parts: std::ops::Range<usize>,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let node = g.node(out);
     let Op::Concat { axis } = node.op else { unreachable!("concat kernel") };
     let len = |x: &NodeId| g.shape(*x)[axis];
@@ -113,6 +119,8 @@ pub(super) fn concat(
     let (coords_code, coords) = decompose(&part_shape, index, "c");
     w.lines(&coords_code);
     w.line(&format!("var value = {};", if is_i32 { "0" } else { "0.0" }));
+    // The inputs' expressions' loops (none but a product's), each in its own branch.
+    let mut loops = Loops::NONE;
     for &(x, offset, placed) in &inputs {
         if placed {
             continue;
@@ -126,6 +134,7 @@ pub(super) fn concat(
         w.lines(&sub.body);
         w.line(&format!("value = {v};"));
         w.close();
+        loops = loops.or(sub.loops);
     }
     let mut out_coords = coords.clone();
     out_coords[axis] = format!("({} + {base}u)", coords[axis]);
@@ -133,5 +142,5 @@ pub(super) fn concat(
     w.line(&format!("{}[{index}] = value;", binder.name(out)));
     w.close();
     // Nothing to write (every input placed, no padding): no dispatch.
-    ((n_threads as u32).div_ceil(WG), WG)
+    ((n_threads as u32).div_ceil(WG), WG, loops)
 }

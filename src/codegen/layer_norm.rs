@@ -9,6 +9,7 @@
 //! (`addend`) and sum the columns of what it writes (`col_sum`: the gradient of a bias added
 //! before the LayerNorm's input, as a linear layer's in a residual block) in the same passes.
 
+use super::loops::{strided, Loops};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::templates::{LAYER_NORM, LAYER_NORM_BW};
 use crate::err;
@@ -121,6 +122,35 @@ fn fill(template: &super::templates::Template, d: usize, extra: &[(&str, &str)])
     Ok((text, wg))
 }
 
+/// The loops of the forward program over rows of `d` (`main`): three over the thread's `CPT`
+/// columns, and `workgroup_merge`'s two over its groups.
+pub fn forward_loops(d: usize) -> Loops {
+    let wg = row_threads(d);
+    let (ng, cpt) = (reduce_groups(wg) as u64, d.div_ceil(wg) as u64);
+    let columns = Loops::flat(cpt);
+    let merge = Loops::flat(wg as u64 / ng - 1).then(Loops::flat(ng - 1));
+    columns.then(columns).then(columns).then(merge)
+}
+
+/// The loops of the backward's two programs over `rows` rows of `d`: `rows` walks the
+/// columns once, then its workgroup's rows (`rows_per_group`), each twice over the columns
+/// and through `workgroup_sum2`'s two loops, and the columns again; `params` sums each
+/// column's partials over the row groups, 32 lanes a column, then the lanes.
+pub fn backward_loops(rows: usize, d: usize) -> [Loops; 2] {
+    let wg = row_threads(d);
+    let (ng, cpt) = (reduce_groups(wg) as u64, d.div_ceil(wg) as u64);
+    let columns = Loops::flat(cpt);
+    let sum2 = Loops::flat(wg as u64 / ng).then(Loops::flat(ng));
+    let row = columns.then(sum2.calls(1)).then(columns);
+    let rpg = rows_per_group(rows) as u64;
+    let rows_loops =
+        columns.then(Loops::of(rpg, row)).then(columns).then(sum2.defines());
+    let groups = rows.div_ceil(rows_per_group(rows)) as u64;
+    let lanes = (PWG / PC) as u64;
+    let params_loops = Loops::flat(strided(groups, lanes)).then(Loops::flat(lanes));
+    [rows_loops, params_loops]
+}
+
 /// Every loop of both shaders is bounded by a constant or the uniform sizes: naga's loop guard
 /// only costs time.
 const CHECKS: ShaderChecks = ShaderChecks { bounds: true, loop_bounding: false };
@@ -226,8 +256,8 @@ fn rows_d(g: &Graph, id: NodeId) -> (usize, usize) {
     (g.shape(id).iter().product::<usize>() / d.max(1), d)
 }
 
-/// The programs of a LayerNorm kernel of `plan` (any of its four kinds).
-pub fn lower(g: &Graph, plan: &Plan, k: &Kernel) -> Result<Vec<Program>> {
+/// The programs of a LayerNorm kernel of `plan` (any of its four kinds), with their loops.
+pub fn lower(g: &Graph, plan: &Plan, k: &Kernel) -> Result<Vec<(Program, Loops)>> {
     let buffer = |id: NodeId| {
         plan.value_of(id)
             .map(|v| Resource::Buffer(v.buffer))
@@ -256,7 +286,7 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel) -> Result<Vec<Program>> {
                 y: buffer(out)?,
                 stats,
             };
-            Ok(vec![forward(rows, d, eps, buf)?])
+            Ok(vec![(forward(rows, d, eps, buf)?, forward_loops(d))])
         }
         KernelKind::LayerNormStats => {
             let x = g.node(out).inputs[0];
@@ -272,7 +302,7 @@ pub fn lower(g: &Graph, plan: &Plan, k: &Kernel) -> Result<Vec<Program>> {
                 y: Resource::Scratch { slot: 0 },
                 stats: buffer(out)?,
             };
-            Ok(vec![forward(rows, d, eps, buf)?])
+            Ok(vec![(forward(rows, d, eps, buf)?, forward_loops(d))])
         }
         KernelKind::LayerNormGradInput { weight_grad, add, col_sum } => {
             // With `add` the kernel writes `out` = the gradient + the add's other input.
@@ -326,7 +356,7 @@ fn ln_backward(
     dparams: Resource,
     Extra { addend, col_sum }: Extra,
     buffer: &dyn Fn(NodeId) -> Result<Resource>,
-) -> Result<Vec<Program>> {
+) -> Result<Vec<(Program, Loops)>> {
     let (rows, d) = rows_d(g, x);
     let buf = Backward {
         x: buffer(x)?,
@@ -341,5 +371,5 @@ fn ln_backward(
         addend,
         col_sum,
     };
-    Ok(backward(rows, d, buf)?.into())
+    Ok(backward(rows, d, buf)?.into_iter().zip(backward_loops(rows, d)).collect())
 }

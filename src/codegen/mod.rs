@@ -10,10 +10,12 @@
 //! - [`matmul`], [`layer_norm`]: the templates of `shaders/` ([`templates`]) filled for a kernel;
 //! - [`precision`]: the matmul precision modes (`highest`, `high`, `medium`);
 //! - [`attention`]: the FlashAttention-2 forward and backward kernels, generated;
+//! - [`loops`]: the loop iterations each program runs an invocation, which every generator
+//!   states beside its code, and the software adapters that cut longer loops short;
 //! - [`program`]: the program type and the programs of a whole plan.
 //!
-//! Adding a kernel kind is a change here: a function returning its programs, called from
-//! [`compile`].
+//! Adding a kernel kind is a change here: a function returning its programs and their
+//! [`Loops`], called from [`compile`].
 
 pub mod attention;
 pub mod coop_convert;
@@ -21,6 +23,7 @@ mod embedding_grad;
 pub mod expr;
 mod gather;
 pub mod layer_norm;
+pub mod loops;
 pub mod matmul;
 pub mod matmul_coop;
 pub mod matmul_cost;
@@ -45,6 +48,7 @@ use crate::error::Result;
 use crate::graph::{Graph, Op};
 use crate::plan::limits::checks_data;
 use crate::plan::{Kernel, KernelKind, Plan};
+use loops::Loops;
 use program::KernelPrograms;
 
 /// The programs of every kernel of `plan`, and of its updates, for a device described by
@@ -65,11 +69,16 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
             .collect();
         // An error a kernel's code meets (a size no kernel takes) points at its op.
         let span = k.fused.iter().map(|&id| g.node(id).span).find(|s| !s.is_none());
-        let (programs, matmul) = kernel(g, plan, k, target).map_err(|e| match span {
+        let at = |e: crate::error::Error| match span {
             Some(s) => e.at(s),
             None => e,
-        })?;
-        out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs, matmul });
+        };
+        let (programs, matmul) = kernel(g, plan, k, target).map_err(at)?;
+        if let Some(limit) = target.max_loop_trips {
+            loops::check(g, k, &programs, limit)?;
+        }
+        let (programs, loops) = programs.into_iter().unzip();
+        out.kernels.push(KernelPrograms { kind: k.kind.name(), ops, programs, matmul, loops });
     }
     for (u, &(dst, value)) in plan.updates.iter().enumerate() {
         let (Some(t), Some(v)) = (plan.value_of(dst), plan.value_of(value)) else {
@@ -89,20 +98,24 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
     Ok(out)
 }
 
-/// The programs of one kernel, in dispatch order, and for a matmul kernel the name of the
-/// matmul kernel its product runs on (`generated`: the generated elementwise kernel).
+/// Programs in dispatch order, each with its loops.
+type ProgramsWithLoops = Vec<(Program, Loops)>;
+
+/// The programs of one kernel, in dispatch order, with their loops, and for a matmul kernel the
+/// name of the matmul kernel its product runs on (`generated`: the generated elementwise
+/// kernel).
 fn kernel(
     g: &Graph,
     plan: &Plan,
     k: &Kernel,
     target: &Target,
-) -> Result<(Vec<Program>, Option<&'static str>)> {
+) -> Result<(ProgramsWithLoops, Option<&'static str>)> {
     let mut matmul_kernel = None;
     match &k.kind {
         KernelKind::MatMul { matmul, register, .. } => {
             if let Some((programs, tile)) = matmul::lower(g, plan, k, (*matmul, *register), target)?
             {
-                return Ok((programs, Some(tile)));
+                return Ok((matmul_loops(g, plan, k, target, programs, tile), Some(tile)));
             }
             matmul_kernel = Some("generated");
         }
@@ -116,5 +129,59 @@ fn kernel(
         | KernelKind::AttentionGradQ => return Ok((attention::lower(g, plan, k, target)?, None)),
         _ => {}
     }
-    Ok((wgsl::generate(g, plan, k, target), matmul_kernel))
+    Ok((wgsl::generate_counted(g, plan, k, target), matmul_kernel))
+}
+
+/// The programs of matmul kernel `k` that `matmul::lower` made on `tile`, each with its loops:
+/// a generated program among them (the sum of an operand the kernel computes) has those its
+/// generator states; a product or its conversion, which read the sizes of their (partial)
+/// product from the `Params` uniform of `shaders/matmul.wgsl` at binding 0, the most of any
+/// of the product's programs at those sizes ([`loops::matmul_kernel`]); the split-K sum those
+/// of [`loops::split_k_sum`].
+fn matmul_loops(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    target: &Target,
+    programs: Vec<Program>,
+    tile: &str,
+) -> Vec<(Program, Loops)> {
+    let generated = k.without_sum(g).1.map(|r| wgsl::generate_counted(g, plan, &r, target));
+    let generated = generated.unwrap_or_default();
+    let KernelKind::MatMul { matmul: mm, register, .. } = k.kind else {
+        return programs.into_iter().map(|p| (p, Loops::NONE)).collect();
+    };
+    let so = g.shape(mm);
+    let (m, n) = (so[so.len() - 2] as u64, so[so.len() - 1] as u64);
+    let epilogue = wgsl::matmul_epilogue_loops(g, plan, k, register);
+    // Every kernel the product may run on under `tile`'s name.
+    let tiles = loops::tiles_named(tile, target);
+    let of_product = |dims: [u64; 4]| {
+        let each = tiles.iter().map(|&t| loops::matmul_kernel(t, dims, epilogue));
+        each.fold(Loops::NONE, Loops::max)
+    };
+    programs
+        .into_iter()
+        .map(|p| {
+            let own = generated.iter().find(|(q, _)| q.wgsl == p.wgsl && q.entry == p.entry);
+            let loops = match (own, params_dims(&p)) {
+                (Some((_, l)), _) => *l,
+                (None, Some([m, n, k, batch])) => of_product([batch, m, n, k]),
+                (None, None) => loops::split_k_sum((m, n), true, epilogue),
+            };
+            (p, loops)
+        })
+        .collect()
+}
+
+/// `[m, n, k, batch]` of the `Params` uniform a matmul program binds at binding 0
+/// (`shaders/matmul.wgsl`: four u32s first), if it binds one.
+fn params_dims(p: &Program) -> Option<[u64; 4]> {
+    let b = p.bindings.iter().find(|b| b.at == 0)?;
+    let program::Resource::Uniform(bytes) = &b.resource else { return None };
+    let word = |i: usize| {
+        let w: [u8; 4] = bytes.get(4 * i..4 * i + 4)?.try_into().ok()?;
+        Some(u64::from(u32::from_le_bytes(w)))
+    };
+    Some([word(0)?, word(1)?, word(2)?, word(3)?])
 }

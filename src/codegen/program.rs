@@ -6,6 +6,7 @@
 //! identical source), a bind group and a dispatch, knowing nothing of what the kernel computes.
 //! A new kernel kind is a new function in codegen returning programs.
 
+use super::loops::{Loops, SOFTWARE_LOOP_LIMIT};
 use super::matmul::{MatmulTile, FP32_TILES};
 use super::matmul_coop::CoopTile;
 use super::MatmulPrecision;
@@ -111,6 +112,10 @@ pub struct Target {
     /// partials and a second dispatch summing them in a fixed order. Tests lower it to run
     /// the two stages at sizes a software adapter computes quickly.
     pub reduce_chunk: u32,
+    /// Loop iterations one invocation may run, all its loops together, before the adapter ends
+    /// them early without a word ([`super::loops`]: Mesa's software adapters, 65,535); a
+    /// program that could run more is refused. `None`: no such limit.
+    pub max_loop_trips: Option<u64>,
 }
 
 /// The default [`Target::reduce_chunk`]: 16 elements a thread of a 256-thread workgroup.
@@ -202,6 +207,7 @@ impl Target {
         cooperative: None,
         matmul: MatmulOptions::DEFAULT,
         reduce_chunk: REDUCE_CHUNK,
+        max_loop_trips: None,
     };
 
     /// An adapter with cooperative matrices, as the H200 reports itself (48 KiB of workgroup
@@ -215,10 +221,17 @@ impl Target {
         cooperative: Some(32),
         matmul: MatmulOptions::DEFAULT,
         reduce_chunk: REDUCE_CHUNK,
+        max_loop_trips: None,
     };
 
-    /// The limits of a device; `cooperative` as in [`Target::cooperative`].
-    pub fn of(limits: &wgpu::Limits, cooperative: Option<u32>, matmul: MatmulOptions) -> Target {
+    /// The limits of a device; `cooperative` as in [`Target::cooperative`]; `software`: the
+    /// adapter is a software one, whose loops end after [`SOFTWARE_LOOP_LIMIT`] iterations.
+    pub fn of(
+        limits: &wgpu::Limits,
+        cooperative: Option<u32>,
+        matmul: MatmulOptions,
+        software: bool,
+    ) -> Target {
         Target {
             max_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_workgroup_bytes: limits.max_compute_workgroup_storage_size,
@@ -227,6 +240,7 @@ impl Target {
             cooperative,
             matmul,
             reduce_chunk: REDUCE_CHUNK,
+            max_loop_trips: software.then_some(SOFTWARE_LOOP_LIMIT),
         }
     }
 }
@@ -264,6 +278,8 @@ pub struct KernelPrograms {
     /// `register8`, `coop-high`, ...; `generated` for the generated fallback, `empty` for a
     /// product with nothing to write).
     pub matmul: Option<&'static str>,
+    /// The loops of each program, in the order of `programs`.
+    pub loops: Vec<Loops>,
 }
 
 impl PlanPrograms {

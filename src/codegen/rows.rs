@@ -11,13 +11,14 @@
 
 use super::expr::{decompose, f32_lit, ExprEmitter};
 use super::gather::in_range;
+use super::loops::{halvings, strided as trips, Loops};
 use super::wgsl::{open_main, thread_index, Binder, Ctx, ROW_WG, SUM_WG, WG};
 use super::writer::Wgsl;
 use crate::graph::{Graph, NodeId, Op, ReduceOp};
 
 /// A workgroup-wide reduction of `acc` into `red[0]` (sum or max) by `wg` threads (a power of
-/// two).
-fn tree(w: &mut Wgsl, op: &str, wg: u32) {
+/// two); its loop.
+fn tree(w: &mut Wgsl, op: &str, wg: u32) -> Loops {
     let combine =
         if op == "max" { "max_(red[lid], red[lid + s])" } else { "red[lid] + red[lid + s]" };
     w.line("red[lid] = acc;");
@@ -26,6 +27,7 @@ fn tree(w: &mut Wgsl, op: &str, wg: u32) {
     w.block("if (lid < s)", &[&format!("red[lid] = {combine};")]);
     w.line("workgroupBarrier();");
     w.close();
+    Loops::flat(halvings(u64::from(wg / 2)))
 }
 
 /// `var<workgroup> red: array<f32, wg>;` and the opening of `fn main`.
@@ -35,22 +37,25 @@ fn open_row_main(w: &mut Wgsl, wg: u32) {
     open_main(w, wg);
 }
 
-/// `for (var j = lid; j < {n}u; j += ROW_WG) { body }`: a thread's share of a row.
-fn strided(w: &mut Wgsl, n: usize, body: &[&str]) {
+/// `for (var j = lid; j < {n}u; j += ROW_WG) { body }`: a thread's share of a row; its loop.
+fn strided(w: &mut Wgsl, n: usize, body: &[&str]) -> Loops {
     w.block(&format!("for (var j = lid; j < {n}u; j += {ROW_WG}u)"), body);
+    Loops::flat(trips(n as u64, u64::from(ROW_WG)))
 }
 
 /// A row's maximum `m` and `total` = Σ exp(x - m) over `{x}[base + j]`, `j < n`, with `acc`
-/// already set to -inf: the two reductions softmax and cross-entropy share.
-fn row_max_and_total(w: &mut Wgsl, x: &str, n: usize) {
-    strided(w, n, &[&format!("acc = max_(acc, {x}[base + j]);")]);
-    tree(w, "max", ROW_WG);
+/// already set to -inf: the two reductions softmax and cross-entropy share. Two passes over
+/// the row, a 64th of it a thread each: their loops.
+fn row_max_and_total(w: &mut Wgsl, x: &str, n: usize) -> Loops {
+    let max = strided(w, n, &[&format!("acc = max_(acc, {x}[base + j]);")]);
+    let max = max.then(tree(w, "max", ROW_WG));
     w.line("let m = red[0];");
     w.line("workgroupBarrier();");
     w.line("acc = 0.0;");
-    strided(w, n, &[&format!("acc += exp({x}[base + j] - m);")]);
-    tree(w, "sum", ROW_WG);
+    let total = strided(w, n, &[&format!("acc += exp({x}[base + j] - m);")]);
+    let total = total.then(tree(w, "sum", ROW_WG));
     w.line("let total = red[0];");
+    max.then(total)
 }
 
 /// Most partials per output element of a two-stage reduction (a larger reduction takes more
@@ -145,7 +150,7 @@ pub(super) fn reduce(
     binder: &Binder,
     ctx: &mut Ctx,
     out: NodeId,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let node = g.node(out);
     let Op::Reduce { op, axes, .. } = &node.op else { unreachable!("reduce kernel") };
     let x = node.inputs[0];
@@ -163,7 +168,7 @@ pub(super) fn reduce(
         thread_index(w, "i", n_out);
         w.line(&format!("{on}[i] = {fill};"));
         w.close();
-        return ((n_out as u32).div_ceil(WG), WG);
+        return ((n_out as u32).div_ceil(WG), WG, Loops::NONE);
     }
     let (init, combine) = match op {
         ReduceOp::Max => (f32_lit(f32::NEG_INFINITY), "max_"),
@@ -189,7 +194,8 @@ pub(super) fn reduce(
         let layout = Layout::new(n_out, p, inner);
         let load = format!("let v = {s}[{}];", at(p, "o", "j"));
         let write = format!("{on}[o] = acc{finish};");
-        return lanes_reduce(w, layout, n_out, (p, p), (&init, combine), &[&load], &write);
+        let load = (&[load.as_str()][..], Loops::NONE);
+        return lanes_reduce(w, layout, n_out, (p, p), (&init, combine), load, &write);
     }
     let (out_code, out_coords) = decompose(&kept_shape, "o", "k");
     let (red_code, red_coords) = decompose(&red_shape, "j", "q");
@@ -212,7 +218,8 @@ pub(super) fn reduce(
         }
     };
     let load: Vec<&str> = load.iter().map(String::as_str).collect();
-    lanes_reduce(w, first, n_out, (n_red, len), (&init, combine), &load, &write)
+    // The element's expression may loop too (a product's sum over K), once an element.
+    lanes_reduce(w, first, n_out, (n_red, len), (&init, combine), (&load, em.loops), &write)
 }
 
 /// Elements a lane loads before it combines them.
@@ -220,17 +227,17 @@ const UNROLL: usize = 4;
 
 /// The body of a reduction laid out as `layout` over `n_out` output elements of `n_red`
 /// elements each, in parts of `len` (one part when `len == n_red`): `load` defines `v`, the
-/// element `j` of output `o`; `write` stores `acc` of output `o`, part `part`. Returns the
-/// workgroups and their size.
+/// element `j` of output `o` (with the loops beside it, once an element); `write` stores `acc`
+/// of output `o`, part `part`. Returns the workgroups, their size and the loops.
 fn lanes_reduce(
     w: &mut Wgsl,
     layout: Layout,
     n_out: usize,
     (n_red, len): (usize, usize),
     (init, combine): (&str, &str),
-    load: &[&str],
+    (load, load_loops): (&[&str], Loops),
     write: &str,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let Layout { outs, lanes, inner } = layout;
     let wg = (outs * lanes) as u32;
     let blocks = layout.blocks(n_out);
@@ -291,7 +298,13 @@ fn lanes_reduce(
     }
     w.block(&format!("if (lane == 0u && o < {n_out}u)"), &[write]);
     w.close();
-    (groups as u32, wg)
+    // A lane's share of its part (`len` elements, UNROLL a step over `lanes`), each step a
+    // loop of loads and one of combines; then the lanes' tree.
+    let unroll = UNROLL as u64;
+    let step = Loops::of(unroll, load_loops).then(Loops::flat(unroll));
+    let share = Loops::of(trips(len as u64, (lanes * UNROLL) as u64), step);
+    let tree = if lanes > 1 { Loops::flat(halvings(lanes as u64 / 2)) } else { Loops::NONE };
+    (groups as u32, wg, share.then(tree))
 }
 
 pub(super) fn softmax(
@@ -300,7 +313,7 @@ pub(super) fn softmax(
     binder: &Binder,
     out: NodeId,
     log: bool,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let x = g.node(out).inputs[0];
     let shape = g.shape(out);
     let d = *shape.last().expect("softmax has a last axis");
@@ -312,10 +325,11 @@ pub(super) fn softmax(
     w.block(&format!("if (row >= {rows}u)"), &["return;"]);
     w.line(&format!("let base = row * {d}u;"));
     w.line(&format!("var acc = {};", f32_lit(f32::NEG_INFINITY)));
-    row_max_and_total(w, &xn, d);
-    strided(w, d, &[&format!("let v = {xn}[base + j];"), &format!("{yn}[base + j] = {write};")]);
+    let loops = row_max_and_total(w, &xn, d);
+    let store = [&format!("let v = {xn}[base + j];"), &format!("{yn}[base + j] = {write};")];
+    let loops = loops.then(strided(w, d, &store.map(String::as_str)));
     w.close();
-    (rows as u32, ROW_WG)
+    (rows as u32, ROW_WG, loops)
 }
 
 /// Cross-entropy in two dispatches: a workgroup per row writes the row's loss and its count
@@ -327,7 +341,7 @@ pub(super) fn cross_entropy(
     binder: &Binder,
     ctx: &mut Ctx,
     out: NodeId,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let node = g.node(out);
     let Op::CrossEntropy { ignore_index } = node.op else { unreachable!("cross_entropy kernel") };
     let (logits, labels) = (node.inputs[0], node.inputs[1]);
@@ -341,7 +355,7 @@ pub(super) fn cross_entropy(
         open_row_main(w, SUM_WG);
         w.line("var acc = 0.0;");
         w.block(&format!("for (var r = lid; r < {rows}u; r += {SUM_WG}u)"), &[&format!("acc += {s}[r];")]);
-        tree(w, "sum", SUM_WG);
+        let losses = tree(w, "sum", SUM_WG);
         w.line("let total = red[0];");
         w.line("workgroupBarrier();");
         w.line("acc = 0.0;");
@@ -349,17 +363,19 @@ pub(super) fn cross_entropy(
             &format!("for (var r = lid; r < {rows}u; r += {SUM_WG}u)"),
             &[&format!("acc += {s}[{rows}u + r];")],
         );
-        tree(w, "sum", SUM_WG);
+        let counts = tree(w, "sum", SUM_WG);
         w.block("if (lid == 0u)", &[&format!("{}[0] = total / max(red[0], 1.0);", binder.name(out))]);
         w.close();
-        return (1, SUM_WG);
+        // Both sums a 256th of the rows a thread, then a tree.
+        let each = Loops::flat(trips(rows as u64, u64::from(SUM_WG)));
+        return (1, SUM_WG, each.then(losses).then(each).then(counts));
     }
     open_row_main(w, ROW_WG);
     w.line("let row = wid.x + wid.y * nwg.x;");
     w.block(&format!("if (row >= {rows}u)"), &["return;"]);
     w.line(&format!("let base = row * {c}u;"));
     w.line(&format!("var acc = {};", f32_lit(f32::NEG_INFINITY)));
-    row_max_and_total(w, &ln, c);
+    let loops = row_max_and_total(w, &ln, c);
     w.open("if (lid == 0u)");
     w.line(&format!("let label = {lab}[row];"));
     w.line("var loss = 0.0;");
@@ -375,7 +391,7 @@ pub(super) fn cross_entropy(
     w.line(&format!("{s}[{rows}u + row] = count;"));
     w.close();
     w.close();
-    (rows as u32, ROW_WG)
+    (rows as u32, ROW_WG, loops)
 }
 
 /// Dispatches of cross-entropy gradient `out`: with an ignored label, a first one counts the
@@ -396,7 +412,7 @@ pub(super) fn cross_entropy_grad(
     binder: &Binder,
     ctx: &mut Ctx,
     out: NodeId,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let node = g.node(out);
     let Op::CrossEntropyGrad { ignore_index } = node.op else {
         unreachable!("cross_entropy_grad kernel")
@@ -414,10 +430,10 @@ pub(super) fn cross_entropy_grad(
         w.open(&format!("for (var r = lid; r < {rows}u; r += {SUM_WG}u)"));
         w.block(&format!("if ({lab}[r] != {v})"), &["acc += 1.0;"]);
         w.close();
-        tree(w, "sum", SUM_WG);
+        let tree = tree(w, "sum", SUM_WG);
         w.block("if (lid == 0u)", &[&format!("{s}[0] = red[0];")]);
         w.close();
-        return (1, SUM_WG);
+        return (1, SUM_WG, Loops::flat(trips(rows as u64, u64::from(SUM_WG))).then(tree));
     }
     let count = match ignore_index {
         None => f32_lit(rows as f32),
@@ -432,7 +448,7 @@ pub(super) fn cross_entropy_grad(
     w.line(&format!("let label = {lab}[row];"));
     w.block(&format!("if (lid == 0u && !({ignore}) && !{ok})"), &["report(row);"]);
     w.line(&format!("var acc = {};", f32_lit(f32::NEG_INFINITY)));
-    row_max_and_total(w, &ln, c);
+    let loops = row_max_and_total(w, &ln, c);
     w.lines(&em.body);
     w.line(&format!("let scale = {dl} / count;"));
     w.open(&format!("for (var j = lid; j < {c}u; j += {ROW_WG}u)"));
@@ -441,5 +457,7 @@ pub(super) fn cross_entropy_grad(
     w.line(&format!("{dn}[base + j] = select(v * scale, 0.0, {ignore});"));
     w.close();
     w.close();
-    (rows as u32, ROW_WG)
+    // The row's two reductions, the gradient's expression, a third pass over the row.
+    let pass = Loops::flat(trips(c as u64, u64::from(ROW_WG)));
+    (rows as u32, ROW_WG, loops.then(em.loops).then(pass))
 }

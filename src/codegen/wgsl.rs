@@ -21,6 +21,7 @@ use super::expr::{decompose, ExprEmitter, HASH32_WGSL};
 use super::trace::math_wgsl;
 use super::embedding_grad::{embedding_grad, embedding_grad_stages};
 use super::gather::{concat, embedding};
+use super::loops::Loops;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::rows::{
     cross_entropy, cross_entropy_grad, cross_entropy_grad_stages, reduce, reduce_stages, softmax,
@@ -246,9 +247,19 @@ fn stages(g: &Graph, k: &Kernel, target: &Target) -> usize {
 /// the others): a kernel over zero-size values may touch none of its inputs.
 /// A matmul kernel that also sums its operand is the matmul's programs, then the reduction's.
 pub fn generate(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Vec<Program> {
+    generate_counted(g, plan, k, target).into_iter().map(|(p, _)| p).collect()
+}
+
+/// [`generate`], each program with its loops.
+pub fn generate_counted(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    target: &Target,
+) -> Vec<(Program, Loops)> {
     let (k, sum) = k.without_sum(g);
     let stages = (0..stages(g, &k, target)).filter_map(|stage| generate_stage(g, plan, &k, target, stage));
-    let sum = sum.map(|r| generate(g, plan, &r, target)).unwrap_or_default();
+    let sum = sum.map(|r| generate_counted(g, plan, &r, target)).unwrap_or_default();
     stages.chain(sum).collect()
 }
 
@@ -258,8 +269,8 @@ fn generate_stage(
     k: &Kernel,
     target: &Target,
     stage: usize,
-) -> Option<Program> {
-    let all = generate_binding(g, plan, k, target, stage, None);
+) -> Option<(Program, Loops)> {
+    let (all, loops) = generate_binding(g, plan, k, target, stage, None);
     let used: Vec<usize> = all
         .bindings
         .iter()
@@ -270,12 +281,12 @@ fn generate_stage(
         })
         .collect();
     let n_buffers = all.bindings.iter().filter(|b| matches!(b.resource, Resource::Buffer(_)));
-    let p = if used.len() == n_buffers.count() {
-        all
+    let (p, loops) = if used.len() == n_buffers.count() {
+        (all, loops)
     } else {
         generate_binding(g, plan, k, target, stage, Some(&used))
     };
-    (p.grid != Grid::Linear(0)).then_some(p)
+    (p.grid != Grid::Linear(0)).then_some((p, loops))
 }
 
 fn generate_binding(
@@ -285,7 +296,7 @@ fn generate_binding(
     target: &Target,
     stage: usize,
     only: Option<&[usize]>,
-) -> Program {
+) -> (Program, Loops) {
     let binder = Binder::new(plan, k, only);
     let names = |b: usize| name_of(&binder.list, b);
     let out = *k.outputs.last().expect("a kernel writes a value");
@@ -295,7 +306,8 @@ fn generate_binding(
     let mut ctx = Ctx { stage, chunk: target.reduce_chunk.max(1) as usize, scratch: Vec::new() };
     // The body first: the declarations after it bind only what it uses.
     let mut w = Wgsl::new();
-    let (workgroups, wg) = match &k.kind {
+    // Each kind's code states its loops (`super::loops`) beside them.
+    let (workgroups, wg, loops) = match &k.kind {
         KernelKind::Elementwise | KernelKind::MatMul { .. } => {
             elementwise(g, &mut w, &mut em, &binder, k, status == Some(StatusUse::Guard))
         }
@@ -372,7 +384,7 @@ fn generate_binding(
     h.lines(math_wgsl());
     h.blank();
     let stage_name = if stages(g, k, target) > 1 { format!(" stage {stage}") } else { String::new() };
-    Program {
+    let program = Program {
         label: format!("{} #{}{stage_name}", k.kind.name(), out.index()),
         wgsl: format!("{}{body}", h.finish()),
         entry: "main",
@@ -380,7 +392,8 @@ fn generate_binding(
         bindings,
         grid: Grid::Linear(workgroups),
         checks: checks_of(&k.kind),
-    }
+    };
+    (program, loops)
 }
 
 /// The runtime checks of a generated kernel: the row kernels' loops run to sizes fixed at
@@ -405,7 +418,7 @@ fn elementwise(
     binder: &Binder,
     k: &Kernel,
     guarded: bool,
-) -> (u32, u32) {
+) -> (u32, u32, Loops) {
     let out = *k.outputs.last().expect("a kernel writes a value");
     let out_shape = g.shape(out).to_vec();
     let n_out: usize = out_shape.iter().product();
@@ -437,7 +450,8 @@ fn elementwise(
     }
     w.line(&format!("{}[i] = {value};", binder.name(out)));
     w.close();
-    ((n_out as u32).div_ceil(WG), WG)
+    // The expression's own loops (a product's sum over K).
+    ((n_out as u32).div_ceil(WG), WG, em.loops)
 }
 
 /// The generated part of a matmul kernel: the epilogue that turns the accumulator of element
@@ -486,6 +500,21 @@ pub fn matmul_epilogue(
     k: &Kernel,
     register: NodeId,
 ) -> Option<MatmulEpilogue> {
+    epilogue_and_loops(g, plan, k, register).map(|(e, _)| e)
+}
+
+/// The loops of one call of the epilogue [`matmul_epilogue`] gives (the function `epilogue`,
+/// or `epilogue_with`), [`Loops::NONE`] when there is none.
+pub fn matmul_epilogue_loops(g: &Graph, plan: &Plan, k: &Kernel, register: NodeId) -> Loops {
+    epilogue_and_loops(g, plan, k, register).map_or(Loops::NONE, |(_, l)| l)
+}
+
+fn epilogue_and_loops(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    register: NodeId,
+) -> Option<(MatmulEpilogue, Loops)> {
     if uses_dropout(g, k) {
         return None;
     }
@@ -516,9 +545,9 @@ pub fn matmul_epilogue(
         em.hoisted = hoist.then(Default::default);
         let value = if out == register { "v".to_string() } else { em.emit(out, &coords) };
         let loads = em.hoisted.take().map(|l| l.into_inner()).unwrap_or_default();
-        (em.body, value, loads)
+        (em.body, value, loads, em.loops)
     };
-    let (code, value, loads) = emit(true);
+    let (code, value, loads, loops) = emit(true);
     let extra = used.borrow().clone();
     // Split only loads whose indices need nothing the body computes (a gather's index, an
     // inlined product's loop counter): they must be computable from (batch, i, j) alone.
@@ -555,12 +584,12 @@ pub fn matmul_epilogue(
         decls.close();
         body.line("return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));");
     } else {
-        let (code, value, _) = emit(false);
+        let (code, value, ..) = emit(false);
         body.lines(&coords_code).lines(&code).line(&format!("return {value};"));
     }
     // The template indents the first line of the body; the others are indented here.
     let body = body.finish().trim_end().replace('\n', "\n    ");
     let extra = used.into_inner();
     let loads = if split { loads.len() as u32 } else { 0 };
-    Some(MatmulEpilogue { decls: decls.finish(), body, extra, loads })
+    Some((MatmulEpilogue { decls: decls.finish(), body, extra, loads }, loops))
 }

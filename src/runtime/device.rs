@@ -281,7 +281,7 @@ impl Gpu {
 
     /// What codegen needs to know of this device, with the matmul choices `matmul`.
     pub fn target(&self, matmul: MatmulOptions) -> Target {
-        Target::of(&self.limits, self.cooperative, matmul)
+        Target::of(&self.limits, self.cooperative, matmul, self.is_software())
     }
 
     /// The matmul precision this device runs when `requested` (`None`: the default) is asked

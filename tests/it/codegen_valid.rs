@@ -4,13 +4,16 @@
 //! every matmul precision mode (the cooperative-matrix modules validated with naga's
 //! cooperative-matrix and f16 capabilities, on a faked cooperative adapter, no hardware
 //! needed), and none binds more storage buffers than the planner counted for its kernel (plus
-//! the exponents of a cooperative product, which codegen checks against the device).
+//! the exponents of a cooperative product, which codegen checks against the device). Each
+//! program holds the loops its generator states (`codegen::loops`): as many loop statements
+//! in the functions its entry point reaches as the bound it gives counted.
 
 use crate::common;
 
+use rumus::codegen::loops::Loops;
 use rumus::codegen::matmul::EXPONENT_SLOT;
 use rumus::codegen::matmul_coop::{tiles, CoopMode};
-use rumus::codegen::wgsl::generate;
+use rumus::codegen::wgsl::generate_counted;
 use rumus::codegen::{compile, MatmulOptions, MatmulPrecision, Resource, Target};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
@@ -37,6 +40,59 @@ fn validate(label: &str, src: &str) -> Result<(), String> {
         .validate(&module)
         .map_err(|e| format!("{label}: validate: {e:?}\n{src}"))?;
     Ok(())
+}
+
+/// Loop statements (`for`, `while`, `loop`: naga's `Loop`) in the functions entry point
+/// `entry` of `src` reaches, each counted once.
+fn loop_statements(src: &str, entry: &str) -> u32 {
+    use naga::{Block, Function, Handle, Statement};
+    fn walk(block: &Block, loops: &mut u32, calls: &mut Vec<Handle<Function>>) {
+        for s in block.iter() {
+            match s {
+                Statement::Block(b) => walk(b, loops, calls),
+                Statement::If { accept, reject, .. } => {
+                    walk(accept, loops, calls);
+                    walk(reject, loops, calls);
+                }
+                Statement::Switch { cases, .. } => {
+                    cases.iter().for_each(|c| walk(&c.body, loops, calls));
+                }
+                Statement::Loop { body, continuing, .. } => {
+                    *loops += 1;
+                    walk(body, loops, calls);
+                    walk(continuing, loops, calls);
+                }
+                Statement::Call { function, .. } => calls.push(*function),
+                _ => {}
+            }
+        }
+    }
+    let module = naga::front::wgsl::parse_str(src).expect("the module parses");
+    let ep = module.entry_points.iter().find(|e| e.name == entry).expect("the entry point");
+    let mut loops = 0;
+    let mut calls = Vec::new();
+    walk(&ep.function.body, &mut loops, &mut calls);
+    let mut seen = Vec::new();
+    while let Some(f) = calls.pop() {
+        if !seen.contains(&f) {
+            seen.push(f);
+            walk(&module.functions[f].body, &mut loops, &mut calls);
+        }
+    }
+    loops
+}
+
+/// A failure unless `label`'s module `src` (entry point `entry`) holds the loop statements
+/// `loops` counts.
+fn loops_stated(label: &str, src: &str, entry: &str, loops: &Loops) -> Result<(), String> {
+    let held = loop_statements(src, entry);
+    if held == loops.statements {
+        return Ok(());
+    }
+    Err(format!(
+        "{label}: {held} loops in its WGSL, {} in the bound of its generator",
+        loops.statements
+    ))
 }
 
 /// A generated module (templates, which open with a comment, are written by hand) is indented
@@ -120,9 +176,19 @@ fn validate_plans(
                 storage_bindings(g, k, &|id| p.value_of(id).unwrap().buffer, guarded(g, &p, k));
             // A matmul runs the template when it can; its generated fallback must be valid too.
             let fallback = match k.kind {
-                KernelKind::MatMul { .. } => generate(g, &p, k, &target),
+                KernelKind::MatMul { .. } => generate_counted(g, &p, k, &target),
                 _ => Vec::new(),
             };
+            // The matmul kernels' bounds (one for all of a product's programs) are checked
+            // against their loops in `the_matmul_kernels_hold_the_loops_codegen_loops_states`.
+            let on_a_tile = !matches!(kp.matmul, None | Some("generated"));
+            let own = kp.programs.iter().zip(&kp.loops).filter(|_| !on_a_tile);
+            for (prog, loops) in own.chain(fallback.iter().map(|(p, l)| (p, l))) {
+                if let Err(e) = loops_stated(&prog.label, &prog.wgsl, prog.entry, loops) {
+                    failures.push(e);
+                }
+            }
+            let fallback: Vec<_> = fallback.into_iter().map(|(p, _)| p).collect();
             for prog in kp.programs.iter().chain(&fallback) {
                 let storage = prog
                     .bindings
@@ -141,7 +207,8 @@ fn validate_plans(
         }
         for prog in &programs.commits {
             n += 1;
-            if let Err(e) = validate(&prog.label, &prog.wgsl) {
+            let check = loops_stated(&prog.label, &prog.wgsl, prog.entry, &Loops::NONE);
+            if let Err(e) = validate(&prog.label, &prog.wgsl).and(check) {
                 failures.push(e);
             }
         }
@@ -284,4 +351,65 @@ fn elementwise_ops_of_constants_validate() {
     let mut failures = Vec::new();
     validate_plans(&g, &outs, false, &mut failures);
     assert!(failures.is_empty(), "{} invalid modules; first:\n{}", failures.len(), failures[0]);
+}
+
+/// The matmul kernels' loops are stated in `codegen::loops` rather than beside their code:
+/// every fp32 tile's program, each cooperative mode's (emulated and not, on each of its tiles,
+/// K short enough to store straight into C and longer) conversion (with B's column sums and
+/// without) and product, and the split-K sum (with and without column sums), each with the
+/// identity epilogue and another, hold the loop statements `codegen::loops` counts for them.
+#[test]
+fn the_matmul_kernels_hold_the_loops_codegen_loops_states() {
+    use rumus::codegen::loops::{coop_conversion, matmul_product, split_k_sum};
+    use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, SUM_WORKGROUPS};
+    use rumus::codegen::matmul_coop::CoopKernel;
+    use rumus::codegen::wgsl::MatmulEpilogue;
+    let epilogue = |body: &str| MatmulEpilogue {
+        decls: String::new(),
+        body: body.to_string(),
+        extra: Vec::new(),
+        loads: 0,
+    };
+    let buffers = || [Resource::Buffer(0), Resource::Buffer(1), Resource::Buffer(2)];
+    let mut failures = Vec::new();
+    let mut check = |label: &str, src: &str, entry: &str, loops: Loops| {
+        if let Err(e) = loops_stated(label, src, entry, &loops) {
+            failures.push(e);
+        }
+    };
+    for (body, identity) in [("return v;", true), ("return v * 2.0;", false)] {
+        let e = epilogue(body);
+        for (_, tile) in matmul::FP32_TILES {
+            let spec = MatmulSpec::contiguous(1, 70, 90, 300);
+            let p = matmul::program(&spec, tile, Some(&e), buffers()).unwrap();
+            check(&p.label, &p.wgsl, p.entry, matmul_product(tile, 300, (Loops::NONE, identity)));
+        }
+        for mode in [CoopMode::High, CoopMode::Medium] {
+            for tile in tiles(mode) {
+                for (emulate, k, sums) in
+                    [(true, 300, true), (true, 1000, false), (false, 300, false)]
+                {
+                    let kernel = CoopKernel { mode, tile, subgroup: 32, emulate };
+                    let spec = MatmulSpec::contiguous(1, 70, 90, k);
+                    let t = MatmulTile::Coop(kernel);
+                    let summed = sums.then_some(Resource::Buffer(3));
+                    let ps =
+                        matmul::programs_summing("coop", &spec, t, Some(&e), buffers(), summed)
+                            .unwrap();
+                    let k = u64::from(k);
+                    let conversion = coop_conversion(&kernel, [1, 70, 90, k], sums);
+                    check(&ps[0].label, &ps[0].wgsl, ps[0].entry, conversion);
+                    let product = matmul_product(t, k, (Loops::NONE, identity));
+                    check(&ps[1].label, &ps[1].wgsl, ps[1].entry, product);
+                }
+            }
+        }
+        for sums in [false, true] {
+            let both = sums.then_some([Resource::Buffer(3), Resource::Buffer(4)]);
+            let parts = [Resource::Scratch { slot: 0 }, Resource::Buffer(2)];
+            let p = matmul::split_k_sum((70, 90, 4), parts, &e, SUM_WORKGROUPS, "sum", both);
+            check(&p.label, &p.wgsl, p.entry, split_k_sum((70, 90), sums, Loops::NONE));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

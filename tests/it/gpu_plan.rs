@@ -514,3 +514,55 @@ fn bench_json_reports_the_first_step_and_the_plans_dispatches() {
         assert_eq!(bench["all_reduce_ms"], 0.0, "{model:?}: {bench}");
     }
 }
+
+/// Mesa's software adapters (lavapipe, llvmpipe) end every loop of an invocation once it has
+/// run 65,535 iterations in all, without an error. A cross-entropy step over the widest row
+/// that budget takes (1,397,696 classes: a thread's three passes over a 64th of the row and
+/// two trees, 65,534 iterations), its label the row's last class, matches the CPU there: the
+/// bound is the adapter's own. A row of 64 classes more (65,537) is refused when its plan is
+/// made, where its gradient came out wrong. A hardware adapter runs both.
+#[test]
+fn the_widest_row_a_software_adapter_takes_is_right_and_a_wider_one_is_refused() {
+    use rumus::graph::Init;
+    let Some((gpu, _turn)) = or_skip("the_widest_row_a_software_adapter_takes_is_right") else {
+        return;
+    };
+    let step = |c: usize| {
+        let mut g = Graph::new();
+        let x = g.input("x", &[2, c], DType::F32).unwrap();
+        let b = g.parameter("b", &[c], Init::Zeros).unwrap();
+        let logits = g.add(x, b).unwrap();
+        let y = g.input("y", &[2], DType::I32).unwrap();
+        let loss = g.cross_entropy(logits, y, None).unwrap();
+        let t = training_graph(g, loss, &OptimConfig::new(Optimizer::sgd())).unwrap();
+        let x_values = (0..2 * c).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        let mut feeds = vec![
+            (x, Tensor::f32(&[2, c], x_values).unwrap()),
+            (y, Tensor::i32(&[2], vec![c as i32 - 1, 5]).unwrap()),
+        ];
+        feeds.extend(t.optim.host_feeds(0.5, 0));
+        let run = |backend: &mut dyn Backend| -> rumus::Result<(f32, Vec<f32>)> {
+            let refs: Vec<_> = feeds.iter().map(|(id, t)| (*id, t)).collect();
+            let out = backend.run(&refs, &[t.loss], RunOptions { training: true, step: 0 })?;
+            Ok((out[0].to_f32_vec()[0], backend.read(b)?.to_f32_vec()))
+        };
+        let mut on_gpu = GpuBackend::new(gpu, t.graph.clone(), 7, PlanOptions::default()).unwrap();
+        let got = run(&mut on_gpu);
+        let want = run(&mut CpuBackend::new(t.graph.clone(), 7).unwrap()).unwrap();
+        (got, want)
+    };
+    let (got, want) = step(1_397_696);
+    let (loss, b) = got.unwrap();
+    assert!((loss - want.0).abs() <= 1e-4 * want.0.abs(), "loss {loss}, cpu {}", want.0);
+    let err = max_rel_err(&b, &want.1);
+    assert!(err < 1e-3, "the updated bias differs from the cpu's by {err:e}");
+    let (got, _) = step(1_397_760);
+    if gpu.is_software() {
+        let e = got.unwrap_err();
+        let expected = "`cross_entropy_grad` of f32[2, 1397760], i32[2], f32[] needs up to 65537 \
+                        loop iterations in one GPU invocation";
+        assert!(e.message.starts_with(expected), "{}", e.message);
+    } else {
+        got.unwrap();
+    }
+}

@@ -904,3 +904,70 @@ fn a_mistyped_pipeline_cache_setting_is_refused_before_a_device_opens() {
         "{err}"
     );
 }
+
+/// Mesa's software adapters end every loop of an invocation once it has run 65,535 loop
+/// iterations in all, without an error (`codegen::loops`). On a target with that budget, a
+/// kernel whose loops could run more is refused when its programs are made, naming the op,
+/// its operands and the bound, where it used to compute a wrong answer in silence: the
+/// cross-entropy gradient of a row of 1,397,760 classes (three passes over the row, a 64th of
+/// it a thread), an embedding backward over 70,000 indices (which could all name one row).
+/// One class (or index) fewer fits; a target without the budget refuses nothing.
+#[test]
+fn kernels_whose_loops_a_software_adapter_would_cut_short_are_refused() {
+    use rumus::codegen::loops::SOFTWARE_LOOP_LIMIT;
+    use rumus::codegen::{compile, Target};
+    use rumus::graph::Init;
+    let software = Target { max_loop_trips: Some(SOFTWARE_LOOP_LIMIT), ..Target::WEBGPU_DEFAULT };
+    let classes = |c: usize| {
+        let mut g = Graph::new();
+        let x = g.input("x", &[2, c], DType::F32).unwrap();
+        let b = g.parameter("b", &[c], Init::Zeros).unwrap();
+        let logits = g.add(x, b).unwrap();
+        let y = g.input("y", &[2], DType::I32).unwrap();
+        let loss = g.cross_entropy(logits, y, None).unwrap();
+        training_graph(g, loss, &OptimConfig::new(Optimizer::sgd())).unwrap()
+    };
+    let indices = |n: usize| {
+        let mut g = Graph::new();
+        let table = g.parameter("table", &[10, 4], Init::Zeros).unwrap();
+        let idx = g.input("idx", &[n], DType::I32).unwrap();
+        let e = g.embedding(table, idx).unwrap();
+        let loss = g.mean(e, &[0, 1], false).unwrap();
+        training_graph(g, loss, &OptimConfig::new(Optimizer::sgd())).unwrap()
+    };
+    let compiled = |t: &rumus::graph::TrainGraph, target: &Target| {
+        let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+        compile(&t.graph, &p, target).map(|_| ())
+    };
+    // ceil(C / 64) = 21,839 a pass: 3 x 21,840 + the trees' 2 x 7 + 3 = 65,537 at 21,840.
+    let refused = [
+        (
+            classes(1_397_760),
+            "`cross_entropy_grad` of f32[2, 1397760], i32[2], f32[] needs up to 65537 loop \
+             iterations in one GPU invocation (`cross_entropy_grad",
+        ),
+        (
+            indices(70_000),
+            "`embedding_grad` of i32[70000], f32[70000, 4] needs up to 70001 loop iterations \
+             in one GPU invocation (`embedding_grad",
+        ),
+    ];
+    for (t, start) in &refused {
+        let e = compiled(t, &software).unwrap_err();
+        assert!(e.message.starts_with(start), "{}", e.message);
+        assert!(
+            e.message.ends_with(
+                "and this software adapter (Mesa's lavapipe or llvmpipe) ends every loop of an \
+                 invocation after 65535 without a word, which would give wrong results; run \
+                 this model with `--device cpu`"
+            ),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.kind, rumus::ErrorKind::Device);
+        compiled(t, &Target::WEBGPU_DEFAULT).unwrap();
+    }
+    for fits in [classes(1_397_696), indices(65_534)] {
+        compiled(&fits, &software).unwrap();
+    }
+}

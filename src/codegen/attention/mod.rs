@@ -19,6 +19,7 @@
 
 mod simt;
 
+use super::loops::Loops;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use crate::err;
 use crate::error::Result;
@@ -240,6 +241,8 @@ pub struct Generated {
     pub workgroups: u32,
     /// Storage bindings in binding order, and whether each is written.
     pub bindings: Vec<(Tensor, bool)>,
+    /// Its loops, for one invocation.
+    pub loops: Loops,
 }
 
 /// For each kernel, the first blocks of its preference list (`simt::candidates`: the fastest
@@ -274,8 +277,9 @@ pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &
     Ok(cfg)
 }
 
-/// The program of one kernel of `cfg` over `resources` (one per binding of the kernel).
-fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> Program {
+/// The program of one kernel of `cfg` over `resources` (one per binding of the kernel), and
+/// its loops.
+fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> (Program, Loops) {
     let gen = simt::generate(cfg, pass);
     let s = &cfg.shape;
     let b = cfg.blocks(pass);
@@ -301,7 +305,7 @@ fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> Pro
             words: words(t),
         })
         .collect();
-    Program {
+    let program = Program {
         label: format!(
             "{} [{}, {}, {}, {}] {}x{}/{}",
             pass.name(),
@@ -321,11 +325,17 @@ fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> Pro
         // Every global index is guarded (rows below T, columns below Dh) and every loop has a
         // bound fixed at codegen or by the workgroup id: naga's loop guard only costs time.
         checks: ShaderChecks { bounds: true, loop_bounding: false },
-    }
+    };
+    (program, gen.loops)
 }
 
-/// The programs of an attention kernel of `plan` (any of its four kinds).
-pub fn lower(g: &Graph, plan: &Plan, k: &Kernel, target: &Target) -> Result<Vec<Program>> {
+/// The programs of an attention kernel of `plan` (any of its four kinds), with their loops.
+pub fn lower(
+    g: &Graph,
+    plan: &Plan,
+    k: &Kernel,
+    target: &Target,
+) -> Result<Vec<(Program, Loops)>> {
     let buffer = |id: NodeId| {
         plan.value_of(id)
             .map(|v| Resource::Buffer(v.buffer))

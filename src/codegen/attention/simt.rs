@@ -45,6 +45,7 @@
 
 use super::{Blocks, Config, Generated, Pass, Shape, Strided, Tensor};
 use crate::codegen::expr::f32_lit;
+use crate::codegen::loops::Loops;
 use crate::codegen::writer::Wgsl;
 
 /// Blocks `configure` tries for `pass` at head dimension `dh`, in order of preference: the
@@ -155,11 +156,11 @@ pub fn generate(cfg: &Config, pass: Pass) -> Generated {
     }
     w.line("let ty = t / X;");
     w.line("let tx = t % X;");
-    match pass {
+    let loops = match pass {
         Pass::Forward => g.forward(&mut w),
         Pass::BackwardKv => g.backward_kv(&mut w),
         Pass::BackwardQ => g.backward_q(&mut w),
-    }
+    };
     w.close();
     Generated {
         wgsl: w.finish(),
@@ -167,6 +168,7 @@ pub fn generate(cfg: &Config, pass: Pass) -> Generated {
         workgroup_bytes: bytes,
         workgroups: blocks * s.heads(),
         bindings,
+        loops,
     }
 }
 
@@ -433,15 +435,16 @@ impl<'a> Gen<'a> {
         w.line("workgroupBarrier();");
     }
 
-    /// `Σ_g dp[{row}·DG + g]`, in order.
-    fn delta_sum(&self, w: &mut Wgsl, var: &str, row: &str) {
+    /// `Σ_g dp[{row}·DG + g]`, in order; its loop.
+    fn delta_sum(&self, w: &mut Wgsl, var: &str, row: &str) -> Loops {
         w.line(&format!("var {var} = 0.0;"));
         w.block("for (var g = 0u; g < DG; g++)", &[&format!("{var} += dp[{row} * DG + g];")]);
+        Loops::flat(u64::from(self.dp / 4))
     }
 
     /// This thread's score tiles `{acc}{a}_{b} = Σ_d A[r, d]·B[c, d]` for each `(acc, A, B)` of
-    /// `pairs`, over staged rows (rows of the scores: A, columns: B).
-    fn scores(&self, w: &mut Wgsl, pairs: &[(&str, &str, &str)]) {
+    /// `pairs`, over staged rows (rows of the scores: A, columns: B); its loop over Dh.
+    fn scores(&self, w: &mut Wgsl, pairs: &[(&str, &str, &str)]) -> Loops {
         let s = self.sp;
         for &(acc, _, _) in pairs {
             for (a, b) in s.scores() {
@@ -461,10 +464,12 @@ impl<'a> Gen<'a> {
             }
         }
         w.close();
+        Loops::flat(u64::from(self.dp / 4))
     }
 
-    /// `{acc}{a}_{e} += Σ_c P[r, c]·M[c, :]` for each `(acc, P, M)` of `products`.
-    fn products(&self, w: &mut Wgsl, products: &[(&str, &str, &str)]) {
+    /// `{acc}{a}_{e} += Σ_c P[r, c]·M[c, :]` for each `(acc, P, M)` of `products`; its loop
+    /// over the block's columns.
+    fn products(&self, w: &mut Wgsl, products: &[(&str, &str, &str)]) -> Loops {
         let s = self.sp;
         w.open("for (var c4 = 0u; c4 < CG; c4++)");
         for &(acc, p, m) in products {
@@ -483,6 +488,7 @@ impl<'a> Gen<'a> {
             }
         }
         w.close();
+        Loops::flat(u64::from(self.c / 4))
     }
 
     /// Store this thread's `{val}{a}_{b}` at its rows and columns of the P-shaped array `dst`.
@@ -545,7 +551,14 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn forward(&self, w: &mut Wgsl) {
+    /// Blocks of `rows` rows over T: the most iterations of a loop over blocks.
+    fn blocks_of(&self, rows: u32) -> u64 {
+        u64::from(self.cfg.shape.t.div_ceil(rows))
+    }
+
+    /// The forward; its loops: over the key blocks, each the scores, the row maxima of each
+    /// of this thread's rows and the products, then the rows' sums.
+    fn forward(&self, w: &mut Wgsl) -> Loops {
         let s = self.sp;
         w.line("let row0 = blk * BR;");
         self.stage(w, "qs", "q", "row0", self.b.br);
@@ -564,7 +577,8 @@ impl<'a> Gen<'a> {
         self.store(w, "vs", self.b.bc);
         w.line("workgroupBarrier();");
         self.prefetch(w, &[("kps", "k"), ("vs", "v")], "jb + 1u < nb", "col0 + BC", self.b.bc);
-        self.scores(w, &[("s", "qs", "kps")]);
+        let mut block = self.scores(w, &[("s", "qs", "kps")]);
+        let threads_of_a_row = Loops::flat(u64::from(s.x));
         w.line("// Each thread's row maxima meet in red.");
         for a in 0..s.a {
             let mut mx = String::new();
@@ -579,6 +593,7 @@ impl<'a> Gen<'a> {
         for a in 0..s.a {
             w.line(&format!("var mx{a} = m{a};"));
             w.block("for (var x = 0u; x < X; x++)", &[&format!("mx{a} = max(mx{a}, red[{} * X + x]);", s.row(a))]);
+            block = block.then(threads_of_a_row);
             w.line(&format!("let corr{a} = exp(m{a} - mx{a});"));
             w.line(&format!("m{a} = mx{a};"));
             w.line(&format!("l{a} *= corr{a};"));
@@ -592,8 +607,9 @@ impl<'a> Gen<'a> {
         }
         self.store_p(w, "kps", "p");
         w.line("workgroupBarrier();");
-        self.products(w, &[("acc", "kps", "vs")]);
+        let block = block.then(self.products(w, &[("acc", "kps", "vs")]));
         w.close();
+        let mut loops = Loops::of(self.blocks_of(self.b.bc), block);
         w.line("// The parts of each row's sum meet in red.");
         w.line("workgroupBarrier();");
         for a in 0..s.a {
@@ -603,6 +619,7 @@ impl<'a> Gen<'a> {
         for a in 0..s.a {
             w.line(&format!("var lt{a} = 0.0;"));
             w.block("for (var x = 0u; x < X; x++)", &[&format!("lt{a} += red[{} * X + x];", s.row(a))]);
+            loops = loops.then(threads_of_a_row);
             w.line(&format!("let inv{a} = 1.0 / lt{a};"));
         }
         self.write_acc(w, "acc", "o", "row0", &|a| format!("inv{a}"));
@@ -613,9 +630,12 @@ impl<'a> Gen<'a> {
                 &[&format!("lse[row_at(bh, row0 + {r})] = m{a} + log(lt{a});")],
             );
         }
+        loops
     }
 
-    fn backward_q(&self, w: &mut Wgsl) {
+    /// dQ; its loops: each of this thread's rows' delta, then over the key blocks the scores
+    /// and the products.
+    fn backward_q(&self, w: &mut Wgsl) -> Loops {
         let s = self.sp;
         w.line("let row0 = blk * BR;");
         self.stage(w, "qs", "q", "row0", self.b.br);
@@ -632,8 +652,9 @@ impl<'a> Gen<'a> {
         self.load(w, "vds", "v", "0u", self.b.bc, true);
         w.line("workgroupBarrier();");
         self.delta_partials(w, self.b.br);
+        let mut loops = Loops::NONE;
         for a in 0..s.a {
-            self.delta_sum(w, &format!("rd{a}"), &s.row(a));
+            loops = loops.then(self.delta_sum(w, &format!("rd{a}"), &s.row(a)));
         }
         w.open("for (var jb = 0u; jb < nb; jb++)");
         w.line("let col0 = jb * BC;");
@@ -642,7 +663,7 @@ impl<'a> Gen<'a> {
         self.store(w, "vds", self.b.bc);
         w.line("workgroupBarrier();");
         self.prefetch(w, &[("ks", "k"), ("vds", "v")], "jb + 1u < nb", "col0 + BC", self.b.bc);
-        self.scores(w, &[("s", "qs", "ks"), ("g", "dos", "vds")]);
+        let block = self.scores(w, &[("s", "qs", "ks"), ("g", "dos", "vds")]);
         for (a, b) in s.scores() {
             w.line(&format!("let p{a}_{b} = select(0.0, exp(s{a}_{b} * SCALE - rl{a}), {});", self.keep(a, b)));
             w.line(&format!("let ds{a}_{b} = p{a}_{b} * (g{a}_{b} - rd{a});"));
@@ -651,12 +672,15 @@ impl<'a> Gen<'a> {
         w.line("workgroupBarrier();");
         self.store_p(w, "vds", "ds");
         w.line("workgroupBarrier();");
-        self.products(w, &[("gq", "vds", "ks")]);
+        let block = block.then(self.products(w, &[("gq", "vds", "ks")]));
         w.close();
         self.write_acc(w, "gq", "dq", "row0", &|_| "SCALE".into());
+        loops.then(Loops::of(self.blocks_of(self.b.bc), block))
     }
 
-    fn backward_kv(&self, w: &mut Wgsl) {
+    /// dK and dV; its loops: over the query blocks, each the deltas of the block's rows this
+    /// thread sums, the scores and the products.
+    fn backward_kv(&self, w: &mut Wgsl) -> Loops {
         let s = self.sp;
         w.line("let col0 = blk * BC;");
         self.stage(w, "ks", "k", "col0", self.b.bc);
@@ -679,10 +703,11 @@ impl<'a> Gen<'a> {
         }
         w.line("workgroupBarrier();");
         self.delta_partials(w, self.b.br);
+        let mut block = Loops::NONE;
         for k in 0..self.b.br.div_ceil(self.b.threads) {
             let r = format!("(t + {}u)", k * self.b.threads);
             w.open(&format!("if {r} < BR"));
-            self.delta_sum(w, &format!("sd{k}"), &r);
+            block = block.then(self.delta_sum(w, &format!("sd{k}"), &r));
             w.line(&format!("rd[{r}] = sd{k};"));
             w.close();
         }
@@ -693,7 +718,7 @@ impl<'a> Gen<'a> {
         self.load_stats(w, "row0 + BR", false);
         w.close();
         w.line("// Transposed scores: rows are this block's keys, columns the query rows.");
-        self.scores(w, &[("s", "ks", "qs"), ("g", "vs", "dos")]);
+        let block = block.then(self.scores(w, &[("s", "ks", "qs"), ("g", "vs", "dos")]));
         w.line("// Every row's delta is in rd.");
         w.line("workgroupBarrier();");
         for b in 0..s.b {
@@ -708,9 +733,10 @@ impl<'a> Gen<'a> {
         self.store_p(w, "ps", "p");
         self.store_p(w, "dss", "ds");
         w.line("workgroupBarrier();");
-        self.products(w, &[("gv", "ps", "dos"), ("gk", "dss", "qs")]);
+        let block = block.then(self.products(w, &[("gv", "ps", "dos"), ("gk", "dss", "qs")]));
         w.close();
         self.write_acc(w, "gk", "dk", "col0", &|_| "SCALE".into());
         self.write_acc(w, "gv", "dv", "col0", &|_| "1.0".into());
+        Loops::of(self.blocks_of(self.b.br), block)
     }
 }
