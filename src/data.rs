@@ -153,7 +153,7 @@ pub fn read_text(path: &Path, charge: &mut Charge) -> Result<Vec<u8>> {
         let mut files = Vec::new();
         collect_text_files(path, &mut files)?;
         if files.is_empty() {
-            return Err(err!(Io, "{}: no .rs, .md or .txt files", path.display()));
+            return Err(err!(Data, "{}: no .rs, .md or .txt files", path.display()));
         }
         files
     } else {
@@ -393,7 +393,7 @@ fn parse_csv(
         if total > opts.max_bytes {
             return Err(err!(Limit, "{name}: more than {} bytes of text", opts.max_bytes));
         }
-        let at = |msg: String| err!(Io, "{name}:{line_no}: {msg}");
+        let at = |msg: String| err!(Data, "{name}:{line_no}: {msg}");
         let line = std::str::from_utf8(&raw).map_err(|_| at("line is not valid UTF-8".into()))?;
         let line = line.trim();
         if line.is_empty() {
@@ -469,11 +469,11 @@ fn parse_csv(
         n_rows += 1;
     }
     let Some(n_fields) = n_fields else {
-        return Err(err!(Io, "{name}: no data rows"));
+        return Err(err!(Data, "{name}: no data rows"));
     };
     let n_features = n_fields - usize::from(opts.label_col.is_some());
     if n_features == 0 {
-        return Err(err!(Io, "{name}: no feature columns"));
+        return Err(err!(Data, "{name}: no feature columns"));
     }
     drop(raw);
     features.shrink_to_fit();
@@ -490,13 +490,13 @@ fn parse_csv(
             sorted.sort_by(|&a, &b| names[a].cmp(&names[b]));
             let mut rank = vec![0i32; names.len()];
             for (r, &id) in sorted.iter().enumerate() {
-                rank[id] = i32::try_from(r).map_err(|_| err!(Io, "{name}: too many classes"))?;
+                rank[id] = i32::try_from(r).map_err(|_| err!(Data, "{name}: too many classes"))?;
             }
             let labels = ids.iter().map(|&id| rank[id]).collect();
             let names = sorted.into_iter().map(|id| names[id].clone()).collect();
             (Tensor::i32(&[n_rows], labels)?, names)
         }
-        (Some(_), Labels::Classes, None) => return Err(err!(Io, "{name}: no data rows")),
+        (Some(_), Labels::Classes, None) => return Err(err!(Data, "{name}: no data rows")),
     };
     Ok(Dataset::new(x, y)?.with_classes(names))
 }
@@ -512,7 +512,7 @@ fn read_record(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge
         if read_line(reader, raw, charge)? == start {
             return match raw.iter().filter(|&&b| b == b'"').count() % 2 {
                 0 => Ok(raw.len()),
-                _ => Err(err!(Io, "a quoted field is not closed before the end of the file")),
+                _ => Err(err!(Data, "a quoted field is not closed before the end of the file")),
             };
         }
         if raw.iter().filter(|&&b| b == b'"').count() % 2 == 0 {
@@ -540,7 +540,7 @@ fn split_fields(record: &str) -> std::result::Result<csv::StringRecord, String> 
 /// Append one line (with its `\n`, if any) to `raw`; returns the new length.
 fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) -> Result<usize> {
     loop {
-        let buf = reader.fill_buf().map_err(|e| err!(Io, "{e}"))?;
+        let buf = reader.fill_buf().map_err(read_error)?;
         if buf.is_empty() {
             return Ok(raw.len());
         }
@@ -554,6 +554,16 @@ fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) 
         if done {
             return Ok(raw.len());
         }
+    }
+}
+
+/// An error reading a data file: the gzip decoder's (a damaged stream: the file's content) or
+/// the operating system's (I/O).
+fn read_error(e: std::io::Error) -> Error {
+    use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
+    match e.kind() {
+        InvalidData | InvalidInput | UnexpectedEof => err!(Data, "the gzip data is damaged: {e}"),
+        _ => err!(Io, "{e}"),
     }
 }
 
@@ -583,7 +593,7 @@ fn push_class(
     charge: &mut Charge,
 ) -> Result<()> {
     if field.is_empty() {
-        return Err(err!(Io, "empty label"));
+        return Err(err!(Data, "empty label"));
     }
     let labels = classes.get_or_insert_with(|| {
         if is_number(field) {
@@ -600,16 +610,16 @@ fn push_class(
     let rows = || "class labels".to_string();
     match labels {
         ClassLabels::Numbers { labels: v, first_line } => match field.parse::<i64>() {
-            Ok(l) if l < 0 => Err(err!(Io, "label {l} is negative")),
+            Ok(l) if l < 0 => Err(err!(Data, "label {l} is negative")),
             Ok(l) => {
-                let l = i32::try_from(l).map_err(|_| err!(Io, "label {l} is too large"))?;
+                let l = i32::try_from(l).map_err(|_| err!(Data, "label {l} is too large"))?;
                 reserve(v, 1, charge, rows)?;
                 v.push(l);
                 Ok(())
             }
-            Err(_) if is_number(field) => Err(err!(Io, "label `{field}` is not an integer")),
+            Err(_) if is_number(field) => Err(err!(Data, "label `{field}` is not an integer")),
             Err(_) => Err(err!(
-                Io,
+                Data,
                 "label `{field}` is a name, but the column's first label (`{}`, line {first_line}) is a number: class labels are all integers or all names; fix the one that is wrong",
                 v.first().map_or(String::new(), i32::to_string)
             )),
@@ -618,7 +628,7 @@ fn push_class(
             if is_number(field) {
                 let first = names.first().map_or("", String::as_str);
                 return Err(err!(
-                    Io,
+                    Data,
                     "label `{field}` is a number, but the column's first label (`{first}`, line {first_line}) is a name: class labels are all integers or all names; fix the one that is wrong"
                 ));
             }

@@ -51,6 +51,11 @@ pub enum ErrorKind {
     Device,
     /// A checkpoint file is malformed or does not match the model.
     Checkpoint,
+    /// A data file's content is not what its reader takes (a CSV field that is not a number, a
+    /// bad class label, a row of the wrong length, no rows, a damaged gzip stream, text that is
+    /// not UTF-8, a metrics log line that is not JSON): the run's input is wrong, as a model's
+    /// or a checkpoint's can be, not the command line (exit code 1, where I/O is 2).
+    Data,
     /// Reading or writing a file failed.
     Io,
     /// Bad command-line usage.

@@ -67,7 +67,7 @@ impl Curves {
         let mut curves = Curves::default();
         for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
             let v: serde_json::Value = serde_json::from_str(line)
-                .map_err(|e| err!(Io, "{name}:{}: not a JSON line: {e}", i + 1))?;
+                .map_err(|e| err!(Data, "{name}:{}: not a JSON line: {e}", i + 1))?;
             let num = |key: &str| v.get(key).and_then(serde_json::Value::as_f64);
             let Some(step) = num("step") else { continue };
             if let Some(loss) = num("loss") {
@@ -150,7 +150,7 @@ pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
     let mut charge = crate::memory::Budget::new(MAX_LOG_BYTES).empty();
     let file = crate::files::open_regular(log)?;
     let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;
-    let text = String::from_utf8(bytes).map_err(|_| err!(Io, "{name}: not valid UTF-8 text"))?;
+    let text = String::from_utf8(bytes).map_err(|_| err!(Data, "{name}: not valid UTF-8 text"))?;
     Curves::from_log(&name, &text)?.write_svg(out)
 }
 

@@ -168,7 +168,8 @@ fn print_text(text: &str) -> Result<i32> {
 }
 
 /// The process exit code for a command's result, printing the error to stderr: 2 for usage and
-/// I/O errors, 130 when interrupted, 1 for any other error; a successful command's own code.
+/// I/O errors, 130 when interrupted, 1 for any other error (a script's, a model's, a data
+/// file's content); a successful command's own code.
 pub fn exit_code(r: Result<i32>) -> i32 {
     use std::io::Write;
     let e = match r {

@@ -1,7 +1,7 @@
-//! The `rumus` command's contract: exit codes (0 success, 1 script or runtime error, 2 usage or
-//! I/O error, 130 Ctrl-C, `exit(n)` in a script), errors as `file:line:col: message` with a
-//! caret, a broken pipe is success but any other output error is not, numbers range-checked,
-//! and the metrics log.
+//! The `rumus` command's contract: exit codes (0 success, 1 script or runtime error or a data
+//! file's content, 2 usage or I/O error, 130 Ctrl-C, `exit(n)` in a script), errors as
+//! `file:line:col: message` with a caret, a broken pipe is success but any other output error
+//! is not, numbers range-checked, and the metrics log.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -232,7 +232,8 @@ fn plot_writes_an_svg_of_every_curve() {
     }
     let bad = script("bad.jsonl", "{\"step\": 1, \"loss\": 2}\nnot json\n");
     let (code, _, err) = rumus(&["plot", &bad, "-o", svg]);
-    assert_eq!(code, 2);
+    // What the log holds is wrong, as with an empty one: 1, not a usage or I/O error.
+    assert_eq!(code, 1);
     assert!(err.starts_with(&format!("{bad}:2: not a JSON line: ")), "{err}");
     let empty = script("empty.jsonl", "");
     assert_eq!(
@@ -554,6 +555,47 @@ fn every_command_gives_a_mistake_the_same_exit_code() {
         let (code, out, err) = rumus(&[flag]);
         assert_eq!((code, err.as_str()), (0, ""), "{flag}");
         assert_eq!(out, format!("rumus {}\n", env!("CARGO_PKG_VERSION")));
+    }
+}
+
+/// A data file whose content is wrong is the run's input gone wrong, exit code 1 as a script's
+/// or a model's mistake is (it was 2, a usage or I/O error: a CSV's label column out of range
+/// exited as a mistyped flag does); a data file that cannot be read at all is still an I/O
+/// error, 2.
+#[test]
+fn a_data_files_content_is_exit_code_1_and_a_file_that_cannot_be_read_2() {
+    let csv = |name: &str, text: &[u8]| {
+        let path = script(name, "");
+        std::fs::write(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(&path), text).unwrap();
+        path
+    };
+    let short = csv("data_short.csv", b"1,2,0\n");
+    let word = csv("data_word.csv", b"1,2,0\n3,x,1\n");
+    let bytes = csv("data_bytes.txt", b"ab\xffcd\n");
+    let cases = [
+        (
+            format!("csv(\"{short}\", #{{ label_col: 3 }});\n"),
+            1,
+            format!("{short}:1: label_col 3 is out of range for 3 fields (it counts from 0)"),
+        ),
+        (
+            format!("csv(\"{word}\", #{{ label_col: 2 }});\n"),
+            1,
+            format!("{word}:2: column 2: `x` is not a number"),
+        ),
+        (format!("read_text(\"{bytes}\");\n"), 1, format!("{bytes}: not valid UTF-8 text")),
+        (
+            "csv(\"target/script_cli/data_missing.csv\");\n".to_string(),
+            2,
+            "target/script_cli/data_missing.csv: No such file or directory".to_string(),
+        ),
+    ];
+    for (i, (text, code, message)) in cases.into_iter().enumerate() {
+        let f = script(&format!("data_{i}.rms"), &text);
+        let (got, _, err) = rumus(&["run", &f]);
+        let first = err.lines().next().unwrap_or("");
+        assert_eq!(got, code, "{text}: {err}");
+        assert!(first.contains(&message), "{text}: {first}");
     }
 }
 
