@@ -334,7 +334,8 @@ pub(super) fn softmax(
 
 /// Cross-entropy in two dispatches: a workgroup per row writes the row's loss and its count
 /// (0 or 1) into scratch (`[loss of each row, count of each row]`), checking its label; then
-/// one workgroup sums both in order and writes their quotient.
+/// one workgroup sums both in order and writes their quotient, NaN when nothing was counted
+/// (every label ignored: a mean of nothing, as on the CPU).
 pub(super) fn cross_entropy(
     g: &Graph,
     w: &mut Wgsl,
@@ -364,7 +365,9 @@ pub(super) fn cross_entropy(
             &[&format!("acc += {s}[{rows}u + r];")],
         );
         let counts = tree(w, "sum", SUM_WG);
-        w.block("if (lid == 0u)", &[&format!("{}[0] = total / max(red[0], 1.0);", binder.name(out))]);
+        let (on, nan) = (binder.name(out), f32_lit(f32::NAN));
+        let mean = format!("{on}[0] = select(total / red[0], {nan}, red[0] == 0.0);");
+        w.block("if (lid == 0u)", &[&mean]);
         w.close();
         // Both sums a 256th of the rows a thread, then a tree.
         let each = Loops::flat(trips(rows as u64, u64::from(SUM_WG)));

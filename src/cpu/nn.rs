@@ -177,8 +177,9 @@ pub fn check_index(op: &str, i: i32, n: usize) -> Result<usize> {
 
 // ---- cross-entropy ----
 
-/// Mean over the rows whose label is not `ignore_index` of `−log_softmax(row)[label]`; 0 when every
-/// label is ignored. A label outside `0..C` (and not ignored) is an error naming it.
+/// Mean over the rows whose label is not `ignore_index` of `−log_softmax(row)[label]`; NaN when
+/// every label is ignored (a mean of nothing, as PyTorch's; its gradient is 0). A label outside
+/// `0..C` (and not ignored) is an error naming it.
 pub fn cross_entropy<T: Float>(
     logits: &[T],
     c: usize,
@@ -196,13 +197,13 @@ pub fn cross_entropy<T: Float>(
         count += 1;
     }
     if count == 0 {
-        return Ok(vec![T::zero()]);
+        return Ok(vec![T::from_f64(f64::NAN)]);
     }
     Ok(vec![T::from_f64(total) / T::from_f64(count as f64)])
 }
 
 /// The logits gradient of [`cross_entropy`]: (softmax − onehot) · dloss / count per counted row,
-/// zero rows for ignored labels.
+/// zero rows for ignored labels (every row when every label is: the loss's NaN moves nothing).
 pub fn cross_entropy_grad<T: Float>(
     logits: &[T],
     c: usize,

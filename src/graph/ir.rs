@@ -213,7 +213,8 @@ pub enum Op {
         vocab: usize,
     },
     /// `(logits [..., C], labels i32 [...]) -> []`: mean negative log-likelihood over the labels
-    /// that are not `ignore_index`.
+    /// that are not `ignore_index`; NaN when every label is (a mean of nothing), with a
+    /// gradient of 0.
     CrossEntropy {
         /// A label that contributes nothing (PyTorch's `ignore_index`).
         ignore_index: Option<i32>,

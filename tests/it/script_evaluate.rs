@@ -56,6 +56,29 @@ print(same && a.step == 4);
     }
 }
 
+/// Cross-entropy over labels that are all `ignore_index` is a mean of nothing: `train_step`
+/// and `evaluate` both give NaN (`train_step` gave 0.0 where `evaluate` gave NaN), as PyTorch
+/// does, on either device; the step's gradients are 0, so it moves no parameter, and a batch
+/// with one label counted trains.
+#[test]
+fn a_batch_whose_every_label_is_ignored_has_a_nan_loss_and_moves_nothing() {
+    let code = "
+let net = m().compile(#{ batch: 4, device: DEV, ignore_index: -1, optimizer: sgd(#{ lr: 0.5 }) });
+let w = net.param(\"fc1.weight\");
+let none = tensor([-1, -1, -1, -1], \"i32\");
+print(net.train_step(x4, none));
+print(net.evaluate(x4, none).loss);
+print(net.param(\"fc1.weight\") == w && net.step == 1);
+let one = tensor([-1, 2, -1, -1], \"i32\");
+print(net.train_step(x4, one) > 0.0 && net.param(\"fc1.weight\") != w);
+";
+    let (devices, _turn) = devices_or_skip("every label ignored on the gpu");
+    for dev in devices {
+        let out = run_on(dev, &format!("{MLP}const DEV = \"{dev}\";\n{code}"));
+        assert_eq!(out, "NaN\nNaN\ntrue\ntrue\n", "{dev}");
+    }
+}
+
 #[test]
 fn evaluate_reports_mean_loss_and_accuracy() {
     let zero = "model lin(x: f32[B, 2], n = 3) { return linear(x, n) as fc }
