@@ -18,6 +18,7 @@ pub use crate::source::{Source, Span};
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
+use unicode_width::UnicodeWidthStr;
 
 /// Longest message shown, in characters; the rest is cut (messages may quote file contents).
 pub const MAX_MESSAGE_CHARS: usize = 500;
@@ -243,15 +244,31 @@ fn tidy(message: &str) -> String {
     clean(&parts.join("`"), MAX_MESSAGE_CHARS)
 }
 
-/// The context line as shown (escaped, a window of at most [`MAX_CONTEXT_COLUMNS`] columns
-/// around the culprit), the padding that puts the caret under character `col0`, and the caret's
-/// width for `span_chars` characters. Tabs stay tabs, so the caret lines up.
+/// Columns a tab in a context line advances to: the next multiple of this, from the line's
+/// start (as rustc shows a tab: four columns).
+const TAB_STOP: usize = 4;
+
+/// The context line as shown (escaped, tabs expanded to spaces, a window of at most
+/// [`MAX_CONTEXT_COLUMNS`] columns around the culprit), the padding that puts the caret under
+/// character `col0`, and the caret's width for `span_chars` characters. Padding and carets
+/// follow the terminal columns the text takes (`unicode-width`: an East Asian wide character
+/// or an emoji takes two, a combining mark none), so the caret sits under the culprit
+/// whatever comes before it.
 fn context(line: &str, col0: usize, span_chars: usize) -> (String, String, usize) {
-    let pieces: Vec<String> = line
-        .chars()
-        .map(|c| if c != '\t' && needs_escape(c) { c.escape_debug().to_string() } else { c.into() })
-        .collect();
-    let width = |p: &String| p.chars().count();
+    let mut pieces: Vec<String> = Vec::new();
+    let mut column = 0;
+    for c in line.chars() {
+        let piece = if c == '\t' {
+            " ".repeat(TAB_STOP - column % TAB_STOP)
+        } else if needs_escape(c) {
+            c.escape_debug().to_string()
+        } else {
+            c.into()
+        };
+        column += piece.width();
+        pieces.push(piece);
+    }
+    let width = |p: &String| p.width();
     let col0 = col0.min(pieces.len());
     // Up to a third of the window before the culprit, then as much as fits after it.
     let mut lo = col0;
@@ -267,25 +284,22 @@ fn context(line: &str, col0: usize, span_chars: usize) -> (String, String, usize
         hi += 1;
     }
     let hi = hi.max((col0 + 1).min(pieces.len()));
-    let mut text = String::new();
-    let mut pad = String::new();
+    let mut shown = String::new();
     if lo > 0 {
-        text.push('…');
-        pad.push(' ');
+        shown.push('…');
     }
-    text.extend(pieces[lo..hi].iter().map(String::as_str));
+    shown.extend(pieces[lo..col0].iter().map(String::as_str));
+    // The columns before the culprit, and those of the text up to its end (a string's width,
+    // so an emoji sequence counts as the terminal shows it).
+    let pad = shown.width();
+    let mut text = shown.clone();
+    text.extend(pieces[col0..hi].iter().take(span_chars).map(String::as_str));
+    let carets = text.width().saturating_sub(pad);
+    text.extend(pieces[col0..hi].iter().skip(span_chars).map(String::as_str));
     if hi < pieces.len() {
         text.push('…');
     }
-    for p in &pieces[lo..col0] {
-        if p == "\t" {
-            pad.push('\t');
-        } else {
-            pad.extend(std::iter::repeat_n(' ', width(p)));
-        }
-    }
-    let carets: usize = pieces[col0..hi].iter().take(span_chars).map(width).sum();
-    (text, pad, carets.max(1))
+    (text, " ".repeat(pad), carets.max(1))
 }
 
 /// Build an [`Error`] of the given kind with `format!` arguments.
@@ -321,7 +335,8 @@ mod tests {
     #[test]
     fn context_lines_are_escaped_and_clipped() {
         check("abc", 3, 3, "s:1:4: bad\n    abc\n       ^");
-        check("a\tb", 2, 3, "s:1:3: bad\n    a\tb\n     \t^");
+        // A tab shows as the spaces to the next stop of 4 columns, the caret under what follows.
+        check("a\tb", 2, 3, "s:1:3: bad\n    a   b\n        ^");
         // A terminal escape before the culprit widens the padding by its escaped width.
         check("\u{1b}[2Jx", 4, 5, "s:1:5: bad\n    \\u{1b}[2Jx\n             ^");
         check("\u{202e}ab\r\n", 3, 5, "s:1:2: bad\n    \\u{202e}ab\n            ^^");
@@ -338,6 +353,28 @@ mod tests {
         let short_tail = format!("{}X", "a".repeat(1000));
         let expected = format!("s:1:1001: bad\n    …{}X\n     {}^", "a".repeat(66), " ".repeat(66));
         check(&short_tail, 1000, 1001, &expected);
+    }
+
+    /// The caret follows the columns a terminal gives the text before it: two for an East
+    /// Asian wide character or an emoji, none for a combining mark, a tab to its next stop;
+    /// a wide culprit gets two carets. It sat one column left per wide character before it.
+    #[test]
+    fn carets_follow_display_width() {
+        check("日本x", 6, 7, "s:1:3: bad\n    日本x\n        ^");
+        check("😀 x", 5, 6, "s:1:3: bad\n    😀 x\n       ^");
+        check("e\u{301}x", 3, 4, "s:1:3: bad\n    e\u{301}x\n     ^");
+        check("ab本c", 2, 5, "s:1:3: bad\n    ab本c\n      ^^");
+        check("\t日\tx", 5, 6, "s:1:4: bad\n        日  x\n            ^");
+        // A line of wide characters is windowed by its columns: 66 before the culprit, 200 in
+        // all (the ellipses aside).
+        let wide = format!("{}X{}", "本".repeat(500), "字".repeat(500));
+        let expected = format!(
+            "s:1:501: bad\n    …{}X{}…\n     {}^",
+            "本".repeat(33),
+            "字".repeat(66),
+            " ".repeat(66)
+        );
+        check(&wide, 1500, 1501, &expected);
     }
 
     #[test]

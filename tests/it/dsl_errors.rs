@@ -100,6 +100,21 @@ m.rms:2:9: unknown op or block `relux`
     );
 }
 
+/// Wide characters and tabs before the culprit (an indenting tab, CJK and an emoji in a comment)
+/// take the columns a terminal gives them on the caret line too (a tab to its stop of four, a
+/// wide character two): the caret sits under `relux`, where it landed four columns left of it.
+#[test]
+fn the_caret_follows_wide_characters_and_tabs() {
+    check(
+        "model m(x: f32[2, 3]) {\n\th = /* 日本語 😀 */ relux(x)\n    return h\n}\n",
+        r#"
+m.rms:2:18: unknown op or block `relux`
+        h = /* 日本語 😀 */ relux(x)
+                            ^^^^^
+"#,
+    );
+}
+
 #[test]
 fn unknown_ops_op() {
     check(

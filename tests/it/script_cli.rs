@@ -47,6 +47,24 @@ fn script_error_is_one_with_position_and_caret() {
     );
 }
 
+/// A script error after wide characters and a tab on its line: the caret under the culprit, the
+/// tab shown as spaces to its stop, each wide character two columns (the caret sat one column
+/// left per wide character).
+#[test]
+fn a_script_errors_caret_follows_wide_characters_and_tabs() {
+    let f = script("wide.rms", "let s = \"日本語 😀\";\tlet b = zeros([2, -1]);\n");
+    let (code, _, err) = rumus(&["run", &f]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        format!(
+            "{f}:1:26: shape: negative dimension -1\n    let s = \"日本語 😀\";    let b = \
+             zeros([2, -1]);\n{}^\n",
+            " ".repeat(4 + 32)
+        )
+    );
+}
+
 #[test]
 fn usage_and_io_errors_are_two() {
     assert_eq!(rumus(&["run"]).0, 2);
