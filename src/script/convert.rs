@@ -233,7 +233,18 @@ pub fn from_rhai(
             Limit,
             "`import` is not available in rumus scripts: define the functions in this file"
         ),
-        EvalAltResult::ErrorParsing(..) => err!(Parse, "{}", lower(&without_position(err))),
+        EvalAltResult::ErrorParsing(..) => {
+            let said = lower(&without_position(err));
+            if said.contains("'eval'") {
+                err!(
+                    Parse,
+                    "{said}: `eval` is not available in rumus scripts; write the code it would \
+                     run in the script itself"
+                )
+            } else {
+                err!(Parse, "{said}")
+            }
+        }
         EvalAltResult::ErrorFunctionNotFound(signature, at) => {
             let said = EvalAltResult::ErrorFunctionNotFound(signature.clone(), at);
             let said = lower(&without_position(said));

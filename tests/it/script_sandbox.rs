@@ -270,6 +270,31 @@ fn module_import_is_refused_and_says_so() {
     }
 }
 
+/// `eval` nested a parse and an evaluation on the native stack without counting a call level:
+/// a string that evaluates itself overflowed the stack and aborted the process, whatever the
+/// limits. It is a syntax error now, in every form that reaches it.
+#[test]
+fn eval_is_refused_and_says_so() {
+    let mut h = host();
+    for (code, col) in [
+        ("let s = \"eval(s)\"; eval(s);", 20),
+        ("let s = \"1\";\nprint(Fn(\"eval\").call(s));", 10),
+        ("let f = Fn(\"ev\" + \"al\"); f.call(\"1\");", 17),
+    ] {
+        let e = h.eval(&Source::new("t.rms", code)).expect_err(code);
+        assert_eq!(e.kind, ErrorKind::Parse, "{e}");
+        assert!(
+            e.message.ends_with(
+                "`eval` is not available in rumus scripts; write the code it would run in the \
+                 script itself"
+            ),
+            "{code}: {e}"
+        );
+        assert_eq!(e.location().map(|(_, _, c)| c), Some(col), "{code}: {e}");
+        still_usable(&mut h);
+    }
+}
+
 #[test]
 fn engine_default_sandbox_stops_an_endless_loop() {
     let mut engine = rumus::Engine::new();
