@@ -235,14 +235,9 @@ pub fn from_rhai(
         ),
         EvalAltResult::ErrorParsing(..) => {
             let said = lower(&without_position(err));
-            if said.contains("'eval'") {
-                err!(
-                    Parse,
-                    "{said}: `eval` is not available in rumus scripts; write the code it would \
-                     run in the script itself"
-                )
-            } else {
-                err!(Parse, "{said}")
+            match disabled(&said, &source.text, pos) {
+                Some(why) => err!(Parse, "{said}: {why}"),
+                None => err!(Parse, "{said}"),
             }
         }
         EvalAltResult::ErrorFunctionNotFound(signature, at) => {
@@ -260,6 +255,28 @@ pub fn from_rhai(
         other => err!(Script, "{}", lower(&without_position(other))),
     };
     place(e, pos, &source)
+}
+
+/// Why a keyword the sandbox disables (`script::engine::sandboxed`) is not there and what to
+/// write instead, when the syntax error `said` at `pos` is about one: rhai names it in the
+/// message (`eval(s)`, `Fn("eval")`) or only points at it (`f.curry(x)`).
+fn disabled(said: &str, text: &str, pos: Position) -> Option<&'static str> {
+    let at = offset_of(text, pos).map_or("", |o| text[o..].trim_start_matches('"'));
+    let word = at.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("");
+    let is = |k: &str| word == k || said.contains(&format!("'{k}'"));
+    if is("eval") {
+        Some(
+            "`eval` is not available in rumus scripts; write the code it would run in the \
+             script itself",
+        )
+    } else if is("curry") {
+        Some(
+            "`curry` is not available in rumus scripts; write a closure that captures the \
+             values instead, as in `|x| f.call(a, x)`",
+        )
+    } else {
+        None
+    }
 }
 
 /// For a call rhai found no function for (`signature`: the name, then the argument types)

@@ -318,6 +318,7 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt, deadline: &Deadline) 
     // call level, so `let s = "eval(s)"; eval(s);` overflowed the stack (an abort, whatever the
     // limits). Scripts have no need for it: the code it would run can be written out.
     engine.disable_symbol("eval");
+    engine.disable_symbol("curry");
     let flag = interrupt.flag();
     let deadline = deadline.clone();
     engine.on_progress(move |_| {

@@ -295,6 +295,36 @@ fn eval_is_refused_and_says_so() {
     }
 }
 
+/// `curry` copied the function and its curried values into a new one: `f = f.curry(f)` doubled
+/// the memory at every step, out of reach of the array and string limits, and 40 steps exhausted
+/// memory (an abort). It is a syntax error now, in every form; closures capture values instead.
+#[test]
+fn curry_is_refused_and_says_so() {
+    let mut h = host();
+    // 20 steps, not 40: were `curry` back, this test fails on its `Ok`, not by taking the memory.
+    let code = "fn g(x) { 1 }\nlet f = Fn(\"g\");\nfor i in 0..20 { f = f.curry(f); }";
+    for (code, col) in [
+        (code.to_string(), 24),
+        (code.replace("f.curry(f)", "curry(f, f)"), 22),
+        (code.replace("f.curry(f)", "call(Fn(\"cur\" + \"ry\"), f)"), 36),
+    ] {
+        let e = h.eval(&Source::new("t.rms", &code)).expect_err(&code);
+        assert_eq!(e.kind, ErrorKind::Parse, "{e}");
+        assert!(
+            e.message.ends_with(
+                "`curry` is not available in rumus scripts; write a closure that captures the \
+                 values instead, as in `|x| f.call(a, x)`"
+            ),
+            "{code}: {e}"
+        );
+        assert_eq!(e.location().map(|(_, l, c)| (l, c)), Some((3, col)), "{code}: {e}");
+        still_usable(&mut h);
+    }
+    let closures = "let k = 3;\nlet f = |x, y| x + k + y;\nlet g = |y| f.call(1, y);\n\
+                    if g.call(2) != 6 { throw \"closure\" }";
+    ok(&mut h, closures);
+}
+
 #[test]
 fn engine_default_sandbox_stops_an_endless_loop() {
     let mut engine = rumus::Engine::new();
