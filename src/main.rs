@@ -1,6 +1,11 @@
 //! The `rumus` command: the command line lives in the library ([`rumus::cli`]); this runs it on
 //! a thread with room for scripts' recursion and exits with its code.
 
+/// Counts the heap, so that a script's own values stop at the session's memory budget
+/// (`Sandbox::heap_limit`) instead of taking the machine's memory.
+#[global_allocator]
+static ALLOCATOR: rumus::memory::CountingAllocator = rumus::memory::CountingAllocator;
+
 fn main() {
     // Scripts recurse (rhai evaluates by recursion); give them room beyond the limits they get.
     let code = std::thread::Builder::new()

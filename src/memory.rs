@@ -162,6 +162,62 @@ pub fn human(bytes: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// Bytes the process holds on its heap, as counted by [`CountingAllocator`].
+static HEAP: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting the bytes it holds so that a script's own values (rhai
+/// arrays, strings, maps, closures: no [`Budget`] sees them) cannot take the machine's memory.
+/// The `rumus` binary installs it (`#[global_allocator]`); the sandbox's `heap_limit` is checked
+/// against [`heap_bytes`] at every script operation.
+pub struct CountingAllocator;
+
+// SAFETY: every call is passed to the system allocator unchanged; only a counter is updated.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is the system allocator's.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            HEAP.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is the system allocator's.
+        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            HEAP.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        HEAP.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract is the system allocator's.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, size) };
+        if !p.is_null() {
+            HEAP.fetch_add(size as u64, Ordering::Relaxed);
+            HEAP.fetch_sub(layout.size() as u64, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+/// Bytes on the process's heap, where [`CountingAllocator`] is installed (else 0).
+pub fn heap_bytes() -> u64 {
+    HEAP.load(Ordering::Relaxed)
+}
+
+/// Whether [`CountingAllocator`] is the process's allocator (it has counted something).
+pub fn heap_counted() -> bool {
+    heap_bytes() > 0
+}
+
 /// The default budget: half of the machine's physical memory (4 GiB where it cannot be read).
 pub fn default_limit() -> u64 {
     physical_memory().map_or(4 << 30, |m| m / 2)

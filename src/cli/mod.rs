@@ -118,6 +118,8 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
 /// (none by default, as Python has none; Ctrl-C stops a script).
 fn host_options(a: HostArgs) -> Result<HostOptions> {
     let mut sandbox = Sandbox::default();
+    // The process is this one session, and `main` installs the counting allocator.
+    sandbox.heap_limit = crate::memory::heap_counted().then_some(sandbox.memory_budget);
     if let Some(n) = a.max_operations {
         sandbox.max_operations = n;
     }

@@ -6,7 +6,7 @@
 //! ([`to_usize`], [`to_u64`], [`to_i32`], [`to_f32`], and [`Opts`] for options maps), whose
 //! errors name the value and the allowed range.
 
-use super::engine::{Sandbox, INTERRUPTED, TIMED_OUT};
+use super::engine::{Sandbox, INTERRUPTED, OUT_OF_MEMORY, TIMED_OUT};
 use crate::err;
 use crate::error::{Error, ErrorKind, Source, Span};
 use crate::num;
@@ -213,6 +213,13 @@ pub fn from_rhai(
                 Limit,
                 "time limit reached: the script ran longer than {}",
                 seconds(sandbox.timeout.unwrap_or_default())
+            ),
+            OUT_OF_MEMORY => err!(
+                Limit,
+                "memory limit reached: the process holds more than {} (the script's arrays, \
+                 strings, maps and closures count, beside its tensors): keep fewer or smaller \
+                 values alive at once",
+                crate::memory::human(sandbox.heap_limit.unwrap_or_default())
             ),
             other => err!(Limit, "terminated: {other}"),
         },

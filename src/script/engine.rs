@@ -43,6 +43,14 @@ pub struct Sandbox {
     /// buffers, all counted against one memory budget. The default is half
     /// of the machine's physical memory.
     pub memory_budget: u64,
+    /// Most bytes the whole process may hold on its heap while a script runs, checked at every
+    /// operation against [`crate::memory::heap_bytes`] (`None`: not checked). The script's own
+    /// values (arrays, strings, maps, closures) are counted by no budget, and copies of them
+    /// (one per variable, call or closure) filled the machine's memory until the process was
+    /// killed. Only for a process that runs one session with
+    /// [`crate::memory::CountingAllocator`] installed: the `rumus` binary sets it to
+    /// `memory_budget`.
+    pub heap_limit: Option<u64>,
     /// The folder relative paths in scripts are resolved against (the process's working
     /// directory by default), so a host can give each session its own without `chdir`.
     pub base_dir: PathBuf,
@@ -69,6 +77,7 @@ impl Default for Sandbox {
             max_array_size: 1 << 24,
             max_map_size: 1 << 16,
             memory_budget: crate::memory::default_limit(),
+            heap_limit: None,
             read_roots: vec![cwd.clone()],
             write_roots: vec![cwd.clone()],
             protected: Vec::new(),
@@ -296,6 +305,8 @@ pub const INTERRUPTED: &str = "interrupted";
 /// The value a script past its time limit terminates with; `script::convert` turns it into a
 /// `Limit` error.
 pub const TIMED_OUT: &str = "timed out";
+/// The value a script terminates with when the process's heap passes `Sandbox::heap_limit`.
+pub const OUT_OF_MEMORY: &str = "out of memory";
 
 /// A raw rhai engine with the standard package (no file or module access in it), the sandbox's
 /// limits, no module resolver (so `import` fails), and `interrupt` and `deadline` checked on
@@ -321,11 +332,14 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt, deadline: &Deadline) 
     engine.disable_symbol("curry");
     let flag = interrupt.flag();
     let deadline = deadline.clone();
+    let heap_limit = sandbox.heap_limit.unwrap_or(u64::MAX);
     engine.on_progress(move |_| {
         if flag.load(Ordering::Relaxed) {
             Some(INTERRUPTED.into())
         } else if deadline.passed() {
             Some(TIMED_OUT.into())
+        } else if crate::memory::heap_bytes() > heap_limit {
+            Some(OUT_OF_MEMORY.into())
         } else {
             None
         }

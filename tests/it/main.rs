@@ -3,6 +3,11 @@
 //!
 //! Run one area with a filter on its module: `cargo test --test it gpu_plan::`.
 
+/// Counts the heap, as the `rumus` binary does, for `script_sandbox`'s test of
+/// `Sandbox::heap_limit` (only a sandbox that sets one checks it).
+#[global_allocator]
+static ALLOCATOR: rumus::memory::CountingAllocator = rumus::memory::CountingAllocator;
+
 mod common;
 #[allow(dead_code)]
 #[path = "../../examples/fuzz/harness/mod.rs"]

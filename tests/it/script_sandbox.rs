@@ -105,6 +105,34 @@ fn budget_host(mib: u64) -> Host {
     h
 }
 
+/// A script's own values are counted by no budget: copies of one large array, each held by a
+/// closure (or a variable, or a call's argument), filled the machine's memory until the process
+/// was killed. With a heap limit (the `rumus` binary's: its memory budget) the script stops
+/// with an error at the operation that passed it, and the session goes on.
+#[test]
+fn copies_of_a_scripts_arrays_stop_at_the_heap_limit() {
+    // The heap is the whole test process's: the limit is what it holds now and 256 MiB more.
+    let limit = rumus::memory::heap_bytes() + (256 << 20);
+    let sandbox = Sandbox { heap_limit: Some(limit), ..Sandbox::default() };
+    let mut h = Host::new(HostOptions { sandbox, device: "cpu".into(), ..HostOptions::default() });
+    h.on_print(|_| {});
+    let code = "let big = [];\nbig.pad(1000000, 0);\nlet fs = [];\n\
+                for i in 0..100000 { let c = big; fs.push(|| c); }";
+    let e = h.eval(&Source::new("t.rms", code)).expect_err("should fail");
+    assert_eq!(e.kind, ErrorKind::Limit, "{e}");
+    assert_eq!(
+        e.message,
+        format!(
+            "memory limit reached: the process holds more than {} (the script's arrays, strings, \
+             maps and closures count, beside its tensors): keep fewer or smaller values alive at \
+             once",
+            human(limit)
+        )
+    );
+    assert_eq!(e.location().map(|(_, line, _)| line), Some(4), "{e}");
+    still_usable(&mut h);
+}
+
 #[test]
 fn broadcasting_two_vectors_is_charged_before_allocating() {
     let mut h = budget_host(64);
