@@ -124,6 +124,9 @@ struct Target {
     special: bool,
 }
 
+/// Most bytes of a target's name that its temporary names hold (see [`Target::stem`]).
+const TEMP_STEM: usize = 200;
+
 /// Why a path is refused as an output, as the messages say it.
 const A_FOLDER: &str = "is a folder, not a file name";
 const SPECIAL: &str = "is not a regular file (a device, FIFO or socket); rumus writes files only";
@@ -145,7 +148,18 @@ impl Target {
     /// A fresh temporary name beside the target: `.<name>.<pid>.<random>.tmp`.
     fn temporary(&self) -> PathBuf {
         let (pid, random) = (std::process::id(), unpredictable());
-        self.folder.join(format!(".{}.{pid}.{random:016x}.tmp", self.name))
+        self.folder.join(format!(".{}.{pid}.{random:016x}.tmp", self.stem()))
+    }
+
+    /// The name as temporary names hold it: its first [`TEMP_STEM`] bytes, so that a temporary
+    /// name (33 bytes more) stays within the 255 bytes a file name may have. The whole name made
+    /// the temporary name too long for a target of 223 to 255 bytes, which could not be written.
+    fn stem(&self) -> &str {
+        let mut end = self.name.len().min(TEMP_STEM);
+        while !self.name.is_char_boundary(end) {
+            end -= 1;
+        }
+        &self.name[..end]
     }
 }
 
@@ -159,7 +173,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if target.special {
         return Err(err!(Io, "{shown}: {SPECIAL}"));
     }
-    remove_stale_temps(&target.folder, &target.name);
+    remove_stale_temps(&target.folder, target.stem());
     let tmp = target.temporary();
     let written = create_exclusive(&tmp).and_then(|mut f| {
         f.write_all(bytes)?;
@@ -406,6 +420,27 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// A name of 255 bytes, the most a file system takes, is written (its temporary name held
+    /// the whole name and 33 bytes more: "File name too long" from 223 bytes on), and one of
+    /// 256 is an error naming the path.
+    #[test]
+    fn the_longest_file_names_can_be_written() {
+        let dir = scratch("long");
+        for name in ["a".repeat(255), format!("{}.st", "é".repeat(126))] {
+            let path = dir.join(&name);
+            write_atomic(&path, b"one").unwrap_or_else(|e| panic!("{e}"));
+            write_atomic(&path, b"two").unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(fs::read(&path).unwrap(), b"two");
+            assert_eq!(names(&dir), std::slice::from_ref(&name));
+            fs::remove_file(&path).unwrap();
+        }
+        let path = dir.join("b".repeat(256));
+        let e = write_atomic(&path, b"x").unwrap_err();
+        assert!(e.message.starts_with(&format!("{}: ", path.display())), "{}", e.message);
+        assert!(e.message.contains("too long"), "{}", e.message);
+        assert!(names(&dir).is_empty());
     }
 
     #[test]
