@@ -281,7 +281,11 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
         ),
         (
             "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); d.batches(-1, 0)",
-            "batch size must be an integer >= 0, got -1".into(),
+            "batch size must be an integer >= 1, got -1".into(),
+        ),
+        (
+            "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); d.batches(0, 0, true)",
+            "batch size must be an integer >= 1, got 0".into(),
         ),
         (
             "let d = csv(\"scripts/data/blobs.csv\", #{ label_col: 2 }); d.batches(2, -1)",

@@ -179,10 +179,11 @@ fn batches(
     seed: INT,
     keep_last: bool,
 ) -> ScriptResult<Array> {
-    let size = to_usize(size, "batch size")?;
-    if size == 0 {
-        return Err(script_err("batch size must be positive"));
+    // One message for every size out of range (-1 said ">= 0", then 0 "must be positive").
+    if size < 1 {
+        return Err(script_err(format!("batch size must be an integer >= 1, got {size}")));
     }
+    let size = to_usize(size, "batch size")?;
     let (order, _held) = d.order(ctx, seed)?;
     let (rank, ranks) = (ctx.comm.rank(), ctx.comm.world_size());
     let parts = data::rank_batch_rows(&order, size, rank, ranks, keep_last);
