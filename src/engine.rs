@@ -112,7 +112,7 @@ impl Engine {
     /// The compiled model in script variable `name`.
     pub fn compiled(&self, name: &str) -> Result<Compiled> {
         let v = self.host.get(name).ok_or_else(|| err!(Name, "no script variable `{name}`"))?;
-        let type_name = v.type_name();
+        let type_name = crate::script::api::type_name(&v);
         v.try_cast::<ScriptTrainer>().map(|trainer| Compiled { trainer }).ok_or_else(|| {
             err!(
                 Name,

@@ -114,7 +114,7 @@ impl<'a> Opts<'a> {
     }
 
     fn wrong(&self, key: &str, want: &str, v: &Dynamic) -> Box<EvalAltResult> {
-        script_err(format!("{} must be {want}, got {}", self.name(key), v.type_name()))
+        script_err(format!("{} must be {want}, got {}", self.name(key), super::api::type_name(v)))
     }
 
     /// An integer in `min..=max`.

@@ -386,7 +386,7 @@ fn register_exit(engine: &mut rhai::Engine, ctx: &Arc<Ctx>) {
         } else {
             return Err(convert::script_err(format!(
                 "exit takes an integer code (0 to 255) or a message, got {}",
-                v.type_name()
+                api::type_name(&v)
             )));
         };
         *lock(&ctx.exit) = Some(r);

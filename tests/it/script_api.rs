@@ -1160,3 +1160,39 @@ fn a_model_that_needs_a_free_dimension_above_1_is_accepted_and_checked_at_its_si
          error: in `linear`: a dimension must be an integer, got a number\n",
     );
 }
+
+/// A message that names the type of a value the script gave names it as scripts know it: the
+/// API's types by their registered names, where messages said "got
+/// rumus::script::api::tensor::ScriptTensor".
+#[test]
+fn messages_name_the_scripts_own_types() {
+    let m = "model m(x: f32[B, 2], h = 3) { return linear(x, h) as fc }\n";
+    for (code, expected) in [
+        ("let x = zeros([3]); x[0] = zeros([3]);", "tensor elements must be numbers, got Tensor"),
+        ("tensor([zeros([1])])", "tensor elements must be numbers, got Tensor"),
+        ("exit(zeros([1]))", "exit takes an integer code (0 to 255) or a message, got Tensor"),
+        (
+            "csv(\"scripts/data/blobs.csv\", #{ scale: zeros([1]) })",
+            "csv: `scale` must be a number, got Tensor",
+        ),
+        (
+            "m(#{ h: \"wide\" })",
+            "hyperparameter `h` must be a number, a boolean or a list, got string",
+        ),
+        (
+            "m(#{ h: zeros([1]) })",
+            "hyperparameter `h` must be a number, a boolean or a list, got Tensor",
+        ),
+        (
+            "m().compile(#{ batch: 2 }).train_step(#{ x: zeros([2, 2]), target: m() })",
+            "`target` must be a tensor, got Model",
+        ),
+        (
+            "m().compile(#{ optimizer: adam(#{ groups: [m().compile()] }) })",
+            "adam: groups[0] must be a map like #{ params: [\"*.bias\"], weight_decay: 0.0 }, got \
+             Trainer",
+        ),
+    ] {
+        check(&format!("{m}{code}"), &format!("error: {expected}\n"));
+    }
+}

@@ -25,6 +25,23 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Arc<Ctx>) {
     error::register(engine);
 }
 
+/// The type of a script value as scripts know it: rumus's own by the names the script engine
+/// registers (`Tensor`, `Dataset`, ...), others as rhai names them (`i64`, `array`, ...).
+/// (`Dynamic::type_name` gives a registered type's Rust path: messages said "got
+/// rumus::script::api::tensor::ScriptTensor".)
+pub fn type_name(v: &rhai::Dynamic) -> &'static str {
+    let full = v.type_name();
+    match full.rsplit("::").next().unwrap_or(full) {
+        "ScriptTensor" => "Tensor",
+        "ScriptDataset" => "Dataset",
+        "ScriptBatch" => "Batch",
+        "ScriptModel" => "Model",
+        "ScriptTrainer" => "Trainer",
+        "Carried" => "Error",
+        _ => full,
+    }
+}
+
 /// A script value as the REPL shows it (the API's own types by their `to_string`).
 pub fn display(v: &rhai::Dynamic) -> String {
     if let Some(t) = v.read_lock::<tensor::ScriptTensor>() {
@@ -75,6 +92,6 @@ pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
     Err(crate::err!(
         InvalidArgument,
         ":{what} needs a model or a trainer, got {}",
-        value.type_name()
+        type_name(value)
     ))
 }

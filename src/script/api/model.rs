@@ -232,7 +232,7 @@ fn value(v: &Dynamic, key: &str) -> ScriptResult<Value> {
     } else {
         Err(script_err(format!(
             "hyperparameter `{key}` must be a number, a boolean or a list, got {}",
-            v.type_name()
+            super::type_name(v)
         )))
     }
 }
@@ -395,7 +395,7 @@ fn tensors_of(m: &Map) -> ScriptResult<Vec<(String, ScriptTensor)>> {
     m.iter()
         .map(|(k, v)| match v.clone().try_cast::<ScriptTensor>() {
             Some(t) => Ok((k.to_string(), t)),
-            None => Err(script_err(format!("`{k}` must be a tensor, got {}", v.type_name()))),
+            None => Err(script_err(format!("`{k}` must be a tensor, got {}", super::type_name(v)))),
         })
         .collect()
 }
@@ -504,7 +504,7 @@ fn load_options(opts: &Map) -> ScriptResult<(bool, Option<torch::Options>)> {
                 let targets = strings(&to).ok_or_else(|| {
                     script_err(format!(
                         "load: rename `{from}` must map to a name or a list of names, got {}",
-                        to.type_name()
+                        super::type_name(&to)
                     ))
                 })?;
                 rename.push(torch::Rename::new(&from, &targets).map_err(bad)?);
@@ -517,7 +517,7 @@ fn load_options(opts: &Map) -> ScriptResult<(bool, Option<torch::Options>)> {
                     let patterns = strings(v).filter(|_| v.is_array()).ok_or_else(|| {
                         script_err(format!(
                             "load: `transpose` must be true, false or a list of name patterns, got {}",
-                            v.type_name()
+                            super::type_name(v)
                         ))
                     })?;
                     let patterns = patterns.iter().map(|p| torch::Pattern::parse(p));
@@ -585,7 +585,7 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
             let n = v.as_int().map_err(|_| {
                 script_err(format!(
                     "compile: dimension `{k}` must be an integer, got {}",
-                    v.type_name()
+                    super::type_name(v)
                 ))
             })?;
             dims.insert(k.to_string(), to_usize(n, &format!("compile: dimension `{k}`"))?);
@@ -835,7 +835,10 @@ fn optimizer(v: Option<&Dynamic>) -> ScriptResult<(Optimizer, Option<f32>, Vec<P
 /// `groups: [#{ params: ["*.bias", ...], weight_decay, lr_scale }, ...]` of optimizer `kind`.
 fn param_groups(kind: &str, v: &Dynamic) -> ScriptResult<Vec<ParamGroup>> {
     let list = v.read_lock::<Array>().map(|a| a.clone()).ok_or_else(|| {
-        script_err(format!("{kind}: `groups` must be an array of maps, got {}", v.type_name()))
+        script_err(format!(
+            "{kind}: `groups` must be an array of maps, got {}",
+            super::type_name(v)
+        ))
     })?;
     let mut groups = Vec::with_capacity(list.len());
     for (i, g) in list.iter().enumerate() {
@@ -843,7 +846,7 @@ fn param_groups(kind: &str, v: &Dynamic) -> ScriptResult<Vec<ParamGroup>> {
         let m = g.read_lock::<Map>().map(|m| m.clone()).ok_or_else(|| {
             script_err(format!(
                 "{at} must be a map like #{{ params: [\"*.bias\"], weight_decay: 0.0 }}, got {}",
-                g.type_name()
+                super::type_name(g)
             ))
         })?;
         let o = Opts::new(&m, &at, &["params", "weight_decay", "lr_scale"])?;
@@ -855,7 +858,7 @@ fn param_groups(kind: &str, v: &Dynamic) -> ScriptResult<Vec<ParamGroup>> {
             Some(v) => strings(v).ok_or_else(|| {
                 script_err(format!(
                     "{at}: `params` must be an array of name patterns like [\"*.bias\"], got {}",
-                    v.type_name()
+                    super::type_name(v)
                 ))
             })?,
             None => return Err(script_err(format!("{at}: `params` is missing"))),

@@ -456,7 +456,7 @@ fn i32_element(d: &Dynamic) -> ScriptResult<i32> {
 }
 
 fn not_a_number(d: &Dynamic) -> Box<rhai::EvalAltResult> {
-    script_err(format!("tensor elements must be numbers, got {}", d.type_name()))
+    script_err(format!("tensor elements must be numbers, got {}", super::type_name(d)))
 }
 
 /// A nested array (rectangular) into a tensor: one walk checks it and finds its shape, the
@@ -685,7 +685,7 @@ fn row_set(ctx: &Ctx, t: &mut ScriptTensor, i: INT, v: Dynamic) -> ScriptResult<
         ))
     };
     let Some(row) = v.read_lock::<ScriptTensor>() else {
-        return Err(wrong(v.type_name().to_string()));
+        return Err(wrong(super::type_name(&v).to_string()));
     };
     let row = row.tensor();
     if row.shape() != row_shape || row.dtype() != dtype {
