@@ -8,11 +8,10 @@
 //! measured them on the H200 (there: `high` 2e-7, `medium` 4e-6 median).
 
 use crate::common::gpu::{coop_or_skip, or_skip};
-use crate::gpu_kernels::{at, matmul_ref, outside_nan, random};
+use crate::gpu_kernels::{at, matmul_ref, outside_nan, random, residual_bias_epilogue};
 use rumus::codegen::matmul::{self, MatmulSpec, MatmulTile, Operand, EXPONENT_SLOT};
 use rumus::codegen::matmul_coop::{CoopKernel, CoopMode, CoopTile};
 use rumus::codegen::program::{scratch_words, Program};
-use rumus::codegen::wgsl::MatmulEpilogue;
 use rumus::codegen::{MatmulOptions, MatmulPrecision, Resource};
 use rumus::runtime::kernel_bench::bench_matmul_mode;
 use rumus::runtime::launch::{Launcher, Range, Resources};
@@ -542,22 +541,7 @@ fn epilogue_loads_issued_ahead_reach_their_own_elements() {
         for (m, n, k) in [(64, 64, 40), (50, 40, 24)] {
             let s = MatmulSpec::contiguous(1, m, n, k);
             let n_ = n as usize;
-            let decls = format!(
-                "@group(0) @binding(4) var<storage, read> e0: array<f32>;
-@group(0) @binding(5) var<storage, read> e1: array<f32>;
-fn epilogue_loads(batch: u32, i: u32, j: u32) -> array<f32, 2> {{
-    return array<f32, 2>(e0[min(i * {n}u + j, arrayLength(&e0) - 1u)], e1[min(j, arrayLength(&e1) - 1u)]);
-}}
-fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> scalar {{
-    return v * pre[0] + pre[1];
-}}"
-            );
-            let epilogue = MatmulEpilogue {
-                decls,
-                body: "return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));".into(),
-                extra: vec![3, 4],
-                loads: 2,
-            };
+            let epilogue = residual_bias_epilogue(n);
             let (a, b) = (random((m * k) as usize, 1), random((k * n) as usize, 2));
             let residual = random((m * n) as usize, 3);
             let bias = random(n_, 4);

@@ -447,6 +447,29 @@ fn matmul_epilogue_bias_relu() {
     }
 }
 
+/// An epilogue with its loads split out (`MatmulEpilogue::loads` 2), for C of `n` columns:
+/// `v · e0[i, j] + e1[j]`, a residual at binding 4 and a bias at 5 (the tests of loads issued
+/// ahead, here and in `gpu_coop`).
+pub(crate) fn residual_bias_epilogue(n: u32) -> MatmulEpilogue {
+    let decls = format!(
+        "@group(0) @binding(4) var<storage, read> e0: array<f32>;
+@group(0) @binding(5) var<storage, read> e1: array<f32>;
+fn epilogue_loads(batch: u32, i: u32, j: u32) -> array<f32, 2> {{
+    let r = e0[min(i * {n}u + j, arrayLength(&e0) - 1u)];
+    return array<f32, 2>(r, e1[min(j, arrayLength(&e1) - 1u)]);
+}}
+fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> scalar {{
+    return v * pre[0] + pre[1];
+}}"
+    );
+    MatmulEpilogue {
+        decls,
+        body: "return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));".into(),
+        extra: vec![3, 4],
+        loads: 2,
+    }
+}
+
 /// The SIMT kernel with an epilogue whose loads are split out (`MatmulEpilogue::loads`): each
 /// invocation loads a residual and a bias for a group of its rows before storing them, then
 /// applies `v · residual + bias` element by element. Whole blocks and ragged ones, B as stored
@@ -467,23 +490,7 @@ fn matmul_simt_epilogue_loads_ahead_reach_their_own_elements() {
             s.b = Operand::transposed(k, n);
         }
         let n_ = n as usize;
-        let decls = format!(
-            "@group(0) @binding(4) var<storage, read> e0: array<f32>;
-@group(0) @binding(5) var<storage, read> e1: array<f32>;
-fn epilogue_loads(batch: u32, i: u32, j: u32) -> array<f32, 2> {{
-    let r = e0[min(i * {n}u + j, arrayLength(&e0) - 1u)];
-    return array<f32, 2>(r, e1[min(j, arrayLength(&e1) - 1u)]);
-}}
-fn epilogue_with(v: scalar, batch: u32, i: u32, j: u32, pre: array<f32, 2>) -> scalar {{
-    return v * pre[0] + pre[1];
-}}"
-        );
-        let epilogue = MatmulEpilogue {
-            decls,
-            body: "return epilogue_with(v, batch, i, j, epilogue_loads(batch, i, j));".into(),
-            extra: vec![3, 4],
-            loads: 2,
-        };
+        let epilogue = residual_bias_epilogue(n);
         let (a, b) = (random((m * k) as usize, 1), random((k * n) as usize, 2));
         let (residual, bias) = (random((m * n) as usize, 3), random(n_, 4));
         let c_old = vec![f32::NAN; (m * n) as usize];
