@@ -276,8 +276,10 @@ impl MatmulTile {
     ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
     ///   is taken wherever it fits.
     /// - fp32: `target.matmul.fp32_tile` (`RUMUS_MATMUL_TILE`: `large`, `small`, `register`,
-    ///   `register8`, `simt` where it fits, `dot`) when set, for benchmarking; else the SIMT kernel
-    ///   when its blocks number at least `target.matmul.simt_min_workgroups` unsplit or split, else
+    ///   `register8`, `simt`, `simt-128x128`, `simt-128x64` where they fit, `dot`) when set, for
+    ///   benchmarking; else the SIMT kernel on the tile the cost model prices lowest of those
+    ///   whose blocks number at least `target.matmul.simt_min_workgroups`, unsplit or split (only
+    ///   the 128x256 tile where cooperative products compete), else
     ///   the register tile measured fastest on the H200, 8 x 4 per thread while that gives two
     ///   workgroups per multiprocessor, else 4 x 4, or the dot kernel for skinny products (a few
     ///   rows or columns, a long K) where the cost model prices it below that tile and its grid of
