@@ -175,7 +175,8 @@ pub struct PlotArgs {
 /// `plan` and `bench` alike.
 #[derive(Args)]
 pub struct SetArgs {
-    /// Set a hyperparameter or dimension of the model (repeat for several)
+    /// Set a hyperparameter or dimension of the model to a number, true or false (repeat for
+    /// several)
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = name_value)]
     pub sets: Vec<(String, String)>,
 }

@@ -85,7 +85,7 @@ pub fn lower_model(
 }
 
 /// The `--set NAME=VALUE` values as the model's bindings: each name once, each value a finite
-/// number.
+/// number, `true` or `false`.
 fn bindings(sets: &[(String, String)]) -> Result<Vec<(&str, Value)>> {
     let mut out = Vec::with_capacity(sets.len());
     for (i, (k, v)) in sets.iter().enumerate() {
@@ -94,6 +94,7 @@ fn bindings(sets: &[(String, String)]) -> Result<Vec<(&str, Value)>> {
         }
         let integer = v.strip_prefix(['-', '+']).unwrap_or(v);
         let value = match (v.parse::<i64>(), v.parse::<f64>()) {
+            _ if v == "true" || v == "false" => Value::Bool(v == "true"),
             (Ok(i), _) => Value::Int(i),
             // Read as a float it would be a "number" where the model wants an integer.
             _ if !integer.is_empty() && integer.bytes().all(|b| b.is_ascii_digit()) => {
@@ -104,7 +105,12 @@ fn bindings(sets: &[(String, String)]) -> Result<Vec<(&str, Value)>> {
                 ));
             }
             (_, Ok(f)) if f.is_finite() => Value::Float(f),
-            _ => return Err(err!(Usage, "--set {k}={v}: the value must be a finite number")),
+            _ => {
+                return Err(err!(
+                    Usage,
+                    "--set {k}={v}: the value must be a finite number, true or false"
+                ))
+            }
         };
         out.push((k.as_str(), value));
     }

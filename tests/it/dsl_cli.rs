@@ -75,7 +75,11 @@ fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
     let path = dir.join("sq.rms");
     std::fs::write(
         &path,
-        "model sq(x: f32[B, 4]) {\n    return x @ x\n}\nmodel lin(x: f32[B, 2], hidden = 3) {\n    return linear(x, hidden)\n}\n",
+        concat!(
+            "model sq(x: f32[B, 4]) {\n    return x @ x\n}\n",
+            "model lin(x: f32[B, 2], hidden = 3) {\n    return linear(x, hidden)\n}\n",
+            "model keep(x: f32[2, 3], k = false) {\n    return sum(x, [1], keepdim = k)\n}\n",
+        ),
     )
     .unwrap();
     let p = path.to_str().unwrap();
@@ -90,6 +94,13 @@ fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
             && err.contains("(dimensions that --set does not give are 1 here: give their sizes with --set NAME=VALUE)"),
         "{err}"
     );
+    // A boolean hyperparameter: `true` and `false` are values (it said "must be a finite
+    // number").
+    for (k, shape) in [("true", "[2, 1]"), ("false", "[2]")] {
+        let (code, out, err) = rumus(&["graph", p, "--model", "keep", "--set", &format!("k={k}")]);
+        assert_eq!((code, err.as_str()), (0, ""), "k={k}");
+        assert!(out.contains(shape), "k={k}: {out}");
+    }
     // A hyperparameter, and the same `--set` rules and messages as `rumus plan`.
     let (code, out, _) = rumus(&["graph", p, "--model", "lin", "--set", "hidden=5", "--params"]);
     assert_eq!(code, 0);
@@ -106,7 +117,7 @@ fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
         let (code, _, err) = rumus(&[command, p, "--model", "lin", "--set", "hidden=x"]);
         assert_eq!(
             (code, err.as_str()),
-            (2, "--set hidden=x: the value must be a finite number\n")
+            (2, "--set hidden=x: the value must be a finite number, true or false\n")
         );
         // An integer past i64 was read as a float: "must be an integer, got a number".
         let huge = [command, p, "--model", "lin", "--set", "B=99999999999999999999"];
@@ -124,7 +135,7 @@ fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
     let (code, _, err) = rumus(&["graph", p, "--set", "B=4"]);
     assert_eq!(
         (code, err.as_str()),
-        (2, format!("{p} has several models (sq, lin); pick one with --model\n").as_str())
+        (2, format!("{p} has several models (sq, lin, keep); pick one with --model\n").as_str())
     );
 }
 

@@ -496,7 +496,10 @@ fn command_line_numbers_are_range_checked() {
         (vec!["bench", mlp, "--steps", "0"], "--steps: must be a whole number from 1 to 1000000, got `0`"),
         (vec!["bench", "--cpu-matmul", "--size", "1000000"], "--size: must be a whole number from 1 to 65536, got `1000000`"),
         (vec!["bench", "--cpu-matmul", "--size", "0"], "--size: must be a whole number from 1 to 65536, got `0`"),
-        (vec!["bench", mlp, "--set", "hidden=1e999"], "--set hidden=1e999: the value must be a finite number"),
+        (
+            vec!["bench", mlp, "--set", "hidden=1e999"],
+            "--set hidden=1e999: the value must be a finite number, true or false",
+        ),
         (vec!["run", &ok, "--seed"], "--seed needs a value"),
     ] {
         check(&args, &[], (2, expected));
