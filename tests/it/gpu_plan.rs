@@ -523,18 +523,11 @@ fn bench_json_reports_the_first_step_and_the_plans_dispatches() {
 /// made, where its gradient came out wrong. A hardware adapter runs both.
 #[test]
 fn the_widest_row_a_software_adapter_takes_is_right_and_a_wider_one_is_refused() {
-    use rumus::graph::Init;
     let Some((gpu, _turn)) = or_skip("the_widest_row_a_software_adapter_takes_is_right") else {
         return;
     };
     let step = |c: usize| {
-        let mut g = Graph::new();
-        let x = g.input("x", &[2, c], DType::F32).unwrap();
-        let b = g.parameter("b", &[c], Init::Zeros).unwrap();
-        let logits = g.add(x, b).unwrap();
-        let y = g.input("y", &[2], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, y, None).unwrap();
-        let t = training_graph(g, loss, &OptimConfig::new(Optimizer::sgd())).unwrap();
+        let (t, [x, b, y]) = crate::common::wide_cross_entropy(c);
         let x_values = (0..2 * c).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
         let mut feeds = vec![
             (x, Tensor::f32(&[2, c], x_values).unwrap()),

@@ -918,15 +918,7 @@ fn kernels_whose_loops_a_software_adapter_would_cut_short_are_refused() {
     use rumus::codegen::{compile, Target};
     use rumus::graph::Init;
     let software = Target { max_loop_trips: Some(SOFTWARE_LOOP_LIMIT), ..Target::WEBGPU_DEFAULT };
-    let classes = |c: usize| {
-        let mut g = Graph::new();
-        let x = g.input("x", &[2, c], DType::F32).unwrap();
-        let b = g.parameter("b", &[c], Init::Zeros).unwrap();
-        let logits = g.add(x, b).unwrap();
-        let y = g.input("y", &[2], DType::I32).unwrap();
-        let loss = g.cross_entropy(logits, y, None).unwrap();
-        training_graph(g, loss, &OptimConfig::new(Optimizer::sgd())).unwrap()
-    };
+    let classes = |c: usize| crate::common::wide_cross_entropy(c).0;
     let indices = |n: usize| {
         let mut g = Graph::new();
         let table = g.parameter("table", &[10, 4], Init::Zeros).unwrap();

@@ -486,3 +486,18 @@ pub fn gpt_loss(c: rumus::nn::GptConfig, batch: usize) -> (Graph, NodeId) {
     let loss = g.cross_entropy(logits, target, None).unwrap();
     (g, loss)
 }
+
+/// The SGD training step of a cross-entropy over `[2, classes]` logits (an input `x` plus a
+/// zero-initialized bias `b`, labels `y` of shape `[2]`), and the ids of `x`, `b` and `y`: the
+/// widest rows a software adapter's loop budget takes (`codegen::loops`).
+pub fn wide_cross_entropy(classes: usize) -> (rumus::graph::TrainGraph, [NodeId; 3]) {
+    use rumus::graph::{training_graph, Init, OptimConfig, Optimizer};
+    let mut g = Graph::new();
+    let x = g.input("x", &[2, classes], rumus::DType::F32).unwrap();
+    let b = g.parameter("b", &[classes], Init::Zeros).unwrap();
+    let logits = g.add(x, b).unwrap();
+    let y = g.input("y", &[2], rumus::DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, y, None).unwrap();
+    let t = training_graph(g, loss, &OptimConfig::new(Optimizer::sgd())).unwrap();
+    (t, [x, b, y])
+}
