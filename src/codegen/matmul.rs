@@ -143,9 +143,9 @@ pub const FP32_TILES: [(&str, MatmulTile); 8] = [
     ("small", MatmulTile::Small),
     ("register", MatmulTile::Register),
     ("register8", MatmulTile::Register8),
-    ("simt", MatmulTile::Simt(SIMT_TILES[0].1)),
-    ("simt-128x128", MatmulTile::Simt(SIMT_TILES[1].1)),
-    ("simt-128x64", MatmulTile::Simt(SIMT_TILES[2].1)),
+    (SIMT_TILES[0].0, MatmulTile::Simt(SIMT_TILES[0].1)),
+    (SIMT_TILES[1].0, MatmulTile::Simt(SIMT_TILES[1].1)),
+    (SIMT_TILES[2].0, MatmulTile::Simt(SIMT_TILES[2].1)),
     ("dot", MatmulTile::Dot),
 ];
 
