@@ -141,7 +141,8 @@ pub struct MatmulOptions {
     pub emulate_coop: bool,
     /// Split K into this many slices wherever the product allows it (one product, K at least
     /// 512, slices of at least 128), instead of as the cost model chooses: for tests, which run
-    /// the split-K path at sizes a software adapter computes quickly. `None` in use.
+    /// the split-K path at sizes a software adapter computes quickly, and for trying splits
+    /// on a GPU without a rebuild (`RUMUS_MATMUL_SPLIT_K`). `None` in use.
     pub split_k: Option<u32>,
     /// The fp32 kernel every product it fits runs on (`None`: chosen per product;
     /// `RUMUS_MATMUL_TILE` sets it, for trying kernels without a rebuild).
@@ -167,7 +168,9 @@ impl MatmulOptions {
     /// when it does not parse or does not split for subgroups of 32 (NVIDIA's; compiling for a
     /// device whose threads or workgroup memory it exceeds is an error too,
     /// [`check_forced_coop_tile`](super::matmul::check_forced_coop_tile)); and an error when
-    /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`](super::matmul::FP32_TILES)).
+    /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`](super::matmul::FP32_TILES)) or
+    /// `RUMUS_MATMUL_SPLIT_K` is not 1, 2, 4, 8, 16 or 32 (the slices of K every product that
+    /// allows them is then split into).
     pub fn from_env() -> Result<MatmulOptions> {
         let coop_tile = match env_text("RUMUS_MATMUL_COOP_TILE")? {
             Some(v) if !v.trim().is_empty() => {
@@ -187,7 +190,19 @@ impl MatmulOptions {
             },
             _ => None,
         };
-        Ok(MatmulOptions { coop_tile, fp32_tile, ..MatmulOptions::DEFAULT })
+        let split_k = match env_text("RUMUS_MATMUL_SPLIT_K")? {
+            Some(v) if !v.trim().is_empty() => match v.trim().parse::<u32>() {
+                Ok(s) if s.is_power_of_two() && s <= 32 => Some(s),
+                _ => {
+                    return Err(err!(
+                        Usage,
+                        "RUMUS_MATMUL_SPLIT_K: `{v}` is not a number of slices of K: 1, 2, 4, 8, 16 or 32"
+                    ))
+                }
+            },
+            _ => None,
+        };
+        Ok(MatmulOptions { coop_tile, fp32_tile, split_k, ..MatmulOptions::DEFAULT })
     }
 }
 

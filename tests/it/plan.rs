@@ -706,6 +706,38 @@ fn rumus_plan_refuses_an_unknown_fp32_tile() {
     );
 }
 
+/// `RUMUS_MATMUL_SPLIT_K` forces the slices of K on every product that allows them (for
+/// trying splits on a GPU without a rebuild): unsplit, gpt-small's step has fewer dispatches
+/// than the cost model's plan (no split-K sums), split in two more; a value that is no number
+/// of slices is a usage error.
+#[test]
+fn rumus_matmul_split_k_forces_the_slices_and_refuses_what_is_none() {
+    let run = |split: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"));
+        cmd.args(["plan", "scripts/bench/gpt-small.rms", "--json"]);
+        cmd.env("RUMUS_MATMUL_SPLIT_K", split).env_remove("RUMUS_MATMUL_TILE");
+        cmd.current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap()
+    };
+    let dispatches = |split: &str| {
+        let out = run(split);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["dispatches"].as_u64().unwrap()
+    };
+    let (model, unsplit, halves) = (dispatches(""), dispatches("1"), dispatches("2"));
+    assert!(unsplit < model && model < halves, "{unsplit} {model} {halves}");
+    for bad in ["3", "64", "two", "-1"] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            format!(
+                "RUMUS_MATMUL_SPLIT_K: `{bad}` is not a number of slices of K: 1, 2, 4, 8, 16 or 32"
+            )
+        );
+    }
+}
+
 /// Found by the hostile-input audit: a product split along K whose slices start more than
 /// 2^32 elements apart in A (a transposed operand of 2^24 rows) overflowed the slice offset
 /// (a panic in a debug build, a wrong offset in a release one); such splits are not offered.
