@@ -138,14 +138,13 @@ impl MatmulSpec {
 
 /// The fp32 kernels `RUMUS_MATMUL_TILE` forces on every product it fits, by name (checked
 /// by `MatmulOptions::from_env`; the SIMT kernel only where it fits the product).
-pub const FP32_TILES: [(&str, MatmulTile); 8] = [
+pub const FP32_TILES: [(&str, MatmulTile); 7] = [
     ("large", MatmulTile::Large),
     ("small", MatmulTile::Small),
     ("register", MatmulTile::Register),
     ("register8", MatmulTile::Register8),
     (SIMT_TILES[0].0, MatmulTile::Simt(SIMT_TILES[0].1)),
     (SIMT_TILES[1].0, MatmulTile::Simt(SIMT_TILES[1].1)),
-    (SIMT_TILES[2].0, MatmulTile::Simt(SIMT_TILES[2].1)),
     ("dot", MatmulTile::Dot),
 ];
 
@@ -276,7 +275,7 @@ impl MatmulTile {
     ///   kernel or a cooperative tile set by the options (tests, `RUMUS_MATMUL_COOP_TILE`)
     ///   is taken wherever it fits.
     /// - fp32: `target.matmul.fp32_tile` (`RUMUS_MATMUL_TILE`: `large`, `small`, `register`,
-    ///   `register8`, `simt`, `simt-128x128`, `simt-128x64` where they fit, `dot`) when set, for
+    ///   `register8`, `simt`, `simt-128x64` where they fit, `dot`) when set, for
     ///   benchmarking; else the SIMT kernel on the tile the cost model prices lowest of those
     ///   whose blocks number at least `target.matmul.simt_min_workgroups`, unsplit or split (only
     ///   the 128x256 tile where cooperative products compete), else
@@ -353,7 +352,7 @@ impl MatmulTile {
         // the model sent gpt-small's products to fp32 and its `high` step went from 4.75 to
         // 5.25 ms on the H200 (2026-12-02), its waves priced below what they took there.
         let min_blocks = u64::from(target.matmul.simt_min_workgroups);
-        let tiles = if coop_kernel(target, matmul_coop::HIGH_TILE).is_some() { 1 } else { 3 };
+        let tiles = if coop_kernel(target, matmul_coop::HIGH_TILE).is_some() { 1 } else { SIMT_TILES.len() };
         let simt = SIMT_TILES[..tiles]
             .iter()
             .map(|&(_, t)| t)

@@ -48,6 +48,10 @@ enum Rate {
     /// (the `mlp` model's) took 8 and 11 µs a wave, where `c0 + c1 · K` gives 20 and 22.
     /// Below `min_k` the tile is not priced (measured slower there than the others).
     Waves { slots: f64, c0: f64, c1: f64, min_k: u32 },
+    /// The longer of a block's walk of K, `c0 + c1 · K`, with each wave of `slots` blocks
+    /// past the first adding `1 / overlap` of it, and the flops of the whole blocks at
+    /// `tflops.0 + tflops.1 · K` TFLOP/s (the SIMT tiles: [`simt_rate`]).
+    Resident { slots: f64, c0: f64, c1: f64, overlap: f64, tflops: (f64, f64) },
     /// `c0` plus the flops of the product's whole blocks (a block past M or N computes, or
     /// idles in, its whole tile) at `flops_per_us`, scaled down while the grid has fewer
     /// than `saturation` blocks (the fp32 kernels, bound by more than the multiprocessors'
@@ -87,23 +91,31 @@ fn coop_rate(mode: CoopMode, t: &CoopTile) -> Rate {
     Rate::Waves { slots: MULTIPROCESSORS, c0, c1, min_k: 0 }
 }
 
-/// The rate of a SIMT tile: waves of one block a multiprocessor, each `c0 + c1 · K`, fitted
-/// to `--profile` of gpt-small and gpt-medium (`highest`) and the 4096³ product on the H200
-/// with every product forced onto each tile (2026-12-02, BENCHMARKS.md): a block computes at
-/// 0.31 (128x256), 0.305 (128x128) and 0.275 (128x64) TFLOP/s, the fixed part of a wave is
-/// 34, 18 and 14 µs. Within 15 % of most products (see the tests); it ranks the tiles as
-/// measured except where a product's blocks are many waves of the smaller tiles (4096x3072x768:
-/// 128x256 priced lowest, 128x128 measured 13 % faster). Other tiles (tests) are priced by
-/// area.
+/// The rate of a SIMT tile: the longer of
+/// - latency: one block walks K in `c0 + c1 · K` µs, and each wave of 132 blocks past the
+///   first adds `1 / overlap` of that (blocks sharing a multiprocessor overlap: the 128x64
+///   tile's 128 threads more than the 128x256 tile's 256 with twice the registers);
+/// - throughput: the flops of the whole blocks at `t0 + t1 · K` TFLOP/s, what a GPU full of
+///   the tile's blocks sustains: the 128x256 tile 29 TFLOP/s at K = 192 rising to 42 at
+///   4096, the 128x64 tile 30 at any K.
+///
+/// Fitted to every product of gpt-medium's and gpt-small's `highest` steps forced onto each
+/// tile unsplit and split in 2 and 4 (`RUMUS_MATMUL_TILE`, `RUMUS_MATMUL_SPLIT_K`,
+/// `--profile`) and to 4096³, on the H200 (2026-12-02, BENCHMARKS.md): a root-mean-square
+/// error of 8 % (128x256) and 13 % (128x64). A block alone runs at about 0.3 TFLOP/s and one
+/// of many sharing the GPU at 0.22-0.25, which the single-wave model this replaced could not
+/// tell apart (it split 4096x768x3072 in two, 768 µs, where 128x64 unsplit took 576). Other
+/// tiles (tests) are priced by area.
 fn simt_rate(t: &SimtTile) -> Rate {
-    let (c0, per_block_flops_per_us) = match (t.bm, t.bn) {
-        (128, 256) => (34.0, 0.31e6),
-        (128, 128) => (18.0, 0.305e6),
-        (128, 64) => (14.0, 0.275e6),
-        _ => (18.0 * f64::from(t.bm * t.bn) / 16384.0, 0.3e6),
+    let (c0, c1, overlap, t0, t1) = match (t.bm, t.bn) {
+        (128, 256) => (34.2, 0.198, 1.14, 28.8, 0.0031),
+        (128, 64) => (19.3, 0.075, 1.81, 30.2, 0.0),
+        _ => {
+            let area = f64::from(t.bm * t.bn) / 16384.0;
+            (25.0 * area, 0.13 * area, 1.4, 29.0, 0.0)
+        }
     };
-    let c1 = 2.0 * f64::from(t.bm * t.bn) / per_block_flops_per_us;
-    Rate::Waves { slots: MULTIPROCESSORS, c0, c1, min_k: 0 }
+    Rate::Resident { slots: MULTIPROCESSORS, c0, c1, overlap, tflops: (t0, t1) }
 }
 
 fn rate(tile: MatmulTile) -> Rate {
@@ -136,6 +148,12 @@ pub fn product_us(tile: MatmulTile, spec: &MatmulSpec) -> f64 {
         Rate::Waves { slots, c0, c1, .. } => {
             let k = f64::from(spec.k);
             (blocks / slots).ceil() * (c0 * (k / 256.0).min(1.0) + c1 * k)
+        }
+        Rate::Resident { slots, c0, c1, overlap, tflops } => {
+            let k = f64::from(spec.k);
+            let latency = (c0 + c1 * k) * (1.0 + ((blocks / slots).ceil() - 1.0) / overlap);
+            let flops = blocks * f64::from(bm) * f64::from(bn) * 2.0 * k;
+            latency.max(flops / ((tflops.0 + tflops.1 * k) * 1e6))
         }
         Rate::Throughput { saturation, flops_per_us, c0, step } => {
             let flops = blocks * f64::from(bm) * f64::from(bn) * 2.0 * f64::from(spec.k);
@@ -177,7 +195,7 @@ mod tests {
     use super::*;
     use crate::codegen::matmul::Operand;
     use crate::codegen::matmul_coop::{HIGH_TILE, WIDE_MEDIUM_TILE};
-    use crate::codegen::matmul_simt::{NARROW_TILE, SIMT_TILE, SQUARE_TILE};
+    use crate::codegen::matmul_simt::{NARROW_TILE, SIMT_TILE};
 
     /// The fitted rates give back the profiled products they were fitted to, within 25 %
     /// (µs of the product dispatch on the H200, the profile's overhead taken out).
@@ -209,20 +227,21 @@ mod tests {
             (high, c(1, 4096, 3072, 768), 387.0),
             (high, c(1, 4096, 768, 768), 128.0),
             (high, c(1, 4096, 768, 3072), 412.0),
-            // Every product of gpt-medium's `highest` step forced onto each SIMT tile, and
-            // 4096³ (2026-12-02).
-            (simt(SIMT_TILE), c(1, 4096, 768, 3072), 724.0),
-            (simt(SIMT_TILE), c(1, 4096, 3072, 768), 661.0),
-            (simt(SIMT_TILE), t(3072, 768, 4096), 841.0),
+            // Products of gpt-medium's and gpt-small's `highest` steps forced onto each SIMT
+            // tile unsplit, and 4096³ (2026-12-02).
+            (simt(SIMT_TILE), c(1, 4096, 768, 3072), 709.0),
+            (simt(SIMT_TILE), c(1, 4096, 3072, 768), 649.0),
+            (simt(SIMT_TILE), c(1, 4096, 768, 768), 192.0),
+            (simt(SIMT_TILE), c(1, 4096, 256, 256), 77.0),
+            (simt(SIMT_TILE), t(3072, 768, 4096), 824.0),
             (simt(SIMT_TILE), c(1, 4096, 4096, 4096), 3304.0),
-            (simt(SQUARE_TILE), c(1, 4096, 3072, 768), 574.0),
-            (simt(SQUARE_TILE), c(1, 4096, 768, 768), 200.0),
-            (simt(SQUARE_TILE), c(1, 4096, 256, 256), 49.5),
-            (simt(SQUARE_TILE), t(3072, 768, 4096), 820.0),
-            (simt(NARROW_TILE), c(1, 4096, 768, 3072), 577.0),
+            (simt(NARROW_TILE), c(1, 4096, 768, 3072), 576.0),
+            (simt(NARROW_TILE), c(1, 4096, 3072, 768), 606.0),
             (simt(NARROW_TILE), c(1, 4096, 768, 768), 160.0),
+            (simt(NARROW_TILE), c(1, 4096, 2304, 768), 461.0),
+            (simt(NARROW_TILE), c(1, 4096, 256, 256), 35.0),
             (simt(NARROW_TILE), t(3072, 768, 4096), 709.0),
-            (simt(NARROW_TILE), c(1, 4096, 2304, 768), 473.0),
+            (simt(NARROW_TILE), c(1, 4096, 4096, 4096), 4581.0),
             (MatmulTile::Register, c(1, 768, 2304, 4096), 1664.0),
             (MatmulTile::Register, c(1, 4096, 256, 768), 194.0),
             // The `mlp` model's products (profiled with 50 copies a dispatch, 2026-12-01).
@@ -262,17 +281,19 @@ mod tests {
             format!("{name} split {splits}")
         };
         let table = [
-            // The SIMT tile whose waves fill the multiprocessors best, split where the blocks
-            // of one slice of K are less than a wave (2026-12-02: gpt-medium `highest` 92.4 ->
-            // 86.2 ms on the H200 against the 128x256 tile alone).
-            (Highest, t(768, 2304, 4096), "simt-128x128 split 1"),
-            (Highest, t(768, 768, 4096), "simt-128x64 split 4"),
-            (Highest, t(3072, 768, 4096), "simt-128x128 split 4"),
-            (Highest, c(1, 4096, 768, 3072), "simt-128x128 split 2"),
-            (Highest, c(1, 4096, 768, 768), "simt-128x64 split 1"),
-            (Highest, c(1, 4096, 3072, 768), "simt split 1"),
-            (Highest, c(1, 4096, 4096, 4096), "simt split 1"),
-            (Highest, c(1, 4096, 256, 256), "simt-128x64 split 1"),
+            // The SIMT tile and split the model prices lowest, against the best measured of
+            // both tiles unsplit and split in 2 and 4 (µs a product on the H200, 2026-12-02):
+            // gpt-medium `highest` 86.9 -> 82.8 ms against the three-tile wave model.
+            (Highest, t(768, 2304, 4096), "simt split 2"), // 449 (128x64 split 4: 574)
+            (Highest, t(768, 768, 4096), "simt-128x64 split 8"), // 225 (split 4: 208)
+            // Measured 738 where split 4 took 590: the transposed operand's slices of 2048
+            // are slow on this tile, which the model does not see.
+            (Highest, t(3072, 768, 4096), "simt-128x64 split 2"),
+            (Highest, c(1, 4096, 768, 3072), "simt-128x64 split 1"), // 576 (was 768)
+            (Highest, c(1, 4096, 768, 768), "simt-128x64 split 1"), // 160
+            (Highest, c(1, 4096, 3072, 768), "simt split 1"), // 649 (128x64: 606)
+            (Highest, c(1, 4096, 4096, 4096), "simt split 1"), // 3304 (128x64: 4581)
+            (Highest, c(1, 4096, 256, 256), "simt-128x64 split 1"), // 35
             // 144 or 192 blocks of 128x128 are two waves of 132: split K to fill them.
             (High, t(768, 3072, 4096), "coop-high 128x128x32 w4x2 split 4"),
             (High, c(1, 4096, 768, 3072), "coop-high 128x128x32 w4x2 split 2"),

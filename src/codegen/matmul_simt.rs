@@ -38,18 +38,17 @@ pub struct SimtTile {
 }
 
 /// The tile measured fastest on the H200 for large products (128x256x8, 8x16 per thread, two
-/// stages): 41.6 TFLOP/s at 4096³ where [`SQUARE_TILE`] reaches 39.0 and [`NARROW_TILE`] 30.0.
+/// stages): 41.6 TFLOP/s at 4096³ where [`NARROW_TILE`] reaches 30.0 (and a 128x128 tile
+/// with 8x8 a thread, removed since, 39.0: between the two in every product of the GPT steps,
+/// and its time, 24 to 35 TFLOP/s at the same blocks and K, was one no cost model of ours
+/// predicted well enough to choose it; BENCHMARKS.md, 2026-12-02).
 pub const SIMT_TILE: SimtTile = SimtTile { bm: 128, bn: 256, bk: 8, tm: 8, tn: 16, stages: 2 };
-/// 128x128 blocks, 8x8 per thread: twice the blocks of [`SIMT_TILE`] for products of a few
-/// waves (gpt-medium's 4096x3072x768: 574 µs against 661 on the H200, 2026-12-02).
-pub const SQUARE_TILE: SimtTile = SimtTile { bm: 128, bn: 128, bk: 8, tm: 8, tn: 8, stages: 2 };
 /// 128x64 blocks, 8x8 per thread, 128 threads: for products of a narrow C, whose blocks of
 /// [`SIMT_TILE`] do not fill the multiprocessors (4096x768x3072: 577 µs against 724).
 pub const NARROW_TILE: SimtTile = SimtTile { bm: 128, bn: 64, bk: 8, tm: 8, tn: 8, stages: 2 };
 
 /// The SIMT tiles the cost model chooses between, with the names plans and profiles give them.
-pub const SIMT_TILES: [(&str, SimtTile); 3] =
-    [("simt", SIMT_TILE), ("simt-128x128", SQUARE_TILE), ("simt-128x64", NARROW_TILE)];
+pub const SIMT_TILES: [(&str, SimtTile); 2] = [("simt", SIMT_TILE), ("simt-128x64", NARROW_TILE)];
 
 /// Floats of padding after each staged row.
 const PAD: u32 = 4;

@@ -165,14 +165,13 @@ fn contiguous_lens(s: &MatmulSpec) -> [usize; 3] {
     [bt * m * k, bt * k * n, bt * m * n]
 }
 
-const ALL_TILES: [MatmulTile; 8] = [
+const ALL_TILES: [MatmulTile; 7] = [
     MatmulTile::Large,
     MatmulTile::Small,
     MatmulTile::Register,
     MatmulTile::Register8,
     MatmulTile::Simt(SIMT_TILES[0].1),
     MatmulTile::Simt(SIMT_TILES[1].1),
-    MatmulTile::Simt(SIMT_TILES[2].1),
     MatmulTile::Dot,
 ];
 

@@ -701,7 +701,7 @@ fn rumus_plan_refuses_an_unknown_fp32_tile() {
         String::from_utf8_lossy(&out.stderr).trim_end(),
         concat!(
             "RUMUS_MATMUL_TILE: `registers` is none of large, small, register, register8, simt, ",
-            "simt-128x128, simt-128x64, dot"
+            "simt-128x64, dot"
         )
     );
 }

@@ -770,7 +770,7 @@ fn the_gpu_settings_are_checked_by_every_command_on_every_machine() {
             "zz",
             concat!(
                 "RUMUS_MATMUL_TILE: `zz` is none of large, small, register, register8, simt, ",
-                "simt-128x128, simt-128x64, dot"
+                "simt-128x64, dot"
             ),
         ),
     ];
