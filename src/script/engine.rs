@@ -330,6 +330,10 @@ pub fn sandboxed(sandbox: &Sandbox, interrupt: &Interrupt, deadline: &Deadline) 
     // limits). Scripts have no need for it: the code it would run can be written out.
     engine.disable_symbol("eval");
     engine.disable_symbol("curry");
+    // Values nested thousands deep overflowed the stack in rhai's recursive clone, drop, print
+    // and size check: refuse to read one nested past `nesting::MAX_NESTING`.
+    #[allow(deprecated)] // rhai marks `on_var` volatile, not deprecated
+    engine.on_var(super::nesting::check);
     let flag = interrupt.flag();
     let deadline = deadline.clone();
     let heap_limit = sandbox.heap_limit.unwrap_or(u64::MAX);

@@ -6,7 +6,9 @@
 //! - `api`: every type and function scripts see, registered per type in one place;
 //! - [`rms`]: `.rms` sources (rhai with model blocks) split, with positions kept;
 //! - [`convert`]: errors across the rhai boundary, positioned in the file they came from;
-//! - [`calls`]: a guard on calls too wide for rhai's call resolution.
+//! - [`calls`]: a guard on calls too wide for rhai's call resolution;
+//! - [`nesting`]: a bound on how deeply values nest, so that rhai's recursive walks of them fit
+//!   the stack.
 //!
 //! A [`Host`] is one persistent script session: one rhai `Scope` plus the functions of every
 //! earlier evaluation, so a REPL line or a host call sees what came before. A `Host` is `Send`
@@ -17,6 +19,7 @@ pub(crate) mod api;
 pub mod calls;
 pub mod convert;
 pub mod engine;
+pub mod nesting;
 pub mod rms;
 pub mod runner;
 pub mod signal;

@@ -747,3 +747,55 @@ fn a_path_ending_in_a_slash_names_a_folder_not_a_file() {
     ok(&mut h, "write_text(\"sub.txt\", read_text(\"./note.txt\"))");
     assert_eq!(std::fs::read_to_string(base.join("sub.txt")).unwrap(), "a note");
 }
+
+/// Values nested thousands deep (closures capturing closures, arrays in arrays, maps in maps)
+/// overflowed the stack in rhai's recursive drop, clone, print and size check: a chain of three
+/// million closures aborted the process, and `a = [a]` in a loop ran for minutes, copying and
+/// size-checking the whole nesting at every step. Reading a value nested past 64 levels is
+/// refused, at once.
+#[test]
+fn values_nested_past_the_limit_are_refused_when_read() {
+    let mut h = host();
+    let message = "nested more than 64 levels deep (arrays, maps or closures inside one another), \
+                   past the nesting limit: keep the data flatter";
+    for (code, at) in [
+        ("let f = || 1;\nfor i in 0..3000000 { let g = f; f = || g; }", "t.rms:2:31: `f`"),
+        ("let a = [];\nfor i in 0..3000000 { a = [a]; }", "t.rms:2:28: `a`"),
+        ("let m = #{};\nfor i in 0..3000000 { m = #{ x: m }; }", "t.rms:2:33: `m`"),
+        ("let a = [];\nfor i in 0..3000000 { let g = a; a = [|| g]; }", "t.rms:2:31: `a`"),
+        ("let a = [];\nfor i in 0..3000000 { let b = []; b.push(a); a = b; }", "t.rms:2:50: `b`"),
+        ("let a = [[]];\nfor i in 0..3000000 { a[0] = [a[0]]; }", "t.rms:2:31: `a`"),
+    ] {
+        check_err(&mut h, code, ErrorKind::Limit, at);
+        check_err(&mut h, code, ErrorKind::Limit, message);
+    }
+    // 64 levels are read, printed and compared as before.
+    let mut h = host();
+    ok(
+        &mut h,
+        "let a = 1; for i in 0..64 { a = [a]; }\nlet b = a; print(b); if a != b { throw 1 }",
+    );
+    ok(&mut h, "let f = || 1; for i in 0..63 { let g = f; f = || g; }\nlet h = f;");
+}
+
+/// A host calls rumus on its own thread, whose stack may be small: deep nesting is refused
+/// before any walk of it could overflow a 2 MiB stack.
+#[test]
+fn deep_nesting_is_refused_on_a_hosts_small_stack() {
+    let errors = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(|| {
+            let mut h = host();
+            [
+                "let f = || 1;\nfor i in 0..3000000 { let g = f; f = || g; }\nf = ();",
+                "let a = [];\nfor i in 0..3000000 { a = [a]; }\nprint(a);",
+            ]
+            .map(|code| h.eval(&Source::new("t.rms", code)).unwrap_err().to_string())
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    for e in errors {
+        assert!(e.contains("nested more than 64 levels deep"), "{e}");
+    }
+}
