@@ -501,21 +501,24 @@ fn parse_csv(
     Ok(Dataset::new(x, y)?.with_classes(names))
 }
 
-/// Read one line (up to and including `\n`) into `raw`, charging its buffer as it grows; 0 at
-/// the end of the input.
 /// One record into `raw`: a line, or several while a quoted field spans line breaks (an odd
 /// number of `"` so far; an escaped quote `""` counts twice). Returns its length (0 at the end).
+/// Each line's quotes are counted once, as it is read: counting the whole record again after
+/// every line made an unclosed quote followed by many short lines quadratic (200,000 empty
+/// lines took 6 s, and a gzip file of a few kilobytes could hold millions).
 fn read_record(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge) -> Result<usize> {
     raw.clear();
+    let mut quotes = 0usize;
     loop {
         let start = raw.len();
         if read_line(reader, raw, charge)? == start {
-            return match raw.iter().filter(|&&b| b == b'"').count() % 2 {
+            return match quotes % 2 {
                 0 => Ok(raw.len()),
                 _ => Err(err!(Data, "a quoted field is not closed before the end of the file")),
             };
         }
-        if raw.iter().filter(|&&b| b == b'"').count() % 2 == 0 {
+        quotes += raw[start..].iter().filter(|&&b| b == b'"').count();
+        if quotes.is_multiple_of(2) {
             return Ok(raw.len());
         }
     }

@@ -285,6 +285,29 @@ fn quoted_fields_and_crlf_line_ends_split_as_csv_does() {
     assert_eq!(e.message, format!("{}:3: expected 2 fields, found 3", path.display()));
 }
 
+/// Found by the hostile-input audit (round 7): a quote left open is followed to the end of the
+/// file in time linear in its lines. Each line of the record counted the quotes of the whole
+/// record again, so an open quote before 400,000 empty lines (a gzip file of under 2 KB) took
+/// about 25 s, and a few million lines hours.
+#[test]
+fn an_open_quote_before_many_lines_is_found_in_linear_time() {
+    let dir = scratch("open_quote");
+    let path = dir.join("q.csv.gz");
+    let mut text = b"1,\"".to_vec();
+    text.resize(text.len() + 400_000, b'\n');
+    let packed = gzip(&text);
+    assert!(packed.len() < 2048, "{} bytes", packed.len());
+    std::fs::write(&path, packed).unwrap();
+    let start = std::time::Instant::now();
+    let e = read_csv(&path, &labelled(1)).unwrap_err();
+    assert!(start.elapsed() < std::time::Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert_eq!(e.kind, ErrorKind::Data);
+    assert_eq!(
+        e.message,
+        format!("{}:1: a quoted field is not closed before the end of the file", path.display())
+    );
+}
+
 /// Found by the hostile-input audit: a first row that looked like data but held a typo
 /// (`x,2,0`) was taken as a header and dropped without a word, while the same typo in the second
 /// row was an error. A first row is a header when none of its fields is a number, data when
