@@ -260,3 +260,48 @@ fn a_model_of_25_000_inline_params_is_checked_quickly() {
     assert_eq!(e.message, format!("unknown name `p{n}`"));
     assert_eq!(e.location().map(|(_, line, col)| (line, col)), Some((n + 2, 16)));
 }
+
+/// Found by the hostile-input audit (round 7): a call's named arguments are bound in linear
+/// time. Each one searched the block's parameter list for its name, so a call of 40,000 named
+/// arguments took 3 s at every binding (resolve once, lowering at every iteration of a
+/// `repeat`): this model took about 15 s to reach its mistake.
+#[test]
+fn a_call_of_40_000_named_arguments_is_bound_quickly() {
+    let n = 40_000;
+    let params: Vec<String> = (0..n).map(|i| format!("a{i}")).collect();
+    let args: Vec<String> = (0..n).rev().map(|i| format!("a{i} = 1")).collect();
+    let text = format!(
+        "block f(x: f32[2, 3], {}) {{\n    return x\n}}\nmodel m(x: f32[2, 3]) {{\n    repeat 4 {{\n        x = f(x, {})\n    }}\n    return x @ x\n}}\n",
+        params.join(", "),
+        args.join(", ")
+    );
+    assert!(text.len() < 1 << 20);
+    let start = Instant::now();
+    let src = Source::new("wide.rms", text);
+    let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
+    let e = dsl::lower(&module, "m", &[], None).unwrap_err().in_source(&src);
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert_eq!(e.message, "matmul: inner dimensions differ: [2, 3] @ [2, 3] (3 vs 2)");
+    assert_eq!(e.location().map(|(_, line, _)| line), Some(8));
+}
+
+/// Found by the hostile-input audit (round 7): the values a model is lowered with (a script's
+/// `m(#{ .. })`, `--set`) are matched to its signature by name in linear time. Each one
+/// searched the signature, so 100,000 of them took about 12 s, at every lowering (the call,
+/// `compile`, each new batch size of `predict`).
+#[test]
+fn a_model_lowered_with_100_000_values_matches_them_quickly() {
+    let n = 100_000;
+    let names: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
+    let text = format!("model m(x: f32[2], {}) {{\n    return x\n}}\n", names.join(","));
+    assert!(text.len() < 1 << 20);
+    let src = Source::new("wide.rms", text);
+    let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
+    let mut bindings: Vec<(&str, dsl::Value)> =
+        names.iter().map(|n| (n.as_str(), dsl::Value::Int(1))).collect();
+    bindings.push(("typo", dsl::Value::Int(1)));
+    let start = Instant::now();
+    let e = dsl::lower(&module, "m", &bindings, None).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert_eq!(e.message, "model `m` has no hyperparameter or dimension `typo`");
+}
