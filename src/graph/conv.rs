@@ -55,6 +55,11 @@ impl Window {
                 )));
             }
         }
+        // So that `size` cannot overflow (a host's kernel of [2^32, 2^32] wrapped to an empty
+        // window): every window `output` accepts has a size.
+        if self.kernel[0].checked_mul(self.kernel[1]).is_none() {
+            return Err(Error::shape(format!("{op}: `kernel` {} is too large", pair(self.kernel))));
+        }
         let mut out = [0; 2];
         for a in 0..2 {
             let padded = self.padding[a].checked_mul(2).and_then(|p| p.checked_add(hw[a]));
@@ -85,7 +90,7 @@ impl Window {
         Ok(out)
     }
 
-    /// Elements in one window.
+    /// Elements in one window (of a window [`Window::output`] accepts: larger ones overflow).
     pub fn size(&self) -> usize {
         self.kernel[0] * self.kernel[1]
     }
@@ -287,7 +292,9 @@ impl Graph {
             )
             .at(self.span));
         }
-        if (0..2).any(|a| 2 * padding[a] > kernel[a]) {
+        // `padding > kernel / 2` is `2 * padding > kernel`, without the product that
+        // overflowed on a host's padding of 2^63.
+        if (0..2).any(|a| padding[a] > kernel[a] / 2) {
             return Err(err!(
                 Shape,
                 "{op}: `padding` {} must be at most half of `kernel` {}",
@@ -301,6 +308,7 @@ impl Graph {
         let (n, c) = (xs[0], xs[1]);
         let max = op == "max_pool2d";
         let cols = self.unfold(x, window, if max { f32::NEG_INFINITY } else { 0.0 })?;
+        // Unfolded, so `c · kernel` and `n · ho · wo` are dimensions of a value: no overflow.
         let cols = self.reshape(cols, &[c, window.size(), n * ho * wo])?;
         let y = if max { self.max(cols, &[1], false)? } else { self.mean(cols, &[1], false)? };
         let y = self.reshape(y, &[c, n, ho, wo])?;

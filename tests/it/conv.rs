@@ -5,7 +5,7 @@
 
 use crate::common::conv::{CONVS, POOLS};
 use rumus::cpu::{Buf, Executor, RunOptions};
-use rumus::graph::{BatchNorm, Conv2d, Graph, NodeId};
+use rumus::graph::{BatchNorm, Conv2d, Graph, NodeId, Window};
 use rumus::rng::Rng;
 use rumus::DType;
 
@@ -205,6 +205,20 @@ fn shapes_that_do_not_fit_are_errors() {
             "conv2d: `padding` 9223372036854775808x0 or `kernel` 3 with `dilation` 1 is too large"),
         (&[1, 1, 4, 4], &[1], |g, x, _| g.max_pool2d(x, [2, 2], [2, 2], [2, 0]),
             "max_pool2d: `padding` 2x0 must be at most half of `kernel` 2"),
+        // Found by the hostile-input audit (round 7): a host's window whose element count
+        // overflows (kernel 2^32 x 2^32; a stride past the input gives one output) panicked in
+        // a build with overflow checks and wrapped to an empty window without them, as did a
+        // padding of 2^63 (twice it overflowed).
+        (&[1, 1, 1, 1], &[1], |g, x, _| g.max_pool2d(x, [1 << 32, 1 << 32], [1 << 40, 1 << 40], [1 << 31, 1 << 31]),
+            "max_pool2d: `kernel` 4294967296 is too large"),
+        (&[1, 1, 1, 1], &[1], |g, x, _| g.avg_pool2d(x, [usize::MAX, 2], [1, 1], [usize::MAX / 2, 1]),
+            "avg_pool2d: `kernel` 18446744073709551615x2 is too large"),
+        (&[1, 1, 4, 4], &[1], |g, x, _| g.avg_pool2d(x, [2, 2], [1, 1], [1 << 63, 0]),
+            "avg_pool2d: `padding` 9223372036854775808x0 must be at most half of `kernel` 2"),
+        (&[1, 1, 1, 1], &[1], |g, x, _| {
+            let window = Window { kernel: [1 << 32, 1 << 32], stride: [1 << 40, 1 << 40], padding: [1 << 31, 1 << 31], dilation: [1, 1] };
+            g.unfold(x, window, 0.0)
+        }, "unfold: `kernel` 4294967296 is too large"),
         (&[1, 1, 2, 2], &[1], |g, x, _| g.avg_pool2d(x, [3, 3], [1, 1], [0, 0]),
             "avg_pool2d: `kernel` 3 with `dilation` 1 is larger than the padded input 2x2 (input 2x2, `padding` 0)"),
         (&[4, 4], &[1], |g, x, _| g.max_pool2d(x, [2, 2], [2, 2], [0, 0]),
