@@ -65,6 +65,25 @@ fn a_mistake_exits_1_with_the_rendered_error() {
     assert_eq!(code, 2);
 }
 
+/// Found by the hostile-input audit (round 7): `--set` flags are checked for repeats by name.
+/// Each searched the flags before it, so 70,000 of them (as many as a command line of 2 MiB
+/// holds) took about 7 s before the mistake at the last was found.
+#[test]
+fn many_set_flags_are_checked_for_repeats_quickly() {
+    let dir = crate::common::ScratchDir::new("cli_many_sets");
+    let path = dir.join("m.rms");
+    std::fs::write(&path, "model m(x: f32[B, 2]) {\n    return x\n}\n").unwrap();
+    let p = path.to_str().unwrap();
+    let sets: Vec<String> = (0..70_000).map(|i| format!("--set=a{i}=2")).collect();
+    let mut args = vec!["graph", p];
+    args.extend(sets.iter().map(String::as_str));
+    args.extend(["--set", "a0=3"]);
+    let start = std::time::Instant::now();
+    let (code, _, err) = rumus(&args);
+    assert!(start.elapsed() < std::time::Duration::from_secs(3), "took {:?}", start.elapsed());
+    assert_eq!((code, err.as_str()), (2, "--set a0 is given twice (2 and 3): give it once\n"));
+}
+
 /// Found by the fourth hostile-input audit: `rumus graph` drew a model at free dimensions 1 and
 /// had no `--set`, so a model valid only at a larger size (`x @ x` of `f32[B, 4]`, B = 4) could
 /// not be drawn. `--set` works as for `rumus plan` (one implementation), and the error at the
