@@ -38,7 +38,7 @@
 //! inputs.
 
 use super::kernel::{Kernel, KernelKind};
-use super::limits::{concat_parts, split_point, storage_bindings};
+use super::limits::{concat_parts, split_points, storage_bindings};
 use super::view::View;
 use crate::graph::{Graph, NodeId, Op, OpClass};
 
@@ -95,7 +95,7 @@ pub fn fuse(
         let mut changed = false;
         for k in &f.kernels {
             if storage_bindings(g, k, &|id| owner(id).index(), false) > max as usize {
-                if let Some(c) = split_point(g, k, max, &owner) {
+                for c in split_points(g, k, max, &owner) {
                     changed |= !forced[c.index()];
                     forced[c.index()] = true;
                 }

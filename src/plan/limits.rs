@@ -5,7 +5,7 @@
 //! adapter) and the bytes of one storage binding (`max_storage_buffer_binding_size`: 128 MiB under
 //! WebGPU's defaults). No kernel kind binds a number of buffers that grows with the model:
 //! - an expression that would read too many buffers (a long chain of additions) is split by
-//!   materializing inlined subexpressions that fit, largest first ([`split_point`]); the
+//!   materializing inlined subexpressions that fit, largest first ([`split_points`]); the
 //!   optimizer reads flat arenas (`super::arena`), one buffer per kind however many parameters;
 //! - a concat of many inputs runs as several kernels, each writing the part of the output that
 //!   its inputs fill ([`concat_parts`]);
@@ -20,6 +20,7 @@ use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op};
 use crate::tensor::fmt_shape;
+use std::collections::HashMap;
 
 /// The adapter limits a plan is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,11 +174,227 @@ pub fn reads(g: &Graph, k: &Kernel, roots: &[NodeId], stop: Option<NodeId>) -> V
     out
 }
 
+/// The inlined nodes of over-limit kernel `k` to materialize so that it binds at most `max`
+/// buffers, all chosen at once: among the inlined subexpressions whose own kernel would fit
+/// (`2 ..= max − 1` buffers read), the one whose materialization saves the most bindings, then
+/// the one that reads the most; then the same in what remains of `k` once it reads that node as
+/// a buffer, and so on until the rest fits or nothing more can be split off. These are the
+/// nodes, in order, that fusion passes splitting one node of `k` each would choose (the rest of
+/// `k` is what the next pass fuses), at a fraction of the cost: each choice weighs every inlined
+/// node in one walk of the kernel's expression tree (`Expr`) instead of recomputing the
+/// kernel's reads per node (about n^4 in all for a sum of n layers, minutes at 1500). An
+/// expression that is not a tree, and a kernel whose binding count is not that of its
+/// expression's reads, give one node a call, chosen the old way ([`reads`] per candidate).
+pub fn split_points(
+    g: &Graph,
+    k: &Kernel,
+    max: u32,
+    owner: &dyn Fn(NodeId) -> NodeId,
+) -> Vec<NodeId> {
+    let Some(mut expr) = Expr::new(g, k, owner) else {
+        return split_point(g, k, max, owner).into_iter().collect();
+    };
+    let out = *k.outputs.last().expect("a kernel writes a value");
+    // The bindings of what remains of `k`, from the buffers its expression reads.
+    let fixed = match k.kind {
+        KernelKind::Elementwise | KernelKind::Reduce if k.outputs.len() == 1 => Some(0),
+        KernelKind::MatMul { register, sum, .. } if register != out => {
+            Some(3 + usize::from(sum.is_some()))
+        }
+        _ => None,
+    };
+    let bindings = |reads: &HashMap<NodeId, u32>| match k.kind {
+        KernelKind::MatMul { .. } => reads.len(),
+        _ => reads.len() + usize::from(!reads.contains_key(&owner(out))),
+    };
+    let mut chosen = Vec::new();
+    let (c, reads) = expr.split_point(max);
+    let bound = storage_bindings(g, k, &|id| owner(id).index(), false);
+    let exact = fixed.is_some_and(|f| f + bindings(&reads) == bound);
+    let Some(mut c) = c else { return chosen };
+    loop {
+        chosen.push(expr.ids[c]);
+        if !exact {
+            return chosen;
+        }
+        expr.cut(c);
+        let (next, reads) = expr.split_point(max);
+        if fixed.unwrap_or(0) + bindings(&reads) <= max as usize {
+            return chosen;
+        }
+        match next {
+            Some(n) => c = n,
+            None => return chosen,
+        }
+    }
+}
+
+/// The inlined expression of a kernel as a tree, from its output through its inlined nodes
+/// (each read once: an inlinable node is inlined into its one consumer), and the buffers each
+/// node reads, by owner. A node cut off reads itself, a buffer; the nodes below it are gone.
+struct Expr {
+    /// The nodes, parents before children.
+    ids: Vec<NodeId>,
+    /// Each node's parent (the output's is itself).
+    parent: Vec<usize>,
+    /// The owners of the buffers each node reads, one per use.
+    reads: Vec<Vec<NodeId>>,
+    /// Whether a node may be materialized to split the kernel ([`split_point`]'s candidates).
+    candidate: Vec<bool>,
+    /// Whether a node is materialized since: the rest reads it as a buffer of its own.
+    cut: Vec<bool>,
+    /// Whether a node is below a cut node (computed by that node's kernel).
+    gone: Vec<bool>,
+}
+
+impl Expr {
+    /// The expression of `k`, or `None` when it is not a tree or some candidate of
+    /// [`split_point`] lies outside it.
+    fn new(g: &Graph, k: &Kernel, owner: &dyn Fn(NodeId) -> NodeId) -> Option<Expr> {
+        let out = *k.outputs.last()?;
+        let register = match k.kind {
+            KernelKind::MatMul { register, matmul, .. } => Some((register, matmul)),
+            _ => None,
+        };
+        let stop = register.map(|r| r.0);
+        let fused = |x: NodeId| k.fused.binary_search(&x).is_ok();
+        let mut e = Expr {
+            ids: Vec::new(),
+            parent: Vec::new(),
+            reads: Vec::new(),
+            candidate: Vec::new(),
+            cut: Vec::new(),
+            gone: Vec::new(),
+        };
+        let mut index: HashMap<NodeId, usize> = HashMap::new();
+        let mut touches = Vec::new();
+        let mut stack = vec![(out, 0)];
+        while let Some((id, parent)) = stack.pop() {
+            let i = e.ids.len();
+            if index.insert(id, i).is_some() {
+                return None; // read twice: not a tree
+            }
+            e.ids.push(id);
+            e.parent.push(parent);
+            let mut reads = Vec::new();
+            let mut reaches = false;
+            for &x in g.node(id).inputs.iter().rev() {
+                reaches |= Some(x) == stop;
+                if Some(x) == stop || matches!(g.node(x).op, Op::Constant { .. }) {
+                    continue;
+                }
+                if fused(x) {
+                    stack.push((x, i));
+                } else {
+                    reads.push(owner(x));
+                }
+            }
+            e.reads.push(reads);
+            touches.push(reaches);
+        }
+        // Whether each node reaches the register through inlined nodes (children come later).
+        for i in (1..e.ids.len()).rev() {
+            let p = e.parent[i];
+            touches[p] |= touches[i];
+        }
+        let candidate = |c: NodeId, touches: bool| {
+            let node = g.node(c);
+            !k.outputs.contains(&c)
+                && !matches!(node.op, Op::Constant { .. })
+                && super::fuse::is_inlinable(&node.op)
+                && register.is_none_or(|(r, mm)| c != r && c != mm && !touches)
+        };
+        let n = e.ids.len();
+        e.candidate = (0..n).map(|i| candidate(e.ids[i], touches[i])).collect();
+        // Every candidate is in the tree (a fused node outside it reaches the register or is
+        // no candidate: the matmul, an output), or the tree cannot stand for the kernel.
+        let outside = k.fused.iter().any(|&c| {
+            !index.contains_key(&c) && candidate(c, depends_on(g, k, c, stop.unwrap_or(c)))
+        });
+        if outside {
+            return None;
+        }
+        e.cut = vec![false; n];
+        e.gone = vec![false; n];
+        Some(e)
+    }
+
+    /// Materialize node `c`: the rest reads it as a buffer.
+    fn cut(&mut self, c: usize) {
+        self.cut[c] = true;
+        for i in c + 1..self.ids.len() {
+            let p = self.parent[i];
+            if p == c || self.gone[p] {
+                self.gone[i] = true;
+            }
+        }
+    }
+
+    /// [`split_point`] of what remains of the kernel, as an index, with the buffers the rest
+    /// reads (owners, each with its number of uses). For each node, in one walk from the leaves
+    /// up merging the children's reads into the largest child's: the buffers its subexpression
+    /// reads, and how many of them nothing outside it reads (what materializing it saves,
+    /// less its own buffer).
+    fn split_point(&self, max: u32) -> (Option<usize>, HashMap<NodeId, u32>) {
+        let n = self.ids.len();
+        let own = |i: usize| -> &[NodeId] {
+            match self.cut[i] {
+                true => std::slice::from_ref(&self.ids[i]),
+                false => &self.reads[i],
+            }
+        };
+        let mut total: HashMap<NodeId, u32> = HashMap::new();
+        for i in (0..n).filter(|&i| !self.gone[i]) {
+            for &b in own(i) {
+                *total.entry(b).or_insert(0) += 1;
+            }
+        }
+        // Per node: its subexpression's buffers with their uses in it, and how many of them
+        // are used there only.
+        let mut sub: Vec<(HashMap<NodeId, u32>, usize)> = Vec::new();
+        sub.resize_with(n, Default::default);
+        let mut best: Option<(usize, usize, NodeId, usize)> = None;
+        for i in (0..n).rev().filter(|&i| !self.gone[i]) {
+            let (mut reads, mut only) = std::mem::take(&mut sub[i]);
+            for &b in own(i) {
+                let uses = reads.entry(b).or_insert(0);
+                *uses += 1;
+                only += usize::from(*uses == total[&b]);
+            }
+            let mine = reads.len();
+            if self.candidate[i] && !self.cut[i] && (2..max as usize).contains(&mine) {
+                let saved = only.saturating_sub(1);
+                let key = (saved, mine, std::cmp::Reverse(self.ids[i]));
+                if best.is_none_or(|b| key > (b.0, b.1, std::cmp::Reverse(b.2))) {
+                    best = Some((saved, mine, self.ids[i], i));
+                }
+            }
+            if i == 0 {
+                return (best.map(|b| b.3), reads);
+            }
+            // Merge into the parent's, the smaller map into the larger.
+            let (mut into, mut into_only) = std::mem::take(&mut sub[self.parent[i]]);
+            if into.len() < reads.len() {
+                std::mem::swap(&mut into, &mut reads);
+                std::mem::swap(&mut into_only, &mut only);
+            }
+            for (b, u) in reads {
+                let uses = into.entry(b).or_insert(0);
+                let before = *uses;
+                *uses += u;
+                into_only += usize::from(before < total[&b] && *uses == total[&b]);
+            }
+            sub[self.parent[i]] = (into, into_only);
+        }
+        unreachable!("the output is the tree's root")
+    }
+}
+
 /// The inlined node of kernel `k` to materialize so that `k` binds fewer buffers: among the
 /// inlined subexpressions whose own kernel would fit (`2 ..= max − 1` buffers read), the one
 /// whose materialization saves the most bindings, then the one that reads the most. `None` when
 /// no inlined subexpression reads two buffers or more.
-pub fn split_point(
+fn split_point(
     g: &Graph,
     k: &Kernel,
     max: u32,

@@ -576,6 +576,38 @@ fn arenas_hold_at_most_one_default_binding() {
     assert_eq!(p.updates.len(), 1 + 3 * 2);
 }
 
+/// A model summing 1500 layers (`y = y + linear(x, 4)` each) makes a kernel adding 1500
+/// products, its sum's gradient one adding 1500 gradients: each reads thousands of buffers, and
+/// WebGPU's default limit of 8 splits it into hundreds of kernels. Fusion used to split one node
+/// per over-limit kernel a pass, recomputing the kernel's reads for every candidate node: about
+/// n^4, 6 s in a release build at 400 layers, and no plan in 300 s at 1500 (hours in a debug
+/// build). All the splits of a kernel are chosen in one pass now, each weighing every candidate
+/// in one walk of the expression: well under a second in a debug build. There is no timed
+/// assertion: a regression shows as this test running into the CI's timeout.
+#[test]
+fn a_sum_of_1500_layers_plans_within_webgpu_limits_quickly() {
+    let layers = 1500;
+    let dir = crate::common::ScratchDir::new("sum_of_layers");
+    let file = dir.join("sum.rms");
+    let mut src = String::from("model m(x: f32[B, 4], B = 2) {\n    y = x\n");
+    for i in 0..layers {
+        src += &format!("    y = y + linear(x, 4) as l{i}\n");
+    }
+    src += "    return y\n}\n";
+    std::fs::write(&file, src).unwrap();
+    let spec = rumus::cli::bench::ModelSpec {
+        file: file.to_str().unwrap().to_string(),
+        ..Default::default()
+    };
+    let (t, _) = rumus::cli::bench::training_step(&spec).unwrap();
+    let limits = Some(Limits::WEBGPU_DEFAULT);
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions { limits, ..PlanOptions::default() });
+    let p = p.unwrap();
+    verify(&t.graph, &p, Some(8)).unwrap();
+    assert!(most_bindings(&t.graph, &p) <= 8);
+    assert!(p.kernels.len() > 2 * layers / 6, "{} kernels", p.kernels.len());
+}
+
 /// In the cooperative modes `rumus plan --wgsl` lists each product's two programs in
 /// dispatch order (the conversion to f16, the product) and
 /// `rumus plan --json` counts exactly the dispatches listed (what `rumus bench` reports as
