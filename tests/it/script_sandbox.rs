@@ -769,6 +769,10 @@ fn values_nested_past_the_limit_are_refused_when_read() {
         check_err(&mut h, code, ErrorKind::Limit, at);
         check_err(&mut h, code, ErrorKind::Limit, message);
     }
+    // Nesting among thousands of scalars is seen: the walk passes over scalars, it does not
+    // stop at them.
+    let code = "let a = [];\na.pad(4000, 0);\nfor i in 0..3000 { a.push([a.pop()]); }";
+    check_err(&mut h, code, ErrorKind::Limit, message);
     // 64 levels are read, printed and compared as before.
     let mut h = host();
     ok(
