@@ -7,10 +7,19 @@
 static ALLOCATOR: rumus::memory::CountingAllocator = rumus::memory::CountingAllocator;
 
 fn main() {
-    // Scripts recurse (rhai evaluates by recursion); give them room beyond the limits they get.
-    let code = std::thread::Builder::new()
-        .stack_size(256 << 20)
-        .spawn(|| rumus::cli::exit_code(rumus::cli::cli(std::env::args().skip(1).collect())))
+    // Scripts recurse (rhai evaluates, drops, prints and compares values by recursion): give
+    // them room beyond the limits they get. Half the heap limit, at least 256 MiB: a value
+    // nested past what the nesting check sees needs a heap four times the stack it would
+    // overflow (`rumus::script::nesting`), so the heap limit stops it first. Reserved, not
+    // committed; where the system refuses the reservation, 256 MiB.
+    let half_heap = usize::try_from(rumus::memory::default_limit() / 2).unwrap_or(usize::MAX);
+    let spawn = |stack: usize| {
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(|| rumus::cli::exit_code(rumus::cli::cli(std::env::args().skip(1).collect())))
+    };
+    let code = spawn(half_heap.clamp(256 << 20, 64 << 30))
+        .or_else(|_| spawn(256 << 20))
         .map(|t| t.join().unwrap_or(1))
         .unwrap_or(1);
     std::process::exit(code);

@@ -16,10 +16,10 @@
 //! The check visits at most [`WALK_BUDGET`] containers (arrays, maps, closures, shared values)
 //! and passes over scalars by their tag, without a call (about 0.4 ns each in release); it does
 //! not look into an array or map longer than [`SCAN_LIMIT`] entries but goes on with the
-//! values beside it. So reading an array costs at most a scan of 4,096 tags (1.7 µs), and
-//! reading a longer one costs what it did (`big[i]` in a loop stays constant time); the walk
-//! visited every scalar, by a recursive call, up to 65,536, and reading an array of 60,000
-//! numbers in a loop took ten times as long as without the check.
+//! values beside it. So reading an array costs at most a scan of 65,536 tags (about 26 µs),
+//! and reading a longer one costs what it did (`big[i]` in a loop stays constant time); the
+//! first version visited every scalar by a recursive call, and reading an array of 60,000
+//! numbers in a loop took ten times as long as without the check (now 3.3 times: 0.96 to 3.2 s).
 //!
 //! What the check does not see, it does not bound. A value passes unchecked when its walk runs
 //! out of budget, which takes `WALK_BUDGET / MAX_NESTING` (1,024) containers a level, or when
@@ -27,15 +27,17 @@
 //! as one container and the walk goes on beside it (ending the walk there would let one long
 //! array hide any sibling), but what is below it is not seen. The walk sees the top 64 levels
 //! and an expression wraps what it read at most 64 levels deeper, so a chain built by reading
-//! and wrapping holds a long array (4,097 entries, 64 KiB) every 128 levels: 512 bytes of heap
-//! a level, for up to 2 KB of stack a level in rhai's print and `==` (arrays and maps; a
-//! closure prints by name, and its drop takes about 350 bytes a level). The `rumus` binary's
-//! 256 MiB stack is then overflowed by about 64 MiB of such a chain, where a `SCAN_LIMIT` of
-//! 65,536 needed 1 GiB but cost a scan of up to 65,536 tags at every read. Nesting inside one
-//! long array (`a.push([a.pop()])` in a loop) is bounded by time alone: each step costs rhai a
-//! size check of the whole nesting, so `n` levels take time quadratic in `n` (40,000 took 26 s
-//! in release, and print would overflow 256 MiB past about 130,000, minutes). A host that runs
-//! scripts it did not write bounds their time and operations (`Sandbox::bounded`).
+//! and wrapping holds a long array (65,537 entries, 1 MiB) every 128 levels: 8 KiB of heap a
+//! level, for up to 2 KB of stack a level in rhai's print and `==` (arrays and maps; a closure
+//! prints by name, and its drop takes about 350 bytes a level). Such a chain needs a heap four
+//! times the stack it overflows; the `rumus` binary runs scripts on a stack of half its heap
+//! limit (`src/main.rs`), so the heap limit stops the chain first. (A `SCAN_LIMIT` of 4,096
+//! made reads of arrays up to that length cheaper still, but let 64 MiB of chain overflow a
+//! 256 MiB stack.) Nesting inside one long array (`a.push([a.pop()])` in a loop) is bounded by
+//! time: each step costs rhai a size check of the whole nesting, so `n` levels take time
+//! quadratic in `n` (40,000 took 26 s in release, and print needs over 100,000 levels to
+//! overflow 256 MiB). A host that runs scripts it did not write on its own threads bounds
+//! their time and operations (`Sandbox::bounded`), and its stack is its own.
 use super::convert::{to_rhai, ScriptResult};
 use crate::err;
 use rhai::{Dynamic, EvalContext, FnPtr};
@@ -48,7 +50,7 @@ pub const MAX_NESTING: usize = 64;
 pub const WALK_BUDGET: usize = 1 << 16;
 
 /// Longest array or map one check looks into.
-pub const SCAN_LIMIT: usize = 1 << 12;
+pub const SCAN_LIMIT: usize = 1 << 16;
 
 /// The `on_var` callback: refuse to read variable `name` when its value nests more than
 /// [`MAX_NESTING`] levels deep.
