@@ -1,11 +1,12 @@
 //! No input makes the parser or lowering panic or hang: seeded mutations of valid models,
 //! random token soup, deep nesting and huge sources all come back as `Ok` or a positioned
-//! `Err`, quickly.
+//! `Err`, quickly. The tests of large inputs assert what comes back, not how long it took (no
+//! timed assertions in tests): each input is sized so that the quadratic work it once caused
+//! would run for minutes, which a test run shows as a hang and CI as a timeout.
 
 use rumus::dsl;
 use rumus::rng::Rng;
 use rumus::Source;
-use std::time::{Duration, Instant};
 
 const SEEDS: &[&str] = &[
     "model gpt(idx: i32[B, T], vocab = 11, d = 8, heads = 2, layers = 2, ctx = 4) {\n    x = embedding(idx, vocab, d) as wte + position_embedding(T, ctx, d) as wpe\n    repeat layers as blocks {\n        x = x + causal_self_attention(layer_norm(x) as ln1, heads) as attn\n        x = x + mlp(layer_norm(x) as ln2, 4 * d) as mlp\n    }\n    return linear(layer_norm(x) as ln_f, vocab) as head\n}\n",
@@ -117,7 +118,6 @@ fn mutate(rng: &mut Rng, text: &str) -> String {
 #[test]
 fn ten_thousand_mutated_and_random_sources() {
     let mut rng = Rng::new(0x5eed);
-    let start = Instant::now();
     for i in 0..10_000 {
         let text = if i % 5 == 4 {
             let n = rng.next_u64() as usize % 40;
@@ -135,7 +135,6 @@ fn ten_thousand_mutated_and_random_sources() {
         };
         pipeline(&text);
     }
-    assert!(start.elapsed() < Duration::from_secs(120));
 }
 
 #[test]
@@ -152,10 +151,8 @@ fn seeds_are_valid() {
 
 #[track_caller]
 fn fails_fast(text: &str, message_starts: &str) {
-    let start = Instant::now();
     let src = Source::new("big.rms", text);
     let e = dsl::load(&src).map(|_| ()).unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
     assert!(e.message.starts_with(message_starts), "{}", e.message);
     assert!(e.location().is_some());
 }
@@ -199,12 +196,10 @@ fn ten_megabyte_source_is_an_error() {
 #[test]
 fn lowering_is_bounded() {
     let text = "block f(x) { return relu(x) }\nmodel m(x: f32[2]) {\n    repeat 1000000000 {\n        x = f(x)\n    }\n    return x\n}\n";
-    let start = Instant::now();
     let src = Source::new("loop.rms", text);
     let module = dsl::load(&src).unwrap();
     let e = dsl::lower(&module, "m", &[], None).unwrap_err();
     assert!(e.message.starts_with("model is too large to lower"), "{}", e.message);
-    assert!(start.elapsed() < Duration::from_secs(5));
 }
 
 /// Found by the fuzz driver (a GPT with `layers = 65535`): each new parameter name was checked
@@ -236,11 +231,9 @@ fn a_signature_of_120_000_hyperparameters_is_checked_quickly() {
     let names: Vec<String> = (0..n - 1).map(|i| format!("h{i}")).collect();
     let text = format!("model m(x: f32[2], {}, last = h0) {{\n    return x\n}}\n", names.join(","));
     assert!(text.len() < 1 << 20);
-    let start = Instant::now();
     let src = Source::new("wide.rms", text);
     let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
     let e = dsl::lower(&module, "m", &[], None).unwrap_err().in_source(&src);
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
     assert_eq!(e.message, "hyperparameter `h0` has no default and was not set");
     assert_eq!(e.location().map(|(_, line, _)| line), Some(1));
 }
@@ -253,10 +246,8 @@ fn a_model_of_25_000_inline_params_is_checked_quickly() {
     let body: String = (0..n).map(|i| format!("    x = x + (param p{i}[2] = zeros)\n")).collect();
     let text = format!("model m(x: f32[2]) {{\n{body}    return x + p{n}\n}}\n");
     assert!(text.len() < 1 << 20);
-    let start = Instant::now();
     let src = Source::new("wide.rms", text);
     let e = dsl::load(&src).map(|_| ()).unwrap_err().in_source(&src);
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
     assert_eq!(e.message, format!("unknown name `p{n}`"));
     assert_eq!(e.location().map(|(_, line, col)| (line, col)), Some((n + 2, 16)));
 }
@@ -276,11 +267,9 @@ fn a_call_of_40_000_named_arguments_is_bound_quickly() {
         args.join(", ")
     );
     assert!(text.len() < 1 << 20);
-    let start = Instant::now();
     let src = Source::new("wide.rms", text);
     let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
     let e = dsl::lower(&module, "m", &[], None).unwrap_err().in_source(&src);
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
     assert_eq!(e.message, "matmul: inner dimensions differ: [2, 3] @ [2, 3] (3 vs 2)");
     assert_eq!(e.location().map(|(_, line, _)| line), Some(8));
 }
@@ -300,8 +289,6 @@ fn a_model_lowered_with_100_000_values_matches_them_quickly() {
     let mut bindings: Vec<(&str, dsl::Value)> =
         names.iter().map(|n| (n.as_str(), dsl::Value::Int(1))).collect();
     bindings.push(("typo", dsl::Value::Int(1)));
-    let start = Instant::now();
     let e = dsl::lower(&module, "m", &bindings, None).unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
     assert_eq!(e.message, "model `m` has no hyperparameter or dimension `typo`");
 }
