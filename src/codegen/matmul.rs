@@ -352,7 +352,8 @@ impl MatmulTile {
         // the model sent gpt-small's products to fp32 and its `high` step went from 4.75 to
         // 5.25 ms on the H200 (2026-12-02), its waves priced below what they took there.
         let min_blocks = u64::from(target.matmul.simt_min_workgroups);
-        let tiles = if coop_kernel(target, matmul_coop::HIGH_TILE).is_some() { 1 } else { SIMT_TILES.len() };
+        let coop = coop_kernel(target, matmul_coop::HIGH_TILE).is_some();
+        let tiles = if coop { 1 } else { SIMT_TILES.len() };
         let simt = SIMT_TILES[..tiles]
             .iter()
             .map(|&(_, t)| t)

@@ -5,9 +5,10 @@
 //!
 //! A cooperative kernel's blocks run in waves of one a multiprocessor; a wave costs `c0 + c1 ·
 //! K` (K of one slice; below K = 256 the fixed part shrinks with K), and a grid a little over a wave costs two (the 144 128x128 blocks of a
-//! 3072x768 product take twice the time of 108). The fp32 kernels are throughput-bound once
-//! their grid has enough blocks (the SIMT kernel runs 96 and 384 blocks at the same 24.5
-//! TFLOP/s, and 72 as fast) and slower in proportion below that. The constants are fitted to `rumus bench --profile` of
+//! 3072x768 product take twice the time of 108). The SIMT kernel's tiles cost the longer of a
+//! block's walk of K (later waves partly overlapping) and their flops at what a GPU full of
+//! their blocks sustains (`simt_rate`); the template's fp32 tiles are throughput-bound once
+//! their grid has enough blocks and slower in proportion below that. The constants are fitted to `rumus bench --profile` of
 //! gpt-small and gpt-medium on the H200 (2026-12-01, BENCHMARKS.md), per dispatch: e.g.
 //! `high` 128x128 products of K = 768 take 60 µs a wave and of K = 4096 240 µs; the 64x128
 //! tile does half the work a block at 0.8x (`high`) and 0.65x (`medium`) of the time. The

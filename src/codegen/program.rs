@@ -196,7 +196,8 @@ impl MatmulOptions {
                 _ => {
                     return Err(err!(
                         Usage,
-                        "RUMUS_MATMUL_SPLIT_K: `{v}` is not a number of slices of K: 1, 2, 4, 8, 16 or 32"
+                        "RUMUS_MATMUL_SPLIT_K: `{v}` is not a number of slices of K: 1, 2, 4, 8, \
+                         16 or 32"
                     ))
                 }
             },
