@@ -186,7 +186,7 @@ pub(super) fn strips(w: &mut Wgsl) {
 /// `fn exponent(m: u32) -> i32`: the exponent `e` for max-abs bits `m` such that `2^e` brings
 /// the max-abs into `[2^14, 2^15)` (f16's largest finite is 65504), 0 for an all-zero strip,
 /// clamped to `[-126, 126]` so that `2^-e` is an exact normal f32.
-fn exponent_fn(w: &mut Wgsl) {
+pub(super) fn exponent_fn(w: &mut Wgsl) {
     w.open("fn exponent(m: u32) -> i32");
     w.block("if (m == 0u)", &["return 0;"]);
     w.line("return clamp(141 - i32(m >> 23u), -126, 126);");

@@ -147,6 +147,12 @@ pub struct MatmulOptions {
     /// The fp32 kernel every product it fits runs on (`None`: chosen per product;
     /// `RUMUS_MATMUL_TILE` sets it, for trying kernels without a rebuild).
     pub fp32_tile: Option<MatmulTile>,
+    /// Attention's block products on cooperative matrices too in the `high` and `medium` modes
+    /// (`codegen/attention/coop.rs`); off, attention runs the fp32 kernels in every mode.
+    /// Off by default: on the H200 the cooperative kernels took gpt-medium's attention from
+    /// 7.3 to 15.9 ms a step (`high`) and 9.8 (`medium`) (BENCHMARKS.md);
+    /// `RUMUS_ATTENTION_COOP=1` turns it on.
+    pub coop_attention: bool,
 }
 
 impl MatmulOptions {
@@ -159,6 +165,7 @@ impl MatmulOptions {
         emulate_coop: false,
         split_k: None,
         fp32_tile: None,
+        coop_attention: false,
     };
 }
 
@@ -170,7 +177,7 @@ impl MatmulOptions {
     /// [`check_forced_coop_tile`](super::matmul::check_forced_coop_tile)); and an error when
     /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`](super::matmul::FP32_TILES)) or
     /// `RUMUS_MATMUL_SPLIT_K` is not 1, 2, 4, 8, 16 or 32 (the slices of K every product that
-    /// allows them is then split into).
+    /// allows them is then split into), or `RUMUS_ATTENTION_COOP` is neither 0 nor 1.
     pub fn from_env() -> Result<MatmulOptions> {
         let coop_tile = match env_text("RUMUS_MATMUL_COOP_TILE")? {
             Some(v) if !v.trim().is_empty() => {
@@ -203,7 +210,14 @@ impl MatmulOptions {
             },
             _ => None,
         };
-        Ok(MatmulOptions { coop_tile, fp32_tile, split_k, ..MatmulOptions::DEFAULT })
+        let coop_attention = match env_text("RUMUS_ATTENTION_COOP")?.as_deref().map(str::trim) {
+            None | Some("" | "0") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(err!(Usage, "RUMUS_ATTENTION_COOP: `{v}` is neither 0 (off) nor 1 (on)"))
+            }
+        };
+        Ok(MatmulOptions { coop_tile, fp32_tile, split_k, coop_attention, ..MatmulOptions::DEFAULT })
     }
 }
 

@@ -29,9 +29,14 @@ impl Wgsl {
         self
     }
 
-    /// A line opening a block (`s` without its `{`); what follows is one level deeper.
+    /// A line opening a block (`s` without its `{`; empty: a block of its own, a scope);
+    /// what follows is one level deeper.
     pub fn open(&mut self, s: &str) -> &mut Wgsl {
-        self.line(&format!("{s} {{"));
+        if s.is_empty() {
+            self.line("{");
+        } else {
+            self.line(&format!("{s} {{"));
+        }
         self.depth += 1;
         self
     }

@@ -151,8 +151,15 @@ fn validate_plans(
         [(MatmulPrecision::High, CoopMode::High), (MatmulPrecision::Medium, CoopMode::Medium)]
     {
         let mut matmuls = vec![
-            MatmulOptions { precision, ..MatmulOptions::DEFAULT },
-            MatmulOptions { precision, emulate_coop: true, ..MatmulOptions::DEFAULT },
+            // Attention's cooperative kernels too, real and emulated (the fp32 ones run in the
+            // configurations above).
+            MatmulOptions { precision, coop_attention: true, ..MatmulOptions::DEFAULT },
+            MatmulOptions {
+                precision,
+                emulate_coop: true,
+                coop_attention: true,
+                ..MatmulOptions::DEFAULT
+            },
         ];
         for (tile, split_k) in tiles(mode).into_iter().zip([None, Some(2)].into_iter().cycle()) {
             matmuls.push(MatmulOptions {

@@ -73,6 +73,40 @@ fn attention_matches_the_cpu_reference() {
     }
 }
 
+/// Causal attention in the cooperative modes, its block products on emulated cooperative
+/// matrices (the same kernels as on tensor cores, the operations in plain WGSL): forward and
+/// backward against the CPU reference at T = 1, 7, 64 and 300, q, k and v as views of one
+/// projection and the gradient of merged heads. `high` within fp32's tolerance, `medium`
+/// within 20 times it (f16 operands). The plan names the cooperative kernels.
+#[test]
+fn attention_matches_the_cpu_in_the_cooperative_modes() {
+    let Some((gpu, _turn)) = coop_or_skip("attention_matches_the_cpu_in_the_cooperative_modes")
+    else {
+        return;
+    };
+    for precision in [MatmulPrecision::High, MatmulPrecision::Medium] {
+        let coop = MatmulOptions {
+            precision,
+            emulate_coop: true,
+            coop_attention: true,
+            ..MatmulOptions::DEFAULT
+        };
+        let mut cs = attention_cases();
+        cs.extend(attention_long());
+        every_case_on(gpu, cs, |_| true, |b| b.matmul = coop);
+        let c = attention_long().into_iter().next().unwrap();
+        let b = build(&c).unwrap();
+        let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
+        backend.matmul = coop;
+        let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
+        let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
+        let attention: Vec<_> = labels.iter().filter(|l| l.starts_with("attention")).collect();
+        let name = format!("coop-{precision}");
+        assert!(attention.len() >= 3, "{labels:?}");
+        assert!(attention.iter().all(|l| l.contains(&name)), "{attention:?}");
+    }
+}
+
 /// The cases with reductions (and every case's `Σ out · r`) with reductions forced into two
 /// stages: a first-stage workgroup sums 3 elements, so partials are ragged and several.
 #[test]

@@ -17,6 +17,7 @@
 //! fp32 kernels are written by `simt.rs`. Precision modes with cooperative matrices plug in at
 //! [`Precision`]: `configure` is where a mode picks its kernels.
 
+mod coop;
 mod simt;
 
 use super::loops::Loops;
@@ -25,6 +26,8 @@ use crate::err;
 use crate::error::Result;
 use crate::graph::{Graph, NodeId};
 use crate::plan::view::View;
+use crate::codegen::matmul_coop::CoopMode;
+use crate::codegen::MatmulPrecision;
 use crate::plan::{Kernel, KernelKind, Plan};
 
 /// The largest head dimension the kernels take.
@@ -123,12 +126,35 @@ impl Strided {
     }
 }
 
-/// How the block products are computed: PyTorch's matmul precision names. Only `Highest` (IEEE
-/// fp32 on the SIMT cores) has kernels so far; the cooperative-matrix modes (`high`, `medium`)
-/// will be chosen in [`configure`].
+/// How the block products are computed: PyTorch's matmul precision names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Precision {
+    /// IEEE fp32 on the SIMT cores (`simt.rs`).
     Highest,
+    /// On 16x16x16 f16 cooperative matrices in `mode` (`coop.rs`), their operations emulated
+    /// in plain WGSL when `emulate`.
+    Coop { mode: CoopMode, emulate: bool },
+}
+
+impl Precision {
+    /// The precision of `target`'s matmul mode: cooperative where the mode is, the target
+    /// has cooperative matrices on subgroups of 32 (or emulates them) and its options ask for
+    /// them in attention (`MatmulOptions::coop_attention`).
+    pub fn of(target: &Target) -> Precision {
+        if !target.matmul.coop_attention {
+            return Precision::Highest;
+        }
+        let mode = match target.matmul.precision {
+            MatmulPrecision::Highest => return Precision::Highest,
+            MatmulPrecision::High => CoopMode::High,
+            MatmulPrecision::Medium => CoopMode::Medium,
+        };
+        match (target.cooperative, target.matmul.emulate_coop) {
+            (_, true) => Precision::Coop { mode, emulate: true },
+            (Some(coop::SUBGROUP), false) => Precision::Coop { mode, emulate: false },
+            _ => Precision::Highest,
+        }
+    }
 }
 
 /// The blocks of one kernel: `br` query rows and `bc` key rows per step, `threads` invocations
@@ -247,9 +273,27 @@ pub struct Generated {
 
 /// For each kernel, the first blocks of its preference list (`simt::candidates`: the fastest
 /// measured first; none much larger than T) whose kernel fits `target`'s invocations and
-/// workgroup memory.
+/// workgroup memory. The cooperative kernels take the first of `coop::candidates` that fits;
+/// where none does (a large head dimension in `high` on a small device), the fp32 kernels.
 pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &Target) -> Result<Config> {
-    let Precision::Highest = precision;
+    if let Precision::Coop { mode, emulate } = precision {
+        let cap = shape.t.next_power_of_two().max(16);
+        let pick = |pass: Pass| {
+            coop::candidates(pass).into_iter().find(|b| {
+                let (own, other) = if pass == Pass::BackwardKv { (b.bc, b.br) } else { (b.br, b.bc) };
+                own <= cap
+                    && other <= cap
+                    && b.threads <= target.max_invocations
+                    && coop::workgroup_bytes(&shape, b, pass, mode, emulate) <= target.max_workgroup_bytes
+            })
+        };
+        if let (Some(forward), Some(backward_kv), Some(backward_q)) =
+            (pick(Pass::Forward), pick(Pass::BackwardKv), pick(Pass::BackwardQ))
+        {
+            return Ok(Config { shape, layouts, precision, forward, backward_kv, backward_q });
+        }
+    }
+    let precision = Precision::Highest;
     let cap = shape.t.next_power_of_two().max(4);
     let first = simt::candidates(Pass::Forward, shape.dh)[0];
     let mut cfg = Config { shape, layouts, precision, forward: first, backward_kv: first, backward_q: first };
@@ -277,10 +321,18 @@ pub fn configure(shape: Shape, layouts: Layouts, precision: Precision, target: &
     Ok(cfg)
 }
 
+/// The kernel of `pass` for `cfg`, by its precision.
+pub fn generate(cfg: &Config, pass: Pass) -> Generated {
+    match cfg.precision {
+        Precision::Highest => simt::generate(cfg, pass),
+        Precision::Coop { mode, emulate } => coop::generate(cfg, pass, mode, emulate),
+    }
+}
+
 /// The program of one kernel of `cfg` over `resources` (one per binding of the kernel), and
 /// its loops.
 fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> (Program, Loops) {
-    let gen = simt::generate(cfg, pass);
+    let gen = generate(cfg, pass);
     let s = &cfg.shape;
     let b = cfg.blocks(pass);
     let l = &cfg.layouts;
@@ -307,8 +359,13 @@ fn program(cfg: &Config, pass: Pass, buffer: &dyn Fn(Tensor) -> Resource) -> (Pr
         .collect();
     let program = Program {
         label: format!(
-            "{} [{}, {}, {}, {}] {}x{}/{}",
+            "{}{} [{}, {}, {}, {}] {}x{}/{}",
             pass.name(),
+            match cfg.precision {
+                Precision::Highest => "",
+                Precision::Coop { mode: CoopMode::High, .. } => " coop-high",
+                Precision::Coop { mode: CoopMode::Medium, .. } => " coop-medium",
+            },
             s.b,
             s.h,
             s.t,
@@ -371,7 +428,7 @@ pub fn lower(
             _ => return Err(err!(Invariant, "attention kernel writing {} through strides", node.op.name())),
         }
     }
-    let cfg = configure(shape, layouts, Precision::Highest, target)?;
+    let cfg = configure(shape, layouts, Precision::of(target), target)?;
     let (q, kk) = (input(0)?, input(1)?);
     // The stats alone need no values: k stands in for v, whose output goes to scratch.
     let v = if k.kind == KernelKind::AttentionStats { kk.clone() } else { input(2)? };
@@ -414,8 +471,15 @@ mod tests {
     use super::*;
 
     fn validate(src: &str) -> std::result::Result<(), String> {
+        use naga::valid::Capabilities;
         let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
-        let caps = naga::valid::Capabilities::default();
+        let caps = if src.starts_with("enable f16;") {
+            Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16
+        } else if src.contains(", emulated (codegen/") {
+            Capabilities::SHADER_FLOAT16_IN_FLOAT32
+        } else {
+            Capabilities::default()
+        };
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
             .validate(&module)
             .map(|_| ())
@@ -453,6 +517,33 @@ mod tests {
                     assert!(g.threads <= target.max_invocations, "Dh {dh}, T {t}, {pass:?}");
                     if let Err(e) = validate(&g.wgsl) {
                         panic!("Dh {dh}, T {t}, {pass:?}: {e}\n{}", g.wgsl);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The cooperative kernels of both modes, real and emulated, are valid WGSL at every head
+    /// dimension and sequence length, fit the H200's workgroup memory (and lavapipe's when
+    /// emulated), and take the cooperative path there.
+    #[test]
+    fn cooperative_kernels_validate_and_fit() {
+        for (mode, emulate) in
+            [(CoopMode::High, false), (CoopMode::Medium, false), (CoopMode::High, true), (CoopMode::Medium, true)]
+        {
+            let precision = Precision::Coop { mode, emulate };
+            for dh in [1, 4, 16, 31, 32, 64, 65, 128] {
+                for t in [1, 7, 64, 300] {
+                    let s = Shape { b: 1, h: 2, t, dh };
+                    let c = configure(s, Layouts::contiguous(&s), precision, &Target::COOPERATIVE).unwrap();
+                    let big = dh <= 64;
+                    assert!(!big || c.precision == precision, "{mode:?} Dh {dh} T {t}: fell back to fp32");
+                    for pass in [Pass::Forward, Pass::BackwardKv, Pass::BackwardQ] {
+                        let g = generate(&c, pass);
+                        assert!(g.workgroup_bytes <= Target::COOPERATIVE.max_workgroup_bytes);
+                        if let Err(e) = validate(&g.wgsl) {
+                            panic!("{mode:?} emulate {emulate} Dh {dh}, T {t}, {pass:?}: {e}\n{}", g.wgsl);
+                        }
                     }
                 }
             }

@@ -122,7 +122,7 @@ fn arrays(b: &Blocks, pass: Pass, dp: u32, sp: &Split) -> Vec<(&'static str, u32
 }
 
 /// The storage bindings of `pass`, in binding order, and whether each is written (at most 7).
-fn bindings(pass: Pass) -> Vec<(Tensor, bool)> {
+pub(super) fn bindings(pass: Pass) -> Vec<(Tensor, bool)> {
     use Tensor::*;
     let (read, write): (&[Tensor], &[Tensor]) = match pass {
         Pass::Forward => (&[Q, K, V], &[O, Lse]),
