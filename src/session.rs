@@ -922,13 +922,23 @@ fn steps(v: f32) -> Option<u64> {
 }
 
 /// Map `(name, tensor)` feeds onto a graph's inputs, checking shapes and dtypes; every input
-/// except those the optimizer driver feeds (learning rate, bias corrections) must be fed.
+/// except those the optimizer driver feeds (learning rate, bias corrections) must be fed, and
+/// each at most once: a name given twice, or one the driver feeds, is an error (a backend given
+/// two values for one input would take one of them without a word).
 fn resolve_feeds<'a>(
     g: &Graph,
     inputs: &[(&str, &'a Tensor)],
 ) -> Result<Vec<(NodeId, &'a Tensor)>> {
-    let mut feeds = Vec::new();
-    for (name, t) in inputs {
+    let mut feeds = Vec::with_capacity(inputs.len());
+    let mut fed = HashSet::with_capacity(inputs.len());
+    for &(name, t) in inputs {
+        if is_host_input(name) && g.input_named(name).is_some() {
+            return Err(err!(
+                InvalidArgument,
+                "input `{name}` is the optimizer's own, fed by rumus at every step: leave it out \
+                 of the feeds"
+            ));
+        }
         let id = g.input_named(name).ok_or_else(|| {
             let names: Vec<String> = g
                 .nodes()
@@ -939,6 +949,12 @@ fn resolve_feeds<'a>(
                 .collect();
             err!(Name, "the model has no input `{name}` (inputs: {})", names.join(", "))
         })?;
+        if !fed.insert(name) {
+            return Err(err!(
+                InvalidArgument,
+                "input `{name}` is given twice: give each input one tensor"
+            ));
+        }
         let (shape, dtype) = (g.shape(id), g.dtype(id));
         if t.shape() != shape || t.dtype() != dtype {
             return Err(Error::shape(format!(
@@ -948,11 +964,11 @@ fn resolve_feeds<'a>(
                 fmt_shape(t.shape())
             )));
         }
-        feeds.push((id, *t));
+        feeds.push((id, t));
     }
     for (_, n) in g.nodes() {
         if let Op::Input { name } = &n.op {
-            if !is_host_input(name) && !inputs.iter().any(|(m, _)| m == name) {
+            if !is_host_input(name) && !fed.contains(name.as_str()) {
                 return Err(err!(InvalidArgument, "input `{name}` was not fed"));
             }
         }

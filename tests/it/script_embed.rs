@@ -122,3 +122,52 @@ fn a_host_holding_the_trainer_gets_an_error_not_a_hang() {
         assert_eq!(net.trainer().unwrap().step(), 0);
     });
 }
+
+/// A host's feeds give each input once: the same name twice, or an input the optimizer feeds
+/// itself (`optim.lr`), is an error that names the input and says what to do, from the Rust API
+/// and from a script alike. Before, the GPU backend wrote both and took the last without a word
+/// (for `optim.lr`, the optimizer's own value, written after the host's), and the CPU
+/// interpreter refused the second with "input `x` is fed twice", of kind `Shape`, saying
+/// nothing of what to do. A refused step changes neither the step count nor a parameter.
+#[test]
+fn a_host_feeding_an_input_twice_gets_an_error_naming_it() {
+    use rumus::script::HostOptions;
+    use rumus::{ErrorKind, Tensor};
+    let mut engine =
+        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
+    engine
+        .run(
+            "model m(x: f32[B, 2]) { return linear(x, 2) as fc }
+             let net = m().compile(#{ batch: 2, optimizer: sgd(#{ lr: 0.1 }) });",
+        )
+        .unwrap();
+    let net = engine.compiled("net").unwrap();
+    let x = Tensor::f32(&[2, 2], vec![0.0, 1.0, 1.0, 0.0]).unwrap();
+    let other = Tensor::f32(&[2, 2], vec![5.0, 6.0, 7.0, 8.0]).unwrap();
+    let y = Tensor::i32(&[2], vec![1, 0]).unwrap();
+    let lr = Tensor::scalar(100.0);
+    let twice = "input `x` is given twice: give each input one tensor";
+    let drivers = "input `optim.lr` is the optimizer's own, fed by rumus at every step: leave it \
+                   out of the feeds";
+    let mut tr = net.trainer().unwrap();
+    let before = tr.parameters().unwrap();
+    let e = tr.train_step(&[("x", &x), ("target", &y), ("x", &other)]).unwrap_err();
+    assert_eq!((e.kind, e.message.as_str()), (ErrorKind::InvalidArgument, twice));
+    let e = tr.train_step(&[("x", &x), ("target", &y), ("optim.lr", &lr)]).unwrap_err();
+    assert_eq!((e.kind, e.message.as_str()), (ErrorKind::InvalidArgument, drivers));
+    let e = tr.predict(&[("x", &x), ("x", &other)]).unwrap_err();
+    assert_eq!((e.kind, e.message.as_str()), (ErrorKind::InvalidArgument, twice));
+    assert_eq!(tr.step(), 0);
+    assert_eq!(tr.parameters().unwrap(), before);
+    drop(tr);
+    let e = net.predict_named(&[("x", &x), ("x", &x)]).unwrap_err();
+    assert_eq!(e.message, twice);
+    let code = r#"net.train_step(#{ x: tensor([[0.0, 1.0], [1.0, 0.0]]),
+                                   target: tensor([1, 0], "i32"),
+                                   "optim.lr": tensor([100.0]) })"#;
+    let e = engine.eval(code).unwrap_err();
+    assert!(e.message.contains(drivers), "{}", e.message);
+    // Each once, the same step goes through.
+    let loss = net.trainer().unwrap().train_step(&[("x", &x), ("target", &y)]).unwrap();
+    assert!(loss.is_finite() && net.trainer().unwrap().step() == 1, "{loss}");
+}
