@@ -747,17 +747,25 @@ impl Trainer {
             .collect()
     }
 
-    /// Overwrite persistent values by name. Every name must exist with the same shape; values
-    /// the list does not mention keep their current contents. The step counter follows the
-    /// optimizer's step state when it is given, which must be a whole number of steps.
+    /// Overwrite persistent values by name. Every name must exist with the same shape, and
+    /// come once; values the list does not mention keep their current contents. The step
+    /// counter follows the optimizer's step state when it is given, which must be a whole
+    /// number of steps.
     pub fn load_state(&mut self, values: &[(&str, &Tensor)]) -> Result<()> {
         let g = &self.train.graph;
         let mut writes = Vec::new();
         let mut step = None;
+        let mut given = HashSet::with_capacity(values.len());
         for &(name, t) in values {
             let id = g.persistent_named(name).ok_or_else(|| {
                 err!(Checkpoint, "unexpected tensor `{name}`: the model has no such value")
             })?;
+            if !given.insert(name) {
+                return Err(err!(
+                    Checkpoint,
+                    "tensor `{name}` is given twice: give each value once"
+                ));
+            }
             if t.shape() != g.shape(id) || t.dtype() != DType::F32 {
                 return Err(err!(
                     Checkpoint,
@@ -802,7 +810,15 @@ impl Trainer {
     ) -> Result<LoadReport> {
         self.check_between_updates("load")?;
         let g = &self.train.graph;
-        let present: HashSet<&str> = tensors.iter().map(|&(n, _)| n).collect();
+        let mut present: HashSet<&str> = HashSet::with_capacity(tensors.len());
+        for &(name, _) in tensors {
+            if !present.insert(name) {
+                return Err(err!(
+                    Checkpoint,
+                    "tensor `{name}` is given twice: give each value once"
+                ));
+            }
+        }
         let has = |name: &str| present.contains(name);
         let known = |name: &str| g.persistent_named(name).filter(|&id| self.checkpointed(id));
         // The model's own state (batch norm's running statistics) is needed like its

@@ -171,3 +171,41 @@ fn a_host_feeding_an_input_twice_gets_an_error_naming_it() {
     let loss = net.trainer().unwrap().train_step(&[("x", &x), ("target", &y)]).unwrap();
     assert!(loss.is_finite() && net.trainer().unwrap().step() == 1, "{loss}");
 }
+
+/// A host's list of named values to load gives each name once: `Trainer::load_state` and
+/// `Trainer::load_checkpoint` given one twice are errors naming it, and nothing is written.
+/// Before, both values were written, the last one kept without a word (and a name the model
+/// does not have, given twice, was reported twice).
+#[test]
+fn a_host_loading_a_value_twice_gets_an_error_naming_it() {
+    use rumus::script::HostOptions;
+    use rumus::{ErrorKind, Tensor};
+    let mut engine =
+        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
+    engine
+        .run(
+            "model m(x: f32[B, 2]) { return linear(x, 2) as fc }
+             let net = m().compile(#{ batch: 2, optimizer: sgd(#{ lr: 0.1 }) });",
+        )
+        .unwrap();
+    let net = engine.compiled("net").unwrap();
+    let mut tr = net.trainer().unwrap();
+    let before = tr.parameters().unwrap();
+    let names: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["fc.weight", "fc.bias"]);
+    let ones = Tensor::f32(&[2, 2], vec![1.0; 4]).unwrap();
+    let twos = Tensor::f32(&[2, 2], vec![2.0; 4]).unwrap();
+    let bias = Tensor::f32(&[2], vec![0.0; 2]).unwrap();
+    let twice = "tensor `fc.weight` is given twice: give each value once";
+    let e = tr.load_state(&[("fc.weight", &ones), ("fc.weight", &twos)]).unwrap_err();
+    assert_eq!((e.kind, e.message.as_str()), (ErrorKind::Checkpoint, twice));
+    let all = [("fc.weight", &ones), ("fc.bias", &bias), ("fc.weight", &twos)];
+    let e = tr.load_checkpoint(&all, true).unwrap_err();
+    assert_eq!((e.kind, e.message.as_str()), (ErrorKind::Checkpoint, twice));
+    let e = tr.load_checkpoint(&[("extra", &ones), ("extra", &ones)], false).unwrap_err();
+    assert_eq!(e.message, "tensor `extra` is given twice: give each value once");
+    assert_eq!(tr.parameters().unwrap(), before);
+    // Each once, the values are loaded.
+    tr.load_state(&[("fc.weight", &twos)]).unwrap();
+    assert_eq!(tr.parameter("fc.weight").unwrap(), twos);
+}
