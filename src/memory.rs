@@ -275,6 +275,85 @@ pub fn reserve<T>(
     Ok(())
 }
 
+/// The library's unit tests run with an allocator that counts each thread's bytes, so that a
+/// test can bound what a reader allocates beside what it charges (tests run on threads of
+/// their own; the process-wide [`CountingAllocator`] would count the others').
+#[cfg(test)]
+pub(crate) mod per_thread {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Bytes allocated minus bytes freed on this thread.
+        static LIVE: Cell<i64> = const { Cell::new(0) };
+        /// The most `LIVE` has been since [`peak`] started.
+        static PEAK: Cell<i64> = const { Cell::new(0) };
+    }
+
+    struct PerThread;
+
+    #[global_allocator]
+    static ALLOCATOR: PerThread = PerThread;
+
+    fn count(bytes: i64) {
+        // `try_with`: nothing is counted while the thread's locals are torn down.
+        let _ = LIVE.try_with(|live| {
+            let now = live.get() + bytes;
+            live.set(now);
+            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+        });
+    }
+
+    // SAFETY: every call is passed to the system allocator unchanged; only counters of the
+    // calling thread are updated (const-initialized, without destructors: they never allocate).
+    unsafe impl GlobalAlloc for PerThread {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's contract is the system allocator's.
+            let p = unsafe { System.alloc(layout) };
+            if !p.is_null() {
+                count(layout.size() as i64);
+            }
+            p
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: the caller's contract is the system allocator's.
+            let p = unsafe { System.alloc_zeroed(layout) };
+            if !p.is_null() {
+                count(layout.size() as i64);
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract is the system allocator's.
+            unsafe { System.dealloc(ptr, layout) };
+            count(-(layout.size() as i64));
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, size: usize) -> *mut u8 {
+            // SAFETY: the caller's contract is the system allocator's.
+            let p = unsafe { System.realloc(ptr, layout, size) };
+            if !p.is_null() {
+                // Both blocks, for a moment, as a realloc that moves holds them.
+                count(size as i64);
+                count(-(layout.size() as i64));
+            }
+            p
+        }
+    }
+
+    /// What `f` returns, and the most bytes this thread held while `f` ran beyond what it
+    /// held before.
+    pub fn peak<R>(f: impl FnOnce() -> R) -> (R, u64) {
+        let start = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(start));
+        let r = f();
+        let most = PEAK.with(Cell::get);
+        (r, u64::try_from(most - start).unwrap_or(0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,8 +21,8 @@
 //! shape expected in the file's layout and the shape found.
 //!
 //! Mapping costs at most [`MAX_RULES`] pattern tests per tensor (a file may hold a million
-//! tensors), and every copy beyond a tensor's first name is charged to the caller's budget
-//! before it is made.
+//! tensors), and every copy it makes (a tensor's second name, a transpose) is charged to the
+//! caller's budget before it is made.
 
 use super::Checkpoint;
 use crate::err;
@@ -173,8 +173,10 @@ pub fn targets(g: &Graph) -> Vec<Target> {
 
 /// The tensors of `ckpt` under our names, each in our layout (see the module documentation).
 /// A tensor whose name matches no target keeps its (renamed) name, so that the load reports it.
-/// A tensor that lands on several names is copied for each after the first, each copy charged
-/// to `charge` first.
+/// `charge` holds the bytes of `ckpt`'s tensors: a tensor that lands on several names is copied
+/// for each but the last, and one transposed is copied, each copy charged to `charge` before
+/// it is made; what is dropped is given back, so that on return `charge` holds what is
+/// returned.
 pub fn map(
     ckpt: Checkpoint,
     targets: &[Target],
@@ -211,16 +213,19 @@ pub fn map(
         if let Some(r) = rule {
             renamed[r] = true;
         }
+        // The tensor is in `charge` already. Its last name takes it as it is; every other
+        // value made of it (a copy for an earlier name, a transpose) is charged before it is
+        // made, and whatever is dropped (the tensor once nothing takes it, a tied value equal
+        // to the one kept) is given back, so the bytes held never pass what is charged.
+        let last = names.len().saturating_sub(1);
+        let mut original = Some(tensor);
         for (i, name) in names.into_iter().enumerate() {
+            let Some(tensor) = original.as_ref() else { break };
             if let Transpose::Only(patterns) = &opts.transpose {
                 let segs: Vec<&str> = name.split('.').collect();
                 for (used, p) in flipped.iter_mut().zip(patterns) {
                     *used |= p.match_prefix(&segs).is_some();
                 }
-            }
-            if i > 0 {
-                let what = format!("`{source}` copied to `{name}` as well");
-                charge.grow(tensor.bytes(), what)?;
             }
             let target = targets.get(name.as_str()).copied();
             let flip = tensor.shape().len() == 2
@@ -251,21 +256,34 @@ pub fn map(
                     continue;
                 }
             }
-            let value = if flip { transposed(&tensor)? } else { tensor.clone() };
+            let value = if flip {
+                charge.grow(tensor.bytes(), format!("`{source}` transposed for `{name}`"))?;
+                transposed(tensor)?
+            } else if i < last {
+                charge.grow(tensor.bytes(), format!("`{source}` copied to `{name}` as well"))?;
+                tensor.clone()
+            } else {
+                let Some(taken) = original.take() else { break };
+                taken
+            };
             match out.entry(name) {
                 Entry::Vacant(e) => {
                     e.insert((source.clone(), value));
                 }
                 Entry::Occupied(e) => {
                     let (first, held) = e.get();
-                    if held.to_le_bytes() != value.to_le_bytes() || held.shape() != value.shape() {
+                    if !same_values(held, &value) {
                         problems.push(format!(
                             "`{first}` and `{source}` both land on `{}` but hold different values",
                             e.key()
                         ));
                     }
+                    drop(charge.split_off(value.bytes()));
                 }
             }
+        }
+        if let Some(unused) = original {
+            drop(charge.split_off(unused.bytes()));
         }
     }
     let seen = crate::checkpoint::name_list(&first_names);
@@ -341,17 +359,113 @@ fn rename(rules: &[Rename], source: &str) -> Result<(Option<usize>, Vec<String>)
     Ok((index, names))
 }
 
+/// Whether `a` and `b` hold the same shape, dtype and bits (a NaN equals itself), compared in
+/// place: no copy of either.
+fn same_values(a: &Tensor, b: &Tensor) -> bool {
+    a.shape() == b.shape()
+        && match (a.data(), b.data()) {
+            (TensorData::F32(x), TensorData::F32(y)) => {
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+            }
+            (TensorData::I32(x), TensorData::I32(y)) => x == y,
+            _ => false,
+        }
+}
+
 /// A 2-D tensor `[r, c]` as `[c, r]`.
 fn transposed(t: &Tensor) -> Result<Tensor> {
     let &[r, c] = t.shape() else {
         return Ok(t.clone());
     };
+    // Allocated once at its size: collected from a `flat_map`, which gives no exact length,
+    // the vector grew by doubling (up to 1.5 times the copy charged for it, at the last move).
     fn flip<T: Copy>(v: &[T], r: usize, c: usize) -> Vec<T> {
-        (0..c).flat_map(|j| (0..r).map(move |i| v[i * c + j])).collect()
+        let mut out = Vec::with_capacity(v.len());
+        out.extend((0..c).flat_map(|j| (0..r).map(move |i| v[i * c + j])));
+        out
     }
     let data = match t.data() {
         TensorData::F32(v) => TensorData::F32(flip(v, r, c)),
         TensorData::I32(v) => TensorData::I32(flip(v, r, c)),
     };
     Tensor::new(&[c, r], data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::per_thread::peak;
+    use crate::memory::Budget;
+
+    fn checkpoint(tensors: Vec<(&str, Tensor)>) -> Checkpoint {
+        let tensors = tensors.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
+        Checkpoint { tensors, metadata: Default::default() }
+    }
+
+    fn ramp(shape: &[usize]) -> Tensor {
+        let n = shape.iter().product::<usize>();
+        Tensor::f32(shape, (0..n).map(|i| i as f32).collect()).unwrap()
+    }
+
+    /// Found by the review of the charged readers: a weight transposed from PyTorch's layout
+    /// was copied with nothing charged for the copy (a checkpoint of one linear weight as large
+    /// as the budget held twice the budget for a moment), into a vector grown by doubling (1.5
+    /// times the copy at its last move); the first of a tensor's names took a copy uncharged
+    /// too, and two tensors tied to one name were compared through a byte copy of each. Every
+    /// copy is charged before it is made (a transpose the budget has no room for is an error
+    /// naming it) and allocated once, the last name takes the tensor itself, tied tensors are
+    /// compared in place, and on return the charge holds exactly what is returned.
+    #[test]
+    fn every_copy_is_charged_before_it_is_made() {
+        let w = ramp(&[128, 256]);
+        let bytes = w.bytes(); // 128 KiB
+        let targets = [Target { name: "fc.weight".into(), shape: vec![256, 128], linear: true }];
+        let linear = Options { rename: Vec::new(), transpose: Transpose::Linear };
+        // Room for the file's tensor, not for its transpose beside it.
+        let budget = Budget::new(bytes + bytes / 2);
+        let mut charge = budget.charge(bytes, "the file's tensors").unwrap();
+        let ckpt = checkpoint(vec![("fc.weight", w.clone())]);
+        let e = map(ckpt, &targets, &linear, &mut charge).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::Limit);
+        assert!(
+            e.message.starts_with(
+                "`fc.weight` transposed for `fc.weight` needs 128.0 KiB but only 64.0 KiB of the \
+                 192.0 KiB memory budget is free"
+            ),
+            "{e}"
+        );
+        // With room: the transpose, and the tensor given back once transposed.
+        let budget = Budget::new(2 * bytes);
+        let mut charge = budget.charge(bytes, "the file's tensors").unwrap();
+        let ckpt = checkpoint(vec![("fc.weight", w.clone())]);
+        let (out, most) = peak(|| map(ckpt, &targets, &linear, &mut charge));
+        let out = out.unwrap();
+        assert_eq!(out, [("fc.weight".to_string(), transposed(&w).unwrap())]);
+        assert!(most <= bytes + 4096, "{most}");
+        assert_eq!((charge.bytes(), budget.used()), (bytes, bytes));
+
+        // One tensor on two names: one copy, charged; two tensors tied to one name: no copy.
+        let never = |rename: Vec<Rename>| Options { rename, transpose: Transpose::Never };
+        let onto = |from: &str, names: &[&str]| {
+            let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+            Rename::new(from, &names).unwrap()
+        };
+        let v = ramp(&[1 << 15]);
+        let bytes = v.bytes();
+        let tied = vec![onto("a", &["x"]), onto("b", &["x"])];
+        let cases = [
+            (vec![("a", v.clone())], vec![onto("a", &["x", "y"])], 2, 1),
+            (vec![("a", v.clone()), ("b", v.clone())], tied, 1, 0),
+        ];
+        for (tensors, rename, kept, copies) in cases {
+            let budget = Budget::new(4 * bytes);
+            let mut charge = budget.charge(tensors.len() as u64 * bytes, "the tensors").unwrap();
+            let (out, most) = peak(|| map(checkpoint(tensors), &[], &never(rename), &mut charge));
+            let out = out.unwrap();
+            assert_eq!(out.len(), kept);
+            assert!(out.iter().all(|(_, t)| *t == v));
+            assert!(most <= copies * bytes + 4096, "{most} bytes for {copies} copies");
+            assert_eq!(charge.bytes(), kept as u64 * bytes);
+        }
+    }
 }
