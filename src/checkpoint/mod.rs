@@ -369,58 +369,60 @@ fn element_bytes(dtype: Dtype) -> Option<usize> {
 /// or i32. F32 and I32 keep their bits; F16 and BF16 widen exactly; F64 rounds, and a finite
 /// value beyond f32's range is an error naming its index; the other integers convert exactly,
 /// a value beyond i32's range an error naming its index; BOOL is 0 or 1, any other byte an
-/// error.
+/// error. The result is allocated once at its final size and nothing else is: the caller
+/// charged 4 bytes an element, and a wider copy on the way (an i128 per element, a vector
+/// grown by doubling) would hold several times that outside the budget.
 fn elements(dtype: Dtype, raw: &[u8]) -> std::result::Result<TensorData, String> {
+    fn bytes<const N: usize>(b: &[u8]) -> [u8; N] {
+        let mut a = [0u8; N];
+        a.copy_from_slice(b);
+        a
+    }
+    /// Each element through `f` (exact-size iteration: one allocation).
     fn each<const N: usize, T>(raw: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-        raw.chunks_exact(N)
-            .map(|b| {
-                let mut a = [0u8; N];
-                a.copy_from_slice(b);
-                f(a)
-            })
-            .collect()
+        raw.chunks_exact(N).map(|b| f(bytes(b))).collect()
+    }
+    /// Each element, with its index, through `f`, which may refuse it.
+    fn each_checked<const N: usize, T>(
+        raw: &[u8],
+        f: impl Fn(usize, [u8; N]) -> std::result::Result<T, String>,
+    ) -> std::result::Result<Vec<T>, String> {
+        let mut out = Vec::with_capacity(raw.len() / N);
+        for (i, b) in raw.chunks_exact(N).enumerate() {
+            out.push(f(i, bytes(b))?);
+        }
+        Ok(out)
+    }
+    fn narrow(i: usize, v: i128) -> std::result::Result<i32, String> {
+        i32::try_from(v).map_err(|_| format!("element {i}: {v} is outside the i32 range"))
     }
     Ok(match dtype {
         Dtype::F32 => TensorData::F32(each(raw, f32::from_le_bytes)),
         Dtype::I32 => TensorData::I32(each(raw, i32::from_le_bytes)),
         Dtype::F16 => TensorData::F32(each(raw, |b| half::f16::from_le_bytes(b).to_f32())),
         Dtype::BF16 => TensorData::F32(each(raw, |b| half::bf16::from_le_bytes(b).to_f32())),
-        Dtype::F64 => TensorData::F32(
-            each(raw, f64::from_le_bytes)
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| crate::num::f32_of(v).map_err(|m| format!("element {i}: {m}")))
-                .collect::<std::result::Result<_, _>>()?,
-        ),
+        Dtype::F64 => TensorData::F32(each_checked(raw, |i, b| {
+            crate::num::f32_of(f64::from_le_bytes(b)).map_err(|m| format!("element {i}: {m}"))
+        })?),
         Dtype::I8 => TensorData::I32(each(raw, |b| i32::from(i8::from_le_bytes(b)))),
         Dtype::U8 => TensorData::I32(each(raw, |b| i32::from(u8::from_le_bytes(b)))),
         Dtype::I16 => TensorData::I32(each(raw, |b| i32::from(i16::from_le_bytes(b)))),
         Dtype::U16 => TensorData::I32(each(raw, |b| i32::from(u16::from_le_bytes(b)))),
-        Dtype::U32 => TensorData::I32(narrow(each(raw, |b| i128::from(u32::from_le_bytes(b))))?),
-        Dtype::I64 => TensorData::I32(narrow(each(raw, |b| i128::from(i64::from_le_bytes(b))))?),
-        Dtype::U64 => TensorData::I32(narrow(each(raw, |b| i128::from(u64::from_le_bytes(b))))?),
-        Dtype::BOOL => TensorData::I32(
-            raw.iter()
-                .enumerate()
-                .map(|(i, &b)| match b {
-                    0 | 1 => Ok(i32::from(b)),
-                    _ => Err(format!("element {i}: byte {b} is not a boolean (0 or 1)")),
-                })
-                .collect::<std::result::Result<_, _>>()?,
-        ),
+        Dtype::U32 => {
+            TensorData::I32(each_checked(raw, |i, b| narrow(i, u32::from_le_bytes(b).into()))?)
+        }
+        Dtype::I64 => {
+            TensorData::I32(each_checked(raw, |i, b| narrow(i, i64::from_le_bytes(b).into()))?)
+        }
+        Dtype::U64 => {
+            TensorData::I32(each_checked(raw, |i, b| narrow(i, u64::from_le_bytes(b).into()))?)
+        }
+        Dtype::BOOL => TensorData::I32(each_checked(raw, |i, [b]: [u8; 1]| match b {
+            0 | 1 => Ok(i32::from(b)),
+            _ => Err(format!("element {i}: byte {b} is not a boolean (0 or 1)")),
+        })?),
         other => return Err(format!("dtype {other} is not supported (rumus reads {READABLE})")),
     })
-}
-
-/// `values` as i32, or an error naming the first element outside i32's range.
-fn narrow(values: Vec<i128>) -> std::result::Result<Vec<i32>, String> {
-    values
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            i32::try_from(v).map_err(|_| format!("element {i}: {v} is outside the i32 range"))
-        })
-        .collect()
 }
 
 /// A host tensor as the crate's writer sees it.
@@ -470,5 +472,51 @@ impl<'de> Deserialize<'de> for Entries {
             }
         }
         deserializer.deserialize_map(EntriesVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::per_thread::peak;
+
+    /// Found by the review of the charged readers: U32, I64 and U64 elements went through an
+    /// i128 copy of the tensor (16 bytes an element, four times the 4 that `load` charges
+    /// before reading), and F64 and BOOL elements into a vector grown by doubling (up to twice
+    /// its size, and both blocks at each move), none of it charged. Every dtype's tensor is now
+    /// one allocation of exactly 4 bytes an element, and an element refused part-way leaves
+    /// nothing else behind.
+    #[test]
+    fn converting_elements_allocates_only_the_tensor_charged() {
+        let n = 1 << 16;
+        let dtypes = [
+            Dtype::F32,
+            Dtype::I32,
+            Dtype::F16,
+            Dtype::BF16,
+            Dtype::F64,
+            Dtype::I8,
+            Dtype::U8,
+            Dtype::I16,
+            Dtype::U16,
+            Dtype::U32,
+            Dtype::I64,
+            Dtype::U64,
+            Dtype::BOOL,
+        ];
+        for dtype in dtypes {
+            let width = element_bytes(dtype).unwrap_or(0);
+            // Each element 1 in its lowest byte: a value every dtype takes.
+            let raw: Vec<u8> = (0..n * width).map(|b| u8::from(b % width == 0)).collect();
+            let (data, bytes) = peak(|| elements(dtype, &raw));
+            assert!(data.is_ok(), "{dtype}: {:?}", data.err());
+            assert_eq!(bytes, 4 * n as u64, "{dtype}");
+        }
+        let mut raw = vec![0u8; n * 8];
+        raw[n * 8 - 1] = 0x80; // the last element -2^63
+        let (data, bytes) = peak(|| elements(Dtype::I64, &raw).err());
+        let expected = format!("element {}: -9223372036854775808 is outside the i32 range", n - 1);
+        assert_eq!(data, Some(expected));
+        assert!(bytes <= 4 * n as u64 + 1024, "{bytes}");
     }
 }
