@@ -36,9 +36,18 @@ pub struct Arena {
 }
 
 /// Whether `c` is a flat concat: 1-D, f32, every input a zero constant or at an offset that
-/// is a multiple of [`ALIGN`] (an arena).
+/// is a multiple of [`ALIGN`] (an arena). Linear in `c`'s inputs: a caller asking per reader
+/// or per input of a concat asks [`flat_concats`] once instead.
 pub fn is_flat(g: &Graph, c: NodeId) -> bool {
     flat_inputs(g, c).is_some()
+}
+
+/// For each node of `g`, whether it is a flat concat ([`is_flat`]): linear in the graph's
+/// edges. Fusion asks it for every input and reader of the gradient arena, which has one
+/// input per parameter (and padding): asked of the concat each time, that was quadratic in
+/// the parameters.
+pub fn flat_concats(g: &Graph) -> Vec<bool> {
+    g.nodes().map(|(id, n)| matches!(n.op, Op::Concat { axis: 0 }) && is_flat(g, id)).collect()
 }
 
 /// The inputs of a flat concat with their offsets (elements), `None` for zero constants;
@@ -179,10 +188,16 @@ pub fn place_members(g: &Graph, f: &mut Fusion, pinned: &[NodeId]) {
             readers.entry(owner(f, i)).or_default().push(k);
         }
     }
+    // Each concat once (a concat of many inputs runs as several kernels), asked once whether
+    // it is flat.
     let mut concats: Vec<NodeId> = Vec::new();
+    let mut seen = vec![false; g.n_nodes()];
     for k in f.kernels.iter().filter(|k| matches!(k.kind, KernelKind::Concat { .. })) {
         let c = k.outputs[0];
-        if !concats.contains(&c) && f.within[c.index()].is_none() && is_flat(g, c) {
+        if !std::mem::replace(&mut seen[c.index()], true)
+            && f.within[c.index()].is_none()
+            && is_flat(g, c)
+        {
             concats.push(c);
         }
     }

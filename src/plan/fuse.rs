@@ -86,10 +86,11 @@ pub fn fuse(
 ) -> Fusion {
     let mut forced = vec![false; g.n_nodes()];
     let arenas = super::arena::host_arenas(g);
+    let flat = super::arena::flat_concats(g);
     // Nodes that go into one kernel only when both or neither are in the micro-batch set.
     let apart = |a: NodeId, b: NodeId| micro.is_some_and(|m| m[a.index()] != m[b.index()]);
     loop {
-        let f = fuse_once(g, roots, fusion, &forced, max_bindings, &arenas, &apart);
+        let f = fuse_once(g, roots, fusion, &forced, max_bindings, &arenas, &flat, &apart);
         let Some(max) = max_bindings else { return f };
         let owner = |id: NodeId| f.alias[id.index()].unwrap_or(id);
         let mut changed = false;
@@ -108,7 +109,9 @@ pub fn fuse(
 }
 
 /// One fusion pass, with the inlinable nodes of `forced` materialized and no two nodes that
-/// are `apart` in one kernel.
+/// are `apart` in one kernel. `flat` says which nodes are flat concats
+/// ([`super::arena::flat_concats`]).
+#[allow(clippy::too_many_arguments)]
 fn fuse_once(
     g: &Graph,
     roots: &[NodeId],
@@ -116,6 +119,7 @@ fn fuse_once(
     forced: &[bool],
     max_bindings: Option<u32>,
     arenas: &[super::arena::Arena],
+    flat: &[bool],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
 ) -> Fusion {
     let n = g.n_nodes();
@@ -154,7 +158,9 @@ fn fuse_once(
             }
         }
     }
-    let in_place = arena_views(g, &live, &consumers, &is_arena, &is_root);
+    let in_place = arena_views(g, &live, &consumers, &is_arena, &is_root, flat);
+    let read_as_view =
+        |id: NodeId| reads_view(g, id, &consumers[id.index()], apart, &in_place, flat);
 
     let mut materialized = vec![false; n];
     let mut alias = vec![None; n];
@@ -171,20 +177,21 @@ fn fuse_once(
             Op::Reshape if materialized[node.inputs[0].index()] => true,
             op if is_inlinable(op) => {
                 let c = &consumers[i];
-                let inlined = c.len() == 1 && !apart(id, c[0]) && accepts_expression(g, c[0], id);
+                let inlined =
+                    c.len() == 1 && !apart(id, c[0]) && accepts_expression(g, flat, c[0], id);
                 // Only a node that would be inlined is asked whether its readers want it stored.
                 is_root[i]
                     || !fusion
                     || forced[i]
                     || !inlined
-                    || permuted_by_readers(g, id, &consumers, &is_root, apart, &in_place)
+                    || permuted_by_readers(g, id, &consumers, &is_root, apart, &in_place, flat)
             }
             _ => true,
         };
         // A value whose kernel writes it through strides, stored in the order a permute of it
         // wants (the attention output in [B, T, H, Dh] order, so that merging its heads is a
         // view), when every reader reads strides.
-        if fusion && writes_strided(&node.op) && !is_root[i] && reads_view(g, id, &consumers[i], apart, &in_place) {
+        if fusion && writes_strided(&node.op) && !is_root[i] && read_as_view(id) {
             let order = consumers[i].iter().find_map(|&c| match &g.node(c).op {
                 Op::Permute { perm } if perm.last() == Some(&(perm.len() - 1)) => Some(perm),
                 _ => None,
@@ -203,8 +210,7 @@ fn fuse_once(
         // view of that value's buffer, no kernel.
         let layout = matches!(node.op, Op::Slice { .. } | Op::Permute { .. } | Op::Reshape);
         if materialized[i] && layout {
-            let viewable =
-                fusion && !is_root[i] && !forced[i] && reads_view(g, id, &consumers[i], apart, &in_place);
+            let viewable = fusion && !is_root[i] && !forced[i] && read_as_view(id);
             let strided = viewable.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten();
             match strided {
                 Some((owner, v)) if consumers[i].iter().all(|&c| view_fits(g, c, id, &v)) => {
@@ -495,8 +501,9 @@ fn dedup_in_order(ids: &mut Vec<NodeId>) {
     });
 }
 
-/// Whether `consumer` can take `producer` as an inlined expression operand.
-fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
+/// Whether `consumer` can take `producer` as an inlined expression operand (`flat`: which
+/// nodes are flat concats).
+fn accepts_expression(g: &Graph, flat: &[bool], consumer: NodeId, producer: NodeId) -> bool {
     let c = g.node(consumer);
     match &c.op {
         op if is_inlinable(op) => true,
@@ -505,7 +512,7 @@ fn accepts_expression(g: &Graph, consumer: NodeId, producer: NodeId) -> bool {
         // arena's: its members are written in place by their own kernels, so that the arena's
         // kernels bind a fixed number of buffers and every gradient has a buffer to average.
         Op::Reduce { .. } => c.inputs[0] == producer,
-        Op::Concat { .. } => !super::arena::is_flat(g, consumer),
+        Op::Concat { .. } => !flat[consumer.index()],
         _ => false,
     }
 }
@@ -520,6 +527,7 @@ fn reads_view(
     consumers: &[NodeId],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
     in_place: &[bool],
+    flat: &[bool],
 ) -> bool {
     !consumers.is_empty()
         && consumers.iter().all(|&c| {
@@ -530,7 +538,7 @@ fn reads_view(
             let reads = match node.op {
                 ref op if is_inlinable(op) => true,
                 Op::Reduce { .. } => true,
-                Op::Concat { .. } => !super::arena::is_flat(g, c) || in_place[id.index()],
+                Op::Concat { .. } => !flat[c.index()] || in_place[id.index()],
                 Op::MatMul => true,
                 Op::Attention | Op::AttentionStats => at(&|at| at < 3),
                 Op::AttentionGradKv | Op::AttentionGradQ => at(&|at| at != 3),
@@ -552,6 +560,7 @@ fn arena_views(
     consumers: &[Vec<NodeId>],
     is_arena: &[bool],
     is_root: &[bool],
+    flat: &[bool],
 ) -> Vec<bool> {
     let n = g.n_nodes();
     let mut out = vec![false; n];
@@ -576,7 +585,7 @@ fn arena_views(
         (contiguous && own_kernel && !is_root[w.index()]).then_some((w, v.offset))
     };
     for (c, node) in g.nodes() {
-        if !live[c.index()] || is_arena[c.index()] || !super::arena::is_flat(g, c) {
+        if !live[c.index()] || is_arena[c.index()] || !flat[c.index()] {
             continue;
         }
         // Each base value with the offset in the concat it would lie at, and its chains.
@@ -627,6 +636,7 @@ fn permuted_by_readers(
     is_root: &[bool],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
     in_place: &[bool],
+    flat: &[bool],
 ) -> bool {
     if g.node(id).op.class() != OpClass::Elementwise {
         return false;
@@ -646,8 +656,8 @@ fn permuted_by_readers(
     }
     let readers = &consumers[top.index()];
     permuted
-        && readers.iter().all(|&r| !accepts_expression(g, r, top) && view_fits(g, r, top, &v))
-        && reads_view(g, top, readers, apart, in_place)
+        && readers.iter().all(|&r| !accepts_expression(g, flat, r, top) && view_fits(g, r, top, &v))
+        && reads_view(g, top, readers, apart, in_place, flat)
 }
 
 /// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its
