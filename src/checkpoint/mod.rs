@@ -17,7 +17,9 @@
 //! validation checks that the tensors fill the data back to back; its `serialize` writes the
 //! files. This module frames the bytes itself (header length cap, bounds, UTF-8: the crate's
 //! own `read_metadata` adds offsets without an overflow check, which panics in a debug build on
-//! a hostile file), refuses duplicate header keys (which the crate would silently collapse),
+//! a hostile file), reads the header entry by entry, charging each to the memory budget as it
+//! comes (no JSON tree of the whole header), refuses duplicate header keys (which the crate
+//! would silently collapse),
 //! names the tensor in each message, and converts elements: F32 and I32 are kept bit for bit,
 //! F16, BF16 and F64 are converted to f32 (F64 values outside f32's range are an error, not an
 //! infinity; NaN and infinities stay what they are), and the other integer types and BOOL to
@@ -36,11 +38,11 @@ use crate::memory::{read_all, Charge};
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensorError, View};
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
@@ -52,6 +54,25 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// The header key that holds free-form string metadata.
 pub const METADATA_KEY: &str = "__metadata__";
+
+/// Bytes a tensor's header entry is charged while the file is read, beside four times its
+/// name: the entry parsed (with its shape of at most `MAX_RANK` dimensions) and the copy the
+/// `safetensors` crate checks, its places in the duplicate check, the crate's index and the
+/// list of entries (grown by doubling).
+const ENTRY_BYTES: u64 = 1024;
+
+/// Bytes a tensor's entry keeps once the file is read, beside its name and its shape: the
+/// name's and the tensor's bookkeeping.
+const TENSOR_BYTES: u64 = 128;
+
+/// Bytes of JSON text a tensor's header entry may take: a dtype, at most `MAX_RANK`
+/// dimensions and two offsets take a few hundred. Each entry is parsed into a JSON value of
+/// its own (its messages name it), which this bounds.
+const MAX_ENTRY_JSON: usize = 4096;
+
+/// Bytes `__metadata__` (a map of strings) takes once parsed, at most, per byte of its text:
+/// an entry of two empty strings is 6 bytes of text and about 130 in the map's B-tree.
+const METADATA_EXPANSION: u64 = 32;
 
 /// The file dtypes rumus reads, as a message lists them.
 const READABLE: &str =
@@ -108,24 +129,27 @@ pub fn to_bytes(
 }
 
 /// Read and validate the checkpoint at `path`. Messages of malformed files start with the path.
-/// The file's bytes and then its tensors (as f32 or i32) are charged to `charge` before they
-/// are held; on return it holds the tensors' bytes, for as long as the caller keeps them.
+/// The file's bytes, its header's entries as they are parsed, and then its tensors (as f32 or
+/// i32) are charged to `charge` before they are held; on return it holds the tensors' bytes
+/// and what their names, shapes and the metadata keep, for as long as the caller keeps them.
 pub fn load(path: &Path, charge: &mut Charge) -> Result<Checkpoint> {
     let name = path.display().to_string();
-    let at_path = |e: Error| err!(Checkpoint, "{name}: {}", e.message);
+    // The kind kept: a file too large for the memory budget is a Limit error.
+    let at_path = |e: Error| Error::new(e.kind, format!("{name}: {}", e.message));
     let file = crate::files::open_regular(path)?;
     let bytes = read_all(file, charge, &name)?;
-    let layout = Layout::parse(&bytes).map_err(at_path)?;
+    let layout = Layout::parse(&bytes, charge).map_err(at_path)?;
+    let kept = layout.kept_bytes();
     charge.grow(layout.host_bytes(), format!("the tensors of {name}"))?;
     let ckpt = layout.tensors().map_err(at_path)?;
     drop(bytes);
-    charge.resize(ckpt.tensors.iter().map(|(_, t)| t.bytes()).sum(), &name)?;
+    charge.resize(ckpt.tensors.iter().map(|(_, t)| t.bytes()).sum::<u64>() + kept, &name)?;
     Ok(ckpt)
 }
 
-/// Parse and validate the bytes of a checkpoint file.
+/// Parse and validate the bytes of a checkpoint file (nothing charged).
 pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
-    Layout::parse(bytes)?.tensors()
+    Layout::parse(bytes, &mut crate::memory::Budget::unlimited().empty())?.tensors()
 }
 
 /// Names as a message lists them: `` `a`, `b`, `c` ``, the first eight and a count of the rest.
@@ -181,12 +205,18 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
 struct Layout<'a> {
     infos: Vec<(String, TensorInfo)>,
     metadata: BTreeMap<String, String>,
+    /// Bytes of the metadata's JSON text.
+    metadata_text: usize,
     data: &'a [u8],
 }
 
 impl<'a> Layout<'a> {
-    /// Frame the bytes, parse the header and check every entry against the data.
-    fn parse(bytes: &'a [u8]) -> Result<Layout<'a>> {
+    /// Frame the bytes, parse the header and check every entry against the data. Each entry
+    /// is parsed, checked and charged to `charge` as it is read: no JSON tree of the whole
+    /// header is built (in `serde_json::Value`s a header takes 17 times its text, and a
+    /// hostile one of nested objects nearer 60: for a header of 100 MB, the most one may be,
+    /// gigabytes outside the budget).
+    fn parse(bytes: &'a [u8], charge: &mut Charge) -> Result<Layout<'a>> {
         let (len_bytes, rest) = bytes.split_first_chunk::<8>().ok_or_else(|| {
             err!(
                 Checkpoint,
@@ -216,25 +246,19 @@ impl<'a> Layout<'a> {
         if !header.trim_start().starts_with('{') {
             return Err(err!(Checkpoint, "header is not a JSON object"));
         }
-        let Entries(entries) = serde_json::from_str(header)
-            .map_err(|e| err!(Checkpoint, "header is not valid JSON: {e}"))?;
-
-        let mut keys = BTreeSet::new();
-        let mut metadata = BTreeMap::new();
-        let mut infos = Vec::new();
-        for (name, value) in entries {
-            if !keys.insert(name.clone()) {
-                return Err(err!(Checkpoint, "duplicate key `{name}` in header"));
-            }
-            if name == METADATA_KEY {
-                metadata = serde_json::from_value(value)
-                    .map_err(|e| err!(Checkpoint, "`{METADATA_KEY}`: {e}"))?;
-            } else {
-                let info = entry(&name, value)?;
-                infos.push((name, info));
-            }
-        }
-        infos.sort_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
+        let mut refused = None;
+        let mut json = serde_json::Deserializer::from_str(header);
+        let read = Entries { charge, refused: &mut refused }.deserialize(&mut json);
+        let Header { mut infos, metadata, metadata_text } =
+            match read.and_then(|h| json.end().map(|()| h)) {
+                Ok(h) => h,
+                Err(e) => {
+                    return Err(refused
+                        .unwrap_or_else(|| err!(Checkpoint, "header is not valid JSON: {e}")))
+                }
+            };
+        // Unstable: the names are distinct, so the order is the same, and nothing is allocated.
+        infos.sort_unstable_by(|(a, x), (b, y)| (x.data_offsets, a).cmp(&(y.data_offsets, b)));
         // The crate's check that the tensors fill the data back to back from byte 0.
         let checked = Metadata::new(None, infos.clone()).map_err(|e| match e {
             SafeTensorError::InvalidOffset(name) => {
@@ -259,7 +283,17 @@ impl<'a> Layout<'a> {
                 data.len()
             ));
         }
-        Ok(Layout { infos, metadata, data })
+        Ok(Layout { infos, metadata, metadata_text, data })
+    }
+
+    /// Bytes the checkpoint keeps once read beside its elements: each tensor's name, shape
+    /// and bookkeeping, and the metadata.
+    fn kept_bytes(&self) -> u64 {
+        let per_tensor = |(name, info): &(String, TensorInfo)| {
+            TENSOR_BYTES + name.len() as u64 + 8 * info.shape.len() as u64
+        };
+        let tensors: u64 = self.infos.iter().map(per_tensor).sum();
+        tensors + METADATA_EXPANSION * self.metadata_text as u64
     }
 
     /// Bytes the tensors take once read (every element as 4 bytes).
@@ -321,9 +355,21 @@ pub fn check_state_values(name: &str, t: &Tensor) -> Result<()> {
     }
 }
 
-/// One header entry, parsed by the crate's `TensorInfo` and checked on its own: a dtype rumus
-/// reads, at most `MAX_ELEMENTS` elements, offsets in order and as many bytes as the shape needs.
-fn entry(name: &str, value: Value) -> Result<TensorInfo> {
+/// One header entry, parsed by the crate's `TensorInfo` and checked on its own: at most
+/// [`MAX_ENTRY_JSON`] bytes of JSON, a dtype rumus reads, at most `MAX_ELEMENTS` elements,
+/// offsets in order and as many bytes as the shape needs.
+fn entry(name: &str, raw: &RawValue) -> Result<TensorInfo> {
+    let text = raw.get();
+    if text.len() > MAX_ENTRY_JSON {
+        return Err(err!(
+            Checkpoint,
+            "tensor `{name}`: entry is {} bytes of JSON, more than a tensor's entry takes (at most \
+             {MAX_ENTRY_JSON})",
+            text.len()
+        ));
+    }
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| err!(Checkpoint, "tensor `{name}`: {}", without_position(&e)))?;
     if !value.is_object() {
         return Err(err!(Checkpoint, "tensor `{name}`: entry is not a JSON object"));
     }
@@ -449,29 +495,106 @@ impl View for HostView<'_> {
     }
 }
 
-/// The header's top-level entries in file order, duplicates kept (a JSON map would drop them).
-struct Entries(Vec<(String, Value)>);
+/// A JSON error's message without serde_json's ` at line L column C`: a position in one
+/// entry's text, not in the file's, would mislead.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let at = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&at).map_or_else(|| text.clone(), str::to_string)
+}
 
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct EntriesVisitor;
-        impl<'de> Visitor<'de> for EntriesVisitor {
-            type Value = Entries;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Entries, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(entry) = map.next_entry::<String, Value>()? {
-                    entries.push(entry);
-                }
-                Ok(Entries(entries))
+/// The header's entries, read by [`Entries`].
+struct Header {
+    /// The tensors' entries in file order.
+    infos: Vec<(String, TensorInfo)>,
+    metadata: BTreeMap<String, String>,
+    /// Bytes of the metadata's JSON text.
+    metadata_text: usize,
+}
+
+impl Header {
+    /// Take the entry `key` (duplicates refused: a JSON map would keep one silently), its
+    /// value's text `raw`, charging what it will hold to `charge` first.
+    fn add(
+        &mut self,
+        key: Cow<'_, str>,
+        raw: &RawValue,
+        keys: &mut HashSet<String>,
+        charge: &mut Charge,
+    ) -> Result<()> {
+        charge.grow(ENTRY_BYTES + 4 * key.len() as u64, "the entries of the checkpoint's header")?;
+        let name = key.into_owned();
+        if !keys.insert(name.clone()) {
+            return Err(err!(Checkpoint, "duplicate key `{name}` in header"));
+        }
+        if name == METADATA_KEY {
+            let text = raw.get();
+            let bytes = METADATA_EXPANSION * text.len() as u64;
+            charge.grow(bytes, format!("the checkpoint's `{METADATA_KEY}`"))?;
+            self.metadata = serde_json::from_str(text)
+                .map_err(|e| err!(Checkpoint, "`{METADATA_KEY}`: {}", without_position(&e)))?;
+            self.metadata_text = text.len();
+        } else {
+            let info = entry(&name, raw)?;
+            self.infos.push((name, info));
+        }
+        Ok(())
+    }
+}
+
+/// Reads the header's top-level entries in file order, each taken by [`Header::add`] as it
+/// comes: a name borrowed from the text (copied once charged), a value as its text. An entry
+/// refused goes to `refused` (serde's error then only stops the parse).
+struct Entries<'c> {
+    charge: &'c mut Charge,
+    refused: &'c mut Option<Error>,
+}
+
+impl<'de> DeserializeSeed<'de> for Entries<'_> {
+    type Value = Header;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Header, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Entries<'_> {
+    type Value = Header;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Header, A::Error> {
+        let mut header = Header { infos: Vec::new(), metadata: BTreeMap::new(), metadata_text: 0 };
+        let mut keys = HashSet::new();
+        while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            let raw = map.next_value::<&'de RawValue>()?;
+            if let Err(e) = header.add(key, raw, &mut keys, self.charge) {
+                *self.refused = Some(e);
+                return Err(serde::de::Error::custom("an entry was refused"));
             }
         }
-        deserializer.deserialize_map(EntriesVisitor)
+        Ok(header)
+    }
+}
+
+/// A key of the header, borrowed from its text where it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> std::result::Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_string())))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
     }
 }
 
@@ -479,6 +602,71 @@ impl<'de> Deserialize<'de> for Entries {
 mod tests {
     use super::*;
     use crate::memory::per_thread::peak;
+    use crate::memory::Budget;
+
+    /// A file of the header `json` (padded) and no data.
+    fn file(json: &str) -> Vec<u8> {
+        let mut header = json.to_string();
+        while !header.len().is_multiple_of(8) {
+            header.push(' ');
+        }
+        [(header.len() as u64).to_le_bytes().as_slice(), header.as_bytes()].concat()
+    }
+
+    /// A header of `n` entries `"t{i}": <value>`, and `extra` entries after them.
+    fn header(n: usize, value: &str, extra: &str) -> String {
+        let entries: Vec<String> = (0..n).map(|i| format!("\"t{i}\":{value}")).collect();
+        format!("{{{}{extra}}}", entries.join(","))
+    }
+
+    /// Found by the review of the charged readers: the header was parsed into a JSON tree
+    /// (`serde_json::Value`) of the whole of it before any entry was looked at, and nothing of
+    /// it was charged: 17 times the header's text for well-formed entries, 57 times for
+    /// entries of nested objects, so a header of 100 MB (the most one may be, read within a
+    /// budget of a little more) held gigabytes outside the budget. Each entry is now parsed,
+    /// checked and charged as it is read, the first bad one stops the parse, and what the
+    /// parse allocates stays within what it charged.
+    #[test]
+    fn parsing_a_header_allocates_only_what_it_charged() {
+        let empty = r#"{"dtype":"F32","shape":[0],"data_offsets":[0,0]}"#;
+        let bytes = file(&header(100_000, empty, ""));
+        let mut charge = Budget::unlimited().empty();
+        let (layout, most) = peak(|| Layout::parse(&bytes, &mut charge).map(|l| l.infos.len()));
+        assert_eq!(layout.ok(), Some(100_000));
+        assert!(most <= charge.bytes(), "{most} bytes allocated, {} charged", charge.bytes());
+        // A budget without room for the entries: refused as they come, not after.
+        let budget = Budget::new(10 << 20);
+        let e = Layout::parse(&bytes, &mut budget.empty()).err().map(|e| (e.kind, e.message));
+        let expected = "the entries of the checkpoint's header needs 1.0 KiB but only";
+        let refused = |(kind, m): &(crate::ErrorKind, String)| {
+            *kind == crate::ErrorKind::Limit && m.starts_with(expected)
+        };
+        assert!(e.as_ref().is_some_and(refused), "{e:?}");
+        // Entries of nested objects: the first one is refused, nothing else is parsed.
+        let bytes = file(&header(100_000, r#"{"a":{"b":{"c":0}}}"#, ""));
+        let mut charge = Budget::unlimited().empty();
+        let (e, most) = peak(|| Layout::parse(&bytes, &mut charge).err().map(|e| e.message));
+        assert_eq!(e.as_deref(), Some("tensor `t0`: missing field `dtype`"));
+        assert!(most <= 64 << 10, "{most}");
+        // Metadata of many entries: charged at its bound before it is parsed.
+        let entries: Vec<String> = (0..100_000).map(|i| format!("\"k{i}\":\"\"")).collect();
+        let metadata = format!(",\"{METADATA_KEY}\":{{{}}}", entries.join(","));
+        let bytes = file(&header(1, empty, &metadata));
+        let mut charge = Budget::unlimited().empty();
+        let (layout, most) = peak(|| Layout::parse(&bytes, &mut charge).map(|l| l.metadata.len()));
+        assert_eq!(layout.ok(), Some(100_000));
+        assert!(most <= charge.bytes(), "{most} bytes allocated, {} charged", charge.bytes());
+        // An entry longer than any tensor's needs.
+        let dims = ",1".repeat(3000);
+        let long = format!(r#"{{"dtype":"F32","shape":[0{dims}],"data_offsets":[0,0]}}"#);
+        let e = Layout::parse(&file(&header(1, &long, "")), &mut charge).err().map(|e| e.message);
+        let expected = format!(
+            "tensor `t0`: entry is {} bytes of JSON, more than a tensor's entry takes (at most \
+             4096)",
+            long.len()
+        );
+        assert_eq!(e, Some(expected));
+    }
 
     /// Found by the review of the charged readers: U32, I64 and U64 elements went through an
     /// i128 copy of the tensor (16 bytes an element, four times the 4 that `load` charges
