@@ -39,6 +39,7 @@ pub mod writer;
 
 pub use precision::MatmulPrecision;
 pub use program::{
+    CoopAttention,
     Binding, Grid, MatmulOptions, PlanPrograms, Program, Resource, ShaderChecks, Target,
     REDUCE_CHUNK,
 };

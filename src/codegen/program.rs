@@ -147,12 +147,13 @@ pub struct MatmulOptions {
     /// The fp32 kernel every product it fits runs on (`None`: chosen per product;
     /// `RUMUS_MATMUL_TILE` sets it, for trying kernels without a rebuild).
     pub fp32_tile: Option<MatmulTile>,
-    /// Attention's block products on cooperative matrices too in the `high` and `medium` modes
-    /// (`codegen/attention/coop.rs`); off, attention runs the fp32 kernels in every mode.
-    /// Off by default: on the H200 the cooperative kernels took gpt-medium's attention from
-    /// 7.3 to 15.9 ms a step (`high`) and 9.8 (`medium`) (BENCHMARKS.md);
-    /// `RUMUS_ATTENTION_COOP=1` turns it on.
-    pub coop_attention: bool,
+    /// The modes whose attention kernels run their block products on cooperative matrices
+    /// (`codegen/attention/coop.rs`; the others run the fp32 kernels). By default `medium`'s,
+    /// for heads of 64 or more: on the H200 its attention took 6.3 ms of gpt-medium's step
+    /// against the fp32 kernels' 7.4, where `high`'s took 12.5 against 7.2 and gpt-small's
+    /// (heads of 32) 0.79 against 0.71 (BENCHMARKS.md, "Attention on cooperative matrices");
+    /// `RUMUS_ATTENTION_COOP` sets it.
+    pub coop_attention: CoopAttention,
 }
 
 impl MatmulOptions {
@@ -165,7 +166,7 @@ impl MatmulOptions {
         emulate_coop: false,
         split_k: None,
         fp32_tile: None,
-        coop_attention: false,
+        coop_attention: CoopAttention::Medium,
     };
 }
 
@@ -177,7 +178,8 @@ impl MatmulOptions {
     /// [`check_forced_coop_tile`](super::matmul::check_forced_coop_tile)); and an error when
     /// `RUMUS_MATMUL_TILE` names no fp32 kernel ([`FP32_TILES`](super::matmul::FP32_TILES)) or
     /// `RUMUS_MATMUL_SPLIT_K` is not 1, 2, 4, 8, 16 or 32 (the slices of K every product that
-    /// allows them is then split into), or `RUMUS_ATTENTION_COOP` is neither 0 nor 1.
+    /// allows them is then split into), or `RUMUS_ATTENTION_COOP` is none of `none`, `medium`
+    /// and `all`.
     pub fn from_env() -> Result<MatmulOptions> {
         let coop_tile = match env_text("RUMUS_MATMUL_COOP_TILE")? {
             Some(v) if !v.trim().is_empty() => {
@@ -211,14 +213,29 @@ impl MatmulOptions {
             _ => None,
         };
         let coop_attention = match env_text("RUMUS_ATTENTION_COOP")?.as_deref().map(str::trim) {
-            None | Some("" | "0") => false,
-            Some("1") => true,
+            None | Some("" | "medium") => CoopAttention::Medium,
+            Some("none") => CoopAttention::None,
+            Some("all") => CoopAttention::All,
             Some(v) => {
-                return Err(err!(Usage, "RUMUS_ATTENTION_COOP: `{v}` is neither 0 (off) nor 1 (on)"))
+                return Err(err!(
+                    Usage,
+                    "RUMUS_ATTENTION_COOP: `{v}` is none of none, medium (the default) and all"
+                ))
             }
         };
         Ok(MatmulOptions { coop_tile, fp32_tile, split_k, coop_attention, ..MatmulOptions::DEFAULT })
     }
+}
+
+/// Which cooperative modes run attention on cooperative matrices ([`MatmulOptions`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopAttention {
+    /// None: the fp32 kernels in every mode.
+    None,
+    /// `medium`, heads of 64 or more (the default: where the H200 measured them faster).
+    Medium,
+    /// `high` and `medium`, every head dimension.
+    All,
 }
 
 impl Default for MatmulOptions {

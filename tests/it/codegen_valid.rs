@@ -14,7 +14,7 @@ use rumus::codegen::loops::Loops;
 use rumus::codegen::matmul::EXPONENT_SLOT;
 use rumus::codegen::matmul_coop::{tiles, CoopMode};
 use rumus::codegen::wgsl::generate_counted;
-use rumus::codegen::{compile, MatmulOptions, MatmulPrecision, Resource, Target};
+use rumus::codegen::{compile, CoopAttention, MatmulOptions, MatmulPrecision, Resource, Target};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::{self, GptConfig};
 use rumus::plan::limits::{guarded, storage_bindings};
@@ -153,11 +153,15 @@ fn validate_plans(
         let mut matmuls = vec![
             // Attention's cooperative kernels too, real and emulated (the fp32 ones run in the
             // configurations above).
-            MatmulOptions { precision, coop_attention: true, ..MatmulOptions::DEFAULT },
+            MatmulOptions {
+                precision,
+                coop_attention: CoopAttention::All,
+                ..MatmulOptions::DEFAULT
+            },
             MatmulOptions {
                 precision,
                 emulate_coop: true,
-                coop_attention: true,
+                coop_attention: CoopAttention::All,
                 ..MatmulOptions::DEFAULT
             },
         ];

@@ -14,7 +14,7 @@ use crate::common::gpu::{both_or_skip, coop_or_skip, or_skip};
 use common::{attention_cases, attention_long, build, cases, feeds, Case};
 use rumus::backend::Backend;
 use rumus::codegen::matmul_coop::CoopTile;
-use rumus::codegen::{MatmulOptions, MatmulPrecision};
+use rumus::codegen::{CoopAttention, MatmulOptions, MatmulPrecision};
 use rumus::cpu::{Buf, Executor, RunOptions};
 use rumus::graph::{BinaryOp, Op, UnaryOp};
 use rumus::plan::PlanOptions;
@@ -88,7 +88,7 @@ fn attention_matches_the_cpu_in_the_cooperative_modes() {
         let coop = MatmulOptions {
             precision,
             emulate_coop: true,
-            coop_attention: true,
+            coop_attention: CoopAttention::All,
             ..MatmulOptions::DEFAULT
         };
         let mut cs = attention_cases();

@@ -59,9 +59,14 @@ const SPAD: u32 = 4;
 /// max-abs does, and small probabilities stay normal f16 numbers.
 const P_SHIFT: i32 = 14;
 
-/// Blocks tried for every pass, in order of preference: `(own rows, rows of the other side)`
-/// with one subgroup per 16 own rows. The first that fits the device's workgroup memory wins.
-const CANDIDATES: [(u32, u32); 5] = [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)];
+/// Blocks tried for each pass, in order of preference: `(own rows, rows of the other side)`
+/// with one subgroup per 16 own rows; the first that fits the device's workgroup memory wins.
+/// First the fastest of seven measured at gpt-medium's shape on the H200 in `medium`
+/// (BENCHMARKS.md, "Attention on cooperative matrices"): short blocks of the other side, so
+/// that more workgroups share a multiprocessor.
+const CANDIDATES: [(u32, u32); 5] = [(64, 16), (64, 32), (32, 16), (32, 32), (16, 16)];
+/// dQ's list: 64x32 measured fastest for it.
+const CANDIDATES_Q: [(u32, u32); 5] = [(64, 32), (64, 16), (32, 16), (32, 32), (16, 16)];
 
 /// The blocks of `pass` for `(own, other)` rows, in the shared [`Blocks`] convention
 /// (`br` query rows, `bc` key rows).
@@ -83,7 +88,8 @@ fn sides(b: &Blocks, pass: Pass) -> (u32, u32) {
 
 /// Blocks for `pass` in the order [`configure`](super::configure) tries them.
 pub fn candidates(pass: Pass) -> Vec<Blocks> {
-    CANDIDATES.iter().map(|&(own, other)| blocks_of(pass, own, other)).collect()
+    let list = if pass == Pass::BackwardQ { &CANDIDATES_Q } else { &CANDIDATES };
+    list.iter().map(|&(own, other)| blocks_of(pass, own, other)).collect()
 }
 
 /// Head dimension padded to whole fragments.

@@ -27,6 +27,7 @@ use crate::error::Result;
 use crate::graph::{Graph, NodeId};
 use crate::plan::view::View;
 use crate::codegen::matmul_coop::CoopMode;
+use crate::codegen::CoopAttention;
 use crate::codegen::MatmulPrecision;
 use crate::plan::{Kernel, KernelKind, Plan};
 
@@ -137,17 +138,18 @@ pub enum Precision {
 }
 
 impl Precision {
-    /// The precision of `target`'s matmul mode: cooperative where the mode is, the target
-    /// has cooperative matrices on subgroups of 32 (or emulates them) and its options ask for
-    /// them in attention (`MatmulOptions::coop_attention`).
-    pub fn of(target: &Target) -> Precision {
-        if !target.matmul.coop_attention {
-            return Precision::Highest;
-        }
-        let mode = match target.matmul.precision {
-            MatmulPrecision::Highest => return Precision::Highest,
-            MatmulPrecision::High => CoopMode::High,
-            MatmulPrecision::Medium => CoopMode::Medium,
+    /// The precision of attention of shape `shape` in `target`'s matmul mode: cooperative
+    /// where the mode is, its options ask for it in attention (`MatmulOptions::coop_attention`)
+    /// and the target has cooperative matrices on subgroups of 32 (or emulates them). By
+    /// default only `medium` with heads of 64 or more: on the H200 its cooperative kernels
+    /// took gpt-medium's attention (Dh 64, T 256) from 7.4 to 6.3 ms a step and gpt-small's
+    /// (Dh 32, T 128) from 0.71 to 0.79 (BENCHMARKS.md, "Attention on cooperative matrices").
+    pub fn of(target: &Target, shape: &Shape) -> Precision {
+        let mode = match (target.matmul.precision, target.matmul.coop_attention) {
+            (MatmulPrecision::Medium, CoopAttention::Medium) if shape.dh >= 64 => CoopMode::Medium,
+            (MatmulPrecision::Medium, CoopAttention::All) => CoopMode::Medium,
+            (MatmulPrecision::High, CoopAttention::All) => CoopMode::High,
+            _ => return Precision::Highest,
         };
         match (target.cooperative, target.matmul.emulate_coop) {
             (_, true) => Precision::Coop { mode, emulate: true },
@@ -428,7 +430,7 @@ pub fn lower(
             _ => return Err(err!(Invariant, "attention kernel writing {} through strides", node.op.name())),
         }
     }
-    let cfg = configure(shape, layouts, Precision::of(target), target)?;
+    let cfg = configure(shape, layouts, Precision::of(target, &shape), target)?;
     let (q, kk) = (input(0)?, input(1)?);
     // The stats alone need no values: k stands in for v, whose output goes to scratch.
     let v = if k.kind == KernelKind::AttentionStats { kk.clone() } else { input(2)? };
@@ -547,6 +549,31 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// By default attention runs on cooperative matrices in `medium` with heads of 64 or more
+    /// (measured faster there on the H200), on the fp32 kernels otherwise; `All` takes them in
+    /// both cooperative modes at every head dimension; never without cooperative matrices.
+    #[test]
+    fn the_default_takes_cooperative_attention_where_it_was_measured_faster() {
+        use crate::codegen::MatmulOptions;
+        let coop = |mode, emulate| Precision::Coop { mode, emulate };
+        let cases = [
+            (MatmulPrecision::Medium, CoopAttention::Medium, 64, true, coop(CoopMode::Medium, false)),
+            (MatmulPrecision::Medium, CoopAttention::Medium, 32, true, Precision::Highest),
+            (MatmulPrecision::High, CoopAttention::Medium, 64, true, Precision::Highest),
+            (MatmulPrecision::Highest, CoopAttention::All, 64, true, Precision::Highest),
+            (MatmulPrecision::High, CoopAttention::All, 32, true, coop(CoopMode::High, false)),
+            (MatmulPrecision::Medium, CoopAttention::None, 64, true, Precision::Highest),
+            (MatmulPrecision::Medium, CoopAttention::Medium, 64, false, Precision::Highest),
+        ];
+        for (precision, coop_attention, dh, adapter, want) in cases {
+            let matmul = MatmulOptions { precision, coop_attention, ..MatmulOptions::DEFAULT };
+            let base = if adapter { Target::COOPERATIVE } else { Target::WEBGPU_DEFAULT };
+            let target = Target { matmul, ..base };
+            let s = Shape { b: 1, h: 1, t: 8, dh };
+            assert_eq!(Precision::of(&target, &s), want, "{precision} {coop_attention:?} Dh {dh}");
         }
     }
 }
