@@ -5,8 +5,10 @@
 //! adapter) and the bytes of one storage binding (`max_storage_buffer_binding_size`: 128 MiB under
 //! WebGPU's defaults). No kernel kind binds a number of buffers that grows with the model:
 //! - an expression that would read too many buffers (a long chain of additions) is split by
-//!   materializing inlined subexpressions that fit, largest first ([`split_points`]); the
-//!   optimizer reads flat arenas (`super::arena`), one buffer per kind however many parameters;
+//!   materializing inlined subexpressions that fit, largest first ([`split_points`]), and a
+//!   product's epilogue that splits below the product cannot fit ends earlier, the rest of it
+//!   an elementwise kernel split as any expression (`epilogue_cut`); the optimizer reads flat
+//!   arenas (`super::arena`), one buffer per kind however many parameters;
 //! - a concat of many inputs runs as several kernels, each writing the part of the output that
 //!   its inputs fill ([`concat_parts`]);
 //! - every other kind binds a fixed number of buffers ([`storage_bindings`]).
@@ -185,6 +187,14 @@ pub fn reads(g: &Graph, k: &Kernel, roots: &[NodeId], stop: Option<NodeId>) -> V
 /// kernel's reads per node (about n^4 in all for a sum of n layers, minutes at 1500). An
 /// expression that is not a tree, and a kernel whose binding count is not that of its
 /// expression's reads, give one node a call, chosen the old way ([`reads`] per candidate).
+///
+/// A product's epilogue is split that way only below the nodes that lead down to the product
+/// (its register), which stay in the product's kernel. Where that cannot make it fit (a
+/// gradient summed over many layers whose first term is the product,
+/// `((mm + t1) + t2) + ... + tn`: every `t` split off, the sum still reads them all), the
+/// epilogue is cut on that path instead (`epilogue_cut`), alone: the product's kernel ends
+/// there, and the rest is an elementwise kernel reading it, which the next pass splits as it
+/// splits any expression.
 pub fn split_points(
     g: &Graph,
     k: &Kernel,
@@ -192,7 +202,8 @@ pub fn split_points(
     owner: &dyn Fn(NodeId) -> NodeId,
 ) -> Vec<NodeId> {
     let Some(mut expr) = Expr::new(g, k, owner) else {
-        return split_point(g, k, max, owner).into_iter().collect();
+        let c = split_point(g, k, max, owner).or_else(|| epilogue_cut(g, k, max, owner));
+        return c.into_iter().collect();
     };
     let out = *k.outputs.last().expect("a kernel writes a value");
     // The bindings of what remains of `k`, from the buffers its expression reads.
@@ -211,7 +222,11 @@ pub fn split_points(
     let (c, reads) = expr.split_point(max);
     let bound = storage_bindings(g, k, &|id| owner(id).index(), false);
     let exact = fixed.is_some_and(|f| f + bindings(&reads) == bound);
-    let Some(mut c) = c else { return chosen };
+    // Nothing below the register splits the kernel enough: cut the path to it instead (the
+    // splits chosen so far were for this kernel, whose rest the next pass weighs anew).
+    let or_epilogue_cut =
+        |chosen: Vec<NodeId>| epilogue_cut(g, k, max, owner).map_or(chosen, |c| vec![c]);
+    let Some(mut c) = c else { return or_epilogue_cut(chosen) };
     loop {
         chosen.push(expr.ids[c]);
         if !exact {
@@ -224,9 +239,74 @@ pub fn split_points(
         }
         match next {
             Some(n) => c = n,
-            None => return chosen,
+            None => return or_epilogue_cut(chosen),
         }
     }
+}
+
+/// Where to cut the epilogue of over-limit product kernel `k` when splitting below its register
+/// cannot make it fit: the inlined node, on the path from the kernel's output down to the
+/// register (the output excluded), to materialize as the product kernel's output. The highest
+/// one whose expression, as the product's epilogue, binds at most `max` buffers as it stands;
+/// when none does, the lowest (the register's reader: an epilogue of one op, whose other
+/// operands the next pass splits off). `None` for a kernel without an epilogue or one whose
+/// output reads the register itself. Linear in the kernel's nodes: the nodes reaching the
+/// register in arena order (a topological order), then each node's reads visited once.
+fn epilogue_cut(
+    g: &Graph,
+    k: &Kernel,
+    max: u32,
+    owner: &dyn Fn(NodeId) -> NodeId,
+) -> Option<NodeId> {
+    let out = *k.outputs.last()?;
+    let KernelKind::MatMul { register, matmul, sum } = k.kind else { return None };
+    // The product's operands and output and its sum's output, then the epilogue's buffers.
+    let room = (max as usize).checked_sub(3 + usize::from(sum.is_some()))?;
+    let fused = |x: NodeId| k.fused.binary_search(&x).is_ok();
+    // The inlined nodes that reach the register, in arena order (inputs first).
+    let mut reaches: std::collections::HashSet<NodeId> = Default::default();
+    for &c in &k.fused {
+        let up = |x: &NodeId| *x == register || reaches.contains(x);
+        if c != register && c != matmul && g.node(c).inputs.iter().any(up) {
+            reaches.insert(c);
+        }
+    }
+    // The path from the output down to the register's reader.
+    let mut path = vec![out];
+    while let Some(&p) = path.last() {
+        let inputs = &g.node(p).inputs;
+        if inputs.contains(&register) {
+            break;
+        }
+        path.push(*inputs.iter().find(|x| reaches.contains(x))?);
+    }
+    // Up from the register's reader: the buffers each path node's expression reads.
+    let mut buffers: std::collections::HashSet<NodeId> = Default::default();
+    let mut seen: std::collections::HashSet<NodeId> = path.iter().copied().collect();
+    let mut best = None;
+    for &p in path.iter().skip(1).rev() {
+        let mut stack = vec![p];
+        while let Some(id) = stack.pop() {
+            for &x in &g.node(id).inputs {
+                if x == register || matches!(g.node(x).op, Op::Constant { .. }) {
+                    continue;
+                }
+                if !fused(x) {
+                    buffers.insert(owner(x));
+                } else if seen.insert(x) {
+                    stack.push(x);
+                }
+            }
+        }
+        // Along the path the buffers only grow: past the room, no higher node fits.
+        if g.node(p).op.is_pointwise() && (best.is_none() || buffers.len() <= room) {
+            best = Some(p);
+        }
+        if best.is_some() && buffers.len() > room {
+            break;
+        }
+    }
+    best
 }
 
 /// The inlined expression of a kernel as a tree, from its output through its inlined nodes

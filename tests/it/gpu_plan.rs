@@ -15,7 +15,8 @@ use rumus::graph::{
     TrainOptions,
 };
 use rumus::nn::{self, GptConfig};
-use rumus::plan::{Limits, PlanOptions};
+use rumus::plan::limits::{guarded, storage_bindings};
+use rumus::plan::{plan, Limits, PlanOptions};
 use rumus::runtime::backend::GpuBackend;
 use rumus::runtime::Gpu;
 use rumus::{DType, Tensor};
@@ -263,6 +264,46 @@ fn gpu_training_matches_the_cpu_reference() {
                 "{name}: gpu losses {gl:?} cpu {cl:?}; values differ by {ev:.2e}"
             );
         }
+    }
+}
+
+/// A value every layer reads and a product reads last (`h`, twelve layers of `tanh(y * h)`):
+/// its gradient is the product's term plus a term per layer, one product kernel's epilogue
+/// binding more than 8 buffers, which no split below the product could fit (the plan failed
+/// on the device at WebGPU's limits). There the epilogue is cut and the rest of the sum split
+/// into elementwise kernels (`plan::gradients_summed_over_many_layers_fit_any_binding_limit`);
+/// on both devices each kernel fits the device and three steps give the CPU reference's losses
+/// and values, to the tolerances of [`gpu_training_matches_the_cpu_reference`].
+#[test]
+fn a_gradient_summed_over_layers_into_a_products_epilogue_matches_the_cpu() {
+    let (gpus, _turn) =
+        both_or_skip("a_gradient_summed_over_layers_into_a_products_epilogue_matches_the_cpu");
+    let body = crate::common::repeated(
+        "    h = linear(x, 4) as a\n    y = x\n",
+        12,
+        &|_| "    y = tanh(y * h)\n".into(),
+        "    y = y + linear(h, 4) as z\n    return y\n",
+    );
+    let t = crate::common::model_step("gpu_summed_gradient", &body);
+    let most = |p: &rumus::plan::Plan| {
+        let buffer = |id| p.value_of(id).unwrap().buffer;
+        let bound = |k| storage_bindings(&t.graph, k, &buffer, guarded(&t.graph, p, k));
+        p.kernels.iter().map(bound).max().unwrap()
+    };
+    let unbounded = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+    assert!(most(&unbounded) > 8, "{}", most(&unbounded));
+    for gpu in gpus {
+        let max = gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        let mut backend = gpu_backend(gpu, &t, true, true);
+        let bound = most(&backend.plan_for(&[t.loss], true).unwrap().plan);
+        assert!(bound <= max, "a kernel binds {bound} of {max}");
+        let (gl, gv) = train(&mut backend, &t, 3);
+        let (cl, cv) = train(&mut CpuBackend::new(t.graph.clone(), 7).unwrap(), &t, 3);
+        let (el, ev) = (max_rel_err(&gl, &cl), max_rel_err(&gv, &cv));
+        println!(
+            "at {max} buffers: gpu vs cpu, max relative error: losses {el:.2e}, values {ev:.2e}"
+        );
+        assert!(el < 1e-4 && ev < 2e-2, "at {max}: gpu losses {gl:?} cpu {cl:?}; values {ev:.2e}");
     }
 }
 

@@ -1,6 +1,7 @@
 //! The planner on CPU only: fusion counts, buffer reuse, and the plan checker on good plans and
 //! on plans broken by hand.
 
+use crate::common::{model_step, repeated};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer};
 use rumus::nn::GptConfig;
 use rumus::plan::limits::{guarded, storage_bindings};
@@ -1063,4 +1064,114 @@ fn kernels_whose_loops_a_software_adapter_would_cut_short_are_refused() {
     for fits in [classes(1_397_696), indices(65_534)] {
         compiled(&fits, &software).unwrap();
     }
+}
+
+/// Models `n` layers deep whose gradients are sums over the layers, as the model language
+/// writes them. In the first three a value that every layer reads (`h`, `g`) is read last by a
+/// product, so its gradient is that product's backward term plus a term per layer,
+/// `((mm + t1) + t2) + ... + tn`, all in the epilogue of the product taking the gradient back
+/// through `linear(h, 4)`. The others chain the layers through a product each, or sum the
+/// gradient of a weight or scale every layer reads.
+fn gradients_summed_over_layers(n: usize) -> Vec<(&'static str, String)> {
+    let shared = |line: &'static str| move |_: usize| format!("    y = {line}\n");
+    let layer = |i: usize| format!("    y = y * h + linear(y, 4) as l{i}\n");
+    let h = "    h = linear(x, 4) as a\n    y = x\n";
+    vec![
+        (
+            "shared h",
+            repeated(h, n, &shared("y * h"), "    y = y + linear(h, 4) as z\n    return y\n"),
+        ),
+        (
+            "shared h and g",
+            repeated(
+                "    h = linear(x, 4) as a\n    g = linear(x, 4) as b\n    y = x\n",
+                n,
+                &shared("y * h + y * g"),
+                "    y = y + linear(h, 4) as z + linear(g, 4) as w\n    return y\n",
+            ),
+        ),
+        (
+            "layers reading h",
+            repeated(h, n, &layer, "    y = linear(h, 4) as z + y\n    return y\n"),
+        ),
+        (
+            "layers reading x",
+            repeated(
+                "    y = x\n",
+                n,
+                &|i| format!("    y = y * x + linear(y, 4) as l{i}\n"),
+                "    return y\n",
+            ),
+        ),
+        (
+            "a weight every layer reads",
+            repeated(
+                "    param w[4, 4] = xavier\n    y = x\n",
+                n,
+                &shared("y * (y @ w)"),
+                "    return y\n",
+            ),
+        ),
+        (
+            "a scale every layer reads",
+            repeated(
+                "    param p[4] = ones\n    y = linear(x, 4) as a\n",
+                n,
+                &shared("y * p"),
+                "    y = y + linear(y, 4) as z\n    return y\n",
+            ),
+        ),
+    ]
+}
+
+/// Fusion split a product's epilogue only below the nodes that lead down to the product: a
+/// gradient summed over n layers whose first term is a product, `((mm + t1) + t2) + ... + tn`,
+/// still bound n + 3 buffers once every `t` was split off (28 at 25 layers), and the plan
+/// failed under any smaller limit. Now the epilogue is cut on that path, the rest an
+/// elementwise kernel split as any other: every model here, at every depth, plans within 8, 9
+/// and 16 storage buffers, fused or not, each kernel within the limit as the checker counts
+/// it, and no product loses its epilogue (the long one ends early and the rest is added after
+/// it; a split may give another product one).
+#[test]
+fn gradients_summed_over_many_layers_fit_any_binding_limit() {
+    let epilogues = |p: &Plan| {
+        let with = |k: &&rumus::plan::Kernel| match k.kind {
+            KernelKind::MatMul { register, .. } => k.outputs.last() != Some(&register),
+            _ => false,
+        };
+        p.kernels.iter().filter(with).count()
+    };
+    for n in [1, 7, 25, 100] {
+        for (name, body) in gradients_summed_over_layers(n) {
+            let t = model_step("summed_gradients", &body);
+            let g = &t.graph;
+            let unbounded = plan(g, &[t.loss], true, PlanOptions::default()).unwrap();
+            for max in [8, 9, 16] {
+                for fusion in [true, false] {
+                    let opts = PlanOptions { fusion, reuse: true, limits: limited(max) };
+                    let p = plan(g, &[t.loss], true, opts)
+                        .unwrap_or_else(|e| panic!("{name}, {n} layers, limit {max}: {e}"));
+                    verify(g, &p, Some(max)).unwrap();
+                    let most = most_bindings(g, &p);
+                    assert!(most <= max as usize, "{name}, {n} layers, limit {max}: {most}");
+                    if fusion {
+                        let (kept, had) = (epilogues(&p), epilogues(&unbounded));
+                        assert!(kept >= had, "{name}, {n} layers, limit {max}: {kept} of {had}");
+                    }
+                }
+            }
+        }
+    }
+    // The first model at 25 layers, unbounded: the product kernel binds 52 (each term reads
+    // two buffers), the class this test is about.
+    let (_, body) = gradients_summed_over_layers(25).swap_remove(0);
+    let t = model_step("summed_gradients", &body);
+    let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
+    let buffer = |id| p.value_of(id).unwrap().buffer;
+    let (bound, kind) = (p.kernels.iter())
+        .map(|k| (storage_bindings(&t.graph, k, &buffer, guarded(&t.graph, &p, k)), &k.kind))
+        .max_by_key(|b| b.0)
+        .unwrap();
+    assert_eq!(bound, 52);
+    assert!(matches!(kind, KernelKind::MatMul { .. }), "{kind:?}");
 }

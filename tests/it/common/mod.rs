@@ -487,6 +487,30 @@ pub fn gpt_loss(c: rumus::nn::GptConfig, batch: usize) -> (Graph, NodeId) {
     (g, loss)
 }
 
+/// The training step `rumus plan` makes of a model written in the model language: `body` is
+/// the statements of a model taking `x: f32[B, 4]` (B = 2), written to a file named after
+/// `test`; the loss is a cross-entropy of the model's output against an i32 input `target` of
+/// shape `[B]`, the optimizer AdamW.
+pub fn model_step(test: &str, body: &str) -> rumus::graph::TrainGraph {
+    let dir = ScratchDir::new(test);
+    let file = dir.join("model.rms");
+    std::fs::write(&file, format!("model m(x: f32[B, 4], B = 2) {{\n{body}}}\n")).unwrap();
+    let spec = rumus::cli::bench::ModelSpec {
+        file: file.to_str().unwrap().to_string(),
+        ..Default::default()
+    };
+    rumus::cli::bench::training_step(&spec).unwrap().0
+}
+
+/// `n` lines `line(0)`, `line(1)`, ... between `head` and `tail`: a model `n` layers deep.
+pub fn repeated(head: &str, n: usize, line: &dyn Fn(usize) -> String, tail: &str) -> String {
+    let mut body = String::from(head);
+    for i in 0..n {
+        body += &line(i);
+    }
+    body + tail
+}
+
 /// The SGD training step of a cross-entropy over `[2, classes]` logits (an input `x` plus a
 /// zero-initialized bias `b`, labels `y` of shape `[2]`), and the ids of `x`, `b` and `y`: the
 /// widest rows a software adapter's loop budget takes (`codegen::loops`).
