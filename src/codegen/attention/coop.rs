@@ -354,30 +354,7 @@ impl<'a> Gen<'a> {
     /// Element indices, loads, `put` and the emulated operations; the statements of their
     /// loops.
     fn helpers(&self, w: &mut Wgsl, bindings: &[(Tensor, bool)]) -> Loops {
-        let l = &self.cfg.layouts;
-        for (t, _) in bindings {
-            let layouts: &[(&str, super::Strided)] = match t {
-                Tensor::Q => &[("q", l.q)],
-                Tensor::K => &[("k", l.k)],
-                Tensor::V => &[("v", l.v)],
-                Tensor::O => &[("o", l.o)],
-                Tensor::DO => &[("d_o", l.d_o)],
-                Tensor::DQ => &[("dq", l.dq)],
-                Tensor::DKV => &[("dk", l.dk), ("dv", l.dv)],
-                Tensor::Lse => &[],
-            };
-            for (name, l) in layouts {
-                w.open(&format!("fn at_{name}(bh: u32, i: u32, d: u32) -> u32"));
-                w.line(&format!(
-                    "return {}u + (bh / H) * {}u + (bh % H) * {}u + i * {}u + d;",
-                    l.offset, l.sb, l.sh, l.st
-                ));
-                w.close();
-            }
-        }
-        w.open("fn row_at(bh: u32, i: u32) -> u32");
-        w.line("return bh * T + i;");
-        w.close();
+        super::index_fns(w, &self.cfg.layouts, bindings);
         // Four elements of row i from column d (a multiple of 4), zero past DH.
         for x in ["q", "k", "v", "d_o", "o"] {
             if !bindings.iter().any(|(t, _)| t.name() == x) {

@@ -21,6 +21,7 @@ mod coop;
 mod simt;
 
 use super::loops::Loops;
+use super::writer::Wgsl;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use crate::err;
 use crate::error::Result;
@@ -236,6 +237,35 @@ impl Layouts {
         let dv = Strided::contiguous(s, s.numel() as u32);
         Layouts { q: c, k: c, v: c, o: c, d_o: c, dq: c, dk: c, dv }
     }
+}
+
+/// `fn at_{name}(bh, i, d) -> u32` (the element index) for each bound `[b, h, t, dh]` tensor
+/// of `bindings` (two for dK/dV), and `fn row_at(bh, i)` for the stats: the addressing both
+/// kernel families share (they declare the constants `H` and `T`).
+fn index_fns(w: &mut Wgsl, l: &Layouts, bindings: &[(Tensor, bool)]) {
+    for (t, _) in bindings {
+        let layouts: &[(&str, Strided)] = match t {
+            Tensor::Q => &[("q", l.q)],
+            Tensor::K => &[("k", l.k)],
+            Tensor::V => &[("v", l.v)],
+            Tensor::O => &[("o", l.o)],
+            Tensor::DO => &[("d_o", l.d_o)],
+            Tensor::DQ => &[("dq", l.dq)],
+            Tensor::DKV => &[("dk", l.dk), ("dv", l.dv)],
+            Tensor::Lse => &[],
+        };
+        for (name, l) in layouts {
+            w.open(&format!("fn at_{name}(bh: u32, i: u32, d: u32) -> u32"));
+            w.line(&format!(
+                "return {}u + (bh / H) * {}u + (bh % H) * {}u + i * {}u + d;",
+                l.offset, l.sb, l.sh, l.st
+            ));
+            w.close();
+        }
+    }
+    w.open("fn row_at(bh: u32, i: u32) -> u32");
+    w.line("return bh * T + i;");
+    w.close();
 }
 
 /// Everything the kernels of one attention problem are generated from.

@@ -43,7 +43,7 @@
 //! block, the first key block). Loop bounds depend on the workgroup id only, so every barrier
 //! is in uniform control flow. Every global read and write is guarded by `i < T && d < DH`.
 
-use super::{Blocks, Config, Generated, Pass, Shape, Strided, Tensor};
+use super::{Blocks, Config, Generated, Pass, Shape, Tensor};
 use crate::codegen::expr::f32_lit;
 use crate::codegen::loops::Loops;
 use crate::codegen::writer::Wgsl;
@@ -290,30 +290,7 @@ impl<'a> Gen<'a> {
             w.line(&format!("@group(0) @binding({i}) var<storage, {access}> {}: array<{ty}>;", t.name()));
         }
         w.blank();
-        let l = &self.cfg.layouts;
-        for (t, _) in bindings {
-            let layouts: &[(&str, Strided)] = match t {
-                Tensor::Q => &[("q", l.q)],
-                Tensor::K => &[("k", l.k)],
-                Tensor::V => &[("v", l.v)],
-                Tensor::O => &[("o", l.o)],
-                Tensor::DO => &[("d_o", l.d_o)],
-                Tensor::DQ => &[("dq", l.dq)],
-                Tensor::DKV => &[("dk", l.dk), ("dv", l.dv)],
-                Tensor::Lse => &[],
-            };
-            for (name, l) in layouts {
-                w.open(&format!("fn at_{name}(bh: u32, i: u32, d: u32) -> u32"));
-                w.line(&format!(
-                    "return {}u + (bh / H) * {}u + (bh % H) * {}u + i * {}u + d;",
-                    l.offset, l.sb, l.sh, l.st
-                ));
-                w.close();
-            }
-        }
-        w.open("fn row_at(bh: u32, i: u32) -> u32");
-        w.line("return bh * T + i;");
-        w.close();
+        super::index_fns(w, &self.cfg.layouts, bindings);
         w.blank();
     }
 
