@@ -112,9 +112,14 @@ pub fn plan_command(
     let mut r = PlanReport::new(&t.graph, &p, dispatches, programs.scratch_bytes());
     let mut matmuls = Vec::new();
     for (i, k) in programs.kernels.iter().enumerate() {
-        if let (Some(tile), Some(line)) = (k.matmul, r.kernel_lines.get_mut(i)) {
+        let Some(line) = r.kernel_lines.get_mut(i) else { continue };
+        if let Some(tile) = k.matmul {
             line.push_str(&format!("  [{tile}]"));
             matmuls.push(json!({"kernel": i, "tile": tile}));
+        }
+        if k.programs.len() > 1 {
+            let labels: Vec<&str> = k.programs.iter().map(|p| p.label.as_str()).collect();
+            line.push_str(&format!("  ({} dispatches: {})", labels.len(), labels.join(", ")));
         }
     }
     let mode = target.matmul.precision;
@@ -122,6 +127,8 @@ pub fn plan_command(
         let mut v = r.json();
         v["matmul_precision"] = json!(mode.to_string());
         v["matmul_kernels"] = json!(matmuls);
+        let per_kernel: Vec<usize> = programs.kernels.iter().map(|k| k.programs.len()).collect();
+        v["kernel_dispatches"] = json!(per_kernel);
         return Ok(format!("{v}\n"));
     }
     Ok(format!("matmul precision {mode}\n{}", r.text()))

@@ -713,7 +713,20 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
         let out = run(&["--matmul-precision", mode], None);
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.starts_with(&format!("matmul precision {mode}\n")), "{text}");
-        assert!(text.contains(&format!("  [{kernel}]\n")), "{text}");
+        // Each product's two dispatches, its conversion and itself, named on its line and
+        // counted per kernel in the JSON; the kernels' dispatches and the commits make the total.
+        let line =
+            format!("  [{kernel}]  (2 dispatches: matmul #14 4096x768x256 {kernel} convert, ");
+        assert!(text.contains(&line), "{text}");
+        let per: Vec<u64> = v["kernel_dispatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(per.len() as u64, v["kernels"].as_u64().unwrap(), "{v}");
+        assert!(per.iter().filter(|&&d| d > 1).count() >= kernels.len(), "{v}");
+        assert!(per.iter().sum::<u64>() <= v["dispatches"].as_u64().unwrap(), "{v}");
     }
     let out = run(&["--json"], None);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
