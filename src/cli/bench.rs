@@ -71,8 +71,12 @@ fn compiled(
 ) -> Result<(TrainGraph, Plan, PlanPrograms)> {
     let (t, src) = training_step(spec)?;
     let at = |e: crate::Error| e.in_source(&src);
-    let p = plan(&t.graph, &[t.loss], true, PlanOptions { fusion, ..PlanOptions::default() })
-        .map_err(at)?;
+    let opts = PlanOptions {
+        fusion,
+        matmul_prologues: target.converts_operands(),
+        ..PlanOptions::default()
+    };
+    let p = plan(&t.graph, &[t.loss], true, opts).map_err(at)?;
     let programs = crate::codegen::compile(&t.graph, &p, target).map_err(at)?;
     Ok((t, p, programs))
 }

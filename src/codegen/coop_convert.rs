@@ -40,6 +40,8 @@ use super::matmul::MatmulSpec;
 use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
 use super::matmul_simt::{operands, params, quad_fn, slice, Access, Side};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
+use super::prologue::Prologue;
+use super::trace::math_wgsl;
 use super::writer::Wgsl;
 use crate::err;
 use crate::error::Result;
@@ -131,6 +133,7 @@ pub fn program(
     access: [Access; 2],
     [params, a, b, ws, exps]: [Resource; 5],
     sums: Option<Resource>,
+    prologues: &[Prologue; 2],
     label: &str,
 ) -> Result<Program> {
     let s = spec;
@@ -158,7 +161,7 @@ pub fn program(
     }
     Ok(Program {
         label: label.to_string(),
-        wgsl: generate(k, access, summing),
+        wgsl: generate(k, access, summing, prologues),
         entry: "main",
         workgroup_size: THREADS,
         bindings,
@@ -203,7 +206,7 @@ pub(super) fn exponent_fn(w: &mut Wgsl) {
 /// workgroup adds the invocations' sums of each unit column in the same tree as the max-abs,
 /// and two invocations write the strip's 16 column sums: deterministic, in f32, of the values
 /// as read (before scaling).
-fn generate(k: &CoopKernel, access: [Access; 2], sums: bool) -> String {
+fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prologue; 2]) -> String {
     let t = &k.tile;
     let high = k.mode == CoopMode::High;
     let mut w = Wgsl::new();
@@ -240,6 +243,23 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool) -> String {
     for (s, acc) in slices.iter().zip(access) {
         quad_fn(&mut w, s, acc.vector);
     }
+    // An operand read through a prologue (`codegen::prologue`): each element read, padding
+    // included (the chain maps zero to zero), goes through it in both walks.
+    if prologues.iter().any(|p| !p.is_empty()) {
+        w.lines(math_wgsl());
+    }
+    for (s, p) in slices.iter().zip(prologues) {
+        if !p.is_empty() {
+            let x = s.x;
+            w.lines(&p.wgsl_fn(&format!("prologue_{x}1")));
+            w.open(&format!("fn prologue_{x}(v: vec4<f32>) -> vec4<f32>"));
+            w.line(&format!(
+                "return vec4<f32>(prologue_{x}1(v.x), prologue_{x}1(v.y), prologue_{x}1(v.z), prologue_{x}1(v.w));"
+            ));
+            w.close();
+            w.blank();
+        }
+    }
     if high {
         super::matmul_coop::split_hi_fn(&mut w);
     }
@@ -272,7 +292,7 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool) -> String {
     // Uniform: the strip depends only on the workgroup, so every invocation reaches the
     // barriers.
     w.open("for (var g = wid.x; g < na + nb; g += nw.x)");
-    for (side, s) in [Side::A, Side::B].into_iter().zip(&slices) {
+    for ((side, s), p) in [Side::A, Side::B].into_iter().zip(&slices).zip(prologues) {
         let x = s.x;
         // The scaled axis (M of A, N of B) is the plane's outer one or its contiguous one.
         let outer_scaled = (side == Side::A) == access[usize::from(side == Side::B)].row_major;
@@ -309,8 +329,9 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool) -> String {
         let load = |w: &mut Wgsl| {
             w.line(&format!("let o = {};", o.replace('@', "r")));
             w.line(&format!("let cu = {};", cu.replace('@', "r")));
-            w.line(&format!("let v0 = quad_{x}(base, o, cu * 8u, {ot}, {ct});"));
-            w.line(&format!("let v1 = quad_{x}(base, o, cu * 8u + 4u, {ot}, {ct});"));
+            let (open, close) = if p.is_empty() { (String::new(), "") } else { (format!("prologue_{x}("), ")") };
+            w.line(&format!("let v0 = {open}quad_{x}(base, o, cu * 8u, {ot}, {ct}){close};"));
+            w.line(&format!("let v1 = {open}quad_{x}(base, o, cu * 8u + 4u, {ot}, {ct}){close};"));
         };
         let walk = format!("for (var r = t; r < units; r += {THREADS}u)");
         // B row-major: the strip's 16 columns are 2 units a row, and an invocation always

@@ -206,11 +206,12 @@ impl<'a> ExprEmitter<'a> {
         ca.extend([coords[r - 2].clone(), kk.clone()]);
         let mut cb = broadcast_coords(&sb[..sb.len() - 2], &coords[..r - 2]);
         cb.extend([kk.clone(), coords[r - 1].clone()]);
-        // Operands are buffers or transposed views of buffers: pure index expressions.
-        let (la, lb) = (self.emit(a, &ca), self.emit(b, &cb));
+        // Operands are buffers, views of buffers or an elementwise chain over one (a prologue,
+        // `codegen::prologue`): expressions of `kk`, so any `let` they bind is in the loop.
         let v = self.fresh();
         let _ = writeln!(self.body, "var {v} = 0.0;");
         let _ = writeln!(self.body, "for (var {kk} = 0u; {kk} < {k}u; {kk}++) {{");
+        let (la, lb) = (self.emit(a, &ca), self.emit(b, &cb));
         let _ = writeln!(self.body, "{v} += {la} * {lb};");
         let _ = writeln!(self.body, "}}");
         self.loops = self.loops.then(Loops::flat(k as u64));

@@ -19,6 +19,7 @@ use super::matmul_cost as cost;
 use super::matmul_dot::{self, DOT_BLOCK, DOT_LANES};
 use super::matmul_simt::{self, SimtTile, SIMT_TILES};
 use super::coop_convert;
+use super::prologue::Prologue;
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks, Target};
 use super::templates::MATMUL;
 use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
@@ -422,6 +423,16 @@ pub fn check_forced_coop_tile(target: &Target) -> Result<()> {
     Ok(())
 }
 
+impl Target {
+    /// Whether the products of a plan for this target run on cooperative kernels, which
+    /// convert their operands in a pass of their own: then the plan may give products
+    /// operand prologues ([`crate::plan::PlanOptions::matmul_prologues`]).
+    pub fn converts_operands(&self) -> bool {
+        coop_mode(self.matmul.precision).is_some()
+            && (self.cooperative.is_some() || self.matmul.emulate_coop)
+    }
+}
+
 /// The cooperative mode computing products in `precision`; `None` for `highest` (fp32).
 fn coop_mode(precision: MatmulPrecision) -> Option<CoopMode> {
     match precision {
@@ -568,10 +579,28 @@ pub fn programs_summing(
     spec: &MatmulSpec,
     tile: MatmulTile,
     epilogue: Option<&MatmulEpilogue>,
-    [a, b, c]: [Resource; 3],
+    operands: [Resource; 3],
     sums: Option<Resource>,
 ) -> Result<Vec<Program>> {
+    let none = [Prologue::default(), Prologue::default()];
+    programs_with(label, spec, tile, epilogue, operands, sums, &none)
+}
+
+/// [`programs_summing`], with A and B read through `prologues` (the conversion applies them;
+/// a tile without one must not be given any).
+fn programs_with(
+    label: &str,
+    spec: &MatmulSpec,
+    tile: MatmulTile,
+    epilogue: Option<&MatmulEpilogue>,
+    [a, b, c]: [Resource; 3],
+    sums: Option<Resource>,
+    prologues: &[Prologue; 2],
+) -> Result<Vec<Program>> {
     let label = format!("{label} {}", tile.name());
+    if !matches!(tile, MatmulTile::Coop(_)) && prologues.iter().any(|p| !p.is_empty()) {
+        return Err(err!(Invariant, "{label}: an operand prologue on a kernel without a conversion"));
+    }
     let MatmulTile::Coop(k) = tile else {
         let mut p = program(spec, tile, epilogue, [a, b, c])?;
         p.label = label;
@@ -595,6 +624,7 @@ pub fn programs_summing(
         access,
         [params_uniform(spec), a, b, ws.clone(), exps.clone()],
         sums,
+        prologues,
         &format!("{label} convert"),
     )?;
     let (decls, body) = epilogue.map_or(("", "return v;"), |e| (&e.decls, &e.body));
@@ -706,9 +736,9 @@ pub fn lower(
     if ![m, n, kk, batch, m * n * batch].iter().all(|&v| fits(v)) {
         return Ok(None);
     }
-    let (Some((a_src, a_op)), Some((b_src, b_op))) = (
-        operand(plan, node.inputs[0], sa, batch, m, kk),
-        operand(plan, node.inputs[1], sb, batch, kk, n),
+    let (Some((a_src, a_op, a_pro)), Some((b_src, b_op, b_pro))) = (
+        operand(g, plan, node.inputs[0], sa, batch, m, kk),
+        operand(g, plan, node.inputs[1], sb, batch, kk, n),
     ) else {
         return Ok(None);
     };
@@ -716,7 +746,7 @@ pub fn lower(
     let (Some(a), Some(b), Some(c)) = (buffer(a_src), buffer(b_src), buffer(out)) else {
         return Ok(None);
     };
-    let spec = MatmulSpec {
+    let mut spec = MatmulSpec {
         batch: batch as u32,
         m: m as u32,
         n: n as u32,
@@ -730,7 +760,30 @@ pub fn lower(
     // The shape in the label tells a profile's products apart (`scripts/bench/profile_top.py`).
     let batch_name = if batch > 1 { format!("{batch}x") } else { String::new() };
     let label = format!("{} #{} {batch_name}{m}x{n}x{kk}", k.kind.name(), out.index());
-    let (tile, splits) = MatmulTile::choose_split(&spec, target);
+    let (mut tile, mut splits) = MatmulTile::choose_split(&spec, target);
+    // An operand read through a prologue: the conversion of a cooperative product applies
+    // it; for any other kernel a program first writes the chain's value into scratch.
+    let mut prologues = [a_pro, b_pro];
+    let (mut a, mut b) = (a, b);
+    let mut pre = Vec::new();
+    if !matches!(tile, MatmulTile::Coop(_)) && prologues.iter().any(|p| !p.is_empty()) {
+        for (side, name) in [(0, "A"), (1, "B")] {
+            let p = std::mem::take(&mut prologues[side]);
+            if p.is_empty() {
+                continue;
+            }
+            let (op, dims, res) = match side {
+                0 => (&mut spec.a, (spec.batch, spec.m, spec.k), &mut a),
+                _ => (&mut spec.b, (spec.batch, spec.k, spec.n), &mut b),
+            };
+            let slot = Resource::Scratch { slot: super::prologue::PROLOGUE_SLOTS[side] };
+            let from = std::mem::replace(res, slot.clone());
+            pre.push(super::prologue::program(&p, dims, *op, [from, slot], &format!("{label} prologue {name}")));
+            let row_major = Operand::row_major(dims.1, dims.2);
+            *op = if op.batch_stride == 0 { row_major.broadcast() } else { row_major };
+        }
+        (tile, splits) = MatmulTile::choose_split(&spec, target);
+    }
     let (bm, bn) = tile.block();
     let max = target.max_workgroups_per_dimension as usize;
     if n.div_ceil(bn as usize) > max || m.div_ceil(bm as usize) > max || batch > max {
@@ -749,11 +802,12 @@ pub fn lower(
             && same(g.node(s).inputs[0]) == same(b_src)
     });
     let sums = in_conversion.and_then(buffer);
-    let mut progs = if splits > 1 {
-        split_k_programs(&spec, (tile, splits), [a, b, c], &epilogue, &label, sums.clone())?
+    let mut progs = pre;
+    progs.extend(if splits > 1 {
+        split_k_programs(&spec, (tile, splits), [a, b, c], &epilogue, &label, sums.clone(), &prologues)?
     } else {
-        programs_summing(&label, &spec, tile, Some(&epilogue), [a, b, c], sums.clone())?
-    };
+        programs_with(&label, &spec, tile, Some(&epilogue), [a, b, c], sums.clone(), &prologues)?
+    });
     if let (Some(r), None) = (&reduce, sums) {
         progs.extend(super::wgsl::generate(g, plan, r, target));
     }
@@ -778,13 +832,14 @@ fn split_k_programs(
     epilogue: &MatmulEpilogue,
     label: &str,
     sums: Option<Resource>,
+    prologues: &[Prologue; 2],
 ) -> Result<Vec<Program>> {
     let parts = Resource::Scratch { slot: 0 };
     let part = partial(spec, splits);
     let slices = sums.as_ref().map(|_| Resource::Scratch { slot: SUM_SLOT });
     let label_k = format!("{label} split-k {splits}");
     let ops = [a, b, parts.clone()];
-    let mut out = programs_summing(&label_k, &part, tile, None, ops, slices.clone())?;
+    let mut out = programs_with(&label_k, &part, tile, None, ops, slices.clone(), prologues)?;
     let shape = (spec.m, spec.n, splits);
     let sums = slices.zip(sums).map(|(p, s)| [p, s]);
     out.push(split_k_sum(shape, [parts, c], epilogue, SUM_WORKGROUPS, label, sums));
@@ -892,20 +947,21 @@ pub fn split_k_sum(
 /// `plan::view`) whose batch axes one stride steps through. Batch dims must equal the
 /// output's or be all 1 (broadcast).
 fn operand(
+    g: &Graph,
     plan: &Plan,
     id: NodeId,
     shape: &[usize],
     batch: usize,
     rows: usize,
     cols: usize,
-) -> Option<(NodeId, Operand)> {
+) -> Option<(NodeId, Operand, Prologue)> {
     let own_batch: usize = shape[..shape.len() - 2].iter().product();
     let broadcast = own_batch == 1 && batch != 1;
     if own_batch != batch && !broadcast {
         return None;
     }
-    plan.value_of(id)?;
-    let op = match plan.view.get(id.index()).and_then(Option::as_ref) {
+    let (src, view, prologue) = super::prologue::operand_source(g, plan, id)?;
+    let op = match view.as_ref() {
         None => Operand::row_major(rows as u32, cols as u32),
         Some(v) => {
             let [b, r, c] = v.matrix(shape)?;
@@ -918,5 +974,5 @@ fn operand(
             }
         }
     };
-    Some((id, if broadcast { op.broadcast() } else { op }))
+    Some((src, if broadcast { op.broadcast() } else { op }, prologue))
 }

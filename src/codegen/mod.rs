@@ -30,6 +30,7 @@ pub mod matmul_cost;
 pub mod matmul_dot;
 pub mod matmul_simt;
 pub mod precision;
+pub mod prologue;
 pub mod program;
 mod rows;
 pub mod templates;

@@ -74,13 +74,25 @@ pub fn is_inlinable(op: &Op) -> bool {
     }
 }
 
+/// What fusion may do.
+#[derive(Clone, Copy, Debug)]
+pub struct Fusing {
+    /// Fuse at all (off: one kernel per op).
+    pub on: bool,
+    /// Products read an operand through a prologue: the kernels of the plan's products
+    /// convert their operands in a pass of their own (`high`, `medium`), which computes an
+    /// elementwise chain that only the product reads as it reads the chain's input
+    /// ([`prologue_base`]).
+    pub prologues: bool,
+}
+
 /// Partition the nodes needed by `roots` into kernels, each binding at most `max_bindings`
 /// storage buffers when given (a kernel that still binds more is left for the plan checker to
 /// report).
 pub fn fuse(
     g: &Graph,
     roots: &[NodeId],
-    fusion: bool,
+    fusion: Fusing,
     max_bindings: Option<u32>,
     micro: Option<&[bool]>,
 ) -> Fusion {
@@ -115,13 +127,14 @@ pub fn fuse(
 fn fuse_once(
     g: &Graph,
     roots: &[NodeId],
-    fusion: bool,
+    fusing: Fusing,
     forced: &[bool],
     max_bindings: Option<u32>,
     arenas: &[super::arena::Arena],
     flat: &[bool],
     apart: &dyn Fn(NodeId, NodeId) -> bool,
 ) -> Fusion {
+    let fusion = fusing.on;
     let n = g.n_nodes();
     let mut live = vec![false; n];
     for r in roots {
@@ -177,14 +190,18 @@ fn fuse_once(
             Op::Reshape if materialized[node.inputs[0].index()] => true,
             op if is_inlinable(op) => {
                 let c = &consumers[i];
-                let inlined =
-                    c.len() == 1 && !apart(id, c[0]) && accepts_expression(g, flat, c[0], id);
+                let inlined = c.len() == 1
+                    && !apart(id, c[0])
+                    && (accepts_expression(g, flat, c[0], id)
+                        || fusing.prologues && prologue_base(g, c[0], id, &materialized, &view).is_some());
                 // Only a node that would be inlined is asked whether its readers want it stored.
+                let prologue =
+                    |mm, top| fusing.prologues && prologue_base(g, mm, top, &materialized, &view).is_some();
                 is_root[i]
                     || !fusion
                     || forced[i]
                     || !inlined
-                    || permuted_by_readers(g, id, &consumers, &is_root, apart, &in_place, flat)
+                    || permuted_by_readers(g, id, &consumers, &is_root, apart, &in_place, flat, &prologue)
             }
             _ => true,
         };
@@ -629,6 +646,7 @@ fn arena_views(
 /// read as a view of it. Inlined into the chain, its kernel would write the permuted order: a
 /// transposing store (the rematerialized GELU that a weight gradient reads as `Hᵀ`, 4096x3072:
 /// about 110 µs a dispatch profiled on an H200, about half that stored row-major).
+#[allow(clippy::too_many_arguments)]
 fn permuted_by_readers(
     g: &Graph,
     id: NodeId,
@@ -637,6 +655,7 @@ fn permuted_by_readers(
     apart: &dyn Fn(NodeId, NodeId) -> bool,
     in_place: &[bool],
     flat: &[bool],
+    prologue: &dyn Fn(NodeId, NodeId) -> bool,
 ) -> bool {
     if g.node(id).op.class() != OpClass::Elementwise {
         return false;
@@ -655,9 +674,58 @@ fn permuted_by_readers(
         (top, v) = (c, next);
     }
     let readers = &consumers[top.index()];
+    // A product that reads the chain through a prologue computes `id` itself.
+    let prologue = matches!(readers[..], [r] if prologue(r, top));
     permuted
+        && !prologue
         && readers.iter().all(|&r| !accepts_expression(g, flat, r, top) && view_fits(g, r, top, &v))
         && reads_view(g, top, readers, apart, in_place, flat)
+}
+
+/// The value a product `mm` reads through a prologue when its operand `top` is an
+/// elementwise chain over one materialized f32 value: unary ops that map zero to zero (the
+/// conversion pads operands with zeros and applies the chain to what it reads, padding
+/// included) and layout ops (`reshape`, `permute`, `slice`), at least one unary op, every node
+/// not yet materialized (`undecided`, the node fusion is deciding, counts as not), the chain
+/// addressable as a view of the value that the product can read. A forward GELU between
+/// two linear layers, and its copy the weight gradient rematerializes: each was an
+/// elementwise kernel that wrote the operand for the product's conversion to read.
+pub fn prologue_base(
+    g: &Graph,
+    mm: NodeId,
+    top: NodeId,
+    materialized: &[bool],
+    view: &[Option<View>],
+) -> Option<NodeId> {
+    if g.node(mm).op != Op::MatMul || !g.node(mm).inputs.contains(&top) {
+        return None;
+    }
+    let mut chain = Vec::new();
+    let mut x = top;
+    while !materialized[x.index()] || x == top {
+        let node = g.node(x);
+        match node.op {
+            Op::Unary(u) if u.eval(0.0f64) == 0.0 => {}
+            Op::Reshape | Op::Permute { .. } | Op::Slice { .. } => {}
+            _ => return None,
+        }
+        if g.dtype(x) != crate::tensor::DType::F32 {
+            return None;
+        }
+        chain.push(x);
+        x = *node.inputs.first()?;
+    }
+    let f32 = g.dtype(x) == crate::tensor::DType::F32;
+    if !f32 || !chain.iter().any(|&c| matches!(g.node(c).op, Op::Unary(_))) || g.node(x).op.is_host_value() {
+        return None;
+    }
+    let mut v = view[x.index()].clone().unwrap_or_else(|| View::contiguous(g.shape(x)));
+    for &c in chain.iter().rev() {
+        if !matches!(g.node(c).op, Op::Unary(_)) {
+            v = v.through(g, c)?;
+        }
+    }
+    view_fits(g, mm, top, &v).then_some(x)
 }
 
 /// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its

@@ -45,11 +45,15 @@ pub struct PlanOptions {
     /// The adapter's limits the plan must fit (none: unbounded, for reports without a device).
     /// The GPU backend plans for the tighter of these and its device's.
     pub limits: Option<Limits>,
+    /// Products convert their operands in a pass of their own (the cooperative kernels of
+    /// `high` and `medium`): an elementwise chain that only a product reads is computed there,
+    /// as the operand is read (a prologue, [`fuse`]), instead of by a kernel of its own.
+    pub matmul_prologues: bool,
 }
 
 impl Default for PlanOptions {
     fn default() -> PlanOptions {
-        PlanOptions { fusion: true, reuse: true, limits: None }
+        PlanOptions { fusion: true, reuse: true, limits: None, matmul_prologues: false }
     }
 }
 
@@ -146,7 +150,8 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
         needed(g, &micro_roots)
     });
     let max_bindings = opts.limits.map(|l| l.max_storage_buffers);
-    let mut f = fuse::fuse(g, &roots, opts.fusion, max_bindings, micro_live.as_deref()); // kernels in arena order
+    let fusion = fuse::Fusing { on: opts.fusion, prologues: opts.fusion && opts.matmul_prologues };
+    let mut f = fuse::fuse(g, &roots, fusion, max_bindings, micro_live.as_deref()); // kernels in arena order
     if opts.reuse {
         inplace::write_updates_in_place(g, &mut f, &updates); // new values into their targets
         arena::place_members(g, &mut f, &roots); // gradients written into their arena

@@ -108,7 +108,12 @@ impl GpuBackend {
     pub fn plan_for(&mut self, want: &[NodeId], training: bool) -> Result<&GpuPlan> {
         let key = (want.to_vec(), training);
         if !self.plans.contains_key(&key) {
-            let p = plan(&self.graph, want, training, self.options)?;
+            let converts = self.gpu.target(self.matmul).converts_operands();
+            let options = PlanOptions {
+                matmul_prologues: self.options.matmul_prologues || converts,
+                ..self.options
+            };
+            let p = plan(&self.graph, want, training, options)?;
             let compiled = GpuPlan::new(
                 self.gpu,
                 &self.graph,

@@ -8,11 +8,16 @@
 //! that differ by f32 rounding, fused or not, CPU or GPU, drift apart by 1e-4 to 1e-2 within
 //! 50 steps, measured 2026-12), so the comparison would measure the chaos, not the op.
 
-use crate::common::gpu::or_skip;
+use crate::common::gpu::{coop_or_skip, or_skip};
 use rumus::backend::Backend;
+use rumus::codegen::matmul_coop::CoopTile;
+use rumus::codegen::program::MatmulOptions;
+use rumus::codegen::MatmulPrecision;
 use rumus::cpu::{CpuBackend, RunOptions};
 use rumus::dsl::{self, Value};
 use rumus::graph::{training_graph, Graph, OptimConfig, Optimizer, TrainGraph};
+use rumus::graph::{Op, UnaryOp};
+use rumus::plan::KernelKind;
 use rumus::plan::PlanOptions;
 use rumus::runtime::backend::GpuBackend;
 use rumus::{DType, Source, Tensor};
@@ -65,6 +70,11 @@ fn gpt_step(attention: &str) -> TrainGraph {
 
 /// The losses of 50 steps on one fixed batch (a next-token task on a repeating sequence).
 fn losses(backend: &mut dyn Backend, t: &TrainGraph) -> Vec<f64> {
+    losses_of(backend, t, STEPS)
+}
+
+/// The losses of the first `steps` steps of [`losses`].
+fn losses_of(backend: &mut dyn Backend, t: &TrainGraph, steps: u64) -> Vec<f64> {
     let g = &t.graph;
     let tokens = |shift: usize| -> Vec<i32> {
         (0..BATCH * T).map(|i| ((i + shift) * 7 % 19) as i32).collect()
@@ -73,7 +83,7 @@ fn losses(backend: &mut dyn Backend, t: &TrainGraph) -> Vec<f64> {
     let target = Tensor::i32(&[BATCH, T], tokens(1)).unwrap();
     let (idx_id, target_id) = (g.input_named("idx").unwrap(), g.input_named("target").unwrap());
     let mut out = Vec::new();
-    for step in 0..STEPS {
+    for step in 0..steps {
         let host = t.optim.host_feeds(1e-3, step);
         let mut feeds = vec![(idx_id, &idx), (target_id, &target)];
         feeds.extend(host.iter().map(|(id, t)| (*id, t)));
@@ -88,7 +98,7 @@ fn assert_close(fused: &[f64], unfused: &[f64], bound: f64, what: &str) {
     let worst = fused.iter().zip(unfused).map(|(a, b)| (a - b).abs() / b.abs()).fold(0.0, f64::max);
     assert!(worst <= bound, "{what}: worst relative difference {worst:e}\n{fused:?}\n{unfused:?}");
     // The model learns, so equal losses are not a constant.
-    assert!(fused[STEPS as usize - 1] < 0.9 * fused[0], "{what}: {fused:?}");
+    assert!(fused[fused.len() - 1] < 0.9 * fused[0], "{what}: {fused:?}");
 }
 
 #[test]
@@ -133,4 +143,70 @@ fn a_gpt_trains_like_its_unfused_plan_on_the_gpu() {
     // 2e-5; every Vulkan adapter keeps 1e-5.
     let bound = if gpu.info.backend == wgpu::Backend::Gl { 2e-5 } else { 1e-5 };
     assert_close(&losses(&mut a, &t), &losses(&mut b, &t), bound, "fused vs unfused plan");
+}
+
+/// The plan's kernels that compute a GELU, as (inside a product's kernel, elsewhere).
+fn gelu_kernels(gpu: &mut GpuBackend, t: &TrainGraph) -> (usize, usize) {
+    let g = &t.graph;
+    let plan = &gpu.plan_for(&[t.loss], true).unwrap().plan;
+    let gelu = |k: &&rumus::plan::Kernel| {
+        k.fused.iter().any(|&n| matches!(g.node(n).op, Op::Unary(UnaryOp::GeluTanh)))
+    };
+    let product = |k: &&rumus::plan::Kernel| matches!(k.kind, KernelKind::MatMul { .. });
+    let (inside, other): (Vec<_>, Vec<_>) = plan.kernels.iter().filter(gelu).partition(product);
+    (inside.len(), other.len())
+}
+
+/// Products read the MLP's GELU, and the weight gradient its recomputed copy (transposed),
+/// through operand prologues (`PlanOptions::matmul_prologues`, `codegen::prologue`): no
+/// kernel computes a GELU for a product to read. On the fp32 kernels a program of the
+/// product's writes the chain into scratch first; the plan trains like the one without.
+#[test]
+fn a_gpt_trains_the_same_with_its_gelu_read_through_product_prologues() {
+    let Some((gpu, _turn)) =
+        or_skip("a_gpt_trains_the_same_with_its_gelu_read_through_product_prologues")
+    else {
+        return;
+    };
+    let t = gpt_step("causal_self_attention");
+    let prologues = PlanOptions { matmul_prologues: true, ..PlanOptions::default() };
+    let mut a = GpuBackend::new(gpu, t.graph.clone(), 5, prologues).unwrap();
+    let mut b = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
+    // Two layers: each GELU is read by the next product forward and, recomputed, by the
+    // weight gradient's (its third reader, the GELU gradient, reads the pre-activation).
+    assert_eq!(gelu_kernels(&mut a, &t), (4, 0));
+    assert_eq!(gelu_kernels(&mut b, &t).0, 0);
+    let labels = a.plan_for(&[t.loss], true).unwrap().dispatch_labels();
+    let pre = labels.iter().filter(|l| l.ends_with(" prologue A")).count();
+    assert_eq!(pre, 4, "{labels:?}");
+    let bound = if gpu.info.backend == wgpu::Backend::Gl { 2e-5 } else { 1e-5 };
+    assert_close(&losses(&mut a, &t), &losses(&mut b, &t), bound, "prologues vs none");
+}
+
+/// In `high` (cooperative kernels, emulated: plain WGSL standing in for tensor cores) the
+/// products' conversions apply the prologues as they read the GELU's input, with no program
+/// of their own; five steps match the CPU reference within fp32-class bounds.
+#[test]
+fn cooperative_conversions_apply_the_prologues() {
+    let Some((gpu, _turn)) = coop_or_skip("cooperative_conversions_apply_the_prologues") else {
+        return;
+    };
+    let t = gpt_step("causal_self_attention");
+    let mut a = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
+    // A small tile forced on every product: the cost model gives products this small fp32.
+    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
+    a.matmul = MatmulOptions {
+        precision: MatmulPrecision::High,
+        emulate_coop: true,
+        coop_tile: Some(tile),
+        ..MatmulOptions::DEFAULT
+    };
+    assert_eq!(gelu_kernels(&mut a, &t), (4, 0));
+    let labels = a.plan_for(&[t.loss], true).unwrap().dispatch_labels();
+    assert!(labels.iter().all(|l| !l.contains("prologue")), "{labels:?}");
+    let mut cpu = CpuBackend::new(t.graph.clone(), 5).unwrap();
+    let steps = 5;
+    let (got, want) = (losses_of(&mut a, &t, steps), losses_of(&mut cpu, &t, steps));
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() / b.abs()).fold(0.0, f64::max);
+    assert!(worst <= 1e-5, "worst relative difference {worst:e}\n{got:?}\n{want:?}");
 }

@@ -178,7 +178,8 @@ fn validate_plans(
         }
     }
     for (fusion, limits, target) in configs {
-        let opts = PlanOptions { fusion, reuse: true, limits };
+        let matmul_prologues = target.converts_operands();
+        let opts = PlanOptions { fusion, reuse: true, limits, matmul_prologues };
         let p = plan(g, wanted, train, opts).unwrap();
         let programs = compile(g, &p, &target).unwrap();
         assert_eq!(programs.kernels.len(), p.kernels.len());

@@ -129,7 +129,7 @@ fn steps(gpu: &Gpu) -> [(String, TrainGraph); 3] {
 }
 
 fn gpu_backend(gpu: &'static Gpu, t: &TrainGraph, fusion: bool, reuse: bool) -> GpuBackend {
-    let opts = PlanOptions { fusion, reuse, limits: None }; // the device's limits apply
+    let opts = PlanOptions { fusion, reuse, limits: None, ..PlanOptions::default() }; // the device's limits apply
     GpuBackend::new(gpu, t.graph.clone(), 7, opts).unwrap()
 }
 
@@ -219,7 +219,8 @@ fn heaps_smaller_than_the_largest_value_change_nothing() {
     let t = gpt_step(16);
     let cap = 512;
     let limits = Limits { max_buffer_bytes: cap, ..Limits::of(&gpu.limits) };
-    let opts = PlanOptions { fusion: true, reuse: true, limits: Some(limits) };
+    let opts =
+        PlanOptions { fusion: true, reuse: true, limits: Some(limits), ..PlanOptions::default() };
     let mut capped = GpuBackend::new(gpu, t.graph.clone(), 7, opts).unwrap();
     let p = &capped.plan_for(&[t.loss], true).unwrap().plan;
     let own: std::collections::HashSet<usize> = p.values.iter().map(|v| v.buffer).collect();

@@ -81,7 +81,7 @@ fn copies(d: usize) -> Vec<String> {
     let c = GptConfig { vocab: 64, d, heads: 4, layers: 2, ctx: 16 };
     let (g, loss) = crate::common::gpt_loss(c, 2);
     let t = training_graph(g, loss, &OptimConfig::new(Optimizer::adamw())).unwrap();
-    let opts = PlanOptions { fusion: true, reuse: true, limits: None };
+    let opts = PlanOptions { fusion: true, reuse: true, limits: None, ..PlanOptions::default() };
     let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
     moves(&t.graph, &p)
 }

@@ -16,7 +16,7 @@ fn gpt_step(layers: usize) -> rumus::graph::TrainGraph {
 }
 
 fn train_plan(t: &rumus::graph::TrainGraph, fusion: bool, reuse: bool) -> Plan {
-    let opts = PlanOptions { fusion, reuse, limits: None };
+    let opts = PlanOptions { fusion, reuse, limits: None, ..PlanOptions::default() };
     plan(&t.graph, &[t.loss], true, opts).unwrap()
 }
 
@@ -113,7 +113,7 @@ fn the_layer_norm_residual_case_takes_the_add_and_the_bias_sum() {
     let b = crate::common::build(c).unwrap();
     let mut roots = vec![b.out];
     roots.extend(b.grads.iter().map(|&(_, d)| d));
-    let opts = PlanOptions { fusion: true, reuse: true, limits: None };
+    let opts = PlanOptions { fusion: true, reuse: true, limits: None, ..PlanOptions::default() };
     let p = plan(&b.g, &roots, true, opts).unwrap();
     let fused = |k: &rumus::plan::Kernel| {
         matches!(k.kind, KernelKind::LayerNormGradInput { add: Some(_), col_sum: Some(_), .. })
@@ -429,7 +429,8 @@ fn a_clipped_model_with_many_parameters_fits_any_binding_limit() {
     assert!(most_bindings(&t.graph, &unbounded) <= 8, "a kernel binds a buffer per parameter");
     for fusion in [true, false] {
         for max in [8, 9, 12, 16] {
-            let opts = PlanOptions { fusion, reuse: true, limits: limited(max) };
+            let opts =
+                PlanOptions { fusion, reuse: true, limits: limited(max), ..PlanOptions::default() };
             let p = plan(&t.graph, &[t.loss], true, opts).unwrap();
             let most = most_bindings(&t.graph, &p);
             assert!(most <= max as usize, "fusion {fusion}, limit {max}: a kernel binds {most}");
@@ -449,7 +450,7 @@ fn a_concat_and_a_sum_of_many_inputs_fit_eight_storage_buffers() {
     for &x in &xs[1..] {
         total = g.add(total, x).unwrap();
     }
-    let opts = |limits| PlanOptions { fusion: true, reuse: true, limits };
+    let opts = |limits| PlanOptions { fusion: true, reuse: true, limits, ..PlanOptions::default() };
     let p = plan(&g, &[cat, total], false, opts(None)).unwrap();
     assert_eq!(most_bindings(&g, &p), 21);
     let p = plan(&g, &[cat, total], false, opts(limited(8))).unwrap();
@@ -727,7 +728,19 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
         assert_eq!(per.len() as u64, v["kernels"].as_u64().unwrap(), "{v}");
         assert!(per.iter().filter(|&&d| d > 1).count() >= kernels.len(), "{v}");
         assert!(per.iter().sum::<u64>() <= v["dispatches"].as_u64().unwrap(), "{v}");
+        // The GELUs are operand prologues of the products that read them (forward, and the
+        // recomputed copy the weight gradient reads transposed): no kernel of their own.
+        assert!(!text.contains("elementwise        gelu_tanh"), "{text}");
+        assert!(
+            text.contains("matmul             gelu_tanh reshape matmul reshape add add"),
+            "{text}"
+        );
+        assert!(text.contains("matmul             gelu_tanh reshape permute matmul"), "{text}");
     }
+    // Without cooperative products (a conversion pass to read the chain in), the GELU keeps
+    // its kernel.
+    let text = String::from_utf8(run(&[], None).stdout).unwrap();
+    assert!(text.contains("elementwise        gelu_tanh reshape\n"), "{text}");
     let out = run(&["--json"], None);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["matmul_precision"], "highest");
@@ -1161,7 +1174,12 @@ fn gradients_summed_over_many_layers_fit_any_binding_limit() {
             let unbounded = plan(g, &[t.loss], true, PlanOptions::default()).unwrap();
             for max in [8, 9, 16] {
                 for fusion in [true, false] {
-                    let opts = PlanOptions { fusion, reuse: true, limits: limited(max) };
+                    let opts = PlanOptions {
+                        fusion,
+                        reuse: true,
+                        limits: limited(max),
+                        ..PlanOptions::default()
+                    };
                     let p = plan(g, &[t.loss], true, opts)
                         .unwrap_or_else(|e| panic!("{name}, {n} layers, limit {max}: {e}"));
                     verify(g, &p, Some(max)).unwrap();

@@ -1,0 +1,139 @@
+//! Operand prologues: an elementwise chain that only a product reads, computed as the product
+//! reads its operand instead of by a kernel of its own (fusion decides which,
+//! [`crate::plan::fuse::prologue_base`]: unary ops that map zero to zero, and layout ops, over
+//! one materialized f32 value).
+//!
+//! A cooperative product (`high`, `medium`) reads each operand once in its conversion pass
+//! ([`super::coop_convert`]), which applies the chain to every element it reads: the chain's
+//! value is never written. A product on an fp32 kernel (a small product the cost model gives
+//! one, in a cooperative mode) first evaluates the chain into a scratch slot
+//! ([`PROLOGUE_SLOTS`]) with [`program`]: one dispatch, as the chain's own kernel was.
+
+use super::matmul::Operand;
+use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
+use super::trace::{math_wgsl, Operand as TraceOperand, Trace};
+use super::wgsl::WG;
+use super::writer::Wgsl;
+use crate::graph::{Graph, NodeId, Op, UnaryOp};
+use crate::plan::view::View;
+use crate::plan::Plan;
+
+/// Scratch slots of the A and B operands a product reads through a prologue on a kernel
+/// without a conversion pass: the chain's value, row-major.
+pub const PROLOGUE_SLOTS: [usize; 2] = [5, 6];
+
+/// The unary ops of an operand's chain, applied in order to each element read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Prologue(pub Vec<UnaryOp>);
+
+impl Prologue {
+    /// Whether there is nothing to apply.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `fn {name}(x: f32) -> f32`: the chain's value at `x`, traced from the op table as every
+    /// kernel's expressions are (it calls the functions of [`math_wgsl`]).
+    pub fn wgsl_fn(&self, name: &str) -> String {
+        let t = Trace::default();
+        let mut v = t.operand(&TraceOperand::Wgsl("x".to_string()));
+        for op in &self.0 {
+            v = op.eval(v);
+        }
+        let mut lets = String::new();
+        let mut n = 0;
+        let value = t.render(v, &mut |e| {
+            n += 1;
+            lets.push_str(&format!("    let p{n} = {e};\n"));
+            format!("p{n}")
+        });
+        format!("fn {name}(x: f32) -> f32 {{\n{lets}    return {value};\n}}\n")
+    }
+}
+
+/// The value operand `id` of a product reads, where in its buffer (`None`: row-major from
+/// its start), and the prologue applied on the way: `id` itself when it has a buffer (a view
+/// of one included), else the value under the chain fusion inlined into the product. `None`
+/// when `id` is neither (a chain with an op a prologue cannot apply).
+pub fn operand_source(g: &Graph, plan: &Plan, id: NodeId) -> Option<(NodeId, Option<View>, Prologue)> {
+    let view_of = |x: NodeId| plan.view.get(x.index()).cloned().flatten();
+    if plan.value_of(id).is_some() {
+        return Some((id, view_of(id), Prologue::default()));
+    }
+    let mut chain = Vec::new();
+    let mut x = id;
+    while plan.value_of(x).is_none() {
+        if chain.len() > g.n_nodes() {
+            return None;
+        }
+        chain.push(x);
+        x = *g.node(x).inputs.first()?;
+    }
+    let mut v = view_of(x).unwrap_or_else(|| View::contiguous(g.shape(x)));
+    let mut ops = Vec::new();
+    for &c in chain.iter().rev() {
+        match g.node(c).op {
+            Op::Unary(u) => ops.push(u),
+            Op::Reshape | Op::Permute { .. } | Op::Slice { .. } => v = v.through(g, c)?,
+            _ => return None,
+        }
+    }
+    Some((x, Some(v), Prologue(ops)))
+}
+
+/// The program that writes `prologue` of operand `op` (`batch x rows x cols` elements of
+/// `from`, one batch when it is broadcast) row-major into `to`, labelled `label`: one thread
+/// an element, the grid split over two axes when it is long.
+pub fn program(
+    prologue: &Prologue,
+    (batch, rows, cols): (u32, u32, u32),
+    op: Operand,
+    [from, to]: [Resource; 2],
+    label: &str,
+) -> Program {
+    let batches = if op.batch_stride == 0 { 1 } else { batch };
+    let n = u64::from(batches) * u64::from(rows) * u64::from(cols);
+    let groups = n.div_ceil(u64::from(WG)).max(1);
+    // At most 65,535 workgroups an axis (WebGPU's default).
+    let x = groups.min(32768);
+    let y = groups.div_ceil(x);
+    let mut w = Wgsl::new();
+    w.line("alias scalar = f32;");
+    w.line("// an elementwise chain computed for a product's operand (codegen/prologue.rs)");
+    w.line("@group(0) @binding(0) var<storage, read> x: array<f32>;");
+    w.line("@group(0) @binding(1) var<storage, read_write> y: array<f32>;");
+    w.lines(math_wgsl());
+    w.lines(&prologue.wgsl_fn("prologue"));
+    w.line(&format!("@compute @workgroup_size({WG})"));
+    w.open("fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32)");
+    w.line(&format!("let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
+    w.block(&format!("if (i >= {n}u)"), &["return;"]);
+    w.line(&format!("let c = i % {cols}u;"));
+    w.line(&format!("let r = i / {cols}u % {rows}u;"));
+    w.line(&format!("let b = i / {}u;", u64::from(rows) * u64::from(cols)));
+    w.line(&format!(
+        "y[i] = prologue(x[{}u + b * {}u + r * {}u + c * {}u]);",
+        op.offset, op.batch_stride, op.row_stride, op.col_stride
+    ));
+    w.close();
+    let reach = u64::from(op.offset)
+        + u64::from(batches.saturating_sub(1)) * u64::from(op.batch_stride)
+        + u64::from(rows.saturating_sub(1)) * u64::from(op.row_stride)
+        + u64::from(cols.saturating_sub(1)) * u64::from(op.col_stride)
+        + 1;
+    let bind = |at: u32, name: &str, resource: Resource, words: u64| Binding {
+        at,
+        name: name.to_string(),
+        resource,
+        words,
+    };
+    Program {
+        label: label.to_string(),
+        wgsl: w.finish(),
+        entry: "main",
+        workgroup_size: WG,
+        bindings: vec![bind(0, "x", from, reach), bind(1, "y", to, n)],
+        grid: Grid::Fixed([x as u32, y as u32, 1]),
+        checks: ShaderChecks::ALL,
+    }
+}
