@@ -84,14 +84,7 @@ pub fn source_from_bytes(name: String, bytes: Vec<u8>) -> Result<Arc<Source>> {
         Some(rest) => rest.to_vec(),
         None => bytes,
     };
-    let bom = match bytes.as_slice() {
-        [0xFF, 0xFE, 0, 0, ..] => Some("UTF-32 little-endian"),
-        [0, 0, 0xFE, 0xFF, ..] => Some("UTF-32 big-endian"),
-        [0xFF, 0xFE, ..] => Some("UTF-16 little-endian"),
-        [0xFE, 0xFF, ..] => Some("UTF-16 big-endian"),
-        _ => None,
-    };
-    if let Some(encoding) = bom {
+    if let Some(encoding) = foreign_bom(&bytes) {
         let e = err!(
             Parse,
             "the file starts with a {encoding} byte-order mark; rumus reads UTF-8: save it as UTF-8"
@@ -113,6 +106,62 @@ pub fn source_from_bytes(name: String, bytes: Vec<u8>) -> Result<Arc<Source>> {
             Err(e.at(Span::new(at, at + 1)).in_source(&src))
         }
     }
+}
+
+/// The encoding a file's first bytes name by a byte-order mark other than UTF-8's (UTF-16 or
+/// UTF-32, either byte order), if they start with one.
+pub fn foreign_bom(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [0xFF, 0xFE, 0, 0, ..] => Some("UTF-32 little-endian"),
+        [0, 0, 0xFE, 0xFF, ..] => Some("UTF-32 big-endian"),
+        [0xFF, 0xFE, ..] => Some("UTF-16 little-endian"),
+        [0xFE, 0xFF, ..] => Some("UTF-16 big-endian"),
+        _ => None,
+    }
+}
+
+/// A data file's text (all of it, a script's `read_text`, a metrics log): UTF-8, a leading
+/// UTF-8 byte-order mark skipped, or a `Data` error as [`utf8_data`] gives it.
+pub fn utf8_text(name: &str, bytes: Vec<u8>) -> Result<String> {
+    let start = if bytes.starts_with(b"\xEF\xBB\xBF") { 3 } else { 0 };
+    utf8_data(name, &bytes[start..], 1, start as u64)?;
+    let mut bytes = bytes;
+    bytes.drain(..start);
+    // Checked just above.
+    String::from_utf8(bytes).map_err(|_| err!(Data, "{name}: not valid UTF-8 text"))
+}
+
+/// `bytes` as text, where they are a part of the data file `name` that starts at line
+/// `first_line` (counted from 1, at the start of a line) and at byte `offset` of the file (or
+/// of its decompressed text). Text that is not UTF-8 is a `Data` error at
+/// `name:line:column` of its first bad byte (the column counted in characters from 1), with
+/// the byte, its offset, and what to do: the one rule by which every data reader refuses such
+/// text (a CSV line, a script's `read_text`, a metrics log). A file that starts with a UTF-16 or
+/// UTF-32 byte-order mark says so.
+pub fn utf8_data<'a>(name: &str, bytes: &'a [u8], first_line: usize, offset: u64) -> Result<&'a str> {
+    let e = match std::str::from_utf8(bytes) {
+        Ok(text) => return Ok(text),
+        Err(e) => e,
+    };
+    if offset == 0 {
+        if let Some(encoding) = foreign_bom(bytes) {
+            return Err(err!(
+                Data,
+                "{name}:1:1: the file starts with a {encoding} byte-order mark; rumus reads UTF-8 text: save the file as UTF-8"
+            ));
+        }
+    }
+    let at = e.valid_up_to();
+    let valid = &bytes[..at];
+    let line = first_line + valid.iter().filter(|&&b| b == b'\n').count();
+    let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let column = std::str::from_utf8(&valid[line_start..]).map_or(0, |s| s.chars().count()) + 1;
+    Err(err!(
+        Data,
+        "{name}:{line}:{column}: invalid UTF-8 (byte 0x{:02X} at byte offset {}): rumus reads data files as UTF-8 text; save the file as UTF-8",
+        bytes[at],
+        offset + at as u64
+    ))
 }
 
 /// What a target named `path` is before rumus writes to it: its folder and file name, and

@@ -147,10 +147,26 @@ impl Curves {
 pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
     let name = log.display().to_string();
     crate::files::check_output("--output", out, "the log", log, crate::files::Output::File)?;
-    let mut charge = crate::memory::Budget::new(MAX_LOG_BYTES).empty();
+    // Room for the buffer's doubling past the limit, so that the limit's own message is given.
+    let mut charge = crate::memory::Budget::new(2 * MAX_LOG_BYTES + (1 << 20)).empty();
     let file = crate::files::open_regular(log)?;
-    let bytes = crate::memory::read_all(std::io::Read::take(file, MAX_LOG_BYTES), &mut charge, &name)?;
-    let text = String::from_utf8(bytes).map_err(|_| err!(Data, "{name}: not valid UTF-8 text"))?;
+    // A longer log is an error, before reading it if its size says so, else (it grows) one byte
+    // past the limit: it was cut at the limit and its first gigabyte drawn without a word.
+    let too_long = || {
+        err!(
+            Limit,
+            "{name}: a metrics log may have at most {MAX_LOG_BYTES} bytes; this one has more: plot a part of it (`tail -c`, or `grep` a metric's lines)"
+        )
+    };
+    if file.metadata().is_ok_and(|m| m.len() > MAX_LOG_BYTES) {
+        return Err(too_long());
+    }
+    let file = std::io::Read::take(file, MAX_LOG_BYTES + 1);
+    let bytes = crate::memory::read_all(file, &mut charge, &name)?;
+    if bytes.len() as u64 > MAX_LOG_BYTES {
+        return Err(too_long());
+    }
+    let text = crate::files::utf8_text(&name, bytes)?;
     Curves::from_log(&name, &text)?.write_svg(out)
 }
 

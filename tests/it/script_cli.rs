@@ -604,7 +604,11 @@ fn a_data_files_content_is_exit_code_1_and_a_file_that_cannot_be_read_2() {
             1,
             format!("{word}:2: column 2: `x` is not a number"),
         ),
-        (format!("read_text(\"{bytes}\");\n"), 1, format!("{bytes}: not valid UTF-8 text")),
+        (
+            format!("read_text(\"{bytes}\");\n"),
+            1,
+            format!("{bytes}:1:3: invalid UTF-8 (byte 0xFF at byte offset 2)"),
+        ),
         (
             "csv(\"target/script_cli/data_missing.csv\");\n".to_string(),
             2,

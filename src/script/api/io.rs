@@ -27,7 +27,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
             return Err(err!(Limit, "{path}: more than {limit} bytes is over the string limit"))
                 .script();
         }
-        String::from_utf8(bytes).map_err(|_| err!(Data, "{path}: not valid UTF-8 text")).script()
+        crate::files::utf8_text(path, bytes).script()
     });
     let c = ctx.clone();
     engine.register_fn("write_text", move |path: &str, text: &str| -> ScriptResult<()> {
