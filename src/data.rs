@@ -389,18 +389,27 @@ fn parse_csv(
             break;
         }
         lines_read += raw.iter().filter(|&&b| b == b'\n').count().max(1);
+        let offset = total;
         total += n as u64;
         if total > opts.max_bytes {
             return Err(err!(Limit, "{name}: more than {} bytes of text", opts.max_bytes));
         }
         let at = |msg: String| err!(Data, "{name}:{line_no}: {msg}");
-        let line = std::str::from_utf8(&raw).map_err(|_| at("line is not valid UTF-8".into()))?;
-        let line = line.trim();
+        let line = crate::files::utf8_data(name, &raw, line_no, offset)?.trim();
         if line.is_empty() {
             continue;
         }
+        // What splitting holds besides the line (the fields' text, up to twice the line as its
+        // buffer doubles, and their bounds, at most one field per comma and one more, 8 bytes
+        // each, up to 24 while the list doubles), charged while it is held: a line of commas
+        // split into millions of empty fields took some forty times its own bytes, none of
+        // them charged.
+        let commas = line.bytes().filter(|&b| b == b',').count() as u64;
+        let splitting = 2 * line.len() as u64 + 24 * (commas + 1);
+        charge.grow(splitting, format_args!("{name}:{line_no}: splitting a line into fields"))?;
+        let _splitting = charge.split_off(splitting);
         let record = split_fields(line).map_err(at)?;
-        let fields: Vec<&str> = record.iter().collect();
+        let fields = || record.iter().map(str::trim_ascii);
         if !seen_first {
             seen_first = true;
             let is_header = match opts.header {
@@ -410,10 +419,10 @@ fn parse_csv(
                     // The rule data rows are read by ([`is_number`]): a finite number, so
                     // `nan` and `inf` read as names, here as in a label column.
                     let mut features =
-                        fields.iter().enumerate().filter(|&(i, _)| Some(i) != opts.label_col);
+                        fields().enumerate().filter(|&(i, _)| Some(i) != opts.label_col);
                     match features.find_map(|(i, f)| parse_number(f).err().map(|m| (i, m))) {
                         None => false,
-                        Some(_) if !fields.iter().any(|f| is_number(f)) => true,
+                        Some(_) if !fields().any(is_number) => true,
                         Some((i, m)) => {
                             return Err(at(format!(
                                 "the first row mixes numbers and text, so it is neither a header (no field a number) nor data (every feature a number): column {}: {m}; fix the field, or give `header: true` if the row is a header",
@@ -427,9 +436,9 @@ fn parse_csv(
                 continue;
             }
         }
-        let expected = *n_fields.get_or_insert(fields.len());
-        if fields.len() != expected {
-            return Err(at(format!("expected {expected} fields, found {}", fields.len())));
+        let expected = *n_fields.get_or_insert(record.len());
+        if record.len() != expected {
+            return Err(at(format!("expected {expected} fields, found {}", record.len())));
         }
         if let Some(c) = opts.label_col.filter(|&c| c >= expected) {
             return Err(at(format!(
@@ -438,7 +447,7 @@ fn parse_csv(
         }
         let rows = || format!("{name}: {} rows", n_rows + 1);
         reserve(&mut features, expected, charge, rows)?;
-        for (i, field) in fields.iter().enumerate() {
+        for (i, field) in fields().enumerate() {
             if Some(i) == opts.label_col {
                 match opts.labels {
                     Labels::Targets => {
@@ -525,19 +534,40 @@ fn read_record(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge
 }
 
 /// The fields of one record, split by the `csv` crate: quoted fields may hold commas, line
-/// breaks and escaped quotes (`""`); every field is trimmed.
+/// breaks and escaped quotes (`""`). The caller trims each field (ASCII white space, as the
+/// crate's `Trim::All` did, but without the copy of the whole record that makes).
+///
+/// The record must be the whole of `record`: the crate ends a record at a line feed or at a
+/// carriage return, and what came after one was dropped without a word (`1,2,0\r3,4,1`, lines
+/// ended by `\r` alone as old Mac files end them, read as one row; a `"` inside a field that is
+/// not quoted, which [`read_record`] takes for an open quote and so joins the next line to,
+/// dropped that line).
 fn split_fields(record: &str) -> std::result::Result<csv::StringRecord, String> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
-        .trim(csv::Trim::All)
-        .buffer_capacity(record.len().max(64))
+        .buffer_capacity(record.len().clamp(64, 64 << 10))
         .from_reader(record.as_bytes());
     let mut fields = csv::StringRecord::new();
-    match reader.read_record(&mut fields) {
-        Ok(_) => Ok(fields),
-        Err(e) => Err(format!("cannot split the line into fields: {e}")),
+    if let Err(e) = reader.read_record(&mut fields) {
+        return Err(format!("cannot split the line into fields: {e}"));
     }
+    let end = usize::try_from(reader.position().byte()).unwrap_or(usize::MAX);
+    let rest = record.get(end..).unwrap_or("");
+    if rest.trim().is_empty() {
+        return Ok(fields);
+    }
+    let after = fields.len();
+    // A `\r\n` inside the record ends it too, but as a line end: the record took in a line.
+    let bare_cr = record.as_bytes().get(end.wrapping_sub(1)) == Some(&b'\r') && !rest.starts_with('\n');
+    Err(match bare_cr {
+        true => format!(
+            "a carriage return (\\r) without a line feed after it ends the line after field {after}, and more follows: rumus reads lines that end in \\n or \\r\\n; convert the file's line ends (a file that ends lines in \\r alone)"
+        ),
+        false => format!(
+            "a `\"` inside field {after}, which does not start with a quote, made the line take in the next one: quote the whole field and double the quote inside (`\"a\"\"b\"`), or remove it"
+        ),
+    })
 }
 
 /// Append one line (with its `\n`, if any) to `raw`; returns the new length.
@@ -620,6 +650,11 @@ fn push_class(
                 v.push(l);
                 Ok(())
             }
+            // Digits past i64's range: an integer still, too large (or negative) as one.
+            Err(_) if is_integer_text(field) => Err(match field.starts_with('-') {
+                true => err!(Data, "label {field} is negative"),
+                false => err!(Data, "label {field} is too large"),
+            }),
             Err(_) if is_number(field) => Err(err!(Data, "label `{field}` is not an integer")),
             Err(_) => Err(err!(
                 Data,
@@ -650,6 +685,12 @@ fn push_class(
             Ok(())
         }
     }
+}
+
+/// Whether `field` is written as an integer: digits after an optional sign.
+fn is_integer_text(field: &str) -> bool {
+    let digits = field.strip_prefix(['+', '-']).unwrap_or(field);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Files with a text extension under `dir`, depth-first in sorted name order.

@@ -179,8 +179,26 @@ fn malformed_csv_errors_name_file_and_line() {
         ),
         ("negative_label", b"1,2,-1\n", &l2, ":1: column 3: label -1 is negative"),
         ("huge_label", b"1,2,3000000000\n", &l2, ":1: column 3: label 3000000000 is too large"),
+        // Past i64's range: too large (or negative), not "not an integer".
+        (
+            "huge_label_digits",
+            b"1,2,99999999999999999999\n",
+            &l2,
+            ":1: column 3: label 99999999999999999999 is too large",
+        ),
+        (
+            "huge_negative_label_digits",
+            b"1,2,-99999999999999999999\n",
+            &l2,
+            ":1: column 3: label -99999999999999999999 is negative",
+        ),
         ("empty_label", b"1,2,0\n1,2,\n", &l2, ":2: column 3: empty label"),
-        ("invalid_utf8", b"1,2,0\n1,\xff,0\n", &l2, ":2: line is not valid UTF-8"),
+        (
+            "invalid_utf8",
+            b"1,2,0\n1,\xff,0\n",
+            &l2,
+            ":2:3: invalid UTF-8 (byte 0xFF at byte offset 8): rumus reads data files as UTF-8 text; save the file as UTF-8",
+        ),
         (
             "label_col_out_of_range",
             b"1,2,0\n",
@@ -545,5 +563,144 @@ fn readers_stop_at_the_memory_budget() {
         e.message,
         "90 sequences of 10 bytes and their targets (a larger stride makes fewer) needs 7.0 KiB, \
          more than the whole 100 bytes memory budget"
+    );
+}
+
+/// Found by the hostile-data audit: the `csv` crate ends a record at a carriage return as at a
+/// line feed, and each line was split into one record with what followed dropped without a
+/// word. A file with `\r` line ends (old Mac) read as its first row; a stray `\r` in a line
+/// dropped the rest of the line; a `"` inside an unquoted field made the reader join the next
+/// line (an open quote, by its count) and the crate then dropped that line. A record is now
+/// the whole line, or an error at its line saying what to do.
+#[test]
+fn a_record_is_its_whole_line_or_an_error() {
+    let dir = scratch("whole_line");
+    let l2 = labelled(2);
+    let cr = "a carriage return (\\r) without a line feed after it ends the line after field 3, \
+              and more follows: rumus reads lines that end in \\n or \\r\\n; convert the file's \
+              line ends (a file that ends lines in \\r alone)";
+    let quote = "a `\"` inside field 3, which does not start with a quote, made the line take in \
+                 the next one: quote the whole field and double the quote inside (`\"a\"\"b\"`), \
+                 or remove it";
+    let cases: &[(&str, &[u8], String)] = &[
+        ("cr_line_ends", b"1,2,0\r3,4,1\r5,6,0\r", format!(":1: {cr}")),
+        ("cr_in_a_line", b"1,2,0\n3,4,1\r5,6,0\n", format!(":2: {cr}")),
+        ("stray_quote", b"1,2,x\"y\n3,4,z\"w\n5,6,q\n", format!(":1: {quote}")),
+        ("stray_quote_crlf", b"1,2,x\"y\r\n3,4,z\"w\r\n5,6,q\r\n", format!(":1: {quote}")),
+    ];
+    for (case, text, expected) in cases {
+        check(&dir, case, text, &l2, expected);
+    }
+    // CRLF line ends, a `\r\n` inside a quoted field, and a UTF-8 byte-order mark still read.
+    let path = dir.join("ok.csv");
+    std::fs::write(&path, b"\xEF\xBB\xBFsetosa,1,2\r\nsetosa,3,4\r\n\"a\r\nb\",5,6\r\n").unwrap();
+    let d = read_csv(&path, &labelled(0)).unwrap();
+    assert_eq!(d.classes(), ["a\r\nb", "setosa"], "one `setosa`, the mark not in its name");
+    assert_eq!(d.y().as_i32().unwrap(), &[1, 1, 0]);
+    assert_eq!(d.x().as_f32().unwrap(), &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+}
+
+/// Found by the hostile-data audit: a data file that is not UTF-8 was refused with its line
+/// only ("line is not valid UTF-8"), or for `read_text` and metrics logs with no place at all;
+/// a UTF-16 file (what some spreadsheet programs save) got the same message as one bad byte.
+/// Every data reader now says `file:line:column`, the byte and its offset, and to save the
+/// file as UTF-8 (`files::utf8_data`); a UTF-16 or UTF-32 byte-order mark is named.
+#[test]
+fn text_that_is_not_utf8_is_refused_at_its_line_and_column() {
+    let dir = scratch("utf8");
+    let l2 = labelled(2);
+    let save = "rumus reads data files as UTF-8 text; save the file as UTF-8";
+    let bom = "rumus reads UTF-8 text: save the file as UTF-8";
+    let cases: &[(&str, &[u8], String)] = &[
+        // The bad byte on the second line of a quoted field that spans two: line 3, after `é`.
+        (
+            "in_a_quoted_record",
+            b"1,2,0\n3,\"\xC3\xA9\n\xC3\xA9\xFF\",0\n",
+            format!(":3:2: invalid UTF-8 (byte 0xFF at byte offset 14): {save}"),
+        ),
+        (
+            "utf16",
+            b"\xFF\xFE1\x00,\x002\x00\n\x00",
+            format!(":1:1: the file starts with a UTF-16 little-endian byte-order mark; {bom}"),
+        ),
+        (
+            "utf32_big_endian",
+            b"\x00\x00\xFE\xFF\x00\x00\x001",
+            format!(":1:1: the file starts with a UTF-32 big-endian byte-order mark; {bom}"),
+        ),
+    ];
+    for (case, text, expected) in cases {
+        check(&dir, case, text, &l2, expected);
+    }
+    // In a gzip file the offset is the text's.
+    let path = dir.join("bad.csv.gz");
+    std::fs::write(&path, gzip(b"1,2,0\n3,4,\xFF\n")).unwrap();
+    let e = read_csv(&path, &l2).unwrap_err();
+    let at = format!("{}:2:5: invalid UTF-8 (byte 0xFF at byte offset 10): {save}", path.display());
+    assert_eq!((e.kind, e.message), (ErrorKind::Data, at));
+    // The whole-text readers (a script's `read_text`, a metrics log) by the same rule; a UTF-8
+    // byte-order mark is skipped.
+    let text = |bytes: &[u8]| rumus::files::utf8_text("t.txt", bytes.to_vec());
+    let e = text(b"ab\ncd\xFFe\n").unwrap_err();
+    let at = format!("t.txt:2:3: invalid UTF-8 (byte 0xFF at byte offset 5): {save}");
+    assert_eq!((e.kind, e.message), (ErrorKind::Data, at));
+    let e = text(b"\xFE\xFF\x00a").unwrap_err();
+    assert_eq!(
+        e.message,
+        "t.txt:1:1: the file starts with a UTF-16 big-endian byte-order mark; rumus reads UTF-8 text: save the file as UTF-8"
+    );
+    assert_eq!(text(b"\xEF\xBB\xBFab").unwrap(), "ab");
+}
+
+/// Found by the hostile-data audit: splitting a line into fields held what no charge counted,
+/// about forty times the line for a line of commas (each empty field's bounds, a trimmed copy
+/// of the whole record, the list of fields): 50 MB of commas took 2 GB. The split is charged
+/// (twice the line and 24 bytes a field) while it is held, so such a line stops at the budget.
+#[test]
+fn splitting_a_line_into_fields_is_charged() {
+    let dir = scratch("split_charge");
+    let path = dir.join("commas.csv");
+    std::fs::write(&path, vec![b','; 1 << 20]).unwrap();
+    let budget = Budget::new(16 << 20);
+    let e = rumus::data::read_csv(&path, &CsvOptions::default(), &mut budget.empty()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit, "{e}");
+    let what = format!("{}:1: splitting a line into fields needs 26.0 MiB", path.display());
+    assert!(e.message.starts_with(&what), "{e}");
+    assert_eq!(budget.used(), 0, "a failed read gives back what it held");
+    // A wide row the budget holds reads, and the split's charge is given back after it.
+    let row = vec!["1"; 100_000].join(",");
+    std::fs::write(&path, format!("{row}\n{row}\n")).unwrap();
+    let mut charge = budget.empty();
+    let d = rumus::data::read_csv(&path, &CsvOptions::default(), &mut charge).unwrap();
+    assert_eq!(d.x().shape(), &[2, 100_000]);
+    assert!(charge.bytes() < 4 << 20, "{} bytes held after the read", charge.bytes());
+}
+
+/// Found by the hostile-data audit: `rumus plot` read a metrics log's first gigabyte and drew
+/// it, dropping the rest without a word. A longer log is refused (a sparse file: nothing is
+/// read), and a log that is not UTF-8 is refused at its line and column.
+#[test]
+fn a_metrics_log_past_its_limit_or_not_utf8_is_refused() {
+    let dir = scratch("plot_log");
+    let log = dir.join("metrics.jsonl");
+    let file = std::fs::File::create(&log).unwrap();
+    file.set_len(rumus::plot::MAX_LOG_BYTES + 1).unwrap();
+    drop(file);
+    let e = rumus::plot::plot_log(&log, &dir.join("out.svg")).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Limit);
+    assert_eq!(
+        e.message,
+        format!(
+            "{}: a metrics log may have at most 1073741824 bytes; this one has more: plot a part of it (`tail -c`, or `grep` a metric's lines)",
+            log.display()
+        )
+    );
+    std::fs::write(&log, b"{\"step\": 1, \"loss\": 2.0}\n{\"step\": 2, \"lo\xFFss\": 1.0}\n")
+        .unwrap();
+    let e = rumus::plot::plot_log(&log, &dir.join("out.svg")).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Data);
+    assert!(
+        e.message.starts_with(&format!("{}:2:16: invalid UTF-8 (byte 0xFF", log.display())),
+        "{e}"
     );
 }
