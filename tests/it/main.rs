@@ -34,6 +34,7 @@ mod dsl_fuzz;
 mod dsl_gpt;
 mod fuzz_smoke;
 mod gpu_coop;
+mod gpu_diff;
 mod gpu_kernels;
 mod gpu_plan;
 mod gpu_vs_cpu;
