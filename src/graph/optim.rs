@@ -285,7 +285,16 @@ pub fn apply(g: &mut Graph, params: &[(NodeId, NodeId)], cfg: &OptimConfig) -> R
     let groups = param_groups::assign(cfg.optimizer.name(), &cfg.groups, &names)?;
     g.set_span(crate::error::Span::NONE);
     if params.is_empty() {
-        let accumulation = None; // nothing to accumulate
+        // Nothing to accumulate, but its micro-batch runs still run (the loss, no update): the
+        // input that marks the graph as accumulating, which the plan gives a micro-batch part.
+        let accumulation = match cfg.accumulate {
+            1 => None,
+            k => Some(Accumulation {
+                micro_batches: k,
+                first: g.input(FIRST_MICRO_BATCH_INPUT, &[], DType::F32)?,
+                accumulators: Vec::new(),
+            }),
+        };
         return Ok(OptimNodes { lr, step, grad_norm: None, bias_corrections: None, accumulation });
     }
     // Every parameter, gradient and moment joined into one flat arena per kind and parameter

@@ -143,8 +143,14 @@ pub fn plan(g: &Graph, wanted: &[NodeId], train: bool, opts: PlanOptions) -> Res
     let micro_updates = pairs(true);
     let mut roots = wanted.to_vec();
     roots.extend(updates.iter().map(|&(_, v)| v));
-    // Gradient accumulation: the nodes a micro-batch run evaluates.
-    let micro_live = (!micro_updates.is_empty()).then(|| {
+    // Gradient accumulation: the nodes a micro-batch run evaluates. A graph that accumulates
+    // but has nothing to accumulate (no parameters) still has micro-batch runs: the wanted
+    // values, no update.
+    let first_micro_batch = |n: &crate::graph::Node| {
+        matches!(&n.op, crate::graph::Op::Input { name } if name == crate::graph::optim::FIRST_MICRO_BATCH_INPUT)
+    };
+    let accumulates = !micro_updates.is_empty() || (train && g.nodes().any(|(_, n)| first_micro_batch(n)));
+    let micro_live = accumulates.then(|| {
         let mut micro_roots = wanted.to_vec();
         micro_roots.extend(micro_updates.iter().map(|&(_, v)| v));
         needed(g, &micro_roots)

@@ -813,3 +813,23 @@ fn random_models_train_alike_on_the_gpu_and_the_cpu() {
     }
     assert!(findings.is_empty(), "{}", findings.join("\n"));
 }
+
+/// Found by this generator: a model without parameters trained with gradient accumulation ran
+/// its micro-batches on the CPU (the forward pass and the loss) but failed on the GPU with "a
+/// micro-batch run of a plan that accumulates nothing": a plan of a graph without updates has
+/// no micro-batch part, and the GPU refused to run one instead of running the whole plan.
+#[test]
+fn a_model_without_parameters_accumulates_as_on_the_cpu() {
+    let (gpus, _turn) = both_or_skip("a_model_without_parameters_accumulates_as_on_the_cpu");
+    let m = Model {
+        source: "model m(x: f32[3, 5], target: f32[5]) {\n    return mse(max(x, [0]), target)\n}\n"
+            .into(),
+        inputs: vec![("x".into(), vec![3, 5], Kind::F32), ("target".into(), vec![5], Kind::F32)],
+        optimizer: OptimConfig { accumulate: 2, ..OptimConfig::new(Optimizer::sgd()) },
+        lr: 0.05,
+    };
+    for gpu in gpus {
+        let outcome = check_model(gpu, &m, 1);
+        assert!(matches!(outcome, Outcome::Agree(_)), "{outcome:?}");
+    }
+}
