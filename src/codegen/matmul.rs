@@ -769,7 +769,8 @@ pub fn lower(
     if !matches!(tile, MatmulTile::Coop(_)) && prologues.iter().any(|p| !p.is_empty()) {
         for (side, name) in [(0, "A"), (1, "B")] {
             let p = std::mem::take(&mut prologues[side]);
-            if p.is_empty() {
+            // K = 0: the product reads nothing of its operands.
+            if p.is_empty() || spec.k == 0 {
                 continue;
             }
             let (op, dims, res) = match side {
@@ -778,7 +779,7 @@ pub fn lower(
             };
             let slot = Resource::Scratch { slot: super::prologue::PROLOGUE_SLOTS[side] };
             let from = std::mem::replace(res, slot.clone());
-            pre.push(super::prologue::program(&p, dims, *op, [from, slot], &format!("{label} prologue {name}")));
+            pre.push(super::prologue::program(&p, dims, *op, [from, slot], &format!("{label} prologue {name}"))?);
             let row_major = Operand::row_major(dims.1, dims.2);
             *op = if op.batch_stride == 0 { row_major.broadcast() } else { row_major };
         }

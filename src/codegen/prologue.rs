@@ -14,6 +14,8 @@ use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::trace::{math_wgsl, Operand as TraceOperand, Trace};
 use super::wgsl::WG;
 use super::writer::Wgsl;
+use crate::err;
+use crate::error::Result;
 use crate::graph::{Graph, NodeId, Op, UnaryOp};
 use crate::plan::view::View;
 use crate::plan::Plan;
@@ -83,16 +85,27 @@ pub fn operand_source(g: &Graph, plan: &Plan, id: NodeId) -> Option<(NodeId, Opt
 
 /// The program that writes `prologue` of operand `op` (`batch x rows x cols` elements of
 /// `from`, one batch when it is broadcast) row-major into `to`, labelled `label`: one thread
-/// an element, the grid split over two axes when it is long.
+/// an element, the grid split over two axes when it is long. An empty operand (K = 0: nothing
+/// to read) is an `Invariant` error (the caller gives none), one past 2^32 - 1 elements a
+/// `Limit` error.
 pub fn program(
     prologue: &Prologue,
     (batch, rows, cols): (u32, u32, u32),
     op: Operand,
     [from, to]: [Resource; 2],
     label: &str,
-) -> Program {
+) -> Result<Program> {
     let batches = if op.batch_stride == 0 { 1 } else { batch };
     let n = u64::from(batches) * u64::from(rows) * u64::from(cols);
+    if n == 0 {
+        return Err(err!(Invariant, "{label}: an empty operand has no prologue to write"));
+    }
+    if n > u64::from(u32::MAX) {
+        return Err(err!(
+            Limit,
+            "{label}: an operand of {batches}x{rows}x{cols} elements, more than a program indexes (2^32 - 1): make the model's values smaller"
+        ));
+    }
     let groups = n.div_ceil(u64::from(WG)).max(1);
     // At most 65,535 workgroups an axis (WebGPU's default).
     let x = groups.min(32768);
@@ -127,7 +140,7 @@ pub fn program(
         resource,
         words,
     };
-    Program {
+    Ok(Program {
         label: label.to_string(),
         wgsl: w.finish(),
         entry: "main",
@@ -135,5 +148,5 @@ pub fn program(
         bindings: vec![bind(0, "x", from, reach), bind(1, "y", to, n)],
         grid: Grid::Fixed([x as u32, y as u32, 1]),
         checks: ShaderChecks::ALL,
-    }
+    })
 }

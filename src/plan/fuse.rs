@@ -716,7 +716,7 @@ pub fn prologue_base(
         x = *node.inputs.first()?;
     }
     let f32 = g.dtype(x) == crate::tensor::DType::F32;
-    if !f32 || !chain.iter().any(|&c| matches!(g.node(c).op, Op::Unary(_))) || g.node(x).op.is_host_value() {
+    if !f32 || !chain.iter().any(|&c| matches!(g.node(c).op, Op::Unary(_))) {
         return None;
     }
     let mut v = view[x.index()].clone().unwrap_or_else(|| View::contiguous(g.shape(x)));

@@ -753,3 +753,97 @@ fn reductions_of_many_columns_and_short_rows_match_the_cpu() {
         }
     }
 }
+
+/// Operand prologues on the fp32 kernels (`PlanOptions::matmul_prologues` forced; plans for
+/// cooperative products turn it on by themselves): an elementwise chain only a product reads
+/// is written into scratch by a program of the product's, then read as a row-major operand.
+/// A (plain and batched against a broadcast B), B read transposed through a permute, and
+/// K = 0 (nothing to read, no program), forward, against the CPU in f32.
+#[test]
+fn operand_prologues_on_the_fp32_kernels_match_the_cpu() {
+    let Some((gpu, _turn)) = or_skip("operand_prologues_on_the_fp32_kernels_match_the_cpu") else {
+        return;
+    };
+    type Build = fn(
+        &mut rumus::graph::Graph,
+        &[rumus::graph::NodeId],
+    ) -> rumus::Result<rumus::graph::NodeId>;
+    // (name, input shapes, the graph, programs its plan must have)
+    type Case = (&'static str, &'static [&'static [usize]], Build, &'static [&'static str]);
+    let cases: [Case; 4] = [
+        (
+            "tanh A",
+            &[&[4, 7], &[7, 5]],
+            |g, x| {
+                let a = g.unary(UnaryOp::Tanh, x[0])?;
+                g.matmul(a, x[1])
+            },
+            &["prologue A"],
+        ),
+        (
+            "relu batched A, broadcast B",
+            &[&[2, 3, 7], &[7, 5]],
+            |g, x| {
+                let a = g.relu(x[0])?;
+                g.matmul(a, x[1])
+            },
+            &["prologue A"],
+        ),
+        (
+            "gelu B read transposed",
+            &[&[5, 7], &[4, 7]],
+            |g, x| {
+                let b = g.gelu_tanh(x[1])?;
+                let bt = g.permute(b, &[1, 0])?;
+                g.matmul(x[0], bt)
+            },
+            &["prologue B"],
+        ),
+        (
+            "relu A of K = 0",
+            &[&[3, 0], &[0, 5]],
+            |g, x| {
+                let a = g.relu(x[0])?;
+                g.matmul(a, x[1])
+            },
+            &[],
+        ),
+    ];
+    for (name, shapes, f, programs) in cases {
+        let mut g = rumus::graph::Graph::new();
+        let xs: Vec<_> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| g.input(&format!("x{i}"), s, rumus::DType::F32).unwrap())
+            .collect();
+        let out = f(&mut g, &xs).unwrap();
+        let tensors: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let n: usize = s.iter().product();
+                let v = (0..n).map(|j| ((j * 7 + i * 3) % 11) as f32 * 0.3 - 1.4).collect();
+                Tensor::f32(s, v).unwrap()
+            })
+            .collect();
+        let feeds: Vec<_> = xs.iter().copied().zip(&tensors).collect();
+        let opts = RunOptions { training: false, step: 0 };
+        let mut cpu = rumus::cpu::CpuBackend::new(g.clone(), 0).unwrap();
+        let want = cpu.run(&feeds, &[out], opts).unwrap()[0].to_f32_vec();
+        let prologues = PlanOptions { matmul_prologues: true, ..PlanOptions::default() };
+        let mut gpu_backend = GpuBackend::new(gpu, g.clone(), 0, prologues).unwrap();
+        let labels = gpu_backend.plan_for(&[out], false).unwrap().dispatch_labels().join(", ");
+        for p in programs {
+            assert!(labels.contains(p), "{name}: {labels}");
+        }
+        assert!(!labels.contains("elementwise"), "{name}: the chain has no kernel: {labels}");
+        let got = gpu_backend.run(&feeds, &[out], opts).unwrap()[0].to_f32_vec();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{name}: element {i}: {a} against {b}"
+            );
+        }
+    }
+}
