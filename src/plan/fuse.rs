@@ -25,6 +25,11 @@
 //! that any kernel can read (it shares the buffer as it is). A chain no reader can address is
 //! copied by an elementwise kernel.
 //!
+//! Where a plan's products convert their operands in a pass of their own (the cooperative
+//! kernels; `Fusing::prologues`), an elementwise chain of unary ops that only a product reads
+//! is inlined into the product as an operand prologue ([`prologue_base`]): the conversion
+//! computes it as it reads the chain's input (`codegen::prologue`).
+//!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
 //!
@@ -686,8 +691,8 @@ fn permuted_by_readers(
 /// elementwise chain over one materialized f32 value: unary ops that map zero to zero (the
 /// conversion pads operands with zeros and applies the chain to what it reads, padding
 /// included) and layout ops (`reshape`, `permute`, `slice`), at least one unary op, every node
-/// not yet materialized (`undecided`, the node fusion is deciding, counts as not), the chain
-/// addressable as a view of the value that the product can read. A forward GELU between
+/// of it not materialized (`top` itself may be undecided yet: fusion asks while deciding it),
+/// the chain addressable as a view of the value that the product can read. A forward GELU between
 /// two linear layers, and its copy the weight gradient rematerializes: each was an
 /// elementwise kernel that wrote the operand for the product's conversion to read.
 pub fn prologue_base(
