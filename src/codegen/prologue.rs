@@ -16,8 +16,8 @@ use super::wgsl::WG;
 use super::writer::Wgsl;
 use crate::err;
 use crate::error::Result;
-use crate::graph::{Graph, NodeId, Op, UnaryOp};
-use crate::plan::view::View;
+use crate::graph::{Graph, NodeId, UnaryOp};
+use crate::plan::view::{chain_below, View};
 use crate::plan::Plan;
 
 /// Scratch slots of the A and B operands a product reads through a prologue on a kernel
@@ -42,14 +42,7 @@ impl Prologue {
         for op in &self.0 {
             v = op.eval(v);
         }
-        let mut lets = String::new();
-        let mut n = 0;
-        let value = t.render(v, &mut |e| {
-            n += 1;
-            lets.push_str(&format!("    let p{n} = {e};\n"));
-            format!("p{n}")
-        });
-        format!("fn {name}(x: f32) -> f32 {{\n{lets}    return {value};\n}}\n")
+        t.function(name, v)
     }
 }
 
@@ -62,25 +55,8 @@ pub fn operand_source(g: &Graph, plan: &Plan, id: NodeId) -> Option<(NodeId, Opt
     if plan.value_of(id).is_some() {
         return Some((id, view_of(id), Prologue::default()));
     }
-    let mut chain = Vec::new();
-    let mut x = id;
-    while plan.value_of(x).is_none() {
-        if chain.len() > g.n_nodes() {
-            return None;
-        }
-        chain.push(x);
-        x = *g.node(x).inputs.first()?;
-    }
-    let mut v = view_of(x).unwrap_or_else(|| View::contiguous(g.shape(x)));
-    let mut ops = Vec::new();
-    for &c in chain.iter().rev() {
-        match g.node(c).op {
-            Op::Unary(u) => ops.push(u),
-            Op::Reshape | Op::Permute { .. } | Op::Slice { .. } => v = v.through(g, c)?,
-            _ => return None,
-        }
-    }
-    Some((x, Some(v), Prologue(ops)))
+    let c = chain_below(g, id, &|x| plan.value_of(x).is_some(), &view_of)?;
+    Some((c.base, Some(c.view), Prologue(c.ops)))
 }
 
 /// The program that writes `prologue` of operand `op` (`batch x rows x cols` elements of

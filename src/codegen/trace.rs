@@ -109,16 +109,22 @@ impl Trace {
         let mut out = String::new();
         for &(name, body) in self.functions.borrow().iter() {
             let Some(body) = body else { continue };
-            let mut lets = String::new();
-            let mut n = 0;
-            let result = self.render(Wgsl::Expr(self, body), &mut |e| {
-                n += 1;
-                lets.push_str(&format!("    let v{n} = {e};\n"));
-                format!("v{n}")
-            });
-            out.push_str(&format!("fn {name}(x: f32) -> f32 {{\n{lets}    return {result};\n}}\n"));
+            out.push_str(&self.function(name, Wgsl::Expr(self, body)));
         }
         out
+    }
+
+    /// `fn {name}(x: f32) -> f32` returning `value`, an expression of this trace over the
+    /// leaf `x`, each subexpression used more than once bound to a `let`.
+    pub fn function(&self, name: &str, value: Wgsl<'_>) -> String {
+        let mut lets = String::new();
+        let mut n = 0;
+        let result = self.render(value, &mut |e| {
+            n += 1;
+            lets.push_str(&format!("    let v{n} = {e};\n"));
+            format!("v{n}")
+        });
+        format!("fn {name}(x: f32) -> f32 {{\n{lets}    return {result};\n}}\n")
     }
 
     fn push(&self, kind: Kind, args: Vec<usize>) -> usize {

@@ -692,7 +692,8 @@ fn permuted_by_readers(
 /// conversion pads operands with zeros and applies the chain to what it reads, padding
 /// included) and layout ops (`reshape`, `permute`, `slice`), at least one unary op, every node
 /// of it not materialized (`top` itself may be undecided yet: fusion asks while deciding it),
-/// the chain addressable as a view of the value that the product can read. A forward GELU between
+/// the chain addressable as a view of the value that the product can read
+/// ([`super::view::chain_below`]). A forward GELU between
 /// two linear layers, and its copy the weight gradient rematerializes: each was an
 /// elementwise kernel that wrote the operand for the product's conversion to read.
 pub fn prologue_base(
@@ -705,32 +706,10 @@ pub fn prologue_base(
     if g.node(mm).op != Op::MatMul || !g.node(mm).inputs.contains(&top) {
         return None;
     }
-    let mut chain = Vec::new();
-    let mut x = top;
-    while !materialized[x.index()] || x == top {
-        let node = g.node(x);
-        match node.op {
-            Op::Unary(u) if u.eval(0.0f64) == 0.0 => {}
-            Op::Reshape | Op::Permute { .. } | Op::Slice { .. } => {}
-            _ => return None,
-        }
-        if g.dtype(x) != crate::tensor::DType::F32 {
-            return None;
-        }
-        chain.push(x);
-        x = *node.inputs.first()?;
-    }
-    let f32 = g.dtype(x) == crate::tensor::DType::F32;
-    if !f32 || !chain.iter().any(|&c| matches!(g.node(c).op, Op::Unary(_))) {
-        return None;
-    }
-    let mut v = view[x.index()].clone().unwrap_or_else(|| View::contiguous(g.shape(x)));
-    for &c in chain.iter().rev() {
-        if !matches!(g.node(c).op, Op::Unary(_)) {
-            v = v.through(g, c)?;
-        }
-    }
-    view_fits(g, mm, top, &v).then_some(x)
+    let stored = |x: NodeId| materialized[x.index()];
+    let c = super::view::chain_below(g, top, &stored, &|x| view[x.index()].clone())?;
+    let prologue = !c.ops.is_empty() && c.ops.iter().all(|u| u.eval(0.0f64) == 0.0);
+    (prologue && view_fits(g, mm, top, &c.view)).then_some(c.base)
 }
 
 /// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its

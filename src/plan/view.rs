@@ -8,7 +8,8 @@
 //! operands' batch, row and column strides ([`View::matrix`]), the attention kernels through
 //! their operands' layouts; the node then has no kernel and no buffer of its own.
 
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId, Op, UnaryOp};
+use crate::tensor::DType;
 
 /// Where the elements of a viewed node are in its owner's buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,4 +150,52 @@ mod tests {
         // Merging a sliced row with the next axis is not contiguous either.
         check(&[2, 4], &[12, 1], &[8], None);
     }
+}
+
+/// A chain of unary and layout ops over a stored value, read in place: an operand prologue
+/// (`fuse::prologue_base` decides where, `codegen::prologue` computes it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chain {
+    /// The stored value under the chain.
+    pub base: NodeId,
+    /// Where the chain's elements are in the buffer `base` lives in.
+    pub view: View,
+    /// The chain's unary ops, from `base` up.
+    pub ops: Vec<UnaryOp>,
+}
+
+/// The chain from `top` down to the first node below it that `stored` says has a buffer
+/// (`top` itself is walked whatever `stored` says of it): unary ops and `reshape`, `permute`,
+/// `slice`, every node and the base f32. `view_of` gives a stored value's view in its owner's
+/// buffer (`None`: row-major from its start). `None` when the chain meets another op or
+/// dtype, or its layout ops cannot be addressed by strides.
+pub fn chain_below(
+    g: &Graph,
+    top: NodeId,
+    stored: &dyn Fn(NodeId) -> bool,
+    view_of: &dyn Fn(NodeId) -> Option<View>,
+) -> Option<Chain> {
+    let mut nodes = Vec::new();
+    let mut x = top;
+    while x == top || !stored(x) {
+        let node = g.node(x);
+        let walked = matches!(node.op, Op::Unary(_) | Op::Reshape | Op::Permute { .. } | Op::Slice { .. });
+        if !walked || node.dtype != DType::F32 {
+            return None;
+        }
+        nodes.push(x);
+        x = *node.inputs.first()?;
+    }
+    if g.dtype(x) != DType::F32 {
+        return None;
+    }
+    let mut view = view_of(x).unwrap_or_else(|| View::contiguous(g.shape(x)));
+    let mut ops = Vec::new();
+    for &c in nodes.iter().rev() {
+        match g.node(c).op {
+            Op::Unary(u) => ops.push(u),
+            _ => view = view.through(g, c)?,
+        }
+    }
+    Some(Chain { base: x, view, ops })
 }
