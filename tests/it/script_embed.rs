@@ -85,16 +85,7 @@ fn a_worker_thread_owns_an_engine_and_answers_jobs() {
 /// thread that wants the model waits for the guard instead of failing.
 #[test]
 fn a_host_holding_the_trainer_gets_an_error_not_a_hang() {
-    use rumus::script::HostOptions;
-    let mut engine =
-        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
-    engine
-        .run(
-            "model m(x: f32[B, 2]) { return linear(x, 1) as fc }
-             let net = m().compile(#{ batch: 2, optimizer: sgd(#{ lr: 0.1 }) });",
-        )
-        .unwrap();
-    let net = engine.compiled("net").unwrap();
+    let (mut engine, net) = cpu_net(1);
     let said = "this model is already in use on this thread (a guard from `Compiled::trainer()` is alive): drop it before using the model again";
     let guard = net.trainer().unwrap();
     assert_eq!(guard.step(), 0);
@@ -131,17 +122,8 @@ fn a_host_holding_the_trainer_gets_an_error_not_a_hang() {
 /// nothing of what to do. A refused step changes neither the step count nor a parameter.
 #[test]
 fn a_host_feeding_an_input_twice_gets_an_error_naming_it() {
-    use rumus::script::HostOptions;
     use rumus::{ErrorKind, Tensor};
-    let mut engine =
-        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
-    engine
-        .run(
-            "model m(x: f32[B, 2]) { return linear(x, 2) as fc }
-             let net = m().compile(#{ batch: 2, optimizer: sgd(#{ lr: 0.1 }) });",
-        )
-        .unwrap();
-    let net = engine.compiled("net").unwrap();
+    let (mut engine, net) = cpu_net(2);
     let x = Tensor::f32(&[2, 2], vec![0.0, 1.0, 1.0, 0.0]).unwrap();
     let other = Tensor::f32(&[2, 2], vec![5.0, 6.0, 7.0, 8.0]).unwrap();
     let y = Tensor::i32(&[2], vec![1, 0]).unwrap();
@@ -178,17 +160,8 @@ fn a_host_feeding_an_input_twice_gets_an_error_naming_it() {
 /// does not have, given twice, was reported twice).
 #[test]
 fn a_host_loading_a_value_twice_gets_an_error_naming_it() {
-    use rumus::script::HostOptions;
     use rumus::{ErrorKind, Tensor};
-    let mut engine =
-        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
-    engine
-        .run(
-            "model m(x: f32[B, 2]) { return linear(x, 2) as fc }
-             let net = m().compile(#{ batch: 2, optimizer: sgd(#{ lr: 0.1 }) });",
-        )
-        .unwrap();
-    let net = engine.compiled("net").unwrap();
+    let (_engine, net) = cpu_net(2);
     let mut tr = net.trainer().unwrap();
     let before = tr.parameters().unwrap();
     let names: Vec<&str> = before.iter().map(|(n, _)| n.as_str()).collect();
@@ -208,4 +181,20 @@ fn a_host_loading_a_value_twice_gets_an_error_naming_it() {
     // Each once, the values are loaded.
     tr.load_state(&[("fc.weight", &twos)]).unwrap();
     assert_eq!(tr.parameter("fc.weight").unwrap(), twos);
+}
+
+/// An engine on the CPU whose script compiled `net`, a linear layer from 2 inputs to
+/// `outputs`, and the host's handle to it.
+fn cpu_net(outputs: usize) -> (rumus::Engine, rumus::engine::Compiled) {
+    use rumus::script::HostOptions;
+    let mut engine =
+        rumus::Engine::with_options(HostOptions { device: "cpu".into(), ..HostOptions::default() });
+    engine
+        .run(&format!(
+            "model m(x: f32[B, 2]) {{ return linear(x, {outputs}) as fc }}
+             let net = m().compile(#{{ batch: 2, optimizer: sgd(#{{ lr: 0.1 }}) }});"
+        ))
+        .unwrap();
+    let net = engine.compiled("net").unwrap();
+    (engine, net)
 }
