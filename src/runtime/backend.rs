@@ -47,6 +47,7 @@ impl GpuBackend {
         seed: u64,
         options: PlanOptions,
     ) -> Result<GpuBackend> {
+        let _turn = gpu.turn();
         // The device's limits, tightened by any the caller gives.
         let device = Limits::of(&gpu.limits);
         let limits = options.limits.map_or(device, |l| l.within(device));
@@ -106,6 +107,12 @@ impl GpuBackend {
 
     /// The plan for `want` (compiled on first use).
     pub fn plan_for(&mut self, want: &[NodeId], training: bool) -> Result<&GpuPlan> {
+        let _turn = self.gpu.turn();
+        self.compiled(want, training)
+    }
+
+    /// [`GpuBackend::plan_for`] under the caller's turn at the device.
+    fn compiled(&mut self, want: &[NodeId], training: bool) -> Result<&GpuPlan> {
         let key = (want.to_vec(), training);
         if !self.plans.contains_key(&key) {
             let converts = self.gpu.target(self.matmul).converts_operands();
@@ -137,6 +144,16 @@ impl GpuBackend {
     }
 }
 
+impl Drop for GpuBackend {
+    /// Plans and buffers are freed under a turn at the device ([`Gpu::turn`]): freeing them
+    /// calls into it too.
+    fn drop(&mut self) {
+        let _turn = self.gpu.turn();
+        self.plans.clear();
+        self.persistent.clear();
+    }
+}
+
 impl Backend for GpuBackend {
     fn device_name(&self) -> String {
         self.gpu.describe()
@@ -149,7 +166,8 @@ impl Backend for GpuBackend {
         opts: RunOptions,
     ) -> Result<Vec<Tensor>> {
         let (gpu, poison) = (self.gpu, self.poison);
-        self.plan_for(want, opts.training)?;
+        let _turn = gpu.turn();
+        self.compiled(want, opts.training)?;
         let p = &self.plans[&(want.to_vec(), opts.training)];
         p.step(gpu, &self.graph, feeds, opts, want, poison)
     }
@@ -161,12 +179,14 @@ impl Backend for GpuBackend {
         step: u64,
     ) -> Result<Vec<Tensor>> {
         let (gpu, poison) = (self.gpu, self.poison);
-        self.plan_for(want, true)?;
+        let _turn = gpu.turn();
+        self.compiled(want, true)?;
         let p = &self.plans[&(want.to_vec(), true)];
         p.micro_batch(gpu, &self.graph, feeds, step, want, poison)
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
+        let _turn = self.gpu.turn();
         let (buf, offset) = self.persistent_buffer(id)?;
         let n: usize = self.graph.shape(id).iter().product();
         let start = (offset / 4) as usize;
@@ -184,6 +204,7 @@ impl Backend for GpuBackend {
                 fmt_shape(value.shape())
             ));
         }
+        let _turn = self.gpu.turn();
         let (buf, offset) = self.persistent_buffer(id)?;
         self.gpu.write(buf, offset, &value.to_le_bytes())
     }

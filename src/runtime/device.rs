@@ -103,6 +103,22 @@ pub struct Gpu {
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// Compiled pipelines kept on disk between runs, where the adapter can.
     pipeline_cache: Option<DiskCache>,
+    /// Whose turn at the device it is, on wgpu's OpenGL backend ([`Gpu::turn`]): the next
+    /// ticket to give out and the ticket served.
+    turns: Mutex<(u64, u64)>,
+    /// Signalled when a turn ends.
+    turn_ended: std::sync::Condvar,
+}
+
+/// A turn at the device ([`Gpu::turn`]), ended when dropped.
+pub struct Turn<'a>(&'a Gpu);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut turns = self.0.turns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        turns.1 += 1;
+        self.0.turn_ended.notify_all();
+    }
 }
 
 /// One prepared compute dispatch: a pipeline, its bind group (group 0) and the workgroup grid.
@@ -276,7 +292,42 @@ impl Gpu {
         }));
         let limits = device.limits();
         let pipeline_cache = DiskCache::open(&device, &info, cache_on);
-        Ok(Gpu { info, device, queue, limits, cooperative, host_import, uncaptured, pipeline_cache })
+        let (turns, turn_ended) = (Mutex::new((0, 0)), std::sync::Condvar::new());
+        Ok(Gpu {
+            info,
+            device,
+            queue,
+            limits,
+            cooperative,
+            host_import,
+            uncaptured,
+            pipeline_cache,
+            turns,
+            turn_ended,
+        })
+    }
+
+    /// The calling thread's turn at the device, held until the guard is dropped: on wgpu's
+    /// OpenGL backend one caller at a time (`None` elsewhere, where threads share a device
+    /// freely). There every call waits for the one context the backend shares between
+    /// threads and panics after 6 s (`Could not lock adapter context`), which a thread
+    /// reaches while another compiles or runs a step on a software adapter: two engines on
+    /// two threads crashed the process. Taken by each entry point of [`super::backend::GpuBackend`]
+    /// (not reentrant: code under a turn must not take it again), the wait is here instead,
+    /// without a limit, and turns are taken in the order they were asked for (a thread
+    /// stepping in a loop does not starve one waiting to compile).
+    pub fn turn(&self) -> Option<Turn<'_>> {
+        if self.info.backend != wgpu::Backend::Gl {
+            return None;
+        }
+        let poisoned = std::sync::PoisonError::into_inner;
+        let mut turns = self.turns.lock().unwrap_or_else(poisoned);
+        let ticket = turns.0;
+        turns.0 += 1;
+        while turns.1 != ticket {
+            turns = self.turn_ended.wait(turns).unwrap_or_else(poisoned);
+        }
+        Some(Turn(self))
     }
 
     /// What codegen needs to know of this device, with the matmul choices `matmul`.

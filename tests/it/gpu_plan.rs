@@ -601,3 +601,67 @@ fn the_widest_row_a_software_adapter_takes_is_right_and_a_wider_one_is_refused()
         got.unwrap();
     }
 }
+
+/// Two engines on two threads train on the one process-wide device at once: one compiles and
+/// takes a long step while the other takes many short ones. On wgpu's OpenGL
+/// backend every call waits for one shared context and wgpu panics after waiting 6 s, so the
+/// device takes one caller at a time itself (`Gpu::turn`); this test holds no turn of its own.
+#[test]
+fn two_engines_on_two_threads_share_the_device() {
+    let Some((gpu, turn)) = or_skip("two_engines_on_two_threads_share_the_device") else { return };
+    drop(turn);
+    let software = gpu.is_software();
+    let engine = |width: usize, depth: usize, batch: usize| {
+        let mut e = rumus::Engine::with_options(rumus::script::HostOptions {
+            device: "gpu".into(),
+            ..rumus::script::HostOptions::default()
+        });
+        e.run(&format!(
+            "model m(x: f32[B, {width}]) {{
+                 repeat {depth} as blocks {{ x = relu(linear(x, {width}) as fc) }}
+                 return linear(x, 4) as head
+             }}
+             let net = m().compile(#{{ batch: {batch}, optimizer: sgd(#{{ lr: 0.01 }}), seed: 1 }});"
+        ))
+        .unwrap();
+        e.compiled("net").unwrap()
+    };
+    // The long thread's one step: about 10 s on Mesa's OpenGL software adapter (2 cores), in
+    // one submission that holds wgpu's context (without the turns, the short thread's wait for
+    // it panicked after 6 s); products of 1024, which the template kernels take, so that the
+    // plan compiles in seconds there. A fraction of a second on a hardware GPU.
+    let (wide, depth, batch) = if software { (1024, 12, 1024) } else { (256, 2, 64) };
+    let long = engine(wide, depth, batch);
+    let short = engine(8, 1, 2);
+    let x_long = vec![0.01f32; batch * wide];
+    let y_long = Tensor::i32(&[batch], vec![1; batch]).unwrap();
+    short.train_step(&[0.5; 16], &[2, 8], &Tensor::i32(&[2], vec![0, 3]).unwrap()).unwrap();
+    let started = std::sync::Barrier::new(2);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let long = s.spawn(|| {
+            started.wait();
+            let t = std::time::Instant::now();
+            let loss = long.train_step(&x_long, &[batch, wide], &y_long);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            (loss, t.elapsed())
+        });
+        let short = s.spawn(|| {
+            started.wait();
+            let y = Tensor::i32(&[2], vec![0, 3]).unwrap();
+            let mut losses = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                losses.push(short.train_step(&[0.5; 16], &[2, 8], &y));
+            }
+            losses
+        });
+        let (loss, took) = long.join().expect("the long step's thread panicked");
+        eprintln!("long step: {took:?}");
+        assert!(loss.unwrap().is_finite());
+        let losses = short.join().expect("the short steps' thread panicked");
+        assert!(!losses.is_empty());
+        for l in losses {
+            assert!(l.unwrap().is_finite());
+        }
+    });
+}
