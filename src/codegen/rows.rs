@@ -319,7 +319,7 @@ pub(super) fn softmax(
     let d = *shape.last().expect("softmax has a last axis");
     let rows: usize = shape.iter().product::<usize>() / d.max(1);
     let (xn, yn) = (binder.name(x), binder.name(out));
-    let write = if log { "v - m - log(total)" } else { "exp(v - m) / total" };
+    let write = if log { "v - m - log_(total)" } else { "exp(v - m) / total" };
     open_row_main(w, ROW_WG);
     w.line("let row = wid.x + wid.y * nwg.x;");
     w.block(&format!("if (row >= {rows}u)"), &["return;"]);
@@ -385,7 +385,7 @@ pub(super) fn cross_entropy(
     w.line("var count = 0.0;");
     w.open(&format!("if (!({ignore}))"));
     w.open(&format!("if ({ok})"));
-    w.line(&format!("loss = m + log(total) - {ln}[base + u32(label)];"));
+    w.line(&format!("loss = m + log_(total) - {ln}[base + u32(label)];"));
     w.line("count = 1.0;");
     w.close();
     w.block(&format!("if (!{ok})"), &["report(row);"]);

@@ -301,12 +301,12 @@ unary_ops! {
     }
     /// log(1 + eˣ) (PyTorch's), as max(x, 0) + log(1 + e^-|x|), which cannot overflow.
     Softplus "softplus" language {
-        value: |x| x.max_nan(T::zero()) + (T::one() + (-x.abs()).exp()).ln(),
+        value: |x| x.max_nan(T::zero()) + (-x.abs()).exp().ln_1p(),
         local: |g, x, y| g.unary(UnaryOp::Sigmoid, x)?
     }
     /// log σ(x) = -softplus(-x), as min(x, 0) - log(1 + e^-|x|), which cannot overflow.
     LogSigmoid "log_sigmoid" language {
-        value: |x| x.min_nan(T::zero()) - (T::one() + (-x.abs()).exp()).ln(),
+        value: |x| x.min_nan(T::zero()) - (-x.abs()).exp().ln_1p(),
         local: |g, x, y| { let nx = g.neg(x)?; g.unary(UnaryOp::Sigmoid, nx)? }
     }
     /// sign(x) ∈ {-1, 0, 1} (NaN stays NaN, -0 gives 0); gradient helper for `abs`.

@@ -49,6 +49,9 @@ macro_rules! impl_float {
             fn ln(self) -> Self {
                 <$t>::ln(self)
             }
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
+            }
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
             }

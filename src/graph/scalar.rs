@@ -37,6 +37,8 @@ pub trait Scalar:
     fn exp(self) -> Self;
     /// Natural logarithm.
     fn ln(self) -> Self;
+    /// ln(1 + x), without rounding 1 + x first (exact to a few ulps for small x).
+    fn ln_1p(self) -> Self;
     /// Square root (NaN below 0).
     fn sqrt(self) -> Self;
     /// Hyperbolic tangent.
