@@ -104,6 +104,29 @@ impl Plan {
         self.kernels.len()
     }
 
+    /// Whether the host reads `id` as it was before the step (as the CPU reference evaluates
+    /// it): a source (input, parameter, state, or an arena of them) or a view of one, which no
+    /// kernel computes, so the buffer it lives in is the source's and the step's updates
+    /// overwrite it. Anything a kernel computes, an update's new value written in place
+    /// included, is read after the step.
+    pub fn read_before_step(&self, g: &Graph, id: NodeId) -> bool {
+        let computed = |x: NodeId| self.kernels.iter().any(|k| k.outputs.contains(&x));
+        let mut x = id;
+        loop {
+            let node = g.node(x);
+            if node.op.is_host_value() {
+                return true;
+            }
+            if computed(x) {
+                return false;
+            }
+            match node.inputs[..] {
+                [below] if node.op.is_view() => x = below,
+                _ => return self.value_of(x).is_some_and(|v| v.lifetime.first < 0),
+            }
+        }
+    }
+
     /// Bytes of the shared (reusable) buffers: the heaps.
     pub fn planned_bytes(&self) -> u64 {
         self.buffers.iter().filter(|b| !b.pinned && b.within.is_none()).map(|b| b.bytes).sum()

@@ -341,9 +341,10 @@ impl GpuPlan {
             parts.push((status, 0..*n));
         }
         let readback = gpu.readback(&parts)?;
-        // A persistent value is read as the step read it (as on the CPU), before the update
-        // writes its new value: its copy comes first, the others' after the dispatches.
-        let early = |i: usize| read.get(i).is_some_and(|&id| g.node(id).op.is_persistent());
+        // A source, or a view of one, is read as the step read it (as on the CPU), before an
+        // update writes its new value: its copy comes first, the others' after the dispatches.
+        let before: Vec<bool> = read.iter().map(|&id| self.plan.read_before_step(g, id)).collect();
+        let early = |i: usize| before.get(i).copied().unwrap_or(false);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         readback.encode(&mut enc, &parts, early);
         gpu.encode(&mut enc, &all);

@@ -847,3 +847,76 @@ fn a_model_without_parameters_accumulates_as_on_the_cpu() {
         assert!(matches!(outcome, Outcome::Agree(_)), "{outcome:?}");
     }
 }
+
+/// Every value of a random model's first training step (or micro-batch), read back from the
+/// GPU, agrees with the CPU's: each tensor within `ATOL + RTOL·max|ref| + NOISE·max|cpu − ref|`
+/// of the f64 reference in its largest element (normwise: an intermediate of an ill-conditioned
+/// model is far from f64 on both devices, seed 37's scores' gradients by 200% on the CPU). A
+/// value read from the wrong place or at the wrong time is far off. Found this way: a
+/// parameter's view and the parameters' arena were read after the update.
+#[test]
+fn every_value_of_a_step_reads_as_on_the_cpu() {
+    let (gpus, _turn) = both_or_skip("every_value_of_a_step_reads_as_on_the_cpu");
+    if gpus.is_empty() {
+        return;
+    }
+    let mut findings = Vec::new();
+    for seed in (0..6).chain([37]) {
+        let gpu = gpus[seed as usize % gpus.len()];
+        let m = model(seed);
+        let t = step(&m).unwrap();
+        let g = &t.graph;
+        let want: Vec<_> = g
+            .nodes()
+            .filter(|(_, n)| n.dtype == rumus::DType::F32 && !matches!(n.op, Op::Constant { .. }))
+            .map(|(id, _)| id)
+            .collect();
+        let (_, mut f) = step_feeds(&m, &t, seed).swap_remove(0);
+        f.extend(t.optim.host_feeds(m.lr, 0));
+        let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
+        let opts = RunOptions { training: true, step: 0 };
+        let micro = m.optimizer.accumulate > 1;
+        let run = |b: &mut dyn Backend| {
+            if micro {
+                b.run_micro_batch(&refs, &want, 0)
+            } else {
+                b.run(&refs, &want, opts)
+            }
+        };
+        let cpu = run(&mut CpuBackend::new(g.clone(), 7).unwrap()).unwrap();
+        let options = PlanOptions { matmul_prologues: seed % 4 >= 2, ..PlanOptions::default() };
+        let on_gpu = run(&mut GpuBackend::new(gpu, g.clone(), 7, options).unwrap()).unwrap();
+        let mut micro_graph = g.clone();
+        micro_graph.updates.retain(|u| u.every_micro_batch);
+        let bufs: Vec<_> = f
+            .iter()
+            .map(|(id, t)| match t.as_f32() {
+                Some(v) => (*id, Buf::F(v.iter().map(|&x| x as f64).collect())),
+                None => (*id, Buf::I(t.as_i32().unwrap().to_vec())),
+            })
+            .collect();
+        let mut exec = Executor::<f64>::new(g, 7).unwrap();
+        let reference = exec.run(if micro { &micro_graph } else { g }, &bufs, &want, opts).unwrap();
+        for (i, id) in want.iter().enumerate() {
+            let Buf::F(r) = &reference[i] else { unreachable!("an f32 value") };
+            let far = |v: &Tensor| {
+                let v = v.to_f32_vec();
+                v.iter().zip(r).map(|(&a, &b)| (a as f64 - b).abs()).fold(0.0, f64::max)
+            };
+            let (dg, dc) = (far(&on_gpu[i]), far(&cpu[i]));
+            let scale = r.iter().fold(0f64, |a, &x| a.max(x.abs()));
+            // NaN on the GPU alone is a finding too.
+            let agree = dg <= ATOL + RTOL * scale + NOISE * dc || (dg.is_nan() && dc.is_nan());
+            if !agree {
+                let n = g.node(*id);
+                findings.push(format!(
+                    "seed {seed}: node {} ({}, {:?}): gpu off by {dg:.3e}, cpu by {dc:.3e}, largest {scale:.3e}",
+                    id.index(),
+                    n.op.name(),
+                    n.shape
+                ));
+            }
+        }
+    }
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}

@@ -312,18 +312,27 @@ fn a_gradient_summed_over_layers_into_a_products_epilogue_matches_the_cpu() {
 /// different values (the loss, then the logits and a parameter too, then only the parameter)
 /// and a dropout mask that reads the step counter written just before the submission still
 /// give the CPU reference's values at every step. A parameter read in a training step is the
-/// value the step read, as on the CPU, not the one its update wrote.
+/// value the step read, as on the CPU, not the one its update wrote; so is a view of it (its
+/// reshape into the optimizer's flat arena) and the arena of parameters itself, which no
+/// kernel computes: they were read after the update (found by reading every node of a
+/// random model's step, 2026-12-03).
 #[test]
 fn commands_recorded_ahead_read_what_each_step_asks_for() {
     let (gpus, _turn) = both_or_skip("commands_recorded_ahead_read_what_each_step_asks_for");
     for gpu in gpus {
         let t = mlp_step();
-        let logits = t.graph.nodes().find(|(_, n)| n.shape == [6, 3]).map(|(id, _)| id).unwrap();
-        let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+        let g = &t.graph;
+        let logits = g.nodes().find(|(_, n)| n.shape == [6, 3]).map(|(id, _)| id).unwrap();
+        let w = g.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+        let reader = |op: &str, of: rumus::graph::NodeId| {
+            g.nodes().find(|(_, n)| n.op.name() == op && n.inputs.contains(&of)).map(|(id, _)| id)
+        };
+        let w_flat = reader("reshape", w).expect("the parameter's reshape into its arena");
+        let arena = reader("concat", w_flat).expect("the parameters' arena");
         let mut on_gpu = gpu_backend(gpu, &t, true, true);
         let mut on_cpu = CpuBackend::new(t.graph.clone(), 7).unwrap();
-        let reads: [&[rumus::graph::NodeId]; 5] =
-            [&[t.loss], &[t.loss], &[t.loss, logits, w], &[w], &[t.loss]];
+        let reads: [&[rumus::graph::NodeId]; 6] =
+            [&[t.loss], &[t.loss], &[t.loss, logits, w], &[w], &[t.loss, w_flat, arena], &[t.loss]];
         for (step, read) in reads.into_iter().enumerate() {
             let f = host(&t, step as u64);
             let refs: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
