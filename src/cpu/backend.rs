@@ -115,7 +115,7 @@ impl Backend for CpuBackend {
 
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
         let data =
-            value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got i32"))?;
+            value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got {}", value.dtype()))?;
         self.exec.set_persistent(&self.graph, id, data.to_vec())
     }
 

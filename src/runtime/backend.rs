@@ -204,6 +204,10 @@ impl Backend for GpuBackend {
                 fmt_shape(value.shape())
             ));
         }
+        if value.as_f32().is_none() {
+            // As the CPU backend: the bytes of an i32 tensor would land as f32 bit patterns.
+            return Err(err!(Shape, "persistent values are f32, got {}", value.dtype()));
+        }
         let _turn = self.gpu.turn();
         let (buf, offset) = self.persistent_buffer(id)?;
         self.gpu.write(buf, offset, &value.to_le_bytes())

@@ -674,3 +674,25 @@ fn two_engines_on_two_threads_share_the_device() {
         }
     });
 }
+
+/// A parameter written with an i32 tensor of its shape is refused on the GPU as on the CPU,
+/// and keeps its value: the GPU wrote the integers' bytes, read back as f32 bit patterns.
+#[test]
+fn writing_integers_into_a_parameter_is_refused_on_both_backends() {
+    let (gpus, _turn) =
+        both_or_skip("writing_integers_into_a_parameter_is_refused_on_both_backends");
+    let t = mlp_step();
+    let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+    let ints = Tensor::i32(t.graph.shape(w), vec![1; t.graph.shape(w).iter().product()]).unwrap();
+    let mut backends: Vec<Box<dyn Backend>> =
+        vec![Box::new(CpuBackend::new(t.graph.clone(), 7).unwrap())];
+    for gpu in gpus {
+        backends.push(Box::new(gpu_backend(gpu, &t, true, true)));
+    }
+    for b in &mut backends {
+        let before = b.read(w).unwrap();
+        let e = b.write(w, &ints).unwrap_err();
+        assert_eq!(e.message, "persistent values are f32, got i32", "{}", b.device_name());
+        assert_eq!(b.read(w).unwrap(), before, "{}", b.device_name());
+    }
+}
