@@ -266,53 +266,18 @@ fn run_host_step<T: Float>(
     Ok(())
 }
 
-/// Match feeds to Input nodes: each feed must name an input, at most once, with that input's
-/// dtype and element count; every needed input must be fed.
+/// Match feeds to Input nodes ([`crate::graph::check_feeds`]: each names an input, at most once,
+/// with its dtype and element count; every needed input is fed).
 fn check_feeds<'a, T: Float>(
     g: &Graph,
     feeds: &'a [(NodeId, Buf<T>)],
     needed: &[bool],
 ) -> Result<Vec<Option<&'a Buf<T>>>> {
+    let described: Vec<_> = feeds.iter().map(|(id, b)| (*id, b.dtype(), b.len())).collect();
+    crate::graph::check_feeds(g, &described, &|id| needed[id.index()])?;
     let mut fed: Vec<Option<&Buf<T>>> = vec![None; g.n_nodes()];
     for (id, buf) in feeds {
-        let Some(node) = g.nodes.get(id.index()) else {
-            return Err(err!(Invariant, "feed for node {}, which is not in the graph", id.0));
-        };
-        let Op::Input { name } = &node.op else {
-            return Err(err!(
-                Invariant,
-                "feed for node {} ({}), which is not an input",
-                id.0,
-                node.op.name()
-            ));
-        };
-        let numel: usize = node.shape.iter().product();
-        let what = format!("{}{}", node.dtype, fmt_shape(&node.shape));
-        if buf.dtype() != node.dtype {
-            return Err(err!(Shape, "input `{name}` is {what}, got {} data", buf.dtype()));
-        }
-        if buf.len() != numel {
-            return Err(err!(
-                Shape,
-                "input `{name}` is {what} ({numel} elements), got {} elements",
-                buf.len()
-            ));
-        }
-        if fed[id.index()].replace(buf).is_some() {
-            return Err(err!(Shape, "input `{name}` is fed twice"));
-        }
-    }
-    for (id, node) in g.nodes() {
-        if let Op::Input { name } = &node.op {
-            if needed[id.index()] && fed[id.index()].is_none() {
-                return Err(err!(
-                    Shape,
-                    "missing feed for input `{name}` ({}{})",
-                    node.dtype,
-                    fmt_shape(&node.shape)
-                ));
-            }
-        }
+        fed[id.index()] = Some(buf);
     }
     Ok(fed)
 }

@@ -2,7 +2,7 @@
 //! autodiff, after the optimizer is appended). A failure here is a bug in rumus or in a caller
 //! that edited the arena by hand; it is reported as an `Invariant` error, never a panic.
 
-use super::ir::{Graph, Op};
+use super::ir::{Graph, NodeId, Op};
 use super::shape::infer;
 use crate::err;
 use crate::error::Result;
@@ -96,6 +96,59 @@ pub fn verify(g: &Graph) -> Result<()> {
         };
         if !same {
             return Err(err!(Invariant, "node {} is not a recomputation of node {}", c.0, v.0));
+        }
+    }
+    Ok(())
+}
+
+/// Check a run's feeds, each `(node, dtype, elements)`, against `g`, the same on every backend:
+/// each feed names an input, at most once, with that input's dtype and element count, and every
+/// input the run `needs` is fed. A feed for a parameter or a computed value is an `Invariant`
+/// error (a GPU wrote it into that value's buffer), a missing one a `Shape` error naming the
+/// input (the GPU ran on whatever its buffer held).
+pub fn check_feeds(
+    g: &Graph,
+    feeds: &[(NodeId, DType, usize)],
+    needs: &dyn Fn(NodeId) -> bool,
+) -> Result<()> {
+    let mut fed = vec![false; g.n_nodes()];
+    for &(id, dtype, len) in feeds {
+        let Some(node) = g.nodes.get(id.index()) else {
+            return Err(err!(Invariant, "feed for node {}, which is not in the graph", id.0));
+        };
+        let Op::Input { name } = &node.op else {
+            return Err(err!(
+                Invariant,
+                "feed for node {} ({}), which is not an input",
+                id.0,
+                node.op.name()
+            ));
+        };
+        let numel: usize = node.shape.iter().product();
+        let what = format!("{}{}", node.dtype, fmt_shape(&node.shape));
+        if dtype != node.dtype {
+            return Err(err!(Shape, "input `{name}` is {what}, got {dtype} data"));
+        }
+        if len != numel {
+            return Err(err!(
+                Shape,
+                "input `{name}` is {what} ({numel} elements), got {len} elements"
+            ));
+        }
+        if std::mem::replace(&mut fed[id.index()], true) {
+            return Err(err!(Shape, "input `{name}` is fed twice"));
+        }
+    }
+    for (id, node) in g.nodes() {
+        if let Op::Input { name } = &node.op {
+            if needs(id) && !fed[id.index()] {
+                return Err(err!(
+                    Shape,
+                    "missing feed for input `{name}` ({}{})",
+                    node.dtype,
+                    fmt_shape(&node.shape)
+                ));
+            }
         }
     }
     Ok(())

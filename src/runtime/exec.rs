@@ -246,6 +246,16 @@ impl GpuPlan {
             Some(p) => (p.commands, p.readback),
             None => self.record(gpu, g, micro, read)?,
         };
+        // As on the CPU: a feed names an input, and every input this run reads is fed.
+        let described: Vec<_> = feeds.iter().map(|(id, t)| (*id, t.dtype(), t.numel())).collect();
+        let kernels: Vec<usize> = match (micro, &self.plan.micro) {
+            (true, Some(m)) => m.kernels.clone(),
+            _ => (0..self.plan.kernels.len()).collect(),
+        };
+        let reads = |id: NodeId| {
+            read.contains(&id) || kernels.iter().any(|&k| self.plan.kernels[k].inputs.contains(&id))
+        };
+        crate::graph::check_feeds(g, &described, &reads)?;
         for (id, t) in feeds {
             let want = g.shape(*id);
             if t.shape() != want || t.dtype() != g.dtype(*id) {

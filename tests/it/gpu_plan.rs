@@ -696,3 +696,39 @@ fn writing_integers_into_a_parameter_is_refused_on_both_backends() {
         assert_eq!(b.read(w).unwrap(), before, "{}", b.device_name());
     }
 }
+
+/// A run's feeds are checked alike on both backends: a feed for a parameter is refused (the GPU
+/// wrote it over the parameter's buffer), and an input the step reads but nobody fed is an
+/// error naming it (the GPU ran on what its buffer held from the step before).
+#[test]
+fn feeds_that_name_no_input_or_leave_one_out_are_refused_on_both_backends() {
+    let (gpus, _turn) =
+        both_or_skip("feeds_that_name_no_input_or_leave_one_out_are_refused_on_both_backends");
+    let t = mlp_step();
+    let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+    let zeros =
+        Tensor::f32(t.graph.shape(w), vec![0.0; t.graph.shape(w).iter().product()]).unwrap();
+    let mut backends: Vec<Box<dyn Backend>> =
+        vec![Box::new(CpuBackend::new(t.graph.clone(), 7).unwrap())];
+    for gpu in gpus {
+        backends.push(Box::new(gpu_backend(gpu, &t, true, true)));
+    }
+    let opts = RunOptions { training: true, step: 0 };
+    for b in &mut backends {
+        let name = b.device_name();
+        let f = host(&t, 0);
+        let before = b.read(w).unwrap();
+        let mut with_w: Vec<_> = f.iter().map(|(id, t)| (*id, t)).collect();
+        with_w.push((w, &zeros));
+        let e = b.run(&with_w, &[t.loss], opts).unwrap_err();
+        let expected = format!("feed for node {} (param), which is not an input", w.index());
+        assert_eq!(e.message, expected, "{name}");
+        assert_eq!(b.read(w).unwrap(), before, "{name}");
+        let x = f.iter().position(|(id, _)| t.graph.node(*id).op.name() == "input").unwrap();
+        let without: Vec<_> =
+            f.iter().enumerate().filter(|&(i, _)| i != x).map(|(_, (id, t))| (*id, t)).collect();
+        let e = b.run(&without, &[t.loss], opts).unwrap_err();
+        assert!(e.message.starts_with("missing feed for input `"), "{name}: {}", e.message);
+        assert_eq!(b.read(w).unwrap(), before, "{name}");
+    }
+}
