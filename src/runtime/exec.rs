@@ -248,12 +248,13 @@ impl GpuPlan {
         };
         // As on the CPU: a feed names an input, and every input this run reads is fed.
         let described: Vec<_> = feeds.iter().map(|(id, t)| (*id, t.dtype(), t.numel())).collect();
-        let kernels: Vec<usize> = match (micro, &self.plan.micro) {
-            (true, Some(m)) => m.kernels.clone(),
-            _ => (0..self.plan.kernels.len()).collect(),
-        };
         let reads = |id: NodeId| {
-            read.contains(&id) || kernels.iter().any(|&k| self.plan.kernels[k].inputs.contains(&id))
+            let by = |k: &usize| self.plan.kernels[*k].inputs.contains(&id);
+            read.contains(&id)
+                || match (micro, &self.plan.micro) {
+                    (true, Some(m)) => m.kernels.iter().any(by),
+                    _ => (0..self.plan.kernels.len()).any(|k| by(&k)),
+                }
         };
         crate::graph::check_feeds(g, &described, &reads)?;
         for (id, t) in feeds {
