@@ -675,20 +675,28 @@ fn two_engines_on_two_threads_share_the_device() {
     });
 }
 
+/// [`mlp_step`], its first parameter, and a backend for it on the CPU and on each of `gpus`.
+fn mlp_on_every_backend(
+    gpus: Vec<&'static Gpu>,
+) -> (TrainGraph, rumus::graph::NodeId, Vec<Box<dyn Backend>>) {
+    let t = mlp_step();
+    let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+    let mut backends: Vec<Box<dyn Backend>> =
+        vec![Box::new(CpuBackend::new(t.graph.clone(), 7).unwrap())];
+    for gpu in gpus {
+        backends.push(Box::new(gpu_backend(gpu, &t, true, true)));
+    }
+    (t, w, backends)
+}
+
 /// A parameter written with an i32 tensor of its shape is refused on the GPU as on the CPU,
 /// and keeps its value: the GPU wrote the integers' bytes, read back as f32 bit patterns.
 #[test]
 fn writing_integers_into_a_parameter_is_refused_on_both_backends() {
     let (gpus, _turn) =
         both_or_skip("writing_integers_into_a_parameter_is_refused_on_both_backends");
-    let t = mlp_step();
-    let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+    let (t, w, mut backends) = mlp_on_every_backend(gpus);
     let ints = Tensor::i32(t.graph.shape(w), vec![1; t.graph.shape(w).iter().product()]).unwrap();
-    let mut backends: Vec<Box<dyn Backend>> =
-        vec![Box::new(CpuBackend::new(t.graph.clone(), 7).unwrap())];
-    for gpu in gpus {
-        backends.push(Box::new(gpu_backend(gpu, &t, true, true)));
-    }
     for b in &mut backends {
         let before = b.read(w).unwrap();
         let e = b.write(w, &ints).unwrap_err();
@@ -704,15 +712,9 @@ fn writing_integers_into_a_parameter_is_refused_on_both_backends() {
 fn feeds_that_name_no_input_or_leave_one_out_are_refused_on_both_backends() {
     let (gpus, _turn) =
         both_or_skip("feeds_that_name_no_input_or_leave_one_out_are_refused_on_both_backends");
-    let t = mlp_step();
-    let w = t.graph.nodes().find(|(_, n)| n.op.is_persistent()).map(|(id, _)| id).unwrap();
+    let (t, w, mut backends) = mlp_on_every_backend(gpus);
     let zeros =
         Tensor::f32(t.graph.shape(w), vec![0.0; t.graph.shape(w).iter().product()]).unwrap();
-    let mut backends: Vec<Box<dyn Backend>> =
-        vec![Box::new(CpuBackend::new(t.graph.clone(), 7).unwrap())];
-    for gpu in gpus {
-        backends.push(Box::new(gpu_backend(gpu, &t, true, true)));
-    }
     let opts = RunOptions { training: true, step: 0 };
     for b in &mut backends {
         let name = b.device_name();
