@@ -240,13 +240,9 @@ impl GpuPlan {
         poison: bool,
         micro: bool,
     ) -> Result<Vec<Tensor>> {
-        let key = (micro, read.to_vec());
-        let prepared = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).take();
-        let (commands, readback) = match prepared.filter(|p| p.key == key) {
-            Some(p) => (p.commands, p.readback),
-            None => self.record(gpu, g, micro, read)?,
-        };
-        // As on the CPU: a feed names an input, and every input this run reads is fed.
+        // Feeds first, as on the CPU (a feed names an input, of its dtype and size, and every
+        // input this run reads is fed), then their exact shapes: a refused run leaves the
+        // commands prepared for the next step where they were.
         let described: Vec<_> = feeds.iter().map(|(id, t)| (*id, t.dtype(), t.numel())).collect();
         let reads = |id: NodeId| {
             let by = |k: &usize| self.plan.kernels[*k].inputs.contains(&id);
@@ -257,19 +253,24 @@ impl GpuPlan {
                 }
         };
         crate::graph::check_feeds(g, &described, &reads)?;
+        if let Some((id, t)) = feeds.iter().find(|(id, t)| t.shape() != g.shape(*id)) {
+            return Err(err!(
+                Shape,
+                "input node {} must be {}{}, got {}{}",
+                id.index(),
+                g.dtype(*id),
+                fmt_shape(g.shape(*id)),
+                t.dtype(),
+                fmt_shape(t.shape())
+            ));
+        }
+        let key = (micro, read.to_vec());
+        let prepared = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let (commands, readback) = match prepared.filter(|p| p.key == key) {
+            Some(p) => (p.commands, p.readback),
+            None => self.record(gpu, g, micro, read)?,
+        };
         for (id, t) in feeds {
-            let want = g.shape(*id);
-            if t.shape() != want || t.dtype() != g.dtype(*id) {
-                return Err(err!(
-                    Shape,
-                    "input node {} must be {}{}, got {}{}",
-                    id.index(),
-                    g.dtype(*id),
-                    fmt_shape(want),
-                    t.dtype(),
-                    fmt_shape(t.shape())
-                ));
-            }
             if let Some((buf, offset)) = self.buffer_of(*id) {
                 gpu.write(buf, offset, &t.to_le_bytes())?;
             }
