@@ -653,24 +653,34 @@ fn train(
     Ok((losses, values))
 }
 
+/// Feeds for the f64 interpreter.
+fn f64_feeds(f: &[(rumus::graph::NodeId, Tensor)]) -> Vec<(rumus::graph::NodeId, Buf<f64>)> {
+    let to_buf = |t: &Tensor| match t.as_f32() {
+        Some(v) => Buf::F(v.iter().map(|&x| x as f64).collect()),
+        None => Buf::I(t.as_i32().unwrap().to_vec()),
+    };
+    f.iter().map(|(id, t)| (*id, to_buf(t))).collect()
+}
+
+/// What the interpreter runs for a micro-batch that only accumulates: the graph with only the
+/// accumulators' updates, as `CpuBackend::run_micro_batch` does.
+fn micro_graph(g: &rumus::graph::Graph) -> rumus::graph::Graph {
+    let mut micro = g.clone();
+    micro.updates.retain(|u| u.every_micro_batch);
+    micro
+}
+
 /// The same steps in f64 on the CPU interpreter: the reference both f32 runs are measured
 /// against.
 fn train_f64(m: &Model, t: &TrainGraph, seed: u64) -> rumus::Result<(Vec<f64>, Vec<Vec<f64>>)> {
     let g = &t.graph;
     let mut exec = Executor::<f64>::new(g, 7)?;
-    let to_buf = |t: &Tensor| match t.as_f32() {
-        Some(v) => Buf::F(v.iter().map(|&x| x as f64).collect()),
-        None => Buf::I(t.as_i32().unwrap().to_vec()),
-    };
-    // A micro-batch that only accumulates runs the graph with only the accumulators' updates,
-    // as `CpuBackend::run_micro_batch` does.
-    let mut micro_graph = g.clone();
-    micro_graph.updates.retain(|u| u.every_micro_batch);
+    let micro_graph = micro_graph(g);
     let mut losses = Vec::new();
     for step in 0..STEPS {
         for (micro, mut f) in step_feeds(m, t, seed) {
             f.extend(t.optim.host_feeds(m.lr, step));
-            let bufs: Vec<_> = f.iter().map(|(id, t)| (*id, to_buf(t))).collect();
+            let bufs = f64_feeds(&f);
             let run = if micro + 1 < m.optimizer.accumulate { &micro_graph } else { g };
             let out = exec.run(run, &bufs, &[t.loss], RunOptions { training: true, step })?;
             let Buf::F(l) = &out[0] else { unreachable!("the loss is f32") };
@@ -909,17 +919,9 @@ fn every_value_of_a_step_reads_as_on_the_cpu() {
         let cpu = run(&mut CpuBackend::new(g.clone(), 7).unwrap()).unwrap();
         let options = PlanOptions { matmul_prologues: seed % 4 >= 2, ..PlanOptions::default() };
         let on_gpu = run(&mut GpuBackend::new(gpu, g.clone(), 7, options).unwrap()).unwrap();
-        let mut micro_graph = g.clone();
-        micro_graph.updates.retain(|u| u.every_micro_batch);
-        let bufs: Vec<_> = f
-            .iter()
-            .map(|(id, t)| match t.as_f32() {
-                Some(v) => (*id, Buf::F(v.iter().map(|&x| x as f64).collect())),
-                None => (*id, Buf::I(t.as_i32().unwrap().to_vec())),
-            })
-            .collect();
+        let graph = if micro { &micro_graph(g) } else { g };
         let mut exec = Executor::<f64>::new(g, 7).unwrap();
-        let reference = exec.run(if micro { &micro_graph } else { g }, &bufs, &want, opts).unwrap();
+        let reference = exec.run(graph, &f64_feeds(&f), &want, opts).unwrap();
         for (i, id) in want.iter().enumerate() {
             let Buf::F(r) = &reference[i] else { unreachable!("an f32 value") };
             let far = |v: &Tensor| {
