@@ -53,6 +53,9 @@ pub const WORKSPACE_BINDING: u32 = 14;
 pub const EXPONENT_BINDING: u32 = 15;
 /// The binding of B's column sums, in a conversion that writes them.
 pub const SUM_BINDING: u32 = 13;
+/// The first bindings of A's and of B's LayerNorm buffers (stats, weight, bias), for an
+/// operand read through a prologue with one ([`super::prologue::Norm`]).
+const NORM_BINDINGS: [u32; 2] = [4, 7];
 /// Threads per workgroup of the conversion.
 const THREADS: u32 = 256;
 /// Most workgroups of the conversion (each then converts several strips).
@@ -159,6 +162,9 @@ pub fn program(
     if let Some(sums) = sums {
         bindings.push(bind(SUM_BINDING, "sums", sums, u64::from(s.batch) * u64::from(s.n)));
     }
+    for ((x, p), at) in ["a", "b"].iter().zip(prologues).zip(NORM_BINDINGS) {
+        bindings.extend(p.norm.iter().flat_map(|n| n.bindings(at, x)));
+    }
     Ok(Program {
         label: label.to_string(),
         wgsl: generate(k, access, summing, prologues),
@@ -227,6 +233,9 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
     w.line(&format!(
         "@group(0) @binding({EXPONENT_BINDING}) var<storage, read_write> exps: array<i32>;"
     ));
+    for (x, p, at) in [("a", &prologues[0], NORM_BINDINGS[0]), ("b", &prologues[1], NORM_BINDINGS[1])] {
+        w.lines(&p.decls(at, x));
+    }
     w.line(&format!("var<workgroup> red: array<u32, {THREADS}>;"));
     if sums {
         w.line(&format!(
@@ -240,25 +249,17 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
         let i = usize::from(side == Side::B);
         slice((t.bm, t.bn, t.bk), side, access[i])
     });
-    for (s, acc) in slices.iter().zip(access) {
-        quad_fn(&mut w, s, acc.vector);
-    }
-    // An operand read through a prologue (`codegen::prologue`): each element read, padding
-    // included (the chain maps zero to zero), goes through it in both walks.
+    // An operand read through a prologue (`codegen::prologue`): each element read, in both
+    // walks, goes through it (not the padding, which stays zero).
     if prologues.iter().any(|p| !p.is_empty()) {
         w.lines(math_wgsl());
     }
-    for (s, p) in slices.iter().zip(prologues) {
+    for ((s, acc), p) in slices.iter().zip(access).zip(prologues) {
+        let map = format!("prologue_{}", s.x);
         if !p.is_empty() {
-            let x = s.x;
-            w.lines(&p.wgsl_fn(&format!("prologue_{x}1")));
-            w.open(&format!("fn prologue_{x}(v: vec4<f32>) -> vec4<f32>"));
-            w.line(&format!(
-                "return vec4<f32>(prologue_{x}1(v.x), prologue_{x}1(v.y), prologue_{x}1(v.z), prologue_{x}1(v.w));"
-            ));
-            w.close();
-            w.blank();
+            w.lines(&p.wgsl_fn(&map, s.x));
         }
+        quad_fn(&mut w, s, acc.vector, (!p.is_empty()).then_some(map.as_str()));
     }
     if high {
         super::matmul_coop::split_hi_fn(&mut w);
@@ -292,7 +293,7 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
     // Uniform: the strip depends only on the workgroup, so every invocation reaches the
     // barriers.
     w.open("for (var g = wid.x; g < na + nb; g += nw.x)");
-    for ((side, s), p) in [Side::A, Side::B].into_iter().zip(&slices).zip(prologues) {
+    for (side, s) in [Side::A, Side::B].into_iter().zip(&slices) {
         let x = s.x;
         // The scaled axis (M of A, N of B) is the plane's outer one or its contiguous one.
         let outer_scaled = (side == Side::A) == access[usize::from(side == Side::B)].row_major;
@@ -329,9 +330,8 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
         let load = |w: &mut Wgsl| {
             w.line(&format!("let o = {};", o.replace('@', "r")));
             w.line(&format!("let cu = {};", cu.replace('@', "r")));
-            let (open, close) = if p.is_empty() { (String::new(), "") } else { (format!("prologue_{x}("), ")") };
-            w.line(&format!("let v0 = {open}quad_{x}(base, o, cu * 8u, {ot}, {ct}){close};"));
-            w.line(&format!("let v1 = {open}quad_{x}(base, o, cu * 8u + 4u, {ot}, {ct}){close};"));
+            w.line(&format!("let v0 = quad_{x}(base, o, cu * 8u, {ot}, {ct});"));
+            w.line(&format!("let v1 = quad_{x}(base, o, cu * 8u + 4u, {ot}, {ct});"));
         };
         let walk = format!("for (var r = t; r < units; r += {THREADS}u)");
         // B row-major: the strip's 16 columns are 2 units a row, and an invocation always

@@ -417,6 +417,21 @@ impl<'a> ExprEmitter<'a> {
                 let (x, y) = (traced_operand(self, 1), traced_operand(self, 2));
                 self.traced(|t| t.operand(&c).select(t.operand(&x), t.operand(&y)))
             }
+            // A LayerNorm inlined as a product's operand prologue (`plan::fuse::norm_prologue`)
+            // reads stored stats: elementwise over x, the row's stats, the column's weight and
+            // bias, as the LayerNorm kernel computes it.
+            Op::LayerNorm if !coords.is_empty() => {
+                let r = coords.len() - 1;
+                let x = self.emit(ins[0], coords);
+                let mut at = coords[..r].to_vec();
+                at.push("0u".to_string());
+                let mean = self.emit(ins[1], &at);
+                at[r] = "1u".to_string();
+                let rstd = self.emit(ins[1], &at);
+                let col = [coords[r].clone()];
+                let (w, b) = (self.emit(ins[2], &col), self.emit(ins[3], &col));
+                format!("({x} - {mean}) * {rstd} * {w} + {b}")
+            }
             Op::BroadcastTo | Op::Permute { .. } | Op::Slice { .. } | Op::Reshape => {
                 return match self.view_coords(id, coords) {
                     Some(c) => self.emit(ins[0], &c),

@@ -196,7 +196,7 @@ pub fn generate(
         store_with_loads(&mut w, loads);
     }
     for (s, acc) in [(&sa, access[0]), (&sb, access[1])] {
-        quad_fn(&mut w, s, acc.vector);
+        quad_fn(&mut w, s, acc.vector, None);
     }
     for (s, stride, reg, per_thread) in [(&sa, as4, "pa", la), (&sb, bs4, "pb", lb)] {
         stage_fn(&mut w, s, stride, reg, per_thread, threads);
@@ -401,15 +401,17 @@ pub fn tile_fits(t: &SimtTile) -> bool {
 }
 
 /// `fn quad_a(base, o, c, on, cn) -> vec4<f32>`: elements `(o, c..c+4)` along the operand's
-/// contiguous axis, zero where `o >= on` or the index is `>= cn`: the only global reads.
-pub(super) fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool) {
+/// contiguous axis, zero where `o >= on` or the index is `>= cn`: the only global reads. With
+/// `map`, each element read is `map(e, value)` (`e` its index in the buffer); the zeros
+/// outside are not mapped.
+pub(super) fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool, map: Option<&str>) {
     let x = s.x;
     let stride = s.stride;
     let read = |e: &str| {
-        if vector {
-            format!("{x}[({e}) / 4u][({e}) % 4u]")
-        } else {
-            format!("{x}[{e}]")
+        let v = if vector { format!("{x}[({e}) / 4u][({e}) % 4u]") } else { format!("{x}[{e}]") };
+        match map {
+            Some(f) => format!("{f}({e}, {v})"),
+            None => v,
         }
     };
     w.open(&format!("fn quad_{x}(base: u32, o: u32, c: u32, on: u32, cn: u32) -> vec4<f32>"));
@@ -417,11 +419,18 @@ pub(super) fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool) {
     w.open("if (o < on)");
     w.line(&format!("let e = base + o * {stride} + c;"));
     w.open("if (c + 3u < cn)");
-    if vector {
-        w.line(&format!("v = {x}[e / 4u];"));
-    } else {
-        w.line(&format!("v = vec4<f32>({x}[e], {x}[e + 1u], {x}[e + 2u], {x}[e + 3u]);"));
-    }
+    match (vector, map) {
+        (true, None) => w.line(&format!("v = {x}[e / 4u];")),
+        (true, Some(f)) => {
+            w.line(&format!("let q = {x}[e / 4u];"));
+            w.line(&format!("v = vec4<f32>({f}(e, q.x), {f}(e + 1u, q.y), {f}(e + 2u, q.z), {f}(e + 3u, q.w));"))
+        }
+        (false, _) => {
+            let at = |q: u32| if q == 0 { "e".to_string() } else { format!("e + {q}u") };
+            let all: Vec<String> = (0..4).map(|q| read(&at(q))).collect();
+            w.line(&format!("v = vec4<f32>({});", all.join(", ")))
+        }
+    };
     w.close();
     w.open("else");
     for (q, comp) in ["x", "y", "z", "w"].iter().enumerate() {

@@ -1,7 +1,10 @@
 //! Operand prologues: an elementwise chain that only a product reads, computed as the product
 //! reads its operand instead of by a kernel of its own (fusion decides which,
 //! [`crate::plan::fuse::prologue_base`]: unary ops that map zero to zero, and layout ops, over
-//! one materialized f32 value).
+//! one materialized f32 value; first a LayerNorm of that value whose stats are stored, the
+//! backward's copy a weight gradient reads, [`crate::plan::fuse`]'s `norm_prologue`). Each
+//! element read goes through it with its index in the value's buffer (a LayerNorm's row and
+//! column); padding a kernel adds does not.
 //!
 //! A cooperative product (`high`, `medium`) reads each operand once in its conversion pass
 //! ([`super::coop_convert`]), which applies the chain to every element it reads: the chain's
@@ -24,25 +27,93 @@ use crate::plan::Plan;
 /// without a conversion pass: the chain's value, row-major.
 pub const PROLOGUE_SLOTS: [usize; 2] = [5, 6];
 
-/// The unary ops of an operand's chain, applied in order to each element read.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Prologue(pub Vec<UnaryOp>);
+/// The first of the three bindings of a prologue's LayerNorm buffers in [`program`].
+const NORM_BINDING: u32 = 2;
+
+/// A LayerNorm over the last axis (`d`) of the value a prologue reads, applied first: element
+/// `e` of its buffer is row `e / d`, column `e % d`, normalized by the stored stats (`[rows,
+/// 2]`: mean, rstd) and scaled by the weight and bias (`[d]`), as the LayerNorm kernel
+/// computes it (`shaders/layer_norm.wgsl`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Norm {
+    pub d: u32,
+    /// Rows of the value normalized (of the stats).
+    pub rows: u64,
+    pub stats: Resource,
+    pub weight: Resource,
+    pub bias: Resource,
+}
+
+impl Norm {
+    /// The bindings of the stats, weight and bias from `at` on, named `{x}_stats`, `{x}_w`,
+    /// `{x}_b`.
+    pub fn bindings(&self, at: u32, x: &str) -> [Binding; 3] {
+        let bind = |i: u32, name: &str, resource: &Resource, words: u64| Binding {
+            at: at + i,
+            name: format!("{x}_{name}"),
+            resource: resource.clone(),
+            words,
+        };
+        let d = u64::from(self.d);
+        [bind(0, "stats", &self.stats, 2 * self.rows), bind(1, "w", &self.weight, d), bind(2, "b", &self.bias, d)]
+    }
+}
+
+/// What a product applies to each element of an operand it reads: a LayerNorm, then unary
+/// ops in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Prologue {
+    pub norm: Option<Norm>,
+    pub ops: Vec<UnaryOp>,
+}
 
 impl Prologue {
     /// Whether there is nothing to apply.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.norm.is_none() && self.ops.is_empty()
     }
 
-    /// `fn {name}(x: f32) -> f32`: the chain's value at `x`, traced from the op table as every
-    /// kernel's expressions are (it calls the functions of [`math_wgsl`]).
-    pub fn wgsl_fn(&self, name: &str) -> String {
+    /// WGSL of `fn {name}(e: u32, x: f32) -> f32`: the chain's value at element `e` of the
+    /// buffer read, whose value is `x` (it calls the functions of [`math_wgsl`], and reads the
+    /// LayerNorm's buffers bound by [`Norm::bindings`] as `{buf}_stats`, `{buf}_w`,
+    /// `{buf}_b`). The unary ops are traced from the op table as every kernel's expressions
+    /// are.
+    pub fn wgsl_fn(&self, name: &str, buf: &str) -> String {
         let t = Trace::default();
         let mut v = t.operand(&TraceOperand::Wgsl("x".to_string()));
-        for op in &self.0 {
+        for op in &self.ops {
             v = op.eval(v);
         }
-        t.function(name, v)
+        let mut w = Wgsl::new();
+        w.lines(&t.function(&format!("{name}_ops"), v));
+        w.open(&format!("fn {name}(e: u32, x: f32) -> f32"));
+        match &self.norm {
+            Some(n) => {
+                let d = n.d;
+                w.line(&format!("let r = 2u * (e / {d}u);"));
+                w.line(&format!("let c = e % {d}u;"));
+                w.line(&format!(
+                    "return {name}_ops((x - {buf}_stats[r]) * {buf}_stats[r + 1u] * {buf}_w[c] + {buf}_b[c]);"
+                ));
+            }
+            None => {
+                w.line(&format!("return {name}_ops(x);"));
+            }
+        }
+        w.close();
+        w.finish()
+    }
+
+    /// WGSL declarations of the LayerNorm's buffers from binding `at` on (see [`Norm::bindings`]).
+    pub fn decls(&self, at: u32, buf: &str) -> String {
+        let Some(_) = &self.norm else { return String::new() };
+        ["stats", "w", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                format!("@group(0) @binding({}) var<storage, read> {buf}_{name}: array<f32>;\n", at + i as u32)
+            })
+            .collect()
     }
 }
 
@@ -56,7 +127,18 @@ pub fn operand_source(g: &Graph, plan: &Plan, id: NodeId) -> Option<(NodeId, Opt
         return Some((id, view_of(id), Prologue::default()));
     }
     let c = chain_below(g, id, &|x| plan.value_of(x).is_some(), &view_of)?;
-    Some((c.base, Some(c.view), Prologue(c.ops)))
+    let buffer = |x: NodeId| plan.value_of(x).map(|v| Resource::Buffer(v.buffer));
+    let norm = match c.norm {
+        None => None,
+        Some([stats, weight, bias]) => Some(Norm {
+            d: u32::try_from(*g.shape(c.base).last()?).ok()?,
+            rows: (g.shape(c.base).iter().product::<usize>() / g.shape(c.base).last()?.max(&1)) as u64,
+            stats: buffer(stats)?,
+            weight: buffer(weight)?,
+            bias: buffer(bias)?,
+        }),
+    };
+    Some((c.base, Some(c.view), Prologue { norm, ops: c.ops }))
 }
 
 /// The program that writes `prologue` of operand `op` (`batch x rows x cols` elements of
@@ -91,8 +173,9 @@ pub fn program(
     w.line("// an elementwise chain computed for a product's operand (codegen/prologue.rs)");
     w.line("@group(0) @binding(0) var<storage, read> x: array<f32>;");
     w.line("@group(0) @binding(1) var<storage, read_write> y: array<f32>;");
+    w.lines(&prologue.decls(NORM_BINDING, "x"));
     w.lines(math_wgsl());
-    w.lines(&prologue.wgsl_fn("prologue"));
+    w.lines(&prologue.wgsl_fn("prologue", "x"));
     w.line(&format!("@compute @workgroup_size({WG})"));
     w.open("fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32)");
     w.line(&format!("let i = (wid.x + wid.y * nwg.x) * {WG}u + lid;"));
@@ -101,9 +184,10 @@ pub fn program(
     w.line(&format!("let r = i / {cols}u % {rows}u;"));
     w.line(&format!("let b = i / {}u;", u64::from(rows) * u64::from(cols)));
     w.line(&format!(
-        "y[i] = prologue(x[{}u + b * {}u + r * {}u + c * {}u]);",
+        "let e = {}u + b * {}u + r * {}u + c * {}u;",
         op.offset, op.batch_stride, op.row_stride, op.col_stride
     ));
+    w.line("y[i] = prologue(e, x[e]);");
     w.close();
     let reach = u64::from(op.offset)
         + u64::from(batches.saturating_sub(1)) * u64::from(op.batch_stride)
@@ -121,7 +205,10 @@ pub fn program(
         wgsl: w.finish(),
         entry: "main",
         workgroup_size: WG,
-        bindings: vec![bind(0, "x", from, reach), bind(1, "y", to, n)],
+        bindings: [bind(0, "x", from, reach), bind(1, "y", to, n)]
+            .into_iter()
+            .chain(prologue.norm.iter().flat_map(|m| m.bindings(NORM_BINDING, "x")))
+            .collect(),
         grid: Grid::Fixed([x as u32, y as u32, 1]),
         checks: ShaderChecks::ALL,
     })

@@ -28,7 +28,9 @@
 //! Where a plan's products convert their operands in a pass of their own (the cooperative
 //! kernels; `Fusing::prologues`), an elementwise chain of unary ops that only a product reads
 //! is inlined into the product as an operand prologue ([`prologue_base`]): the conversion
-//! computes it as it reads the chain's input (`codegen::prologue`).
+//! computes it as it reads the chain's input (`codegen::prologue`). So is the backward's copy
+//! of a LayerNorm that only a weight gradient reads ([`norm_prologue`]), from the stats the
+//! forward's LayerNorm kernel stored.
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -193,6 +195,12 @@ fn fuse_once(
             Op::Constant { .. } => is_root[i],
             // A view: share the buffer of the materialized input (contiguous), below.
             Op::Reshape if materialized[node.inputs[0].index()] => true,
+            // The backward's copy of a LayerNorm, which only a weight gradient reads: the
+            // product's conversion normalizes as it reads (`norm_prologue`).
+            Op::LayerNorm if fusing.prologues && !is_root[i] && !forced[i] => {
+                let chain_ok = |x: NodeId| !is_root[x.index()] && !forced[x.index()];
+                norm_prologue(g, id, &consumers, &chain_ok, apart, &materialized, &view).is_none()
+            }
             op if is_inlinable(op) => {
                 let c = &consumers[i];
                 let inlined = c.len() == 1
@@ -708,8 +716,46 @@ pub fn prologue_base(
     }
     let stored = |x: NodeId| materialized[x.index()];
     let c = super::view::chain_below(g, top, &stored, &|x| view[x.index()].clone())?;
-    let prologue = !c.ops.is_empty() && c.ops.iter().all(|u| u.eval(0.0f64) == 0.0);
+    let ops = c.ops.iter().all(|u| u.eval(0.0f64) == 0.0);
+    // A LayerNorm's three buffers are bound by A's conversion only (its bindings then stay
+    // within WebGPU's 8 storage buffers a stage, B's column sums included).
+    let ins = &g.node(mm).inputs;
+    let norm = c.norm.is_none() || ins[0] == top && ins[1] != top;
+    let prologue = (c.norm.is_some() || !c.ops.is_empty()) && ops && norm;
     (prologue && view_fits(g, mm, top, &c.view)).then_some(c.base)
+}
+
+/// The product that reads LayerNorm `ln` through an operand prologue, when `ln` is a copy
+/// whose stats another LayerNorm kernel computes (the copy a weight gradient's backward pass
+/// rematerializes) and only that product reads it, through layout ops (`chain_ok` and not
+/// `apart` each, one reader each): its conversion then normalizes each element it reads
+/// with the stored stats, weight and bias, and the copy has no kernel of its own.
+fn norm_prologue(
+    g: &Graph,
+    ln: NodeId,
+    consumers: &[Vec<NodeId>],
+    chain_ok: &dyn Fn(NodeId) -> bool,
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+    materialized: &[bool],
+    view: &[Option<View>],
+) -> Option<NodeId> {
+    let stats = g.node(ln).inputs[1];
+    let first = consumers[stats.index()].iter().find(|&&c| matches!(g.node(c).op, Op::LayerNorm))?;
+    if *first == ln {
+        return None; // the LayerNorm that computes the stats
+    }
+    let mut top = ln;
+    loop {
+        let [c] = consumers[top.index()][..] else { return None };
+        if apart(top, c) {
+            return None;
+        }
+        match g.node(c).op {
+            Op::Reshape | Op::Permute { .. } | Op::Slice { .. } if chain_ok(c) => top = c,
+            Op::MatMul => return prologue_base(g, c, top, materialized, view).map(|_| c),
+            _ => return None,
+        }
+    }
 }
 
 /// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its

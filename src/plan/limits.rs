@@ -132,7 +132,11 @@ pub fn storage_bindings(
             let out = *k.outputs.last().expect("a kernel writes a value");
             let epilogue =
                 if out == *register { Vec::new() } else { reads(g, k, &[out], Some(*register)) };
-            3 + distinct(epilogue) + usize::from(sum.is_some())
+            let product = 3 + distinct(epilogue) + usize::from(sum.is_some());
+            // A LayerNorm read through A's prologue: its conversion binds A, B, the
+            // workspace, the exponents, the stats, weight and bias (and B's column sums).
+            let norm = k.fused.iter().any(|&x| matches!(g.node(x).op, Op::LayerNorm));
+            if norm { product.max(7 + usize::from(sum.is_some())) } else { product }
         }
         KernelKind::LayerNorm { .. } | KernelKind::LayerNormStats => 5,
         KernelKind::LayerNormGradInput { add: Some(_), .. } => 8,

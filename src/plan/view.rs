@@ -160,15 +160,21 @@ pub struct Chain {
     pub base: NodeId,
     /// Where the chain's elements are in the buffer `base` lives in.
     pub view: View,
-    /// The chain's unary ops, from `base` up.
+    /// A LayerNorm of `base` over its last axis, the chain's first op: its stats, weight and
+    /// bias (stored values).
+    pub norm: Option<[NodeId; 3]>,
+    /// The chain's unary ops, from `base` (or its LayerNorm) up.
     pub ops: Vec<UnaryOp>,
 }
 
 /// The chain from `top` down to the first node below it that `stored` says has a buffer
 /// (`top` itself is walked whatever `stored` says of it): unary ops and `reshape`, `permute`,
-/// `slice`, every node and the base f32. `view_of` gives a stored value's view in its owner's
-/// buffer (`None`: row-major from its start). `None` when the chain meets another op or
-/// dtype, or its layout ops cannot be addressed by strides.
+/// `slice`, every node and the base f32; and as the op just above the base, a `layer_norm`
+/// whose stats, weight and bias are stored, of a base stored row-major from its buffer's
+/// start (the LayerNorm then reads element `e` of the buffer as row `e / d`, column `e % d`).
+/// `view_of` gives a stored value's view in its owner's buffer (`None`: row-major from its
+/// start). `None` when the chain meets another op or dtype, or its layout ops cannot be
+/// addressed by strides.
 pub fn chain_below(
     g: &Graph,
     top: NodeId,
@@ -179,7 +185,10 @@ pub fn chain_below(
     let mut x = top;
     while x == top || !stored(x) {
         let node = g.node(x);
-        let walked = matches!(node.op, Op::Unary(_) | Op::Reshape | Op::Permute { .. } | Op::Slice { .. });
+        let walked = matches!(
+            node.op,
+            Op::Unary(_) | Op::Reshape | Op::Permute { .. } | Op::Slice { .. } | Op::LayerNorm
+        );
         if !walked || node.dtype != DType::F32 {
             return None;
         }
@@ -189,13 +198,26 @@ pub fn chain_below(
     if g.dtype(x) != DType::F32 {
         return None;
     }
-    let mut view = view_of(x).unwrap_or_else(|| View::contiguous(g.shape(x)));
+    let base_view = view_of(x);
+    let mut view = base_view.clone().unwrap_or_else(|| View::contiguous(g.shape(x)));
     let mut ops = Vec::new();
-    for &c in nodes.iter().rev() {
-        match g.node(c).op {
+    let mut norm = None;
+    for (at, &c) in nodes.iter().rev().enumerate() {
+        let node = g.node(c);
+        match node.op {
             Op::Unary(u) => ops.push(u),
+            Op::LayerNorm => {
+                let params = [node.inputs[1], node.inputs[2], node.inputs[3]];
+                let fits = at == 0
+                    && base_view.is_none()
+                    && params.iter().all(|&p| stored(p) && g.dtype(p) == DType::F32);
+                if !fits {
+                    return None;
+                }
+                norm = Some(params);
+            }
             _ => view = view.through(g, c)?,
         }
     }
-    Some(Chain { base: x, view, ops })
+    Some(Chain { base: x, view, norm, ops })
 }

@@ -176,9 +176,11 @@ fn a_gpt_trains_the_same_with_its_gelu_read_through_product_prologues() {
     // weight gradient's (its third reader, the GELU gradient, reads the pre-activation).
     assert_eq!(gelu_kernels(&mut a, &t), (4, 0));
     assert_eq!(gelu_kernels(&mut b, &t).0, 0);
+    // Each weight gradient that reads a GELU or the backward's copy of a LayerNorm (its
+    // qkv's and fc's, two layers) reads it through a prologue too: 4 + 4 programs write them.
     let labels = a.plan_for(&[t.loss], true).unwrap().dispatch_labels();
     let pre = labels.iter().filter(|l| l.ends_with(" prologue A")).count();
-    assert_eq!(pre, 4, "{labels:?}");
+    assert_eq!(pre, 8, "{labels:?}");
     let bound = if gpu.info.backend == wgpu::Backend::Gl { 2e-5 } else { 1e-5 };
     assert_close(&losses(&mut a, &t), &losses(&mut b, &t), bound, "prologues vs none");
 }
@@ -202,8 +204,20 @@ fn cooperative_conversions_apply_the_prologues() {
         ..MatmulOptions::DEFAULT
     };
     assert_eq!(gelu_kernels(&mut a, &t), (4, 0));
+    let kernels = a.plan_for(&[t.loss], true).unwrap().plan.kernels.clone();
     let labels = a.plan_for(&[t.loss], true).unwrap().dispatch_labels();
     assert!(labels.iter().all(|l| !l.contains("prologue")), "{labels:?}");
+    // The backward's LayerNorm copies that only a weight gradient reads (both layers' fc and
+    // the second's qkv, and the head's) are normalized by the products' conversions; the
+    // first layer's qkv copy, read by its recomputed product too, keeps its kernel.
+    let g = &t.graph;
+    let norms =
+        |k: &&rumus::plan::Kernel| k.fused.iter().any(|&n| matches!(g.node(n).op, Op::LayerNorm));
+    let (inside, own): (Vec<_>, Vec<_>) =
+        kernels.iter().filter(norms).partition(|k| matches!(k.kind, KernelKind::MatMul { .. }));
+    let copies =
+        own.iter().filter(|k| k.kind == KernelKind::LayerNorm { with_stats: false }).count();
+    assert_eq!((inside.len(), copies), (4, 1), "{labels:?}");
     let mut cpu = CpuBackend::new(t.graph.clone(), 5).unwrap();
     let steps = 5;
     let (got, want) = (losses_of(&mut a, &t, steps), losses_of(&mut cpu, &t, steps));
