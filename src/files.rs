@@ -250,6 +250,15 @@ pub enum Output {
     Log,
 }
 
+/// `path` resolved: links and relative spellings followed, a file not there yet by its
+/// folder; `None` when neither the file nor its folder exists.
+pub fn resolved(path: &Path) -> Option<PathBuf> {
+    path.canonicalize().ok().or_else(|| {
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Some(folder.canonicalize().ok()?.join(path.file_name()?))
+    })
+}
+
 /// Check, before any work, that the output `out` (given by `flag`) can be written when the work
 /// needs it: not the input `input` (`what`) itself, links and relative spellings resolved
 /// (`rumus run f.rms --metrics f.rms` would destroy the script); not a folder; for a file, not

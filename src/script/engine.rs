@@ -58,9 +58,10 @@ pub struct Sandbox {
     pub read_roots: Vec<PathBuf>,
     /// Folders (and everything below them) that scripts may write.
     pub write_roots: Vec<PathBuf>,
-    /// Files no script may write, though they lie below a write root: the script being run
-    /// (`net.save("train.rms")` would destroy it). Resolved paths ([`Sandbox::protect`]).
-    pub protected: Vec<PathBuf>,
+    /// Files no script may write, though they lie below a write root, each with what it is:
+    /// the script being run (`net.save("train.rms")` would destroy it), the run's metrics log
+    /// and plot. Resolved paths ([`Sandbox::protect`]).
+    pub protected: Vec<(PathBuf, String)>,
 }
 
 impl Default for Sandbox {
@@ -102,10 +103,12 @@ impl Sandbox {
         self.read_roots.push(dir.into());
     }
 
-    /// Refuse writes to `file` (the script being run), links and relative spellings resolved.
-    pub fn protect(&mut self, file: &Path) {
-        if let Ok(resolved) = file.canonicalize() {
-            self.protected.push(resolved);
+    /// Refuse writes to `file`, which is `what` (`the running script`, `the metrics log`),
+    /// links and relative spellings resolved; a file not there yet (a plot written at the
+    /// end) by its folder.
+    pub fn protect(&mut self, file: &Path, what: &str) {
+        if let Some(resolved) = crate::files::resolved(file) {
+            self.protected.push((resolved, what.to_string()));
         }
     }
 
@@ -146,10 +149,10 @@ impl Sandbox {
         if inside(&resolved) && resolved.is_dir() {
             return Err(err!(Io, "writing `{path}`: it is a folder; give a file name"));
         }
-        if let Some(p) = self.protected.iter().find(|p| **p == resolved) {
+        if let Some((p, what)) = self.protected.iter().find(|(p, _)| *p == resolved) {
             return Err(err!(
                 Io,
-                "writing `{path}` would replace the running script {}: write somewhere else",
+                "writing `{path}` would replace {what} {}: write somewhere else",
                 p.display()
             ));
         }

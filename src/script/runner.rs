@@ -6,6 +6,7 @@
 //! In a data-parallel job only rank 0 shows progress and writes the metrics log.
 
 use super::{lock, Event, ExitRequest, Host, HostOptions, Interrupt, Total};
+use crate::err;
 use crate::error::{Error, Result};
 use crate::plot::Curves;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -44,7 +45,7 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         .unwrap_or(Path::new("."))
         .to_path_buf();
     host_opts.sandbox.allow_read(folder);
-    host_opts.sandbox.protect(&opts.file);
+    host_opts.sandbox.protect(&opts.file, "the running script");
     let source = crate::files::read_source(&opts.file)?;
     use crate::files::Output;
     for (flag, out, kind) in
@@ -53,6 +54,24 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         if let Some(out) = out {
             crate::files::check_output(flag, out, "the script", &opts.file, kind)?;
         }
+    }
+    if let (Some(log), Some(plot)) = (&opts.metrics, &opts.plot) {
+        let same =
+            crate::files::resolved(log).is_some_and(|l| crate::files::resolved(plot) == Some(l));
+        if same {
+            return Err(err!(
+                Usage,
+                "--plot {}: names the metrics log (--metrics) too: the plot would replace it; give the plot another name",
+                plot.display()
+            ));
+        }
+    }
+    // The script writes neither (the plot is drawn over whatever it wrote there at the end).
+    if let Some(log) = &opts.metrics {
+        host_opts.sandbox.protect(log, "the metrics log (--metrics)");
+    }
+    if let Some(plot) = &opts.plot {
+        host_opts.sandbox.protect(plot, "the plot (--plot)");
     }
     let rank0 = host_opts.comm.rank() == 0;
     let mut host = Host::new(host_opts);

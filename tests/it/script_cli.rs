@@ -749,6 +749,35 @@ fn a_script_cannot_write_over_itself() {
     assert_eq!(std::fs::read_to_string(root.join(&f)).unwrap(), text);
 }
 
+/// Found by the hostile-input audit: `--metrics m.jsonl --plot m.jsonl` ran and left the plot
+/// where the log was, and a script's `write_text` or `save` over either output replaced it
+/// without a word (its own writes then lost under the log's lines, or under the plot).
+#[test]
+fn a_run_keeps_its_metrics_log_and_plot_apart_from_everything_else() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let f = script("outputs.rms", "print(1);\n");
+    let log = "target/script_cli/outputs.jsonl";
+    let _ = std::fs::remove_file(root.join(log));
+    let expected = format!(
+        "--plot ./{log}: names the metrics log (--metrics) too: the plot would replace it; give the plot another name"
+    );
+    check(&["run", &f, "--metrics", log, "--plot", &format!("./{log}")], &[], (2, &expected));
+    // Written by the script: refused with the script's position, the outputs kept.
+    let plot = "target/script_cli/outputs.svg";
+    for (target, what) in [(log, "the metrics log (--metrics)"), (plot, "the plot (--plot)")] {
+        let _ = std::fs::remove_file(root.join(plot));
+        let text = format!("print(1);\nwrite_text(\"{target}\", \"hello\\n\");\n");
+        let f = script("writes_outputs.rms", &text);
+        let resolved = root.join("target/script_cli").canonicalize().unwrap();
+        let name = std::path::Path::new(target).file_name().unwrap();
+        let expected = format!(
+            "{f}:2:1: writing `{target}` would replace {what} {}: write somewhere else",
+            resolved.join(name).display()
+        );
+        check(&["run", &f, "--metrics", log, "--plot", plot], &[], (2, &expected));
+    }
+}
+
 /// Found by the hostile-input audit: `--set B=2 --set B=3` kept the last value without a word.
 #[test]
 fn a_setting_given_twice_is_refused() {
