@@ -506,6 +506,21 @@ m.rms:2:9: division by zero
             ^^^^^
 "#,
     );
+    // A tensor divided by the constant zero (found by the hostile-input hunt: the CPU gave
+    // infinities and NaN, lavapipe folded `x / 0.0` to 0 and trained on).
+    for zero in ["0", "0.0", "-0.0"] {
+        let carets = "^".repeat("(x + 1) / ".len() + zero.len());
+        check(
+            &format!("model m(x: f32[2, 3]) {{\n    return (x + 1) / {zero}\n}}\n"),
+            &format!(
+                r#"
+m.rms:2:12: division by zero: `/ 0` makes every element of the tensor infinite or NaN; divide by a nonzero number
+        return (x + 1) / {zero}
+               {carets}
+"#
+            ),
+        );
+    }
 }
 
 #[test]
