@@ -603,6 +603,15 @@ impl Trainer {
     }
 
     fn train_step_at(&mut self, inputs: &[(&str, &Tensor)]) -> Result<f32> {
+        // Past 2^53 neither the step count nor a checkpoint of it would be exact (`load`
+        // refuses such a count, so `save` must never write one).
+        if self.step >= 1 << 53 {
+            return Err(err!(
+                Limit,
+                "model `{}` has taken 2^53 steps, the most a step count (and a checkpoint) holds exactly: start a new run",
+                self.model.name
+            ));
+        }
         let g = &self.train.graph;
         let mut feeds = resolve_feeds(g, inputs)?;
         let mut host = self.train.optim.host_feeds(self.current_lr()?, self.step);

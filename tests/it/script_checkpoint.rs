@@ -345,6 +345,14 @@ fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
     e.run(&format!("train(b, data, 0, 3); b.save(\"{p}\"); let c = make(); c.load(\"{p}\");"))
         .unwrap();
     assert_eq!(e.compiled("c").unwrap().trainer().unwrap().step(), 16_777_222);
+    // At 2^53 (found by the hostile-input hunt) a step would count past what a checkpoint
+    // holds exactly, and `save` wrote a count its own `load` refused: the step is refused.
+    write(16_777_216.0, "9007199254740992");
+    e.run(&format!("b.load(\"{p}\");")).unwrap();
+    let err = e.eval("train(b, data, 0, 1)").unwrap_err();
+    let expected = "has taken 2^53 steps, the most a step count (and a checkpoint) holds exactly: start a new run";
+    assert!(err.message.contains(expected), "{err}");
+    assert_eq!(step(&mut e), 1 << 53);
     // Below 2^24 the tensor is exact, and a metadata count that differs is an error; past
     // 2^53 (the tensor's own bound) the metadata is refused too. Either way nothing is loaded.
     e.run("let d = make();").unwrap();
