@@ -38,7 +38,7 @@
 
 use super::matmul::MatmulSpec;
 use super::matmul_coop::{CoopKernel, CoopMode, CoopTile};
-use super::matmul_simt::{operands, params, quad_fn, slice, Access, Side};
+use super::matmul_simt::{operands, params, quad_fn, quad_fn_named, slice, Access, Side};
 use super::program::{Binding, Grid, Program, Resource, ShaderChecks};
 use super::prologue::Prologue;
 use super::trace::math_wgsl;
@@ -167,7 +167,7 @@ pub fn program(
     }
     Ok(Program {
         label: label.to_string(),
-        wgsl: generate(k, access, summing, prologues),
+        wgsl: generate(k, access, summing, prologues)?,
         entry: "main",
         workgroup_size: THREADS,
         bindings,
@@ -212,7 +212,7 @@ pub(super) fn exponent_fn(w: &mut Wgsl) {
 /// workgroup adds the invocations' sums of each unit column in the same tree as the max-abs,
 /// and two invocations write the strip's 16 column sums: deterministic, in f32, of the values
 /// as read (before scaling).
-fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prologue; 2]) -> String {
+fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prologue; 2]) -> Result<String> {
     let t = &k.tile;
     let high = k.mode == CoopMode::High;
     let mut w = Wgsl::new();
@@ -237,6 +237,9 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
         w.lines(&p.decls(at, x));
     }
     w.line(&format!("var<workgroup> red: array<u32, {THREADS}>;"));
+    if prologues.iter().any(|p| p.norm.as_ref().is_some_and(|n| n.eps.is_some())) {
+        w.line(&format!("var<workgroup> ln3: array<vec3<f32>, {THREADS}>;"));
+    }
     if sums {
         w.line(&format!(
             "@group(0) @binding({SUM_BINDING}) var<storage, read_write> sums: array<f32>;"
@@ -260,6 +263,13 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
             w.lines(&p.wgsl_fn(&map, s.x));
         }
         quad_fn(&mut w, s, acc.vector, (!p.is_empty()).then_some(map.as_str()));
+        if p.norm.as_ref().is_some_and(|n| n.eps.is_some()) {
+            quad_fn_named(&mut w, &format!("raw_{}", s.x), s, acc.vector, None);
+        }
+    }
+    let computes = prologues.iter().any(|p| p.norm.as_ref().is_some_and(|n| n.eps.is_some()));
+    if computes {
+        merge_fn(&mut w);
     }
     if high {
         super::matmul_coop::split_hi_fn(&mut w);
@@ -310,6 +320,13 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
         }
         w.line(&format!("let base = p.{x}_off + bi * p.{x}_sb;"));
         w.line(&format!("let row_units = {x}_cp / 8u;"));
+        let norm = prologues[usize::from(side == Side::B)].norm.as_ref();
+        if let Some(eps) = norm.and_then(|n| n.eps) {
+            if !outer_scaled {
+                return Err(err!(Invariant, "LayerNorm stats computed by a conversion whose strips are not rows"));
+            }
+            stats_pass(&mut w, s, eps);
+        }
         // Unit @ of the strip: its row and unit column in the plane.
         let (units, o, cu) = if outer_scaled {
             (
@@ -414,7 +431,67 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
     w.line("workgroupBarrier();");
     w.close();
     w.close();
-    w.finish()
+    Ok(w.finish())
+}
+
+/// `fn merge3`: the (count, mean, M2) of two sets of values merged (Chan, Golub and LeVeque), as
+/// `shaders/layer_norm.wgsl` merges them.
+fn merge_fn(w: &mut Wgsl) {
+    w.open("fn merge3(a: vec3<f32>, b: vec3<f32>) -> vec3<f32>");
+    w.line("let n = a.x + b.x;");
+    w.block("if (n == 0.0)", &["return a;"]);
+    w.line("let delta = b.y - a.y;");
+    w.line("let f = b.x / n;");
+    w.line("return vec3<f32>(n, a.y + delta * f, a.z + b.z + delta * delta * a.x * f);");
+    w.close();
+    w.blank();
+}
+
+/// WGSL lines, inside a strip of A (whole rows: `base`, `st`, `row_units` bound), that compute
+/// the LayerNorm stats (mean, rstd) of the strip's rows of the value A reads and write them to
+/// `a_stats` before the walks read them through the prologue: 16 invocations a row, each the
+/// exact mean and sum of squared deviations of its own elements (read twice, `raw_a`), merged
+/// in order with Chan's formula, as `shaders/layer_norm.wgsl` does (rows of K elements).
+fn stats_pass(w: &mut Wgsl, s: &super::matmul_simt::Slice, eps: f32) {
+    let x = s.x;
+    let (ot, ct) = (s.outer_total, s.contig_total);
+    let lanes = THREADS / STRIP;
+    w.line(&format!("let srow = st * {STRIP}u + t / {lanes}u;"));
+    w.line("var sn = 0.0;");
+    w.line("var ss = 0.0;");
+    w.line("var sq = 0.0;");
+    let walk = format!("for (var u = t % {lanes}u; u < row_units; u += {lanes}u)");
+    w.open(&format!("if (srow < {ot})"));
+    w.open(&walk);
+    w.line(&format!("let v0 = raw_{x}(base, srow, u * 8u, {ot}, {ct});"));
+    w.line(&format!("let v1 = raw_{x}(base, srow, u * 8u + 4u, {ot}, {ct});"));
+    w.line("ss += (v0.x + v0.y + v0.z + v0.w) + (v1.x + v1.y + v1.z + v1.w);");
+    w.line(&format!("sn += f32(min({ct} - min({ct}, u * 8u), 8u));"));
+    w.close();
+    w.line("let own = select(0.0, ss / sn, sn > 0.0);");
+    w.open(&walk);
+    w.line(&format!("let v0 = raw_{x}(base, srow, u * 8u, {ot}, {ct});"));
+    w.line(&format!("let v1 = raw_{x}(base, srow, u * 8u + 4u, {ot}, {ct});"));
+    w.line("let j = vec4<u32>(u * 8u) + vec4<u32>(0u, 1u, 2u, 3u);");
+    w.line(&format!("let d0 = select(vec4<f32>(0.0), v0 - own, j < vec4<u32>({ct}));"));
+    w.line(&format!("let d1 = select(vec4<f32>(0.0), v1 - own, j + vec4<u32>(4u) < vec4<u32>({ct}));"));
+    w.line("sq += dot(d0, d0) + dot(d1, d1);");
+    w.close();
+    w.line("ln3[t] = vec3<f32>(sn, own, sq);");
+    w.close();
+    w.block("else", &["ln3[t] = vec3<f32>(0.0);"]);
+    w.line("workgroupBarrier();");
+    w.open(&format!("if (t % {lanes}u == 0u && srow < {ot})"));
+    w.line("var tot = ln3[t];");
+    w.block(&format!("for (var i = 1u; i < {lanes}u; i++)"), &["tot = merge3(tot, ln3[t + i]);"]);
+    w.line(&format!("{x}_stats[2u * srow] = tot.y;"));
+    w.line(&format!(
+        "{x}_stats[2u * srow + 1u] = inverseSqrt(tot.z / f32({ct}) + {});",
+        super::expr::f32_lit(eps)
+    ));
+    w.close();
+    // The walks below read the stats through the prologue.
+    w.line("storageBarrier();");
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
 use super::writer::Wgsl;
 use crate::err;
 use crate::error::Result;
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Graph, NodeId, Op};
 use crate::plan::{Kernel, Plan};
 use super::MatmulPrecision;
 
@@ -766,6 +766,38 @@ pub fn lower(
     let mut prologues = [a_pro, b_pro];
     let (mut a, mut b) = (a, b);
     let mut pre = Vec::new();
+    // The stats of the LayerNorm A reads, computed by this kernel (`plan::fuse::norm_prologue`):
+    // by the conversion, each of whose strips holds whole rows of A; on an fp32 kernel by the
+    // LayerNorm's own program into scratch.
+    let mut computed_norm = None;
+    let stats = k.outputs.iter().copied().find(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. }));
+    if let Some(s) = stats {
+        let eps = match g.node(s).op {
+            Op::LayerNormStats { eps } => eps,
+            _ => 0.0,
+        };
+        let op = &spec.a;
+        let whole_rows = spec.batch == 1 && op.offset == 0 && op.row_stride == spec.k && op.col_stride == 1;
+        let norm = prologues[0].norm.as_mut().filter(|n| n.stats_node == s && n.d == spec.k && whole_rows);
+        let (Some(norm), true) = (norm, prologues[0].ops.is_empty()) else {
+            return Err(err!(Invariant, "{label}: computes LayerNorm stats #{} its A does not read as whole rows", s.index()));
+        };
+        norm.eps = Some(eps);
+        if !matches!(tile, MatmulTile::Coop(_)) {
+            let n = prologues[0].norm.take().expect("checked above");
+            let slot = Resource::Scratch { slot: super::prologue::PROLOGUE_SLOTS[0] };
+            let buf = super::layer_norm::Forward {
+                x: std::mem::replace(&mut a, slot.clone()),
+                weight: n.weight,
+                bias: n.bias,
+                y: slot,
+                stats: n.stats,
+            };
+            let mut p = super::layer_norm::forward(spec.m as usize, spec.k as usize, eps, buf)?;
+            p.label = format!("{label} layer_norm A");
+            computed_norm = Some(p);
+        }
+    }
     if !matches!(tile, MatmulTile::Coop(_)) && prologues.iter().any(|p| !p.is_empty()) {
         for (side, name) in [(0, "A"), (1, "B")] {
             let p = std::mem::take(&mut prologues[side]);
@@ -784,6 +816,9 @@ pub fn lower(
             *op = if op.batch_stride == 0 { row_major.broadcast() } else { row_major };
         }
         (tile, splits) = MatmulTile::choose_split(&spec, target);
+    }
+    if let Some(l) = computed_norm {
+        pre.insert(0, l); // the LayerNorm into scratch for an fp32 kernel, its stats too
     }
     let (bm, bn) = tile.block();
     let max = target.max_workgroups_per_dimension as usize;

@@ -405,6 +405,11 @@ pub fn tile_fits(t: &SimtTile) -> bool {
 /// `map`, each element read is `map(e, value)` (`e` its index in the buffer); the zeros
 /// outside are not mapped.
 pub(super) fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool, map: Option<&str>) {
+    quad_fn_named(w, &format!("quad_{}", s.x), s, vector, map);
+}
+
+/// [`quad_fn`] named `name`.
+pub(super) fn quad_fn_named(w: &mut Wgsl, name: &str, s: &Slice, vector: bool, map: Option<&str>) {
     let x = s.x;
     let stride = s.stride;
     let read = |e: &str| {
@@ -414,7 +419,7 @@ pub(super) fn quad_fn(w: &mut Wgsl, s: &Slice, vector: bool, map: Option<&str>) 
             None => v,
         }
     };
-    w.open(&format!("fn quad_{x}(base: u32, o: u32, c: u32, on: u32, cn: u32) -> vec4<f32>"));
+    w.open(&format!("fn {name}(base: u32, o: u32, c: u32, on: u32, cn: u32) -> vec4<f32>"));
     w.line("var v = vec4<f32>(0.0);");
     w.open("if (o < on)");
     w.line(&format!("let e = base + o * {stride} + c;"));

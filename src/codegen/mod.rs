@@ -119,6 +119,15 @@ fn kernel(
             {
                 return Ok((matmul_loops(g, plan, k, target, programs, tile), Some(tile)));
             }
+            // The generated kernel reads a LayerNorm's stats; it cannot compute them.
+            if let Some(&s) = k.outputs.iter().find(|&&o| matches!(g.node(o).op, crate::graph::Op::LayerNormStats { .. })) {
+                return Err(crate::err!(
+                    Limit,
+                    "matmul #{}: a product that computes the stats of the LayerNorm it reads (#{}) needs its operands as strides and a grid the device takes; plan this model without operand prologues (--matmul-precision highest)",
+                    matmul.index(),
+                    s.index()
+                ));
+            }
             matmul_kernel = Some("generated");
         }
         KernelKind::LayerNorm { .. }
@@ -166,6 +175,11 @@ fn matmul_loops(
         .into_iter()
         .map(|p| {
             let own = generated.iter().find(|(q, _)| q.wgsl == p.wgsl && q.entry == p.entry);
+            // An fp32 product's LayerNorm of A (with its stats), over rows of K.
+            if p.label.ends_with(" layer_norm A") {
+                let k = g.shape(g.node(mm).inputs[0]).last().copied().unwrap_or(1);
+                return (p, layer_norm::forward_loops(k));
+            }
             let loops = match (own, params_dims(&p)) {
                 (Some((_, l)), _) => *l,
                 (None, Some([m, n, k, batch])) => of_product([batch, m, n, k]),

@@ -1,8 +1,9 @@
 //! Operand prologues: an elementwise chain that only a product reads, computed as the product
 //! reads its operand instead of by a kernel of its own (fusion decides which,
 //! [`crate::plan::fuse::prologue_base`]: unary ops that map zero to zero, and layout ops, over
-//! one materialized f32 value; first a LayerNorm of that value whose stats are stored, the
-//! backward's copy a weight gradient reads, [`crate::plan::fuse`]'s `norm_prologue`). Each
+//! one materialized f32 value; first a LayerNorm of that value, [`crate::plan::fuse`]'s
+//! `norm_prologue`, whose stats are stored or, where the conversion's strips hold whole rows,
+//! computed by the conversion, [`Norm::eps`]). Each
 //! element read goes through it with its index in the value's buffer (a LayerNorm's row and
 //! column); padding a kernel adds does not.
 //!
@@ -42,6 +43,11 @@ pub struct Norm {
     pub stats: Resource,
     pub weight: Resource,
     pub bias: Resource,
+    /// The node of the stats.
+    pub stats_node: NodeId,
+    /// The LayerNorm's epsilon where the kernel computes the stats (writes them) rather than
+    /// reads them: a conversion whose strips hold whole rows ([`super::coop_convert`]).
+    pub eps: Option<f32>,
 }
 
 impl Norm {
@@ -104,14 +110,16 @@ impl Prologue {
         w.finish()
     }
 
-    /// WGSL declarations of the LayerNorm's buffers from binding `at` on (see [`Norm::bindings`]).
+    /// WGSL declarations of the LayerNorm's buffers from binding `at` on (see [`Norm::bindings`]);
+    /// the stats written where the kernel computes them.
     pub fn decls(&self, at: u32, buf: &str) -> String {
-        let Some(_) = &self.norm else { return String::new() };
+        let Some(n) = &self.norm else { return String::new() };
         ["stats", "w", "b"]
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                format!("@group(0) @binding({}) var<storage, read> {buf}_{name}: array<f32>;\n", at + i as u32)
+                let access = if i == 0 && n.eps.is_some() { "read_write" } else { "read" };
+                format!("@group(0) @binding({}) var<storage, {access}> {buf}_{name}: array<f32>;\n", at + i as u32)
             })
             .collect()
     }
@@ -136,6 +144,8 @@ pub fn operand_source(g: &Graph, plan: &Plan, id: NodeId) -> Option<(NodeId, Opt
             stats: buffer(stats)?,
             weight: buffer(weight)?,
             bias: buffer(bias)?,
+            stats_node: stats,
+            eps: None,
         }),
     };
     Some((c.base, Some(c.view), Prologue { norm, ops: c.ops }))

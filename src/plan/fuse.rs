@@ -28,9 +28,10 @@
 //! Where a plan's products convert their operands in a pass of their own (the cooperative
 //! kernels; `Fusing::prologues`), an elementwise chain of unary ops that only a product reads
 //! is inlined into the product as an operand prologue ([`prologue_base`]): the conversion
-//! computes it as it reads the chain's input (`codegen::prologue`). So is the backward's copy
-//! of a LayerNorm that only a weight gradient reads ([`norm_prologue`]), from the stats the
-//! forward's LayerNorm kernel stored.
+//! computes it as it reads the chain's input (`codegen::prologue`). So is a LayerNorm that
+//! only a product reads (`norm_prologue`): the backward's copy for a weight gradient from
+//! the stats stored, a forward one computing its stats in the conversion (an output of the
+//! product's kernel).
 //!
 //! With `fusion` off every live op gets its own kernel: the one-op-per-kernel plan that fused
 //! plans are checked against.
@@ -185,6 +186,9 @@ fn fuse_once(
     let mut materialized = vec![false; n];
     let mut alias = vec![None; n];
     let mut view: Vec<Option<View>> = vec![None; n];
+    // Stats a product's conversion computes, of the LayerNorm it normalizes as it reads
+    // (`norm_prologue`), indexed by the product.
+    let mut mm_stats: Vec<Option<NodeId>> = vec![None; n];
     for (id, node) in g.nodes() {
         let i = id.index();
         if !live[i] {
@@ -195,11 +199,18 @@ fn fuse_once(
             Op::Constant { .. } => is_root[i],
             // A view: share the buffer of the materialized input (contiguous), below.
             Op::Reshape if materialized[node.inputs[0].index()] => true,
-            // The backward's copy of a LayerNorm, which only a weight gradient reads: the
-            // product's conversion normalizes as it reads (`norm_prologue`).
+            // A LayerNorm that only a product reads: the product's conversion normalizes as
+            // it reads (`norm_prologue`), computing the stats too where this LayerNorm would.
             Op::LayerNorm if fusing.prologues && !is_root[i] && !forced[i] => {
                 let chain_ok = |x: NodeId| !is_root[x.index()] && !forced[x.index()];
-                norm_prologue(g, id, &consumers, &chain_ok, apart, &materialized, &view).is_none()
+                match norm_prologue(g, id, &consumers, &chain_ok, apart, &materialized, &view) {
+                    Some((mm, true)) => {
+                        mm_stats[mm.index()] = Some(node.inputs[1]);
+                        false
+                    }
+                    Some((_, false)) => false,
+                    None => true,
+                }
             }
             op if is_inlinable(op) => {
                 let c = &consumers[i];
@@ -277,6 +288,11 @@ fn fuse_once(
                 }
             }
         }
+    }
+
+    // Stats computed by a product's conversion have no kernel of their own.
+    for s in mm_stats.iter().flatten() {
+        taken[s.index()] = true;
     }
 
     // LayerNorm gradients that a materialized `add` of the same shape reads with another buffer
@@ -480,13 +496,14 @@ fn fuse_once(
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
         let extras = match kind {
-            KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } => [weight_grad, col_sum],
-            KernelKind::MatMul { sum, .. } => [sum, None],
-            _ => [None, None],
+            KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } => [weight_grad, col_sum, None],
+            KernelKind::MatMul { sum, matmul, .. } => [sum, mm_stats[matmul.index()], None],
+            _ => [None, None, None],
         };
         for extra in extras.into_iter().flatten() {
             outputs.insert(0, extra);
             fused.push(extra);
+            inputs.retain(|&x| x != extra); // a conversion's stats, read by its own LayerNorm
         }
         // The stats a layer_norm or attention kernel computes: an output, not an input (and
         // the operands the stats read are read by the op itself).
@@ -725,11 +742,23 @@ pub fn prologue_base(
     (prologue && view_fits(g, mm, top, &c.view)).then_some(c.base)
 }
 
-/// The product that reads LayerNorm `ln` through an operand prologue, when `ln` is a copy
-/// whose stats another LayerNorm kernel computes (the copy a weight gradient's backward pass
-/// rematerializes) and only that product reads it, through layout ops (`chain_ok` and not
-/// `apart` each, one reader each): its conversion then normalizes each element it reads
-/// with the stored stats, weight and bias, and the copy has no kernel of its own.
+/// The longest rows whose LayerNorm stats a conversion computes (`norm_prologue`): each row is
+/// read twice more by 16 invocations of its strip's workgroup, where the LayerNorm's own
+/// kernel streams it at full bandwidth. On the H200 (2026-12-03, BENCHMARKS.md) gpt-small's
+/// rows of 256 gained (4.63 -> 4.58 ms a step in `high`, 9 dispatches fewer) and gpt-medium's
+/// of 1024 lost (57.18 -> 57.42 ms).
+const STATS_ROW_MAX: usize = 256;
+
+/// The product that reads LayerNorm `ln` through an operand prologue, and whether its
+/// conversion computes the stats too, when only that product reads `ln`, as its A, through
+/// layout ops (`chain_ok` and not `apart` each, one reader each). The conversion then
+/// normalizes each element it reads with the stats, weight and bias, and `ln` has no kernel
+/// of its own. The stats are stored when `ln` is a copy whose stats another LayerNorm kernel
+/// computes (the copy a weight gradient's backward pass rematerializes); for the LayerNorm
+/// that would compute them (a forward one) the conversion computes them, which it can when
+/// each strip of A it converts holds whole rows of `ln`: a 2-D product reading `ln` as
+/// `[M, K]` row-major with K its last axis, at most [`STATS_ROW_MAX`], and nothing but `ln`
+/// reads the stats before the product.
 fn norm_prologue(
     g: &Graph,
     ln: NodeId,
@@ -738,24 +767,34 @@ fn norm_prologue(
     apart: &dyn Fn(NodeId, NodeId) -> bool,
     materialized: &[bool],
     view: &[Option<View>],
-) -> Option<NodeId> {
+) -> Option<(NodeId, bool)> {
     let stats = g.node(ln).inputs[1];
     let first = consumers[stats.index()].iter().find(|&&c| matches!(g.node(c).op, Op::LayerNorm))?;
-    if *first == ln {
-        return None; // the LayerNorm that computes the stats
-    }
+    let computes = *first == ln;
     let mut top = ln;
-    loop {
+    let mm = loop {
         let [c] = consumers[top.index()][..] else { return None };
         if apart(top, c) {
             return None;
         }
         match g.node(c).op {
             Op::Reshape | Op::Permute { .. } | Op::Slice { .. } if chain_ok(c) => top = c,
-            Op::MatMul => return prologue_base(g, c, top, materialized, view).map(|_| c),
+            Op::MatMul => break c,
             _ => return None,
         }
+    };
+    prologue_base(g, mm, top, materialized, view)?;
+    if !computes {
+        return Some((mm, false));
     }
+    let d = *g.shape(ln).last()?;
+    let whole_rows = d <= STATS_ROW_MAX
+        && g.shape(mm).len() == 2
+        && g.shape(top).last() == Some(&d)
+        && super::view::chain_below(g, top, &|x| materialized[x.index()], &|x| view[x.index()].clone())
+            .is_some_and(|c| c.ops.is_empty() && c.view.is_contiguous(g.shape(top)));
+    let stats_read_before = consumers[stats.index()].iter().any(|&c| c != ln && c < mm);
+    (whole_rows && !stats_read_before && !apart(stats, mm)).then_some((mm, true))
 }
 
 /// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its

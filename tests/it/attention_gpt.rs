@@ -207,20 +207,84 @@ fn cooperative_conversions_apply_the_prologues() {
     let kernels = a.plan_for(&[t.loss], true).unwrap().plan.kernels.clone();
     let labels = a.plan_for(&[t.loss], true).unwrap().dispatch_labels();
     assert!(labels.iter().all(|l| !l.contains("prologue")), "{labels:?}");
-    // The backward's LayerNorm copies that only a weight gradient reads (both layers' fc and
-    // the second's qkv, and the head's) are normalized by the products' conversions; the
-    // first layer's qkv copy, read by its recomputed product too, keeps its kernel.
+    // Every LayerNorm that only a product reads is normalized by the product's conversion:
+    // the forward's five (each layer's two and the final one), whose stats the conversions
+    // compute, and the backward's copies that only a weight gradient reads (both layers' fc,
+    // the second's qkv, the head's), which read them; the first layer's qkv copy, read by
+    // its recomputed product too, keeps its kernel.
     let g = &t.graph;
     let norms =
         |k: &&rumus::plan::Kernel| k.fused.iter().any(|&n| matches!(g.node(n).op, Op::LayerNorm));
     let (inside, own): (Vec<_>, Vec<_>) =
         kernels.iter().filter(norms).partition(|k| matches!(k.kind, KernelKind::MatMul { .. }));
-    let copies =
-        own.iter().filter(|k| k.kind == KernelKind::LayerNorm { with_stats: false }).count();
-    assert_eq!((inside.len(), copies), (4, 1), "{labels:?}");
+    let computing = |k: &&&rumus::plan::Kernel| {
+        k.outputs.iter().any(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. }))
+    };
+    let stats = inside.iter().filter(computing).count();
+    assert_eq!((inside.len(), stats, own.len()), (9, 5, 1), "{labels:?}");
     let mut cpu = CpuBackend::new(t.graph.clone(), 5).unwrap();
     let steps = 5;
     let (got, want) = (losses_of(&mut a, &t, steps), losses_of(&mut cpu, &t, steps));
     let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() / b.abs()).fold(0.0, f64::max);
     assert!(worst <= 1e-5, "worst relative difference {worst:e}\n{got:?}\n{want:?}");
+}
+
+/// The conversion that computes a LayerNorm's stats (`coop_convert`'s stats pass) on ragged
+/// sizes: rows of 20 (a slice of 16 deep: the second slice mostly padding), 37 rows (the last
+/// strip of 16 partly past M, the padding to the 32-row tile wholly), values near 100 with a
+/// spread of 3 (the variance's two passes against cancellation). Three steps of a LayerNorm
+/// and a linear layer match the CPU reference, the forward reading the stats the conversion
+/// wrote and the backward's LayerNorm gradient reading them too.
+#[test]
+fn a_conversion_computes_layer_norm_stats_on_ragged_rows() {
+    let Some((gpu, _turn)) = coop_or_skip("a_conversion_computes_layer_norm_stats_on_ragged_rows")
+    else {
+        return;
+    };
+    const ROWS: usize = 37;
+    const D: usize = 20;
+    let text = "model m(x: f32[B, D], B = 37, D = 20) {\n    return linear(layer_norm(x * 3.0 + 100.0) as ln, 5) as fc\n}\n";
+    let src = Source::new("ln.rms", text);
+    let module = dsl::load(&src).unwrap_or_else(|e| panic!("{e}"));
+    let mut g: Graph = dsl::lower(&module, "m", &[], None).unwrap_or_else(|e| panic!("{e}"));
+    let logits = g.outputs[0].1;
+    let target = g.input("target", &[ROWS], DType::I32).unwrap();
+    let loss = g.cross_entropy(logits, target, None).unwrap();
+    let optimizer = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
+    let t = training_graph(g, loss, &OptimConfig::new(optimizer)).unwrap();
+    let mut a = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
+    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
+    a.matmul = MatmulOptions {
+        precision: MatmulPrecision::High,
+        emulate_coop: true,
+        coop_tile: Some(tile),
+        ..MatmulOptions::DEFAULT
+    };
+    let g = &t.graph;
+    let kernels = a.plan_for(&[t.loss], true).unwrap().plan.kernels.clone();
+    let computes = |k: &rumus::plan::Kernel| {
+        matches!(k.kind, KernelKind::MatMul { .. })
+            && k.outputs.iter().any(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. }))
+    };
+    assert_eq!(kernels.iter().filter(|k| computes(k)).count(), 1);
+    let x: Vec<f32> = (0..ROWS * D).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+    let x = Tensor::f32(&[ROWS, D], x).unwrap();
+    let labels = Tensor::i32(&[ROWS], (0..ROWS).map(|i| (i * 3 % 5) as i32).collect()).unwrap();
+    let (x_id, target_id) = (g.input_named("x").unwrap(), g.input_named("target").unwrap());
+    let mut cpu = CpuBackend::new(t.graph.clone(), 5).unwrap();
+    let run = |b: &mut dyn Backend| -> Vec<f64> {
+        (0..3)
+            .map(|step| {
+                let host = t.optim.host_feeds(1e-2, step);
+                let mut feeds = vec![(x_id, &x), (target_id, &labels)];
+                feeds.extend(host.iter().map(|(id, t)| (*id, t)));
+                let opts = RunOptions { training: true, step };
+                b.run(&feeds, &[t.loss], opts).unwrap()[0].to_f32_vec()[0] as f64
+            })
+            .collect()
+    };
+    let (got, want) = (run(&mut a), run(&mut cpu));
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs() / b.abs()).fold(0.0, f64::max);
+    assert!(worst <= 1e-5, "worst relative difference {worst:e}\n{got:?}\n{want:?}");
+    assert!(want[2] < want[0], "the model learns: {want:?}");
 }

@@ -736,17 +736,31 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
             "{text}"
         );
         assert!(text.contains("matmul             gelu_tanh reshape permute matmul"), "{text}");
+        // So are the LayerNorms only a product reads: a forward one, whose stats the
+        // product's conversion computes, and the backward's copy a weight gradient reads.
+        assert!(
+            text.contains(
+                "matmul             layer_norm_stats layer_norm reshape matmul reshape add"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("matmul             sum layer_norm reshape permute matmul"),
+            "{text}"
+        );
+        assert!(!text.contains("  layer_norm         layer_norm_stats layer_norm\n"), "{text}");
     }
     // Without cooperative products (a conversion pass to read the chain in), the GELU keeps
     // its kernel.
     let text = String::from_utf8(run(&[], None).stdout).unwrap();
     assert!(text.contains("elementwise        gelu_tanh reshape\n"), "{text}");
+    assert!(text.contains("  layer_norm         layer_norm_stats layer_norm\n"), "{text}");
     let out = run(&["--json"], None);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["matmul_precision"], "highest");
     assert!(v["matmul_kernels"].as_array().unwrap().iter().all(|k| k["tile"] != "coop-high"));
 
-    let out = run(&["--matmul-precision", "medium", "--wgsl", "3"], Some("64x64x32w2x2"));
+    let out = run(&["--matmul-precision", "medium", "--wgsl", "2"], Some("64x64x32w2x2"));
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("// coop-medium matmul 64x64x32 w2x2, subgroups of 32"), "{text}");
     for (tile, message) in [
