@@ -255,9 +255,11 @@ pub struct BenchArgs {
     /// Measure the CPU backend's f32 matmul (GFLOP/s) instead of a model
     #[arg(long, conflicts_with_all = ["file", "model", "sets", "no_remat", "remat_matmuls", "steps", "warmup", "profile", "json"])]
     pub cpu_matmul: bool,
-    /// The size N of `--cpu-matmul`'s N x N x N product
-    #[arg(long, value_name = "N", default_value_t = 512, requires = "cpu_matmul", allow_negative_numbers = true, value_parser = whole(1, crate::cli::bench::MAX_CPU_MATMUL_SIZE))]
-    pub size: u64,
+    /// The size N of `--cpu-matmul`'s N x N x N product [default: 512]
+    // Checked again by `cli::run`: clap's `requires` counts `--cpu-matmul`'s default as given
+    // once FILE is there, and `bench FILE --size 5` ran the model without a word.
+    #[arg(long, value_name = "N", requires = "cpu_matmul", allow_negative_numbers = true, value_parser = whole(1, crate::cli::bench::MAX_CPU_MATMUL_SIZE))]
+    pub size: Option<u64>,
 }
 
 /// A whole number from `lo` to `hi`.

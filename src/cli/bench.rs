@@ -408,6 +408,12 @@ pub fn bench_model(
     let _held =
         budget.charge(f.persistent.saturating_add(f.peak).saturating_add(f.readback), what)?;
     let gpu = shared_gpu(device)?;
+    if profile && gpu.is_none() {
+        return Err(err!(
+            Usage,
+            "--profile times each GPU dispatch alone, and this benchmark runs on the CPU (--device cpu, or no GPU adapter): drop --profile, or run it on a GPU"
+        ));
+    }
     let params = usize::try_from(params).map_err(|_| err!(Limit, "too many parameters"))?;
     let mut gpu_backend = None;
     let mut cpu_backend = None;

@@ -94,7 +94,11 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
                 return print_text(&r);
             }
             if a.cpu_matmul {
-                return print_text(&bench::bench_cpu_matmul(a.size as usize, 5)?);
+                return print_text(&bench::bench_cpu_matmul(a.size.unwrap_or(512) as usize, 5)?);
+            }
+            // clap's `requires` counts a flag's default `false` as given.
+            if a.size.is_some() {
+                return Err(crate::err!(Usage, "--size sets the size of --cpu-matmul's product: add --cpu-matmul, or drop --size"));
             }
             let spec = model_spec(a.file.unwrap_or_default(), a.model);
             let (steps, warmup) = (a.steps as usize, a.warmup as usize);

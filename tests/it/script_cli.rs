@@ -654,6 +654,15 @@ fn usage_errors_name_the_mistake_and_suggest_a_fix() {
             vec!["bench", "--size", "64"],
             "missing --cpu-matmul and FILE; `rumus bench --help` shows the usage",
         ),
+        // Found by the hostile-input hunt: a size for a model's benchmark was ignored.
+        (
+            vec!["bench", "scripts/bench/mlp.rms", "--size", "64"],
+            "--size sets the size of --cpu-matmul's product: add --cpu-matmul, or drop --size",
+        ),
+        (
+            vec!["bench", "scripts/bench/mlp.rms", "--device", "cpu", "--profile"],
+            "--profile times each GPU dispatch alone, and this benchmark runs on the CPU (--device cpu, or no GPU adapter): drop --profile, or run it on a GPU",
+        ),
         (vec!["plan", &ok, "--set", "B"], "--set: needs NAME=VALUE, got `B`"),
         (
             vec!["plan", "--wgsl", &ok],
