@@ -927,12 +927,15 @@ fn bytes_of(g: &Graph, id: NodeId) -> u64 {
 pub fn exact_step(tensor: f32, metadata: &str) -> Result<Option<u64>> {
     const EXACT: u64 = 1 << 24;
     let Some(t) = steps(tensor) else { return Ok(None) };
-    let exact = metadata.parse::<u64>().ok().filter(|&n| n <= 1 << 53).ok_or_else(|| {
-        err!(
-            Checkpoint,
-            "the metadata's step `{metadata}` is not a whole number of steps from 0 to 2^53"
-        )
-    })?;
+    // Digits only: `parse` takes a leading `+`, which `save` never writes.
+    let digits = !metadata.is_empty() && metadata.bytes().all(|b| b.is_ascii_digit());
+    let exact =
+        metadata.parse::<u64>().ok().filter(|&n| digits && n <= 1 << 53).ok_or_else(|| {
+            err!(
+                Checkpoint,
+                "the metadata's step `{metadata}` is not a whole number of steps from 0 to 2^53"
+            )
+        })?;
     if exact == t || (t == EXACT && exact > EXACT) {
         return Ok(Some(exact));
     }

@@ -73,6 +73,11 @@ pub fn checked_numel(shape: &[usize]) -> Result<usize> {
     let nonzero = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d.max(1)));
     match nonzero {
         Some(n) if n <= MAX_ELEMENTS => Ok(shape.iter().product()),
+        // An empty shape holds nothing, but its strides would still pass the limit.
+        _ if shape.contains(&0) => Err(Error::shape(format!(
+            "shape {} is empty, but its other axes span more than 2^40 elements, the most one value may index",
+            fmt_shape(shape)
+        ))),
         _ => Err(Error::shape(format!(
             "shape {} has more than 2^40 elements, the most one value may hold",
             fmt_shape(shape)
@@ -240,11 +245,14 @@ mod tests {
     #[test]
     fn shapes_over_the_element_limit_are_errors() {
         let over = "has more than 2^40 elements, the most one value may hold";
-        for shape in [&[usize::MAX, 2][..], &[1 << 32, 1 << 32], &[1 << 41], &[0, 1 << 30, 1 << 30]]
-        {
+        for shape in [&[usize::MAX, 2][..], &[1 << 32, 1 << 32], &[1 << 41]] {
             let e = checked_numel(shape).unwrap_err();
             assert_eq!(e.to_string(), format!("shape {} {over}", fmt_shape(shape)));
         }
+        // Found by the hostile-input hunt: an empty shape was said to have too many elements.
+        let e = checked_numel(&[0, 1 << 30, 1 << 30]).unwrap_err();
+        let want = "shape [0, 1073741824, 1073741824] is empty, but its other axes span more than 2^40 elements, the most one value may index";
+        assert_eq!(e.to_string(), want);
         assert!(Tensor::zeros(&[usize::MAX, 2], DType::F32).is_err());
         assert_eq!(checked_numel(&[1 << 20, 1 << 20]).unwrap(), 1 << 40);
         assert_eq!(checked_numel(&[0, 1 << 40]).unwrap(), 0);

@@ -358,6 +358,7 @@ fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
     e.run("let d = make();").unwrap();
     for (tensor, meta, expected) in [
         (5.0, "16777219", "the metadata's step 16777219 does not match `optim.step`, which holds 5"),
+        (5.0, "+5", "the metadata's step `+5` is not a whole number of steps from 0 to 2^53"),
         (
             16_777_216.0,
             "18446744073709551615",

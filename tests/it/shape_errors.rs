@@ -186,7 +186,7 @@ fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
         ),
         (
             |g, _| g.parameter("w", &[0, 1 << 40, 2], Init::Zeros),
-            "shape [0, 1099511627776, 2] has more than 2^40 elements, the most one value may hold",
+            "shape [0, 1099511627776, 2] is empty, but its other axes span more than 2^40 elements, the most one value may index",
         ),
         (
             |g, [x, _, _]| {
