@@ -288,3 +288,43 @@ fn a_conversion_computes_layer_norm_stats_on_ragged_rows() {
     assert!(worst <= 1e-5, "worst relative difference {worst:e}\n{got:?}\n{want:?}");
     assert!(want[2] < want[0], "the model learns: {want:?}");
 }
+
+/// Issue 12's buffer-reuse check on the plan whose products' conversions compute LayerNorms
+/// (stats included) and GELUs: two steps with every reused buffer filled with NaN first give
+/// the bits of the plan without reuse, so no value (the stats a conversion writes, read by
+/// the backward much later, among them) is read after its buffer was given to another.
+#[test]
+fn conversions_that_normalize_reuse_buffers_safely_over_nan() {
+    let Some((gpu, _turn)) =
+        coop_or_skip("conversions_that_normalize_reuse_buffers_safely_over_nan")
+    else {
+        return;
+    };
+    let t = gpt_step("causal_self_attention");
+    let make = |reuse: bool| {
+        let opts = PlanOptions { reuse, ..PlanOptions::default() };
+        let mut b = GpuBackend::new(gpu, t.graph.clone(), 5, opts).unwrap();
+        b.matmul = MatmulOptions {
+            precision: MatmulPrecision::High,
+            emulate_coop: true,
+            coop_tile: Some(CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 }),
+            ..MatmulOptions::DEFAULT
+        };
+        b
+    };
+    let mut poisoned = make(true);
+    poisoned.poison = true;
+    let g = &t.graph;
+    let plan = &poisoned.plan_for(&[t.loss], true).unwrap().plan;
+    let stats_in_products = plan
+        .kernels
+        .iter()
+        .filter(|k| matches!(k.kind, KernelKind::MatMul { .. }))
+        .filter(|k| k.outputs.iter().any(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. })))
+        .count();
+    assert_eq!(stats_in_products, 5);
+    let bits = |v: Vec<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
+    let reused = losses_of(&mut poisoned, &t, 2);
+    assert!(reused.iter().all(|l| l.is_finite()), "{reused:?}");
+    assert_eq!(bits(reused), bits(losses_of(&mut make(false), &t, 2)));
+}
