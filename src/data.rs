@@ -454,11 +454,12 @@ fn parse_csv(
                         reserve(&mut targets, 1, charge, rows)?;
                         targets.push(
                             parse_number(field)
-                                .map_err(|m| at(format!("column {}: {m}", i + 1)))?,
+                                .map_err(|m| at(format!("column {} (label_col {i}): {m}", i + 1)))?,
                         )
                     }
                     Labels::Classes => push_class(&mut classes, field, line_no, charge).map_err(|e| {
-                        let msg = format!("{name}:{line_no}: column {}: {}", i + 1, e.message);
+                        // Columns count from 1 in messages, `label_col` from 0: both named.
+                        let msg = format!("{name}:{line_no}: column {} (label_col {i}): {}", i + 1, e.message);
                         Error::new(e.kind, msg)
                     })?,
                 }

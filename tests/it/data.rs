@@ -103,7 +103,7 @@ fn class_labels_mixing_integers_and_names_are_an_error() {
         "name_first",
         b"1,2,x\n3,4,10\n5,6,2\n",
         &l2,
-        &format!(":2: column 3: {name_first}"),
+        &format!(":2: column 3 (label_col 2): {name_first}"),
     );
     let number_first = "label `x` is a name, but the column's first label (`3`, line 2) is a number: class labels are all integers or all names; fix the one that is wrong";
     check(
@@ -111,13 +111,13 @@ fn class_labels_mixing_integers_and_names_are_an_error() {
         "number_first",
         b"a,b,c\n1,2,3\n\n3,4,x\n",
         &l2,
-        &format!(":4: column 3: {number_first}"),
+        &format!(":4: column 3 (label_col 2): {number_first}"),
     );
     // `nan` and `inf` are names, by the one rule, so they mix with names but not integers.
     let path = dir.join("names.csv");
     std::fs::write(&path, "1,2,nan\n3,4,b\n5,6,inf\n").unwrap();
     assert_eq!(read_csv(&path, &l2).unwrap().classes(), ["b", "inf", "nan"]);
-    check(&dir, "nan_after_integers", b"1,2,0\n3,4,nan\n", &l2, ":2: column 3: label `nan` is a name, but the column's first label (`0`, line 1) is a number: class labels are all integers or all names; fix the one that is wrong");
+    check(&dir, "nan_after_integers", b"1,2,0\n3,4,nan\n", &l2, ":2: column 3 (label_col 2): label `nan` is a name, but the column's first label (`0`, line 1) is a number: class labels are all integers or all names; fix the one that is wrong");
 }
 
 #[test]
@@ -175,24 +175,24 @@ fn malformed_csv_errors_name_file_and_line() {
             "fractional_label",
             b"1,2,0\n3,4,1.5\n",
             &l2,
-            ":2: column 3: label `1.5` is not an integer",
+            ":2: column 3 (label_col 2): label `1.5` is not an integer",
         ),
-        ("negative_label", b"1,2,-1\n", &l2, ":1: column 3: label -1 is negative"),
-        ("huge_label", b"1,2,3000000000\n", &l2, ":1: column 3: label 3000000000 is too large"),
+        ("negative_label", b"1,2,-1\n", &l2, ":1: column 3 (label_col 2): label -1 is negative"),
+        ("huge_label", b"1,2,3000000000\n", &l2, ":1: column 3 (label_col 2): label 3000000000 is too large"),
         // Past i64's range: too large (or negative), not "not an integer".
         (
             "huge_label_digits",
             b"1,2,99999999999999999999\n",
             &l2,
-            ":1: column 3: label 99999999999999999999 is too large",
+            ":1: column 3 (label_col 2): label 99999999999999999999 is too large",
         ),
         (
             "huge_negative_label_digits",
             b"1,2,-99999999999999999999\n",
             &l2,
-            ":1: column 3: label -99999999999999999999 is negative",
+            ":1: column 3 (label_col 2): label -99999999999999999999 is negative",
         ),
-        ("empty_label", b"1,2,0\n1,2,\n", &l2, ":2: column 3: empty label"),
+        ("empty_label", b"1,2,0\n1,2,\n", &l2, ":2: column 3 (label_col 2): empty label"),
         (
             "invalid_utf8",
             b"1,2,0\n1,\xff,0\n",
@@ -224,7 +224,7 @@ fn malformed_csv_errors_name_file_and_line() {
             "target_not_a_number",
             b"1,2,x\n",
             &CsvOptions { labels: Labels::Targets, ..labelled(2) },
-            ":1: column 3: `x` is not a number",
+            ":1: column 3 (label_col 2): `x` is not a number",
         ),
         (
             "over_max_bytes",
