@@ -193,7 +193,10 @@ impl Repl {
                 let _ = self.host.eval_file(std::path::Path::new(arg))?;
                 String::new()
             }
-            "plan" | "graph" | "params" if arg.is_empty() => {
+            "plan" if arg.is_empty() => {
+                return Err(usage(":plan NAME (a variable holding a trainer: a compiled model)"))
+            }
+            "graph" | "params" if arg.is_empty() => {
                 return Err(usage(&format!(":{name} NAME (a variable holding a model or trainer)")))
             }
             "plan" | "graph" | "params" => {

@@ -68,8 +68,16 @@ fn functions_defined_earlier_stay_callable() {
     // variable ``", and `:quit now` quit.
     assert_eq!(
         repl.eval_line(":plan"),
-        "usage: :plan NAME (a variable holding a model or trainer); try :help\n"
+        "usage: :plan NAME (a variable holding a trainer: a compiled model); try :help\n"
     );
+    assert_eq!(
+        repl.eval_line(":graph"),
+        "usage: :graph NAME (a variable holding a model or trainer); try :help\n"
+    );
+    // Found by the hostile-input hunt: `:plan` of a number asked for "a model or a trainer",
+    // of a model for a trainer. A plan is a trainer's.
+    assert_eq!(repl.eval_line("let n = 3;"), "");
+    assert_eq!(repl.eval_line(":plan n"), ":plan needs a compiled model (a trainer), got i64\n");
     assert_eq!(repl.eval_line(":load   "), "usage: :load FILE; try :help\n");
     assert_eq!(repl.eval_line(":quit now"), "usage: :quit (it takes nothing); try :help\n");
     assert_eq!(repl.eval_line("1 + 1"), "2\n", "the session goes on");

@@ -89,9 +89,8 @@ pub fn describe(what: &str, value: &rhai::Dynamic) -> crate::Result<String> {
             _ => Ok(model::params_text(&g)),
         };
     }
-    Err(crate::err!(
-        InvalidArgument,
-        ":{what} needs a model or a trainer, got {}",
-        type_name(value)
-    ))
+    // A plan is a trainer's (as said above for a model); the graph and parameters either's.
+    let needs =
+        if what == "plan" { "a compiled model (a trainer)" } else { "a model or a trainer" };
+    Err(crate::err!(InvalidArgument, ":{what} needs {needs}, got {}", type_name(value)))
 }
