@@ -185,6 +185,17 @@ fn a_gpt_trains_the_same_with_its_gelu_read_through_product_prologues() {
     assert_close(&losses(&mut a, &t), &losses(&mut b, &t), bound, "prologues vs none");
 }
 
+/// `high` on emulated cooperative kernels (plain WGSL standing in for tensor cores), with a
+/// small tile forced on every product: the cost model gives products this small fp32.
+fn emulated_high() -> MatmulOptions {
+    MatmulOptions {
+        precision: MatmulPrecision::High,
+        emulate_coop: true,
+        coop_tile: Some(CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 }),
+        ..MatmulOptions::DEFAULT
+    }
+}
+
 /// In `high` (cooperative kernels, emulated: plain WGSL standing in for tensor cores) the
 /// products' conversions apply the prologues as they read the GELU's input, with no program
 /// of their own; five steps match the CPU reference within fp32-class bounds.
@@ -195,14 +206,7 @@ fn cooperative_conversions_apply_the_prologues() {
     };
     let t = gpt_step("causal_self_attention");
     let mut a = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
-    // A small tile forced on every product: the cost model gives products this small fp32.
-    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
-    a.matmul = MatmulOptions {
-        precision: MatmulPrecision::High,
-        emulate_coop: true,
-        coop_tile: Some(tile),
-        ..MatmulOptions::DEFAULT
-    };
+    a.matmul = emulated_high();
     assert_eq!(gelu_kernels(&mut a, &t), (4, 0));
     let kernels = a.plan_for(&[t.loss], true).unwrap().plan.kernels.clone();
     let labels = a.plan_for(&[t.loss], true).unwrap().dispatch_labels();
@@ -253,13 +257,7 @@ fn a_conversion_computes_layer_norm_stats_on_ragged_rows() {
     let optimizer = Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-3, weight_decay: 0.01 };
     let t = training_graph(g, loss, &OptimConfig::new(optimizer)).unwrap();
     let mut a = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
-    let tile = CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 };
-    a.matmul = MatmulOptions {
-        precision: MatmulPrecision::High,
-        emulate_coop: true,
-        coop_tile: Some(tile),
-        ..MatmulOptions::DEFAULT
-    };
+    a.matmul = emulated_high();
     let g = &t.graph;
     let kernels = a.plan_for(&[t.loss], true).unwrap().plan.kernels.clone();
     let computes = |k: &rumus::plan::Kernel| {
@@ -304,12 +302,7 @@ fn conversions_that_normalize_reuse_buffers_safely_over_nan() {
     let make = |reuse: bool| {
         let opts = PlanOptions { reuse, ..PlanOptions::default() };
         let mut b = GpuBackend::new(gpu, t.graph.clone(), 5, opts).unwrap();
-        b.matmul = MatmulOptions {
-            precision: MatmulPrecision::High,
-            emulate_coop: true,
-            coop_tile: Some(CoopTile { bm: 32, bn: 32, bk: 16, wm: 1, wn: 2, stages: 1 }),
-            ..MatmulOptions::DEFAULT
-        };
+        b.matmul = emulated_high();
         b
     };
     let mut poisoned = make(true);
