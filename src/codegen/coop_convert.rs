@@ -237,7 +237,8 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
         w.lines(&p.decls(at, x));
     }
     w.line(&format!("var<workgroup> red: array<u32, {THREADS}>;"));
-    if prologues.iter().any(|p| p.norm.as_ref().is_some_and(|n| n.eps.is_some())) {
+    let computes = prologues.iter().any(Prologue::computes_stats);
+    if computes {
         w.line(&format!("var<workgroup> ln3: array<vec3<f32>, {THREADS}>;"));
     }
     if sums {
@@ -263,11 +264,10 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
             w.lines(&p.wgsl_fn(&map, s.x));
         }
         quad_fn(&mut w, s, acc.vector, (!p.is_empty()).then_some(map.as_str()));
-        if p.norm.as_ref().is_some_and(|n| n.eps.is_some()) {
+        if p.computes_stats() {
             quad_fn_named(&mut w, &format!("raw_{}", s.x), s, acc.vector, None);
         }
     }
-    let computes = prologues.iter().any(|p| p.norm.as_ref().is_some_and(|n| n.eps.is_some()));
     if computes {
         merge_fn(&mut w);
     }

@@ -26,7 +26,7 @@ use super::wgsl::{matmul_epilogue, MatmulEpilogue, MAIN_ARGS, WG};
 use super::writer::Wgsl;
 use crate::err;
 use crate::error::Result;
-use crate::graph::{Graph, NodeId, Op};
+use crate::graph::{Graph, NodeId};
 use crate::plan::{Kernel, Plan};
 use super::MatmulPrecision;
 
@@ -770,12 +770,7 @@ pub fn lower(
     // by the conversion, each of whose strips holds whole rows of A; on an fp32 kernel by the
     // LayerNorm's own program into scratch.
     let mut computed_norm = None;
-    let stats = k.outputs.iter().copied().find(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. }));
-    if let Some(s) = stats {
-        let eps = match g.node(s).op {
-            Op::LayerNormStats { eps } => eps,
-            _ => 0.0,
-        };
+    if let Some((s, eps)) = k.norm_stats(g) {
         let op = &spec.a;
         let whole_rows = spec.batch == 1 && op.offset == 0 && op.row_stride == spec.k && op.col_stride == 1;
         let norm = prologues[0].norm.as_mut().filter(|n| n.stats_node == s && n.d == spec.k && whole_rows);

@@ -120,7 +120,7 @@ fn kernel(
                 return Ok((matmul_loops(g, plan, k, target, programs, tile), Some(tile)));
             }
             // The generated kernel reads a LayerNorm's stats; it cannot compute them.
-            if let Some(&s) = k.outputs.iter().find(|&&o| matches!(g.node(o).op, crate::graph::Op::LayerNormStats { .. })) {
+            if let Some((s, _)) = k.norm_stats(g) {
                 return Err(crate::err!(
                     Limit,
                     "matmul #{}: a product that computes the stats of the LayerNorm it reads (#{}) needs its operands as strides and a grid the device takes; plan this model without operand prologues (--matmul-precision highest)",

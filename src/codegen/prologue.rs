@@ -79,6 +79,11 @@ impl Prologue {
         self.norm.is_none() && self.ops.is_empty()
     }
 
+    /// Whether the kernel computes (writes) the LayerNorm's stats rather than reading them.
+    pub fn computes_stats(&self) -> bool {
+        self.norm.as_ref().is_some_and(|n| n.eps.is_some())
+    }
+
     /// WGSL of `fn {name}(e: u32, x: f32) -> f32`: the chain's value at element `e` of the
     /// buffer read, whose value is `x` (it calls the functions of [`math_wgsl`], and reads the
     /// LayerNorm's buffers bound by [`Norm::bindings`] as `{buf}_stats`, `{buf}_w`,
@@ -113,12 +118,14 @@ impl Prologue {
     /// WGSL declarations of the LayerNorm's buffers from binding `at` on (see [`Norm::bindings`]);
     /// the stats written where the kernel computes them.
     pub fn decls(&self, at: u32, buf: &str) -> String {
-        let Some(n) = &self.norm else { return String::new() };
+        if self.norm.is_none() {
+            return String::new();
+        }
         ["stats", "w", "b"]
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let access = if i == 0 && n.eps.is_some() { "read_write" } else { "read" };
+                let access = if i == 0 && self.computes_stats() { "read_write" } else { "read" };
                 format!("@group(0) @binding({}) var<storage, {access}> {buf}_{name}: array<f32>;\n", at + i as u32)
             })
             .collect()

@@ -496,9 +496,9 @@ fn fuse_once(
         collect(g, id, &materialized, &kind, &mut fused, &mut inputs);
         let mut outputs = vec![id];
         let extras = match kind {
-            KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } => [weight_grad, col_sum, None],
-            KernelKind::MatMul { sum, matmul, .. } => [sum, mm_stats[matmul.index()], None],
-            _ => [None, None, None],
+            KernelKind::LayerNormGradInput { weight_grad, col_sum, .. } => [weight_grad, col_sum],
+            KernelKind::MatMul { sum, matmul, .. } => [sum, mm_stats[matmul.index()]],
+            _ => [None, None],
         };
         for extra in extras.into_iter().flatten() {
             outputs.insert(0, extra);
@@ -713,12 +713,12 @@ fn permuted_by_readers(
 }
 
 /// The value a product `mm` reads through a prologue when its operand `top` is an
-/// elementwise chain over one materialized f32 value: unary ops that map zero to zero (the
-/// conversion pads operands with zeros and applies the chain to what it reads, padding
-/// included) and layout ops (`reshape`, `permute`, `slice`), at least one unary op, every node
-/// of it not materialized (`top` itself may be undecided yet: fusion asks while deciding it),
-/// the chain addressable as a view of the value that the product can read
-/// ([`super::view::chain_below`]). A forward GELU between
+/// elementwise chain over one materialized f32 value: unary ops that map zero to zero (a rule
+/// from when the conversion applied the chain to its zero padding too; it no longer does) and
+/// layout ops (`reshape`, `permute`, `slice`), first a LayerNorm of A (`norm_prologue`), at
+/// least one unary op or the LayerNorm, every node of it not materialized (`top` itself may
+/// be undecided yet: fusion asks while deciding it), the chain addressable as a view of the
+/// value that the product can read ([`super::view::chain_below`]). A forward GELU between
 /// two linear layers, and its copy the weight gradient rematerializes: each was an
 /// elementwise kernel that wrote the operand for the product's conversion to read.
 pub fn prologue_base(
@@ -728,6 +728,17 @@ pub fn prologue_base(
     materialized: &[bool],
     view: &[Option<View>],
 ) -> Option<NodeId> {
+    prologue_chain(g, mm, top, materialized, view).map(|c| c.base)
+}
+
+/// The chain of [`prologue_base`].
+fn prologue_chain(
+    g: &Graph,
+    mm: NodeId,
+    top: NodeId,
+    materialized: &[bool],
+    view: &[Option<View>],
+) -> Option<super::view::Chain> {
     if g.node(mm).op != Op::MatMul || !g.node(mm).inputs.contains(&top) {
         return None;
     }
@@ -739,7 +750,7 @@ pub fn prologue_base(
     let ins = &g.node(mm).inputs;
     let norm = c.norm.is_none() || ins[0] == top && ins[1] != top;
     let prologue = (c.norm.is_some() || !c.ops.is_empty()) && ops && norm;
-    (prologue && view_fits(g, mm, top, &c.view)).then_some(c.base)
+    (prologue && view_fits(g, mm, top, &c.view)).then_some(c)
 }
 
 /// The longest rows whose LayerNorm stats a conversion computes (`norm_prologue`): each row is
@@ -783,7 +794,7 @@ fn norm_prologue(
             _ => return None,
         }
     };
-    prologue_base(g, mm, top, materialized, view)?;
+    let chain = prologue_chain(g, mm, top, materialized, view)?;
     if !computes {
         return Some((mm, false));
     }
@@ -791,8 +802,8 @@ fn norm_prologue(
     let whole_rows = d <= STATS_ROW_MAX
         && g.shape(mm).len() == 2
         && g.shape(top).last() == Some(&d)
-        && super::view::chain_below(g, top, &|x| materialized[x.index()], &|x| view[x.index()].clone())
-            .is_some_and(|c| c.ops.is_empty() && c.view.is_contiguous(g.shape(top)));
+        && chain.ops.is_empty()
+        && chain.view.is_contiguous(g.shape(top));
     let stats_read_before = consumers[stats.index()].iter().any(|&c| c != ln && c < mm);
     (whole_rows && !stats_read_before && !apart(stats, mm)).then_some((mm, true))
 }

@@ -2,7 +2,7 @@
 //! dispatch labels use) and which values it reads, writes and computes inside ([`Kernel`]).
 //! Fusion ([`super::fuse`]) makes them; codegen turns each kind into programs.
 
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Graph, NodeId, Op};
 
 /// What a kernel computes; codegen turns each kind into its programs.
 #[derive(Clone, Debug, PartialEq)]
@@ -125,5 +125,14 @@ impl Kernel {
             fused: vec![s],
         };
         (base, Some(reduce))
+    }
+
+    /// The stats of the LayerNorm that a matmul kernel's A conversion computes, and its
+    /// epsilon (`fuse::norm_prologue`): an output of the kernel.
+    pub fn norm_stats(&self, g: &Graph) -> Option<(NodeId, f32)> {
+        self.outputs.iter().find_map(|&o| match g.node(o).op {
+            Op::LayerNormStats { eps } => Some((o, eps)),
+            _ => None,
+        })
     }
 }

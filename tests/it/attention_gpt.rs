@@ -221,9 +221,7 @@ fn cooperative_conversions_apply_the_prologues() {
         |k: &&rumus::plan::Kernel| k.fused.iter().any(|&n| matches!(g.node(n).op, Op::LayerNorm));
     let (inside, own): (Vec<_>, Vec<_>) =
         kernels.iter().filter(norms).partition(|k| matches!(k.kind, KernelKind::MatMul { .. }));
-    let computing = |k: &&&rumus::plan::Kernel| {
-        k.outputs.iter().any(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. }))
-    };
+    let computing = |k: &&&rumus::plan::Kernel| k.norm_stats(g).is_some();
     let stats = inside.iter().filter(computing).count();
     assert_eq!((inside.len(), stats, own.len()), (9, 5, 1), "{labels:?}");
     let mut cpu = CpuBackend::new(t.graph.clone(), 5).unwrap();
@@ -261,8 +259,7 @@ fn a_conversion_computes_layer_norm_stats_on_ragged_rows() {
     let g = &t.graph;
     let kernels = a.plan_for(&[t.loss], true).unwrap().plan.kernels.clone();
     let computes = |k: &rumus::plan::Kernel| {
-        matches!(k.kind, KernelKind::MatMul { .. })
-            && k.outputs.iter().any(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. }))
+        matches!(k.kind, KernelKind::MatMul { .. }) && k.norm_stats(g).is_some()
     };
     assert_eq!(kernels.iter().filter(|k| computes(k)).count(), 1);
     let x: Vec<f32> = (0..ROWS * D).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
@@ -313,7 +310,7 @@ fn conversions_that_normalize_reuse_buffers_safely_over_nan() {
         .kernels
         .iter()
         .filter(|k| matches!(k.kind, KernelKind::MatMul { .. }))
-        .filter(|k| k.outputs.iter().any(|&o| matches!(g.node(o).op, Op::LayerNormStats { .. })))
+        .filter(|k| k.norm_stats(g).is_some())
         .count();
     assert_eq!(stats_in_products, 5);
     let bits = |v: Vec<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();

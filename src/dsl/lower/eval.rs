@@ -262,7 +262,7 @@ impl Lowerer<'_> {
                 }
                 // Every element infinite or NaN, and a GPU need not keep them: WGSL lets a
                 // compiler assume no infinities, and lavapipe folded `x / 0.0` to 0.
-                if op == BinOp::Div && matches!(b, Int(0)) || matches!(b, Float(v) if op == BinOp::Div && v == 0.0) {
+                if op == BinOp::Div && matches!(b, Int(_) | Float(_)) && num(&b) == 0.0 {
                     return Err(err!(
                         Name,
                         "division by zero: `/ 0` makes every element of the tensor infinite or NaN; divide by a nonzero number"
