@@ -267,14 +267,9 @@ pub fn resolved(path: &Path) -> Option<PathBuf> {
 /// (`--metrics /dev/null`, `--metrics >(jq .)`). A usage error that names the flag: a long run
 /// is not thrown away at its end.
 pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path, kind: Output) -> Result<()> {
+    check_apart(flag, out, what, input)?;
     let shown = out.display();
     let refuse = |why: String| err!(Usage, "{flag} {shown}: {why}");
-    if let (Ok(a), Ok(b)) = (fs::canonicalize(out), fs::canonicalize(input)) {
-        if a == b {
-            let why = format!("names {what} {} itself: writing there would destroy it", input.display());
-            return Err(refuse(why));
-        }
-    }
     let target = Target::of(out).map_err(|why| refuse(why.into()))?;
     match (target.special, kind) {
         (true, Output::Log) => return Ok(()),
@@ -291,6 +286,20 @@ pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path, kind: Outp
             Err(refuse(format!("the folder {} does not exist", target.folder.display())))
         }
         Err(e) => Err(refuse(format!("cannot be written there: {e}"))),
+    }
+}
+
+/// A usage error naming `flag` when the output `out` is the file `other` (`what`: an input,
+/// or another output), links and relative spellings resolved, either of them not there yet.
+pub fn check_apart(flag: &str, out: &Path, what: &str, other: &Path) -> Result<()> {
+    match (resolved(out), resolved(other)) {
+        (Some(a), Some(b)) if a == b => Err(err!(
+            Usage,
+            "{flag} {}: names {what} {} itself: writing there would destroy it",
+            out.display(),
+            other.display()
+        )),
+        _ => Ok(()),
     }
 }
 

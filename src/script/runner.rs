@@ -6,7 +6,6 @@
 //! In a data-parallel job only rank 0 shows progress and writes the metrics log.
 
 use super::{lock, Event, ExitRequest, Host, HostOptions, Interrupt, Total};
-use crate::err;
 use crate::error::{Error, Result};
 use crate::plot::Curves;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -56,15 +55,7 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         }
     }
     if let (Some(log), Some(plot)) = (&opts.metrics, &opts.plot) {
-        let same =
-            crate::files::resolved(log).is_some_and(|l| crate::files::resolved(plot) == Some(l));
-        if same {
-            return Err(err!(
-                Usage,
-                "--plot {}: names the metrics log (--metrics) too: the plot would replace it; give the plot another name",
-                plot.display()
-            ));
-        }
+        crate::files::check_apart("--plot", plot, "the metrics log", log)?;
     }
     // The script writes neither (the plot is drawn over whatever it wrote there at the end).
     if let Some(log) = &opts.metrics {

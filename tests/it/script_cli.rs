@@ -768,7 +768,7 @@ fn a_run_keeps_its_metrics_log_and_plot_apart_from_everything_else() {
     let log = "target/script_cli/outputs.jsonl";
     let _ = std::fs::remove_file(root.join(log));
     let expected = format!(
-        "--plot ./{log}: names the metrics log (--metrics) too: the plot would replace it; give the plot another name"
+        "--plot ./{log}: names the metrics log {log} itself: writing there would destroy it"
     );
     check(&["run", &f, "--metrics", log, "--plot", &format!("./{log}")], &[], (2, &expected));
     // Written by the script: refused with the script's position, the outputs kept.
