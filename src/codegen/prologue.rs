@@ -37,11 +37,15 @@ const NORM_BINDING: u32 = 2;
 /// computes it (`shaders/layer_norm.wgsl`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Norm {
+    /// Elements of a row (the last axis normalized over).
     pub d: u32,
     /// Rows of the value normalized (of the stats).
     pub rows: u64,
+    /// The stats, `[rows, 2]`: mean and rstd a row.
     pub stats: Resource,
+    /// The weight, `[d]`.
     pub weight: Resource,
+    /// The bias, `[d]`.
     pub bias: Resource,
     /// The node of the stats.
     pub stats_node: NodeId,
