@@ -64,12 +64,13 @@ impl CpuBackend {
         opts: RunOptions,
         micro: bool,
     ) -> Result<Vec<Tensor>> {
-        let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
         let g = match (opts.training, micro) {
             (true, true) => &self.micro_graph,
             (true, false) => &self.graph,
             (false, _) => &self.eval_graph,
         };
+        crate::graph::check_feed_shapes(g, feeds)?;
+        let bufs: Vec<(NodeId, Buf<f32>)> = feeds.iter().map(|(id, t)| (*id, to_buf(t))).collect();
         let mut average = |d: &mut [f32]| self.sync.as_ref().map_or(Ok(()), |s| s.comm.all_reduce_mean(d));
         let host_step = match &self.sync {
             Some(s) if opts.training => {

@@ -21,4 +21,4 @@ pub use conv::{BatchNorm, Conv2d, Window};
 pub use ir::{BinaryOp, Graph, Init, Node, NodeId, Op, OpClass, ReduceOp, UnaryOp, Update};
 pub use optim::{OptimConfig, Optimizer, ParamGroup};
 pub use train::{training_graph, training_graph_with, TrainGraph, TrainOptions};
-pub use verify::{check_feeds, verify};
+pub use verify::{check_feed_shapes, check_feeds, verify};

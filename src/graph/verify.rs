@@ -6,7 +6,7 @@ use super::ir::{Graph, NodeId, Op};
 use super::shape::infer;
 use crate::err;
 use crate::error::Result;
-use crate::tensor::{fmt_shape, DType};
+use crate::tensor::{fmt_shape, DType, Tensor};
 use std::collections::HashSet;
 
 /// Check that:
@@ -150,6 +150,31 @@ pub fn check_feeds(
                     fmt_shape(&node.shape)
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Check that each fed tensor has its input's exact shape, as both backends' `run` do after
+/// [`check_feeds`]: the same elements in another shape (a `[3, 2]` fed for a `[2, 3]`, a
+/// `[6]` for a `[2, 3]`) would run, read in the input's order, and give a wrong answer without a
+/// word. Feeds [`check_feeds`] refuses (not an input, another dtype or element count) are left
+/// to it, so the two checks may run in either order.
+pub fn check_feed_shapes(g: &Graph, feeds: &[(NodeId, &Tensor)]) -> Result<()> {
+    for (id, t) in feeds {
+        let Some(node) = g.nodes.get(id.index()) else { continue };
+        let Op::Input { name } = &node.op else { continue };
+        let numel: usize = node.shape.iter().product();
+        if t.dtype() == node.dtype && t.numel() == numel && t.shape() != node.shape.as_slice() {
+            return Err(err!(
+                Shape,
+                "input `{name}` is {}{}, got {}{}: the same elements in another shape; reshape \
+                 the tensor to the input's shape",
+                node.dtype,
+                fmt_shape(&node.shape),
+                t.dtype(),
+                fmt_shape(t.shape())
+            ));
         }
     }
     Ok(())

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, Op};
 use crate::plan::limits::{checked_operand, checks_data};
 use crate::plan::Plan;
-use crate::tensor::{fmt_shape, DType, Tensor};
+use crate::tensor::{DType, Tensor};
 use crate::backend::RunOptions;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -241,7 +241,7 @@ impl GpuPlan {
         micro: bool,
     ) -> Result<Vec<Tensor>> {
         // Feeds first, as on the CPU (a feed names an input, of its dtype and size, and every
-        // input this run reads is fed), then their exact shapes: a refused run leaves the
+        // input this run reads is fed), then their exact shapes (as on the CPU): a refused run leaves the
         // commands prepared for the next step where they were.
         let described: Vec<_> = feeds.iter().map(|(id, t)| (*id, t.dtype(), t.numel())).collect();
         let reads = |id: NodeId| {
@@ -253,17 +253,7 @@ impl GpuPlan {
                 }
         };
         crate::graph::check_feeds(g, &described, &reads)?;
-        if let Some((id, t)) = feeds.iter().find(|(id, t)| t.shape() != g.shape(*id)) {
-            return Err(err!(
-                Shape,
-                "input node {} must be {}{}, got {}{}",
-                id.index(),
-                g.dtype(*id),
-                fmt_shape(g.shape(*id)),
-                t.dtype(),
-                fmt_shape(t.shape())
-            ));
-        }
+        crate::graph::check_feed_shapes(g, feeds)?;
         let key = (micro, read.to_vec());
         let prepared = self.prepared.lock().unwrap_or_else(PoisonError::into_inner).take();
         let (commands, readback) = match prepared.filter(|p| p.key == key) {

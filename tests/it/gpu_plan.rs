@@ -11,7 +11,7 @@ use rumus::backend::Backend;
 use rumus::cpu::CpuBackend;
 use rumus::cpu::RunOptions;
 use rumus::graph::{
-    training_graph, training_graph_with, Graph, Init, OptimConfig, Optimizer, TrainGraph,
+    training_graph, training_graph_with, Graph, Init, Op, OptimConfig, Optimizer, TrainGraph,
     TrainOptions,
 };
 use rumus::nn::{self, GptConfig};
@@ -706,8 +706,9 @@ fn writing_integers_into_a_parameter_is_refused_on_both_backends() {
 }
 
 /// A run's feeds are checked alike on both backends: a feed for a parameter is refused (the GPU
-/// wrote it over the parameter's buffer), and an input the step reads but nobody fed is an
-/// error naming it (the GPU ran on what its buffer held from the step before).
+/// wrote it over the parameter's buffer), an input the step reads but nobody fed is an
+/// error naming it (the GPU ran on what its buffer held from the step before), and so is a
+/// feed of the input's elements in another shape (the CPU took it).
 #[test]
 fn feeds_that_name_no_input_or_leave_one_out_are_refused_on_both_backends() {
     let (gpus, _turn) =
@@ -731,6 +732,23 @@ fn feeds_that_name_no_input_or_leave_one_out_are_refused_on_both_backends() {
             f.iter().enumerate().filter(|&(i, _)| i != x).map(|(_, (id, t))| (*id, t)).collect();
         let e = b.run(&without, &[t.loss], opts).unwrap_err();
         assert!(e.message.starts_with("missing feed for input `"), "{name}: {}", e.message);
+        assert_eq!(b.read(w).unwrap(), before, "{name}");
+        // The input's elements, flat: same count and dtype, another shape.
+        let (id, fed) = &f[x];
+        let flat = fed.clone().reshape(&[fed.numel()]).unwrap();
+        let reshaped: Vec<_> =
+            f.iter().map(|(i, t)| (*i, if i == id { &flat } else { t })).collect();
+        let e = b.run(&reshaped, &[t.loss], opts).unwrap_err();
+        let input = t.graph.node(*id);
+        let Op::Input { name: input_name } = &input.op else { unreachable!() };
+        let expected = format!(
+            "input `{input_name}` is {dt}{}, got {dt}[{}]: the same elements in another shape; \
+             reshape the tensor to the input's shape",
+            rumus::tensor::fmt_shape(fed.shape()),
+            fed.numel(),
+            dt = input.dtype,
+        );
+        assert_eq!(e.message, expected, "{name}");
         assert_eq!(b.read(w).unwrap(), before, "{name}");
     }
 }
