@@ -5,8 +5,9 @@
 //! session that uses it.
 
 use crate::dist::Communicator;
+use crate::err;
 use crate::error::Result;
-use crate::graph::{NodeId, TrainGraph};
+use crate::graph::{Graph, NodeId, TrainGraph};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
@@ -71,10 +72,27 @@ pub trait Backend: Send {
         want: &[NodeId],
         step: u64,
     ) -> Result<Vec<Tensor>>;
-    /// Current value of a parameter or state node.
+    /// Current value of a parameter or state node (any other node is an error:
+    /// [`persistent_node`]).
     fn read(&self, id: NodeId) -> Result<Tensor>;
-    /// Overwrite a parameter or state node.
+    /// Overwrite a parameter or state node (any other node is an error: [`persistent_node`]).
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()>;
     /// A human-readable description of how the graph is executed.
     fn plan_report(&self) -> String;
+}
+
+/// The rule of [`Backend::read`] and [`Backend::write`] on every backend: `id` is a parameter
+/// or optimizer state of `g`. The flat arena the GPU keeps them in (a concat of them) has a
+/// buffer too, but it is not a value a caller can name on the CPU, so neither backend takes it.
+pub fn persistent_node(g: &Graph, id: NodeId) -> Result<()> {
+    match g.nodes.get(id.index()) {
+        Some(n) if n.op.is_persistent() => Ok(()),
+        Some(n) => Err(err!(
+            InvalidArgument,
+            "node {} ({}) is not a parameter or optimizer state: only those can be read or written",
+            id.index(),
+            n.op.name()
+        )),
+        None => Err(err!(InvalidArgument, "node {} is not in the graph", id.index())),
+    }
 }

@@ -107,6 +107,7 @@ impl Backend for CpuBackend {
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
+        crate::backend::persistent_node(&self.graph, id)?;
         let data = self
             .exec
             .persistent(id)
@@ -115,6 +116,7 @@ impl Backend for CpuBackend {
     }
 
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
+        crate::backend::persistent_node(&self.graph, id)?;
         let data =
             value.as_f32().ok_or_else(|| err!(Shape, "persistent values are f32, got {}", value.dtype()))?;
         self.exec.set_persistent(&self.graph, id, data.to_vec())

@@ -186,6 +186,7 @@ impl Backend for GpuBackend {
     }
 
     fn read(&self, id: NodeId) -> Result<Tensor> {
+        crate::backend::persistent_node(&self.graph, id)?;
         let _turn = self.gpu.turn();
         let (buf, offset) = self.persistent_buffer(id)?;
         let n: usize = self.graph.shape(id).iter().product();
@@ -194,6 +195,7 @@ impl Backend for GpuBackend {
     }
 
     fn write(&mut self, id: NodeId, value: &Tensor) -> Result<()> {
+        crate::backend::persistent_node(&self.graph, id)?;
         let shape = self.graph.shape(id);
         if value.shape() != shape {
             return Err(err!(

@@ -705,6 +705,43 @@ fn writing_integers_into_a_parameter_is_refused_on_both_backends() {
     }
 }
 
+/// Only parameters and optimizer states can be read or written, on both backends alike: the
+/// GPU read and wrote the flat arena it keeps them in (a concat the CPU refused), and any node
+/// is refused with its name, one past the graph too.
+#[test]
+fn only_parameters_and_states_are_read_or_written_on_both_backends() {
+    let (gpus, _turn) =
+        both_or_skip("only_parameters_and_states_are_read_or_written_on_both_backends");
+    let (t, w, mut backends) = mlp_on_every_backend(gpus);
+    let arenas = rumus::plan::arena::host_arenas(&t.graph);
+    let arena = arenas.first().expect("the optimizer keeps its parameters in an arena").node;
+    // A node of another, larger graph: one past this one's.
+    let mut other = Graph::new();
+    let past = (0..=t.graph.n_nodes())
+        .map(|i| other.input(&format!("x{i}"), &[1], DType::F32).unwrap())
+        .last()
+        .unwrap();
+    for b in &mut backends {
+        let name = b.device_name();
+        let before = b.read(w).unwrap();
+        for (id, what) in [(arena, "concat"), (t.loss, t.graph.node(t.loss).op.name())] {
+            let expected = format!(
+                "node {} ({what}) is not a parameter or optimizer state: only those can be read or \
+                 written",
+                id.index()
+            );
+            assert_eq!(b.read(id).unwrap_err().message, expected, "{name}");
+            let zeros =
+                Tensor::f32(t.graph.shape(id), vec![0.0; t.graph.shape(id).iter().product()])
+                    .unwrap();
+            assert_eq!(b.write(id, &zeros).unwrap_err().message, expected, "{name}");
+        }
+        let expected = format!("node {} is not in the graph", past.index());
+        assert_eq!(b.read(past).unwrap_err().message, expected, "{name}");
+        assert_eq!(b.read(w).unwrap(), before, "{name}");
+    }
+}
+
 /// A run's feeds are checked alike on both backends: a feed for a parameter is refused (the GPU
 /// wrote it over the parameter's buffer), an input the step reads but nobody fed is an
 /// error naming it (the GPU ran on what its buffer held from the step before), and so is a
