@@ -219,6 +219,11 @@ pub struct PlanArgs {
     /// Also draw the step's memory into OUT.svg: each value's bytes across the kernels
     #[arg(long, value_name = "OUT.svg", conflicts_with = "wgsl")]
     pub svg: Option<PathBuf>,
+    /// Plan for this machine's adapter (gpu; auto: a hardware one if there is one) instead of
+    /// a modelled one [default: modelled: WebGPU's default limits, or with high or medium an
+    /// adapter with cooperative matrices]
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<DeviceChoice>,
     #[command(flatten)]
     pub precision: PrecisionArg,
 }

@@ -67,12 +67,14 @@ pub fn training_step(spec: &ModelSpec) -> Result<(TrainGraph, Arc<Source>)> {
 fn compiled(
     spec: &ModelSpec,
     fusion: bool,
-    target: &Target,
+    on: &PlanTarget,
 ) -> Result<(TrainGraph, Plan, PlanPrograms)> {
     let (t, src) = training_step(spec)?;
     let at = |e: crate::Error| e.in_source(&src);
+    let target = &on.target;
     let opts = PlanOptions {
         fusion,
+        limits: on.limits,
         matmul_prologues: target.converts_operands(),
         ..PlanOptions::default()
     };
@@ -89,16 +91,70 @@ fn cross_entropy_on_first_output(g: &mut Graph) -> Result<NodeId> {
     g.cross_entropy(out, target, None)
 }
 
-/// The device `rumus plan` plans for: WebGPU's default limits, or with `high` or `medium` an
-/// adapter with cooperative matrices (the H200's limits), which a machine without one cannot
-/// show otherwise; the cooperative tile from `RUMUS_MATMUL_COOP_TILE` when set.
-pub fn plan_target(precision: Option<MatmulPrecision>) -> Result<Target> {
+/// The device `rumus plan` plans for, and one line saying which.
+pub struct PlanTarget {
+    /// What codegen plans for.
+    pub target: Target,
+    /// The adapter's limits the plan must fit (none for a modelled device).
+    pub limits: Option<crate::plan::Limits>,
+    /// `"this machine's adapter NAME"` or the modelled device.
+    pub what: String,
+}
+
+/// The device `rumus plan` plans for. With `device` (`--device gpu`, or `auto` where there is
+/// a hardware adapter) this machine's adapter: its limits and, where `precision` is not given,
+/// its default mode, as `bench` and `run` compile. Otherwise a modelled device that needs no
+/// GPU: WebGPU's default limits, or with `high` or `medium` an adapter with cooperative
+/// matrices (the H200's limits), which a machine without one cannot show otherwise. The
+/// cooperative tile from `RUMUS_MATMUL_COOP_TILE` when set.
+pub fn plan_target(
+    precision: Option<MatmulPrecision>,
+    device: Option<DeviceChoice>,
+) -> Result<PlanTarget> {
     let options = MatmulOptions::from_env()?;
-    Ok(match precision {
-        Some(p) if p.is_cooperative() => {
-            Target { matmul: MatmulOptions { precision: p, ..options }, ..Target::COOPERATIVE }
+    let gpu = match device {
+        Some(DeviceChoice::Cpu) => {
+            return Err(err!(
+                Usage,
+                "--device cpu: the CPU runs no plan (it evaluates the graph op by op); use \
+                 --device gpu for this machine's adapter, or leave --device out for a modelled one"
+            ))
         }
-        _ => Target { matmul: options, ..Target::WEBGPU_DEFAULT },
+        Some(DeviceChoice::Gpu) => shared_gpu(DeviceChoice::Gpu)?,
+        // Not `shared_gpu(Auto)`, whose notice says the CPU backend runs.
+        Some(DeviceChoice::Auto) => {
+            crate::runtime::device::test_gpu().ok().filter(|g| !g.is_software())
+        }
+        None => None,
+    };
+    if let Some(gpu) = gpu {
+        let mode = gpu.matmul_precision(precision);
+        let target = gpu.target(MatmulOptions { precision: mode, ..options });
+        let what = format!("this machine's adapter {}", gpu.describe());
+        let limits = Some(crate::plan::Limits::of(&gpu.limits));
+        return Ok(PlanTarget { target, limits, what });
+    }
+    let hint = if device.is_some() {
+        "no hardware adapter found"
+    } else {
+        "--device gpu plans for this machine's"
+    };
+    Ok(match precision {
+        Some(p) if p.is_cooperative() => PlanTarget {
+            target: Target {
+                matmul: MatmulOptions { precision: p, ..options },
+                ..Target::COOPERATIVE
+            },
+            limits: None,
+            what: format!(
+                "a modelled adapter with cooperative matrices and the H200's limits ({hint})"
+            ),
+        },
+        _ => PlanTarget {
+            target: Target { matmul: options, ..Target::WEBGPU_DEFAULT },
+            limits: None,
+            what: format!("a modelled adapter with WebGPU's default limits ({hint})"),
+        },
     })
 }
 
@@ -108,10 +164,10 @@ pub fn plan_command(
     spec: &ModelSpec,
     fusion: bool,
     as_json: bool,
-    precision: Option<MatmulPrecision>,
+    on: &PlanTarget,
 ) -> Result<String> {
-    let target = plan_target(precision)?;
-    let (t, p, programs) = compiled(spec, fusion, &target)?;
+    let target = &on.target;
+    let (t, p, programs) = compiled(spec, fusion, on)?;
     let dispatches = programs.all().count();
     let mut r = PlanReport::new(&t.graph, &p, dispatches, programs.scratch_bytes());
     let mut matmuls = Vec::new();
@@ -130,12 +186,13 @@ pub fn plan_command(
     if as_json {
         let mut v = r.json();
         v["matmul_precision"] = json!(mode.to_string());
+        v["planned_for"] = json!(on.what);
         v["matmul_kernels"] = json!(matmuls);
         let per_kernel: Vec<usize> = programs.kernels.iter().map(|k| k.programs.len()).collect();
         v["kernel_dispatches"] = json!(per_kernel);
         return Ok(format!("{v}\n"));
     }
-    Ok(format!("matmul precision {mode}\n{}", r.text()))
+    Ok(format!("matmul precision {mode}, planned for {}\n{}", on.what, r.text()))
 }
 
 /// `rumus plan --svg OUT`: the memory picture of the training step's plan
@@ -143,7 +200,7 @@ pub fn plan_command(
 pub fn plan_svg(
     spec: &ModelSpec,
     fusion: bool,
-    precision: Option<MatmulPrecision>,
+    on: &PlanTarget,
     out: &std::path::Path,
 ) -> Result<()> {
     crate::files::check_output(
@@ -153,7 +210,7 @@ pub fn plan_svg(
         std::path::Path::new(&spec.file),
         crate::files::Output::File,
     )?;
-    let (t, p, programs) = compiled(spec, fusion, &plan_target(precision)?)?;
+    let (t, p, programs) = compiled(spec, fusion, on)?;
     let scratch = programs.scratch_bytes();
     let phases = Phases { backward_start: t.backward_start, update_start: t.update_start };
     let layout = picture::layout(&t.graph, &p, phases, scratch);
@@ -172,9 +229,9 @@ pub fn plan_wgsl(
     spec: &ModelSpec,
     fusion: bool,
     kernel: Option<usize>,
-    precision: Option<MatmulPrecision>,
+    on: &PlanTarget,
 ) -> Result<String> {
-    compiled(spec, fusion, &plan_target(precision)?)?.2.listing(kernel)
+    compiled(spec, fusion, on)?.2.listing(kernel)
 }
 
 /// Random inputs for every input of a training step: f32 normal, i32 in range of the logits'

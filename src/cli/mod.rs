@@ -75,15 +75,13 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
         Command::Plot(a) => crate::plot::plot_log(&a.log, &a.output).map(|()| 0),
         Command::Plan(a) => {
             let spec = model_spec(a.file, a.model);
-            let precision = a.precision.matmul_precision;
+            let on = bench::plan_target(a.precision.matmul_precision, a.device)?;
             if let Some(out) = &a.svg {
-                bench::plan_svg(&spec, !a.unfused, precision, out)?;
+                bench::plan_svg(&spec, !a.unfused, &on, out)?;
             }
             match a.wgsl {
-                Some(kernel) => {
-                    print_text(&bench::plan_wgsl(&spec, !a.unfused, kernel, precision)?)
-                }
-                None => print_text(&bench::plan_command(&spec, !a.unfused, a.json, precision)?),
+                Some(kernel) => print_text(&bench::plan_wgsl(&spec, !a.unfused, kernel, &on)?),
+                None => print_text(&bench::plan_command(&spec, !a.unfused, a.json, &on)?),
             }
         }
         Command::Bench(a) => {

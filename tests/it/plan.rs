@@ -690,6 +690,41 @@ fn rumus_plan_lists_and_counts_the_cooperative_products_dispatches() {
     assert!(counts[1] > counts[0], "{counts:?}");
 }
 
+/// `rumus plan --device gpu` plans for this machine's adapter and says so (its name, its default
+/// precision); `--device cpu` is a usage error saying what to do (the CPU runs no plan).
+#[test]
+fn rumus_plan_on_this_machines_adapter_names_it() {
+    let run = |device: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(["plan", "scripts/xor.rms", "--set", "B=4", "--device", device])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap()
+    };
+    let out = run("cpu");
+    assert_eq!(out.status.code(), Some(2));
+    let expected = "--device cpu: the CPU runs no plan (it evaluates the graph op by op); \
+                    use --device gpu for this machine's adapter, or leave --device out for a \
+                    modelled one\n";
+    assert_eq!(String::from_utf8_lossy(&out.stderr), expected);
+    let Some((gpu, turn)) =
+        crate::common::gpu::or_skip("rumus_plan_on_this_machines_adapter_names_it")
+    else {
+        return;
+    };
+    drop(turn); // the child process opens its own device
+    let out = run("gpu");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mode = if gpu.cooperative.is_some() { "high" } else { "highest" };
+    let head =
+        format!("matmul precision {mode}, planned for this machine's adapter {}\n", gpu.describe());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with(&head),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// `rumus plan --matmul-precision MODE` plans for an adapter with cooperative matrices and
 /// names each matmul kernel's kernel (text and JSON); `RUMUS_MATMUL_COOP_TILE` sets the
 /// cooperative tile (shown in the WGSL), and a tile that does not parse is a usage error naming
@@ -713,7 +748,10 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
         assert!(!kernels.is_empty() && kernels.iter().all(|k| k["tile"] == kernel), "{v}");
         let out = run(&["--matmul-precision", mode], None);
         let text = String::from_utf8(out.stdout).unwrap();
-        assert!(text.starts_with(&format!("matmul precision {mode}\n")), "{text}");
+        let modelled = "planned for a modelled adapter with cooperative matrices and the H200's \
+                        limits (--device gpu plans for this machine's)\n";
+        assert!(text.starts_with(&format!("matmul precision {mode}, {modelled}")), "{text}");
+        assert_eq!(v["planned_for"], modelled["planned for ".len()..].trim_end(), "{v}");
         // Each product's two dispatches, its conversion and itself, named on its line and
         // counted per kernel in the JSON; the kernels' dispatches and the commits make the total.
         let line =
@@ -904,7 +942,10 @@ fn rumus_plan_svg_draws_each_value_and_the_peak() {
         .output()
         .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    assert!(String::from_utf8_lossy(&run.stdout).starts_with("matmul precision highest\nops "));
+    let modelled = "a modelled adapter with WebGPU's default limits (--device gpu plans for this \
+                    machine's)";
+    let head = format!("matmul precision highest, planned for {modelled}\nops ");
+    assert!(String::from_utf8_lossy(&run.stdout).starts_with(&head));
 
     // The same plan, counted here: every value but the arenas that hold members.
     let spec = rumus::cli::bench::ModelSpec {
@@ -919,7 +960,7 @@ fn rumus_plan_svg_draws_each_value_and_the_peak() {
     let arenas: Vec<usize> = p.buffers.iter().filter_map(|b| b.within.map(|w| w.0)).collect();
     let values: Vec<_> = p.values.iter().filter(|v| !arenas.contains(&v.buffer)).collect();
     assert!(values.len() > 20 && values.len() < p.values.len(), "{}", values.len());
-    let target = rumus::cli::bench::plan_target(None).unwrap();
+    let target = rumus::cli::bench::plan_target(None, None).unwrap().target;
     let scratch = rumus::codegen::compile(&t.graph, &p, &target).unwrap().scratch_bytes();
     assert!(scratch > 0, "xor's step has scratch (cross-entropy's sum)");
     let last = p.kernels.len() as i64 - 1;
