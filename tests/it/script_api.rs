@@ -1196,3 +1196,22 @@ fn messages_name_the_scripts_own_types() {
         check(&format!("{m}{code}"), &format!("error: {expected}\n"));
     }
 }
+
+/// Found by the hostile-input audit: `log_metric("loss", v)` was drawn into the training
+/// loss's own curve (`rumus plot` and `--plot` read a metric named `loss` as steps' losses,
+/// its points among theirs), and an empty name drew a panel without a title.
+#[test]
+fn a_metric_named_loss_or_nothing_is_refused() {
+    check(
+        "log_metric(\"loss\", 0.5);",
+        "error: log_metric: `loss` is the training loss's curve, which every step logs; give the metric another name, such as \"val_loss\"\n",
+    );
+    check("log_metric(\"loss\", 1);", &run("log_metric(\"loss\", 0.5);"));
+    for name in ["", "  "] {
+        check(
+            &format!("log_metric(\"{name}\", 0.5);"),
+            "error: log_metric: the metric's name is empty; give it a name, as in log_metric(\"val_loss\", v)\n",
+        );
+    }
+    check("log_metric(\"val_loss\", 0.5); log_metric(\"losses\", 2); print(1);", "1\n");
+}

@@ -90,7 +90,22 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
 }
 
 /// `log_metric(name, value)`: an event at the last trainer's step and the current epoch.
-fn metric(ctx: &Ctx, name: &str, value: FLOAT) {
+///
+/// The name is a curve's: `loss` is the training loss's own curve (a metric of that name was
+/// drawn into it, its points among the steps' losses), and a name with nothing to read in it
+/// (empty or spaces) draws a panel without a title.
+fn metric(ctx: &Ctx, name: &str, value: FLOAT) -> ScriptResult<()> {
+    if name.trim().is_empty() {
+        return Err(script_err(
+            "log_metric: the metric's name is empty; give it a name, as in log_metric(\"val_loss\", v)",
+        ));
+    }
+    if name == "loss" {
+        return Err(script_err(
+            "log_metric: `loss` is the training loss's curve, which every step logs; give the metric another name, such as \"val_loss\"",
+        ));
+    }
     let (step, epoch) = (ctx.last_step.load(Ordering::Relaxed), *lock(&ctx.epoch));
     ctx.emit(Event::Metric { step, name: name.to_string(), value, epoch });
+    Ok(())
 }
