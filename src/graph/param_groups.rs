@@ -6,7 +6,8 @@
 //! included (`*.bias` matches `blocks.0.attn.qkv.bias`), `?` one character, anything else
 //! itself. A parameter takes the first group with a pattern that matches it; parameters no
 //! group matches keep the optimizer's own hyperparameters. A pattern that matches no parameter
-//! is an error: it is almost always a misspelt name.
+//! is an error: it is almost always a misspelt name; so is one whose every parameter an
+//! earlier group takes (its group's settings would apply to none of them).
 
 use crate::err;
 use crate::error::Result;
@@ -101,10 +102,28 @@ pub fn assign(
             }
         }
     }
-    Ok(names
+    let assigned: Vec<Option<usize>> = names
         .iter()
         .map(|n| groups.iter().position(|g| g.params.iter().any(|p| glob_match(p, n))))
-        .collect())
+        .collect();
+    // A pattern whose every parameter an earlier group takes changes nothing: its group's
+    // settings were silently not applied to them (`[#{ params: ["*"] }, #{ params:
+    // ["*.bias"], weight_decay: 0.0 }]` decayed the biases).
+    for (i, group) in groups.iter().enumerate().skip(1) {
+        for p in &group.params {
+            let mut matched = names.iter().zip(&assigned).filter(|(n, _)| glob_match(p, n));
+            if matched.clone().any(|(_, g)| *g == Some(i)) {
+                continue;
+            }
+            // Every pattern matches a parameter (checked above), which some group takes.
+            let Some((first, Some(taker))) = matched.next() else { continue };
+            return Err(err!(
+                InvalidArgument,
+                "{context}: groups[{i}]: pattern `{p}` matches only parameters that an earlier group takes (`{first}` is in groups[{taker}]): a parameter takes the first group that matches it, so put this group before groups[{taker}] or narrow that group's patterns"
+            ));
+        }
+    }
+    Ok(assigned)
 }
 
 /// The first few of `names`, for an error message.

@@ -161,6 +161,11 @@ fn groups_from_scripts_and_their_errors() {
     #{ params: [\"*.bias\"], weight_decay: 0.0 }, #{ params: [\"fc1.*\"], lr_scale: 0.5 }] }) });
 print(n.step);\n";
     check(ok, "0\n");
+    // Patterns of one group may overlap; a later group may take what an earlier one leaves.
+    let overlapping = "let n = m().compile(#{ optimizer: sgd(#{ groups: [
+    #{ params: [\"*.bias\", \"fc2.bias\"] }, #{ params: [\"*\"], lr_scale: 0.5 }] }) });
+print(n.step);\n";
+    check(overlapping, "0\n");
     let cases = [
         (
             "adamw(#{ groups: [#{ params: [\"*.bais\"], weight_decay: 0.0 }] })",
@@ -169,6 +174,16 @@ print(n.step);\n";
         (
             "sgd(#{ groups: [#{ params: [\"*.bias\"] }, #{ params: [\"fc3.*\"] }] })",
             "sgd: groups[1]: pattern `fc3.*` matches no parameter (parameters: fc1.weight, fc1.bias, fc2.weight, fc2.bias)",
+        ),
+        // Found by the hostile-input audit: a group whose every parameter an earlier group
+        // takes was silently not applied (here the biases were decayed).
+        (
+            "adamw(#{ groups: [#{ params: [\"*\"], lr_scale: 0.5 }, #{ params: [\"*.bias\"], weight_decay: 0.0 }] })",
+            "adamw: groups[1]: pattern `*.bias` matches only parameters that an earlier group takes (`fc1.bias` is in groups[0]): a parameter takes the first group that matches it, so put this group before groups[0] or narrow that group's patterns",
+        ),
+        (
+            "sgd(#{ groups: [#{ params: [\"fc1.*\"] }, #{ params: [\"fc2.*\", \"fc1.bias\"] }] })",
+            "sgd: groups[1]: pattern `fc1.bias` matches only parameters that an earlier group takes (`fc1.bias` is in groups[0]): a parameter takes the first group that matches it, so put this group before groups[0] or narrow that group's patterns",
         ),
         (
             "adam(#{ groups: [#{ params: [\"*.bias\"], decay: 0.0 }] })",
