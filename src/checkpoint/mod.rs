@@ -201,6 +201,28 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
     }
 }
 
+/// What a file whose header length does not fit is, said after the length's error: the
+/// format its first bytes show (a PyTorch `.pt` file is the usual mistake), else that it is
+/// not a safetensors file or is damaged.
+fn other_format(bytes: &[u8]) -> &'static str {
+    const TORCH: &str = ": the file is not a safetensors file but a PyTorch file (`torch.save` \
+        writes a zip archive or a pickle); convert it with scripts/tools/export_torch.py and load \
+        it with `from: \"pytorch\"`";
+    if bytes.starts_with(b"PK\x03\x04") || matches!(bytes, [0x80, 2..=5, ..]) {
+        TORCH
+    } else if bytes.starts_with(&[0x1f, 0x8b]) {
+        ": the file is not a safetensors file but gzip-compressed: decompress it first"
+    } else if bytes.starts_with(b"\x89HDF\r\n\x1a\n") {
+        ": the file is not a safetensors file but HDF5 (a Keras `.h5` file?)"
+    } else if bytes.starts_with(b"\x93NUMPY") {
+        ": the file is not a safetensors file but a NumPy `.npy` array"
+    } else if bytes.starts_with(b"GGUF") {
+        ": the file is not a safetensors file but GGUF"
+    } else {
+        ": the file is not a safetensors file, or it is damaged"
+    }
+}
+
 /// A checked file: its tensors' header entries in data order, its metadata and its data.
 struct Layout<'a> {
     infos: Vec<(String, TensorInfo)>,
@@ -228,7 +250,8 @@ impl<'a> Layout<'a> {
         if header_len > MAX_HEADER_LEN {
             return Err(err!(
                 Checkpoint,
-                "header length {header_len} is over the limit of {MAX_HEADER_LEN} bytes"
+                "header length {header_len} is over the limit of {MAX_HEADER_LEN} bytes{}",
+                other_format(bytes)
             ));
         }
         // At most 100 MB, so it fits in usize.
@@ -236,8 +259,9 @@ impl<'a> Layout<'a> {
         let (header, data) = rest.split_at_checked(header_len).ok_or_else(|| {
             err!(
                 Checkpoint,
-                "header length {header_len} runs past the end of the file ({} bytes after the length)",
-                rest.len()
+                "header length {header_len} runs past the end of the file ({} bytes after the length){}",
+                rest.len(),
+                other_format(bytes)
             )
         })?;
         let header = std::str::from_utf8(header).map_err(|e| {

@@ -189,6 +189,31 @@ fn every_truncation_of_a_valid_file_is_an_error() {
     assert!(from_bytes(&bytes).is_ok());
 }
 
+/// Found by the hostile-input audit: a PyTorch `.pt` file (a zip archive) given to `load` was
+/// "header length 85966670672 is over the limit of 100000000 bytes", nothing more: the message
+/// now names the format and what to do.
+#[test]
+fn a_file_of_another_format_is_named_as_such() {
+    let torch = "the file is not a safetensors file but a PyTorch file (`torch.save` writes a zip archive or a pickle); convert it with scripts/tools/export_torch.py and load it with `from: \"pytorch\"`";
+    let zip = b"PK\x03\x04\x14\x00\x00\x00\x08\x00archive/data.pkl";
+    let pickle = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.";
+    let gzip = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03";
+    let hdf5 = b"\x89HDF\r\n\x1a\n\x00\x00\x00\x00\x00\x08\x08\x00";
+    let npy = b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}";
+    let cases: [(&[u8], String); 6] = [
+        (zip, format!("header length 85966670672 is over the limit of 100000000 bytes: {torch}")),
+        (pickle, format!("header length 5088219219985302144 is over the limit of 100000000 bytes: {torch}")),
+        (gzip, "header length 559903 runs past the end of the file (2 bytes after the length): the file is not a safetensors file but gzip-compressed: decompress it first".into()),
+        (hdf5, "header length 727905341903489161 is over the limit of 100000000 bytes: the file is not a safetensors file but HDF5 (a Keras `.h5` file?)".into()),
+        (npy, "header length 379676406402707 is over the limit of 100000000 bytes: the file is not a safetensors file but a NumPy `.npy` array".into()),
+        (b"GGUF\x03\x00\x00\x00\x00", "header length 14064895815 is over the limit of 100000000 bytes: the file is not a safetensors file but GGUF".into()),
+    ];
+    for (bytes, want) in cases {
+        let Err(e) = from_bytes(bytes) else { panic!("{bytes:?} loaded") };
+        assert_eq!(e.message, want, "{bytes:?}");
+    }
+}
+
 #[test]
 fn flipping_any_byte_never_panics() {
     let t = Tensor::f32(&[2], vec![1.0, 2.0]).unwrap();
@@ -213,17 +238,17 @@ fn malformed_files_each_get_their_own_message() {
         (
             "oversized header length",
             [100_000_001u64.to_le_bytes().as_slice(), b"{}"].concat(),
-            "header length 100000001 is over the limit of 100000000 bytes",
+            "header length 100000001 is over the limit of 100000000 bytes: the file is not a safetensors file, or it is damaged",
         ),
         (
             "header length u64::MAX",
             u64::MAX.to_le_bytes().to_vec(),
-            "header length 18446744073709551615 is over the limit of 100000000 bytes",
+            "header length 18446744073709551615 is over the limit of 100000000 bytes: the file is not a safetensors file, or it is damaged",
         ),
         (
             "header length past the file end",
             [64u64.to_le_bytes().as_slice(), b"{}"].concat(),
-            "header length 64 runs past the end of the file (2 bytes after the length)",
+            "header length 64 runs past the end of the file (2 bytes after the length): the file is not a safetensors file, or it is damaged",
         ),
         (
             "header not UTF-8",
