@@ -23,7 +23,10 @@
 //! kernels' q, k, v and output gradient) and can address it: no kernel, no buffer, its readers
 //! address the viewed value's buffer. A reshape of a value in row-major order is such a view
 //! that any kernel can read (it shares the buffer as it is). A chain no reader can address is
-//! copied by an elementwise kernel.
+//! copied by an elementwise kernel. The other way round, a concat whose every input is such a
+//! chain over a value its kernel writes through strides (the attention backward's dq, dK and
+//! dV, joined into the qkv projection's gradient) has no kernel: each value is stored inside
+//! the concat's buffer where the chain puts it (`concats_in_place`).
 //!
 //! Where a plan's products convert their operands in a pass of their own (the cooperative
 //! kernels; `Fusing::prologues`), an elementwise chain of unary ops that only a product reads
@@ -180,6 +183,10 @@ fn fuse_once(
         }
     }
     let in_place = arena_views(g, &live, &consumers, &is_arena, &is_root, flat);
+    let (in_place_at, concat_in_place) = match fusion {
+        true => concats_in_place(g, &live, &consumers, &is_root, forced, apart),
+        false => (vec![None; n], vec![false; n]),
+    };
     let read_as_view =
         |id: NodeId| reads_view(g, id, &consumers[id.index()], apart, &in_place, flat);
 
@@ -229,10 +236,14 @@ fn fuse_once(
             }
             _ => true,
         };
-        // A value whose kernel writes it through strides, stored in the order a permute of it
+        // A value whose kernel writes it through strides: inside a concat's buffer where the
+        // concat would copy it (`concats_in_place`), or stored in the order a permute of it
         // wants (the attention output in [B, T, H, Dh] order, so that merging its heads is a
         // view), when every reader reads strides.
-        if fusion && writes_strided(&node.op) && !is_root[i] && read_as_view(id) {
+        if let Some((c, v)) = &in_place_at[i] {
+            alias[i] = Some(*c);
+            view[i] = Some(v.clone());
+        } else if fusion && writes_strided(&node.op) && !is_root[i] && read_as_view(id) {
             let order = consumers[i].iter().find_map(|&c| match &g.node(c).op {
                 Op::Permute { perm } if perm.last() == Some(&(perm.len() - 1)) => Some(perm),
                 _ => None,
@@ -395,7 +406,9 @@ fn fuse_once(
         let kind = match &node.op {
             Op::Input { .. } | Op::Parameter { .. } | Op::State { .. } => continue,
             Op::Concat { .. } if is_arena[i] => continue, // persistent: no kernel
-            _ if alias[i].is_some() => continue, // a view of another value's buffer
+            Op::Concat { .. } if concat_in_place[i] => continue, // its inputs' kernels write it
+            // A view of another value's buffer (not a value its kernel writes into a concat's).
+            _ if alias[i].is_some() && in_place_at[i].is_none() => continue,
             // Stats are computed by the kernel of the op that consumes them, when there is one.
             Op::LayerNormStats { .. } | Op::AttentionStats if stats_home(id).is_some() => continue,
             Op::LayerNormStats { .. } => KernelKind::LayerNormStats,
@@ -670,6 +683,137 @@ fn arena_views(
     out
 }
 
+/// Concats that the kernels of their inputs write in place: a concat each of whose inputs is a
+/// chain of layout ops (one reader each) over a value whose kernel writes through strides
+/// ([`writes_strided`]), or over one of the size-1 slices along one axis that together make
+/// such a value (dK and dV, one `[2, ..]` value). Each such value is stored inside the concat's
+/// buffer (its `alias` the concat) at the view that puts every element where the chain puts
+/// it, and the concat has no kernel: the q, k and v gradients of a fused qkv projection are
+/// written by the attention backward where the projection's backward reads them. Returns, per
+/// node, the concat and view of each value so stored, and whether a concat is written so.
+fn concats_in_place(
+    g: &Graph,
+    live: &[bool],
+    consumers: &[Vec<NodeId>],
+    is_root: &[bool],
+    forced: &[bool],
+    apart: &dyn Fn(NodeId, NodeId) -> bool,
+) -> (Vec<Option<(NodeId, View)>>, Vec<bool>) {
+    let n = g.n_nodes();
+    let mut placed: Vec<Option<(NodeId, View)>> = vec![None; n];
+    let mut written = vec![false; n];
+    for (c, node) in g.nodes() {
+        let Op::Concat { axis } = node.op else { continue };
+        if !live[c.index()] || node.dtype != crate::tensor::DType::F32 {
+            continue;
+        }
+        let free = |x: NodeId| !is_root[x.index()] && !forced[x.index()] && !apart(x, c);
+        if let Some(members) = concat_members(g, c, axis, consumers, &free) {
+            for (m, v) in members {
+                placed[m.index()] = Some((c, v));
+            }
+            written[c.index()] = true;
+        }
+    }
+    (placed, written)
+}
+
+/// The values that write concat `c` (along `axis`) in place and their views in its buffer
+/// ([`concats_in_place`]), `None` unless every input of `c` is such a chain. `free`: a node
+/// that may be stored elsewhere than in a buffer of its own (not a root, not split off).
+fn concat_members(
+    g: &Graph,
+    c: NodeId,
+    axis: usize,
+    consumers: &[Vec<NodeId>],
+    free: &dyn Fn(NodeId) -> bool,
+) -> Option<Vec<(NodeId, View)>> {
+    let whole = View::contiguous(g.shape(c));
+    let step = *whole.strides.get(axis)?;
+    // Each input's chain (bottom up) from the value written, and the input's view in `c`.
+    let mut chains: Vec<(NodeId, Vec<NodeId>, View)> = Vec::new();
+    // The views of the slices of a sliced value: (value, slice axis, start, view of the value).
+    let mut parts: Vec<(NodeId, usize, usize, View)> = Vec::new();
+    let mut direct: Vec<(NodeId, View)> = Vec::new();
+    let mut at = 0;
+    for &x in &g.node(c).inputs {
+        let top = View { offset: at * step, strides: whole.strides.clone() };
+        at += *g.shape(x).get(axis)?;
+        let (mut y, mut above, mut v, mut chain) = (x, c, top.clone(), Vec::new());
+        loop {
+            if consumers[y.index()] != [above] || !free(y) {
+                return None;
+            }
+            let node = g.node(y);
+            let below = *node.inputs.first()?;
+            match node.op {
+                ref op if writes_strided(op) => {
+                    direct.push((y, v));
+                    break;
+                }
+                Op::Slice { axis: a, start, end }
+                    if end == start + 1 && writes_strided(&g.node(below).op) =>
+                {
+                    chain.push(y);
+                    parts.push((below, a, start, v.before(g, y)?));
+                    y = below;
+                    break;
+                }
+                Op::Reshape | Op::Permute { .. } | Op::Slice { .. } => {
+                    chain.push(y);
+                    v = v.before(g, y)?;
+                    (above, y) = (y, below);
+                }
+                _ => return None,
+            }
+        }
+        chain.reverse();
+        chains.push((y, chain, top));
+    }
+    // A sliced value: its slices along one axis, each once, all its readers; the view of each
+    // slice's value agrees but on that axis, whose stride the slices' offsets give.
+    let mut values: Vec<NodeId> = parts.iter().map(|p| p.0).collect();
+    values.sort_unstable();
+    values.dedup();
+    for w in values {
+        let mut mine: Vec<&(NodeId, usize, usize, View)> = parts.iter().filter(|p| p.0 == w).collect();
+        mine.sort_by_key(|p| p.2);
+        let (a, first) = (mine[0].1, &mine[0].3);
+        let dim = *g.shape(w).get(a)?;
+        let stride = match mine.get(1) {
+            Some(p) => p.3.offset.checked_sub(first.offset)?,
+            None => 0,
+        };
+        let same = |v: &View| (0..v.strides.len()).all(|k| k == a || v.strides[k] == first.strides[k]);
+        let fits = mine.len() == dim
+            && consumers[w.index()].len() == dim
+            && free(w)
+            && mine.iter().enumerate().all(|(k, p)| {
+                p.1 == a && p.2 == k && same(&p.3) && p.3.offset == first.offset + k * stride
+            });
+        if !fits {
+            return None;
+        }
+        let mut strides = first.strides.clone();
+        strides[a] = stride;
+        direct.push((w, View { offset: first.offset, strides }));
+    }
+    // Each input's elements where the concat has them: the chains walked forwards from the
+    // values' views give back the inputs' views (what `before` undid), and the attention
+    // kernels can write them (the head dimension contiguous).
+    let view_of = |m: NodeId| direct.iter().find(|d| d.0 == m).map(|d| d.1.clone());
+    for (m, chain, top) in &chains {
+        let mut v = view_of(*m)?;
+        for &op in chain {
+            v = v.through(g, op)?;
+        }
+        if &v != top {
+            return None;
+        }
+    }
+    direct.iter().all(|(_, v)| v.strides.last() == Some(&1)).then_some(direct)
+}
+
 /// Whether elementwise node `id` is the base of a chain of reshapes and permutes (one consumer
 /// each, a permute among them) whose top every reader reads through strides but none inlines
 /// (a matmul operand): then `id` is better written in its own row-major order and the chain
@@ -808,10 +952,10 @@ fn norm_prologue(
     (whole_rows && !stats_read_before && !apart(stats, mm)).then_some((mm, true))
 }
 
-/// Whether the kernel of `op` writes its value through strides ([`View`] with offset 0 in its
-/// own buffer): the attention kernels' output and dq, whose layouts are strided.
+/// Whether the kernel of `op` writes its value through strides (a [`View`] in its own buffer,
+/// or in a concat's: [`concats_in_place`]): the attention kernels' output, dq, and dK with dV.
 fn writes_strided(op: &Op) -> bool {
-    matches!(op, Op::Attention | Op::AttentionGradQ)
+    matches!(op, Op::Attention | Op::AttentionGradQ | Op::AttentionGradKv)
 }
 
 /// Whether reader `c` of `id` can address `id` viewed as `v`: a matmul needs one matrix per

@@ -94,8 +94,9 @@ pub fn verify(g: &Graph, plan: &Plan, max_storage_buffers: Option<u32>) -> Resul
             if !written.contains(&owner) {
                 return Err(err!(
                     Invariant,
-                    "plan: kernel {k} reads node {}, which no earlier kernel writes",
-                    id.index()
+                    "plan: kernel {k} reads node {} ({}), which no earlier kernel writes",
+                    id.index(),
+                    g.nodes.get(id.index()).map_or("not in the graph", |n| n.op.name())
                 ));
             }
         }

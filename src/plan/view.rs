@@ -80,6 +80,40 @@ impl View {
     }
 }
 
+impl View {
+    /// [`View::through`] backwards: the view of layout op `id`'s input, given the view of `id`
+    /// (for a value written in place of a later one: `plan::fuse`'s concats written by their
+    /// inputs' kernels). A slice's input gets the slice's strides and the offset of its first
+    /// element; a size-1 axis's stride is free (0), so a caller combining several slices of one
+    /// value sets it. `None` when the op is not a layout op, the input's layout cannot be
+    /// addressed by strides, or it would start before the buffer.
+    pub fn before(&self, g: &Graph, id: NodeId) -> Option<View> {
+        let node = g.node(id);
+        let from = g.shape(*node.inputs.first()?);
+        if from.contains(&0) {
+            return None;
+        }
+        match &node.op {
+            Op::Slice { axis, start, .. } => Some(View {
+                offset: self.offset.checked_sub(start * self.strides.get(*axis)?)?,
+                strides: self.strides.clone(),
+            }),
+            Op::Permute { perm } => {
+                let mut strides = vec![0; perm.len()];
+                for (k, &p) in perm.iter().enumerate() {
+                    *strides.get_mut(p)? = *self.strides.get(k)?;
+                }
+                Some(View { offset: self.offset, strides })
+            }
+            Op::Reshape => Some(View {
+                offset: self.offset,
+                strides: reshape_strides(&node.shape, &self.strides, from)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The strides of a reshape of a `from`-shaped value with `strides` to `to`, when every run of
 /// axes that the reshape merges or splits is contiguous in memory (NumPy's no-copy reshape).
 fn reshape_strides(from: &[usize], strides: &[usize], to: &[usize]) -> Option<Vec<usize>> {
@@ -133,6 +167,39 @@ mod tests {
         // Size-1 batch axes take no part; no batch at all.
         check(&[0, 5, 1], &[1, 4, 5], Some([0, 5, 1]));
         check(&[7], &[3], None);
+    }
+
+    /// `before` undoes `through`: the heads of a gradient written into the third of a
+    /// `[B, T, 3C]` buffer (q's place in a fused qkv projection) through the permute and the
+    /// reshape that merged them.
+    #[test]
+    fn a_view_walked_back_through_layout_ops_gives_the_input_its_place() {
+        use crate::graph::Graph;
+        use crate::tensor::DType;
+        let (b, t, h, d) = (2, 5, 3, 4);
+        let c = h * d;
+        let mut g = Graph::new();
+        let dq = g.input("dq", &[b, h, t, d], DType::F32).unwrap();
+        let p = g.permute(dq, &[0, 2, 1, 3]).unwrap();
+        let r = g.reshape(p, &[b, t, c]).unwrap();
+        // Column block 1 of a row-major [B, T, 3C].
+        let top = View { offset: c, strides: vec![t * 3 * c, 3 * c, 1] };
+        let below = top.before(&g, r).unwrap();
+        assert_eq!(below, View { offset: c, strides: vec![t * 3 * c, 3 * c, d, 1] });
+        let base = below.before(&g, p).unwrap();
+        assert_eq!(base, View { offset: c, strides: vec![t * 3 * c, d, 3 * c, 1] });
+        assert_eq!(base.through(&g, p).unwrap().through(&g, r).unwrap(), top);
+        // A slice's input starts before it; a transposed pair cannot be merged back.
+        let x = g.input("x", &[6, 4], DType::F32).unwrap();
+        let s = g.slice(x, 0, 2, 5).unwrap();
+        let v = View { offset: 40, strides: vec![10, 1] };
+        assert_eq!(v.before(&g, s), Some(View { offset: 20, strides: vec![10, 1] }));
+        assert_eq!(View { offset: 10, strides: vec![10, 1] }.before(&g, s), None);
+        // A [12] split into [3, 4] whose view is transposed is no run of memory.
+        let flat = g.input("flat", &[12], DType::F32).unwrap();
+        let split = g.reshape(flat, &[3, 4]).unwrap();
+        assert_eq!(View { offset: 0, strides: vec![4, 1] }.before(&g, split), Some(View { offset: 0, strides: vec![1] }));
+        assert_eq!(View { offset: 0, strides: vec![1, 3] }.before(&g, split), None);
     }
 
     #[test]

@@ -451,12 +451,22 @@ pub fn lower(
             *layout = Strided::of_view(v)?;
         }
     }
-    // The output and dq may be written in another order (`plan::fuse`: the heads' order of the
-    // permute that merges them).
+    // The output, dq, and dK with dV may be written in another order (`plan::fuse`: the heads'
+    // order of the permute that merges them), or inside a concat's buffer at its place in it
+    // (the q, k and v gradients of one projection).
     if let Some(v) = plan.view[out.index()].as_ref() {
         match node.op {
             crate::graph::Op::Attention => layouts.o = Strided::of_view(v)?,
             crate::graph::Op::AttentionGradQ => layouts.dq = Strided::of_view(v)?,
+            crate::graph::Op::AttentionGradKv => {
+                // `[2, b, h, t, dh]`: dK at the view's offset, dV one step of its first axis on.
+                let Some((&step, strides)) = v.strides.split_first() else {
+                    return Err(err!(Invariant, "dK and dV viewed with strides {:?}", v.strides));
+                };
+                let part = |offset: usize| View { offset, strides: strides.to_vec() };
+                layouts.dk = Strided::of_view(&part(v.offset))?;
+                layouts.dv = Strided::of_view(&part(v.offset + step))?;
+            }
             _ => return Err(err!(Invariant, "attention kernel writing {} through strides", node.op.name())),
         }
     }
