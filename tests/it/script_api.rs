@@ -1215,3 +1215,31 @@ fn a_metric_named_loss_or_nothing_is_refused() {
     }
     check("log_metric(\"val_loss\", 0.5); log_metric(\"losses\", 2); print(1);", "1\n");
 }
+
+/// Found by the hostile-input audit: the positional forms feed a model's first input, so of a
+/// model of two inputs `x` and `y`, `predict(x)` said "input `y` was not fed" (as if the labels
+/// were missing), and of a model of none "the model has no input `` (inputs: )".
+#[test]
+fn positional_feeds_need_a_model_of_one_input() {
+    let two = "model m(x: f32[B, 2], y: f32[B, 2]) { return linear(x + y, 2) }
+let t = m().compile(#{ batch: 2 }); let x = zeros([2, 2]); let l = tensor([0, 1], \"i32\");\n";
+    let scored = "it scores models of one input; score the outputs of net.predict(#{ input: x, ... }) instead";
+    let has = "feeds x to a model's one input, and this model has 2, `x`, `y`";
+    for (call, advice) in [
+        ("train_step(x, l)", "give the inputs by name, with the labels as `target`: net.train_step(#{ input: x, ..., target: y })"),
+        ("predict(x)", "give the inputs by name: net.predict(#{ input: x, ... })"),
+        ("evaluate(x, l)", scored),
+        ("evaluate(dataset(x, l))", scored),
+        ("accuracy(x, l)", scored),
+    ] {
+        let name = &call[..call.find('(').unwrap()];
+        check(&format!("{two}t.{call}"), &format!("error: net.{name}(x, ..) {has}: {advice}\n"));
+    }
+    check(&format!("{two}print(t.predict(#{{ x: x, y: x }}).len());"), "1\n");
+    let none = "model m(n = 2) { param p[2] = ones\n return sum(p * p, [0]) }
+let t = m().compile(#{ loss: \"output\" }); print(t.train_step(#{}));\n";
+    check(
+        &format!("{none}t.train_step(zeros([1]), zeros([1]))"),
+        "2.0\nerror: net.train_step(x, ..) feeds x to a model's one input, and this model has none: give the inputs by name, with the labels as `target`: net.train_step(#{ input: x, ..., target: y })\n",
+    );
+}

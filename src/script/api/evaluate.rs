@@ -74,6 +74,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
             ))
         }
     };
+    t.only_input("evaluate")?;
     let n = examples("evaluate", x, y)?;
     let mut tally = Tally::default();
     for start in (0..n).step_by(batch) {
@@ -114,6 +115,7 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         Loss::CrossEntropy { ignore_index, .. } => *ignore_index,
         _ => None,
     };
+    t.only_input("accuracy")?;
     let n = examples("accuracy", x, y)?;
     let mut tally = Tally::default();
     score_classes("accuracy", &output(t, x)?, y, ignore, n, &mut tally)?;
@@ -142,10 +144,10 @@ fn examples(what: &str, x: &Tensor, y: &Tensor) -> ScriptResult<usize> {
 
 /// The scored output of the model for input `x`, charged while it is held.
 fn output(t: &ScriptTrainer, x: &Tensor) -> ScriptResult<(Tensor, crate::memory::Charge)> {
-    let input = t.inputs.first().cloned().unwrap_or_default();
+    let input = t.only_input("evaluate")?;
     let (out, budget) = {
         let mut tr = t.lock().script()?;
-        (tr.predict(&[(input.as_str(), x)]).script()?, tr.budget().clone())
+        (tr.predict(&[(input, x)]).script()?, tr.budget().clone())
     };
     let v = out
         .into_iter()

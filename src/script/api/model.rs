@@ -88,6 +88,32 @@ pub struct HeldTrainer {
 }
 
 impl ScriptTrainer {
+    /// The model's one input, which the positional forms feed (`call`: `train_step(x, y)`,
+    /// `predict(x)`, `evaluate`, `accuracy`); an error for a model of none or several, which
+    /// were "the model has no input ``" and "input `y` was not fed" (of a model whose second
+    /// input is `y`, not the labels given).
+    pub fn only_input(&self, call: &str) -> ScriptResult<&str> {
+        if let [input] = self.inputs.as_slice() {
+            return Ok(input);
+        }
+        let has = match self.inputs.as_slice() {
+            [] => "none".to_string(),
+            several => format!(
+                "{}, {}",
+                several.len(),
+                several.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        let advice = match call {
+            "train_step" => "give the inputs by name, with the labels as `target`: net.train_step(#{ input: x, ..., target: y })",
+            "predict" => "give the inputs by name: net.predict(#{ input: x, ... })",
+            _ => "it scores models of one input; score the outputs of net.predict(#{ input: x, ... }) instead",
+        };
+        Err(script_err(format!(
+            "net.{call}(x, ..) feeds x to a model's one input, and this model has {has}: {advice}"
+        )))
+    }
+
     /// The trainer, locked until the guard is dropped; waits while another thread holds it,
     /// and is an error where this thread already does (a host holding
     /// `Compiled::trainer()`'s guard while it runs script code that uses the model), which
@@ -276,10 +302,8 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn(
         "train_step",
         move |t: &mut ScriptTrainer, x: ScriptTensor, y: ScriptTensor| {
-            let feeds = vec![
-                (t.inputs.first().cloned().unwrap_or_default(), x),
-                (TARGET_INPUT.to_string(), y),
-            ];
+            let feeds =
+                vec![(t.only_input("train_step")?.to_string(), x), (TARGET_INPUT.to_string(), y)];
             train_step(&c, t, feeds)
         },
     );
@@ -289,7 +313,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
     let c = ctx.clone();
     engine.register_fn("predict", move |t: &mut ScriptTrainer, x: ScriptTensor| {
-        let feeds = vec![(t.inputs.first().cloned().unwrap_or_default(), x)];
+        let feeds = vec![(t.only_input("predict")?.to_string(), x)];
         let out = predict(t, feeds)?;
         let output = t.output.clone();
         let v = out
