@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 pub const COMMANDS: &[(&str, &str)] = &[
     (":help", "this list"),
     (":help NAME", "the script API reference's entry for a function"),
-    (":load FILE", "run a .rms file in this session"),
+    (":load FILE", "run a .rms file in this session (FILE may be quoted)"),
     (":plan NAME", "the compiled plan of a trainer"),
     (":graph NAME", "a model or trainer's graph in Graphviz DOT"),
     (":params NAME", "parameter names and shapes of a model or trainer"),
@@ -190,7 +190,8 @@ impl Repl {
             "help" | "h" => help_on(arg)?,
             "load" if arg.is_empty() => return Err(usage(":load FILE")),
             "load" => {
-                let _ = self.host.eval_file(std::path::Path::new(arg))?;
+                let path = path_arg(name, arg)?;
+                let _ = self.host.eval_file(std::path::Path::new(path))?;
                 String::new()
             }
             "plan" if arg.is_empty() => {
@@ -233,6 +234,34 @@ impl Repl {
         names.dedup();
         (start, names)
     }
+}
+
+/// The path a `:command` was given: `arg` as written, or what lies between a pair of double or
+/// single quotes that open it (a path with leading or trailing spaces, or one quoted from habit: a
+/// `:load "s1.rms"` opened a file named with the quotes). Nothing may follow the closing quote,
+/// and a quote left open is an error saying so. Every command that takes a path reads it here.
+fn path_arg<'a>(name: &str, arg: &'a str) -> Result<&'a str> {
+    let Some(quote) = arg.chars().next().filter(|&c| c == '"' || c == '\'') else {
+        return Ok(arg);
+    };
+    let inner = &arg[1..];
+    let Some(end) = inner.find(quote) else {
+        return Err(crate::err!(
+            Usage,
+            "unterminated quote: the path after :{name} opens with {quote} and never closes it; end the path with {quote}"
+        ));
+    };
+    let (path, after) = (&inner[..end], inner[end + 1..].trim());
+    if !after.is_empty() {
+        return Err(crate::err!(
+            Usage,
+            ":{name} takes one path, and `{after}` follows its closing quote {quote}"
+        ));
+    }
+    if path.is_empty() {
+        return Err(crate::err!(Usage, ":{name}: the quoted path is empty"));
+    }
+    Ok(path)
 }
 
 fn help() -> String {

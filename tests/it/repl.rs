@@ -519,3 +519,46 @@ fn batch_mode_skips_a_line_that_is_not_utf8_or_too_long() {
          4\n"
     );
 }
+
+/// Found by the hostile-input hunt: `:load "s1.rms"` opened a file named with the quotes. A
+/// command's path may be written bare or between double or single quotes (a path with spaces);
+/// a quote left open, or text after the closing one, is an error.
+#[test]
+fn a_commands_path_may_be_quoted() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/repl_quoted");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("with space.rms");
+    std::fs::write(&file, "let loaded = 7;\n").unwrap();
+    let name = file.display().to_string();
+    let mut repl = Repl::new(HostOptions::default());
+    for load in [format!(":load \"{name}\""), format!(":load '{name}'  "), format!(":load {name}")]
+    {
+        assert_eq!(repl.eval_line("let loaded = 0;"), "");
+        assert_eq!(repl.eval_line(&load), "", "{load}");
+        assert_eq!(repl.eval_line("loaded"), "7\n", "{load}");
+    }
+    // A quote of the other kind inside a quoted path is part of the path.
+    for (file_name, open) in [("it's.rms", '"'), ("say \"hi\".rms", '\'')] {
+        let file = dir.join(file_name);
+        std::fs::write(&file, "let loaded = 8;\n").unwrap();
+        assert_eq!(repl.eval_line("let loaded = 0;"), "");
+        assert_eq!(repl.eval_line(&format!(":load {open}{}{open}", file.display())), "");
+        assert_eq!(repl.eval_line("loaded"), "8\n", "{file_name}");
+    }
+    assert_eq!(
+        repl.eval_line(&format!(":load \"{name}")),
+        "unterminated quote: the path after :load opens with \" and never closes it; end the \
+         path with \"\n"
+    );
+    assert_eq!(
+        repl.eval_line(&format!(":load '{name}")),
+        "unterminated quote: the path after :load opens with ' and never closes it; end the \
+         path with '\n"
+    );
+    assert_eq!(
+        repl.eval_line(&format!(":load '{name}' more.rms")),
+        ":load takes one path, and `more.rms` follows its closing quote '\n"
+    );
+    assert_eq!(repl.eval_line(":load \"\""), ":load: the quoted path is empty\n");
+    assert_eq!(repl.eval_line("1 + 1"), "2\n", "the session goes on");
+}
