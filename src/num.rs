@@ -54,6 +54,29 @@ pub fn i32_of(v: f64) -> Result<i32, String> {
     }
 }
 
+/// The smallest `eps` (a number added to keep a divisor or a square root's argument off zero:
+/// LayerNorm's and batch norm's `var + eps`, Adam's `sqrt(v) + eps`): f32's smallest normal
+/// number, 1.1754944e-38. A GPU may flush a subnormal f32 to zero (WGSL allows it), so a smaller
+/// eps, nonzero on the CPU, could divide a constant row by zero there.
+pub const MIN_EPS: f32 = f32::MIN_POSITIVE;
+
+/// `v` as an `eps` applied in f32: finite and, as an f32, at least [`MIN_EPS`]. The error is the
+/// fragment after the name ("must be ..."), showing `v` as given (1e-50, not the 0 it rounds to).
+pub fn eps_f32<T>(v: T) -> Result<f32, String>
+where
+    T: Copy + Into<f64> + std::fmt::Display + std::fmt::LowerExp,
+{
+    let f = v.into() as f32;
+    if f.is_finite() && f >= MIN_EPS {
+        return Ok(f);
+    }
+    Err(format!(
+        "must be a finite number of at least {} (the smallest normal f32: a GPU may flush a smaller one to 0), got {}",
+        show(MIN_EPS),
+        show(v)
+    ))
+}
+
 /// A number for a message: as written for everyday magnitudes, in exponent form for very large
 /// or very small ones (so 1e39 does not print as forty digits). An f32 is shown as an f32 (0.1,
 /// not the 0.10000000149011612 it widens to).
@@ -72,6 +95,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the hostile-input hunt: an eps of 1e-40 is nonzero in f32 but subnormal, which a
+    /// GPU may flush to 0 (NaN on a constant row where the CPU is finite).
+    #[test]
+    fn an_eps_is_a_normal_f32() {
+        let fragment = |got: &str| {
+            format!("must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0), got {got}")
+        };
+        assert_eq!(eps_f32(1e-5), Ok(1e-5));
+        assert_eq!(eps_f32(f32::MIN_POSITIVE), Ok(f32::MIN_POSITIVE));
+        assert_eq!(eps_f32(f64::from(f32::MIN_POSITIVE)), Ok(f32::MIN_POSITIVE));
+        assert_eq!(eps_f32(1e-40), Err(fragment("1e-40")));
+        assert_eq!(eps_f32(1e-40f32), Err(fragment("1e-40")));
+        assert_eq!(eps_f32(1e-50), Err(fragment("1e-50")));
+        assert_eq!(eps_f32(1.1754942e-38f32), Err(fragment("1.1754942e-38")));
+        assert_eq!(eps_f32(0.0), Err(fragment("0")));
+        assert_eq!(eps_f32(-1.0), Err(fragment("-1")));
+        assert_eq!(eps_f32(1e39), Err(fragment("1e39")));
+        assert_eq!(eps_f32(f64::NAN), Err(fragment("NaN")));
+        assert_eq!(eps_f32(f64::INFINITY), Err(fragment("inf")));
+    }
 
     #[test]
     fn conversions_refuse_what_they_cannot_keep() {

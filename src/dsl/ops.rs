@@ -180,7 +180,7 @@ const OTHERS: &[OpSig] = &[
         ],
         |a| {
             let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
-            let eps = a.f32(3)?;
+            let eps = eps_arg(a, "layer_norm", 3)?;
             a.g().layer_norm(x, w, b, eps)
         },
     ),
@@ -251,15 +251,12 @@ const OTHERS: &[OpSig] = &[
         ],
         |a| {
             let (x, w, b) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
-            let (momentum, eps) = (a.f32(3)?, a.f32(4)?);
+            let momentum = a.f32(3)?;
             if !(0.0..=1.0).contains(&momentum) {
                 return Err(err!(InvalidArgument, "batch_norm: `momentum` must be in [0, 1], got {momentum}")
                     .at(a.span_of(3)));
             }
-            if !(eps.is_finite() && eps > 0.0) {
-                return Err(err!(InvalidArgument, "batch_norm: `eps` must be a finite number > 0, got {eps}")
-                    .at(a.span_of(4)));
-            }
+            let eps = eps_arg(a, "batch_norm", 4)?;
             let c = a.shape_of(x).get(1).copied().unwrap_or(0);
             let prefix = a.prefix().to_string();
             let running = a.g().batch_norm_state(&prefix, c)?;
@@ -267,6 +264,14 @@ const OTHERS: &[OpSig] = &[
         },
     ),
 ];
+
+/// Argument `i`, an `eps` of op `op`: a normal f32 ([`crate::num::eps_f32`]), read as written
+/// (1e-50 is named as 1e-50, not as the 0 it rounds to in f32).
+fn eps_arg(a: &mut Args, op: &str, i: usize) -> Result<f32> {
+    let eps = a.float(i)?;
+    crate::num::eps_f32(eps)
+        .map_err(|m| err!(InvalidArgument, "{op}: `eps` {m}").at(a.span_of(i)))
+}
 
 const POOL: &[OpParam] =
     &[p("x", Tensor), p("kernel", Ints), p("stride", Ints), d("padding", Ints, Default::Int(0))];

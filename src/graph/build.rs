@@ -357,15 +357,8 @@ impl Graph {
         bias: NodeId,
         eps: f32,
     ) -> Result<NodeId> {
-        if !(eps > 0.0 && eps.is_finite()) {
-            return Err(
-                err!(
-                    InvalidArgument,
-                    "layer_norm: eps must be positive, got {eps} (a number below about 1.4e-45 is 0 in f32)"
-                )
-                .at(self.span)
-            );
-        }
+        let eps = crate::num::eps_f32(eps)
+            .map_err(|m| err!(InvalidArgument, "layer_norm: `eps` {m}").at(self.span))?;
         self.check_ids("layer_norm", &[x, weight, bias])?;
         let d = self.shape(x).last().copied();
         if d.is_none() || [weight, bias].iter().any(|&p| self.shape(p) != [d.unwrap_or(0)]) {

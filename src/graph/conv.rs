@@ -381,9 +381,16 @@ impl Graph {
                     .at(self.span));
             }
         }
-        if !(opts.eps.is_finite() && opts.eps > 0.0 && (0.0..=1.0).contains(&opts.momentum)) {
-            return Err(err!(InvalidArgument, "batch_norm: `eps` must be a finite number > 0 and `momentum` in [0, 1], got eps {} and momentum {}", opts.eps, opts.momentum).at(self.span));
+        if !(0.0..=1.0).contains(&opts.momentum) {
+            return Err(err!(
+                InvalidArgument,
+                "batch_norm: `momentum` must be in [0, 1], got {}",
+                opts.momentum
+            )
+            .at(self.span));
         }
+        crate::num::eps_f32(opts.eps)
+            .map_err(|m| err!(InvalidArgument, "batch_norm: `eps` {m}").at(self.span))?;
         let axes: Vec<usize> = (0..xs.len()).filter(|&a| a != 1).collect();
         let count: usize = axes.iter().map(|&a| xs[a]).product();
         let mut kept = vec![1; xs.len()];

@@ -136,15 +136,8 @@ impl Optimizer {
                         show(beta2)
                     ));
                 }
-                // eps is applied in f32: it must stay positive there.
-                let eps32 = eps as f32;
-                if !(eps32 > 0.0 && eps32.is_finite()) {
-                    return Err(err!(
-                        InvalidArgument,
-                        "{name}: eps must be positive as an f32 (it is applied in f32, where a number below about 1.4e-45 is 0), got {}",
-                        show(eps)
-                    ));
-                }
+                // eps is applied in f32, where a GPU may flush a subnormal to 0.
+                crate::num::eps_f32(eps).map_err(|m| err!(InvalidArgument, "{name}: eps {m}"))?;
                 weight_decay
             }
         };

@@ -348,7 +348,11 @@ fn infer_unchecked(
             }
             Ok((x.to_vec(), DType::F32))
         }
-        Op::LayerNormStats { .. } => {
+        Op::LayerNormStats { eps } => {
+            // Checked here too, for a node added directly (`Graph::add_node`) and in `verify`.
+            crate::num::eps_f32(*eps).map_err(|m| {
+                Error::new(ErrorKind::InvalidArgument, format!("layer_norm: `eps` {m}"))
+            })?;
             let (x, d) = ins[0];
             need_f32(op, "input", d, x)?;
             if x.last().is_none_or(|&n| n == 0) {

@@ -83,7 +83,7 @@ fn arguments_that_do_not_fit_are_errors() {
         ("ops.max_pool2d(reshape(x, [6, 36]), 2, 2)", "m.rms:2:12: max_pool2d: input `x` must be f32 [N, C, H, W], got f32[6, 36]"),
         ("flatten(x, 4)", "m.rms:2:23: flatten: axis 4 is out of range for a tensor of rank 4"),
         ("batch_norm(x, momentum = 2)", "m.rms:2:12: batch_norm: `momentum` must be in [0, 1], got 2"),
-        ("batch_norm(x, eps = 0)", "m.rms:2:12: batch_norm: `eps` must be a finite number > 0, got 0"),
+        ("batch_norm(x, eps = 0)", "m.rms:2:12: batch_norm: `eps` must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0), got 0"),
     ];
     let mut failures = Vec::new();
     for (body, want) in table {

@@ -354,7 +354,7 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
         // not being positive.
         (
             "m().compile(#{ optimizer: adam(#{ eps: 1e-50 }) })",
-            "adam: eps must be positive as an f32 (it is applied in f32, where a number below about 1.4e-45 is 0), got 1e-50".into(),
+            "adam: eps must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0), got 1e-50".into(),
         ),
         (
             "m().compile(#{ schedule: step_lr(#{ every: 0 }) })",
@@ -392,7 +392,7 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
 fn each_optimizers_message_names_only_settings_it_has() {
     const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }\n";
     let wd = "weight_decay must be >= 0 and finite as an f32 (it is applied in f32)";
-    let eps = "eps must be positive as an f32 (it is applied in f32, where a number below about 1.4e-45 is 0)";
+    let eps = "eps must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0)";
     let cases = [
         ("sgd(#{ lr: 0.1, weight_decay: -1 })", format!("sgd: {wd}, got -1")),
         ("sgd(#{ weight_decay: 1e39 })", format!("sgd: {wd}, got 1e39")),
@@ -409,6 +409,47 @@ fn each_optimizers_message_names_only_settings_it_has() {
         if optimizer.starts_with("sgd") {
             assert!(!expected.contains("eps") && !expected.contains("beta"), "{expected}");
         }
+    }
+}
+
+/// Found by the hostile-input hunt: an eps of 1e-40 is nonzero in f32 but subnormal, which a GPU
+/// may flush to 0 (WGSL allows it): NaN on a constant row where the CPU gives a finite answer.
+/// Every eps (LayerNorm's, batch norm's, Adam's and AdamW's) must be a normal f32, an error at
+/// its place otherwise; the smallest normal f32 itself is accepted.
+#[test]
+fn every_eps_must_be_a_normal_f32() {
+    let run_at = |code: &str| -> String {
+        let mut h = rumus::script::Host::new(HostOptions::default());
+        match h.eval(&rumus::Source::new("t.rms", code)) {
+            Ok(_) => "ok".into(),
+            Err(e) => e.to_string(),
+        }
+    };
+    let fragment = "must be a finite number of at least 1.1754944e-38 (the smallest normal f32: \
+                    a GPU may flush a smaller one to 0), got 1e-40";
+    let ln = "model m(x: f32[B, 4]) { return layer_norm(x, EPS) }\nm().compile(#{ batch: 2 });";
+    let bn = "model m(x: f32[B, 2, 3, 3]) { return batch_norm(x, eps = EPS) }\nm().compile(#{ batch: 2 });";
+    let optimizer = "model m(x: f32[B, 2]) { return linear(x, 3) }
+        m().compile(#{ batch: 2, optimizer: OPT(#{ eps: EPS }) });";
+    let cases = [
+        (ln.replace("EPS", "1e-40"), format!("t.rms:1:32: layer_norm: `eps` {fragment}")),
+        (bn.replace("EPS", "1e-40"), format!("t.rms:1:38: batch_norm: `eps` {fragment}")),
+        (
+            optimizer.replace("OPT", "adam").replace("EPS", "1e-40"),
+            format!("t.rms:2:13: adam: eps {fragment}"),
+        ),
+        (
+            optimizer.replace("OPT", "adamw").replace("EPS", "1e-40"),
+            format!("t.rms:2:13: adamw: eps {fragment}"),
+        ),
+    ];
+    for (code, expected) in cases {
+        let got = run_at(&code);
+        assert_eq!(got.lines().next(), Some(expected.as_str()), "{code}\n{got}");
+    }
+    for code in [ln, bn, &optimizer.replace("OPT", "adam"), &optimizer.replace("OPT", "adamw")] {
+        let code = code.replace("EPS", "1.1754944e-38");
+        assert_eq!(run_at(&code), "ok", "{code}");
     }
 }
 

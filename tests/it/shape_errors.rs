@@ -2,7 +2,7 @@
 //! the op and the shapes; no input built through the public API panics. Tests are data: each
 //! case builds a graph from `x: f32[2, 3]`, `y: f32[4]`, `i: i32[2]` and expects one message.
 
-use rumus::graph::{BinaryOp, Graph, Init, NodeId, ReduceOp, UnaryOp};
+use rumus::graph::{BinaryOp, Graph, Init, NodeId, Op, ReduceOp, UnaryOp};
 use rumus::{DType, Result};
 
 type Build = fn(&mut Graph, [NodeId; 3]) -> Result<NodeId>;
@@ -99,7 +99,11 @@ fn bad_shapes_and_dtypes_are_errors_naming_the_op_and_shapes() {
             |g, [x, y, _]| g.layer_norm(x, y, y, 1e-5),
             "layer_norm: weight and bias must be [3], the last axis of x (shapes [2, 3], [4], [4])",
         ),
-        (|g, [x, _, _]| g.layer_norm(x, x, x, 0.0), "layer_norm: eps must be positive, got 0 (a number below about 1.4e-45 is 0 in f32)"),
+        (|g, [x, _, _]| g.layer_norm(x, x, x, 0.0), "layer_norm: `eps` must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0), got 0"),
+        // Found by the hostile-input hunt: a subnormal eps, nonzero on the CPU, may be 0 on a
+        // GPU; the node added directly is checked as the builder checks it.
+        (|g, [x, _, _]| g.layer_norm(x, x, x, 1e-40), "layer_norm: `eps` must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0), got 1e-40"),
+        (|g, [x, _, _]| g.add_node(Op::LayerNormStats { eps: 1e-40 }, &[x], &[]), "layer_norm: `eps` must be a finite number of at least 1.1754944e-38 (the smallest normal f32: a GPU may flush a smaller one to 0), got 1e-40"),
         (
             |g, [x, _, _]| g.attention(x, x, x),
             "attention: q, k, v must be [B, H, T, Dh], all of one shape, got [2, 3], [2, 3], [2, 3]",
