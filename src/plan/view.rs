@@ -78,9 +78,7 @@ impl View {
             _ => None,
         }
     }
-}
 
-impl View {
     /// [`View::through`] backwards: the view of layout op `id`'s input, given the view of `id`
     /// (for a value written in place of a later one: `plan::fuse`'s concats written by their
     /// inputs' kernels). A slice's input gets the slice's strides and the offset of its first
