@@ -643,26 +643,40 @@ fn push_class(
     });
     let rows = || "class labels".to_string();
     match labels {
-        ClassLabels::Numbers { labels: v, first_line } => match field.parse::<i64>() {
-            Ok(l) if l < 0 => Err(err!(Data, "label {l} is negative")),
-            Ok(l) => {
-                let l = i32::try_from(l).map_err(|_| err!(Data, "label {l} is too large"))?;
+        ClassLabels::Numbers { labels: v, first_line } => {
+            if let Some(digits) = integer_digits(field) {
+                let negative = field.starts_with('-');
+                // The number the label's digits write, without leading zeros ("0" for zero).
+                let plain = match digits.trim_start_matches('0') {
+                    "" => "0",
+                    d => d,
+                };
+                if negative && plain != "0" {
+                    return Err(err!(Data, "label {field} is negative"));
+                }
+                // Labels are written as digits alone: `+1`, `01` and `-0` are typos or another
+                // program's numbering, refused where they would pass for 1 or 0.
+                if field != plain {
+                    return Err(err!(
+                        Data,
+                        "label `{field}` must be written as digits alone, without a sign or leading zeros: `{plain}`"
+                    ));
+                }
+                // Digits past i32's range (even past i64's): an integer still, too large.
+                let l = plain.parse::<i32>().map_err(|_| err!(Data, "label {field} is too large"))?;
                 reserve(v, 1, charge, rows)?;
                 v.push(l);
                 Ok(())
+            } else if is_number(field) {
+                Err(err!(Data, "label `{field}` is not an integer"))
+            } else {
+                Err(err!(
+                    Data,
+                    "label `{field}` is a name, but the column's first label (`{}`, line {first_line}) is a number: class labels are all integers or all names; fix the one that is wrong",
+                    v.first().map_or(String::new(), i32::to_string)
+                ))
             }
-            // Digits past i64's range: an integer still, too large (or negative) as one.
-            Err(_) if is_integer_text(field) => Err(match field.starts_with('-') {
-                true => err!(Data, "label {field} is negative"),
-                false => err!(Data, "label {field} is too large"),
-            }),
-            Err(_) if is_number(field) => Err(err!(Data, "label `{field}` is not an integer")),
-            Err(_) => Err(err!(
-                Data,
-                "label `{field}` is a name, but the column's first label (`{}`, line {first_line}) is a number: class labels are all integers or all names; fix the one that is wrong",
-                v.first().map_or(String::new(), i32::to_string)
-            )),
-        },
+        }
         ClassLabels::Names { ids, names, index, first_line } => {
             if is_number(field) {
                 let first = names.first().map_or("", String::as_str);
@@ -688,10 +702,10 @@ fn push_class(
     }
 }
 
-/// Whether `field` is written as an integer: digits after an optional sign.
-fn is_integer_text(field: &str) -> bool {
+/// The digits of `field` when it is written as an integer (digits after an optional sign).
+fn integer_digits(field: &str) -> Option<&str> {
     let digits = field.strip_prefix(['+', '-']).unwrap_or(field);
-    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
 }
 
 /// Files with a text extension under `dir`, depth-first in sorted name order.

@@ -247,6 +247,45 @@ fn malformed_csv_errors_name_file_and_line() {
     assert_eq!(e.kind, ErrorKind::Data, "{}", e.message);
 }
 
+/// Found by the hostile-input hunt: the labels `+1` and `01` were read as 1 (and `-0` as 0),
+/// though class labels are written as digits. Such a label is an error at its row and column
+/// that shows how to write it; `0` and labels without leading zeros read as before.
+#[test]
+fn class_labels_are_written_as_digits_alone() {
+    let dir = scratch("label_digits");
+    let l2 = labelled(2);
+    let rule = "must be written as digits alone, without a sign or leading zeros";
+    let cases: &[(&str, &[u8], String)] = &[
+        ("plus", b"1,2,0\n3,4,+1\n", format!(":2: column 3 (label_col 2): label `+1` {rule}: `1`")),
+        (
+            "leading_zero",
+            b"1,2,01\n",
+            format!(":1: column 3 (label_col 2): label `01` {rule}: `1`"),
+        ),
+        (
+            "zeros",
+            b"1,2,1\n1,2,00\n",
+            format!(":2: column 3 (label_col 2): label `00` {rule}: `0`"),
+        ),
+        ("minus_zero", b"1,2,-0\n", format!(":1: column 3 (label_col 2): label `-0` {rule}: `0`")),
+        (
+            "plus_huge",
+            b"1,2,+0099999999999999999999\n",
+            format!(
+                ":1: column 3 (label_col 2): label `+0099999999999999999999` {rule}: \
+                 `99999999999999999999`"
+            ),
+        ),
+    ];
+    for (case, text, expected) in cases {
+        check(&dir, case, text, &l2, expected);
+    }
+    let path = dir.join("plain.csv");
+    std::fs::write(&path, "1,2,0\n3,4,10\n5,6,2147483647\n").unwrap();
+    let d = read_csv(&path, &l2).unwrap();
+    assert_eq!(d.y().as_i32().unwrap(), [0, 10, 2147483647]);
+}
+
 /// Found by the fuzz driver: a finite feature times a finite scale can leave f32's range, and
 /// the data set then held `inf` although every feature must be finite.
 #[test]
