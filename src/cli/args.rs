@@ -26,9 +26,16 @@ pub fn parse(args: &[String]) -> Result<Parsed> {
     let argv = std::iter::once("rumus").chain(args.iter().map(String::as_str));
     match Cli::try_parse_from(argv) {
         Ok(cli) => Ok(Parsed::Command(cli.command)),
-        Err(e) if e.kind() == ClapKind::DisplayVersion => {
-            // clap prints the version at the flag and ignores what follows it.
-            let flag = args.iter().position(|a| a == "--version" || a == "-V");
+        Err(e) if matches!(e.kind(), ClapKind::DisplayVersion | ClapKind::DisplayHelp) => {
+            // clap prints the help or the version at the flag and ignores what follows it:
+            // anything after the flag is refused, as an argument a command does not take is
+            // (`rumus help COMMAND` has no flag and prints its help).
+            let flags: [&str; 2] = match e.kind() {
+                ClapKind::DisplayVersion => ["--version", "-V"],
+                _ => ["--help", "-h"],
+            };
+            let flag =
+                args.iter().take_while(|a| *a != "--").position(|a| flags.contains(&a.as_str()));
             match flag.and_then(|i| Some((&args[i], args.get(i + 1)?))) {
                 Some((flag, extra)) => Err(Error::new(
                     ErrorKind::Usage,
@@ -37,7 +44,6 @@ pub fn parse(args: &[String]) -> Result<Parsed> {
                 None => Ok(Parsed::Print(e.render().to_string())),
             }
         }
-        Err(e) if e.kind() == ClapKind::DisplayHelp => Ok(Parsed::Print(e.render().to_string())),
         Err(e) => Err(usage_error(&e, args.first().map(String::as_str))),
     }
 }

@@ -577,6 +577,30 @@ fn every_command_gives_a_mistake_the_same_exit_code() {
         assert_eq!((code, err.as_str()), (0, ""), "{flag}");
         assert_eq!(out, format!("rumus {}\n", env!("CARGO_PKG_VERSION")));
     }
+    // Found by the hostile-input hunt: `rumus run --help extra` printed the help and exited 0
+    // where `--version extra` is refused. What follows a help flag is refused the same way, on
+    // any command (`launch` checks its run options as `run` does); before it, it is not.
+    for args in [
+        &["--help", "extra"][..],
+        &["run", "--help", "extra"],
+        &["run", "-h", "extra"],
+        &["run", "--help", "--seed", "3"],
+        &["plan", &one, "--help", "extra"],
+        &["launch", "-n", "2", &one, "--seed", "1", "--help", "extra"],
+    ] {
+        let flag = args.iter().find(|a| a.starts_with('-') && a.contains('h')).unwrap();
+        let extra = args[args.iter().position(|a| a == flag).unwrap() + 1];
+        check(
+            args,
+            &[],
+            (2, &format!("unexpected argument `{extra}` after {flag}, which takes none")),
+        );
+    }
+    for args in [&["run", "extra", "--help"][..], &["plan", &one, "-h"], &["help", "run"]] {
+        let (code, out, err) = rumus(args);
+        assert_eq!((code, err.as_str()), (0, ""), "{args:?}");
+        assert!(out.contains("Usage: rumus "), "{args:?}: {out}");
+    }
 }
 
 /// A data file whose content is wrong is the run's input gone wrong, exit code 1 as a script's
