@@ -86,28 +86,22 @@ fn copies(d: usize) -> Vec<String> {
     moves(&t.graph, &p)
 }
 
-/// Per layer, backward: the qkv gradient assembled from dq, dk, dv by one concat that reads
-/// them in place, and at a width that is no multiple of the arenas' alignment (64) each
+/// Per layer, backward: at a width that is no multiple of the arenas' alignment (64) each
 /// LayerNorm's weight and bias gradients copied into the gradient arena (`slice reshape`: the
 /// bias gradient's place is not right after the weight's). At 64, the `[2, D]` value of both
 /// is placed in the arena, each a view of it. Everything else is a strided view read in
-/// place: q, k and v of the qkv
-/// projection; the transposed weights of the input gradients' products; the attention output,
-/// written in [B, T, H, Dh] order so that its heads merged for the projection (and transposed
-/// for the projection's weight gradient, from the rematerialized copy) are views; the output
-/// gradient split into heads. (The flat arenas' concats are not counted.)
+/// place: q, k and v of the qkv projection; the transposed weights of the input gradients'
+/// products; the attention output, written in [B, T, H, Dh] order so that its heads merged for
+/// the projection (and transposed for the projection's weight gradient, from the
+/// rematerialized copy) are views; the output gradient split into heads; or written in place:
+/// dq, dK and dV, by the attention backward inside the qkv gradient, which no kernel copies
+/// them into (it was one concat a layer). (The flat arenas' concats are not counted.)
 #[test]
 fn a_gpt_steps_data_movement_kernels() {
-    let qkv = "slice reshape slice reshape permute reshape permute reshape permute reshape concat";
-    let mut want = Vec::new();
     let ln = ["slice reshape"; 2];
-    for _ in 0..2 {
-        want.extend(ln.iter().chain(&ln));
-        want.push(qkv);
-    }
-    want.extend(ln);
+    let want: Vec<&str> = ln.repeat(5);
     assert_eq!(copies(32), want);
-    assert_eq!(copies(64), [qkv; 2]);
+    assert!(copies(64).is_empty(), "{:?}", copies(64));
 }
 
 /// The layout cases of the op table (tests/it/common), forward and backward: the kernels that
