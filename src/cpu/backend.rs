@@ -126,8 +126,11 @@ impl Backend for CpuBackend {
         let n = self.graph.n_nodes();
         let mut s =
             format!("device cpu (reference interpreter): {n} ops, evaluated one by one, no fusion");
-        if self.micro_graph.updates.len() < self.graph.updates.len() {
-            // Gradient accumulation: a micro-batch run stops before the optimizer.
+        // Gradient accumulation (the accumulators update every micro-batch, the plan's rule):
+        // a micro-batch run stops before the optimizer. Without it no update is every micro
+        // batch's, and the note said so of steps that accumulate nothing.
+        let first = crate::graph::optim::FIRST_MICRO_BATCH_INPUT;
+        if !self.micro_graph.updates.is_empty() || self.graph.input_named(first).is_some() {
             s.push_str("; a micro-batch that only accumulates gradients evaluates what its accumulators need and skips the optimizer");
         }
         s

@@ -142,9 +142,17 @@ fn the_plan_shows_what_a_micro_batch_runs() {
         let p = plan(&t.graph, &[t.loss], true, PlanOptions::default()).unwrap();
         (t, p)
     };
-    let (_, plain) = step(1);
+    let (plain_step, plain) = step(1);
     let (t, acc) = step(4);
     assert!(plain.micro.is_none());
+    // The CPU's report says so too, and only of a step that accumulates.
+    let note = "a micro-batch that only accumulates gradients";
+    let cpu = |t: &rumus::graph::TrainGraph| {
+        use rumus::backend::Backend;
+        rumus::cpu::CpuBackend::new(t.graph.clone(), 0).unwrap().plan_report()
+    };
+    assert!(!cpu(&plain_step).contains(note), "{}", cpu(&plain_step));
+    assert!(cpu(&t).contains(note), "{}", cpu(&t));
     let micro = acc.micro.as_ref().unwrap();
     let arenas = t.optim.accumulation.as_ref().unwrap().accumulators.len();
     // The accumulators' kernels are all the plan adds; the update reads their sums.
