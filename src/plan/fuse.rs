@@ -759,7 +759,9 @@ fn concat_members(
                     y = below;
                     break;
                 }
-                Op::Reshape | Op::Permute { .. } | Op::Slice { .. } => {
+                // Not a slice of part of a value: the value's kernel writes all of it, and
+                // the rest would land on the other inputs' places (or past the buffer).
+                Op::Reshape | Op::Permute { .. } => {
                     chain.push(y);
                     v = v.before(g, y)?;
                     (above, y) = (y, below);

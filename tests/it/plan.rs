@@ -1261,3 +1261,32 @@ fn gradients_summed_over_many_layers_fit_any_binding_limit() {
     assert_eq!(bound, 52);
     assert!(matches!(kind, KernelKind::MatMul { .. }), "{kind:?}");
 }
+
+/// dq is written inside a concat's buffer when the concat takes all of it (its heads merged),
+/// and not when it takes part of it: dq's kernel writes all of dq, and the rest would land on
+/// the other input's place.
+#[test]
+fn a_value_is_written_inside_a_concat_only_when_the_concat_takes_all_of_it() {
+    use rumus::graph::{NodeId, Op};
+    let step = |whole: bool| {
+        let mut g = Graph::new();
+        let x = |g: &mut Graph, name: &str| g.input(name, &[1, 2, 4, 8], DType::F32).unwrap();
+        let (q, k, v, dy) = (x(&mut g, "q"), x(&mut g, "k"), x(&mut g, "v"), x(&mut g, "dy"));
+        // Two attentions' dq, each with its heads merged into [1, 4, 16].
+        let merged_dq = |g: &mut Graph, q: NodeId, k: NodeId| {
+            let stats = g.add_node(Op::AttentionStats, &[q, k], &[]).unwrap();
+            let y = g.add_node(Op::Attention, &[q, k, v, stats], &[]).unwrap();
+            let dq = g.add_node(Op::AttentionGradQ, &[q, k, v, stats, dy, y], &[]).unwrap();
+            let heads = g.permute(dq, &[0, 2, 1, 3]).unwrap();
+            (dq, g.reshape(heads, &[1, 4, 16]).unwrap())
+        };
+        let (dq, first) = merged_dq(&mut g, q, k);
+        let (_, second) = merged_dq(&mut g, k, q);
+        let first = if whole { first } else { g.slice(first, 2, 0, 8).unwrap() };
+        let c = g.concat(&[first, second], 2).unwrap();
+        let p = plan(&g, &[c], false, PlanOptions::default()).unwrap();
+        (p.alias[dq.index()] == Some(c), p.kernels.iter().any(|k| k.outputs.contains(&c)))
+    };
+    assert_eq!(step(true), (true, false), "all of dq: written in place, no concat kernel");
+    assert_eq!(step(false), (false, true), "half of dq: copied by the concat");
+}
