@@ -241,8 +241,8 @@ impl GpuPlan {
         micro: bool,
     ) -> Result<Vec<Tensor>> {
         // Feeds first, as on the CPU (a feed names an input, of its dtype and size, and every
-        // input this run reads is fed), then their exact shapes (as on the CPU): a refused run leaves the
-        // commands prepared for the next step where they were.
+        // input this run reads is fed), then their exact shapes, as on the CPU too: a refused
+        // run leaves the commands prepared for the next step where they were.
         let described: Vec<_> = feeds.iter().map(|(id, t)| (*id, t.dtype(), t.numel())).collect();
         let reads = |id: NodeId| {
             let by = |k: &usize| self.plan.kernels[*k].inputs.contains(&id);

@@ -525,8 +525,7 @@ fn batch_mode_skips_a_line_that_is_not_utf8_or_too_long() {
 /// a quote left open, or text after the closing one, is an error.
 #[test]
 fn a_commands_path_may_be_quoted() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/repl_quoted");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::ScratchDir::new("repl-quoted");
     let file = dir.join("with space.rms");
     std::fs::write(&file, "let loaded = 7;\n").unwrap();
     let name = file.display().to_string();
