@@ -74,7 +74,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
             ))
         }
     };
-    t.only_input("evaluate")?;
+    let input = t.only_input("evaluate")?;
     let n = examples("evaluate", x, y)?;
     let mut tally = Tally::default();
     for start in (0..n).step_by(batch) {
@@ -92,7 +92,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
             Some((a, b, _)) => (a, b),
             None => (x, y),
         };
-        let out = output(t, xb)?;
+        let out = output(t, input, xb)?;
         match ignore {
             Some(ignore) => score_classes("evaluate", &out, yb, ignore, n, &mut tally)?,
             None => score_mse(&out, yb, &mut tally)?,
@@ -115,10 +115,10 @@ fn accuracy(t: &ScriptTrainer, x: &Tensor, y: &Tensor) -> ScriptResult<FLOAT> {
         Loss::CrossEntropy { ignore_index, .. } => *ignore_index,
         _ => None,
     };
-    t.only_input("accuracy")?;
+    let input = t.only_input("accuracy")?;
     let n = examples("accuracy", x, y)?;
     let mut tally = Tally::default();
-    score_classes("accuracy", &output(t, x)?, y, ignore, n, &mut tally)?;
+    score_classes("accuracy", &output(t, input, x)?, y, ignore, n, &mut tally)?;
     // No label counted (every one ignored) leaves the fraction undefined, as in `evaluate`.
     Ok(if tally.undefined || tally.count == 0 {
         FLOAT::NAN
@@ -142,9 +142,12 @@ fn examples(what: &str, x: &Tensor, y: &Tensor) -> ScriptResult<usize> {
     Ok(n)
 }
 
-/// The scored output of the model for input `x`, charged while it is held.
-fn output(t: &ScriptTrainer, x: &Tensor) -> ScriptResult<(Tensor, crate::memory::Charge)> {
-    let input = t.only_input("evaluate")?;
+/// The scored output of the model for `x` fed as its input `input`, charged while it is held.
+fn output(
+    t: &ScriptTrainer,
+    input: &str,
+    x: &Tensor,
+) -> ScriptResult<(Tensor, crate::memory::Charge)> {
     let (out, budget) = {
         let mut tr = t.lock().script()?;
         (tr.predict(&[(input, x)]).script()?, tr.budget().clone())
