@@ -106,12 +106,14 @@ pub struct PlanTarget {
 /// its default mode, as `bench` and `run` compile. Otherwise a modelled device that needs no
 /// GPU: WebGPU's default limits, or with `high` or `medium` an adapter with cooperative
 /// matrices (the H200's limits), which a machine without one cannot show otherwise. The
-/// cooperative tile from `RUMUS_MATMUL_COOP_TILE` when set.
+/// cooperative tile from `RUMUS_MATMUL_COOP_TILE` when set, dispatches merged unless
+/// `RUMUS_MERGE_DISPATCHES=0`.
 pub fn plan_target(
     precision: Option<MatmulPrecision>,
     device: Option<DeviceChoice>,
 ) -> Result<PlanTarget> {
     let options = MatmulOptions::from_env()?;
+    let merge_dispatches = crate::codegen::merge::from_env()?;
     let gpu = match device {
         Some(DeviceChoice::Cpu) => {
             return Err(err!(
@@ -130,6 +132,7 @@ pub fn plan_target(
     if let Some(gpu) = gpu {
         let mode = gpu.matmul_precision(precision);
         let target = gpu.target(MatmulOptions { precision: mode, ..options });
+        let target = Target { merge_dispatches, ..target };
         let what = format!("this machine's adapter {}", gpu.describe());
         let limits = Some(crate::plan::Limits::of(&gpu.limits));
         return Ok(PlanTarget { target, limits, what });
@@ -143,6 +146,7 @@ pub fn plan_target(
         Some(p) if p.is_cooperative() => PlanTarget {
             target: Target {
                 matmul: MatmulOptions { precision: p, ..options },
+                merge_dispatches,
                 ..Target::COOPERATIVE
             },
             limits: None,
@@ -151,7 +155,7 @@ pub fn plan_target(
             ),
         },
         _ => PlanTarget {
-            target: Target { matmul: options, ..Target::WEBGPU_DEFAULT },
+            target: Target { matmul: options, merge_dispatches, ..Target::WEBGPU_DEFAULT },
             limits: None,
             what: format!("a modelled adapter with WebGPU's default limits ({hint})"),
         },

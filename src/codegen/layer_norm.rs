@@ -345,9 +345,15 @@ struct Extra {
     col_sum: Option<Resource>,
 }
 
+/// The scratch slot of a LayerNorm backward's partial sums: a slot of its own rather than slot
+/// 0, which a split-K product's partials take, so that the product's last dispatch (their sum)
+/// and the LayerNorm backward after it touch no common memory and run as one dispatch
+/// ([`super::merge`]).
+pub const PARTIAL_SLOT: usize = 7;
+
 /// LayerNorm backward over (x, stats, dy) with `weight`: dx (plus the addend, if any) into `dx`
 /// and dweight/dbias into the two rows of `dwb` (and dx's column sums, if asked), the partial
-/// sums in scratch slot 0.
+/// sums in scratch slot [`PARTIAL_SLOT`].
 fn ln_backward(
     g: &Graph,
     [x, stats, dy]: [NodeId; 3],
@@ -364,7 +370,7 @@ fn ln_backward(
         stats: buffer(stats)?,
         dy: buffer(dy)?,
         dx,
-        partial: Resource::Scratch { slot: 0 },
+        partial: Resource::Scratch { slot: PARTIAL_SLOT },
         dparams,
         accumulate_dx: false,
         accumulate_params: false,

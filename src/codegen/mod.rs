@@ -29,6 +29,7 @@ pub mod matmul_coop;
 pub mod matmul_cost;
 pub mod matmul_dot;
 pub mod matmul_simt;
+pub mod merge;
 pub mod precision;
 pub mod prologue;
 pub mod program;
@@ -95,6 +96,9 @@ pub fn compile(g: &Graph, plan: &Plan, target: &Target) -> Result<PlanPrograms> 
         } else {
             out.copies.push((v.buffer, t.buffer, t.bytes));
         }
+    }
+    if target.merge_dispatches {
+        merge::merge(plan, &mut out, target)?;
     }
     out.scratch_words = program::scratch_words(out.all());
     Ok(out)

@@ -116,6 +116,10 @@ pub struct Target {
     /// them early without a word ([`super::loops`]: Mesa's software adapters, 65,535); a
     /// program that could run more is refused. `None`: no such limit.
     pub max_loop_trips: Option<u64>,
+    /// Run adjacent programs that touch no common memory as one dispatch ([`super::merge`]).
+    /// Off for a plan whose gradients are exchanged between ranks (the exchange starts at
+    /// kernel boundaries) and where `RUMUS_MERGE_DISPATCHES=0` says so.
+    pub merge_dispatches: bool,
 }
 
 /// The default [`Target::reduce_chunk`]: 16 elements a thread of a 256-thread workgroup.
@@ -255,6 +259,7 @@ impl Target {
         matmul: MatmulOptions::DEFAULT,
         reduce_chunk: REDUCE_CHUNK,
         max_loop_trips: None,
+        merge_dispatches: true,
     };
 
     /// An adapter with cooperative matrices, as the H200 reports itself (48 KiB of workgroup
@@ -269,6 +274,7 @@ impl Target {
         matmul: MatmulOptions::DEFAULT,
         reduce_chunk: REDUCE_CHUNK,
         max_loop_trips: None,
+        merge_dispatches: true,
     };
 
     /// The limits of a device; `cooperative` as in [`Target::cooperative`]; `software`: the
@@ -288,6 +294,7 @@ impl Target {
             matmul,
             reduce_chunk: REDUCE_CHUNK,
             max_loop_trips: software.then_some(SOFTWARE_LOOP_LIMIT),
+            merge_dispatches: true,
         }
     }
 }
@@ -296,7 +303,8 @@ impl Target {
 #[derive(Clone, Debug, Default)]
 pub struct PlanPrograms {
     /// One entry per plan kernel, in plan order: its programs in dispatch order (none when it
-    /// has nothing to compute: a zero-size value).
+    /// has nothing to compute, a zero-size value, or when its dispatches run inside an earlier
+    /// kernel's merged ones, [`super::merge`]).
     pub kernels: Vec<KernelPrograms>,
     /// After the kernels, one guarded program per update that is not written in place, when the
     /// plan has a status buffer (nothing is committed once a check failed).
@@ -386,7 +394,10 @@ impl PlanPrograms {
             }
             s.push_str(&format!("// kernel {i}: {} ({})\n", k.kind, k.ops.join(" ")));
             if k.programs.is_empty() {
-                s.push_str("// nothing to compute\n\n");
+                s.push_str(
+                    "// no dispatch of its own: nothing to compute, or run by an earlier kernel's \
+                     merged dispatch (labels joined by ` + `)\n\n",
+                );
             }
             for p in &k.programs {
                 s.push_str(&header(p));

@@ -35,6 +35,11 @@ pub struct GpuBackend {
     ///
     /// [`Target::reduce_chunk`]: crate::codegen::Target::reduce_chunk
     pub reduce_chunk: u32,
+    /// Merge adjacent independent dispatches ([`Target::merge_dispatches`]) in the plans
+    /// compiled from now on (`RUMUS_MERGE_DISPATCHES`, on by default).
+    ///
+    /// [`Target::merge_dispatches`]: crate::codegen::Target::merge_dispatches
+    pub merge_dispatches: bool,
     /// Data-parallel training: average the gradients across ranks in every training step.
     pub sync: Option<GradSync>,
 }
@@ -101,6 +106,7 @@ impl GpuBackend {
             poison: false,
             matmul: MatmulOptions::from_env()?,
             reduce_chunk: crate::codegen::REDUCE_CHUNK,
+            merge_dispatches: crate::codegen::merge::from_env()?,
             sync: None,
         })
     }
@@ -121,15 +127,13 @@ impl GpuBackend {
                 ..self.options
             };
             let p = plan(&self.graph, want, training, options)?;
-            let compiled = GpuPlan::new(
-                self.gpu,
-                &self.graph,
-                p,
-                &self.persistent,
-                self.matmul,
-                self.reduce_chunk,
-                self.sync.as_ref().filter(|_| training),
-            )?;
+            let target = crate::codegen::Target {
+                reduce_chunk: self.reduce_chunk,
+                merge_dispatches: self.merge_dispatches,
+                ..self.gpu.target(self.matmul)
+            };
+            let sync = self.sync.as_ref().filter(|_| training);
+            let compiled = GpuPlan::new(self.gpu, &self.graph, p, &self.persistent, target, sync)?;
             self.plans.insert(key.clone(), compiled);
         }
         Ok(&self.plans[&key])

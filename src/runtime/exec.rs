@@ -14,7 +14,7 @@ use super::device::{Dispatch, Gpu, Readback, STORAGE};
 use super::exchange::Exchange;
 use super::launch::{Launcher, Range, Resources};
 use crate::backend::GradSync;
-use crate::codegen::{self, MatmulOptions};
+use crate::codegen;
 use crate::cpu::nn::{check_index, check_label};
 use crate::err;
 use crate::error::{Error, Result};
@@ -78,16 +78,15 @@ fn host_tensor(g: &Graph, id: NodeId, words: Vec<u32>) -> Result<Tensor> {
 
 impl GpuPlan {
     /// Build everything a step needs. `persistent` supplies the buffers of inputs, parameters
-    /// and state that this plan shares with others; missing ones are created here. `matmul`
-    /// says how codegen chooses the matmul kernels, `reduce_chunk` when a reduction takes two
-    /// stages ([`codegen::Target::reduce_chunk`]).
+    /// and state that this plan shares with others; missing ones are created here. `target`
+    /// is what codegen generates the kernels for (this device's, with the caller's choices);
+    /// a plan with `sync` is not merged ([`codegen::Target::merge_dispatches`]).
     pub fn new(
         gpu: &Gpu,
         g: &Graph,
         plan: Plan,
         persistent: &HashMap<NodeId, wgpu::Buffer>,
-        matmul: MatmulOptions,
-        reduce_chunk: u32,
+        target: codegen::Target,
         sync: Option<&GradSync>,
     ) -> Result<GpuPlan> {
         // The plan may have been built without this device's limits.
@@ -123,7 +122,8 @@ impl GpuPlan {
             }
         }
         let buffers: Vec<(wgpu::Buffer, u64, u64)> = buffers.into_iter().flatten().collect();
-        let target = codegen::Target { reduce_chunk, ..gpu.target(matmul) };
+        let merge_dispatches = target.merge_dispatches && sync.is_none();
+        let target = codegen::Target { merge_dispatches, ..target };
         let programs = codegen::compile(g, &plan, &target)?;
         let meta = gpu.uniform("meta", &[0u8; 16])?;
         let status = match programs.status_words {

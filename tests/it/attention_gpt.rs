@@ -369,3 +369,48 @@ fn conversions_that_normalize_reuse_buffers_safely_over_nan() {
     assert!(reused.iter().all(|l| l.is_finite()), "{reused:?}");
     assert_eq!(bits(reused), bits(losses_of(&mut make(false), &t, 2)));
 }
+
+/// Merged dispatches (`codegen::merge`: adjacent programs that touch no common memory run as
+/// one) compute the bits of each kernel's own: five steps of the GPT, every reused buffer
+/// filled with NaN first, merged and not, with `matmul` choosing the products' kernels. The
+/// merged plan has fewer dispatches, so the test cannot pass by merging nothing.
+fn merged_dispatches_give_the_same_bits(
+    gpu: &'static rumus::runtime::device::Gpu,
+    matmul: MatmulOptions,
+) {
+    let t = gpt_step("causal_self_attention");
+    let make = |merge: bool| {
+        let mut b = GpuBackend::new(gpu, t.graph.clone(), 5, PlanOptions::default()).unwrap();
+        b.matmul = matmul;
+        b.merge_dispatches = merge;
+        b.poison = true;
+        b
+    };
+    let (mut merged, mut apart) = (make(true), make(false));
+    let n = |b: &mut GpuBackend| b.plan_for(&[t.loss], true).unwrap().n_dispatches();
+    let (m, a) = (n(&mut merged), n(&mut apart));
+    assert!(m < a, "{m} dispatches merged, {a} apart");
+    let bits = |v: Vec<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<u64>>();
+    let got = losses_of(&mut merged, &t, 5);
+    assert!(got.iter().all(|l| l.is_finite()), "{got:?}");
+    assert_eq!(bits(got), bits(losses_of(&mut apart, &t, 5)));
+}
+
+#[test]
+fn merged_dispatches_give_the_same_bits_on_the_fp32_kernels() {
+    let Some((gpu, _turn)) = or_skip("merged_dispatches_give_the_same_bits_on_the_fp32_kernels")
+    else {
+        return;
+    };
+    merged_dispatches_give_the_same_bits(gpu, MatmulOptions::DEFAULT);
+}
+
+/// With `high`'s conversions (emulated cooperative kernels), which merge with their
+/// neighbours.
+#[test]
+fn merged_dispatches_give_the_same_bits_in_high() {
+    let Some((gpu, _turn)) = coop_or_skip("merged_dispatches_give_the_same_bits_in_high") else {
+        return;
+    };
+    merged_dispatches_give_the_same_bits(gpu, emulated_high());
+}

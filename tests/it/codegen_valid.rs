@@ -181,6 +181,25 @@ fn validate_plans(
         let matmul_prologues = target.converts_operands();
         let opts = PlanOptions { fusion, reuse: true, limits, matmul_prologues };
         let p = plan(g, wanted, train, opts).unwrap();
+        // Merged dispatches (`codegen::merge`, which has naga validate each merged module as
+        // it builds it): every one validates here too, within the device's storage bindings.
+        let merged = compile(g, &p, &target).unwrap();
+        for prog in merged.kernels.iter().flat_map(|k| &k.programs) {
+            let storage = prog
+                .bindings
+                .iter()
+                .filter(|b| !matches!(b.resource, Resource::Uniform(_) | Resource::Meta))
+                .count();
+            if storage > target.max_storage_buffers as usize {
+                failures.push(format!("{}: binds {storage} storage buffers", prog.label));
+            }
+            n += 1;
+            if let Err(e) = validate(&prog.label, &prog.wgsl) {
+                failures.push(e);
+            }
+        }
+        // Each kernel's own programs, unmerged.
+        let target = Target { merge_dispatches: false, ..target };
         let programs = compile(g, &p, &target).unwrap();
         assert_eq!(programs.kernels.len(), p.kernels.len());
         for (k, kp) in p.kernels.iter().zip(&programs.kernels) {

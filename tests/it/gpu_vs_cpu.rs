@@ -98,6 +98,8 @@ fn attention_matches_the_cpu_in_the_cooperative_modes() {
         let b = build(&c).unwrap();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
         backend.matmul = coop;
+        // Each kernel's own dispatches (merged ones join labels with ` + `).
+        backend.merge_dispatches = false;
         let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
         let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
         let attention: Vec<_> = labels.iter().filter(|l| l.starts_with("attention")).collect();
@@ -143,6 +145,8 @@ fn matmul_cases_match_the_cpu_on_the_simt_kernel() {
     let b = build(&c).unwrap();
     let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
     backend.matmul = MatmulOptions { simt_min_workgroups: 1, ..MatmulOptions::DEFAULT };
+    // Each kernel's own dispatches (merged ones join labels with ` + `).
+    backend.merge_dispatches = false;
     let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
     let plan = backend.plan_for(&want, true).unwrap();
     let simt = plan.dispatch_labels().iter().filter(|l| l.contains(" simt")).count();
@@ -179,6 +183,8 @@ fn matmul_cases_match_the_cpu_in_the_cooperative_modes() {
         let b = build(&c).unwrap();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
         backend.matmul = coop;
+        // Each kernel's own dispatches (merged ones join labels with ` + `).
+        backend.merge_dispatches = false;
         let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
         let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
         let name = format!(" coop-{precision}");
@@ -740,6 +746,8 @@ fn conv_cases_match_the_cpu_in_the_cooperative_modes() {
         let b = build(&c).unwrap();
         let mut backend = GpuBackend::new(gpu, b.g.clone(), 0, PlanOptions::default()).unwrap();
         backend.matmul = coop;
+        // Each kernel's own dispatches (merged ones join labels with ` + `).
+        backend.merge_dispatches = false;
         let want: Vec<_> = std::iter::once(b.out).chain(b.grads.iter().map(|&(_, d)| d)).collect();
         let labels = backend.plan_for(&want, true).unwrap().dispatch_labels();
         let products = labels.iter().filter(|l| l.ends_with(" coop-high")).count();

@@ -337,14 +337,17 @@ fn rumus_plan_json_for_the_gpt_benchmark() {
 /// usage error.
 #[test]
 fn rumus_plan_wgsl_prints_each_kernel() {
-    let run = |args: &[&str]| {
+    let run_merged = |args: &[&str], merge: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
             .args(["plan", "scripts/xor.rms", "--set", "B=4"])
             .args(args)
+            .env("RUMUS_MERGE_DISPATCHES", merge)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
             .unwrap()
     };
+    // Each kernel's own dispatches first; merged ones at the end.
+    let run = |args: &[&str]| run_merged(args, "0");
     let out = run(&["--wgsl"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
@@ -363,27 +366,44 @@ fn rumus_plan_wgsl_prints_each_kernel() {
     assert!(kernel0.contains("e0[min("), "{kernel0}");
     assert!(kernel0.contains("arrayLength(&e0) - 1u)]"), "{kernel0}");
     // Split into modules at the dispatch headers; each module validates.
-    let mut modules: Vec<String> = Vec::new();
-    for line in text.lines() {
-        if line.starts_with("// dispatch `") {
-            modules.push(String::new());
-        } else if line.starts_with("// kernel ") || line.starts_with("//   @binding(") {
-            continue;
-        } else if let Some(m) = modules.last_mut() {
-            m.push_str(line);
-            m.push('\n');
+    let split = |text: &str| {
+        let mut modules: Vec<String> = Vec::new();
+        for line in text.lines() {
+            if line.starts_with("// dispatch `") {
+                modules.push(String::new());
+            } else if line.starts_with("// kernel ") || line.starts_with("//   @binding(") {
+                continue;
+            } else if let Some(m) = modules.last_mut() {
+                m.push_str(line);
+                m.push('\n');
+            }
         }
-    }
-    // One dispatch per kernel, two for cross-entropy (rows, then their sum) and for each weight
-    // gradient's kernel (its fp32 product has no conversion to sum the bias's gradient in:
-    // the product, then the reduction).
-    assert_eq!(modules.len(), 13, "one dispatch per kernel of this plan, two for three");
-    for m in &modules {
+        modules
+    };
+    let valid = |m: &String| {
         let module = naga::front::wgsl::parse_str(m).unwrap_or_else(|e| panic!("{e}\n{m}"));
         naga::valid::Validator::new(naga::valid::ValidationFlags::all(), Default::default())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{e:?}\n{m}"));
-    }
+    };
+    let modules = split(&text);
+    // One dispatch per kernel, two for cross-entropy (rows, then their sum) and for each weight
+    // gradient's kernel (its fp32 product has no conversion to sum the bias's gradient in:
+    // the product, then the reduction).
+    assert_eq!(modules.len(), 13, "one dispatch per kernel of this plan, two for three");
+    modules.iter().for_each(valid);
+    // Merged, as the runtime runs it: an elementwise add and the next kernel's concat touch no
+    // common memory and run as one dispatch, the concat's kernel left without one of its own;
+    // every module still validates.
+    let out = run_merged(&["--wgsl"], "1");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let merged = String::from_utf8(out.stdout).unwrap();
+    let merged_modules = split(&merged);
+    assert!(merged_modules.len() < modules.len(), "{merged}");
+    let joined = |l: &str| l.starts_with("// dispatch `elementwise #") && l.contains(" + concat #");
+    assert!(merged.lines().any(joined), "{merged}");
+    assert!(merged.contains("// kernel 8: concat (concat)\n// no dispatch of its own"), "{merged}");
+    merged_modules.iter().for_each(valid);
 
     let out = run(&["--wgsl", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -648,21 +668,35 @@ fn a_sum_of_1500_layers_plans_within_webgpu_limits_quickly() {
 }
 
 /// In the cooperative modes `rumus plan --wgsl` lists each product's two programs in
-/// dispatch order (the conversion to f16, the product) and
-/// `rumus plan --json` counts exactly the dispatches listed (what `rumus bench` reports as
-/// `dispatches_per_step` for the same plan).
+/// dispatch order (the conversion to f16, the product; the conversion possibly the last part
+/// of a merged dispatch) and `rumus plan --json` counts exactly the dispatches listed (what
+/// `rumus bench` reports as `dispatches_per_step` for the same plan), merged or not.
 #[test]
 fn rumus_plan_lists_and_counts_the_cooperative_products_dispatches() {
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
-            .args(["plan", "scripts/bench/gpt-small.rms"])
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    };
+    for merge in ["0", "1"] {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
+                .args(["plan", "scripts/bench/gpt-small.rms"])
+                .args(args)
+                .env("RUMUS_MERGE_DISPATCHES", merge)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let counts = listed_and_counted(run);
+        if merge == "0" {
+            // Both cooperative modes plan the same products, each with its conversion.
+            assert_eq!(counts[1], counts[2]);
+            assert!(counts[1] > counts[0], "{counts:?}");
+        }
+    }
+}
+
+/// [`rumus_plan_lists_and_counts_the_cooperative_products_dispatches`] for one setting of the
+/// merge: the dispatches of `highest`, `medium` and `high`.
+fn listed_and_counted(run: impl Fn(&[&str]) -> String) -> Vec<usize> {
     let mut counts = Vec::new();
     for mode in ["highest", "medium", "high"] {
         let v: serde_json::Value =
@@ -685,9 +719,7 @@ fn rumus_plan_lists_and_counts_the_cooperative_products_dispatches() {
         }
         counts.push(labels.len());
     }
-    // Both cooperative modes plan the same products, each with its conversion.
-    assert_eq!(counts[1], counts[2]);
-    assert!(counts[1] > counts[0], "{counts:?}");
+    counts
 }
 
 /// `rumus plan --device gpu` plans for this machine's adapter and says so (its name, its default
@@ -734,6 +766,8 @@ fn rumus_plan_names_each_products_kernel_per_mode() {
     let run = |args: &[&str], tile: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"));
         cmd.args(["plan", "scripts/bench/gpt-small.rms"]).args(args);
+        // Each kernel's own dispatches (a merge moves a conversion into the dispatch before).
+        cmd.env("RUMUS_MERGE_DISPATCHES", "0");
         if let Some(t) = tile {
             cmd.env("RUMUS_MATMUL_COOP_TILE", t);
         }

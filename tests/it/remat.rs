@@ -124,6 +124,9 @@ fn plan_json(extra: &[&str]) -> serde_json::Value {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rumus"))
         .args(["plan", "scripts/bench/gpt-small.rms", "--json"])
         .args(extra)
+        // Each kernel's own dispatches: merging pairs neighbours of the recomputed products
+        // differently.
+        .env("RUMUS_MERGE_DISPATCHES", "0")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
