@@ -21,7 +21,9 @@
 //! must agree on threads per workgroup, which the merged dispatch takes; an independent part
 //! (each invocation on its own) of another size has its invocations handed out in order over
 //! those workgroups, when they have at least `MIN_REBLOCKED` (64) threads. Every entry point is
-//! one-dimensional. The merged program keeps every runtime check any part asked for, and
+//! one-dimensional. The merged program keeps every runtime check any part asked for (a part
+//! that turned them off takes them only if it declares at most `LIGHT_WORKGROUP_BYTES`, 4 KiB,
+//! of workgroup memory: not a shared-memory product), and
 //! together the parts stay within the device's storage bindings and workgroup memory, adding
 //! at most `MAX_ADDED_WORKGROUP_BYTES` (4 KiB) to the largest part's.
 //! Programs on cooperative matrices are left alone (their operations want subgroup-uniform
@@ -51,6 +53,14 @@ const MIN_REBLOCKED: u32 = 64;
 /// added much would fit fewer of the largest part's workgroups on a multiprocessor (two
 /// shared-memory products). 4 KiB is under 2% of an H200 multiprocessor's 228 KiB.
 const MAX_ADDED_WORKGROUP_BYTES: u64 = 4096;
+
+/// The most workgroup memory a part that turned runtime checks off may declare and still take
+/// the checks of the parts it merges with. The programs that turn them off for speed and
+/// declare more are shared-memory product tiles, whose loops naga's guard slows most: on the
+/// H200 merging such products with checked split-K sums made gpt-medium `highest`'s step
+/// 1.2 ms slower, where the conversions (under 4 KiB) lost nothing measurable (BENCHMARKS.md,
+/// "Merged dispatches").
+const LIGHT_WORKGROUP_BYTES: u64 = 4096;
 
 /// Uniform bindings a stage may have (WebGPU's default `max_uniform_buffers_per_shader_stage`).
 const MAX_UNIFORMS: usize = 12;
@@ -110,10 +120,15 @@ pub fn merge(plan: &Plan, out: &mut PlanPrograms, target: &Target) -> Result<()>
         let mine = accesses(p, part, &roots);
         let mut add = totals.add(p, part);
         let shape = (p.workgroup_size, part.independent);
+        let checks = group
+            .iter()
+            .map(|&g| (program(g).checks, parts[g].as_ref().map_or(0, |x| x.workgroup_bytes)))
+            .chain([(p.checks, part.workgroup_bytes)]);
         let joins = group.first().is_some_and(|&first| {
             let (k0, k) = (order[first].0, order[at].0);
             group.len() < MAX_PARTS
                 && threads_of(shapes.iter().chain([&shape]).copied()).is_some()
+                && checks_of(checks).is_some()
                 && in_micro(k0) == in_micro(k)
                 && add.fits(target)
                 && !mine.iter().any(|a| uses.iter().any(|b| a.conflicts(b)))
@@ -172,6 +187,18 @@ fn threads_of(shapes: impl Iterator<Item = (u32, bool)> + Clone) -> Option<u32> 
     let agree = cooperating.all(|t| t == threads);
     let fits = shapes.into_iter().all(|(t, _)| t == threads || threads >= MIN_REBLOCKED);
     (agree && fits).then_some(threads)
+}
+
+/// The runtime checks of a merged dispatch of parts with these (checks, workgroup bytes): every
+/// check any part asks for. `None` when a part that turned a check off would get it back and
+/// declares more than [`LIGHT_WORKGROUP_BYTES`] of workgroup memory.
+fn checks_of(parts: impl Iterator<Item = (ShaderChecks, u64)> + Clone) -> Option<ShaderChecks> {
+    let none = ShaderChecks { bounds: false, loop_bounding: false };
+    let all = parts.clone().fold(none, |c, (p, _)| ShaderChecks {
+        bounds: c.bounds || p.bounds,
+        loop_bounding: c.loop_bounding || p.loop_bounding,
+    });
+    parts.into_iter().all(|(c, bytes)| c == all || bytes <= LIGHT_WORKGROUP_BYTES).then_some(all)
 }
 
 /// End the current group: kept when it merges two or more programs.
@@ -383,6 +410,9 @@ fn merged(parts: &[(&Program, &Part)], checked: &mut HashMap<String, Verdict>) -
     let shapes = parts.iter().map(|(p, part)| (p.workgroup_size, part.independent));
     let threads = threads_of(shapes)
         .ok_or_else(|| err!(Invariant, "merge: parts whose workgroups disagree"))?;
+    // A part needing a check gets it; the others pay for it.
+    let checks = checks_of(parts.iter().map(|(p, part)| (p.checks, part.workgroup_bytes)))
+        .ok_or_else(|| err!(Invariant, "merge: a heavy part would get runtime checks back"))?;
     let labels: Vec<&str> = parts.iter().map(|(p, _)| p.label.as_str()).collect();
     let mut directives: Vec<String> = Vec::new();
     let mut bodies = String::new();
@@ -452,13 +482,7 @@ fn merged(parts: &[(&Program, &Part)], checked: &mut HashMap<String, Verdict>) -
         workgroup_size: threads,
         bindings,
         grid: Grid::Linear(total),
-        // A part needing a check gets it; the others pay for it.
-        checks: parts.iter().fold(ShaderChecks { bounds: false, loop_bounding: false }, |c, (p, _)| {
-            ShaderChecks {
-                bounds: c.bounds || p.checks.bounds,
-                loop_bounding: c.loop_bounding || p.checks.loop_bounding,
-            }
-        }),
+        checks,
     })
 }
 
@@ -850,6 +874,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         assert!(Part::of(&pa).is_none(), "workgroup size 64 read as 128");
         let coop = format!("enable wgpu_cooperative_matrix;\n{A}");
         assert!(Part::of(&program(&coop, "c", Grid::Linear(1), vec![], 64)).is_none());
+    }
+
+    #[test]
+    fn heavy_parts_keep_their_checks_off_and_workgroups_agree() {
+        let (off, all) = (ShaderChecks { bounds: false, loop_bounding: false }, ShaderChecks::ALL);
+        assert_eq!(checks_of([(all, 0), (off, 4096)].into_iter()), Some(all));
+        assert_eq!(checks_of([(all, 0), (off, 16384)].into_iter()), None);
+        assert_eq!(checks_of([(off, 16384), (off, 0)].into_iter()), Some(off));
+        // Cooperating parts agree; independent ones are handed out over 64 threads or more.
+        assert_eq!(threads_of([(64, false), (256, true)].into_iter()), Some(64));
+        assert_eq!(threads_of([(256, true), (128, false)].into_iter()), Some(128));
+        assert_eq!(threads_of([(32, false), (256, true)].into_iter()), None);
+        assert_eq!(threads_of([(32, false), (32, true)].into_iter()), Some(32));
+        assert_eq!(threads_of([(64, false), (128, false)].into_iter()), None);
     }
 
     #[test]
