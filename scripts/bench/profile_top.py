@@ -10,7 +10,8 @@ TFLOP/s where the label names its shape. Stages no dispatch of the profile has a
     python3 scripts/bench/profile_top.py bench.json [TOP]
 
 Labels look like `matmul #812 4096x768x3072 coop-high convert`: kind, output node, the shape
-(`BxMxNxK` when batched), the tile, then the stage for a pre-pass.
+(`BxMxNxK` when batched), the tile, then the stage for a pre-pass; a merged dispatch joins its
+parts' labels with ` + ` and is counted apart (one time for all its parts).
 """
 
 import json
@@ -32,7 +33,10 @@ def load(path):
 
 
 def parse(label):
-    """(shape words, tile, stage) of a matmul label; None for other kinds."""
+    """(shape words, tile, stage) of a matmul label; None for other kinds and for merged
+    dispatches (labels joined by ` + `: several kernels' programs timed as one)."""
+    if " + " in label:
+        return None
     words = label.split(" ")
     if words[0] != "matmul" or len(words) < 4:
         return None
@@ -90,6 +94,11 @@ def main():
         slot[1] += 1
         if stage == "product":
             flops[key] = flops.get(key, 0.0) + 2.0 * b * m * n * k
+    merged = [(label, ms) for label, ms in rows if " + " in label]
+    if merged:
+        ms = sum(ms for _, ms in merged)
+        print(f"\nmerged dispatches (labels joined by ` + `, left out of the shapes below): "
+              f"{len(merged)}, {ms:.3f} ms")
     if not shapes:
         return
     every = ["product", "range", "range finish", "convert", "split-k sum"]
