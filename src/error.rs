@@ -208,6 +208,42 @@ pub fn env_text(name: &str) -> Result<Option<String>> {
     }
 }
 
+/// The value the environment variable `name` chooses among `choices` (each a word and its
+/// value; the first is the default, taken when the variable is unset or blank). Any other value
+/// is a usage error that lists the words, so a mistyped one never passes for the default.
+pub fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T> {
+    choose(name, env_text(name)?.as_deref(), choices)
+}
+
+/// [`env_choice`] of the value `value`.
+pub(crate) fn choose<T: Copy>(name: &str, value: Option<&str>, choices: &[(&str, T)]) -> Result<T> {
+    let v = value.map_or("", str::trim);
+    if v.is_empty() {
+        return Ok(choices[0].1);
+    }
+    if let Some(&(_, t)) = choices.iter().find(|&&(word, _)| word == v) {
+        return Ok(t);
+    }
+    let words: Vec<String> = choices
+        .iter()
+        .enumerate()
+        .map(
+            |(i, (word, _))| {
+                if i == 0 {
+                    format!("`{word}` (the default)")
+                } else {
+                    format!("`{word}`")
+                }
+            },
+        )
+        .collect();
+    let list = match words.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => words.concat(),
+    };
+    Err(crate::err!(Usage, "{name}: `{}` is not {list}", escape(v)))
+}
+
 /// `s` with every control or invisible character written as a Rust escape (`\n`, `\u{1b}`), so
 /// that text from a file cannot move the cursor, recolour the terminal or forge a line.
 pub fn escape(s: &str) -> Cow<'_, str> {

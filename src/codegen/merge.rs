@@ -35,7 +35,7 @@
 use super::loops::Loops;
 use super::program::{Binding, Grid, PlanPrograms, Program, Resource, ShaderChecks, Target};
 use crate::err;
-use crate::error::{env_text, Result};
+use crate::error::Result;
 use crate::plan::Plan;
 use std::collections::{HashMap, HashSet};
 
@@ -65,19 +65,14 @@ const LIGHT_WORKGROUP_BYTES: u64 = 4096;
 /// Uniform bindings a stage may have (WebGPU's default `max_uniform_buffers_per_shader_stage`).
 const MAX_UNIFORMS: usize = 12;
 
-/// Whether `RUMUS_MERGE_DISPATCHES` leaves merging on (unset, `1`; `0` turns it off, for
-/// measuring what it gains); an error naming the variable for any other value.
+/// Whether `RUMUS_MERGE_DISPATCHES` leaves merging on (unset, `on` or `1`; `off` or `0` turns
+/// it off, for measuring what it gains); an error naming the variable for any other value.
 pub fn from_env() -> Result<bool> {
-    parse(env_text("RUMUS_MERGE_DISPATCHES")?.as_deref())
+    crate::error::env_choice(SWITCH, SETTINGS)
 }
 
-fn parse(value: Option<&str>) -> Result<bool> {
-    match value.map(str::trim) {
-        None | Some("" | "1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(v) => Err(err!(Usage, "RUMUS_MERGE_DISPATCHES: `{v}` is neither 0 (off) nor 1 (on)")),
-    }
-}
+const SWITCH: &str = "RUMUS_MERGE_DISPATCHES";
+const SETTINGS: &[(&str, bool)] = &[("on", true), ("off", false), ("1", true), ("0", false)];
 
 /// Merge adjacent independent programs of `out`'s kernels (not its commits): a merged program
 /// takes the place of its first part, in that part's kernel, and the other parts leave their
@@ -891,10 +886,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
 
     #[test]
-    fn the_variable_is_0_or_1() {
+    fn the_variable_is_on_or_off() {
+        let parse = |v| crate::error::choose(SWITCH, v, SETTINGS);
         assert!(matches!(parse(None), Ok(true)));
         assert!(matches!(parse(Some(" 0 ")), Ok(false)));
-        let e = parse(Some("off")).unwrap_err();
-        assert!(e.message.contains("RUMUS_MERGE_DISPATCHES: `off` is neither 0"), "{}", e.message);
+        assert!(matches!(parse(Some("off")), Ok(false)));
+        let e = parse(Some("no")).unwrap_err();
+        assert_eq!(
+            e.message,
+            "RUMUS_MERGE_DISPATCHES: `no` is not `on` (the default), `off`, `1` or `0`"
+        );
     }
 }

@@ -216,17 +216,14 @@ impl MatmulOptions {
             },
             _ => None,
         };
-        let coop_attention = match env_text("RUMUS_ATTENTION_COOP")?.as_deref().map(str::trim) {
-            None | Some("" | "medium") => CoopAttention::Medium,
-            Some("none") => CoopAttention::None,
-            Some("all") => CoopAttention::All,
-            Some(v) => {
-                return Err(err!(
-                    Usage,
-                    "RUMUS_ATTENTION_COOP: `{v}` is none of none, medium (the default) and all"
-                ))
-            }
-        };
+        let coop_attention = crate::error::env_choice(
+            "RUMUS_ATTENTION_COOP",
+            &[
+                ("medium", CoopAttention::Medium),
+                ("none", CoopAttention::None),
+                ("all", CoopAttention::All),
+            ],
+        )?;
         Ok(MatmulOptions { coop_tile, fp32_tile, split_k, coop_attention, ..MatmulOptions::DEFAULT })
     }
 }

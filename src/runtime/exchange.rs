@@ -400,20 +400,11 @@ impl Exchange {
 /// mistyped value used to be ignored). Read where ranks agree on the exchange; every rank of
 /// a job has the same environment, so all refuse alike.
 pub(crate) fn staged_requested() -> Result<bool> {
-    parse_exchange(crate::error::env_text("RUMUS_EXCHANGE")?.as_deref())
+    crate::error::env_choice(SWITCH, EXCHANGES)
 }
 
-fn parse_exchange(v: Option<&str>) -> Result<bool> {
-    match v.map(str::trim) {
-        None | Some("" | "host-shared") => Ok(false),
-        Some("staged") => Ok(true),
-        Some(other) => Err(err!(
-            Usage,
-            "RUMUS_EXCHANGE: `{}` is neither `staged` nor `host-shared`",
-            crate::error::escape(other)
-        )),
-    }
-}
+const SWITCH: &str = "RUMUS_EXCHANGE";
+const EXCHANGES: &[(&str, bool)] = &[("host-shared", false), ("staged", true)];
 
 impl Shared {
     /// The byte where rank `rank`'s copy of bucket `bucket` starts in the region, for steps of
@@ -534,12 +525,16 @@ mod tests {
 
     #[test]
     fn the_exchange_setting_is_staged_or_host_shared_and_nothing_else() {
+        let parse = |v| crate::error::choose(SWITCH, v, EXCHANGES);
         for (v, staged) in
             [(None, false), (Some(""), false), (Some("host-shared"), false), (Some(" staged"), true)]
         {
-            assert_eq!(parse_exchange(v).unwrap(), staged, "{v:?}");
+            assert_eq!(parse(v).unwrap(), staged, "{v:?}");
         }
-        let e = parse_exchange(Some("stagged")).unwrap_err();
-        assert_eq!(e.message, "RUMUS_EXCHANGE: `stagged` is neither `staged` nor `host-shared`");
+        let e = parse(Some("stagged")).unwrap_err();
+        assert_eq!(
+            e.message,
+            "RUMUS_EXCHANGE: `stagged` is not `host-shared` (the default) or `staged`"
+        );
     }
 }

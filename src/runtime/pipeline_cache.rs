@@ -17,7 +17,7 @@
 //! Where: `$RUMUS_CACHE_DIR`, else `$XDG_CACHE_HOME/rumus`, else `$HOME/.cache/rumus`; one
 //! file per adapter (`wgpu::util::pipeline_cache_key`). `RUMUS_PIPELINE_CACHE=off` disables it.
 
-use crate::error::{env_text, Result};
+use crate::error::Result;
 use crate::files::write_atomic;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -38,20 +38,11 @@ pub struct DiskCache {
 /// Whether `RUMUS_PIPELINE_CACHE` leaves the cache on: unset, empty or `on`; `off` turns it
 /// off, and anything else is a usage error (a mistyped `of` used to leave it on silently).
 pub fn enabled() -> Result<bool> {
-    parse_setting(env_text("RUMUS_PIPELINE_CACHE")?.as_deref())
+    crate::error::env_choice(SWITCH, SETTINGS)
 }
 
-fn parse_setting(v: Option<&str>) -> Result<bool> {
-    match v.map(str::trim) {
-        None | Some("" | "on") => Ok(true),
-        Some("off") => Ok(false),
-        Some(other) => Err(crate::err!(
-            Usage,
-            "RUMUS_PIPELINE_CACHE: `{}` is neither `on` nor `off`",
-            crate::error::escape(other)
-        )),
-    }
-}
+const SWITCH: &str = "RUMUS_PIPELINE_CACHE";
+const SETTINGS: &[(&str, bool)] = &[("on", true), ("off", false)];
 
 impl DiskCache {
     /// The cache for `device` on the adapter `info`, loaded from its file where that holds a
@@ -153,13 +144,17 @@ mod tests {
 
     #[test]
     fn the_setting_is_on_or_off_and_nothing_else() {
+        let parse = |v| crate::error::choose(SWITCH, v, SETTINGS);
         for (v, on) in [(None, true), (Some(""), true), (Some("on"), true), (Some(" off "), false)] {
-            assert_eq!(parse_setting(v).unwrap(), on, "{v:?}");
+            assert_eq!(parse(v).unwrap(), on, "{v:?}");
         }
-        let e = parse_setting(Some("of")).unwrap_err();
-        assert_eq!(e.message, "RUMUS_PIPELINE_CACHE: `of` is neither `on` nor `off`");
-        let e = parse_setting(Some("\u{1b}[2J")).unwrap_err();
-        assert_eq!(e.message, "RUMUS_PIPELINE_CACHE: `\\u{1b}[2J` is neither `on` nor `off`");
+        let e = parse(Some("of")).unwrap_err();
+        assert_eq!(e.message, "RUMUS_PIPELINE_CACHE: `of` is not `on` (the default) or `off`");
+        let e = parse(Some("\u{1b}[2J")).unwrap_err();
+        assert_eq!(
+            e.message,
+            "RUMUS_PIPELINE_CACHE: `\\u{1b}[2J` is not `on` (the default) or `off`"
+        );
     }
 
     /// Found by the hostile-input audit: a FIFO at the cache's path blocked every GPU run in

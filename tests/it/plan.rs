@@ -1117,7 +1117,7 @@ fn a_mistyped_pipeline_cache_setting_is_refused_before_a_device_opens() {
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.lines().any(|l| l == "RUMUS_PIPELINE_CACHE: `of` is neither `on` nor `off`"),
+        err.lines().any(|l| l == "RUMUS_PIPELINE_CACHE: `of` is not `on` (the default) or `off`"),
         "{err}"
     );
 }

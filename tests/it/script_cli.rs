@@ -828,9 +828,13 @@ fn the_gpu_settings_are_checked_by_every_command_on_every_machine() {
         (
             "RUMUS_PIPELINE_CACHE",
             "maybe",
-            "RUMUS_PIPELINE_CACHE: `maybe` is neither `on` nor `off`",
+            "RUMUS_PIPELINE_CACHE: `maybe` is not `on` (the default) or `off`",
         ),
-        ("RUMUS_EXCHANGE", "foo", "RUMUS_EXCHANGE: `foo` is neither `staged` nor `host-shared`"),
+        (
+            "RUMUS_EXCHANGE",
+            "foo",
+            "RUMUS_EXCHANGE: `foo` is not `host-shared` (the default) or `staged`",
+        ),
         (
             "RUMUS_MATMUL_TILE",
             "zz",
