@@ -48,6 +48,12 @@ pub fn to_usize(v: INT, what: &str) -> ScriptResult<usize> {
     checked(num::int_in(v, 0, i64::MAX), what)
 }
 
+/// `v` as a tensor dimension: `1..=MAX_DIM`, the model language's bound, so a size the model
+/// would refuse is refused here, where the script gave it.
+pub fn to_dim(v: INT, what: &str) -> ScriptResult<usize> {
+    checked(num::int_in(v, 1, crate::dsl::lower::MAX_DIM), what)
+}
+
 /// `v` as a seed or step count (`>= 0`).
 pub fn to_u64(v: INT, what: &str) -> ScriptResult<u64> {
     checked(num::int_in(v, 0, i64::MAX), what)
@@ -127,6 +133,11 @@ impl<'a> Opts<'a> {
     /// A size or count `>= min`.
     pub fn usize(&self, key: &str, min: i64) -> ScriptResult<Option<usize>> {
         self.int(key, min, i64::MAX)
+    }
+
+    /// A tensor dimension ([`to_dim`]).
+    pub fn dim(&self, key: &str) -> ScriptResult<Option<usize>> {
+        self.int(key, 1, crate::dsl::lower::MAX_DIM)
     }
 
     /// A seed or step count `>= min`.

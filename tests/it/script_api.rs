@@ -247,6 +247,7 @@ fn sample_draws_from_softmax_of_logits_over_temperature() {
 fn numbers_from_scripts_never_wrap_or_saturate() {
     const M: &str = "model m(x: f32[B, 2]) { return linear(x, 3) }\n";
     let i32_range = "must be an integer in -2147483648..=2147483647";
+    let dim_range = "must be an integer in 1..=2147483648";
     let f32_range = "is outside the range of f32 (about ±3.4e38)";
     let cases = [
         ("tensor([4294967297], \"i32\")", format!("tensor element {i32_range}, got 4294967297")),
@@ -320,7 +321,13 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
             "m().compile(#{ ignore_index: 4294967296 })",
             format!("compile: `ignore_index` {i32_range}, got 4294967296"),
         ),
-        ("m().compile(#{ batch: 0 })", "compile: `batch` must be an integer >= 1, got 0".into()),
+        ("m().compile(#{ batch: 0 })", format!("compile: `batch` {dim_range}, got 0")),
+        // A size past the model language's bound is refused where the script gave it, not at
+        // the model's `B`.
+        (
+            "m().compile(#{ batch: 9223372036854775807 })",
+            format!("compile: `batch` {dim_range}, got 9223372036854775807"),
+        ),
         ("m().compile(#{ seed: -1 })", "compile: `seed` must be an integer >= 0, got -1".into()),
         (
             "m().compile(#{ matmul_precision: \"tf32\" })",
@@ -673,7 +680,11 @@ fn compile_refuses_settings_it_would_ignore_or_that_conflict() {
         ),
         (
             "m().compile(#{ dims: #{ T: -3 } })".into(),
-            "compile: dimension `T` must be an integer >= 0, got -3".into(),
+            "compile: dimension `T` must be an integer in 1..=2147483648, got -3".into(),
+        ),
+        (
+            "m().compile(#{ dims: #{ T: 2147483649 } })".into(),
+            "compile: dimension `T` must be an integer in 1..=2147483648, got 2147483649".into(),
         ),
         (
             "k().compile(#{ lr: 0.1, optimizer: adam(#{ lr: 0.01 }) })".into(),

@@ -150,6 +150,10 @@ fn evaluate_rejects_what_it_cannot_score() {
             "accuracy: labels of shape [3, 1] for outputs of shape [3, 3]: give one label per row of outputs, shape [3]",
         ),
         ("n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ batch: 0 })", "evaluate: `batch` must be"),
+        (
+            "n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ batch: 4294967296 })",
+            "evaluate: `batch` must be an integer in 1..=2147483648, got 4294967296",
+        ),
         ("n.evaluate(x, tensor([0, 1, 2], \"i32\"), #{ bach: 2 })", "evaluate: unknown setting `bach`"),
         (
             "total().compile(#{ loss: \"output\" }).evaluate(x, tensor([0, 1, 2], \"i32\"))",

@@ -64,7 +64,7 @@ struct Tally {
 /// `net.evaluate(...)`: `#{ loss }`, plus `accuracy` for a cross-entropy model.
 fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) -> ScriptResult<Map> {
     let o = Opts::new(opts, "evaluate", &["batch"])?;
-    let batch = o.usize("batch", 1)?.unwrap_or(t.batch);
+    let batch = o.dim("batch")?.unwrap_or(t.batch);
     let ignore = match &t.loss {
         Loss::CrossEntropy { ignore_index, .. } => Some(*ignore_index),
         Loss::Mse { .. } => None,

@@ -5,7 +5,7 @@
 //! and `cosine`, so scripts can print and tweak them.
 
 use super::super::convert::{
-    not_finite, script_err, to_f32, to_usize, IntoScript, Opts, ScriptResult,
+    not_finite, script_err, to_dim, to_f32, IntoScript, Opts, ScriptResult,
 };
 use super::super::{lock, Ctx, Event};
 use super::tensor::{held_bytes, ScriptTensor};
@@ -612,10 +612,10 @@ fn compile(ctx: &Ctx, m: &ScriptModel, cfg: &Map) -> ScriptResult<ScriptTrainer>
                     super::type_name(v)
                 ))
             })?;
-            dims.insert(k.to_string(), to_usize(n, &format!("compile: dimension `{k}`"))?);
+            dims.insert(k.to_string(), to_dim(n, &format!("compile: dimension `{k}`"))?);
         }
     }
-    let batch = batch_size(m, o.usize("batch", 1)?)?;
+    let batch = batch_size(m, o.dim("batch")?)?;
     if let Some(b) = batch {
         dims.insert(BATCH.into(), b);
     }
