@@ -52,6 +52,25 @@ fn arithmetic_broadcasts() {
     check("print(tensor(0..6).reshape([2, 3]));", "tensor f32[2, 3] [[0, 1, 2], [3, 4, 5]]\n");
 }
 
+/// `==` compares shapes and values as numbers across dtypes (as `torch.equal`); it used to be
+/// false for an f32 and an i32 tensor of the same values.
+#[test]
+fn tensors_compare_by_shape_and_value_whatever_their_dtypes() {
+    check(
+        "print(zeros([3]) == tensor([0, 0, 0], \"i32\")); print(tensor([1, 2], \"i32\") == tensor([1.0, 2.0]));",
+        "true\ntrue\n",
+    );
+    // 2^24 + 1 is an i32 no f32 holds: the nearest f32 (2^24) is not equal to it.
+    check(
+        "print(tensor([16777217], \"i32\") == tensor([16777217], \"i32\").to_f32()); print(tensor([1.5]) != tensor([1], \"i32\"));",
+        "false\ntrue\n",
+    );
+    check(
+        "print(zeros([3]) == zeros([3, 1])); let n = zeros([1]) / 0; print(n == n); print(tensor([-0.0]) == tensor([0], \"i32\"));",
+        "false\nfalse\ntrue\n",
+    );
+}
+
 /// Found by the hostile-input audit: `reshape([-1, 3])` said `shape: negative dimension -1`,
 /// where the model language and PyTorch infer one `-1` dimension.
 #[test]

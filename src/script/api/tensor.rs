@@ -28,9 +28,21 @@ struct Held {
     _charge: Charge,
 }
 
+/// A script's `==`: the same shape and equal elements compared as numbers, whatever the dtypes
+/// (as `torch.equal`: `zeros([3]) == tensor([0, 0, 0], "i32")`); an f32 and an i32 element
+/// compare exactly (both widen to f64), and a NaN equals nothing.
 impl PartialEq for ScriptTensor {
     fn eq(&self, other: &ScriptTensor) -> bool {
-        self.tensor() == other.tensor()
+        use TensorData::{F32, I32};
+        let (a, b) = (self.tensor(), other.tensor());
+        a.shape() == b.shape()
+            && match (a.data(), b.data()) {
+                (F32(x), F32(y)) => x == y,
+                (I32(x), I32(y)) => x == y,
+                (F32(x), I32(y)) | (I32(y), F32(x)) => {
+                    x.iter().zip(y).all(|(&f, &i)| f64::from(f) == f64::from(i))
+                }
+            }
     }
 }
 
