@@ -301,7 +301,7 @@ fn name_value(kv: &str) -> Result<(String, String)> {
 /// The kernel number of `--wgsl`.
 fn kernel_number(v: &str) -> Result<usize> {
     if !v.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(err!(Usage, "`{v}` is not a kernel number; write FILE before --wgsl"));
+        return Err(err!(Usage, "`{v}` is not a kernel number (`rumus plan FILE` lists them); the model file goes before --wgsl"));
     }
     v.parse().map_err(|_| err!(Usage, "there is no kernel {v}"))
 }

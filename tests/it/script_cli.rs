@@ -690,7 +690,8 @@ fn usage_errors_name_the_mistake_and_suggest_a_fix() {
         (vec!["plan", &ok, "--set", "B"], "--set: needs NAME=VALUE, got `B`"),
         (
             vec!["plan", "--wgsl", &ok],
-            "--wgsl: `target/script_cli/ok.rms` is not a kernel number; write FILE before --wgsl",
+            "--wgsl: `target/script_cli/ok.rms` is not a kernel number (`rumus plan FILE` lists \
+             them); the model file goes before --wgsl",
         ),
         (vec!["launch", "-n", "0", &ok], "-n: must be a whole number from 1 to 4096, got `0`"),
         (
