@@ -131,7 +131,9 @@ fn help_shows_the_reference_entry_of_a_name() {
     check(&mut repl, ":help ones", "### ones\n`ones(shape)`: an f32 tensor of ones.\n");
     // The last entry of a section ends at the next section's heading.
     let to_i32 = repl.eval_line(":h to_i32");
-    assert!(to_i32.starts_with("### to_i32\n`t.to_i32()`") && to_i32.ends_with("unary `-`.\n"));
+    assert!(
+        to_i32.starts_with("### to_i32\n`t.to_i32()`") && to_i32.ends_with("and get gradients.\n")
+    );
     let evaluate = repl.eval_line(":help evaluate");
     assert!(evaluate.starts_with("### evaluate\n") && evaluate.contains("batch"), "{evaluate}");
     check(
