@@ -209,8 +209,9 @@ pub fn env_text(name: &str) -> Result<Option<String>> {
 }
 
 /// The value the environment variable `name` chooses among `choices` (each a word and its
-/// value; the first is the default, taken when the variable is unset or blank). Any other value
-/// is a usage error that lists the words, so a mistyped one never passes for the default.
+/// value, at least one; the first is the default, taken when the variable is unset or blank).
+/// Any other value is a usage error that lists the words, so a mistyped one never passes for
+/// the default.
 pub fn env_choice<T: Copy>(name: &str, choices: &[(&str, T)]) -> Result<T> {
     choose(name, env_text(name)?.as_deref(), choices)
 }
@@ -224,19 +225,8 @@ pub(crate) fn choose<T: Copy>(name: &str, value: Option<&str>, choices: &[(&str,
     if let Some(&(_, t)) = choices.iter().find(|&&(word, _)| word == v) {
         return Ok(t);
     }
-    let words: Vec<String> = choices
-        .iter()
-        .enumerate()
-        .map(
-            |(i, (word, _))| {
-                if i == 0 {
-                    format!("`{word}` (the default)")
-                } else {
-                    format!("`{word}`")
-                }
-            },
-        )
-        .collect();
+    let mut words: Vec<String> = choices.iter().map(|(word, _)| format!("`{word}`")).collect();
+    words[0].push_str(" (the default)");
     let list = match words.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => words.concat(),
