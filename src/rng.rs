@@ -73,6 +73,12 @@ impl Rng {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
+    /// Uniform in `[0, 1)` as f32, with 24 random bits: every value a multiple of 2^-24, so
+    /// none rounds up to 1 (`uniform() as f32` does, for draws within 2^-25 of 1).
+    pub fn uniform_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / (1u32 << 24) as f32)
+    }
+
     /// Uniform integer in `[0, n)`; `n` must be positive.
     pub fn below(&mut self, n: u64) -> u64 {
         // Lemire's multiply-shift; the tiny bias is irrelevant for shuffling data.
@@ -106,6 +112,16 @@ mod tests {
             assert_eq!(a.next_u64(), b.next_u64());
         }
         assert_ne!(Rng::new(7).next_u64(), Rng::new(8).next_u64());
+    }
+
+    #[test]
+    fn uniform_f32_stays_below_one() {
+        // A generator whose next draw is all ones: the largest value either form can give.
+        let mut top = Rng { s: [0; 4] };
+        top.s[1] = 0x4fc7_1c71_c71c_71c7; // next_u64() == u64::MAX for this state
+        assert_eq!(Rng { ..top.clone() }.next_u64(), u64::MAX);
+        assert_eq!(Rng { ..top.clone() }.uniform() as f32, 1.0, "the f64 draw rounds up");
+        assert_eq!(top.uniform_f32(), 1.0 - f32::EPSILON / 2.0);
     }
 
     #[test]

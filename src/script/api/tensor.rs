@@ -274,11 +274,13 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         filled(&c, &shape, n.f32("full")?)
     });
     let c = ctx.clone();
-    engine
-        .register_fn("randn", move |shape: Array, seed: INT| random(&c, &shape, seed, Rng::normal));
+    engine.register_fn("randn", move |shape: Array, seed: INT| {
+        random(&c, &shape, seed, |r| r.normal() as f32)
+    });
     let c = ctx.clone();
-    engine
-        .register_fn("rand", move |shape: Array, seed: INT| random(&c, &shape, seed, Rng::uniform));
+    engine.register_fn("rand", move |shape: Array, seed: INT| {
+        random(&c, &shape, seed, Rng::uniform_f32)
+    });
 
     // Inspection.
     engine.register_get("shape", |t: &mut ScriptTensor| shape_array(t.tensor().shape()));
@@ -587,10 +589,10 @@ fn random(
     ctx: &Ctx,
     shape: &Array,
     seed: INT,
-    f: fn(&mut Rng) -> f64,
+    f: fn(&mut Rng) -> f32,
 ) -> ScriptResult<ScriptTensor> {
     let mut rng = Rng::new(to_u64(seed, "seed")?);
-    alloc(ctx, &dims(shape)?, |n| Ok(TensorData::F32((0..n).map(|_| f(&mut rng) as f32).collect())))
+    alloc(ctx, &dims(shape)?, |n| Ok(TensorData::F32((0..n).map(|_| f(&mut rng)).collect())))
 }
 
 fn flat_index(t: &Tensor, idx: &[INT]) -> ScriptResult<usize> {
