@@ -183,8 +183,14 @@ impl Schedule {
                 let rate = if step < warmup {
                     base * (step + 1) as f64 / warmup as f64
                 } else {
-                    let span = total.saturating_sub(warmup).max(1);
-                    let t = (step - warmup).min(span) as f64 / span as f64;
+                    // Decayed by `total`: with no steps between the warm-up and `total`,
+                    // the first step after the warm-up is at `min_lr` already.
+                    let span = total.saturating_sub(warmup);
+                    let t = if span == 0 {
+                        1.0
+                    } else {
+                        (step - warmup).min(span) as f64 / span as f64
+                    };
                     let min = f64::from(min_lr);
                     min + 0.5 * (base - min) * (1.0 + (std::f64::consts::PI * t).cos())
                 };

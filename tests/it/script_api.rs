@@ -653,6 +653,24 @@ fn schedules_give_finite_learning_rates_or_an_error_naming_the_step() {
         ),
         "[0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]\n",
     );
+    // The rate is `min_lr` from step `total` on, also when the warm-up takes all of it (it
+    // was the full rate at step `total` and `min_lr` one step late).
+    for (warmup, total, expected) in [
+        (3, 3, "[0.33, 0.67, 1.0, 0.2, 0.2, 0.2]"),
+        (1, 1, "[1.0, 0.2, 0.2, 0.2, 0.2, 0.2]"),
+        (0, 2, "[1.0, 0.6, 0.2, 0.2, 0.2, 0.2]"),
+        (2, 4, "[0.5, 1.0, 1.0, 0.6, 0.2, 0.2]"),
+    ] {
+        check(
+            &format!(
+                "{M}let n = m().compile(#{{ loss: \"mse\", optimizer: sgd(#{{ lr: 1.0 }}),
+                    schedule: cosine(#{{ warmup: {warmup}, total: {total}, min_lr: 0.2 }}) }});
+                 let rates = []; for i in 0..6 {{ rates.push(n.lr); n.train_step(x, y); }}
+                 print(rates.map(|r| (r * 100.0).round() / 100.0));"
+            ),
+            &format!("{expected}\n"),
+        );
+    }
 }
 
 /// Found by the hostile-input audit: `compile(#{ dims: #{ B: 3, T: 4, hidden: 100 } })` dropped
