@@ -1348,3 +1348,41 @@ fn rand_stays_in_zero_to_one_and_randn_is_reproducible() {
         "true\nfalse\n",
     );
 }
+
+/// A property that cannot be written refuses a write through it: rhai dropped a write made
+/// through a getter without a setter, so `d.x[[0, 0]] = 99` changed a copy and the script went
+/// on as if it had worked.
+#[test]
+fn read_only_properties_refuse_writes_to_them_and_their_elements() {
+    let copy = "is read-only (writing it, or an element of it, would change a copy)";
+    let data = "let d = dataset(tensor([[0, 0], [0, 1]]), tensor([0, 1], \"i32\"));";
+    let new = "make a new dataset with `dataset(x, y)`";
+    for (code, expected) in [
+        (format!("{data} d.x[[0, 0]] = 99;"), format!("`x` of a Dataset {copy}: {new}")),
+        (format!("{data} d.y = zeros([2]);"), format!("`y` of a Dataset {copy}: {new}")),
+        (
+            format!("{data} let b = d.batches(2, 1); b[0].x[[0, 0]] = 7;"),
+            format!("`x` of a Batch {copy}: {new}"),
+        ),
+        (
+            "let t = zeros([2, 3]); t.shape[0] = 5;".into(),
+            format!("`shape` of a Tensor {copy}: use `t.reshape(shape)`"),
+        ),
+        (
+            "let t = zeros([2]); t.dtype = \"i32\";".into(),
+            format!("`dtype` of a Tensor {copy}: use `t.to_f32()` or `t.to_i32()`"),
+        ),
+        (
+            "try { zeros([2]).reshape([3]) } catch (e) { e.line = 3 }".into(),
+            format!("`line` of a Error {copy}: `throw` a new error to change it"),
+        ),
+    ] {
+        let out = run(&code);
+        assert!(out.ends_with(&format!("{expected}\n")), "script:\n{code}\ngave:\n{out}");
+    }
+    // Reading through them still works, and the data is unchanged by the refused write.
+    check(
+        &format!("{data} try {{ d.x[[0, 1]] = 9 }} catch {{}} print(d.x[1]); print(zeros([2, 3]).shape[1]);"),
+        "tensor f32[2] [0, 1]\n3\n",
+    );
+}

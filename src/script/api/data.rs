@@ -123,6 +123,17 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_get("classes", |d: &mut ScriptDataset| {
         d.classes.names.iter().map(|c| Dynamic::from(c.clone())).collect::<Array>()
     });
+    let new = "make a new dataset with `dataset(x, y)`";
+    for name in ["x", "y"] {
+        super::read_only::<ScriptDataset>(engine, "Dataset", name, new);
+        super::read_only::<ScriptBatch>(engine, "Batch", name, new);
+    }
+    super::read_only::<ScriptDataset>(
+        engine,
+        "Dataset",
+        "classes",
+        "they are the label column's names",
+    );
     engine.register_fn("to_string", |d: &mut ScriptDataset| describe(d));
     engine.register_fn("to_debug", |d: &mut ScriptDataset| describe(d));
     let c = ctx.clone();

@@ -15,6 +15,9 @@ pub fn register(engine: &mut Engine) {
     engine.register_get("message", |e: &mut Carried| e.0.message.clone());
     engine.register_get("line", |e: &mut Carried| at(e, |(_, line, _)| line));
     engine.register_get("position", |e: &mut Carried| at(e, |(_, _, col)| col));
+    for name in ["message", "line", "position"] {
+        super::read_only::<Carried>(engine, "Error", name, "`throw` a new error to change it");
+    }
 }
 
 /// `file:line:col: message`, or the message when the error has no position.

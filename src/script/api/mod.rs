@@ -25,6 +25,22 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Arc<Ctx>) {
     error::register(engine);
 }
 
+/// Make property `name` of `T` refuse writes: rhai drops a write made through a getter that has
+/// no setter (`d.x[[0, 0]] = 9` changed a copy and said nothing, `t.shape[0] = 5` as well), so
+/// every read-only property gets a setter that fails with `hint`, what to do instead.
+pub fn read_only<T: Clone + Send + Sync + 'static>(
+    engine: &mut rhai::Engine,
+    ty: &'static str,
+    name: &'static str,
+    hint: &'static str,
+) {
+    engine.register_set(name, move |_: &mut T, _: rhai::Dynamic| -> super::convert::ScriptResult<()> {
+        Err(super::convert::script_err(format!(
+            "`{name}` of a {ty} is read-only (writing it, or an element of it, would change a copy): {hint}"
+        )))
+    });
+}
+
 /// The type of a script value as scripts know it: rumus's own by the names the script engine
 /// registers (`Tensor`, `Dataset`, ...), others as rhai names them (`i64`, `array`, ...).
 /// (`Dynamic::type_name` gives a registered type's Rust path: messages said "got

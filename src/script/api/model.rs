@@ -338,6 +338,10 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_get("device", |t: &mut ScriptTrainer| -> ScriptResult<String> {
         Ok(t.lock().script()?.device_name())
     });
+    let (steps, device) =
+        ("it counts the optimizer's updates", "choose it with `compile`'s `device`");
+    super::read_only::<ScriptTrainer>(engine, "Trainer", "step", steps);
+    super::read_only::<ScriptTrainer>(engine, "Trainer", "device", device);
     engine.register_fn("plan", |t: &mut ScriptTrainer| -> ScriptResult<String> {
         Ok(t.lock().script()?.plan_report())
     });

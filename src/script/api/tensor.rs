@@ -285,6 +285,8 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     // Inspection.
     engine.register_get("shape", |t: &mut ScriptTensor| shape_array(t.tensor().shape()));
     engine.register_get("dtype", |t: &mut ScriptTensor| t.tensor().dtype().name().to_string());
+    super::read_only::<ScriptTensor>(engine, "Tensor", "shape", "use `t.reshape(shape)`");
+    super::read_only::<ScriptTensor>(engine, "Tensor", "dtype", "use `t.to_f32()` or `t.to_i32()`");
     engine.register_fn("numel", |t: &mut ScriptTensor| t.tensor().numel() as INT);
     engine.register_fn("rank", |t: &mut ScriptTensor| t.tensor().shape().len() as INT);
     // A tensor of rank 0 has no first dimension: its `len` was 1, where NumPy and PyTorch
