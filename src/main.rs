@@ -14,9 +14,10 @@ fn main() {
     // committed; where the system refuses the reservation, 256 MiB.
     let half_heap = usize::try_from(rumus::memory::default_limit() / 2).unwrap_or(usize::MAX);
     let spawn = |stack: usize| {
-        std::thread::Builder::new()
-            .stack_size(stack)
-            .spawn(|| rumus::cli::exit_code(rumus::cli::cli(std::env::args().skip(1).collect())))
+        std::thread::Builder::new().stack_size(stack).spawn(|| {
+            let args = rumus::cli::text_args(std::env::args_os().skip(1));
+            rumus::cli::exit_code(args.and_then(rumus::cli::cli))
+        })
     };
     let code = spawn(half_heap.clamp(256 << 20, 64 << 30))
         .or_else(|_| spawn(256 << 20))

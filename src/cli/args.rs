@@ -89,8 +89,8 @@ pub struct HostArgs {
     /// Where models run: auto, gpu or cpu [default: $RUMUS_DEVICE, else auto]
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<DeviceChoice>,
-    /// The seed of every random draw
-    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, u64::MAX))]
+    /// The seed of every random draw (a script integer, as `seed(n)` takes and gives)
+    #[arg(long, value_name = "N", default_value_t = 0, allow_negative_numbers = true, value_parser = whole(0, i64::MAX as u64))]
     pub seed: u64,
     /// Stop an evaluation after N operations [default: no limit]
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole(1, u64::MAX))]

@@ -171,6 +171,24 @@ fn print_text(text: &str) -> Result<i32> {
     }
 }
 
+/// The command line as text: an argument that is not UTF-8 (a file name in another encoding,
+/// `$'\xff'`) is a usage error naming it, where `std::env::args` panicked.
+pub fn text_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Vec<String>> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            a.into_string().map_err(|a| {
+                crate::err!(
+                    Usage,
+                    "argument {} is not UTF-8 text: {a:?} (rumus reads its arguments as UTF-8; \
+                     rename the file or give its path in UTF-8)",
+                    i + 1
+                )
+            })
+        })
+        .collect()
+}
+
 /// The process exit code for a command's result, printing the error to stderr: 2 for usage and
 /// I/O errors, 130 when interrupted, 1 for any other error (a script's, a model's, a data
 /// file's content); a successful command's own code.

@@ -478,14 +478,42 @@ fn environment_variables_that_are_not_text_are_errors() {
     }
 }
 
+/// Found by the hostile-input audit: an argument that is not UTF-8 panicked in `std::env::args`
+/// (exit 1 and a backtrace) for every command.
+#[cfg(unix)]
+#[test]
+fn arguments_that_are_not_text_are_usage_errors() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"B=\xFF");
+    for (args, expected) in [
+        (
+            vec!["plan".as_ref(), "scripts/xor.rms".as_ref(), "--set".as_ref(), bad],
+            "argument 4 is not UTF-8 text: \"B=\\xFF\"",
+        ),
+        (
+            vec![std::ffi::OsStr::from_bytes(b"\xFF.rms")],
+            "argument 1 is not UTF-8 text: \"\\xFF.rms\"",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_rumus"))
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        let expected = format!("{expected} (rumus reads its arguments as UTF-8; rename the file or give its path in UTF-8)");
+        assert_eq!((out.status.code(), err.trim_end()), (Some(2), expected.as_str()));
+    }
+}
+
 #[test]
 fn command_line_numbers_are_range_checked() {
     let ok = script("ok.rms", "print(1 + 1);\n");
     let mlp = "scripts/bench/mlp.rms";
     let max = u64::MAX.to_string();
     for (args, expected) in [
-        (vec!["run", &ok, "--seed", "-1"], "--seed: must be a whole number from 0 to 18446744073709551615, got `-1`"),
-        (vec!["run", &ok, "--seed", "18446744073709551616"], "--seed: must be a whole number from 0 to 18446744073709551615, got `18446744073709551616`"),
+        (vec!["run", &ok, "--seed", "-1"], "--seed: must be a whole number from 0 to 9223372036854775807, got `-1`"),
+        (vec!["run", &ok, "--seed", "9223372036854775808"], "--seed: must be a whole number from 0 to 9223372036854775807, got `9223372036854775808`"),
         (vec!["run", &ok, "--log-every", "1.5"], "--log-every: must be a whole number from 0 to 18446744073709551615, got `1.5`"),
         (vec!["run", &ok, "--max-operations", "0"], "--max-operations: must be a whole number from 1 to 18446744073709551615, got `0`"),
         (vec!["run", &ok, "--timeout", "nan"], "--timeout: must be a number of seconds from 0.001 to 31536000, got `nan`"),
@@ -696,7 +724,7 @@ fn usage_errors_name_the_mistake_and_suggest_a_fix() {
         (vec!["launch", "-n", "0", &ok], "-n: must be a whole number from 1 to 4096, got `0`"),
         (
             vec!["launch", "-n", "2", &ok, "--seed", "x"],
-            "--seed: must be a whole number from 0 to 18446744073709551615, got `x`",
+            "--seed: must be a whole number from 0 to 9223372036854775807, got `x`",
         ),
     ] {
         check(&args, &[], (2, expected));
