@@ -202,6 +202,27 @@ fn lowering_is_bounded() {
     assert!(e.message.starts_with("model is too large to lower"), "{}", e.message);
 }
 
+/// Found by the hostile-input audit: a step was an expression, however much it built, so
+/// `a = [a, a, ..., a]` nine times over (10^10 values) ran until memory failed; an empty
+/// `repeat` body took no step, so `repeat 2^63-1 { }` never ended; `repeat 66000 { a = [a] }`
+/// took minutes copying ever deeper lists. A copied list costs its size, a pass of `repeat`
+/// one step.
+#[test]
+fn lowering_counts_the_values_it_copies_and_every_pass_of_a_repeat() {
+    for (body, at) in [
+        ("    a = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n    repeat 9 { a = [a, a, a, a, a, a, a, a, a, a] }\n", (3, 21)),
+        ("    repeat 9223372036854775807 { }\n", (2, 5)),
+        ("    a = 1\n    repeat 66000 { a = [a] }\n", (3, 25)),
+    ] {
+        let text = format!("model m(x: f32[B, 4]) {{\n{body}    return x\n}}\n");
+        let src = Source::new("big.rms", text);
+        let module = dsl::load(&src).unwrap();
+        let e = dsl::lower(&module, "m", &[], Some(2)).unwrap_err().in_source(&src);
+        assert_eq!(e.message, "model is too large to lower: more than 200000 steps", "{body}");
+        assert_eq!(e.location().map(|(_, l, c)| (l, c)), Some(at), "{body}");
+    }
+}
+
 /// Found by the fuzz driver (a GPT with `layers = 65535`): each new parameter name was checked
 /// against every node, so lowering was quadratic and this ran for minutes before reaching the
 /// step limit; names are indexed now.
@@ -215,11 +236,8 @@ fn a_gpt_with_65535_layers_stops_at_the_step_limit() {
     let src = Source::new("deep.rms", text);
     let module = dsl::load(&src).unwrap();
     let e = dsl::lower(&module, "char_gpt", &[], Some(2)).unwrap_err().in_source(&src);
-    assert_eq!(
-        e.message,
-        "in `causal_self_attention`: model is too large to lower: more than 200000 steps"
-    );
-    assert_eq!(e.location(), Some(("deep.rms".to_string(), 4, 17)));
+    assert_eq!(e.message, "model is too large to lower: more than 200000 steps");
+    assert_eq!(e.location(), Some(("deep.rms".to_string(), 5, 13)));
 }
 
 /// A signature of 120,000 hyperparameters (under the 1 MiB source limit) is checked in linear

@@ -80,6 +80,11 @@ impl Lowerer<'_> {
         self.claim(format!("{}{short}", frame.prefix), nspan, &short)?;
         let base = std::mem::take(&mut frame.prefix);
         for i in 0..n {
+            // A step an iteration: an empty body ran 2^63 times with one step for them all.
+            if let Err(e) = self.step(span) {
+                frame.prefix = base;
+                return Err(e);
+            }
             frame.prefix = format!("{base}{short}.{i}.");
             let r = self.body(body, frame);
             if let Err(e) = r {
@@ -174,7 +179,11 @@ impl Lowerer<'_> {
             ExprKind::Bool(v) => Value::Bool(*v),
             ExprKind::Name(n) if n.contains('.') => Value::Tensor(self.param_ref(n, span)?),
             ExprKind::Name(n) => match frame.env.get(n) {
-                Some(v) => v.clone(),
+                Some(v) => {
+                    // A list is copied: its size in steps (this expression's one taken).
+                    self.steps_of(v.size() - 1, e.span)?;
+                    v.clone()
+                }
                 None => return Err(err!(Name, "unknown name `{n}`").at(span)),
             },
             ExprKind::List(items) => {

@@ -48,6 +48,14 @@ pub enum Value {
 }
 
 impl Value {
+    /// Values in it, itself included: a list's copy costs that many steps.
+    fn size(&self) -> usize {
+        match self {
+            Value::List(items) => 1 + items.iter().map(Value::size).sum::<usize>(),
+            _ => 1,
+        }
+    }
+
     /// The value as a message shows it: numbers and lists written out (a float with its
     /// decimal point, `2.0`, so it reads apart from the integer 2; at most 8 entries of a list),
     /// a tensor by its kind.
@@ -156,7 +164,13 @@ impl Lowerer<'_> {
     }
 
     fn step(&mut self, span: Span) -> Result<()> {
-        self.steps += 1;
+        self.steps_of(1, span)
+    }
+
+    /// `n` steps at once: work that grows with a value, where one step per expression let
+    /// `a = [a, a, a, a, a, a, a, a, a, a]` repeated 9 times build 10^10 values.
+    fn steps_of(&mut self, n: usize, span: Span) -> Result<()> {
+        self.steps = self.steps.saturating_add(n);
         if self.steps > MAX_STEPS {
             return Err(err!(Name, "model is too large to lower: more than {MAX_STEPS} steps")
                 .at(self.span(span)));
