@@ -212,3 +212,27 @@ fn a_model_named_like_a_std_block_does_not_hide_it() {
         .unwrap_or_else(|e| panic!("{}", e.in_source(&src)));
     assert!(g.persistent_named("transformer_block_0.mlp.fc.weight").is_some());
 }
+
+/// Anonymous `repeat`s are named by place, `repeat_<k>` for the k-th of their scope, as
+/// anonymous calls are: a nested one was named by a count of every `repeat` run, so it was
+/// `repeat_1` in its outer one's first pass, `repeat_2` in the second, and the next
+/// top-level one `repeat_3`.
+#[test]
+fn anonymous_repeats_are_named_by_place() {
+    let text = "model m(x: f32[B, 4]) {\n    repeat 2 { repeat 2 { x = linear(x, 4) } }\n    repeat 2 { x = linear(x, 4) }\n    return x\n}\n";
+    let module = dsl::load(&Source::new("r.rms", text)).unwrap();
+    let g = dsl::lower(&module, "m", &[], Some(2)).unwrap();
+    let names: Vec<&str> =
+        g.parameters().iter().map(|&(_, n)| n).filter(|n| n.ends_with("weight")).collect();
+    assert_eq!(
+        names,
+        [
+            "repeat_0.0.repeat_0.0.linear_0.weight",
+            "repeat_0.0.repeat_0.1.linear_0.weight",
+            "repeat_0.1.repeat_0.0.linear_0.weight",
+            "repeat_0.1.repeat_0.1.linear_0.weight",
+            "repeat_1.0.linear_0.weight",
+            "repeat_1.1.linear_0.weight",
+        ]
+    );
+}

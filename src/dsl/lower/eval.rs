@@ -71,11 +71,16 @@ impl Lowerer<'_> {
                     .at(self.span(count.span)));
             }
         };
+        // Named by place, as anonymous calls are: the k-th anonymous `repeat` of its scope (a
+        // count of every `repeat` run named a nested one by how often its outer one had run).
         let short = match name {
             Some(id) => id.name.clone(),
-            None => format!("repeat_{}", frame.n_repeats),
+            None => {
+                let k = frame.anon.entry((frame.prefix.clone(), "repeat".into())).or_insert(0);
+                *k += 1;
+                format!("repeat_{}", *k - 1)
+            }
         };
-        frame.n_repeats += 1;
         let nspan = name.map_or(span, |i| i.span);
         self.claim(format!("{}{short}", frame.prefix), nspan, &short)?;
         let base = std::mem::take(&mut frame.prefix);

@@ -147,14 +147,14 @@ struct Frame {
     env: HashMap<String, Value>,
     /// Dotted prefix of this scope ("" at the model's root, else ending in ".").
     prefix: String,
-    /// Anonymous calls per (prefix, block), for `<block>_<k>` names.
+    /// Anonymous calls per (prefix, block), for `<block>_<k>` names, and anonymous `repeat`s
+    /// per prefix (under the keyword, which names no block), for `repeat_<k>`.
     anon: HashMap<(String, String), usize>,
-    n_repeats: usize,
 }
 
 impl Frame {
     fn new(prefix: String) -> Frame {
-        Frame { env: HashMap::new(), prefix, anon: HashMap::new(), n_repeats: 0 }
+        Frame { env: HashMap::new(), prefix, anon: HashMap::new() }
     }
 }
 
