@@ -507,20 +507,30 @@ m.rms:2:9: division by zero
 "#,
     );
     // A tensor divided by the constant zero (found by the hostile-input hunt: the CPU gave
-    // infinities and NaN, lavapipe folded `x / 0.0` to 0 and trained on).
-    for zero in ["0", "0.0", "-0.0"] {
-        let carets = "^".repeat("(x + 1) / ".len() + zero.len());
+    // infinities and NaN, lavapipe folded `x / 0.0` to 0 and trained on), however it is
+    // spelled: the op's own name, or a number that is 0 as an f32.
+    for zero in [
+        "(x + 1) / 0",
+        "(x + 1) / 0.0",
+        "(x + 1) / -0.0",
+        "div(x + 1, 0)",
+        "(x + 1) / 1e-46",
+        "x / (1.0 / 3e38 / 1e10)",
+    ] {
+        let carets = "^".repeat(zero.len());
         check(
-            &format!("model m(x: f32[2, 3]) {{\n    return (x + 1) / {zero}\n}}\n"),
+            &format!("model m(x: f32[2, 3]) {{\n    return {zero}\n}}\n"),
             &format!(
                 r#"
-m.rms:2:12: division by zero: `/ 0` makes every element of the tensor infinite or NaN; divide by a nonzero number
-        return (x + 1) / {zero}
+m.rms:2:12: division by zero: the divisor is 0 as an f32, which makes every element of the tensor infinite or NaN; divide by a nonzero number
+        return {zero}
                {carets}
 "#
             ),
         );
     }
+    // A divisor that is small but not 0 in f32 is a division.
+    check("model m(x: f32[2, 3]) {\n    return x / 1e-45\n}\n", "ok");
 }
 
 #[test]
