@@ -218,9 +218,45 @@ pub fn heap_counted() -> bool {
     heap_bytes() > 0
 }
 
-/// The default budget: half of the machine's physical memory (4 GiB where it cannot be read).
+/// The default budget: half of the memory this process may use ([`usable_memory`]; 4 GiB
+/// where it cannot be read).
 pub fn default_limit() -> u64 {
-    physical_memory().map_or(4 << 30, |m| m / 2)
+    usable_memory().map_or(4 << 30, |m| m / 2)
+}
+
+/// The memory this process may use: the machine's physical memory, or less where the process
+/// is limited to less: its address space or data segment (`ulimit -v`, `ulimit -d`) or its
+/// control group's memory limit (a container's). A budget from physical memory alone let a
+/// process under `ulimit -v` abort on an allocation the budget would have refused.
+pub fn usable_memory() -> Option<u64> {
+    [physical_memory(), process_limit(), cgroup_limit()].into_iter().flatten().min()
+}
+
+#[cfg(unix)]
+fn process_limit() -> Option<u64> {
+    let limit = |resource| {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes only the struct it is given.
+        let ok = unsafe { libc::getrlimit(resource, &mut r) } == 0;
+        (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+    };
+    [limit(libc::RLIMIT_AS), limit(libc::RLIMIT_DATA)].into_iter().flatten().min()
+}
+
+#[cfg(not(unix))]
+fn process_limit() -> Option<u64> {
+    None
+}
+
+/// The memory limit of the process's control group (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`, as a container sees them at `/sys/fs/cgroup`); `None` when there is
+/// none ("max", or v1's near-2^63 "unlimited") or it cannot be read.
+fn cgroup_limit() -> Option<u64> {
+    ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .into_iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok()?.trim().parse::<u64>().ok())
+        .filter(|&m| m > 0 && m < 1 << 62)
+        .min()
 }
 
 #[cfg(unix)]
@@ -407,5 +443,6 @@ mod tests {
     fn the_default_fits_the_machine() {
         let limit = default_limit();
         assert!(limit >= 1 << 28 && physical_memory().is_none_or(|m| limit <= m), "{limit}");
+        assert!(usable_memory().is_none_or(|m| limit == m / 2), "{limit}");
     }
 }

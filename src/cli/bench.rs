@@ -719,10 +719,15 @@ fn check_host_memory(bytes: u128, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Bytes of memory available to new allocations, from `/proc/meminfo`.
+/// Bytes of memory available to new allocations: `/proc/meminfo`'s, or what the process may
+/// use where that is less ([`crate::memory::usable_memory`]: `ulimit -v` aborted a benchmark
+/// the machine had room for).
 fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    let meminfo = || {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    };
+    [meminfo(), crate::memory::usable_memory()].into_iter().flatten().min()
 }

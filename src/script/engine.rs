@@ -41,7 +41,7 @@ pub struct Sandbox {
     /// Most bytes that everything one session owns may hold at once: script tensors,
     /// datasets, compiled models (host and device buffers), evaluation copies and readers'
     /// buffers, all counted against one memory budget. The default is half
-    /// of the machine's physical memory.
+    /// of the memory the process may use ([`crate::memory::usable_memory`]).
     pub memory_budget: u64,
     /// Most bytes the whole process may hold on its heap while a script runs, checked at every
     /// operation against [`crate::memory::heap_bytes`] (`None`: not checked). The script's own

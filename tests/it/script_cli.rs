@@ -731,6 +731,39 @@ fn usage_errors_name_the_mistake_and_suggest_a_fix() {
     }
 }
 
+/// Found by the hostile-input audit: the memory budget was half the machine's memory whatever
+/// the process was allowed, so under `ulimit -v` a tensor the budget took, or a benchmark's
+/// matrices, aborted the process on a failed allocation (exit 134). The budget is half of what
+/// the process may use.
+#[cfg(unix)]
+#[test]
+fn an_address_space_limit_lowers_the_memory_budget() {
+    use std::os::unix::process::CommandExt;
+    let big = script("rlimit.rms", "let t = zeros([1000000000]);\nprint(t.shape);\n");
+    let limited = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rumus"));
+        c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+        // SAFETY: setrlimit is async-signal-safe and touches only the child.
+        unsafe {
+            c.pre_exec(|| {
+                let r = libc::rlimit { rlim_cur: 3 << 30, rlim_max: libc::RLIM_INFINITY };
+                match libc::setrlimit(libc::RLIMIT_AS, &r) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            })
+        };
+        let out = c.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = limited(&["run", &big, "--device", "cpu"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("a tensor of shape [1000000000] needs 3.7 GiB, more than the whole 1.5 GiB memory budget"), "{err}");
+    let (code, err) = limited(&["bench", "--cpu-matmul", "--size", "30000"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.starts_with("a 30000 x 30000 matmul needs 10800000000 bytes of memory; "), "{err}");
+}
+
 #[test]
 fn resource_sized_options_are_checked_against_memory_before_allocating() {
     // Three 65536² f32 matrices (48 GiB) or a 2^47-element parameter: refused, not aborted.
