@@ -12,7 +12,7 @@
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::memory::{read_all, reserve, Charge};
+use crate::memory::{read_file, reserve, Charge};
 use crate::rng::Rng;
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use flate2::read::MultiGzDecoder;
@@ -162,7 +162,7 @@ pub fn read_text(path: &Path, charge: &mut Charge) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     for file in &files {
         let f = crate::files::open_regular(file)?;
-        let more = read_all(f, charge, &file.display().to_string())?;
+        let more = read_file(f, charge, &file.display().to_string())?;
         reserve(&mut bytes, more.len(), charge, || format!("the text of {}", path.display()))?;
         bytes.extend_from_slice(&more);
     }

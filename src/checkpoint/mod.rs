@@ -34,7 +34,7 @@
 
 use crate::err;
 use crate::error::{Error, Result};
-use crate::memory::{read_all, Charge};
+use crate::memory::{read_file, Charge};
 use crate::tensor::{checked_numel, fmt_shape, DType, Tensor, TensorData};
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensorError, View};
@@ -137,7 +137,7 @@ pub fn load(path: &Path, charge: &mut Charge) -> Result<Checkpoint> {
     // The kind kept: a file too large for the memory budget is a Limit error.
     let at_path = |e: Error| Error::new(e.kind, format!("{name}: {}", e.message));
     let file = crate::files::open_regular(path)?;
-    let bytes = read_all(file, charge, &name)?;
+    let bytes = read_file(file, charge, &name)?;
     let layout = Layout::parse(&bytes, charge).map_err(at_path)?;
     let kept = layout.kept_bytes();
     charge.grow(layout.host_bytes(), format!("the tensors of {name}"))?;
