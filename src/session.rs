@@ -472,7 +472,8 @@ struct EvalGraph {
 /// What a checkpoint load left out (both lists are empty after a strict load).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadReport {
-    /// Values of the model the checkpoint lacks; they keep their current contents.
+    /// Values of the model the load did not set; they keep their current contents: those the
+    /// checkpoint lacks, and the whole optimizer state where it has only part of it.
     pub missing: Vec<String>,
     /// Tensors of the checkpoint the model has no value for; they were ignored.
     pub unexpected: Vec<String>,
@@ -850,6 +851,8 @@ impl Trainer {
             }
         }
         let any_state = states.iter().any(|s| has(s));
+        // Part of the optimizer state: none of it is loaded (below).
+        let partial = any_state && !states.iter().all(|s| has(s));
         let params = g.parameters().into_iter().map(|(_, n)| n).chain(model_states);
         let missing: Vec<String> = params
             .chain(states.iter().copied().filter(|_| any_state))
@@ -875,8 +878,22 @@ impl Trainer {
                 problems.join("; ")
             ));
         }
-        let known: Vec<(&str, &Tensor)> =
-            tensors.iter().copied().filter(|(n, _)| known(n).is_some()).collect();
+        // Part of the optimizer state (a non-strict load): none of it is loaded, so no moment
+        // or step count from the file is mixed with the model's own (Adam's first moments and
+        // step from a file, its second moments fresh, trained on silently); all of it is
+        // reported as not set.
+        let skipped: HashSet<&str> = states.iter().copied().filter(|_| partial).collect();
+        let missing = if partial {
+            let params = missing.iter().filter(|n| !states.contains(&n.as_str())).cloned();
+            params.chain(states.iter().map(|s| s.to_string())).collect()
+        } else {
+            missing
+        };
+        let known: Vec<(&str, &Tensor)> = tensors
+            .iter()
+            .copied()
+            .filter(|(n, _)| known(n).is_some() && !skipped.contains(n))
+            .collect();
         // A file's values must be ones a run could have made (a host or script setting a value
         // itself may set any).
         for &(name, t) in known.iter().filter(|(n, _)| *n != STEP_STATE) {

@@ -505,7 +505,9 @@ pub fn load(
         _ => None,
     };
     let report = t.load_checkpoint(&values, strict).map_err(at_path)?;
-    if let Some(n) = exact {
+    // Only where the step count itself was loaded (not with a partial optimizer state).
+    let loaded = !report.missing.iter().any(|m| m == crate::graph::optim::STEP_STATE);
+    if let Some(n) = exact.filter(|_| loaded) {
         t.set_loaded_step(n);
     }
     Ok(report)
