@@ -17,6 +17,10 @@
 //!   tensors may land on one name (PyTorch keeps both `wte.weight` and a tied `lm_head.weight`)
 //!   when they hold the same values.
 //!
+//! A BatchNorm's `num_batches_tracked` (a count PyTorch keeps for `momentum=None`, which rumus's
+//! `batch_norm` has no use for) is dropped unless the model has a value of that name, so a
+//! state dict with BatchNorm layers loads strictly, as PyTorch's `save_file` writes it.
+//!
 //! Every tensor that lands on a parameter with the wrong shape is named in one error, with the
 //! shape expected in the file's layout and the shape found.
 //!
@@ -212,6 +216,11 @@ pub fn map(
         let (rule, names) = rename(&opts.rename, &source)?;
         if let Some(r) = rule {
             renamed[r] = true;
+        }
+        let counter = source.rsplit('.').next() == Some("num_batches_tracked");
+        if counter && !names.iter().any(|n| targets.contains_key(n.as_str())) {
+            drop(charge.split_off(tensor.bytes()));
+            continue;
         }
         // The tensor is in `charge` already. Its last name takes it as it is; every other
         // value made of it (a copy for an earlier name, a transpose) is charged before it is

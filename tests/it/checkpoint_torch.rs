@@ -450,3 +450,50 @@ fn renames_are_bounded_and_their_copies_charged() {
         assert!(err.message.ends_with(&expected), "{err}");
     }
 }
+
+/// Found by the hostile-input audit: `save_file(model.state_dict())` of a model with BatchNorm
+/// writes each layer's `num_batches_tracked` (I64), which rumus's `batch_norm` has no value
+/// for, so a strict load refused the file as it comes from PyTorch. The counter is dropped
+/// (and only it: another stray tensor is still unexpected).
+#[test]
+fn batch_norm_counters_of_a_pytorch_state_dict_are_not_unexpected() {
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let write = |p: &std::path::Path, extra: bool| {
+        let mut raw: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![
+            ("bn.weight".into(), Dtype::F32, vec![3], f32s(&[1.0, 2.0, 3.0])),
+            ("bn.bias".into(), Dtype::F32, vec![3], f32s(&[0.5, 0.0, -0.5])),
+            ("bn.running_mean".into(), Dtype::F32, vec![3], f32s(&[0.25, -1.0, 2.0])),
+            ("bn.running_var".into(), Dtype::F32, vec![3], f32s(&[1.0, 4.0, 0.5])),
+            ("bn.num_batches_tracked".into(), Dtype::I64, vec![], 7i64.to_le_bytes().to_vec()),
+        ];
+        if extra {
+            raw.push(("head.num_steps".into(), Dtype::I64, vec![], 7i64.to_le_bytes().to_vec()));
+        }
+        let views: Vec<(&str, TensorView)> = raw
+            .iter()
+            .map(|(n, d, s, b)| (n.as_str(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        std::fs::write(p, safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
+    };
+    let (p, q) = (path("bn.safetensors"), path("bn_extra.safetensors"));
+    write(&p, false);
+    write(&q, true);
+    let mut e = Engine::new();
+    e.run("model m(x: f32[B, 3]) {\n    return batch_norm(x) as bn\n}\n").unwrap();
+    // `predict` normalizes by the running statistics: the loaded ones.
+    let y = e
+        .eval(&format!(
+            "let n = m().compile(#{{ batch: 2, loss: \"mse\" }}); n.load(\"{}\", #{{ from: \"pytorch\" }}); n.predict(zeros([2, 3])).to_array()",
+            p.display()
+        ))
+        .unwrap();
+    let expected = [(0.25, 1.0, 1.0, 0.5), (-1.0, 4.0, 2.0, 0.0), (2.0, 0.5, 3.0, -0.5)]
+        .map(|(m, v, w, b): (f64, f64, f64, f64)| -m / (v + 1e-5).sqrt() * w + b);
+    for (got, want) in floats(y).into_iter().zip(expected.iter().cycle()) {
+        assert!((f64::from(got) - want).abs() < 1e-5 * want.abs().max(1.0), "{got} against {want}");
+    }
+    let err =
+        e.eval(&format!("n.load(\"{}\", #{{ from: \"pytorch\" }})", q.display())).unwrap_err();
+    assert!(err.message.ends_with("checkpoint does not match the model: unexpected `head.num_steps`; a non-strict load takes the tensors that match"), "{err}");
+}
