@@ -114,24 +114,7 @@ impl Graph {
     }
 
     /// `op(a, b)`, elementwise with NumPy broadcasting.
-    ///
-    /// A division by a constant zero is an error: every element would be infinite or NaN, and
-    /// a GPU need not keep them (WGSL lets a compiler assume there are none: lavapipe folded
-    /// `x / 0.0` to 0). Checked here, on the f32 constant, so that every spelling is caught
-    /// (`x / 0`, `div(x, 0)`, `x / 1e-46`, which rounds to 0).
     pub fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId> {
-        let zero = |g: &Graph, id: NodeId| {
-            g.nodes
-                .get(id.0 as usize)
-                .is_some_and(|n| matches!(n.op, Op::Constant { value } if value == 0.0))
-        };
-        if op == BinaryOp::Div && zero(self, b) {
-            return Err(err!(
-                Name,
-                "division by zero: the divisor is 0 as an f32, which makes every element of the tensor infinite or NaN; divide by a nonzero number"
-            )
-            .at(self.span));
-        }
         self.add_node(Op::Binary(op), &[a, b], &[])
     }
 

@@ -43,7 +43,11 @@ impl Lowerer<'_> {
             Lowering::Unary(op) => a.tensor(0).and_then(|x| a.g().unary(op, x)),
             Lowering::Binary(op) => {
                 let (x, y) = (a.tensor(0)?, a.tensor(1)?);
-                a.g().binary(op, x, y)
+                let divisor = match op {
+                    crate::graph::BinaryOp::Div => super::nonzero_divisor(a.g(), y),
+                    _ => Ok(()),
+                };
+                divisor.and_then(|()| a.g().binary(op, x, y))
             }
             Lowering::Node(f) => f(&mut a),
         };

@@ -281,7 +281,7 @@ impl Lowerer<'_> {
                     BinOp::Add => self.g.add(x, y),
                     BinOp::Sub => self.g.sub(x, y),
                     BinOp::Mul => self.g.mul(x, y),
-                    BinOp::Div => self.g.div(x, y),
+                    BinOp::Div => super::nonzero_divisor(&self.g, y).and_then(|()| self.g.div(x, y)),
                     BinOp::Matmul => self.g.matmul(x, y),
                 };
                 Ok(Tensor(id.map_err(|e| e.at(span))?))

@@ -158,6 +158,21 @@ impl Frame {
     }
 }
 
+/// A model's division by a constant that is 0 as an f32 is an error, however it is spelled
+/// (`x / 0`, `div(x, 0)`, `x / 1e-46`, which rounds to 0): every element would be infinite or
+/// NaN, and a GPU need not keep them (WGSL lets a compiler assume there are none: lavapipe
+/// folded `x / 0.0` to 0). The graph itself takes such a division (codegen folds one of two
+/// constants as the CPU computes it).
+fn nonzero_divisor(g: &Graph, divisor: NodeId) -> Result<()> {
+    if matches!(g.node(divisor).op, crate::graph::Op::Constant { value } if value == 0.0) {
+        return Err(err!(
+            Name,
+            "division by zero: the divisor is 0 as an f32, which makes every element of the tensor infinite or NaN; divide by a nonzero number"
+        ));
+    }
+    Ok(())
+}
+
 impl Lowerer<'_> {
     fn span(&self, s: Span) -> Span {
         self.outer_span.unwrap_or(s)
