@@ -452,15 +452,14 @@ mod tests {
 
     #[test]
     fn a_file_larger_than_the_budget_is_refused_before_it_is_read() {
-        let path = std::env::temp_dir().join(format!("rumus-sparse-{}", std::process::id()));
-        let file = std::fs::File::create(&path).unwrap();
-        file.set_len(3 << 20).unwrap(); // sparse: no disk, and nothing to read but zeros
+        let path = std::env::temp_dir().join(format!("rumus-big-{}", std::process::id()));
+        crate::files::write_atomic(&path, &vec![0; 3 << 20]).unwrap();
         let b = Budget::new(1 << 20);
         let mut c = b.empty();
         let e = read_file(std::fs::File::open(&path).unwrap(), &mut c, "big").unwrap_err();
         assert_eq!(e.message, "reading big needs 3.0 MiB, more than the whole 1.0 MiB memory budget");
         assert_eq!(c.bytes(), 0);
-        file.set_len(5).unwrap();
+        crate::files::write_atomic(&path, &[0; 5]).unwrap();
         let bytes = read_file(std::fs::File::open(&path).unwrap(), &mut c, "small").unwrap();
         assert!(bytes == [0; 5] && c.bytes() >= 5, "{}", c.bytes());
         std::fs::remove_file(&path).unwrap();
