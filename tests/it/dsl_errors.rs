@@ -993,3 +993,21 @@ fn an_integer_without_an_exact_f32_value() {
         check(&format!("model m(x: f32[2, 4]) {{\n    return {ok}\n}}\n"), "ok");
     }
 }
+
+/// A dimension bound by a pattern and set by a hyperparameter that disagree: the value is
+/// written as the language writes it (it read `int(5)` and `float(4.0)`, Rust's debug text).
+#[test]
+fn a_dimension_set_two_ways_shows_the_hyperparameters_value() {
+    for (default, shown) in [("5", "5"), ("4.0", "4.0")] {
+        check(
+            &format!("block f(x: f32[..., N], N = {default}) {{\n    return x\n}}\nmodel m(x: f32[B, 4]) {{\n    return f(x)\n}}\n"),
+            &format!(
+                r#"
+m.rms:5:14: dimension `N` is 4 in the argument, but `N` is set to {shown}; expected [..., N]
+        return f(x)
+                 ^
+"#
+            ),
+        );
+    }
+}

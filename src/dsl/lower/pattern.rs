@@ -134,7 +134,7 @@ pub(super) fn match_shape(
 pub(super) fn check_deferred(deferred: Vec<Deferred>, env: &HashMap<String, Value>) -> Result<()> {
     for Deferred { name: n, actual, span, pattern } in deferred {
         if env.get(&n) != Some(&Value::Int(actual as i64)) {
-            let set = env.get(&n).map_or("nothing".into(), |v| format!("{v:?}").to_lowercase());
+            let set = env.get(&n).map_or("nothing".into(), Value::show);
             return Err(err!(
                 Shape,
                 "dimension `{n}` is {actual} in the argument, but `{n}` is set to {set}; \
