@@ -59,6 +59,14 @@ impl Pattern {
                 "name pattern `{text}` has an empty segment: write dotted names like `h.*.ln_1`"
             ));
         }
+        // A `*` inside a segment was a literal character: `"0": "fc*"` named `fc*.weight`.
+        if let Some(s) = segments.iter().find(|s| s.contains('*') && *s != "*") {
+            return Err(err!(
+                InvalidArgument,
+                "name pattern `{text}`: `*` stands for a whole segment (`h.*.ln_1`), not part of \
+                 one (`{s}`)"
+            ));
+        }
         Ok(Pattern(segments))
     }
 

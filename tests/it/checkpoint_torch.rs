@@ -322,6 +322,16 @@ fn load_options_are_checked() {
             r#"#{ from: "pytorch", rename: #{ "h.*": "blocks" } }"#,
             "load: rename: `h.*` has 1 `*` but its target `blocks` has 0: give each the same",
         ),
+        // Found by the hostile-input audit: `fc*` was a literal name, so this loaded nothing
+        // into `fc1` and failed later on an unexpected `fc*.bias`.
+        (
+            r#"#{ from: "pytorch", rename: #{ "0": "fc*" } }"#,
+            "load: name pattern `fc*`: `*` stands for a whole segment (`h.*.ln_1`), not part of one (`fc*`)",
+        ),
+        (
+            r#"#{ from: "pytorch", transpose: ["h*"] }"#,
+            "load: name pattern `h*`: `*` stands for a whole segment (`h.*.ln_1`), not part of one (`h*`)",
+        ),
         (
             r#"#{ from: "pytorch", rename: #{ "h..x": "y" } }"#,
             "load: name pattern `h..x` has an empty segment: write dotted names like `h.*.ln_1`",
