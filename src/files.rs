@@ -282,7 +282,8 @@ pub fn check_output(flag: &str, out: &Path, what: &str, input: &Path, kind: Outp
             let _ = fs::remove_file(&probe);
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        // Not found: the folder, unless it is there (`/proc` refuses new files with ENOENT).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !target.folder.is_dir() => {
             Err(refuse(format!("the folder {} does not exist", target.folder.display())))
         }
         Err(e) => Err(refuse(format!("cannot be written there: {e}"))),
