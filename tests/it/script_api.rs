@@ -320,6 +320,11 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
             "csv: unknown setting `label_column` (settings: label_col, labels, scale, header)"
                 .into(),
         ),
+        // `labels` without a label column was ignored (found by the hostile-input audit).
+        (
+            "csv(\"scripts/data/blobs.csv\", #{ labels: \"targets\" })",
+            "csv: `labels` says how the label column reads, and there is none: give `label_col` too, or drop `labels` (without `label_col` every column is a feature)".into(),
+        ),
         (
             "csv(\"scripts/data/blobs.csv\", #{ label_col: -2 })",
             "csv: `label_col` must be an integer >= 0, got -2".into(),

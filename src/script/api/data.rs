@@ -241,6 +241,13 @@ fn csv(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
         Some("targets") => Labels::Targets,
         Some(_) => return Err(script_err("csv: `labels` must be \"classes\" or \"targets\"")),
     };
+    // `labels` says how the label column reads: without one it would be ignored silently.
+    if opts.label_col.is_none() && o.get("labels").is_some() {
+        return Err(script_err(
+            "csv: `labels` says how the label column reads, and there is none: give `label_col` \
+             too, or drop `labels` (without `label_col` every column is a feature)",
+        ));
+    }
     let mut charge = ctx.budget.empty();
     let d = data::read_csv(&p, &opts, &mut charge).script()?;
     ScriptDataset::from_loaded(d, charge)
