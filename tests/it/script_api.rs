@@ -1391,3 +1391,25 @@ fn read_only_properties_refuse_writes_to_them_and_their_elements() {
         "tensor f32[2] [0, 1]\n3\n",
     );
 }
+
+/// Found by the hostile-input audit: the reference's own `div_floor(-7, 2)` was "function not
+/// found", and so was `pow` of two numbers, which it says takes numbers.
+#[test]
+fn div_floor_and_pow_take_two_numbers() {
+    for (code, expected) in [
+        ("div_floor(-7, 2)", "-4"),
+        ("(-7).div_floor(2)", "-4"),
+        ("div_floor(7, -2)", "-4"),
+        ("div_floor(6, 3)", "2"),
+        ("pow(2, 10)", "1024"),
+        ("pow(2.0, 0.5) == sqrt(2.0)", "true"),
+        ("pow(2, 0.5) == pow(2.0, 0.5)", "true"),
+        ("pow(2.0, -1)", "0.5"),
+        ("div_floor(1, 0)", "error: div_floor(1, 0) divides by zero"),
+        ("div_floor(-9223372036854775807 - 1, -1)", "error: div_floor(-9223372036854775808, -1) overflows"),
+        ("pow(10, 30)", "error: pow(10, 30) overflows a script integer"),
+        ("pow(2, -1)", "error: pow(2, -1): a negative or huge integer exponent; write pow(2.0, -1) for a float"),
+    ] {
+        check(&format!("print({code});"), &format!("{expected}\n"));
+    }
+}

@@ -91,6 +91,34 @@ const OPS: [BinOp; 8] = [
     BinOp { name: "min", f: Some(Scalar::min_nan), i: Some(|a, b| Ok(a.min(b))) },
 ];
 
+/// `div_floor` and `pow` of two numbers, as the reference promises (`div_floor(-7, 2)` was
+/// "function not found"): integers exactly in i64, rhai's integers (an overflow, a division by
+/// zero or a negative integer exponent is an error), floats or a mix in f64. (`max` and `min`
+/// of numbers are rhai's own.)
+fn numbers(engine: &mut Engine) {
+    let fail = |m: String| -> Box<rhai::EvalAltResult> { script_err(m) };
+    engine.register_fn("div_floor", move |a: INT, b: INT| -> ScriptResult<INT> {
+        if b == 0 {
+            return Err(fail(format!("div_floor({a}, 0) divides by zero")));
+        }
+        // Toward zero, then one down where the exact quotient is negative and not whole.
+        let q = a.checked_div(b).ok_or_else(|| fail(format!("div_floor({a}, {b}) overflows")))?;
+        Ok(if a % b != 0 && (a < 0) != (b < 0) { q - 1 } else { q })
+    });
+    engine.register_fn("pow", move |a: INT, b: INT| -> ScriptResult<INT> {
+        let e = u32::try_from(b).map_err(|_| {
+            fail(format!("pow({a}, {b}): a negative or huge integer exponent; write pow({a}.0, {b}) for a float"))
+        })?;
+        a.checked_pow(e).ok_or_else(|| fail(format!("pow({a}, {b}) overflows a script integer")))
+    });
+    engine.register_fn("pow", |a: FLOAT, b: FLOAT| a.powf(b));
+    engine.register_fn("pow", |a: INT, b: FLOAT| (a as FLOAT).powf(b));
+    engine.register_fn("pow", |a: FLOAT, b: INT| match i32::try_from(b) {
+        Ok(e) => a.powi(e),
+        Err(_) => a.powf(b as FLOAT),
+    });
+}
+
 /// One side of an elementwise operation.
 #[derive(Clone, Copy)]
 enum Operand<'a> {
@@ -252,6 +280,7 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
             binary(&c, op, Operand::Number(Number::Int(a)), Operand::Tensor(b.tensor()))
         });
     }
+    numbers(engine);
     let c = ctx.clone();
     engine.register_fn("-", move |a: ScriptTensor| {
         let neg = |x: i32| x.checked_neg().ok_or_else(|| format!("-({x}) is outside i32's range"));
