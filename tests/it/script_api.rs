@@ -1413,3 +1413,17 @@ fn div_floor_and_pow_take_two_numbers() {
         check(&format!("print({code});"), &format!("{expected}\n"));
     }
 }
+
+/// `tensor` reads arrays as deep as a tensor has dimensions, so `to_array` of any tensor reads
+/// back; one level deeper is an error (the bound was 16, checked a level late, while tensors
+/// have up to 32 dimensions).
+#[test]
+fn tensor_reads_back_to_array_of_every_rank() {
+    let ones = |n: usize| format!("[{}]", vec!["1"; n].join(", "));
+    check(&format!("let t = zeros({}); print(tensor(t.to_array()) == t);", ones(32)), "true\n");
+    check(
+        "let a = 0; for i in 0..33 { a = [a]; } tensor(a)",
+        "error: tensor: arrays nested more than 32 deep, the most dimensions a tensor has\n",
+    );
+    check("let a = 0; for i in 0..32 { a = [a]; } print(tensor(a).rank());", "32\n");
+}

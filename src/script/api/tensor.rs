@@ -511,8 +511,13 @@ fn walk(
     shape: &mut Vec<usize>,
     leaf: &mut dyn FnMut(&Dynamic) -> ScriptResult<()>,
 ) -> ScriptResult<()> {
-    if depth > 16 {
-        return Err(script_err("tensor: arrays nested more than 16 deep"));
+    // As deep as a tensor has dimensions: `to_array` of any tensor reads back (the bound was
+    // "more than 16", checked one level late, and `to_array` gives up to 32).
+    if depth >= crate::tensor::MAX_RANK {
+        return Err(script_err(format!(
+            "tensor: arrays nested more than {} deep, the most dimensions a tensor has",
+            crate::tensor::MAX_RANK
+        )));
     }
     if shape.len() == depth {
         shape.push(a.len());
