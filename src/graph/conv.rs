@@ -417,14 +417,15 @@ impl Graph {
         let (w, b) = (self.reshape(weight, &kept)?, self.reshape(bias, &kept)?);
         let y = self.mul(xhat, w)?;
         let y = self.add(y, b)?;
-        // The running statistics' updates, applied after each training step (with gradient
-        // accumulation, after each optimizer update: from its last micro-batch).
+        // The running statistics' updates, applied after each training step, and with gradient
+        // accumulation after each micro-batch, as a PyTorch accumulation loop's forward passes
+        // do (applied at updates only, every micro-batch but the last was dropped).
         let unbias = count as f32 / (count.max(2) - 1) as f32;
         for (stat, target, scale) in [(mean, running[0], 1.0), (var, running[1], unbias)] {
             let old = self.scale(target, 1.0 - opts.momentum)?;
             let new = self.scale(stat, opts.momentum * scale)?;
             let value = self.add(old, new)?;
-            self.updates.push(Update::new(target, value));
+            self.updates.push(Update { target, value, every_micro_batch: true });
         }
         Ok(y)
     }

@@ -279,7 +279,8 @@ pub struct Update {
     /// The node whose value it takes.
     pub value: NodeId,
     /// Applied by a micro-batch run too: a training run of gradient accumulation that only
-    /// adds the micro-batch's gradients to the accumulator (the accumulator's own update).
+    /// adds the micro-batch's gradients to the accumulator (the accumulator's own update, and
+    /// batch norm's running statistics, which follow every forward pass in training).
     /// Updates without it (the optimizer's) are applied only by full training runs.
     pub every_micro_batch: bool,
 }

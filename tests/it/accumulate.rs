@@ -172,3 +172,34 @@ fn the_plan_shows_what_a_micro_batch_runs() {
         "{text}"
     );
 }
+
+/// Found by the numerical audit: with `accumulate`, batch norm's running statistics took only
+/// the last micro-batch of each update (the others' were dropped), where a PyTorch
+/// accumulation loop updates them at every micro-batch's forward pass. Two micro-batches of an
+/// update now give what two single steps give (the learning rate is 0, so only the running
+/// statistics move), on the CPU and the GPU.
+#[test]
+fn batch_norm_running_statistics_follow_every_micro_batch() {
+    let code = "model f(x: f32[B, 2]) {
+    param w[2] = zeros
+    return batch_norm(x + w) as bn
+}
+let x1 = tensor([[1.0, 2.0], [-1.0, 0.5], [3.0, 3.0]]);
+let x2 = tensor([[0.0, -2.0], [2.0, 0.5], [1.0, 1.0]]);
+let opts = |k| #{ batch: 3, accumulate: k, loss: \"mse\", optimizer: sgd(#{ lr: 0.0 }), device: DEV };
+let a = f().compile(opts.call(2));
+let b = f().compile(opts.call(1));
+for n in [a, b] { n.train_step(x1, zeros([3, 2])); n.train_step(x2, zeros([3, 2])); }
+let p = tensor([[1.0, 1.0]]);
+print(a.predict(p) == b.predict(p));
+print(b.predict(p).to_array().map(|r| r.map(|v| (v * 1e4).round() / 1e4)));
+";
+    let (devices, _turn) =
+        devices_or_skip("batch_norm_running_statistics_follow_every_micro_batch");
+    for dev in devices {
+        let out = printed(HostOptions::default(), &code.replace("DEV", &format!("\"{dev}\"")));
+        // (1 - m) / sqrt(v + eps) per channel after both batches (m, v the running mean and
+        // unbiased variance, momentum 0.1), as PyTorch's BatchNorm1d gives.
+        assert_eq!(out, "true\n[[0.7188, 0.774]]\n", "on {dev}");
+    }
+}
