@@ -1011,3 +1011,18 @@ m.rms:5:14: dimension `N` is 4 in the argument, but `N` is set to {shown}; expec
         );
     }
 }
+
+/// An anonymous call whose place-given name an `as` took before it: the error says where the
+/// name came from and how to choose another (it said "duplicate name `linear_1`" under a call
+/// that never wrote that name).
+#[test]
+fn an_anonymous_call_whose_name_is_taken_says_to_name_it() {
+    check(
+        "model m(x: f32[B, 4]) {\n    a = linear(x, 4) as linear_1\n    b = linear(a, 4)\n    return linear(b, 4)\n}\n",
+        r#"
+m.rms:4:12: duplicate name `linear_1`: this anonymous `linear` call is named by its place (`linear_<k>`), and `linear_1` is taken already (by an `as linear_1` or a parameter); name this call with `as NAME`
+        return linear(b, 4)
+               ^^^^^^
+"#,
+    );
+}

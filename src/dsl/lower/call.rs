@@ -68,7 +68,20 @@ impl Lowerer<'_> {
             }
         };
         let alias_span = c.alias.as_ref().map_or(c.callee.span, |a| a.span);
-        self.claim(format!("{}{short}", frame.prefix), alias_span, &short)?;
+        self.claim(format!("{}{short}", frame.prefix), alias_span, &short).map_err(|e| {
+            match c.alias {
+                Some(_) => e,
+                // The name was made here, not written: say so, and how to choose another.
+                None => err!(
+                    Name,
+                    "duplicate name `{short}`: this anonymous `{0}` call is named by its place \
+                     (`{0}_<k>`), and `{short}` is taken already (by an `as {short}` or a \
+                     parameter); name this call with `as NAME`",
+                    c.callee.name
+                )
+                .at(self.span(alias_span)),
+            }
+        })?;
         let mut callee = Frame::new(format!("{}{short}.", frame.prefix));
         let is_std = src.name == STD_NAME && self.outer_span.is_none();
         let saved = self.outer_span;
