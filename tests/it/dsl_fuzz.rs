@@ -308,5 +308,9 @@ fn a_model_lowered_with_100_000_values_matches_them_quickly() {
         names.iter().map(|n| (n.as_str(), dsl::Value::Int(1))).collect();
     bindings.push(("typo", dsl::Value::Int(1)));
     let e = dsl::lower(&module, "m", &bindings, None).unwrap_err();
-    assert_eq!(e.message, "model `m` has no hyperparameter or dimension `typo`");
+    assert_eq!(
+        e.message,
+        "model `m` has no hyperparameter or dimension `typo` (it has hyperparameters `h0`, `h1`, \
+         `h2`, `h3`, `h4`, `h5`, `h6`, `h7`, ... (100000 in all); no dimensions)"
+    );
 }

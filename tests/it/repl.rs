@@ -219,7 +219,7 @@ fn error_in_a_call_of_a_model_from_an_earlier_input_points_at_the_call() {
     // The call's mistake, at the call (the second input), not at its offset in the first.
     assert_eq!(
         out[4],
-        "<repl:3>:1:9: model `m` has no hyperparameter or dimension `bogus`\n    let n = m(#{ bogus: 1 });\n            ^\n"
+        "<repl:3>:1:9: model `m` has no hyperparameter or dimension `bogus` (it has hyperparameters `k`; no dimensions)\n    let n = m(#{ bogus: 1 });\n            ^\n"
     );
     // A mistake inside the model, in the input that defined it.
     assert_eq!(

@@ -582,7 +582,7 @@ fn every_command_gives_a_mistake_the_same_exit_code() {
     for command in ["graph", "plan", "bench"] {
         // What the file holds is a model error, exit code 1, as an unknown `--model` is.
         check(&[command, &none], &[], (1, &format!("{none}: no model in this file")));
-        check(&[command, &one, "--model", "n"], &[], (1, "no model named `n`"));
+        check(&[command, &one, "--model", "n"], &[], (1, "no model named `n` (its models: `m`)"));
         // A flag the command does not know is a usage error, exit code 2.
         check(
             &[command, &one, "--frob"],

@@ -114,7 +114,17 @@ pub fn lower(
     default_dim: Option<i64>,
 ) -> Result<Graph> {
     let Some((item, src)) = module.item(model) else {
-        return Err(err!(Name, "no model named `{model}`"));
+        let models: Vec<String> = module
+            .models()
+            .filter(|m| !module.is_std(&m.name.name))
+            .map(|m| format!("`{}`", m.name.name))
+            .collect();
+        let have = match models.len() {
+            0 => "the source has none".to_string(),
+            n if n > 8 => format!("its models: {}, ... ({n} in all)", models[..8].join(", ")),
+            _ => format!("its models: {}", models.join(", ")),
+        };
+        return Err(err!(Name, "no model named `{model}` ({have})"));
     };
     if item.kind != ItemKind::Model {
         return Err(err!(Name, "`{model}` is a block, not a model"));
@@ -171,6 +181,33 @@ fn nonzero_divisor(g: &Graph, divisor: NodeId) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// What a model's bindings may set, for messages: "hyperparameters `a`, `b`; dimensions `B`".
+fn settable(item: &Item) -> String {
+    let (mut hypers, mut dims) = (Vec::new(), Vec::new());
+    for p in &item.params {
+        match p {
+            SigParam::Hyper { name, .. } => hypers.push(format!("`{}`", name.name)),
+            SigParam::Tensor { dims: ds, .. } => {
+                for d in ds {
+                    if let DimPat::Name(n) = d {
+                        let n = format!("`{}`", n.name);
+                        if !dims.contains(&n) {
+                            dims.push(n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // At most 8 names of each (a signature may hold 100,000).
+    let list = |what: &str, v: Vec<String>| match v.len() {
+        0 => format!("no {what}"),
+        n if n > 8 => format!("{what} {}, ... ({n} in all)", v[..8].join(", ")),
+        _ => format!("{what} {}", v.join(", ")),
+    };
+    format!("it has {}; {}", list("hyperparameters", hypers), list("dimensions", dims))
 }
 
 impl Lowerer<'_> {
@@ -234,8 +271,9 @@ impl Lowerer<'_> {
             if !hyper_names.contains(name) && !dim_names.contains(name) {
                 return Err(err!(
                     Name,
-                    "model `{}` has no hyperparameter or dimension `{name}`",
-                    item.name.name
+                    "model `{}` has no hyperparameter or dimension `{name}` ({})",
+                    item.name.name,
+                    settable(item)
                 ));
             }
             given.insert(name.to_string(), v.clone());
