@@ -293,13 +293,18 @@ fn seconds(v: &str) -> Result<Duration> {
 /// `NAME=VALUE` of `--set`.
 fn name_value(kv: &str) -> Result<(String, String)> {
     match kv.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        // Spaces around the name and the value are not part of them (`--set 'B = 2'` named a
+        // dimension `B `).
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
         _ => Err(err!(Usage, "needs NAME=VALUE, got `{kv}`")),
     }
 }
 
 /// The kernel number of `--wgsl`.
 fn kernel_number(v: &str) -> Result<usize> {
+    if v.is_empty() {
+        return Err(err!(Usage, "needs a kernel number (`rumus plan FILE` lists them)"));
+    }
     if !v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(err!(Usage, "`{v}` is not a kernel number (`rumus plan FILE` lists them); the model file goes before --wgsl"));
     }

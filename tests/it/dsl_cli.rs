@@ -233,3 +233,17 @@ fn bench_draws_each_index_input_in_the_range_its_embedding_takes() {
     let (code, _, err) = rumus(&args);
     assert_eq!(code, 0, "{err}");
 }
+
+/// Found by the hostile-input audit: `--set 'B =2'` set a dimension named `B ` (its space
+/// kept), which the model did not have. Spaces around a name and a value are not part of them.
+#[test]
+fn set_takes_a_name_and_a_value_without_their_surrounding_spaces() {
+    let dir = crate::common::ScratchDir::new("cli_set_spaces");
+    let path = dir.join("m.rms");
+    std::fs::write(&path, "model m(x: f32[B, 2]) {\n    return x\n}\n").unwrap();
+    let p = path.to_str().unwrap();
+    let (code, out, err) = rumus(&["graph", p, "--params", "--set", " B = 3 "]);
+    assert_eq!((code, err.as_str()), (0, ""), "{out}");
+    let (code, _, err) = rumus(&["graph", p, "--set", "B =3", "--set", "B= 4"]);
+    assert_eq!((code, err.as_str()), (2, "--set B is given twice (3 and 4): give it once\n"));
+}

@@ -716,6 +716,8 @@ fn usage_errors_name_the_mistake_and_suggest_a_fix() {
             "--profile times each GPU dispatch alone, and this benchmark runs on the CPU (--device cpu, or no GPU adapter): drop --profile, or run it on a GPU",
         ),
         (vec!["plan", &ok, "--set", "B"], "--set: needs NAME=VALUE, got `B`"),
+        (vec!["plan", &ok, "--set", " =2"], "--set: needs NAME=VALUE, got ` =2`"),
+        (vec!["plan", &ok, "--wgsl", ""], "--wgsl: needs a kernel number (`rumus plan FILE` lists them)"),
         (
             vec!["plan", "--wgsl", &ok],
             "--wgsl: `target/script_cli/ok.rms` is not a kernel number (`rumus plan FILE` lists \
