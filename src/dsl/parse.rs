@@ -443,9 +443,13 @@ fn expr_depth(p: Pair<Rule>) -> Result<(Expr, usize)> {
     if d > MAX_EXPR_DEPTH
         || !operands.is_empty() && operands.iter().any(|(_, d)| *d > MAX_EXPR_DEPTH)
     {
-        return Err(
-            err!(Parse, "expression is nested deeper than {MAX_EXPR_DEPTH} levels").at(span)
-        );
+        // A flat chain `a + b + ... + z` nests too: each operator is a level of the tree.
+        return Err(err!(
+            Parse,
+            "expression is nested deeper than {MAX_EXPR_DEPTH} levels (each operator of a \
+             chain such as `a + b + c` is a level): split it with intermediate assignments"
+        )
+        .at(span));
     }
     Ok((e, d))
 }
