@@ -884,7 +884,7 @@ impl Trainer {
         // reported as not set.
         let skipped: HashSet<&str> = states.iter().copied().filter(|_| partial).collect();
         let missing = if partial {
-            let params = missing.iter().filter(|n| !states.contains(&n.as_str())).cloned();
+            let params = missing.iter().filter(|n| !skipped.contains(n.as_str())).cloned();
             params.chain(states.iter().map(|s| s.to_string())).collect()
         } else {
             missing
