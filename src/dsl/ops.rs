@@ -203,12 +203,22 @@ const OTHERS: &[OpSig] = &[
     row("dropout", &[p("x", Tensor), p("p", Float), p("seed", Int)], |a| {
         let x = a.tensor(0)?;
         let p = a.float(1)?;
-        if !(0.0..1.0).contains(&p) {
-            return Err(err!(InvalidArgument, "dropout probability must be in [0, 1), got {p}")
-                .at(a.span_of(1)));
+        // Checked as the f32 it becomes: 0.99999999 is 1 there (the graph's check then said
+        // "got 1" of a number the user did not write).
+        let p32 = p as f32;
+        if !(0.0..1.0).contains(&p32) {
+            let rounded = match f64::from(p32) == p {
+                true => String::new(),
+                false => format!(", which is {p32} as an f32"),
+            };
+            return Err(err!(
+                InvalidArgument,
+                "dropout probability must be in [0, 1), got {p}{rounded}"
+            )
+            .at(a.span_of(1)));
         }
         let seed = a.index(2)? as u64;
-        a.g().dropout(x, p as f32, seed)
+        a.g().dropout(x, p32, seed)
     }),
     row(
         "conv2d",

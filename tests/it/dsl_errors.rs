@@ -723,6 +723,15 @@ m.rms:2:23: dropout probability must be in [0, 1), got 1.5
                           ^^^
 "#,
     );
+    // A number below 1 that is 1 as an f32 (the message said "got 1").
+    check(
+        "model m(x: f32[2, 3]) {\n    return dropout(x, 0.99999999, 0)\n}\n",
+        r#"
+m.rms:2:23: dropout probability must be in [0, 1), got 0.99999999, which is 1 as an f32
+        return dropout(x, 0.99999999, 0)
+                          ^^^^^^^^^^
+"#,
+    );
 }
 
 #[test]
