@@ -234,6 +234,16 @@ pub(crate) fn choose<T: Copy>(name: &str, value: Option<&str>, choices: &[(&str,
     Err(crate::err!(Usage, "{name}: `{}` is not {list}", escape(v)))
 }
 
+/// Names as a message lists them: `` `a`, `b`, `c` ``, the first eight and a count of the rest.
+pub fn name_list(names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        s.push(format!("and {} more", names.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
 /// `s` with every control or invisible character written as a Rust escape (`\n`, `\u{1b}`), so
 /// that text from a file cannot move the cursor, recolour the terminal or forge a line.
 pub fn escape(s: &str) -> Cow<'_, str> {

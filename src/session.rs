@@ -867,10 +867,10 @@ impl Trainer {
         if strict && !(missing.is_empty() && unexpected.is_empty()) {
             let mut problems = Vec::new();
             if !missing.is_empty() {
-                problems.push(format!("missing {}", crate::checkpoint::name_list(&missing)));
+                problems.push(format!("missing {}", crate::error::name_list(&missing)));
             }
             if !unexpected.is_empty() {
-                problems.push(format!("unexpected {}", crate::checkpoint::name_list(&unexpected)));
+                problems.push(format!("unexpected {}", crate::error::name_list(&unexpected)));
             }
             return Err(err!(
                 Checkpoint,

@@ -152,15 +152,6 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint> {
     Layout::parse(bytes, &mut crate::memory::Budget::unlimited().empty())?.tensors()
 }
 
-/// Names as a message lists them: `` `a`, `b`, `c` ``, the first eight and a count of the rest.
-pub fn name_list(names: &[String]) -> String {
-    const SHOWN: usize = 8;
-    let mut s: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
-    if names.len() > SHOWN {
-        s.push(format!("and {} more", names.len() - SHOWN));
-    }
-    s.join(", ")
-}
 /// Check that `ckpt` holds exactly the `expected` tensors, each with its shape and dtype. One
 /// error lists every missing name, every unexpected name and every mismatch.
 pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) -> Result<()> {
@@ -171,7 +162,7 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
         .map(|(name, _, _)| name.to_string())
         .collect();
     if !missing.is_empty() {
-        problems.push(format!("missing {}", name_list(&missing)));
+        problems.push(format!("missing {}", crate::error::name_list(&missing)));
     }
     let unexpected: Vec<String> = ckpt
         .tensors
@@ -180,7 +171,7 @@ pub fn check_against(ckpt: &Checkpoint, expected: &[(&str, &[usize], DType)]) ->
         .map(|(name, _)| name.clone())
         .collect();
     if !unexpected.is_empty() {
-        problems.push(format!("unexpected {}", name_list(&unexpected)));
+        problems.push(format!("unexpected {}", crate::error::name_list(&unexpected)));
     }
     for &(name, shape, dtype) in expected {
         let Some(t) = ckpt.get(name) else { continue };

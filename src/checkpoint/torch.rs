@@ -303,7 +303,7 @@ pub fn map(
             drop(charge.split_off(unused.bytes()));
         }
     }
-    let seen = crate::checkpoint::name_list(&first_names);
+    let seen = crate::error::name_list(&first_names);
     if let Some(r) = renamed.iter().position(|&used| !used) {
         return Err(err!(
             InvalidArgument,

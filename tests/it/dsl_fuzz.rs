@@ -311,6 +311,6 @@ fn a_model_lowered_with_100_000_values_matches_them_quickly() {
     assert_eq!(
         e.message,
         "model `m` has no hyperparameter or dimension `typo` (it has hyperparameters `h0`, `h1`, \
-         `h2`, `h3`, `h4`, `h5`, `h6`, `h7`, ... (100000 in all); no dimensions)"
+         `h2`, `h3`, `h4`, `h5`, `h6`, `h7`, and 99992 more; no dimensions)"
     );
 }

@@ -117,12 +117,11 @@ pub fn lower(
         let models: Vec<String> = module
             .models()
             .filter(|m| !module.is_std(&m.name.name))
-            .map(|m| format!("`{}`", m.name.name))
+            .map(|m| m.name.name.clone())
             .collect();
-        let have = match models.len() {
-            0 => "the source has none".to_string(),
-            n if n > 8 => format!("its models: {}, ... ({n} in all)", models[..8].join(", ")),
-            _ => format!("its models: {}", models.join(", ")),
+        let have = match models.is_empty() {
+            true => "the source has none".to_string(),
+            false => format!("its models: {}", crate::error::name_list(&models)),
         };
         return Err(err!(Name, "no model named `{model}` ({have})"));
     };
@@ -188,13 +187,12 @@ fn settable(item: &Item) -> String {
     let (mut hypers, mut dims) = (Vec::new(), Vec::new());
     for p in &item.params {
         match p {
-            SigParam::Hyper { name, .. } => hypers.push(format!("`{}`", name.name)),
+            SigParam::Hyper { name, .. } => hypers.push(name.name.clone()),
             SigParam::Tensor { dims: ds, .. } => {
                 for d in ds {
                     if let DimPat::Name(n) = d {
-                        let n = format!("`{}`", n.name);
-                        if !dims.contains(&n) {
-                            dims.push(n);
+                        if !dims.contains(&n.name) {
+                            dims.push(n.name.clone());
                         }
                     }
                 }
@@ -202,10 +200,9 @@ fn settable(item: &Item) -> String {
         }
     }
     // At most 8 names of each (a signature may hold 100,000).
-    let list = |what: &str, v: Vec<String>| match v.len() {
-        0 => format!("no {what}"),
-        n if n > 8 => format!("{what} {}, ... ({n} in all)", v[..8].join(", ")),
-        _ => format!("{what} {}", v.join(", ")),
+    let list = |what: &str, v: Vec<String>| match v.is_empty() {
+        true => format!("no {what}"),
+        false => format!("{what} {}", crate::error::name_list(&v)),
     };
     format!("it has {}; {}", list("hyperparameters", hypers), list("dimensions", dims))
 }
