@@ -60,12 +60,7 @@ impl Lowerer<'_> {
         // Name the scope.
         let short = match &c.alias {
             Some(a) => a.name.clone(),
-            None => {
-                let k =
-                    frame.anon.entry((frame.prefix.clone(), c.callee.name.clone())).or_insert(0);
-                *k += 1;
-                format!("{}_{}", c.callee.name, *k - 1)
-            }
+            None => frame.anonymous(&c.callee.name),
         };
         let alias_span = c.alias.as_ref().map_or(c.callee.span, |a| a.span);
         self.claim(format!("{}{short}", frame.prefix), alias_span, &short).map_err(|e| {

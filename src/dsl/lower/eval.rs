@@ -75,23 +75,17 @@ impl Lowerer<'_> {
         // count of every `repeat` run named a nested one by how often its outer one had run).
         let short = match name {
             Some(id) => id.name.clone(),
-            None => {
-                let k = frame.anon.entry((frame.prefix.clone(), "repeat".into())).or_insert(0);
-                *k += 1;
-                format!("repeat_{}", *k - 1)
-            }
+            None => frame.anonymous("repeat"),
         };
         let nspan = name.map_or(span, |i| i.span);
         self.claim(format!("{}{short}", frame.prefix), nspan, &short)?;
         let base = std::mem::take(&mut frame.prefix);
         for i in 0..n {
-            // A step an iteration: an empty body ran 2^63 times with one step for them all.
-            if let Err(e) = self.step(span) {
-                frame.prefix = base;
-                return Err(e);
-            }
-            frame.prefix = format!("{base}{short}.{i}.");
-            let r = self.body(body, frame);
+            // A step a pass: an empty body ran 2^63 times with one step for them all.
+            let r = self.step(span).and_then(|()| {
+                frame.prefix = format!("{base}{short}.{i}.");
+                self.body(body, frame)
+            });
             if let Err(e) = r {
                 frame.prefix = base;
                 return Err(e);

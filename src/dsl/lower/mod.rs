@@ -165,6 +165,14 @@ impl Frame {
     fn new(prefix: String) -> Frame {
         Frame { env: HashMap::new(), prefix, anon: HashMap::new() }
     }
+
+    /// The name of the next anonymous `kind` (a block's name, or `repeat`) in this scope:
+    /// `<kind>_<k>`, named by place.
+    fn anonymous(&mut self, kind: &str) -> String {
+        let k = self.anon.entry((self.prefix.clone(), kind.to_string())).or_insert(0);
+        *k += 1;
+        format!("{kind}_{}", *k - 1)
+    }
 }
 
 /// A model's division by a constant that is 0 as an f32 is an error, however it is spelled
