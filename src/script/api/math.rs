@@ -62,14 +62,10 @@ const OPS: [BinOp; 8] = [
         name: "div_floor",
         f: None,
         i: Some(|a, b| {
-            if b == 0 {
-                return Err(format!("div_floor({a}, 0) divides by zero"));
-            }
-            let q = a.checked_div(b).ok_or_else(|| {
+            let q = div_floor(a.into(), b.into())?;
+            i32::try_from(q).map_err(|_| {
                 format!("div_floor({a}, {b}) is outside i32's range ({}..={})", i32::MIN, i32::MAX)
-            })?;
-            // Toward zero, then one down where the exact quotient is negative and not whole.
-            Ok(if a % b != 0 && (a < 0) != (b < 0) { q - 1 } else { q })
+            })
         }),
     },
     BinOp {
@@ -91,20 +87,24 @@ const OPS: [BinOp; 8] = [
     BinOp { name: "min", f: Some(Scalar::min_nan), i: Some(|a, b| Ok(a.min(b))) },
 ];
 
+/// `a` divided by `b`, rounded toward negative infinity (Python's `//`); an error fragment for
+/// a division by zero, or for the one quotient outside i64 (`i64::MIN / -1`).
+fn div_floor(a: i64, b: i64) -> Result<i64, String> {
+    if b == 0 {
+        return Err(format!("div_floor({a}, 0) divides by zero"));
+    }
+    let q = a.checked_div(b).ok_or_else(|| format!("div_floor({a}, {b}) overflows"))?;
+    // Toward zero, then one down where the exact quotient is negative and not whole.
+    Ok(if a % b != 0 && (a < 0) != (b < 0) { q - 1 } else { q })
+}
+
 /// `div_floor` and `pow` of two numbers, as the reference promises (`div_floor(-7, 2)` was
 /// "function not found"): integers exactly in i64, rhai's integers (an overflow, a division by
 /// zero or a negative integer exponent is an error), floats or a mix in f64. (`max` and `min`
 /// of numbers are rhai's own.)
 fn numbers(engine: &mut Engine) {
     let fail = |m: String| -> Box<rhai::EvalAltResult> { script_err(m) };
-    engine.register_fn("div_floor", move |a: INT, b: INT| -> ScriptResult<INT> {
-        if b == 0 {
-            return Err(fail(format!("div_floor({a}, 0) divides by zero")));
-        }
-        // Toward zero, then one down where the exact quotient is negative and not whole.
-        let q = a.checked_div(b).ok_or_else(|| fail(format!("div_floor({a}, {b}) overflows")))?;
-        Ok(if a % b != 0 && (a < 0) != (b < 0) { q - 1 } else { q })
-    });
+    engine.register_fn("div_floor", move |a: INT, b: INT| div_floor(a, b).map_err(fail));
     engine.register_fn("pow", move |a: INT, b: INT| -> ScriptResult<INT> {
         let e = u32::try_from(b).map_err(|_| {
             fail(format!("pow({a}, {b}): a negative or huge integer exponent; write pow({a}.0, {b}) for a float"))
