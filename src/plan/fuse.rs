@@ -97,6 +97,14 @@ pub struct Fusing {
     pub prologues: bool,
 }
 
+/// The most nodes one value's inlined expression holds; a node whose expression would hold
+/// more is stored and read as a buffer. The WGSL of a kernel grows with its expression, and
+/// naga's typifier is quadratic in a function's expressions: the gradient of a value read by
+/// 2,000 slices (a sum of 2,000 terms, one buffer) was one kernel that took `rumus plan`
+/// seconds to validate, minutes at 50,000. Bounded, a kernel's expression holds at most this
+/// many nodes an operand of its root, and compiles in milliseconds.
+pub const MAX_INLINED_NODES: usize = 512;
+
 /// Partition the nodes needed by `roots` into kernels, each binding at most `max_bindings`
 /// storage buffers when given (a kernel that still binds more is left for the plan checker to
 /// report).
@@ -191,6 +199,9 @@ fn fuse_once(
         |id: NodeId| reads_view(g, id, &consumers[id.index()], apart, &in_place, flat);
 
     let mut materialized = vec![false; n];
+    // Nodes each value's inlined expression holds (itself and what it inlines; 0 once
+    // materialized): past `MAX_INLINED_NODES` it is stored instead (see there).
+    let mut inlined_nodes = vec![0usize; n];
     let mut alias = vec![None; n];
     let mut view: Vec<Option<View>> = vec![None; n];
     // Stats a product's conversion computes, of the LayerNorm it normalizes as it reads
@@ -228,14 +239,20 @@ fn fuse_once(
                 // Only a node that would be inlined is asked whether its readers want it stored.
                 let prologue =
                     |mm, top| fusing.prologues && prologue_base(g, mm, top, &materialized, &view).is_some();
+                let size = 1 + node.inputs.iter().map(|x| inlined_nodes[x.index()]).sum::<usize>();
+                inlined_nodes[i] = size;
                 is_root[i]
                     || !fusion
                     || forced[i]
                     || !inlined
+                    || size > MAX_INLINED_NODES
                     || permuted_by_readers(g, id, &consumers, &is_root, apart, &in_place, flat, &prologue)
             }
             _ => true,
         };
+        if materialized[i] {
+            inlined_nodes[i] = 0;
+        }
         // A value whose kernel writes it through strides: inside a concat's buffer where the
         // concat would copy it (`concats_in_place`), or stored in the order a permute of it
         // wants (the attention output in [B, T, H, Dh] order, so that merging its heads is a
@@ -266,6 +283,8 @@ fn fuse_once(
             let strided = viewable.then(|| strided_view(g, id, &materialized, &alias, &view)).flatten();
             match strided {
                 Some((owner, v)) if consumers[i].iter().all(|&c| view_fits(g, c, id, &v)) => {
+                    // Its readers' kernels address it: a node of theirs.
+                    inlined_nodes[i] = 1;
                     alias[i] = Some(owner);
                     view[i] = (!v.is_contiguous(&node.shape)).then_some(v);
                     continue;
@@ -465,7 +484,8 @@ fn fuse_once(
                     })
                     .collect();
                 let reads: Vec<Vec<NodeId>> = per_input.iter().map(|(_, r)| r.clone()).collect();
-                for parts in concat_parts(&reads, max_bindings) {
+                let nodes: Vec<usize> = per_input.iter().map(|(f, _)| 1 + f.len()).collect();
+                for parts in concat_parts(&reads, &nodes, max_bindings) {
                     let mut fused = vec![id];
                     let mut inputs = Vec::new();
                     for (f, r) in &per_input[parts.clone()] {

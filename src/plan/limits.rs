@@ -11,6 +11,8 @@
 //!   arenas (`super::arena`), one buffer per kind however many parameters;
 //! - a concat of many inputs runs as several kernels, each writing the part of the output that
 //!   its inputs fill ([`concat_parts`]);
+//! - and no kernel's expression grows without bound (`super::fuse::MAX_INLINED_NODES`), so
+//!   that validating its WGSL stays fast.
 //! - every other kind binds a fixed number of buffers ([`storage_bindings`]).
 //!
 //! A value larger than one binding cannot be split by the planner; [`check_binding_bytes`]
@@ -551,25 +553,32 @@ fn reads_without(
     reads(g, &trimmed, &[root], stop)
 }
 
-/// Split the inputs of a concat, given the buffers each reads, into runs whose kernels fit:
-/// each run's distinct buffers plus the output within `max`. A run holds at least one input.
-pub fn concat_parts(reads: &[Vec<NodeId>], max: Option<u32>) -> Vec<std::ops::Range<usize>> {
+/// Split the inputs of a concat, given the buffers each reads and the nodes each one's
+/// expression holds, into runs whose kernels fit: each run's distinct buffers plus the output
+/// within `max`, and at most [`super::fuse::MAX_INLINED_NODES`] nodes in all (one kernel for
+/// 5,000 inputs took `rumus plan` seconds to validate, 50,000 more than a minute: see
+/// there). A run holds at least one input.
+pub fn concat_parts(
+    reads: &[Vec<NodeId>],
+    nodes: &[usize],
+    max: Option<u32>,
+) -> Vec<std::ops::Range<usize>> {
     let max = max.map_or(usize::MAX, |m| m as usize);
     let mut parts = Vec::new();
     let mut start = 0;
-    let mut seen: Vec<NodeId> = Vec::new();
-    for (i, r) in reads.iter().enumerate() {
+    let mut seen: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+    let mut held = 0;
+    for (i, (r, &n)) in reads.iter().zip(nodes).enumerate() {
         let new = r.iter().filter(|x| !seen.contains(x)).count();
-        if i > start && seen.len() + new + 1 > max {
+        let full = seen.len() + new + 1 > max || held + n > super::fuse::MAX_INLINED_NODES;
+        if i > start && full {
             parts.push(start..i);
             start = i;
             seen.clear();
+            held = 0;
         }
-        for &x in r {
-            if !seen.contains(&x) {
-                seen.push(x);
-            }
-        }
+        seen.extend(r);
+        held += n;
     }
     parts.push(start..reads.len());
     parts

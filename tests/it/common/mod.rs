@@ -171,6 +171,13 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("concat three", &[(&[1, 2], Any), (&[3, 2], Any), (&[1, 2], Any)], |g, x| {
         g.concat(x, 0)
     }));
+    // More inputs than one concat kernel takes (`plan::limits::MAX_CONCAT_INPUTS`): the
+    // columns reversed, forward and in the gradient's concat of 600 slices.
+    cs.push(case("concat of 600 slices", &[(&[2, 600], Any)], |g, x| {
+        let parts: Vec<_> =
+            (0..600).rev().map(|i| g.slice(x[0], 1, i, i + 1)).collect::<Result<_>>()?;
+        g.concat(&parts, 1)
+    }));
     cs.push(case("matmul", &[(&[3, 4], Any), (&[4, 5], Any)], |g, x| g.matmul(x[0], x[1])));
     cs.push(case(
         "matmul batched broadcast",
