@@ -1390,6 +1390,22 @@ fn read_only_properties_refuse_writes_to_them_and_their_elements() {
         &format!("{data} try {{ d.x[[0, 1]] = 9 }} catch {{}} print(d.x[1]); print(zeros([2, 3]).shape[1]);"),
         "tensor f32[2] [0, 1]\n3\n",
     );
+    // A method that takes its value by reference (rhai writes the value back after it) reads
+    // through every read-only property: they were refused as writes.
+    check(
+        &format!(
+            "{data} print(zeros([2, 3]).shape.len()); print(d.y.sum()); print(d.x.numel()); \
+             print(d.classes.len()); for b in d.batches(2, 1) {{ print(b.y.numel()); }} \
+             try {{ zeros([2]).reshape([3]) }} catch (e) {{ print(e.message.len() > 0); print(e.line.to_string()); }}"
+        ),
+        "2\n1.0\n4\n0\n2\ntrue\n\n",
+    );
+    // A method that changes the value is still a write.
+    let out = run("let t = zeros([2, 3]); t.shape.push(4);");
+    assert!(
+        out.ends_with(&format!("`shape` of a Tensor {copy}: use `t.reshape(shape)`\n")),
+        "{out}"
+    );
 }
 
 /// Found by the hostile-input audit: the reference's own `div_floor(-7, 2)` was "function not

@@ -118,22 +118,15 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
         Ok(ScriptDataset { x, y, classes })
     });
     engine.register_fn("len", |d: &mut ScriptDataset| d.len() as INT);
-    engine.register_get("x", |d: &mut ScriptDataset| d.x.clone());
-    engine.register_get("y", |d: &mut ScriptDataset| d.y.clone());
-    engine.register_get("classes", |d: &mut ScriptDataset| {
-        d.classes.names.iter().map(|c| Dynamic::from(c.clone())).collect::<Array>()
-    });
     let new = "make a new dataset with `dataset(x, y)`";
-    for name in ["x", "y"] {
-        super::read_only::<ScriptDataset>(engine, "Dataset", name, new);
-        super::read_only::<ScriptBatch>(engine, "Batch", name, new);
-    }
-    super::read_only::<ScriptDataset>(
-        engine,
-        "Dataset",
-        "classes",
-        "they are the label column's names",
-    );
+    super::read_only(engine, "Dataset", "x", new, |d: &mut ScriptDataset| Ok(d.x.clone()));
+    super::read_only(engine, "Dataset", "y", new, |d: &mut ScriptDataset| Ok(d.y.clone()));
+    super::read_only(engine, "Batch", "x", new, |b: &mut ScriptBatch| Ok(b.x.clone()));
+    super::read_only(engine, "Batch", "y", new, |b: &mut ScriptBatch| Ok(b.y.clone()));
+    let names = "they are the label column's names";
+    super::read_only(engine, "Dataset", "classes", names, |d: &mut ScriptDataset| {
+        Ok(d.classes.names.iter().map(|c| Dynamic::from(c.clone())).collect::<Array>())
+    });
     engine.register_fn("to_string", |d: &mut ScriptDataset| describe(d));
     engine.register_fn("to_debug", |d: &mut ScriptDataset| describe(d));
     let c = ctx.clone();
@@ -161,8 +154,6 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
             batches(&c, d, size, seed, keep_last)
         },
     );
-    engine.register_get("x", |b: &mut ScriptBatch| b.x.clone());
-    engine.register_get("y", |b: &mut ScriptBatch| b.y.clone());
 }
 
 pub fn describe(d: &ScriptDataset) -> String {

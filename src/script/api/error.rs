@@ -12,12 +12,14 @@ pub fn register(engine: &mut Engine) {
     engine.register_type_with_name::<Carried>("Error");
     engine.register_fn("to_string", |e: &mut Carried| text(e));
     engine.register_fn("to_debug", |e: &mut Carried| text(e));
-    engine.register_get("message", |e: &mut Carried| e.0.message.clone());
-    engine.register_get("line", |e: &mut Carried| at(e, |(_, line, _)| line));
-    engine.register_get("position", |e: &mut Carried| at(e, |(_, _, col)| col));
-    for name in ["message", "line", "position"] {
-        super::read_only::<Carried>(engine, "Error", name, "`throw` a new error to change it");
-    }
+    let hint = "`throw` a new error to change it";
+    super::read_only(engine, "Error", "message", hint, |e: &mut Carried| Ok(e.0.message.clone()));
+    super::read_only(engine, "Error", "line", hint, |e: &mut Carried| {
+        Ok(at(e, |(_, line, _)| line))
+    });
+    super::read_only(engine, "Error", "position", hint, |e: &mut Carried| {
+        Ok(at(e, |(_, _, col)| col))
+    });
 }
 
 /// `file:line:col: message`, or the message when the error has no position.

@@ -25,20 +25,60 @@ pub fn register(engine: &mut rhai::Engine, ctx: &Arc<Ctx>) {
     error::register(engine);
 }
 
-/// Make property `name` of `T` refuse writes: rhai drops a write made through a getter that has
-/// no setter (`d.x[[0, 0]] = 9` changed a copy and said nothing, `t.shape[0] = 5` as well), so
-/// every read-only property gets a setter that fails with `hint`, what to do instead.
-pub fn read_only<T: Clone + Send + Sync + 'static>(
+/// Register property `name` of `T`, read by `get`, as read-only. rhai drops a write made
+/// through a getter that has no setter (`d.x[[0, 0]] = 9` changed a copy and said nothing,
+/// `t.shape[0] = 5` as well), so the property gets a setter that fails with `hint`, what to do
+/// instead. rhai also writes the value back after any method that takes it by reference
+/// (`t.shape.len()`, `d.y.sum()`), changed or not: the setter lets a value through that
+/// [`unchanged`] says is the property's own.
+pub fn read_only<T, V>(
     engine: &mut rhai::Engine,
     ty: &'static str,
     name: &'static str,
     hint: &'static str,
-) {
-    engine.register_set(name, move |_: &mut T, _: rhai::Dynamic| -> super::convert::ScriptResult<()> {
+    get: impl Fn(&mut T) -> super::convert::ScriptResult<V> + Clone + Send + Sync + 'static,
+) where
+    T: Clone + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    engine.register_get(name, get.clone());
+    engine.register_set(name, move |obj: &mut T, new: rhai::Dynamic| -> super::convert::ScriptResult<()> {
+        if unchanged(&rhai::Dynamic::from(get(obj)?), &new) {
+            return Ok(());
+        }
         Err(super::convert::script_err(format!(
             "`{name}` of a {ty} is read-only (writing it, or an element of it, would change a copy): {hint}"
         )))
     });
+}
+
+/// Whether `new` is `old` as a property's getter gave it: the same tensor (not a copy that an
+/// element write made), equal numbers (bit for bit), text, flags and arrays of them.
+fn unchanged(old: &rhai::Dynamic, new: &rhai::Dynamic) -> bool {
+    use rhai::{Array, ImmutableString, FLOAT, INT};
+    if let (Some(a), Some(b)) =
+        (old.read_lock::<tensor::ScriptTensor>(), new.read_lock::<tensor::ScriptTensor>())
+    {
+        return a.same(&b);
+    }
+    if let (Some(a), Some(b)) = (old.read_lock::<Array>(), new.read_lock::<Array>()) {
+        return a.len() == b.len() && a.iter().zip(b.iter()).all(|(x, y)| unchanged(x, y));
+    }
+    if let (Some(a), Some(b)) = (old.read_lock::<FLOAT>(), new.read_lock::<FLOAT>()) {
+        return a.to_bits() == b.to_bits();
+    }
+    if let (Some(a), Some(b)) = (old.read_lock::<INT>(), new.read_lock::<INT>()) {
+        return *a == *b;
+    }
+    if let (Some(a), Some(b)) =
+        (old.read_lock::<ImmutableString>(), new.read_lock::<ImmutableString>())
+    {
+        return *a == *b;
+    }
+    if let (Some(a), Some(b)) = (old.read_lock::<bool>(), new.read_lock::<bool>()) {
+        return *a == *b;
+    }
+    old.is_unit() && new.is_unit()
 }
 
 /// The type of a script value as scripts know it: rumus's own by the names the script engine

@@ -327,21 +327,19 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     engine.register_fn("predict", move |t: &mut ScriptTrainer, feeds: Map| {
         outputs_map(&c, predict(t, tensors_of(&feeds)?)?)
     });
-    engine.register_get("step", |t: &mut ScriptTrainer| -> ScriptResult<INT> {
-        Ok(t.lock().script()?.step() as INT)
-    });
     engine.register_get("lr", |t: &mut ScriptTrainer| -> ScriptResult<FLOAT> {
         Ok(t.lock().script()?.current_lr().script()? as FLOAT)
     });
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: FLOAT| set_lr(t, lr));
     engine.register_set("lr", |t: &mut ScriptTrainer, lr: INT| set_lr(t, lr as FLOAT));
-    engine.register_get("device", |t: &mut ScriptTrainer| -> ScriptResult<String> {
+    let steps = "it counts the optimizer's updates";
+    super::read_only(engine, "Trainer", "step", steps, |t: &mut ScriptTrainer| {
+        Ok(t.lock().script()?.step() as INT)
+    });
+    let device = "choose it with `compile`'s `device`";
+    super::read_only(engine, "Trainer", "device", device, |t: &mut ScriptTrainer| {
         Ok(t.lock().script()?.device_name())
     });
-    let (steps, device) =
-        ("it counts the optimizer's updates", "choose it with `compile`'s `device`");
-    super::read_only::<ScriptTrainer>(engine, "Trainer", "step", steps);
-    super::read_only::<ScriptTrainer>(engine, "Trainer", "device", device);
     engine.register_fn("plan", |t: &mut ScriptTrainer| -> ScriptResult<String> {
         Ok(t.lock().script()?.plan_report())
     });

@@ -53,6 +53,11 @@ impl ScriptTensor {
         ScriptTensor(Arc::new(Held { tensor, _charge: charge }))
     }
 
+    /// Whether `other` is this tensor, not a copy of it.
+    pub fn same(&self, other: &ScriptTensor) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// Charge an existing tensor (one allocated under a charge of its own that ends now, such
     /// as a model's output) to `budget`.
     pub fn adopt(budget: &Budget, tensor: Tensor) -> crate::Result<ScriptTensor> {
@@ -283,10 +288,20 @@ pub fn register(engine: &mut Engine, ctx: &Arc<Ctx>) {
     });
 
     // Inspection.
-    engine.register_get("shape", |t: &mut ScriptTensor| shape_array(t.tensor().shape()));
-    engine.register_get("dtype", |t: &mut ScriptTensor| t.tensor().dtype().name().to_string());
-    super::read_only::<ScriptTensor>(engine, "Tensor", "shape", "use `t.reshape(shape)`");
-    super::read_only::<ScriptTensor>(engine, "Tensor", "dtype", "use `t.to_f32()` or `t.to_i32()`");
+    super::read_only(
+        engine,
+        "Tensor",
+        "shape",
+        "use `t.reshape(shape)`",
+        |t: &mut ScriptTensor| Ok(shape_array(t.tensor().shape())),
+    );
+    super::read_only(
+        engine,
+        "Tensor",
+        "dtype",
+        "use `t.to_f32()` or `t.to_i32()`",
+        |t: &mut ScriptTensor| Ok(t.tensor().dtype().name().to_string()),
+    );
     engine.register_fn("numel", |t: &mut ScriptTensor| t.tensor().numel() as INT);
     engine.register_fn("rank", |t: &mut ScriptTensor| t.tensor().shape().len() as INT);
     // A tensor of rank 0 has no first dimension: its `len` was 1, where NumPy and PyTorch
