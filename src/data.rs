@@ -543,7 +543,22 @@ fn read_record(reader: &mut impl BufRead, raw: &mut Vec<u8>, charge: &mut Charge
 /// ended by `\r` alone as old Mac files end them, read as one row; a `"` inside a field that is
 /// not quoted, which [`read_record`] takes for an open quote and so joins the next line to,
 /// dropped that line).
+///
+/// A record without quotes or carriage returns is split at its commas here, as the crate would
+/// split it: the crate's reader cost some 25 µs to build, a second for each 40,000 lines.
 fn split_fields(record: &str) -> std::result::Result<csv::StringRecord, String> {
+    if !record.bytes().any(|b| b == b'"' || b == b'\r' || b == b'\n') {
+        let mut fields = csv::StringRecord::with_capacity(record.len(), 1);
+        for f in record.split(',') {
+            fields.push_field(f);
+        }
+        return Ok(fields);
+    }
+    split_quoted(record)
+}
+
+/// [`split_fields`] by the `csv` crate.
+fn split_quoted(record: &str) -> std::result::Result<csv::StringRecord, String> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
@@ -729,4 +744,20 @@ fn collect_text_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split_fields, split_quoted};
+
+    /// Lines without quotes are split at their commas as the `csv` crate splits them: empty
+    /// fields, a trailing comma, one field, white space kept for the caller to trim.
+    #[test]
+    fn commas_split_as_the_csv_crate_splits() {
+        for line in ["1,2,3", "a", ",", "1,,2,", " x , y ", ",a,,", "1e5,-2.5,nan,inf", "é,ü"] {
+            let ours: Vec<String> = split_fields(line).unwrap().iter().map(String::from).collect();
+            let crate_: Vec<String> = split_quoted(line).unwrap().iter().map(String::from).collect();
+            assert_eq!(ours, crate_, "{line:?}");
+        }
+    }
 }
