@@ -17,6 +17,8 @@
 //! - `v` is cheap ([`is_cheap`]): an elementwise op (a fused chain of them costs one pass),
 //!   a view, or `layer_norm` (its stats are an input, so one pass over a row);
 //! - the host does not read it: an output, the loss or an update's new value is kept anyway;
+//! - no backward `equal` compares it (a max's input against the max): a copy must compare
+//!   equal where the forward value did, and recomputed bits need not be the same bits;
 //! - recomputing it reads only sources, kept values that the backward still reads at or after
 //!   `v`'s first backward use, and cheap forward values recomputed the same way (at most
 //!   [`MAX_CHAIN`] nodes).
@@ -29,7 +31,7 @@
 //! within the backward pass, and each forward node is recomputed at most once (its copy
 //! serves every later backward use).
 
-use super::ir::{Graph, Node, NodeId, Op, OpClass};
+use super::ir::{BinaryOp, Graph, Node, NodeId, Op, OpClass};
 use std::collections::HashSet;
 
 /// The most forward nodes one recomputation reads through (cheap nodes recomputed with it and
@@ -85,6 +87,18 @@ pub fn rematerialize(
             last[x.index()] = i;
         }
     }
+    // Forward values a backward `equal` compares (a max's input against the max, ties of
+    // `maximum`): recomputed, their bits may differ from those the forward pass compared (a
+    // GPU's compiler rounds a fused chain and a split one differently), and a max's input then
+    // equals the max nowhere in a row: its gradient was 0/0, NaN on every parameter.
+    let mut compared = vec![false; bs];
+    for node in g.nodes.iter().skip(bs).zip(&needed[bs..]).filter(|(_, &n)| n).map(|(n, _)| n) {
+        if matches!(node.op, Op::Binary(BinaryOp::Equal)) {
+            for x in node.inputs.iter().filter(|x| x.index() < bs) {
+                compared[x.index()] = true;
+            }
+        }
+    }
     // The FLOPs left for recomputed products: the earliest layers' are the longest kept.
     let mut budget = match matmuls {
         Matmuls::None => 0,
@@ -103,7 +117,7 @@ pub fn rematerialize(
     let mut remat = vec![false; bs];
     for v in 0..bs {
         let node = &g.nodes[v];
-        if first[v] != usize::MAX && !root[v] && is_cheap(&node.op) {
+        if first[v] != usize::MAX && !root[v] && !compared[v] && is_cheap(&node.op) {
             let (id, at) = (NodeId(v as u32), first[v]);
             let Some(products) = recomputable(g, id, at, &first, &last, &root, &remat, budget > 0)
             else {

@@ -242,3 +242,61 @@ fn the_default_recomputes_the_earliest_products_within_its_share() {
     assert_eq!(products(&on, 3 * 768), products(&off, 3 * 768) + 3, "qkv");
     assert_eq!(products(&on, 4 * 768), products(&off, 4 * 768) + 2, "fc");
 }
+
+/// Found by differential testing: the gradient of `max` compares its input with the max
+/// (`equal`), and rematerialization recomputed that input in the backward pass. On a GPU the
+/// recomputed chain (split into kernels of its own) rounded otherwise than the chain the max
+/// kernel inlined, so in some rows no element equalled the max: 0/0, and every parameter was
+/// NaN after one step (8 of 20 inputs on lavapipe). A value a backward `equal` compares is
+/// kept now: the GPU trains as the CPU does on all 20, and the plan keeps it.
+#[test]
+fn a_max_gradient_compares_the_values_the_max_was_taken_of() {
+    let (devices, _turn) = crate::common::gpu::devices_or_skip(
+        "a_max_gradient_compares_the_values_the_max_was_taken_of",
+    );
+    let mut code = String::from(
+        "model m(x: f32[B, 9]) {
+    param w[9] = ones
+    return max(pow(softplus(x * w) + 0.1, 3.0), [1])
+}
+",
+    );
+    for dev in &devices {
+        code += &format!(
+            "for seed in 100..120 {{
+    let net = m().compile(#{{ batch: 1, loss: \"mse\", optimizer: sgd(#{{ lr: 0.1 }}), device: \"{dev}\" }});
+    let x = randn([1, 9], seed) * 0.01;
+    net.train_step(x, zeros([1]));
+    print(`${{net.train_step(x, zeros([1]))}} ${{net.param(\"w\").sum()}}`);
+}}
+"
+        );
+    }
+    let out = crate::common::script::printed(Default::default(), &code);
+    let rows: Vec<Vec<f64>> = (out.lines())
+        .map(|l| l.split(' ').map(|v| v.parse().unwrap_or(f64::NAN)).collect())
+        .collect();
+    assert_eq!(rows.len(), 20 * devices.len(), "{out}");
+    for (i, (cpu, dev)) in rows[..20].iter().zip(&rows[rows.len() - 20..]).enumerate() {
+        for (a, b) in cpu.iter().zip(dev) {
+            assert!((a - b).abs() <= 1e-4 * a.abs(), "seed {}: cpu {cpu:?} gpu {dev:?}", 100 + i);
+        }
+    }
+    // The graph: the max's input is kept, not recomputed (the product before it still is).
+    let mut g = rumus::graph::Graph::new();
+    let x = g.input("x", &[1, 9], rumus::DType::F32).unwrap();
+    let w = g.parameter("w", &[9], rumus::graph::Init::Ones).unwrap();
+    let xw = g.mul(x, w).unwrap();
+    let s = g.unary(rumus::graph::UnaryOp::Softplus, xw).unwrap();
+    let (tenth, three) = (g.constant(0.1), g.constant(3.0));
+    let s = g.add(s, tenth).unwrap();
+    let p = g.pow(s, three).unwrap();
+    let m = g.max(p, &[1], false).unwrap();
+    let loss = g.sum(m, &[0], false).unwrap();
+    let t =
+        training_graph_with(g, loss, &OptimConfig::new(Optimizer::sgd()), TrainOptions::default())
+            .unwrap();
+    let recomputed: Vec<_> = t.graph.recomputed.iter().map(|&(v, _)| v).collect();
+    assert!(!recomputed.contains(&p), "{recomputed:?} holds the max's input {p:?}");
+    assert!(recomputed.contains(&xw), "{recomputed:?}");
+}
