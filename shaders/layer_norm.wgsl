@@ -39,12 +39,17 @@ const CPT: u32 = {{CPT}}u;
 var<workgroup> red: array<vec3<f32>, WG>;
 var<workgroup> red_groups: array<vec3<f32>, NG>;
 
-// The (count, mean, M2) of two sets of values merged (Chan, Golub and LeVeque).
+// The (count, mean, M2) of two sets of values merged (Chan, Golub and LeVeque). An empty set
+// leaves the other as it is: merged by the formula, a mean of 1e19 squared to infinity and
+// times its zero weight gave NaN (a row narrower than the workgroup has empty threads).
 fn merge(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
-    let n = a.x + b.x;
-    if n == 0.0 {
+    if b.x == 0.0 {
         return a;
     }
+    if a.x == 0.0 {
+        return b;
+    }
+    let n = a.x + b.x;
     let delta = b.y - a.y;
     let f = b.x / n;
     return vec3<f32>(n, a.y + delta * f, a.z + b.z + delta * delta * a.x * f);

@@ -435,11 +435,12 @@ fn generate(k: &CoopKernel, access: [Access; 2], sums: bool, prologues: &[Prolog
 }
 
 /// `fn merge3`: the (count, mean, M2) of two sets of values merged (Chan, Golub and LeVeque), as
-/// `shaders/layer_norm.wgsl` merges them.
+/// `shaders/layer_norm.wgsl` merges them (an empty set leaves the other as it is).
 fn merge_fn(w: &mut Wgsl) {
     w.open("fn merge3(a: vec3<f32>, b: vec3<f32>) -> vec3<f32>");
+    w.block("if (b.x == 0.0)", &["return a;"]);
+    w.block("if (a.x == 0.0)", &["return b;"]);
     w.line("let n = a.x + b.x;");
-    w.block("if (n == 0.0)", &["return a;"]);
     w.line("let delta = b.y - a.y;");
     w.line("let f = b.x / n;");
     w.line("return vec3<f32>(n, a.y + delta * f, a.z + b.z + delta * delta * a.x * f);");
