@@ -63,7 +63,7 @@ pub enum Labels {
 }
 
 /// How [`read_csv`] reads a file.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct CsvOptions {
     /// The label field, counted from 0; `None`: every field is a feature and `y` is f32 `[n, 0]`.
     pub label_col: Option<usize>,
@@ -73,10 +73,14 @@ pub struct CsvOptions {
     pub header: Header,
     /// Most bytes of (decompressed) text read before giving up, a guard against gzip bombs.
     pub max_bytes: u64,
+    /// A flag that stops the read when set (a script's Ctrl-C), with an `Interrupted` error;
+    /// looked at every 4096 lines.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for CsvOptions {
-    /// No label column, class labels when one is set, scale 1, header auto-detected, 1 GiB cap.
+    /// No label column, class labels when one is set, scale 1, header auto-detected, 1 GiB cap,
+    /// no stop flag.
     fn default() -> CsvOptions {
         CsvOptions {
             label_col: None,
@@ -84,6 +88,7 @@ impl Default for CsvOptions {
             scale: 1.0,
             header: Header::Auto,
             max_bytes: 1 << 30,
+            stop: None,
         }
     }
 }
@@ -381,12 +386,18 @@ fn parse_csv(
     let mut total = 0u64;
     let mut raw = Vec::new();
     let mut lines_read = 0usize;
+    let mut records = 0usize;
     loop {
         let line_no = lines_read + 1;
         let n = read_record(&mut reader, &mut raw, charge)
             .map_err(|e| Error::new(e.kind, format!("{name}:{line_no}: {}", e.message)))?;
         if n == 0 {
             break;
+        }
+        records += 1;
+        let stop = || opts.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
+        if records.is_multiple_of(4096) && stop() {
+            return Err(err!(Interrupted, "interrupted while reading {name} (at line {line_no})"));
         }
         lines_read += raw.iter().filter(|&&b| b == b'\n').count().max(1);
         let offset = total;

@@ -178,6 +178,19 @@ impl Ctx {
         self.interrupt.trigger();
     }
 
+    /// For a native call that loops (evaluate's batches): an `Interrupted` error once Ctrl-C
+    /// (or a host's [`Interrupt::trigger`]) asked the script to stop, as the script itself
+    /// stops at its next operation.
+    pub fn check_interrupt(&self) -> convert::ScriptResult<()> {
+        match self.interrupt.is_set() {
+            true => Err(Box::new(rhai::EvalAltResult::ErrorTerminated(
+                engine::INTERRUPTED.into(),
+                rhai::Position::NONE,
+            ))),
+            false => Ok(()),
+        }
+    }
+
     /// Report an event to the event sink, if any.
     pub fn emit(&self, e: Event) {
         if let Ok(mut sink) = self.events.try_lock() {
@@ -291,7 +304,10 @@ impl Host {
     }
 
     /// An output error, when one stopped the script, in place of the evaluation's own result.
+    /// Clears the interrupt flag: a Ctrl-C that stopped this evaluation is spent (a second
+    /// press exits only while the flag is set, and its notice waits for it).
     fn finish(&self, result: Result<Dynamic>) -> Result<Dynamic> {
+        self.interrupt.reset();
         match lock(&self.ctx.output_error).take() {
             Some(e) => Err(e),
             None => result,

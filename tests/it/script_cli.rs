@@ -988,6 +988,50 @@ fn ctrl_c_stops_a_run_with_130() {
     assert!(err.lines().next().unwrap().ends_with(": interrupted"), "{err}");
 }
 
+/// Found by a hostile-input audit: a Ctrl-C during `evaluate` over many batches was answered
+/// only when the whole evaluation returned (17 s later for a million rows), without a word.
+/// `evaluate` looks at the flag between batches: the run stops there, at the call, without the
+/// notice that a call has not stopped within a second.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_an_evaluation_between_batches() {
+    use std::io::BufRead;
+    let f = script(
+        "evaluate.rms",
+        "model m(x: f32[B, 4]) { return linear(x, 3) as fc }
+let net = m().compile(#{ batch: 1, device: \"cpu\" });
+let x = zeros([400000, 4]);
+let y = zeros([400000]).to_i32();
+print(\"started\");
+let r = net.evaluate(x, y);
+print(\"evaluated\");
+",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["run", &f])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "started\n");
+    // Into the evaluation (400,000 batches: seconds, had it not stopped).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: kill sends a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_eq!(rest, "", "{err}");
+    assert!(err.starts_with(&format!("{f}:6:13: interrupted\n")), "{err}");
+    assert!(!err.contains("stopping when the running call returns"), "{err}");
+}
+
 #[test]
 fn output_write_errors_are_errors() {
     let full = || Stdio::from(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());

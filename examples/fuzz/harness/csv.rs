@@ -137,6 +137,7 @@ impl Fuzz for Csv {
                 header: Header::Present,
                 scale: 3.0e38,
                 max_bytes: MAX_BYTES,
+                ..CsvOptions::default()
             },
             CsvOptions {
                 label_col: Some(4),

@@ -219,7 +219,11 @@ fn batches(
 fn csv(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
     let o = Opts::new(m, "csv", &["label_col", "labels", "scale", "header"])?;
     let p = ctx.sandbox.check_read(path).script()?;
-    let mut opts = CsvOptions { max_bytes: ctx.sandbox.memory_budget, ..CsvOptions::default() };
+    let mut opts = CsvOptions {
+        max_bytes: ctx.sandbox.memory_budget,
+        stop: Some(ctx.interrupt.flag()),
+        ..CsvOptions::default()
+    };
     opts.label_col = o.usize("label_col", 0)?;
     if let Some(scale) = o.f32("scale")? {
         opts.scale = scale;

@@ -78,6 +78,7 @@ fn evaluate(ctx: &Ctx, t: &ScriptTrainer, x: &Tensor, y: &Tensor, opts: &Map) ->
     let n = examples("evaluate", x, y)?;
     let mut tally = Tally::default();
     for start in (0..n).step_by(batch) {
+        ctx.check_interrupt()?;
         let rows: Vec<usize> = (start..n.min(start + batch)).collect();
         // A batch other than the whole set is a copy of its rows, charged while it is held.
         let copies = if rows.len() == n {
