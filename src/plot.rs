@@ -9,7 +9,8 @@
 //! one and loops forever on a log axis reaching subnormal numbers), so a point is drawn only
 //! when its step and value lie within f32's range (a NaN or infinite loss has no place on the
 //! axis either), and a log axis only between f32's smallest normal number and its largest.
-//! A plot has at most [`MAX_SERIES`] panels.
+//! A plot has at most [`MAX_SERIES`] panels; [`Curves::notes`] says what was left out (series
+//! beyond them, points that have no place on an axis).
 //!
 //! The points come from a metrics log (`rumus run --metrics`, JSON lines: `{"step", "loss"}`
 //! for a training step, `{"step", "metric", "value"}` for `log_metric`) or from the run itself
@@ -26,6 +27,8 @@ pub struct Curves {
     series: Vec<(String, Vec<(f64, f64)>)>,
     /// The first series beyond [`MAX_SERIES`] (its points are not kept).
     beyond: Option<String>,
+    /// Points left out: NaN, infinite or beyond f32's range.
+    left_out: u64,
 }
 
 /// Most series (panels) one plot draws.
@@ -42,6 +45,7 @@ impl Curves {
     /// left out (see the module documentation).
     pub fn push(&mut self, name: &str, step: f64, value: f64) {
         if !(step.abs() <= MAX_MAGNITUDE && value.abs() <= MAX_MAGNITUDE) {
+            self.left_out += 1;
             return;
         }
         if let Some((_, points)) = self.series.iter_mut().find(|(n, _)| n == name) {
@@ -53,6 +57,24 @@ impl Curves {
         } else {
             self.series.push((name.into(), vec![(step, value)]));
         }
+    }
+
+    /// What the plot leaves out, one sentence each: series beyond [`MAX_SERIES`], points that
+    /// are NaN, infinite or beyond f32's range. For a warning beside the plot.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(name) = &self.beyond {
+            notes.push(format!(
+                "series from `{name}` on are not drawn: a plot has at most {MAX_SERIES} panels, one per series; log fewer metric names"
+            ));
+        }
+        if self.left_out > 0 {
+            notes.push(format!(
+                "{} points are not drawn: NaN, infinite or beyond f32's range",
+                self.left_out
+            ));
+        }
+        notes
     }
 
     /// The series' names, in drawing order.
@@ -84,14 +106,15 @@ impl Curves {
 
     /// The curves as an SVG document: one panel per series, against the step.
     pub fn svg(&self) -> Result<String> {
-        if self.series.is_empty() {
-            return Err(err!(InvalidArgument, "nothing to plot: no steps and no metrics"));
-        }
-        if let Some(name) = &self.beyond {
+        if self.series.is_empty() && self.left_out > 0 {
             return Err(err!(
                 InvalidArgument,
-                "more than {MAX_SERIES} series to plot (the first beyond is `{name}`): a plot has one panel per series; log fewer metric names"
+                "nothing to plot: the {} points logged are all NaN, infinite or beyond f32's range",
+                self.left_out
             ));
+        }
+        if self.series.is_empty() {
+            return Err(err!(InvalidArgument, "nothing to plot: no steps and no metrics"));
         }
         let mut svg = String::new();
         let height = 280 * self.series.len() as u32;
@@ -115,21 +138,32 @@ impl Curves {
                     .margin(12)
                     .x_label_area_size(36)
                     .y_label_area_size(64);
-                let whole = |x: &f64| format!("{x:.0}");
+                // Steps are whole numbers: a tick between two has no label (a run of two steps
+                // read `1 1 1 1 1 2 2 2 2 2`).
+                let whole = |x: &f64| match (x - x.round()).abs() < 1e-9 {
+                    true => format!("{x:.0}"),
+                    false => String::new(),
+                };
                 let line = LineSeries::new(points.iter().copied(), BLUE.stroke_width(2));
+                // A lone point makes no line: it is drawn as a dot.
+                let dot = (points.len() == 1).then(|| Circle::new(points[0], 4, BLUE.filled()));
                 // The two axes are different types, so the same drawing is written for each.
                 if let Some((y0, y1)) = log {
                     let y = (y0..y1).log_scale();
                     let mut chart = builder.build_cartesian_2d(x0..x1, y).map_err(draw_err)?;
                     let mut mesh = chart.configure_mesh();
-                    mesh.x_desc("step").x_label_formatter(&whole).draw().map_err(draw_err)?;
+                    mesh.x_desc("step").x_label_formatter(&whole).y_label_formatter(&|y| tick(*y));
+                    mesh.draw().map_err(draw_err)?;
                     chart.draw_series(line).map_err(draw_err)?;
+                    chart.draw_series(dot).map_err(draw_err)?;
                 } else {
                     let (y0, y1) = padded(points.iter().map(|p| p.1), 0.05);
                     let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1).map_err(draw_err)?;
                     let mut mesh = chart.configure_mesh();
-                    mesh.x_desc("step").x_label_formatter(&whole).draw().map_err(draw_err)?;
+                    mesh.x_desc("step").x_label_formatter(&whole).y_label_formatter(&|y| tick(*y));
+                    mesh.draw().map_err(draw_err)?;
                     chart.draw_series(line).map_err(draw_err)?;
+                    chart.draw_series(dot).map_err(draw_err)?;
                 }
             }
             root.present().map_err(draw_err)?;
@@ -143,8 +177,9 @@ impl Curves {
     }
 }
 
-/// `rumus plot LOG -o OUT`: read a metrics log and write its curves as SVG.
-pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
+/// `rumus plot LOG -o OUT`: read a metrics log and write its curves as SVG; returns
+/// [`Curves::notes`], what the plot leaves out.
+pub fn plot_log(log: &Path, out: &Path) -> Result<Vec<String>> {
     let name = log.display().to_string();
     crate::files::check_output("--output", out, "the log", log, crate::files::Output::File)?;
     // Room for the buffer's doubling past the limit, so that the limit's own message is given.
@@ -167,7 +202,9 @@ pub fn plot_log(log: &Path, out: &Path) -> Result<()> {
         return Err(too_long());
     }
     let text = crate::files::utf8_text(&name, bytes)?;
-    Curves::from_log(&name, &text)?.write_svg(out)
+    let curves = Curves::from_log(&name, &text)?;
+    curves.write_svg(out)?;
+    Ok(curves.notes())
 }
 
 /// The y range of a panel drawn on a log scale: values all positive and spanning at least two
@@ -180,14 +217,31 @@ fn log_range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     (lo >= f64::from(f32::MIN_POSITIVE) && hi >= 100.0 * lo).then(|| (lo / pad, hi * pad))
 }
 
-/// The range of `values`, widened by `pad` of its span on each side (and to a span of 1 when
-/// every value is the same).
+/// The range of `values`, widened by `pad` of its span on each side; when every value is the
+/// same, by a twentieth of its magnitude, at least 0.5 (a constant 1e20 widened by 0.5 was a
+/// span of zero in f64, an axis without ticks).
 fn padded(values: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
     if hi > lo {
         (lo - pad * (hi - lo), hi + pad * (hi - lo))
     } else {
-        (lo - 0.5, lo + 0.5)
+        let w = (lo.abs() / 20.0).max(0.5);
+        (lo - w, lo + w)
+    }
+}
+
+/// A value axis's tick label: four significant digits at most, in exponent form beyond 1e5 or
+/// below 1e-3 (a tick of 95000000000000000000.0 overran its label area).
+fn tick(v: f64) -> String {
+    let a = v.abs();
+    if a != 0.0 && !(1e-3..1e5).contains(&a) {
+        return format!("{v:.3e}");
+    }
+    let s = format!("{v:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    match s {
+        "-0" => "0".to_string(),
+        s => s.to_string(),
     }
 }
 

@@ -72,7 +72,10 @@ pub fn cli(args: Vec<String>) -> Result<i32> {
         Command::Graph(a) => {
             print_text(&graph::cli_graph(&a.file, a.model.as_deref(), &a.set.sets, a.params)?)
         }
-        Command::Plot(a) => crate::plot::plot_log(&a.log, &a.output).map(|()| 0),
+        Command::Plot(a) => crate::plot::plot_log(&a.log, &a.output).map(|notes| {
+            notes.iter().for_each(|n| eprintln!("note: {n}"));
+            0
+        }),
         Command::Plan(a) => {
             let spec = model_spec(a.file, a.model);
             let on = bench::plan_target(a.precision.matmul_precision, a.device)?;

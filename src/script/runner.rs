@@ -90,9 +90,17 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         return Ok(0); // the reader went away: not a failure
     }
     if let (Some(path), Some(curves)) = (&opts.plot, &progress.curves) {
-        // A failed run still draws what it logged; its own error is what it reports.
+        // A failed run still draws what it logged; its own error is what it reports. A run
+        // that succeeded keeps its exit code when there is nothing to draw (no steps, or
+        // every loss NaN): the plot's absence is a note, as what it leaves out is.
         if result.is_ok() || !curves.names().is_empty() {
-            curves.write_svg(path)?;
+            match curves.write_svg(path) {
+                Err(e) if e.kind == crate::ErrorKind::InvalidArgument => {
+                    stderr(&format!("note: {} is not written: {}\n", path.display(), e.message));
+                }
+                r => r?,
+            }
+            curves.notes().iter().for_each(|n| stderr(&format!("note: {n}\n")));
         }
     }
     result.map(drop)?;

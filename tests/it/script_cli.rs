@@ -217,14 +217,55 @@ fn plot_axes_stay_drawable_whatever_the_numbers() {
     assert!(svg.contains("&lt;a&gt;\\0\\u{202e}"), "{svg}");
     assert!(!svg.contains(['\0', '\u{202e}']), "{svg}");
     roxmltree::Document::parse(&svg).unwrap();
+    // The first 64 series are drawn and the rest named in a note (a run that logged a 65th
+    // metric name ended in an error after its work, its plot lost).
     let mut c = rumus::plot::Curves::default();
     for i in 0..1000 {
         c.push(&format!("m{i}"), 1.0, 1.0);
     }
+    let svg = c.svg().unwrap();
+    assert!(svg.contains(">\nm63\n</text>") && !svg.contains(">\nm64\n</text>"));
+    assert_eq!(
+        c.notes(),
+        ["series from `m64` on are not drawn: a plot has at most 64 panels, one per series; \
+          log fewer metric names"]
+    );
+}
+
+/// Found by the hostile-input audit: a log of NaN losses was "no steps and no metrics"; a lone
+/// point drew nothing (a line needs two); a constant 1e20 got an axis of zero span, without
+/// ticks; two steps read `1 1 1 1 1 2 2 2 2 2` along the x axis.
+#[test]
+fn plot_says_what_it_leaves_out_and_draws_lone_and_constant_points() {
+    let mut c = rumus::plot::Curves::default();
+    c.push("loss", 1.0, f64::NAN);
+    c.push("loss", 2.0, f64::INFINITY);
     assert_eq!(
         c.svg().unwrap_err().message,
-        "more than 64 series to plot (the first beyond is `m64`): a plot has one panel per \
-         series; log fewer metric names"
+        "nothing to plot: the 2 points logged are all NaN, infinite or beyond f32's range"
+    );
+    c.push("accuracy", 1.0, 0.5);
+    assert!(c.svg().unwrap().contains("<circle"), "a lone point is a dot");
+    assert_eq!(c.notes(), ["2 points are not drawn: NaN, infinite or beyond f32's range"]);
+    let mut c = rumus::plot::Curves::default();
+    c.push("loss", 1.0, 1e20);
+    c.push("loss", 2.0, 1e20);
+    let svg = c.svg().unwrap();
+    let labels: Vec<&str> =
+        svg.split("</text>").filter_map(|t| t.rsplit('>').next()).map(str::trim).collect();
+    assert!(labels.contains(&"1.000e20") && labels.contains(&"9.900e19"), "{labels:?}");
+    let steps: Vec<&&str> = labels.iter().filter(|l| ["1", "2"].contains(l)).collect();
+    assert_eq!(steps, [&"1", &"2"], "{labels:?}");
+    // A run that succeeded with nothing to draw keeps its exit code; the plot's absence is a note.
+    let f = script("no_steps.rms", "print(\"done\");\n");
+    let svg = "target/script_cli/no_steps.svg";
+    assert_eq!(
+        rumus(&["run", &f, "--plot", svg]),
+        (
+            0,
+            "done\n".into(),
+            format!("note: {svg} is not written: nothing to plot: no steps and no metrics\n")
+        )
     );
 }
 
