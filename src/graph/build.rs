@@ -424,9 +424,20 @@ impl Graph {
     }
 
     /// Zero each element with probability `p` and scale the rest by 1/(1-p) while training
-    /// (identity otherwise); the mask is a hash of `seed`, the step and the element's index.
+    /// (identity otherwise); the mask is a hash of the dropout's seed, the step and the
+    /// element's index. Each dropout built draws its own mask, as each call of PyTorch's
+    /// does: the first built with `seed` has that seed, the k-th one `seed` mixed with k (a
+    /// dropout inside `repeat`, or in a block called twice, dropped the same elements in every
+    /// layer). A graph built the same way has the same seeds.
     pub fn dropout(&mut self, x: NodeId, p: f32, seed: u64) -> Result<NodeId> {
-        self.add_node(Op::Dropout { p, seed }, &[x], &[])
+        let k = self.dropouts.entry(seed).or_insert(0);
+        let stream = match *k {
+            0 => seed,
+            k => crate::rng::splitmix64(seed ^ crate::rng::splitmix64(k)),
+        };
+        let id = self.add_node(Op::Dropout { p, seed: stream }, &[x], &[])?;
+        *self.dropouts.entry(seed).or_insert(0) += 1;
+        Ok(id)
     }
 }
 

@@ -311,6 +311,9 @@ pub struct Graph {
     /// finding a value by name do not scan the arena: a model with thousands of parameters
     /// lowers in linear time.
     names: BTreeMap<String, NodeId>,
+    /// Dropouts built so far per seed given ([`Graph::dropout`]), so that each draws its own
+    /// mask.
+    pub(crate) dropouts: BTreeMap<u64, u64>,
 }
 
 impl Graph {

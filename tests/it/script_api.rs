@@ -1443,3 +1443,45 @@ fn tensor_reads_back_to_array_of_every_rank() {
     );
     check("let a = 0; for i in 0..32 { a = [a]; } print(tensor(a).rank());", "32\n");
 }
+
+/// Found by metamorphic testing: a dropout's mask hashed only its seed, the step and the
+/// element, so `dropout(h, 0.5, 3)` inside `repeat` dropped the same elements in every layer,
+/// as did a block with a dropout called twice. Each dropout draws its own mask now (the first
+/// with a seed keeps it): the squared difference of two layers' masks of 1000 ones scaled by 2
+/// is about 1000 · 1/2 · 4 = 2000, where it was 0; one dropout alone is as it was.
+#[test]
+fn each_dropout_draws_its_own_mask() {
+    let code = "model rep(x: f32[B, 1000]) {
+    a = x * 0.0
+    b = x * 0.0
+    repeat 2 as layers {
+        b = a
+        a = dropout(x, 0.5, 3)
+    }
+    d = a - b
+    return sum(d * d, [0, 1])
+}
+block drop(x) { return dropout(x, 0.5, 3) }
+model twice(x: f32[B, 1000]) {
+    d = drop(x) - drop(x)
+    return sum(d * d, [0, 1])
+}
+model once(x: f32[B, 1000]) { return sum(dropout(x, 0.5, 3), [0, 1]) }
+for m in [rep(), twice()] {
+    let n = m.compile(#{ batch: 1, loss: \"output\", optimizer: sgd(#{ lr: 0.0 }), device: \"cpu\" });
+    print(n.train_step(#{ x: ones([1, 1000]) }));
+}
+let n = once().compile(#{ batch: 1, loss: \"output\", optimizer: sgd(#{ lr: 0.0 }), device: \"cpu\" });
+print(n.train_step(#{ x: ones([1, 1000]) }));
+";
+    let out = run(code);
+    let v: Vec<f64> = out.lines().map(|l| l.parse().unwrap_or(f64::NAN)).collect();
+    assert_eq!(v.len(), 3, "{out}");
+    for d in &v[..2] {
+        assert!((1700.0..2300.0).contains(d), "{out}");
+    }
+    // The mask of seed 3 at the first step, 0 (rumus::cpu::dropout_keep), as before: kept
+    // elements times 2.
+    let kept = (0..1000).filter(|&i| rumus::cpu::dropout_keep(3, 0, i, 0.5)).count();
+    assert_eq!(v[2], 2.0 * kept as f64, "{out}");
+}
