@@ -513,6 +513,17 @@ impl Trainer {
         self.step = exact;
     }
 
+    /// The base learning rate: the compiled one, or the last set by [`Trainer::set_lr`] or a
+    /// checkpoint (a schedule scales it).
+    pub fn base_lr(&self) -> f32 {
+        self.cfg.lr
+    }
+
+    /// The base learning rate of a checkpoint whose step count was loaded ([`saved_lr`]).
+    pub fn set_loaded_lr(&mut self, lr: f32) {
+        self.cfg.lr = lr;
+    }
+
     /// Micro-batches per update (1 without gradient accumulation).
     pub fn accumulate(&self) -> usize {
         self.train.optim.accumulation.as_ref().map_or(1, |a| a.micro_batches)
@@ -959,6 +970,15 @@ pub fn exact_step(tensor: f32, metadata: &str) -> Result<Option<u64>> {
                 "the metadata's step `{metadata}` is not a whole number of steps from 0 to 2^53"
             )
         })?;
+    if t > EXACT {
+        // No run counts there (the f32 counter stops at 2^24); loaded, it would stay at the
+        // value while the count went on, and the next save would not load.
+        return Err(err!(
+            Checkpoint,
+            "`{STEP_STATE}` holds {t}, more than 2^24, where an f32 step counter stops: a count \
+             beyond it is the metadata's `step`, with `{STEP_STATE}` at 2^24 (16777216)"
+        ));
+    }
     if exact == t || (t == EXACT && exact > EXACT) {
         return Ok(Some(exact));
     }
@@ -966,6 +986,18 @@ pub fn exact_step(tensor: f32, metadata: &str) -> Result<Option<u64>> {
         Checkpoint,
         "the metadata's step {exact} does not match `{STEP_STATE}`, which holds {t}"
     ))
+}
+
+/// The base learning rate a checkpoint's metadata (`lr`, written by `save`) holds: a finite
+/// number >= 0, as `net.lr` takes.
+pub fn saved_lr(text: &str) -> Result<f32> {
+    match text.parse::<f32>() {
+        Ok(lr) if lr.is_finite() && lr >= 0.0 => Ok(lr),
+        _ => Err(err!(
+            Checkpoint,
+            "the metadata's learning rate `{text}` is not a finite number >= 0"
+        )),
+    }
 }
 
 fn steps(v: f32) -> Option<u64> {

@@ -77,6 +77,38 @@ fn resumed_run_matches_an_unbroken_run() {
     assert_eq!([first, rest].concat(), unbroken);
 }
 
+/// Found by metamorphic testing: a checkpoint held no learning rate, so one saved after
+/// `net.lr = 0.01` resumed at the compiled 0.1 and trained on otherwise than the saved run. It
+/// holds the base rate now, loaded with the step count (not from a file of weights alone).
+#[test]
+fn a_resumed_run_goes_on_at_the_rate_the_script_set() {
+    let mut e = Engine::new();
+    let path = dir().join("lr.safetensors");
+    let p = path.to_string_lossy();
+    let out = e
+        .eval(&format!(
+            "model lin(x: f32[B, 4]) {{ param w[4] = ones; return sum(x * w, [0, 1]) }}
+let x = ones([2, 4]);
+let make = || lin().compile(#{{ batch: 2, loss: \"output\", optimizer: sgd(#{{ lr: 0.1 }}) }});
+let a = make.call();
+a.train_step(#{{ x: x }});
+a.lr = 0.01;
+a.train_step(#{{ x: x }});
+a.save(\"{p}\");
+a.train_step(#{{ x: x }});
+let b = make.call();
+b.load(\"{p}\");
+let lr = b.lr;
+b.train_step(#{{ x: x }});
+[lr, a.param(\"w\") == b.param(\"w\")]"
+        ))
+        .unwrap()
+        .into_array()
+        .unwrap();
+    assert_eq!(out[0].as_float().unwrap(), f64::from(0.01f32));
+    assert!(out[1].as_bool().unwrap(), "the resumed run trained otherwise");
+}
+
 #[test]
 fn save_outside_the_working_directory_is_refused() {
     let mut e = Engine::new();
@@ -365,6 +397,14 @@ fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
     for (tensor, meta, expected) in [
         (5.0, "16777219", "the metadata's step 16777219 does not match `optim.step`, which holds 5"),
         (5.0, "+5", "the metadata's step `+5` is not a whole number of steps from 0 to 2^53"),
+        // Found by metamorphic testing: a count above 2^24 in the tensor (no run makes one)
+        // loaded, stayed there while the step went on, and the next save did not load.
+        (
+            1e8,
+            "100000000",
+            "`optim.step` holds 100000000, more than 2^24, where an f32 step counter stops: a \
+             count beyond it is the metadata's `step`, with `optim.step` at 2^24 (16777216)",
+        ),
         (
             16_777_216.0,
             "18446744073709551615",

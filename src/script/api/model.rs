@@ -454,7 +454,8 @@ fn predict(
     t.lock().script()?.predict(&feeds).script()
 }
 
-/// Write every persistent value (parameters, optimizer state, step count) atomically. The host
+/// Write every persistent value (parameters, optimizer state, step count) atomically, with the
+/// step count and the base learning rate in the metadata. The host
 /// copies and the file's bytes are charged to the model's budget while they are held.
 pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
     let g = t.graph();
@@ -469,6 +470,7 @@ pub fn save(t: &Trainer, path: &std::path::Path) -> Result<()> {
     let mut meta = BTreeMap::new();
     meta.insert("format".to_string(), "rumus".to_string());
     meta.insert("step".to_string(), t.step().to_string());
+    meta.insert("lr".to_string(), t.base_lr().to_string());
     checkpoint::save(path, &refs, &meta)
 }
 
@@ -487,6 +489,10 @@ pub fn load(
     let mut held = t.budget().empty();
     let ckpt = checkpoint::load(path, &mut held)?;
     let exact_step = ckpt.metadata.get("step").cloned();
+    let lr = match ckpt.metadata.get("lr") {
+        None => None,
+        Some(text) => Some(crate::session::saved_lr(text).map_err(at_path)?),
+    };
     let tensors = match torch {
         None => ckpt.tensors,
         Some(opts) => {
@@ -507,6 +513,12 @@ pub fn load(
     let loaded = !report.missing.iter().any(|m| m == crate::graph::optim::STEP_STATE);
     if let Some(n) = exact.filter(|_| loaded) {
         t.set_loaded_step(n);
+        // The learning rate the saving trainer had (`net.lr = ...` included), with its step:
+        // a resumed run goes on as the saved one would have (PyTorch's optimizer state dict
+        // restores its rate likewise). A file of weights alone changes no rate.
+        if let Some(lr) = lr {
+            t.set_loaded_lr(lr);
+        }
     }
     Ok(report)
 }
