@@ -1485,3 +1485,14 @@ print(n.train_step(#{ x: ones([1, 1000]) }));
     let kept = (0..1000).filter(|&i| rumus::cpu::dropout_keep(3, 0, i, 0.5)).count();
     assert_eq!(v[2], 2.0 * kept as f64, "{out}");
 }
+
+/// Found by the hostile-input audit: `print` showed the shortest text that reads back as each
+/// f32, which for a whole number can be one the tensor does not hold (2^31 as 2147483600).
+/// Whole numbers show their digits, very large and very small magnitudes an exponent.
+#[test]
+fn printed_tensors_show_the_numbers_they_hold() {
+    check(
+        "print(tensor([2147483648.0, 123456789.0, 1e20, -1e-30, 0.5, 3.0, 1.5e-5, 16777217.0]));",
+        "tensor f32[8] [2147483648, 123456792, 1e20, -1e-30, 0.5, 3, 0.000015, 16777216]\n",
+    );
+}

@@ -812,6 +812,21 @@ fn nested(t: &Tensor) -> Dynamic {
 /// billion elements makes a line, not gigabytes.
 pub const PRINTED_ELEMENTS: usize = 1000;
 
+/// An f32 element as a tensor's text shows it: the shortest text that reads back as it, except
+/// that a whole number shows all its digits (the shortest text of 2^31 is 2147483600, a number
+/// the tensor does not hold: 2147483648), and one from 1e16 up or below 1e-5 an exponent (1e20,
+/// not 100000000000000000000; 1e-30, not thirty zeros).
+fn element(v: f32) -> String {
+    let a = v.abs();
+    if a != 0.0 && a.is_finite() && !(1e-5..1e16).contains(&a) {
+        format!("{v:e}")
+    } else if v.is_finite() && v.fract() == 0.0 {
+        format!("{}", f64::from(v))
+    } else {
+        format!("{v}")
+    }
+}
+
 impl fmt::Display for ScriptTensor {
     /// `tensor f32[2, 2] [[1, 2], [3, 4]]`: axes longer than 8 show their first and last 3
     /// entries around `...`, and after [`PRINTED_ELEMENTS`] elements the rest are `...`.
@@ -820,7 +835,7 @@ impl fmt::Display for ScriptTensor {
             let Some((&d, rest)) = shape.split_first() else {
                 *left = left.saturating_sub(1);
                 match t.data() {
-                    TensorData::F32(v) => out.push_str(&format!("{}", v[offset])),
+                    TensorData::F32(v) => out.push_str(&element(v[offset])),
                     TensorData::I32(v) => out.push_str(&v[offset].to_string()),
                 }
                 return;
