@@ -130,8 +130,12 @@ pub fn text_sequences(
     let Some(room) = bytes.len().checked_sub(seq_len).and_then(|r| r.checked_sub(1)) else {
         return Err(err!(
             Shape,
-            "text of {} bytes is too short for one sequence of {seq_len} bytes plus a target",
-            bytes.len()
+            "text of {} is too short for one sequence of {seq_len} bytes plus a target: {}",
+            plural(bytes.len(), "byte"),
+            match bytes.len() {
+                0 | 1 => "a sequence and its target need 2 bytes at least".to_string(),
+                n => format!("use a shorter seq_len (at most {})", n - 1),
+            }
         ));
     };
     let n = room / stride + 1;
@@ -757,6 +761,14 @@ fn collect_text_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `1 byte`, `2 bytes`.
+fn plural(n: usize, unit: &str) -> String {
+    match n {
+        1 => format!("1 {unit}"),
+        n => format!("{n} {unit}s"),
+    }
 }
 
 #[cfg(test)]

@@ -270,6 +270,21 @@ pub fn from_rhai(
                 None => err!(Script, "{said}"),
             }
         }
+        // rhai says "indexer unavailable: Tensor [f64]": the value's type, then the index's.
+        EvalAltResult::ErrorIndexingType(what, _) => {
+            let (ty, index) = match what.split_once(" [") {
+                Some((ty, index)) => (ty, index.trim_end_matches(']')),
+                None => (what.as_str(), "that"),
+            };
+            match ty {
+                "Tensor" => err!(
+                    Script,
+                    "a Tensor is indexed by an integer (`t[0]`) or an array of integers, one per \
+                     axis (`t[[0, 1]]`), not by {index}"
+                ),
+                _ => err!(Script, "a value of type {ty} cannot be indexed by {index}"),
+            }
+        }
         other => err!(Script, "{}", lower(&without_position(other))),
     };
     place(e, pos, &source)

@@ -546,7 +546,16 @@ fn text_sequences_pair_each_window_with_the_next_bytes() {
     assert_eq!(d.y().as_i32().unwrap(), b("bcddef").as_slice());
     assert_eq!(text_sequences(b"abcd", 3, 1).unwrap().len(), 1);
     let e = text_sequences(b"abc", 3, 1).unwrap_err();
-    assert_eq!(e.message, "text of 3 bytes is too short for one sequence of 3 bytes plus a target");
+    assert_eq!(
+        e.message,
+        "text of 3 bytes is too short for one sequence of 3 bytes plus a target: use a shorter \
+         seq_len (at most 2)"
+    );
+    assert_eq!(
+        text_sequences(b"a", 3, 1).unwrap_err().message,
+        "text of 1 byte is too short for one sequence of 3 bytes plus a target: a sequence and \
+         its target need 2 bytes at least"
+    );
     assert_eq!(text_sequences(b"abc", 0, 1).unwrap_err().kind, ErrorKind::InvalidArgument);
     assert_eq!(text_sequences(b"abc", 1, 0).unwrap_err().kind, ErrorKind::InvalidArgument);
     let high = text_sequences(&[0, 255, 128], 2, 1).unwrap();

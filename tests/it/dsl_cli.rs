@@ -147,6 +147,14 @@ fn graph_sets_dimensions_and_hyperparameters_as_plan_does() {
                  9223372036854775807\n"
             )
         );
+        // A dimension out of range names itself and where its value came from (the caret is
+        // on the model's `B`, where no 0 is written).
+        let (code, _, err) = rumus(&[command, p, "--model", "lin", "--set", "B=0"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(
+            err.contains(": dimension `B` of input `x` must be between 1 and 2147483648, got 0 (the value given for `B`, as by `--set B=...`, `dims` or `batch`)\n"),
+            "{err}"
+        );
     }
     // Two models and no `--model`: `graph` asks for one (`plan` takes the first).
     let (code, _, err) = rumus(&["graph", p, "--set", "B=4"]);

@@ -341,6 +341,20 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
             "text(\"scripts/data/tiny.txt\", #{ seq_len: 4, stride: 0 })",
             "text: `stride` must be an integer >= 1, got 0".into(),
         ),
+        // rhai's own text was "indexer unavailable: Tensor [f64]".
+        (
+            "zeros([2, 3])[0.5]",
+            "a Tensor is indexed by an integer (`t[0]`) or an array of integers, one per axis \
+             (`t[[0, 1]]`), not by f64"
+                .into(),
+        ),
+        // The file is named (a loop over files could not tell which was short).
+        (
+            "text(\"scripts/data/tiny.txt\", #{ seq_len: 418 })",
+            "scripts/data/tiny.txt: text of 418 bytes is too short for one sequence of 418 bytes \
+             plus a target: use a shorter seq_len (at most 417)"
+                .into(),
+        ),
         (
             "m().compile(#{ ignore_index: 4294967296 })",
             format!("compile: `ignore_index` {i32_range}, got 4294967296"),

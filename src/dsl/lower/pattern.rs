@@ -59,7 +59,23 @@ pub(super) fn input_shape(
             },
         };
         if !(1..=MAX_DIM).contains(&v) {
-            return Err(err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}").at(span));
+            // Named, with where its value came from: a value the host gave (`--set`, `dims`,
+            // a batch) has no place in the file, so the message says which it was.
+            let e = match d {
+                DimPat::Name(n) if given.contains_key(&n.name) => err!(
+                    Shape,
+                    "dimension `{}` of input `{}` must be between 1 and {MAX_DIM}, got {v} (the value given for `{}`, as by `--set {}=...`, `dims` or `batch`)",
+                    n.name, name.name, n.name, n.name
+                ),
+                DimPat::Name(n) => err!(
+                    Shape,
+                    "dimension `{}` of input `{}` must be between 1 and {MAX_DIM}, got {v}",
+                    n.name,
+                    name.name
+                ),
+                _ => err!(Shape, "dimension must be between 1 and {MAX_DIM}, got {v}"),
+            };
+            return Err(e.at(span));
         }
         if let DimPat::Name(n) = d {
             env.insert(n.name.clone(), Value::Int(v));

@@ -255,7 +255,9 @@ fn text(ctx: &Ctx, path: &str, m: &Map) -> ScriptResult<ScriptDataset> {
     let stride = o.usize("stride", 1)?.unwrap_or(seq_len);
     let mut charge = ctx.budget.empty();
     let bytes = data::read_text(&p, &mut charge).script()?;
-    let d = data::text_sequences(&bytes, seq_len, stride, &mut charge).script()?;
+    let d = data::text_sequences(&bytes, seq_len, stride, &mut charge)
+        .map_err(|e| crate::Error::new(e.kind, format!("{path}: {}", e.message)))
+        .script()?;
     drop(bytes);
     let held = d.x().bytes() + d.y().bytes();
     charge.resize(held, "").script()?;
