@@ -155,6 +155,32 @@ pub struct Options {
     pub transpose: Transpose,
 }
 
+impl Options {
+    /// Options a load can use: at most [`MAX_RULES`] rename targets and transpose patterns, and
+    /// no empty pattern. [`map`] checks them too; a caller checks them before reading a file, so
+    /// that a mistake in them is not reported as one of the file's.
+    pub fn check(&self) -> Result<()> {
+        let rules = self.rename.iter().map(|r| r.to.len()).sum::<usize>();
+        let patterns = match &self.transpose {
+            Transpose::Only(p) => p.len(),
+            _ => 0,
+        };
+        if rules > MAX_RULES || patterns > MAX_RULES {
+            return Err(err!(
+                InvalidArgument,
+                "{rules} rename targets and {patterns} transpose patterns: at most {MAX_RULES} of \
+                 each (use `*` for the segments that vary)"
+            ));
+        }
+        if let Transpose::Only(patterns) = &self.transpose {
+            if patterns.iter().any(|p| p.0.is_empty()) {
+                return Err(err!(InvalidArgument, "transpose: an empty pattern matches nothing"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A parameter a tensor may land on.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Target {
@@ -195,23 +221,11 @@ pub fn map(
     opts: &Options,
     charge: &mut Charge,
 ) -> Result<Vec<(String, Tensor)>> {
-    let rules = opts.rename.iter().map(|r| r.to.len()).sum::<usize>();
+    opts.check()?;
     let patterns = match &opts.transpose {
         Transpose::Only(p) => p.len(),
         _ => 0,
     };
-    if rules > MAX_RULES || patterns > MAX_RULES {
-        return Err(err!(
-            InvalidArgument,
-            "{rules} rename targets and {patterns} transpose patterns: at most {MAX_RULES} of each \
-             (use `*` for the segments that vary)"
-        ));
-    }
-    if let Transpose::Only(patterns) = &opts.transpose {
-        if patterns.iter().any(|p| p.0.is_empty()) {
-            return Err(err!(InvalidArgument, "transpose: an empty pattern matches nothing"));
-        }
-    }
     let targets: HashMap<&str, &Target> = targets.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut out: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
     let mut problems = Vec::new();

@@ -364,10 +364,9 @@ fn load_options_are_checked() {
             r#"#{ from: "pytorch", rename: #{ "0": "fc1", "2": "fc2" }, transpose: ["fc1", "fc9"] }"#,
             "transpose: `fc9` matches no tensor name (after renaming; the state dict's begin `0.bias`, `0.weight`, `2.bias`)",
         ),
-        (
-            r#"#{ from: "pytorch", transpose: [""] }"#,
-            "transpose: an empty pattern matches nothing",
-        ),
+        // A mistake in the options is the script's, not the file's: checked before the file
+        // is read, and not printed after its path.
+        (r#"#{ from: "pytorch", transpose: [""] }"#, "load: transpose: an empty pattern matches nothing"),
     ];
     let mut wrong = Vec::new();
     for (opts, expected) in cases {
@@ -456,8 +455,8 @@ fn renames_are_bounded_and_their_copies_charged() {
             .eval(&format!("make().load(\"{}\", #{{ from: \"pytorch\", {opts} }})", p.display()))
             .unwrap_err();
         let expected =
-            format!("{expected}: at most 256 of each (use `*` for the segments that vary)");
-        assert!(err.message.ends_with(&expected), "{err}");
+            format!("load: {expected}: at most 256 of each (use `*` for the segments that vary)");
+        assert_eq!(err.message, expected);
     }
 }
 

@@ -564,7 +564,9 @@ fn load_options(opts: &Map) -> ScriptResult<(bool, Option<torch::Options>)> {
                     torch::Transpose::Only(patterns.collect::<Result<_>>().map_err(bad)?)
                 }
             };
-            Ok((strict, Some(torch::Options { rename, transpose })))
+            let opts = torch::Options { rename, transpose };
+            opts.check().map_err(bad)?;
+            Ok((strict, Some(opts)))
         }
         Some(other) => Err(script_err(format!(
             "load: unknown `from` \"{other}\": expected \"rumus\" or \"pytorch\""
