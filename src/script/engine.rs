@@ -119,16 +119,19 @@ impl Sandbox {
         self.write_roots.push(dir);
     }
 
-    /// The path a script may read, resolved (symlinks followed), or a `Limit` error. Only
-    /// regular files and folders are readable: a FIFO would block the script forever and a
-    /// device may never end.
+    /// The path a script may read, resolved (symlinks followed), or a `Limit` error (outside
+    /// the read roots). Only regular files and folders are readable, another file an `Io`
+    /// error: a FIFO would block the script forever and a device may never end.
     pub fn check_read(&self, path: &str) -> Result<PathBuf> {
         let resolved = resolve(&self.base_dir, path)?;
         if within(&resolved, &self.read_roots) {
             match std::fs::metadata(&resolved) {
+                // As writing one is (`files::open_for_write`): a file that cannot be read, an
+                // I/O error (exit code 2), where loading one was a sandbox refusal (1).
                 Ok(m) if !(m.is_file() || m.is_dir()) => Err(err!(
-                    Limit,
-                    "reading `{path}` is not allowed: it is not a regular file or folder"
+                    Io,
+                    "{}: is not a regular file or folder (a device, FIFO or socket); rumus reads files and folders only",
+                    resolved.display()
                 )),
                 _ => Ok(resolved), // a missing file is the reader's error, with its path
             }

@@ -655,8 +655,12 @@ fn a_fifo_is_refused_instead_of_blocking_forever() {
         check_err(
             &mut h,
             &format!("let d = {read}(\"{}\"{args});", fifo.display()),
-            ErrorKind::Limit,
-            "is not allowed: it is not a regular file or folder",
+            ErrorKind::Io,
+            &format!(
+                "{}: is not a regular file or folder (a device, FIFO or socket); rumus reads \
+                 files and folders only",
+                fifo.display()
+            ),
         );
     }
 }
