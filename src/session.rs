@@ -676,6 +676,21 @@ impl Trainer {
         let fresh = !self.evals.contains_key(&key);
         if fresh {
             let graph = self.model.instantiate(&dims)?;
+            // A parameter whose shape follows `B` cannot take the trained values at another
+            // batch (copying them said only "got 8 elements").
+            for (id, n) in graph.nodes() {
+                let (Op::Parameter { name, .. } | Op::State { name, .. }) = &n.op else { continue };
+                let Some(from) = self.train.graph.persistent_named(name) else { continue };
+                let (trained, here) = (self.train.graph.shape(from), graph.shape(id));
+                if trained != here {
+                    return Err(err!(
+                        Shape,
+                        "predict at a batch of {batch}: `{name}` is {} in the trained model and would be {} here: its shape follows the batch dimension `B`, so the model predicts only at the batch it was compiled with; predict at that batch, or give `{name}` a shape without `B`",
+                        fmt_shape(trained),
+                        fmt_shape(here)
+                    ));
+                }
+            }
             let want: Vec<NodeId> = graph.outputs.iter().map(|&(_, id)| id).collect();
             // Copies at batch sizes used before are dropped when they are what stands in the way.
             let placed = match Placed::new(&self.cfg, graph.clone(), &want, false, &what, None) {

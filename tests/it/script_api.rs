@@ -1510,3 +1510,23 @@ fn printed_tensors_show_the_numbers_they_hold() {
         "tensor f32[8] [2147483648, 123456792, 1e20, -1e-30, 0.5, 3, 0.000015, 16777216]\n",
     );
 }
+
+/// A parameter shaped by the batch dimension fits only the compiled batch: `predict` at another
+/// said "`s` is f32[3, 2] (6 elements), got 8 elements", now which parameter and why.
+#[test]
+fn predict_names_a_parameter_shaped_by_the_batch() {
+    let out = run("model m(x: f32[B, 2]) {
+    param s[B, 2] = ones
+    return linear(x * s, 2) as fc
+}
+let net = m().compile(#{ batch: 4, device: \"cpu\" });
+print(net.predict(zeros([4, 2])).shape);
+try { net.predict(zeros([3, 2])) } catch (e) { print(e.message) }
+");
+    assert_eq!(
+        out,
+        "[4, 2]\npredict at a batch of 3: `s` is [4, 2] in the trained model and would be [3, 2] \
+         here: its shape follows the batch dimension `B`, so the model predicts only at the batch \
+         it was compiled with; predict at that batch, or give `s` a shape without `B`\n"
+    );
+}
