@@ -341,6 +341,13 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
             "text(\"scripts/data/tiny.txt\", #{ seq_len: 4, stride: 0 })",
             "text: `stride` must be an integer >= 1, got 0".into(),
         ),
+        // A loop over no batches trained on nothing without a word.
+        (
+            "dataset(zeros([2, 2]), zeros([2])).batches(5, 1)",
+            "batches: no batch of 5 is full in a dataset of 2 rows, so there are none: use a \
+             batch of at most 2, or keep_last: true for the partial one"
+                .into(),
+        ),
         // rhai's own text was "indexer unavailable: Tensor [f64]".
         (
             "zeros([2, 3])[0.5]",

@@ -190,6 +190,18 @@ fn batches(
     let (rank, ranks) = (ctx.comm.rank(), ctx.comm.world_size());
     let parts = data::rank_batch_rows(&order, size, rank, ranks, keep_last);
     let count = parts.clone().count();
+    // A training loop over no batches does nothing, without a word.
+    if count == 0 && !order.is_empty() {
+        let over = match ranks {
+            1 => String::new(),
+            r => format!(" over {r} ranks"),
+        };
+        return Err(script_err(format!(
+            "batches: no batch of {size} is full in a dataset of {} rows{over}, so there are none: use a batch of at most {}, or keep_last: true for the partial one",
+            order.len(),
+            (order.len() / ranks).max(1)
+        )));
+    }
     let limit = ctx.sandbox.max_array_size;
     if limit > 0 && count > limit {
         return Err(crate::err!(
