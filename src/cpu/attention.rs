@@ -4,8 +4,9 @@
 //! q, k, v, the output and the gradients are `[B, H, T, Dh]` row-major; the per-row stats are
 //! `[B, H, T]`. Scores are `s_ij = q_i·k_j / sqrt(Dh)`, and row `i` sees the keys
 //! `j <= i`. The stats are each row's log-sum-exp `L_i = ln Σ_{j<=i} e^(s_ij)`, so the
-//! probabilities are `p_ij = e^(s_ij − L_i)`, which is how every op after the stats uses them
-//! (FlashAttention-2: nothing of size `T x T` is kept). The backward, given `dy` and the output
+//! probabilities are `p_ij = e^(s_ij − L_i)`, which is how the backward ops use them
+//! (FlashAttention-2: nothing of size `T x T` is kept); the forward divides by each row's sum
+//! instead, as the GPU's forward does (see [`attention`]). The backward, given `dy` and the output
 //! `y`, with `delta_i = Σ_d dy_id·y_id` (computed per head): `dp_ij = dy_i·v_j`, `ds_ij = p_ij (dp_ij − delta_i)`,
 //! `dq_i = Σ_j ds_ij k_j / sqrt(Dh)`, `dk_j = Σ_i ds_ij q_i / sqrt(Dh)`, `dv_j = Σ_i p_ij dy_i`.
 //!
@@ -59,15 +60,27 @@ pub fn attention_stats<T: Float>(q: &[T], k: &[T], shape: &[usize]) -> Vec<T> {
     })
 }
 
-/// `y_i = Σ_{j<=i} p_ij v_j`, `[B, H, T, Dh]`.
+/// `y_i = Σ_{j<=i} p_ij v_j`, `[B, H, T, Dh]`, each row's probabilities `e^(s_ij − m_i)`
+/// divided by their sum (`m_i` the row's largest score), as the GPU's forward kernel takes
+/// them: through the stored `L_i` (`e^(s_ij − L_i)`), a row of tied scores of 1e8 lost `L_i`'s
+/// `ln n` to f32 rounding, each tied key weighed 1, and the output was the sum of the values
+/// rather than their mean. (The backward passes take `p_ij` from `L_i`, as FlashAttention-2's
+/// do, on both backends.)
 pub fn attention<T: Float>(q: &[T], k: &[T], v: &[T], stats: &[T], shape: &[usize]) -> Vec<T> {
     let d = Dims::of(shape);
     per_head(d, d.t * d.dh, &[q, k, v], &[stats], |h, out| {
         for i in 0..d.t {
-            for j in 0..=i {
-                let p = prob(&h, d, i, j);
-                for e in 0..d.dh {
-                    out[i * d.dh + e] += p * h.v[j * d.dh + e];
+            let s: Vec<T> = (0..=i).map(|j| score(&h, d, i, j)).collect();
+            let m = s[1..].iter().fold(s[0], |m, &x| m.max_nan(x));
+            let e: Vec<T> = s.iter().map(|&x| (x - m).exp()).collect();
+            let mut sum = T::zero();
+            for &x in &e {
+                sum += x;
+            }
+            for (j, &ej) in e.iter().enumerate() {
+                let p = ej / sum;
+                for c in 0..d.dh {
+                    out[i * d.dh + c] += p * h.v[j * d.dh + c];
                 }
             }
         }

@@ -323,7 +323,7 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], axes: &[usize]) 
         .chunks(group)
         .map(|g| match op {
             ReduceOp::Sum => sum(g),
-            ReduceOp::Mean => sum(g) / T::from_f64(group as f64),
+            ReduceOp::Mean => mean(g),
             ReduceOp::Max => g[1..].iter().fold(g[0], |m, &v| m.max_nan(v)),
         })
         .collect()
@@ -338,6 +338,17 @@ pub fn sum<T: Float>(x: &[T]) -> T {
         s += v.to_f64();
     }
     T::from_f64(s)
+}
+
+/// The mean of `x`, summed in f64 as [`sum`] and divided there before rounding: a row of
+/// 3e38s has a mean f32 holds and a sum it does not (rounded first, the mean was infinite and
+/// a LayerNorm of the row NaN).
+pub fn mean<T: Float>(x: &[T]) -> T {
+    let mut s = 0.0f64;
+    for &v in x {
+        s += v.to_f64();
+    }
+    T::from_f64(s / x.len() as f64)
 }
 
 // ---- shape ----

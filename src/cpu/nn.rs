@@ -78,7 +78,7 @@ pub fn layer_norm_stats<T: Float>(x: &[T], d: usize, eps: f32) -> Vec<T> {
     let n = T::from_f64(d as f64);
     let mut out = Vec::with_capacity(x.len() / d.max(1) * 2);
     for row in x.chunks(d.max(1)) {
-        let mean = sum(row) / n;
+        let mean = super::interp::mean(row);
         let mut var = T::zero();
         for &v in row {
             var += (v - mean) * (v - mean);

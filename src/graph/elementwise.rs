@@ -255,7 +255,16 @@ unary_ops! {
     /// 1 / √x.
     Rsqrt "rsqrt" language {
         value: |x| x.rsqrt(),
-        local: |g, x, y| { let y2 = g.square(y)?; let y3 = g.mul(y2, y)?; g.scale(y3, -0.5)? }
+        // −y³/2 · dy, taken as ((dy·y)·y)·y: y³ alone underflows for x above ~1e26 (batch
+        // norm's rsqrt of a variance of 1e28: the variance term of its gradient vanished) and
+        // overflows below ~1e-26 (a tiny eps over a constant channel: inf · 0, NaN), where
+        // the product with dy does neither.
+        grad: |g, x, y, dy| {
+            let a = g.mul(dy, y)?;
+            let b = g.mul(a, y)?;
+            let c = g.mul(b, y)?;
+            g.scale(c, -0.5)?
+        }
     }
     /// |x|.
     Abs "abs" language {

@@ -1537,3 +1537,35 @@ try { net.predict(zeros([3, 2])) } catch (e) { print(e.message) }
          it was compiled with; predict at that batch, or give `s` a shape without `B`\n"
     );
 }
+
+/// Found by differential testing at numeric extremes (each where the exact answer is plain):
+/// - batch norm's gradient took rsqrt's derivative as y³, which underflows for a variance of
+///   1e28: `batch_norm(x * p)` does not depend on p, yet dL/dp was 1.25 at a scale of 1e16;
+/// - the CPU's attention took its probabilities from the stored log-sum-exp, whose `ln n`
+///   rounds away beside tied scores of 1e8: the output summed the values instead of averaging;
+/// - the CPU's LayerNorm rounded a row's f64 sum to f32 before dividing: rows of 3e38 (mean
+///   3e38, within f32) normalized to NaN instead of 0.
+#[test]
+fn gradients_and_statistics_hold_at_extreme_scales() {
+    let out = run("model bnscale(x: f32[B, 1], c: f32[B, 1]) {
+    param p[1] = ones
+    y = batch_norm(x * p) as bn
+    return sum(y * c, [0, 1])
+}
+let net = bnscale().compile(#{ batch: 4, loss: \"output\", optimizer: sgd(#{ lr: 1.0 }), device: \"cpu\" });
+net.train_step(#{ x: tensor([[1.0], [2.0], [3.0], [5.0]]) * 1e16, c: tensor([[0.3], [-0.9], [0.5], [0.7]]) });
+print((1.0 - net.param(\"p\")[0]).abs() < 1e-5);
+model attm(q: f32[B, 1, 5, 1], k: f32[B, 1, 5, 1], v: f32[B, 1, 5, 1]) { return attention(q, k, v) }
+let a = attm().compile(#{ batch: 1, loss: \"mse\", device: \"cpu\" });
+let q = full([1, 1, 5, 1], 1e4);
+let o = a.predict(#{ q: q, k: q, v: tensor([1.0, 2.0, 3.0, 4.0, 5.0]).reshape([1, 1, 5, 1]) });
+print(o[o.keys()[0]].reshape([5]));
+model lnm(x: f32[B, 4]) { return layer_norm(x) as ln }
+let l = lnm().compile(#{ batch: 2, loss: \"mse\", device: \"cpu\" });
+print(l.predict(tensor([[3e38, 3e38, 3e38, 3e38], [-2e38, -2e38, -2e38, -2e38]])));
+");
+    assert_eq!(
+        out,
+        "true\ntensor f32[5] [1, 1.5, 2, 2.5, 3]\ntensor f32[2, 4] [[0, 0, 0, 0], [0, 0, 0, 0]]\n"
+    );
+}
