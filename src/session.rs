@@ -519,9 +519,13 @@ impl Trainer {
         self.cfg.lr
     }
 
-    /// The base learning rate of a checkpoint whose step count was loaded ([`saved_lr`]).
+    /// The base learning rate of a checkpoint whose step count was loaded ([`saved_lr`]), for
+    /// a model without a schedule (whose rate `net.lr` sets). A schedule owns the rate, and
+    /// its own settings are the script's, not the file's: it keeps the compiled one.
     pub fn set_loaded_lr(&mut self, lr: f32) {
-        self.cfg.lr = lr;
+        if self.cfg.schedule == Schedule::Constant {
+            self.cfg.lr = lr;
+        }
     }
 
     /// Micro-batches per update (1 without gradient accumulation).
@@ -985,15 +989,7 @@ pub fn exact_step(tensor: f32, metadata: &str) -> Result<Option<u64>> {
                 "the metadata's step `{metadata}` is not a whole number of steps from 0 to 2^53"
             )
         })?;
-    if t > EXACT {
-        // No run counts there (the f32 counter stops at 2^24); loaded, it would stay at the
-        // value while the count went on, and the next save would not load.
-        return Err(err!(
-            Checkpoint,
-            "`{STEP_STATE}` holds {t}, more than 2^24, where an f32 step counter stops: a count \
-             beyond it is the metadata's `step`, with `{STEP_STATE}` at 2^24 (16777216)"
-        ));
-    }
+    check_step_tensor(tensor)?;
     if exact == t || (t == EXACT && exact > EXACT) {
         return Ok(Some(exact));
     }
@@ -1013,6 +1009,20 @@ pub fn saved_lr(text: &str) -> Result<f32> {
             "the metadata's learning rate `{text}` is not a finite number >= 0"
         )),
     }
+}
+
+/// An error for an `optim.step` tensor above 2^24, where no f32 step counter gets (a count
+/// beyond it is the metadata's `step`, the tensor staying at 2^24): loaded, the tensor would
+/// stay at that value while the count went on, and the next save would not load.
+pub fn check_step_tensor(tensor: f32) -> Result<()> {
+    if steps(tensor).is_some_and(|t| t > 1 << 24) {
+        return Err(err!(
+            Checkpoint,
+            "`{STEP_STATE}` holds {tensor}, more than 2^24, where an f32 step counter stops: a \
+             count beyond it is the metadata's `step`, with `{STEP_STATE}` at 2^24 (16777216)"
+        ));
+    }
+    Ok(())
 }
 
 fn steps(v: f32) -> Option<u64> {

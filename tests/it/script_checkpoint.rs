@@ -107,6 +107,15 @@ b.train_step(#{{ x: x }});
         .unwrap();
     assert_eq!(out[0].as_float().unwrap(), f64::from(0.01f32));
     assert!(out[1].as_bool().unwrap(), "the resumed run trained otherwise");
+    // A model with a schedule keeps its compiled rate: the schedule is the script's.
+    let lr = e
+        .eval(&format!(
+            "let c = lin().compile(#{{ batch: 2, loss: \"output\", optimizer: sgd(#{{ lr: 0.1 }}), schedule: step_lr(#{{ every: 100, gamma: 0.5 }}) }});
+c.load(\"{p}\");
+c.lr"
+        ))
+        .unwrap();
+    assert_eq!(lr.as_float().unwrap(), f64::from(0.1f32));
 }
 
 #[test]
@@ -416,6 +425,13 @@ fn a_step_count_past_f32s_whole_numbers_comes_back_exactly() {
         assert!(err.message.ends_with(expected), "{err}");
         assert_eq!(e.compiled("d").unwrap().trainer().unwrap().step(), 0, "nothing was loaded");
     }
+    // Without the metadata (Python's `save_file(tensors)` drops it) as with it.
+    edited(&first, &path, |tensors, metadata| {
+        *element(tensors, "optim.step", 0) = 1e8;
+        metadata.clear();
+    });
+    let err = e.eval(&format!("d.load(\"{p}\")")).unwrap_err();
+    assert!(err.message.ends_with("`optim.step` holds 100000000, more than 2^24, where an f32 step counter stops: a count beyond it is the metadata's `step`, with `optim.step` at 2^24 (16777216)"), "{err}");
 }
 
 /// Found by the hostile-input audit: a checkpoint whose parameters hold NaN, or whose Adam second

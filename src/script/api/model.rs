@@ -506,6 +506,11 @@ pub fn load(
     let tensor_step = step_tensor.and_then(|(_, v)| v.as_f32()).and_then(|v| v.first().copied());
     let exact = match (exact_step, tensor_step) {
         (Some(text), Some(v)) => crate::session::exact_step(v, &text).map_err(at_path)?,
+        // A file without the metadata (`save_file(tensors)` in Python drops it).
+        (None, Some(v)) => {
+            crate::session::check_step_tensor(v).map_err(at_path)?;
+            None
+        }
         _ => None,
     };
     let report = t.load_checkpoint(&values, strict).map_err(at_path)?;
@@ -515,7 +520,8 @@ pub fn load(
         t.set_loaded_step(n);
         // The learning rate the saving trainer had (`net.lr = ...` included), with its step:
         // a resumed run goes on as the saved one would have (PyTorch's optimizer state dict
-        // restores its rate likewise). A file of weights alone changes no rate.
+        // restores its rate likewise). A file of weights alone changes no rate, nor does any
+        // file a model with a schedule (`set_loaded_lr`).
         if let Some(lr) = lr {
             t.set_loaded_lr(lr);
         }
