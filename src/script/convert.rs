@@ -272,8 +272,9 @@ pub fn from_rhai(
         }
         // rhai says "indexer unavailable: Tensor [f64]": the value's type, then the index's.
         EvalAltResult::ErrorIndexingType(what, _) => {
+            // (An element write says "Tensor [f64] = f64": the index is up to the `]`.)
             let (ty, index) = match what.split_once(" [") {
-                Some((ty, index)) => (ty, index.trim_end_matches(']')),
+                Some((ty, rest)) => (ty, rest.split_once(']').map_or(rest, |(index, _)| index)),
                 None => (what.as_str(), "that"),
             };
             match ty {

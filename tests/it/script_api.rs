@@ -348,9 +348,16 @@ fn numbers_from_scripts_never_wrap_or_saturate() {
              batch of at most 2, or keep_last: true for the partial one"
                 .into(),
         ),
-        // rhai's own text was "indexer unavailable: Tensor [f64]".
+        // rhai's own text was "indexer unavailable: Tensor [f64]" (and "Tensor [f64] = f64"
+        // for a write).
         (
             "zeros([2, 3])[0.5]",
+            "a Tensor is indexed by an integer (`t[0]`) or an array of integers, one per axis \
+             (`t[[0, 1]]`), not by f64"
+                .into(),
+        ),
+        (
+            "let t = zeros([2, 3]); t[0.5] = 1.0",
             "a Tensor is indexed by an integer (`t[0]`) or an array of integers, one per axis \
              (`t[[0, 1]]`), not by f64"
                 .into(),
