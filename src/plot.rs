@@ -104,17 +104,21 @@ impl Curves {
         Ok(curves)
     }
 
+    /// Why there is nothing to draw, if so: no points, or none within f32's range.
+    pub fn nothing_to_draw(&self) -> Option<String> {
+        match (self.series.is_empty(), self.left_out) {
+            (false, _) => None,
+            (true, 0) => Some("nothing to plot: no steps and no metrics".into()),
+            (true, n) => Some(format!(
+                "nothing to plot: the {n} points logged are all NaN, infinite or beyond f32's range"
+            )),
+        }
+    }
+
     /// The curves as an SVG document: one panel per series, against the step.
     pub fn svg(&self) -> Result<String> {
-        if self.series.is_empty() && self.left_out > 0 {
-            return Err(err!(
-                InvalidArgument,
-                "nothing to plot: the {} points logged are all NaN, infinite or beyond f32's range",
-                self.left_out
-            ));
-        }
-        if self.series.is_empty() {
-            return Err(err!(InvalidArgument, "nothing to plot: no steps and no metrics"));
+        if let Some(why) = self.nothing_to_draw() {
+            return Err(err!(InvalidArgument, "{why}"));
         }
         let mut svg = String::new();
         let height = 280 * self.series.len() as u32;
@@ -152,7 +156,8 @@ impl Curves {
                     let y = (y0..y1).log_scale();
                     let mut chart = builder.build_cartesian_2d(x0..x1, y).map_err(draw_err)?;
                     let mut mesh = chart.configure_mesh();
-                    mesh.x_desc("step").x_label_formatter(&whole).y_label_formatter(&|y| tick(*y));
+                    let ticks = |y: &f64| tick(*y, *y / 10.0);
+                    mesh.x_desc("step").x_label_formatter(&whole).y_label_formatter(&ticks);
                     mesh.draw().map_err(draw_err)?;
                     chart.draw_series(line).map_err(draw_err)?;
                     chart.draw_series(dot).map_err(draw_err)?;
@@ -160,7 +165,8 @@ impl Curves {
                     let (y0, y1) = padded(points.iter().map(|p| p.1), 0.05);
                     let mut chart = builder.build_cartesian_2d(x0..x1, y0..y1).map_err(draw_err)?;
                     let mut mesh = chart.configure_mesh();
-                    mesh.x_desc("step").x_label_formatter(&whole).y_label_formatter(&|y| tick(*y));
+                    let ticks = |y: &f64| tick(*y, (y1 - y0) / 10.0);
+                    mesh.x_desc("step").x_label_formatter(&whole).y_label_formatter(&ticks);
                     mesh.draw().map_err(draw_err)?;
                     chart.draw_series(line).map_err(draw_err)?;
                     chart.draw_series(dot).map_err(draw_err)?;
@@ -230,15 +236,25 @@ fn padded(values: impl Iterator<Item = f64>, pad: f64) -> (f64, f64) {
     }
 }
 
-/// A value axis's tick label: four significant digits at most, in exponent form beyond 1e5 or
-/// below 1e-3 (a tick of 95000000000000000000.0 overran its label area).
-fn tick(v: f64) -> String {
+/// A value axis's tick label, `step` about the ticks' spacing: the digits that tell ticks
+/// `step` apart and no more, in exponent form from 1e5 up or below 1e-3 (a tick of
+/// 95000000000000000000.0 overran its label area; a loss between 0.00121 and 0.00129 needs
+/// five decimals, 1e6 ± 1 seven digits).
+fn tick(v: f64, step: f64) -> String {
     let a = v.abs();
+    // The decimal place of the step's leading digit, and of the value's.
+    let place = |x: f64| x.abs().log10().floor() as i32;
+    let step_place = if step.is_finite() && step > 0.0 { place(step) } else { place(a.max(1e-300)) - 3 };
     if a != 0.0 && !(1e-3..1e5).contains(&a) {
-        return format!("{v:.3e}");
+        let digits = (place(v) - step_place).clamp(1, 15) as usize;
+        return format!("{v:.digits$e}");
     }
-    let s = format!("{v:.4}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
+    let decimals = (-step_place).clamp(0, 15) as usize;
+    let s = format!("{v:.decimals$}");
+    let s = match s.contains('.') {
+        true => s.trim_end_matches('0').trim_end_matches('.'),
+        false => &s,
+    };
     match s {
         "-0" => "0".to_string(),
         s => s.to_string(),

@@ -94,13 +94,13 @@ pub fn run(opts: RunOptions) -> Result<u8> {
         // that succeeded keeps its exit code when there is nothing to draw (no steps, or
         // every loss NaN): the plot's absence is a note, as what it leaves out is.
         if result.is_ok() || !curves.names().is_empty() {
-            match curves.write_svg(path) {
-                Err(e) if e.kind == crate::ErrorKind::InvalidArgument => {
-                    stderr(&format!("note: {} is not written: {}\n", path.display(), e.message));
+            match curves.nothing_to_draw() {
+                Some(why) => stderr(&format!("note: {} is not written: {why}\n", path.display())),
+                None => {
+                    curves.write_svg(path)?;
+                    curves.notes().iter().for_each(|n| stderr(&format!("note: {n}\n")));
                 }
-                r => r?,
             }
-            curves.notes().iter().for_each(|n| stderr(&format!("note: {n}\n")));
         }
     }
     result.map(drop)?;

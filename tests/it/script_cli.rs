@@ -253,7 +253,13 @@ fn plot_says_what_it_leaves_out_and_draws_lone_and_constant_points() {
     let svg = c.svg().unwrap();
     let labels: Vec<&str> =
         svg.split("</text>").filter_map(|t| t.rsplit('>').next()).map(str::trim).collect();
-    assert!(labels.contains(&"1.000e20") && labels.contains(&"9.900e19"), "{labels:?}");
+    assert!(labels.contains(&"1.00e20") && labels.contains(&"9.9e19"), "{labels:?}");
+    // Ticks close together get the digits that tell them apart (0.0012 twice, before).
+    let mut c = rumus::plot::Curves::default();
+    c.push("loss", 1.0, 0.00121);
+    c.push("loss", 2.0, 0.00129);
+    let svg = c.svg().unwrap();
+    assert!(svg.contains(">\n0.00122\n</text>") && svg.contains(">\n0.00128\n</text>"), "{svg}");
     let steps: Vec<&&str> = labels.iter().filter(|l| ["1", "2"].contains(l)).collect();
     assert_eq!(steps, [&"1", &"2"], "{labels:?}");
     // A run that succeeded with nothing to draw keeps its exit code; the plot's absence is a note.
