@@ -190,17 +190,21 @@ fn batches(
     let (rank, ranks) = (ctx.comm.rank(), ctx.comm.world_size());
     let parts = data::rank_batch_rows(&order, size, rank, ranks, keep_last);
     let count = parts.clone().count();
-    // A training loop over no batches does nothing, without a word.
-    if count == 0 && !order.is_empty() {
-        let over = match ranks {
-            1 => String::new(),
-            r => format!(" over {r} ranks"),
-        };
-        return Err(script_err(format!(
-            "batches: no batch of {size} is full in a dataset of {} rows{over}, so there are none: use a batch of at most {}, or keep_last: true for the partial one",
-            order.len(),
-            (order.len() / ranks).max(1)
-        )));
+    // A training loop over no batches does nothing, without a word. Decided from the whole
+    // dataset, so that every rank of a data-parallel job decides alike.
+    if !keep_last && !order.is_empty() && order.len() < size.saturating_mul(ranks) {
+        let n = order.len();
+        return Err(script_err(match (ranks, n / ranks) {
+            (1, most) => format!(
+                "batches: no batch of {size} is full in a dataset of {n} rows, so there are none: use a batch of at most {most}, or keep_last: true for the partial one"
+            ),
+            (r, 0) => format!(
+                "batches: a dataset of {n} rows has fewer rows than the job's {r} ranks: each rank needs one at least"
+            ),
+            (r, most) => format!(
+                "batches: no batch of {size} a rank is full in a dataset of {n} rows over {r} ranks, so there are none: use a batch of at most {most}, or keep_last: true for the partial one"
+            ),
+        }));
     }
     let limit = ctx.sandbox.max_array_size;
     if limit > 0 && count > limit {
