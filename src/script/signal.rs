@@ -35,8 +35,10 @@ pub fn install(interrupt: &Interrupt) {
             }
             // A script stops within milliseconds; a long native call (a prediction over a
             // large batch) only when it returns: say so if it has not stopped in a second.
+            // (A thread that cannot start only costs the notice; a panic here would end the
+            // handler's thread, and with it the second press's exit.)
             let flag = flag.clone();
-            std::thread::spawn(move || {
+            let _ = std::thread::Builder::new().spawn(move || {
                 std::thread::sleep(NOTICE_AFTER);
                 if flag.load(Ordering::SeqCst) {
                     eprintln!("\nstopping when the running call returns (Ctrl-C again exits now)");
