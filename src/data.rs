@@ -74,7 +74,7 @@ pub struct CsvOptions {
     /// Most bytes of (decompressed) text read before giving up, a guard against gzip bombs.
     pub max_bytes: u64,
     /// A flag that stops the read when set (a script's Ctrl-C), with an `Interrupted` error;
-    /// looked at every 4096 lines.
+    /// looked at every 4096 records.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
@@ -565,6 +565,10 @@ fn split_fields(record: &str) -> std::result::Result<csv::StringRecord, String> 
     if !record.bytes().any(|b| b == b'"' || b == b'\r' || b == b'\n') {
         // The crate drops a byte-order mark that starts its input, here the line.
         let record = record.strip_prefix('\u{feff}').unwrap_or(record);
+        // What is left of a line of the mark alone is no field at all, as for the crate.
+        if record.is_empty() {
+            return Ok(csv::StringRecord::new());
+        }
         let mut fields = csv::StringRecord::with_capacity(record.len(), 1);
         for f in record.split(',') {
             fields.push_field(f);
@@ -779,7 +783,7 @@ mod tests {
     /// fields, a trailing comma, one field, white space kept for the caller to trim.
     #[test]
     fn commas_split_as_the_csv_crate_splits() {
-        for line in ["1,2,3", "a", ",", "1,,2,", " x , y ", ",a,,", "1e5,-2.5,nan,inf", "é,ü", "\u{feff}a,b"] {
+        for line in ["1,2,3", "a", ",", "1,,2,", " x , y ", ",a,,", "1e5,-2.5,nan,inf", "é,ü", "\u{feff}a,b", "\u{feff}"] {
             let ours: Vec<String> = split_fields(line).unwrap().iter().map(String::from).collect();
             let crate_: Vec<String> = split_quoted(line).unwrap().iter().map(String::from).collect();
             assert_eq!(ours, crate_, "{line:?}");
