@@ -192,7 +192,8 @@ fn validate_plans(
                 .iter()
                 .filter(|b| !matches!(b.resource, Resource::Uniform(_) | Resource::Meta))
                 .count();
-            if prog.label.contains(" + ") && storage > target.max_storage_buffers as usize {
+            let checked = limits.is_some() || prog.label.contains(" + ");
+            if checked && storage > target.max_storage_buffers as usize {
                 failures.push(format!("{}: binds {storage} storage buffers", prog.label));
             }
             n += 1;

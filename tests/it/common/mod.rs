@@ -171,7 +171,7 @@ pub fn cases() -> Vec<Case> {
     cs.push(case("concat three", &[(&[1, 2], Any), (&[3, 2], Any), (&[1, 2], Any)], |g, x| {
         g.concat(x, 0)
     }));
-    // More inputs than one concat kernel takes (`plan::limits::MAX_CONCAT_INPUTS`): the
+    // More inputs than one concat kernel takes (`plan::fuse::MAX_INLINED_NODES` nodes): the
     // columns reversed, forward and in the gradient's concat of 600 slices.
     cs.push(case("concat of 600 slices", &[(&[2, 600], Any)], |g, x| {
         let parts: Vec<_> =
