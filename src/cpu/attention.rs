@@ -49,15 +49,26 @@ pub fn attention_stats<T: Float>(q: &[T], k: &[T], shape: &[usize]) -> Vec<T> {
     let d = Dims::of(shape);
     per_head(d, d.t, &[q, k], &[], |h, out| {
         for (i, l) in out.iter_mut().enumerate() {
-            let s: Vec<T> = (0..=i).map(|j| score(&h, d, i, j)).collect();
-            let m = s[1..].iter().fold(s[0], |m, &x| m.max_nan(x));
-            let mut sum = T::zero();
-            for &x in &s {
-                sum += (x - m).exp();
-            }
-            *l = m + sum.ln();
+            let (m, e) = row_exps(&h, d, i);
+            *l = m + total(&e).ln();
         }
     })
+}
+
+/// Row `i`'s largest causal score `m_i` and each key's `e^(s_ij − m_i)`.
+fn row_exps<T: Float>(h: &Head<T>, d: Dims, i: usize) -> (T, Vec<T>) {
+    let s: Vec<T> = (0..=i).map(|j| score(h, d, i, j)).collect();
+    let m = s[1..].iter().fold(s[0], |m, &x| m.max_nan(x));
+    (m, s.iter().map(|&x| (x - m).exp()).collect())
+}
+
+/// `Σ x`, in order.
+fn total<T: Float>(x: &[T]) -> T {
+    let mut sum = T::zero();
+    for &v in x {
+        sum += v;
+    }
+    sum
 }
 
 /// `y_i = Σ_{j<=i} p_ij v_j`, `[B, H, T, Dh]`, each row's probabilities `e^(s_ij − m_i)`
@@ -70,13 +81,8 @@ pub fn attention<T: Float>(q: &[T], k: &[T], v: &[T], stats: &[T], shape: &[usiz
     let d = Dims::of(shape);
     per_head(d, d.t * d.dh, &[q, k, v], &[stats], |h, out| {
         for i in 0..d.t {
-            let s: Vec<T> = (0..=i).map(|j| score(&h, d, i, j)).collect();
-            let m = s[1..].iter().fold(s[0], |m, &x| m.max_nan(x));
-            let e: Vec<T> = s.iter().map(|&x| (x - m).exp()).collect();
-            let mut sum = T::zero();
-            for &x in &e {
-                sum += x;
-            }
+            let (_, e) = row_exps(&h, d, i);
+            let sum = total(&e);
             for (j, &ej) in e.iter().enumerate() {
                 let p = ej / sum;
                 for c in 0..d.dh {

@@ -333,22 +333,23 @@ pub fn reduce<T: Float>(op: ReduceOp, x: &[T], shape: &[usize], axes: &[usize]) 
 /// loses what each addend falls below the total's last bit (2^24 ones summed to 16,777,216,
 /// a million-class softmax row to 1.004).
 pub fn sum<T: Float>(x: &[T]) -> T {
-    let mut s = 0.0f64;
-    for &v in x {
-        s += v.to_f64();
-    }
-    T::from_f64(s)
+    T::from_f64(sum_f64(x))
 }
 
 /// The mean of `x`, summed in f64 as [`sum`] and divided there before rounding: a row of
 /// 3e38s has a mean f32 holds and a sum it does not (rounded first, the mean was infinite and
 /// a LayerNorm of the row NaN).
 pub fn mean<T: Float>(x: &[T]) -> T {
+    T::from_f64(sum_f64(x) / x.len() as f64)
+}
+
+/// Σ x in index order, in f64.
+fn sum_f64<T: Float>(x: &[T]) -> f64 {
     let mut s = 0.0f64;
     for &v in x {
         s += v.to_f64();
     }
-    T::from_f64(s / x.len() as f64)
+    s
 }
 
 // ---- shape ----
