@@ -391,6 +391,7 @@ fn parse_csv(
     let mut raw = Vec::new();
     let mut lines_read = 0usize;
     let mut records = 0usize;
+    let stopped = || opts.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
     loop {
         let line_no = lines_read + 1;
         let n = read_record(&mut reader, &mut raw, charge)
@@ -399,8 +400,7 @@ fn parse_csv(
             break;
         }
         records += 1;
-        let stop = || opts.stop.as_ref().is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
-        if records.is_multiple_of(4096) && stop() {
+        if records.is_multiple_of(4096) && stopped() {
             return Err(err!(Interrupted, "interrupted while reading {name} (at line {line_no})"));
         }
         lines_read += raw.iter().filter(|&&b| b == b'\n').count().max(1);

@@ -161,10 +161,7 @@ impl Options {
     /// that a mistake in them is not reported as one of the file's.
     pub fn check(&self) -> Result<()> {
         let rules = self.rename.iter().map(|r| r.to.len()).sum::<usize>();
-        let patterns = match &self.transpose {
-            Transpose::Only(p) => p.len(),
-            _ => 0,
-        };
+        let patterns = self.transpose_patterns();
         if rules > MAX_RULES || patterns > MAX_RULES {
             return Err(err!(
                 InvalidArgument,
@@ -178,6 +175,14 @@ impl Options {
             }
         }
         Ok(())
+    }
+
+    /// How many name patterns `transpose` lists (0 unless it lists some).
+    fn transpose_patterns(&self) -> usize {
+        match &self.transpose {
+            Transpose::Only(p) => p.len(),
+            _ => 0,
+        }
     }
 }
 
@@ -222,10 +227,7 @@ pub fn map(
     charge: &mut Charge,
 ) -> Result<Vec<(String, Tensor)>> {
     opts.check()?;
-    let patterns = match &opts.transpose {
-        Transpose::Only(p) => p.len(),
-        _ => 0,
-    };
+    let patterns = opts.transpose_patterns();
     let targets: HashMap<&str, &Target> = targets.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut out: BTreeMap<String, (String, Tensor)> = BTreeMap::new();
     let mut problems = Vec::new();

@@ -430,13 +430,13 @@ impl Graph {
     /// dropout inside `repeat`, or in a block called twice, dropped the same elements in every
     /// layer). A graph built the same way has the same seeds.
     pub fn dropout(&mut self, x: NodeId, p: f32, seed: u64) -> Result<NodeId> {
-        let k = self.dropouts.entry(seed).or_insert(0);
-        let stream = match *k {
+        let built = self.dropouts.get(&seed).copied().unwrap_or(0);
+        let stream = match built {
             0 => seed,
             k => crate::rng::splitmix64(seed ^ crate::rng::splitmix64(k)),
         };
         let id = self.add_node(Op::Dropout { p, seed: stream }, &[x], &[])?;
-        *self.dropouts.entry(seed).or_insert(0) += 1;
+        self.dropouts.insert(seed, built + 1);
         Ok(id)
     }
 }
