@@ -458,6 +458,16 @@ fn a_clipped_model_with_many_parameters_fits_any_binding_limit() {
     }
 }
 
+/// The runs of inputs of the plan's concat kernels, in kernel order.
+fn concat_runs(p: &Plan) -> Vec<std::ops::Range<usize>> {
+    (p.kernels.iter())
+        .filter_map(|k| match &k.kind {
+            KernelKind::Concat { parts } => Some(parts.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A concat of twenty inputs and a sum of twenty inputs, both unsplit, bind 21 buffers; at the
 /// limit 8 the concat runs as parts of at most 7 inputs and the sum as partial sums.
 #[test]
@@ -475,14 +485,7 @@ fn a_concat_and_a_sum_of_many_inputs_fit_eight_storage_buffers() {
     assert_eq!(most_bindings(&g, &p), 21);
     let p = plan(&g, &[cat, total], false, opts(limited(8))).unwrap();
     assert!(most_bindings(&g, &p) <= 8);
-    let parts: Vec<_> = p
-        .kernels
-        .iter()
-        .filter_map(|k| match &k.kind {
-            KernelKind::Concat { parts } => Some(parts.clone()),
-            _ => None,
-        })
-        .collect();
+    let parts = concat_runs(&p);
     assert_eq!(parts, [0..7, 7..14, 14..20]);
 }
 
@@ -500,14 +503,7 @@ fn a_concat_of_many_inputs_runs_as_kernels_of_a_bounded_size() {
     let cat = g.concat(&xs, 1).unwrap();
     let opts = PlanOptions { fusion: true, reuse: true, ..PlanOptions::default() };
     let p = plan(&g, &[cat], false, opts).unwrap();
-    let parts: Vec<_> = p
-        .kernels
-        .iter()
-        .filter_map(|k| match &k.kind {
-            KernelKind::Concat { parts } => Some(parts.clone()),
-            _ => None,
-        })
-        .collect();
+    let parts = concat_runs(&p);
     assert_eq!(MAX_INLINED_NODES, 512);
     assert_eq!(parts, [0..256, 256..512, 512..600]);
     // The sum: every kernel's expression within the bound an operand of its root.

@@ -80,16 +80,22 @@ fn usage_and_io_errors_are_two() {
     assert!(err.contains("target/no/such/file.rms"), "{err}");
 }
 
-#[test]
-fn broken_pipe_is_success() {
-    let f = script("chatty.rms", "let i = 0;\nloop { print(`line ${i}`); i += 1; }\n");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
-        .args(["run", &f])
+/// `rumus run FILE` started with its output and errors piped, for a test that reads or signals
+/// it while it runs.
+fn spawn_run(file: &str) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_rumus"))
+        .args(["run", file])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn broken_pipe_is_success() {
+    let f = script("chatty.rms", "let i = 0;\nloop { print(`line ${i}`); i += 1; }\n");
+    let mut child = spawn_run(&f);
     let mut stdout = child.stdout.take().unwrap();
     let mut buf = [0u8; 64];
     stdout.read_exact(&mut buf).unwrap();
@@ -1015,13 +1021,7 @@ fn limits_on_operations_and_time_stop_a_run() {
 fn ctrl_c_stops_a_run_with_130() {
     use std::io::BufRead;
     let f = script("spin.rms", "print(\"started\");\nlet i = 0;\nloop { i += 1; }\n");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
-        .args(["run", &f])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&f);
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line, "started\n");
@@ -1054,13 +1054,7 @@ let r = net.evaluate(x, y);
 print(\"evaluated\");
 ",
     );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rumus"))
-        .args(["run", &f])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&f);
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
